@@ -1,0 +1,628 @@
+//! rblk's fabric: RDMA verbs over `sideway`, and (feature `mem`) an in-memory fabric with the same
+//! interface for fast tests of target and initiator logic on machines without RDMA.
+//!
+//! The pieces, in the order a connection uses them:
+//! - [`list_devices`]: what RDMA devices, ports and addresses there are.
+//! - [`Memory`]: an anonymous mapping we own. Never borrowed as a slice: bytes are copied in and
+//!   out with [`Memory::read_at`] / [`Memory::write_at`], because a NIC may write it at any time.
+//! - [`Pd`] and [`Mr`]: a protection domain and a registration of a whole [`Memory`] in it, with
+//!   the [`Access`] chosen by the caller. An `Mr` holds its `Memory` alive.
+//! - [`Listener`] / [`Request`] (passive side) and [`Endpoint::resolve`] (active side): rdma_cm
+//!   connections carrying up to 56 bytes of private data. Device, port and GID follow from the
+//!   IP address; a device name only filters.
+//! - [`Endpoint`]: one RC queue pair with its own CQ and completion channel. Post SEND, RDMA WRITE
+//!   and RDMA READ in batches ([`Endpoint::post`]), post RECVs, poll completions, or wait for them
+//!   with hybrid polling (spin briefly, then arm the CQ and sleep) and a deadline.
+//!
+//! Every QP gets the attributes of [`policy`]: read depth 16, retries, RNR retry, so an RDMA READ
+//! never silently hangs on a read depth of 0 and a late RECV does not kill the connection.
+//!
+//! ```no_run
+//! use std::time::{Duration, Instant};
+//! use rblk_fabric::{Access, Endpoint, Fabric, Local, Memory, Op, QpConfig, WorkRequest};
+//!
+//! # fn main() -> rblk_fabric::Result<()> {
+//! let deadline = Instant::now() + Duration::from_secs(5);
+//! let mut ep = Endpoint::resolve(Fabric::Verbs, "10.0.0.1:7420".parse().unwrap(), None, None,
+//!                                &QpConfig::default(), deadline)?;
+//! ep.connect(&[], deadline)?;
+//! let buf = ep.pd().register(&Memory::anonymous(4096)?, Access::LOCAL)?;
+//! // Read 4 KiB at the peer's address 0x1000 with its rkey 0x1234 into `buf`.
+//! ep.post(&[WorkRequest {
+//!     wr_id: 1,
+//!     op: Op::Read { remote_addr: 0x1000, rkey: 0x1234 },
+//!     local: Local::Region { mr: &buf, offset: 0, len: 4096 },
+//!     signaled: true,
+//! }])?;
+//! let mut done = [rblk_fabric::Completion::EMPTY; 1];
+//! let n = ep.wait(&mut done, Duration::from_micros(20), deadline)?;
+//! assert_eq!(n, 1);
+//! done[0].ok()?;
+//! # Ok(()) }
+//! ```
+//!
+//! Threads and cleanup: an [`Endpoint`] has one owner, the thread that posts and polls it. A
+//! [`Waker`] (any thread) interrupts its wait. [`Pd`] and [`Mr`] are `Send + Sync` and reference
+//! counted; dropping the last handle deregisters or deallocates. Dropping an endpoint destroys its
+//! QP, CQ and rdma_cm id (which disconnects). A buffer handed to the NIC must stay untouched by
+//! the caller until the completion of its work request is polled.
+
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+
+mod completion;
+mod error;
+mod memory;
+pub mod policy;
+mod verbs;
+#[cfg(feature = "mem")]
+pub mod mem;
+
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd as _, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use completion::{Completion, WcOpcode, WcStatus};
+pub use error::{AddrDisplay, Error, Result};
+pub use memory::Memory;
+
+/// Which fabric to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fabric {
+    /// Real RDMA verbs (InfiniBand, RoCE, rxe).
+    #[default]
+    Verbs,
+    /// The in-memory fabric: peers in the same process, one-sided operations emulated with copies.
+    #[cfg(feature = "mem")]
+    Mem,
+}
+
+/// One RDMA device.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// Device name, e.g. `mlx5_0` or `rxe0`.
+    pub name: String,
+    /// Its ports.
+    pub ports: Vec<PortInfo>,
+}
+
+/// One port of a device.
+#[derive(Debug, Clone)]
+pub struct PortInfo {
+    /// Port number (from 1).
+    pub port: u8,
+    /// True when the port is ACTIVE.
+    pub active: bool,
+    /// The port state, as text.
+    pub state: String,
+    /// IP addresses in the port's GID table (RoCE).
+    pub addrs: Vec<IpAddr>,
+}
+
+/// Lists RDMA devices. An empty list (not an error) when the machine has none or lacks the
+/// RDMA libraries.
+pub fn list_devices() -> Result<Vec<DeviceInfo>> {
+    verbs::device::list()
+}
+
+/// Remote access granted by a registration (local write is always granted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Access {
+    /// Peers may RDMA READ it.
+    pub remote_read: bool,
+    /// Peers may RDMA WRITE it.
+    pub remote_write: bool,
+}
+
+impl Access {
+    /// Local buffers only.
+    pub const LOCAL: Access = Access { remote_read: false, remote_write: false };
+    /// Peers may read.
+    pub const REMOTE_READ: Access = Access { remote_read: true, remote_write: false };
+    /// Peers may read and write.
+    pub const REMOTE_READ_WRITE: Access = Access { remote_read: true, remote_write: true };
+}
+
+/// Queue pair sizing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Send queue depth (SEND, WRITE and READ work requests outstanding).
+    pub send_depth: u32,
+    /// Receive queue depth.
+    pub recv_depth: u32,
+    /// Largest inline payload.
+    pub max_inline: u32,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig { send_depth: 64, recv_depth: 16, max_inline: 128 }
+    }
+}
+
+/// QP attributes as the device reports them (`ibv_query_qp`), for checks and diagnostics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpAttributes {
+    /// `RESET`, `INIT`, `RTR`, `RTS`, `SQD`, `SQE` or `ERR`.
+    pub state: &'static str,
+    /// RDMA READs this QP may have outstanding as initiator.
+    pub max_rd_atomic: u8,
+    /// Incoming RDMA READs this QP serves at once as responder.
+    pub max_dest_rd_atomic: u8,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Transport retry count.
+    pub retry_cnt: u8,
+    /// RNR retry count (7 = forever).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer code.
+    pub min_rnr_timer: u8,
+    /// Inline data capacity.
+    pub max_inline_data: u32,
+}
+
+macro_rules! dispatch {
+    ($enum:ident, $value:expr, $x:ident => $body:expr) => {
+        match $value {
+            $enum::Verbs($x) => $body,
+            #[cfg(feature = "mem")]
+            $enum::Mem($x) => $body,
+        }
+    };
+}
+
+#[derive(Clone)]
+enum PdInner {
+    Verbs(verbs::Pd),
+    #[cfg(feature = "mem")]
+    Mem(mem::Pd),
+}
+
+/// A protection domain. Registrations and queue pairs in one PD may be used together only.
+#[derive(Clone)]
+pub struct Pd {
+    inner: PdInner,
+}
+
+impl std::fmt::Debug for Pd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pd").field("device", &self.device()).finish()
+    }
+}
+
+impl Pd {
+    /// Allocates a protection domain on `device` (verbs) or in the in-memory fabric.
+    pub fn alloc(fabric: Fabric, device: &str) -> Result<Pd> {
+        let inner = match fabric {
+            Fabric::Verbs => PdInner::Verbs(verbs::Pd::alloc(device)?),
+            #[cfg(feature = "mem")]
+            Fabric::Mem => PdInner::Mem(mem::Pd::alloc(device)?),
+        };
+        Ok(Pd { inner })
+    }
+
+    /// The device the PD belongs to.
+    pub fn device(&self) -> &str {
+        dispatch!(PdInner, &self.inner, p => p.device())
+    }
+
+    /// Registers all of `memory` with `access`.
+    pub fn register(&self, memory: &Arc<Memory>, access: Access) -> Result<Mr> {
+        let inner = match &self.inner {
+            PdInner::Verbs(p) => MrInner::Verbs(p.register(memory, access)?),
+            #[cfg(feature = "mem")]
+            PdInner::Mem(p) => MrInner::Mem(p.register(memory, access)?),
+        };
+        Ok(Mr { inner, memory: Arc::clone(memory), access })
+    }
+}
+
+enum MrInner {
+    Verbs(verbs::Mr),
+    #[cfg(feature = "mem")]
+    Mem(mem::Mr),
+}
+
+/// A registration of a whole [`Memory`]. Dropping it deregisters; it keeps the memory mapped.
+pub struct Mr {
+    // Field order matters: the registration is dropped before the memory it covers.
+    inner: MrInner,
+    memory: Arc<Memory>,
+    access: Access,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+impl Mr {
+    /// Local key, for this side's work requests.
+    pub fn lkey(&self) -> u32 {
+        dispatch!(MrInner, &self.inner, m => m.lkey())
+    }
+    /// Remote key, for the peer's RDMA READ/WRITE.
+    pub fn rkey(&self) -> u32 {
+        dispatch!(MrInner, &self.inner, m => m.rkey())
+    }
+    /// The address peers use for the first byte.
+    pub fn addr(&self) -> u64 {
+        self.memory.addr()
+    }
+    /// Registered length.
+    pub fn len(&self) -> usize {
+        self.memory.len()
+    }
+    /// Never empty.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// The access it grants.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// The memory it covers.
+    pub fn memory(&self) -> &Arc<Memory> {
+        &self.memory
+    }
+
+    /// The local key and address of `offset..offset+len`, checked against the registration.
+    pub(crate) fn sge(&self, offset: usize, len: u32) -> Result<(u32, u64)> {
+        self.memory.check("local buffer", offset, len as usize)?;
+        Ok((self.lkey(), self.addr() + offset as u64))
+    }
+}
+
+/// What a work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// A two-sided SEND.
+    Send,
+    /// An RDMA WRITE of the local buffer to `remote_addr`.
+    Write {
+        /// Peer address.
+        remote_addr: u64,
+        /// Peer's rkey.
+        rkey: u32,
+    },
+    /// An RDMA READ from `remote_addr` into the local buffer.
+    Read {
+        /// Peer address.
+        remote_addr: u64,
+        /// Peer's rkey.
+        rkey: u32,
+    },
+}
+
+/// The local side of a work request.
+#[derive(Debug, Clone, Copy)]
+pub enum Local<'a> {
+    /// `len` bytes at `offset` in a registration of this endpoint's PD.
+    Region {
+        /// The registration.
+        mr: &'a Mr,
+        /// Offset into it.
+        offset: usize,
+        /// Bytes.
+        len: u32,
+    },
+    /// Small data copied into the work request at post time (SEND and WRITE only).
+    Inline(&'a [u8]),
+}
+
+/// One work request for [`Endpoint::post`].
+#[derive(Debug, Clone, Copy)]
+pub struct WorkRequest<'a> {
+    /// Returned in its completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: Op,
+    /// The local buffer.
+    pub local: Local<'a>,
+    /// Ask for a completion (errors complete regardless).
+    pub signaled: bool,
+}
+
+/// Events of a [`Listener`].
+#[derive(Debug)]
+pub enum ListenerEvent<R = Request> {
+    /// A peer wants to connect.
+    Request(R),
+    /// Connection `conn` (the number given to [`Request::accept`]) is established.
+    Established {
+        /// Connection number.
+        conn: u64,
+    },
+    /// Connection `conn` was disconnected by the peer or lost.
+    Disconnected {
+        /// Connection number.
+        conn: u64,
+    },
+    /// Something else, for the log.
+    Other {
+        /// Connection number, or 0.
+        conn: u64,
+        /// What happened.
+        event: &'static str,
+    },
+}
+
+enum ListenerInner {
+    Verbs(verbs::Listener),
+    #[cfg(feature = "mem")]
+    Mem(mem::Listener),
+}
+
+/// A passive rdma_cm endpoint accepting connections on an address.
+pub struct Listener {
+    inner: ListenerInner,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener").field("addr", &self.local_addr()).finish()
+    }
+}
+
+impl Listener {
+    /// Binds and listens on `addr` (a wildcard address hears every device), accepting only
+    /// requests arriving on `device` when given.
+    pub fn bind(fabric: Fabric, addr: SocketAddr, device: Option<&str>) -> Result<Listener> {
+        let inner = match fabric {
+            Fabric::Verbs => ListenerInner::Verbs(verbs::Listener::bind(addr, device)?),
+            #[cfg(feature = "mem")]
+            Fabric::Mem => ListenerInner::Mem(mem::Listener::bind(addr, device)?),
+        };
+        Ok(Listener { inner })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        dispatch!(ListenerInner, &self.inner, l => l.local_addr())
+    }
+
+    /// A descriptor that becomes readable when an event is pending (for poll/epoll).
+    pub fn fd(&self) -> RawFd {
+        dispatch!(ListenerInner, &self.inner, l => l.fd())
+    }
+
+    /// The next event, waiting until `deadline` (None: don't wait). `Ok(None)` when none came.
+    pub fn next_event(&self, deadline: Option<Instant>) -> Result<Option<ListenerEvent>> {
+        let ev = match &self.inner {
+            ListenerInner::Verbs(l) => l.next_event(deadline)?.map(|e| e.map(RequestInner::Verbs)),
+            #[cfg(feature = "mem")]
+            ListenerInner::Mem(l) => l.next_event(deadline)?.map(|e| e.map(RequestInner::Mem)),
+        };
+        Ok(ev.map(|e| e.map(|inner| Request { inner })))
+    }
+}
+
+impl<R> ListenerEvent<R> {
+    fn map<S>(self, f: impl FnOnce(R) -> S) -> ListenerEvent<S> {
+        match self {
+            ListenerEvent::Request(r) => ListenerEvent::Request(f(r)),
+            ListenerEvent::Established { conn } => ListenerEvent::Established { conn },
+            ListenerEvent::Disconnected { conn } => ListenerEvent::Disconnected { conn },
+            ListenerEvent::Other { conn, event } => ListenerEvent::Other { conn, event },
+        }
+    }
+}
+
+enum RequestInner {
+    Verbs(verbs::Request),
+    #[cfg(feature = "mem")]
+    Mem(mem::Request),
+}
+
+/// A connection request. Accept it (into an [`Endpoint`]) or reject it; dropping it rejects.
+pub struct Request {
+    inner: RequestInner,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("peer", &self.peer()).field("device", &self.device()).finish()
+    }
+}
+
+impl Request {
+    /// The private data the peer sent with its request (zero-padded by rdma_cm).
+    pub fn private_data(&self) -> &[u8] {
+        dispatch!(RequestInner, &self.inner, r => r.private_data())
+    }
+    /// The peer's address.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        dispatch!(RequestInner, &self.inner, r => r.peer())
+    }
+    /// The device the request arrived on.
+    pub fn device(&self) -> &str {
+        dispatch!(RequestInner, &self.inner, r => r.device())
+    }
+    /// Allocates a new protection domain on the request's device.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let inner = match &self.inner {
+            RequestInner::Verbs(r) => PdInner::Verbs(verbs::Pd::alloc(r.device())?),
+            #[cfg(feature = "mem")]
+            RequestInner::Mem(r) => PdInner::Mem(mem::Pd::alloc(r.device())?),
+        };
+        Ok(Pd { inner })
+    }
+    /// Refuses the connection.
+    pub fn reject(self) -> Result<()> {
+        dispatch!(RequestInner, self.inner, r => r.reject())
+    }
+
+    /// Creates the endpoint's QP in `pd` (which must be on the request's device) and makes it
+    /// ready. Later listener events about it carry `conn`. Post RECVs on the returned endpoint,
+    /// then call [`Endpoint::accept`].
+    pub fn into_endpoint(self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
+        let inner = match (self.inner, &pd.inner) {
+            (RequestInner::Verbs(r), PdInner::Verbs(p)) => EndpointInner::Verbs(r.into_endpoint(p, cfg, conn)?),
+            #[cfg(feature = "mem")]
+            (RequestInner::Mem(r), PdInner::Mem(p)) => EndpointInner::Mem(r.into_endpoint(p, cfg, conn)?),
+            #[cfg(feature = "mem")]
+            _ => return Err(Error::Mismatch("request and protection domain are on different fabrics".into())),
+        };
+        Endpoint::new(inner)
+    }
+}
+
+enum EndpointInner {
+    Verbs(verbs::Endpoint),
+    #[cfg(feature = "mem")]
+    Mem(mem::Endpoint),
+}
+
+/// One reliable-connected queue pair with its completion queue.
+pub struct Endpoint {
+    inner: EndpointInner,
+    wake_rx: UnixStream,
+    wake_tx: Arc<UnixStream>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("qpn", &self.qp_num()).field("peer", &self.peer()).finish()
+    }
+}
+
+/// Interrupts an [`Endpoint::wait`] from another thread.
+#[derive(Debug, Clone)]
+pub struct Waker {
+    tx: Arc<UnixStream>,
+}
+
+impl Waker {
+    /// Wakes the endpoint's waiter (now, or at its next wait).
+    pub fn wake(&self) {
+        let _ = (&*self.tx).write(&[1]);
+    }
+}
+
+impl Endpoint {
+    fn new(inner: EndpointInner) -> Result<Endpoint> {
+        let (tx, rx) = UnixStream::pair()
+            .map_err(|source| Error::Verbs { op: "socketpair for the endpoint waker", device: String::new(), source })?;
+        for s in [&tx, &rx] {
+            s.set_nonblocking(true)
+                .map_err(|source| Error::Verbs { op: "socketpair for the endpoint waker", device: String::new(), source })?;
+        }
+        Ok(Endpoint { inner, wake_rx: rx, wake_tx: Arc::new(tx) })
+    }
+
+    /// Active side, step 1: resolves `dst`, creates a QP (in `pd`, or in a new PD on the device
+    /// that reaches `dst`) and readies it for RECVs. Step 2 is [`Endpoint::connect`].
+    pub fn resolve(fabric: Fabric, dst: SocketAddr, pd: Option<&Pd>, device: Option<&str>, cfg: &QpConfig, deadline: Instant) -> Result<Endpoint> {
+        let inner = match (fabric, pd.map(|p| &p.inner)) {
+            (Fabric::Verbs, None) => EndpointInner::Verbs(verbs::Endpoint::resolve(dst, None, device, cfg, deadline)?),
+            (Fabric::Verbs, Some(PdInner::Verbs(p))) => {
+                EndpointInner::Verbs(verbs::Endpoint::resolve(dst, Some(p), device, cfg, deadline)?)
+            }
+            #[cfg(feature = "mem")]
+            (Fabric::Mem, None) => EndpointInner::Mem(mem::Endpoint::resolve(dst, None, device, cfg, deadline)?),
+            #[cfg(feature = "mem")]
+            (Fabric::Mem, Some(PdInner::Mem(p))) => EndpointInner::Mem(mem::Endpoint::resolve(dst, Some(p), device, cfg, deadline)?),
+            #[cfg(feature = "mem")]
+            _ => return Err(Error::Mismatch("protection domain is on another fabric".into())),
+        };
+        Endpoint::new(inner)
+    }
+
+    /// Active side, step 2: connects, sending `private_data` (at most 56 bytes).
+    pub fn connect(&mut self, private_data: &[u8], deadline: Instant) -> Result<()> {
+        dispatch!(EndpointInner, &mut self.inner, e => e.connect(private_data, deadline))
+    }
+
+    /// Passive side, last step: accepts the connection.
+    pub fn accept(&mut self) -> Result<()> {
+        dispatch!(EndpointInner, &mut self.inner, e => e.accept(&[]))
+    }
+
+    /// Local QP number.
+    pub fn qp_num(&self) -> u32 {
+        dispatch!(EndpointInner, &self.inner, e => e.qp_num())
+    }
+    /// Peer address.
+    pub fn peer(&self) -> Option<SocketAddr> {
+        dispatch!(EndpointInner, &self.inner, e => e.peer())
+    }
+    /// Local address.
+    pub fn local(&self) -> Option<SocketAddr> {
+        dispatch!(EndpointInner, &self.inner, e => e.local())
+    }
+    /// Device port in use.
+    pub fn port(&self) -> u8 {
+        dispatch!(EndpointInner, &self.inner, e => e.port())
+    }
+    /// The endpoint's protection domain.
+    pub fn pd(&self) -> Pd {
+        let inner = match &self.inner {
+            EndpointInner::Verbs(e) => PdInner::Verbs(e.pd().clone()),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(e) => PdInner::Mem(e.pd().clone()),
+        };
+        Pd { inner }
+    }
+
+    /// Posts work requests with one doorbell. Registrations must belong to this endpoint's PD.
+    pub fn post(&mut self, wrs: &[WorkRequest<'_>]) -> Result<()> {
+        dispatch!(EndpointInner, &mut self.inner, e => e.post(wrs))
+    }
+
+    /// Posts one RECV into `len` bytes at `offset` of `mr`.
+    pub fn post_recv(&mut self, wr_id: u64, mr: &Mr, offset: usize, len: u32) -> Result<()> {
+        dispatch!(EndpointInner, &mut self.inner, e => e.post_recv(wr_id, mr, offset, len))
+    }
+
+    /// Takes up to `out.len()` completions without waiting.
+    pub fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+        dispatch!(EndpointInner, &mut self.inner, e => e.poll(out))
+    }
+
+    /// Hybrid wait: polls for up to `spin`, then arms the CQ and sleeps until a completion,
+    /// a [`Waker`] or `deadline`. Returns the number of completions stored (0: deadline or woken;
+    /// see [`Endpoint::take_wake`]).
+    pub fn wait(&mut self, out: &mut [Completion], spin: Duration, deadline: Instant) -> Result<usize> {
+        let fd = self.wake_rx.as_raw_fd();
+        dispatch!(EndpointInner, &mut self.inner, e => e.wait(out, spin, deadline, Some(fd)))
+    }
+
+    /// A handle that interrupts [`Endpoint::wait`] from another thread.
+    pub fn waker(&self) -> Waker {
+        Waker { tx: Arc::clone(&self.wake_tx) }
+    }
+
+    /// True (once) if a [`Waker`] fired since the last call.
+    pub fn take_wake(&mut self) -> bool {
+        let mut buf = [0u8; 64];
+        let mut woken = false;
+        while let Ok(n) = (&self.wake_rx).read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            woken = true;
+        }
+        woken
+    }
+
+    /// The QP's attributes as the device reports them.
+    pub fn attributes(&self) -> Result<QpAttributes> {
+        dispatch!(EndpointInner, &self.inner, e => e.attributes())
+    }
+
+    /// Disconnects and moves the QP to the error state: everything posted completes with
+    /// `WR_FLUSH_ERR`.
+    pub fn disconnect(&mut self) {
+        dispatch!(EndpointInner, &mut self.inner, e => e.disconnect())
+    }
+}

@@ -1,0 +1,24 @@
+//! The one place where RC queue pair attributes are chosen. Both ends of every rblk connection
+//! apply these, and tests read them back with `query`.
+//!
+//! sideway's `ConnectionParameter::new()` leaves read depth, retry and RNR retry at 0: the first
+//! RDMA READ then hangs forever, and one lost packet or one SEND without a posted RECV kills both
+//! QPs. rblk sets all of them explicitly.
+
+/// Outstanding RDMA READs the initiator may have in flight per QP (`max_rd_atomic`), and the
+/// responder resources the target grants (`max_dest_rd_atomic`). Clamped to the device's limits.
+pub const READ_DEPTH: u8 = 16;
+/// Local ACK timeout exponent: 4.096 us * 2^14 = 67 ms per try.
+pub const TIMEOUT: u8 = 14;
+/// Transport retries before a QP errors out.
+pub const RETRY_COUNT: u8 = 7;
+/// RNR retries; 7 means "retry forever", so a SEND that finds no RECV waits instead of failing.
+pub const RNR_RETRY: u8 = 7;
+/// Minimum RNR NAK timer code: 12 = 0.64 ms.
+pub const MIN_RNR_TIMER: u8 = 12;
+/// Largest connection private data on the TCP port space (`RDMA_PS_TCP`).
+pub const MAX_PRIVATE_DATA: usize = 56;
+/// Completions taken per poll call.
+pub const POLL_BATCH: usize = 32;
+/// How long a waiter spins on its CQ before arming it and sleeping.
+pub const SPIN: std::time::Duration = std::time::Duration::from_micros(20);

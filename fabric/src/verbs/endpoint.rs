@@ -1,0 +1,621 @@
+//! Protection domains, registrations, the listener and RC endpoints over real verbs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_mummy_sys as sys;
+use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue as _};
+use sideway::ibverbs::device_context::DeviceContext;
+use sideway::ibverbs::memory_region::MemoryRegion;
+use sideway::ibverbs::protection_domain::ProtectionDomain;
+use sideway::ibverbs::queue_pair::{
+    ExtendedQueuePair, PostSendGuard as _, QueuePair as _, SetInlineData as _, SetScatterGatherEntry as _,
+    WorkRequestFlags,
+};
+use sideway::ibverbs::AccessFlags;
+
+use super::cm::{self, CmChannel, CmEventKind, CmId, ConnParam};
+use super::device;
+use crate::completion::{Completion, WcOpcode, WcStatus};
+use crate::error::AddrDisplay;
+use crate::{policy, Access, Error, ListenerEvent, Local, Memory, Op, QpAttributes, QpConfig, Result, WorkRequest};
+
+fn verbs_err(op: &'static str, device: &str, source: std::io::Error) -> Error {
+    Error::Verbs { op, device: device.to_owned(), source }
+}
+
+fn other_err(op: &'static str, device: &str, e: impl std::fmt::Display) -> Error {
+    verbs_err(op, device, std::io::Error::other(e.to_string()))
+}
+
+/// A protection domain on one device.
+#[derive(Clone)]
+pub(crate) struct Pd {
+    pd: Arc<ProtectionDomain>,
+    ctx: Arc<DeviceContext>,
+    device: Arc<str>,
+}
+
+impl Pd {
+    pub(crate) fn alloc(device: &str) -> Result<Pd> {
+        let ctx = device::context(device)?;
+        let pd = ctx.alloc_pd().map_err(|e| other_err("ibv_alloc_pd", device, e))?;
+        Ok(Pd { pd, ctx, device: device.into() })
+    }
+
+    pub(crate) fn device(&self) -> &str {
+        &self.device
+    }
+
+    pub(crate) fn register(&self, memory: &Arc<Memory>, access: Access) -> Result<Mr> {
+        let mut flags = AccessFlags::LocalWrite;
+        if access.remote_read {
+            flags |= AccessFlags::RemoteRead;
+        }
+        if access.remote_write {
+            flags |= AccessFlags::RemoteWrite;
+        }
+        // SAFETY: `memory` is a live anonymous mapping of `len()` bytes that we own; the returned
+        // `Mr` is stored beside an `Arc<Memory>` (see crate::Mr), and the registration is dropped
+        // (deregistered) before that `Arc`, so the NIC never sees unmapped memory.
+        let mr =
+            unsafe { self.pd.reg_mr(memory.addr() as usize, memory.len(), flags) }.map_err(|e| Error::Register {
+                len: memory.len(),
+                device: self.device.to_string(),
+                memlock: crate::error::memlock_limit(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        Ok(Mr { mr })
+    }
+}
+
+/// One registration.
+pub(crate) struct Mr {
+    mr: Arc<MemoryRegion>,
+}
+
+impl Mr {
+    pub(crate) fn lkey(&self) -> u32 {
+        self.mr.lkey()
+    }
+    pub(crate) fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+}
+
+/// A listening rdma_cm id.
+pub(crate) struct Listener {
+    channel: Arc<CmChannel>,
+    id: CmId,
+    device: Option<String>,
+}
+
+impl Listener {
+    pub(crate) fn bind(addr: SocketAddr, device: Option<&str>) -> Result<Listener> {
+        let channel = CmChannel::new()?;
+        let id = CmId::new(&channel)?;
+        id.bind(addr)?;
+        if let (Some(want), Some(have)) = (device, id.device_name()) {
+            if want != have {
+                return Err(Error::Mismatch(format!("{addr} belongs to RDMA device {have}, not {want}")));
+            }
+        }
+        id.listen(128)?;
+        Ok(Listener { channel, id, device: device.map(str::to_owned) })
+    }
+
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
+    }
+
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.channel.fd()
+    }
+
+    pub(crate) fn next_event(&self, deadline: Option<Instant>) -> Result<Option<ListenerEvent<Request>>> {
+        let Some(ev) = self.channel.next_event(deadline)? else { return Ok(None) };
+        Ok(Some(match ev.kind {
+            CmEventKind::ConnectRequest => {
+                let Some(id) = ev.new_id else {
+                    return Ok(Some(ListenerEvent::Other { conn: 0, event: "CONNECT_REQUEST without id" }));
+                };
+                let peer = id.peer_addr();
+                let device = id.device_name().unwrap_or_default();
+                if self.device.as_deref().is_some_and(|want| want != device) {
+                    // A wildcard listener hears every device; the filter applies here.
+                    let _ = id.reject();
+                    return Ok(Some(ListenerEvent::Other { conn: 0, event: "request on a filtered-out device" }));
+                }
+                ListenerEvent::Request(Request { id, peer, device, private_data: ev.private_data })
+            }
+            CmEventKind::Established => ListenerEvent::Established { conn: ev.context },
+            CmEventKind::Disconnected | CmEventKind::TimewaitExit | CmEventKind::Failure(_) => {
+                ListenerEvent::Disconnected { conn: ev.context }
+            }
+            other => ListenerEvent::Other { conn: ev.context, event: other.name() },
+        }))
+    }
+}
+
+/// An incoming connection request.
+pub(crate) struct Request {
+    id: CmId,
+    peer: Option<SocketAddr>,
+    device: String,
+    private_data: Vec<u8>,
+}
+
+impl Request {
+    pub(crate) fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+    pub(crate) fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+    pub(crate) fn device(&self) -> &str {
+        &self.device
+    }
+    pub(crate) fn reject(self) -> Result<()> {
+        self.id.reject()
+    }
+
+    /// Creates the QP in `pd`, moves it to RTS, tags the id with `conn` for later events.
+    pub(crate) fn into_endpoint(self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
+        if pd.device() != self.device {
+            return Err(Error::Mismatch(format!(
+                "request arrived on {} but the protection domain is on {}",
+                self.device,
+                pd.device()
+            )));
+        }
+        self.id.set_context(conn);
+        let mut ep = Endpoint::create(self.id, None, pd.clone(), cfg)?;
+        ep.move_to_init()?;
+        ep.move_to_rtr()?;
+        ep.move_to_rts()?;
+        Ok(ep)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Created,
+    Connected,
+    Closed,
+}
+
+/// An RC queue pair with its CQ, completion channel and rdma_cm id.
+pub(crate) struct Endpoint {
+    // Declaration order is drop order: the QP goes before the CQ, the CM id last.
+    qp: ExtendedQueuePair,
+    cq: Arc<BasicCompletionQueue>,
+    comp: Arc<CompletionChannel>,
+    pd: Pd,
+    id: CmId,
+    // The active side owns its CM channel (held by `id` too); the passive side uses the listener's.
+    channel: Option<Arc<CmChannel>>,
+    wcs: Vec<sys::ibv_wc>,
+    unacked: u32,
+    armed: bool,
+    read_depth: u8,
+    state: State,
+    peer: Option<SocketAddr>,
+}
+
+// SAFETY: all verbs objects here may be used from any thread; the endpoint has one owner, which
+// posts and polls it (`&mut self`).
+unsafe impl Send for Endpoint {}
+
+fn expect(
+    channel: &Arc<CmChannel>,
+    want: CmEventKind,
+    what: &'static str,
+    addr: SocketAddr,
+    deadline: Instant,
+    started: Instant,
+) -> Result<()> {
+    match channel.next_event(Some(deadline))? {
+        Some(ev) if ev.kind == want => Ok(()),
+        Some(ev) => Err(Error::Connect { addr, event: ev.kind.name(), status: ev.status, expected: what }),
+        None => Err(Error::Timeout { op: what, after: started.elapsed() }),
+    }
+}
+
+fn timeout_ms(deadline: Instant) -> i32 {
+    i32::try_from(deadline.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(i32::MAX).max(1)
+}
+
+impl Endpoint {
+    /// Active side, step 1: resolve `dst`, create the QP (in `pd` or a new PD) and move it to INIT.
+    /// Post RECVs, then call [`Endpoint::connect`].
+    pub(crate) fn resolve(
+        dst: SocketAddr,
+        pd: Option<&Pd>,
+        device: Option<&str>,
+        cfg: &QpConfig,
+        deadline: Instant,
+    ) -> Result<Endpoint> {
+        let started = Instant::now();
+        let channel = CmChannel::new()?;
+        let id = CmId::new(&channel)?;
+        id.resolve_addr(dst, timeout_ms(deadline))?;
+        expect(&channel, CmEventKind::AddrResolved, "address resolution", dst, deadline, started)?;
+        id.resolve_route(timeout_ms(deadline))?;
+        expect(&channel, CmEventKind::RouteResolved, "route resolution", dst, deadline, started)?;
+        let dev = id.device_name().ok_or(Error::NoDevice { filter: device.map(str::to_owned) })?;
+        if device.is_some_and(|want| want != dev) {
+            return Err(Error::Mismatch(format!(
+                "{dst} is reached through RDMA device {dev}, not {}",
+                device.unwrap_or("")
+            )));
+        }
+        let pd = match pd {
+            Some(pd) if pd.device() == dev => pd.clone(),
+            Some(pd) => {
+                return Err(Error::Mismatch(format!(
+                    "{dst} is reached through {dev}, but the session's PD is on {}",
+                    pd.device()
+                )))
+            }
+            None => Pd::alloc(&dev)?,
+        };
+        let mut ep = Endpoint::create(id, Some(channel), pd, cfg)?;
+        ep.move_to_init()?;
+        Ok(ep)
+    }
+
+    fn create(id: CmId, channel: Option<Arc<CmChannel>>, pd: Pd, cfg: &QpConfig) -> Result<Endpoint> {
+        let dev = pd.device.to_string();
+        let comp = pd.ctx.create_comp_channel().map_err(|e| other_err("ibv_create_comp_channel", &dev, e))?;
+        comp.set_nonblocking(true).map_err(|e| verbs_err("fcntl(O_NONBLOCK) on the completion channel", &dev, e))?;
+        let cq = pd
+            .ctx
+            .create_cq_builder()
+            .setup_cqe(cfg.send_depth + cfg.recv_depth)
+            .setup_comp_channel(&comp, 0)
+            .build()
+            .map_err(|e| other_err("ibv_create_cq", &dev, e))?;
+        let qp = pd
+            .pd
+            .create_qp_builder()
+            .setup_max_send_wr(cfg.send_depth)
+            .setup_max_recv_wr(cfg.recv_depth)
+            .setup_max_send_sge(1)
+            .setup_max_recv_sge(1)
+            .setup_max_inline_data(cfg.max_inline)
+            .setup_send_cq(Arc::clone(&cq))
+            .setup_recv_cq(Arc::clone(&cq))
+            .build_ex()
+            .map_err(|e| other_err("ibv_create_qp_ex", &dev, e))?;
+        let attr = pd.ctx.query_device().map_err(|e| other_err("ibv_query_device", &dev, e))?;
+        let dev_max = attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom()).clamp(1, 255) as u8;
+        let peer = id.peer_addr();
+        Ok(Endpoint {
+            qp,
+            cq,
+            comp,
+            pd,
+            id,
+            channel,
+            wcs: Vec::with_capacity(policy::POLL_BATCH),
+            unacked: 0,
+            armed: false,
+            read_depth: policy::READ_DEPTH.min(dev_max),
+            state: State::Created,
+            peer,
+        })
+    }
+
+    fn modify(
+        &mut self,
+        state: sys::ibv_qp_state::Type,
+        what: &'static str,
+        adjust: impl FnOnce(&mut sys::ibv_qp_attr) -> i32,
+    ) -> Result<()> {
+        let (mut attr, mut mask) = self.id.qp_attr(state)?;
+        mask |= adjust(&mut attr);
+        // SAFETY: the QP is live; `attr` and `mask` come from rdma_init_qp_attr plus our policy.
+        let rc = unsafe { sys::ibv_modify_qp(self.qp.qp().as_ptr(), &mut attr, mask) };
+        if rc != 0 {
+            return Err(verbs_err(what, &self.pd.device, std::io::Error::from_raw_os_error(rc)));
+        }
+        Ok(())
+    }
+
+    fn move_to_init(&mut self) -> Result<()> {
+        self.modify(sys::ibv_qp_state::IBV_QPS_INIT, "ibv_modify_qp(INIT)", |a| {
+            a.qp_access_flags = (sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+                | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ
+                | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+                .0;
+            sys::ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS.0 as i32
+        })
+    }
+
+    fn move_to_rtr(&mut self) -> Result<()> {
+        let depth = self.read_depth;
+        self.modify(sys::ibv_qp_state::IBV_QPS_RTR, "ibv_modify_qp(RTR)", |a| {
+            a.max_dest_rd_atomic = depth;
+            a.min_rnr_timer = policy::MIN_RNR_TIMER;
+            (sys::ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC | sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER).0 as i32
+        })
+    }
+
+    fn move_to_rts(&mut self) -> Result<()> {
+        let depth = self.read_depth;
+        self.modify(sys::ibv_qp_state::IBV_QPS_RTS, "ibv_modify_qp(RTS)", |a| {
+            a.max_rd_atomic = depth;
+            a.timeout = policy::TIMEOUT;
+            a.retry_cnt = policy::RETRY_COUNT;
+            a.rnr_retry = policy::RNR_RETRY;
+            (sys::ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC
+                | sys::ibv_qp_attr_mask::IBV_QP_TIMEOUT
+                | sys::ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+                | sys::ibv_qp_attr_mask::IBV_QP_RNR_RETRY)
+                .0 as i32
+        })
+    }
+
+    /// Active side, step 2: connect with `private_data`, then RTR, RTS and establish.
+    pub(crate) fn connect(&mut self, private_data: &[u8], deadline: Instant) -> Result<()> {
+        let started = Instant::now();
+        let addr = self.peer.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+        let mut param = ConnParam::new(self.qp.qp_number(), self.read_depth, private_data)?;
+        self.id.connect(&mut param)?;
+        let channel = self.channel.clone().ok_or(Error::State { peer: AddrDisplay(self.peer), state: "passive" })?;
+        // We own the QP, so librdmacm reports CONNECT_RESPONSE and leaves RTR/RTS/establish to us.
+        expect(&channel, CmEventKind::ConnectResponse, "connection response", addr, deadline, started)?;
+        self.move_to_rtr()?;
+        self.move_to_rts()?;
+        self.id.establish()?;
+        self.state = State::Connected;
+        Ok(())
+    }
+
+    /// Passive side, last step: accept the request (post RECVs first).
+    pub(crate) fn accept(&mut self, private_data: &[u8]) -> Result<()> {
+        let mut param = ConnParam::new(self.qp.qp_number(), self.read_depth, private_data)?;
+        self.id.accept(&mut param)?;
+        self.state = State::Connected;
+        Ok(())
+    }
+
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp.qp_number()
+    }
+    pub(crate) fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+    pub(crate) fn local(&self) -> Option<SocketAddr> {
+        self.id.local_addr()
+    }
+    pub(crate) fn pd(&self) -> &Pd {
+        &self.pd
+    }
+    pub(crate) fn port(&self) -> u8 {
+        self.id.port()
+    }
+
+    /// Posts `wrs` with one doorbell.
+    pub(crate) fn post(&mut self, wrs: &[WorkRequest<'_>]) -> Result<()> {
+        if self.state == State::Closed {
+            return Err(Error::State { peer: AddrDisplay(self.peer), state: "closed" });
+        }
+        let mut guard = self.qp.start_post_send();
+        for wr in wrs {
+            let mut flags = if wr.signaled { WorkRequestFlags::Signaled } else { WorkRequestFlags::none() };
+            if matches!(wr.local, Local::Inline(_)) {
+                // rxe flushes an inline SEND on the extended QP unless the flag is set (trap 2).
+                flags |= WorkRequestFlags::Inline;
+            }
+            let handle = guard.construct_wr(wr.wr_id, flags);
+            let buf = match wr.op {
+                Op::Send => handle.setup_send(),
+                Op::Write { remote_addr, rkey } => handle.setup_write(rkey, remote_addr),
+                Op::Read { remote_addr, rkey } => handle.setup_read(rkey, remote_addr),
+            };
+            match wr.local {
+                Local::Inline(data) => buf.setup_inline_data(data),
+                Local::Region { mr, offset, len } => {
+                    let (lkey, addr) = mr.sge(offset, len)?;
+                    // SAFETY: `sge` checked the range against the registration; the memory stays
+                    // mapped while any registration of it exists (crate::Mr holds the Arc).
+                    unsafe { buf.setup_sge(lkey, addr, len) };
+                }
+            }
+        }
+        guard.post().map_err(|e| other_err("ibv_wr_complete", &self.pd.device, e))
+    }
+
+    pub(crate) fn post_recv(&mut self, wr_id: u64, mr: &crate::Mr, offset: usize, len: u32) -> Result<()> {
+        let (lkey, addr) = mr.sge(offset, len)?;
+        let mut guard = self.qp.start_post_recv();
+        let wr = guard.construct_wr(wr_id);
+        // SAFETY: range checked by `sge`; the buffer stays mapped while the registration lives.
+        unsafe { wr.setup_sge(lkey, addr, len) };
+        guard.post().map_err(|e| other_err("ibv_post_recv", &self.pd.device, e))
+    }
+
+    /// Takes up to `out.len()` completions without waiting.
+    pub(crate) fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+        let n = out.len().min(policy::POLL_BATCH);
+        if n == 0 {
+            return Ok(0);
+        }
+        self.wcs.clear();
+        // SAFETY: `wcs` has capacity for POLL_BATCH >= n entries; ibv_poll_cq writes at most n.
+        let rc = unsafe { sys::ibv_poll_cq(self.cq.cq().as_ptr(), n as i32, self.wcs.as_mut_ptr()) };
+        if rc < 0 {
+            return Err(verbs_err("ibv_poll_cq", &self.pd.device, std::io::Error::from_raw_os_error(-rc)));
+        }
+        // SAFETY: the provider initialised the first `rc` entries.
+        unsafe { self.wcs.set_len(rc as usize) };
+        for (dst, wc) in out.iter_mut().zip(&self.wcs) {
+            *dst = Completion {
+                wr_id: wc.wr_id,
+                status: WcStatus(wc.status),
+                opcode: WcOpcode::from_raw(wc.opcode),
+                byte_len: wc.byte_len,
+                vendor_err: wc.vendor_err,
+            };
+        }
+        Ok(rc as usize)
+    }
+
+    fn arm(&mut self) -> Result<()> {
+        // SAFETY: the CQ is live and was created with a completion channel.
+        let rc = unsafe { sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), 0) };
+        if rc != 0 {
+            return Err(verbs_err("ibv_req_notify_cq", &self.pd.device, std::io::Error::from_raw_os_error(rc)));
+        }
+        self.armed = true;
+        Ok(())
+    }
+
+    /// Consumes a pending CQ event, if any; true when one was taken.
+    fn take_cq_event(&mut self) -> Result<bool> {
+        let mut cq = std::ptr::null_mut();
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: the channel is live and non-blocking; the out-parameters are valid.
+        let rc = unsafe { sys::ibv_get_cq_event(self.comp.comp_channel().as_ptr(), &mut cq, &mut ctx) };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            return if err.kind() == std::io::ErrorKind::WouldBlock {
+                Ok(false)
+            } else {
+                Err(verbs_err("ibv_get_cq_event", &self.pd.device, err))
+            };
+        }
+        self.armed = false;
+        self.unacked += 1;
+        if self.unacked >= 64 {
+            self.ack_events();
+        }
+        Ok(true)
+    }
+
+    fn ack_events(&mut self) {
+        if self.unacked > 0 {
+            // SAFETY: acknowledging exactly the events we took from this CQ's channel.
+            unsafe { sys::ibv_ack_cq_events(self.cq.cq().as_ptr(), self.unacked) };
+            self.unacked = 0;
+        }
+    }
+
+    /// Hybrid wait: poll for `spin`, then arm the CQ and sleep on its channel (and on `extra_fd`,
+    /// a waker) until a completion arrives or `deadline` passes. Returns how many completions were
+    /// stored in `out` (0 on timeout or wake-up).
+    pub(crate) fn wait(
+        &mut self,
+        out: &mut [Completion],
+        spin: Duration,
+        deadline: Instant,
+        extra_fd: Option<std::os::fd::RawFd>,
+    ) -> Result<usize> {
+        let spin_until = Instant::now() + spin;
+        loop {
+            let n = self.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let now = Instant::now();
+            if now < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !self.armed {
+                // Arm, then poll once more: a completion that landed between the empty poll and
+                // the arm raises no event.
+                self.arm()?;
+                continue;
+            }
+            if now >= deadline {
+                return Ok(0);
+            }
+            let comp_fd = std::os::fd::AsRawFd::as_raw_fd(&*self.comp);
+            let fds: &[std::os::fd::RawFd] = match extra_fd {
+                Some(fd) => &[comp_fd, fd],
+                None => &[comp_fd],
+            };
+            match cm::wait_any_readable(fds, Some(deadline))
+                .map_err(|e| verbs_err("poll on the completion channel", &self.pd.device, e))?
+            {
+                None => return Ok(0),
+                Some(0) => {
+                    self.take_cq_event()?;
+                }
+                Some(_) => return Ok(0),
+            }
+        }
+    }
+
+    pub(crate) fn attributes(&self) -> Result<QpAttributes> {
+        // SAFETY: zeroed attribute structs are valid out-parameters.
+        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        let mask = (sys::ibv_qp_attr_mask::IBV_QP_STATE
+            | sys::ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC
+            | sys::ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | sys::ibv_qp_attr_mask::IBV_QP_TIMEOUT
+            | sys::ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+            | sys::ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+            | sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER
+            | sys::ibv_qp_attr_mask::IBV_QP_CAP)
+            .0 as i32;
+        // SAFETY: the QP is live and both out-parameters are valid for writes.
+        let rc = unsafe { sys::ibv_query_qp(self.qp.qp().as_ptr(), &mut attr, mask, &mut init) };
+        if rc != 0 {
+            return Err(verbs_err("ibv_query_qp", &self.pd.device, std::io::Error::from_raw_os_error(rc)));
+        }
+        Ok(QpAttributes {
+            state: qp_state_name(attr.qp_state),
+            max_rd_atomic: attr.max_rd_atomic,
+            max_dest_rd_atomic: attr.max_dest_rd_atomic,
+            timeout: attr.timeout,
+            retry_cnt: attr.retry_cnt,
+            rnr_retry: attr.rnr_retry,
+            min_rnr_timer: attr.min_rnr_timer,
+            max_inline_data: init.cap.max_inline_data,
+        })
+    }
+
+    /// Disconnects and moves the QP to the error state, which flushes everything posted
+    /// (rdma_disconnect alone leaves a QP we own as it is).
+    pub(crate) fn disconnect(&mut self) {
+        if self.state == State::Connected {
+            let _ = self.id.disconnect();
+        }
+        self.state = State::Closed;
+        // SAFETY: zeroed attributes with only the state set are a valid modify request.
+        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: the QP is live.
+        let _ = unsafe {
+            sys::ibv_modify_qp(self.qp.qp().as_ptr(), &mut attr, sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32)
+        };
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // Drain any CQ event still queued, then acknowledge all: ibv_destroy_cq waits for them.
+        while let Ok(true) = self.take_cq_event() {}
+        self.ack_events();
+    }
+}
+
+fn qp_state_name(s: u32) -> &'static str {
+    use sys::ibv_qp_state::*;
+    match s {
+        IBV_QPS_RESET => "RESET",
+        IBV_QPS_INIT => "INIT",
+        IBV_QPS_RTR => "RTR",
+        IBV_QPS_RTS => "RTS",
+        IBV_QPS_SQD => "SQD",
+        IBV_QPS_SQE => "SQE",
+        IBV_QPS_ERR => "ERR",
+        _ => "UNKNOWN",
+    }
+}

@@ -1,0 +1,8 @@
+//! Real verbs: sideway for devices, protection domains, registrations, CQs and QPs; its sys crate
+//! for rdma_cm and for the CQ calls sideway does not wrap.
+
+pub(crate) mod cm;
+pub(crate) mod device;
+pub(crate) mod endpoint;
+
+pub(crate) use endpoint::{Endpoint, Listener, Mr, Pd, Request};

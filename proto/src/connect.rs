@@ -1,0 +1,187 @@
+//! The private data of an rdma_cm connect request: which session a new QP belongs to, checked
+//! before the target accepts the connection (and spends a QP on it).
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+use crate::fields::wire_enum;
+use crate::{EncodeError, ParseError, MAGIC, TOKEN_LEN, VERSION};
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct ConnectWire {
+    magic: U32,
+    version: U16,
+    kind: U16,
+    /// Zero for a new session.
+    session_id: U64,
+    /// Zero for a new session.
+    token: [u8; TOKEN_LEN],
+}
+const _: () = assert!(size_of::<ConnectWire>() == 32);
+
+/// Bytes of [`ConnectData`] on the wire.
+pub const CONNECT_DATA_LEN: usize = size_of::<ConnectWire>();
+// rdma_cm carries at most 56 bytes of private data in an RC connect request.
+const _: () = assert!(CONNECT_DATA_LEN <= 56);
+
+wire_enum! {
+    /// [`ConnectData`]'s `kind` field.
+    ConnectKind: u16, |value: u16| ParseError::BadEnum { field: "connect.kind", value: value.into() };
+    /// The first QP of a new session; HELLO follows.
+    NewSession = 1,
+    /// A further QP of an existing session; JOIN follows.
+    Join = 2,
+}
+
+/// What a QP is for, sent as the rdma_cm connect request's private data (not a framed message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectData {
+    /// The first QP of a new session.
+    NewSession,
+    /// A further QP of the session OPENED named.
+    Join {
+        /// OPENED's session id.
+        session_id: u64,
+        /// OPENED's token.
+        token: [u8; TOKEN_LEN],
+    },
+}
+
+/// Parses connect private data. rdma_cm pads private data with zeros to its own size, so `buf`
+/// may be longer than [`CONNECT_DATA_LEN`]; the excess must be zero.
+pub fn parse_connect_data(buf: &[u8]) -> Result<ConnectData, ParseError> {
+    let have = buf.len();
+    let (wire, padding) =
+        ConnectWire::ref_from_prefix(buf).map_err(|_| ParseError::Truncated { need: CONNECT_DATA_LEN, have })?;
+    if wire.magic.get() != MAGIC {
+        return Err(ParseError::BadMagic(wire.magic.get()));
+    }
+    if wire.version.get() != VERSION {
+        return Err(ParseError::Version { got: wire.version.get(), supported: VERSION });
+    }
+    if padding.iter().any(|&byte| byte != 0) {
+        return Err(ParseError::Reserved { field: "connect.padding" });
+    }
+    Ok(match ConnectKind::try_from(wire.kind.get())? {
+        ConnectKind::NewSession => {
+            if wire.session_id.get() != 0 || wire.token != [0; TOKEN_LEN] {
+                return Err(ParseError::Reserved { field: "connect.session_id/token" });
+            }
+            ConnectData::NewSession
+        }
+        ConnectKind::Join => ConnectData::Join { session_id: wire.session_id.get(), token: wire.token },
+    })
+}
+
+impl ConnectData {
+    /// The kind on the wire.
+    pub const fn kind(&self) -> ConnectKind {
+        match self {
+            Self::NewSession => ConnectKind::NewSession,
+            Self::Join { .. } => ConnectKind::Join,
+        }
+    }
+
+    /// The [`CONNECT_DATA_LEN`] bytes to pass as private data.
+    pub fn to_bytes(&self) -> [u8; CONNECT_DATA_LEN] {
+        let (session_id, token) = match *self {
+            Self::NewSession => (0, [0; TOKEN_LEN]),
+            Self::Join { session_id, token } => (session_id, token),
+        };
+        let wire = ConnectWire {
+            magic: U32::new(MAGIC),
+            version: U16::new(VERSION),
+            kind: U16::new(self.kind().into()),
+            session_id: U64::new(session_id),
+            token,
+        };
+        zerocopy::transmute!(wire)
+    }
+
+    /// Writes [`to_bytes`](Self::to_bytes) to the front of `out`; returns its length.
+    pub fn encode(&self, out: &mut [u8]) -> Result<usize, EncodeError> {
+        let have = out.len();
+        let dst =
+            out.get_mut(..CONNECT_DATA_LEN).ok_or(EncodeError::BufferTooSmall { need: CONNECT_DATA_LEN, have })?;
+        dst.copy_from_slice(&self.to_bytes());
+        Ok(CONNECT_DATA_LEN)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const JOIN: ConnectData = ConnectData::Join { session_id: 0xabcd_0001, token: [9; TOKEN_LEN] };
+
+    fn wire(kind: u16, session_id: u64) -> ConnectWire {
+        ConnectWire {
+            magic: U32::new(MAGIC),
+            version: U16::new(VERSION),
+            kind: U16::new(kind),
+            session_id: U64::new(session_id),
+            token: [0; TOKEN_LEN],
+        }
+    }
+
+    #[test]
+    fn round_trip_with_and_without_padding() {
+        for data in [ConnectData::NewSession, JOIN] {
+            let bytes = data.to_bytes();
+            assert_eq!(parse_connect_data(&bytes), Ok(data));
+            // rdma_cm hands the target 56 bytes, zero padded.
+            let mut padded = [0; 56];
+            assert_eq!(data.encode(&mut padded), Ok(CONNECT_DATA_LEN));
+            assert_eq!(parse_connect_data(&padded), Ok(data));
+            assert_eq!(
+                data.encode(&mut [0; CONNECT_DATA_LEN - 1]),
+                Err(EncodeError::BufferTooSmall { need: CONNECT_DATA_LEN, have: 31 })
+            );
+        }
+        assert_eq!(JOIN.kind(), ConnectKind::Join);
+    }
+
+    #[test]
+    fn short_input_is_truncated() {
+        let bytes = JOIN.to_bytes();
+        for have in 0..CONNECT_DATA_LEN {
+            assert_eq!(parse_connect_data(&bytes[..have]), Err(ParseError::Truncated { need: CONNECT_DATA_LEN, have }));
+        }
+    }
+
+    #[test]
+    fn rejections() {
+        let parse = |w: ConnectWire| parse_connect_data(w.as_bytes());
+        assert_eq!(parse(ConnectWire { magic: U32::new(1), ..wire(1, 0) }), Err(ParseError::BadMagic(1)));
+        assert_eq!(
+            parse(ConnectWire { version: U16::new(2), ..wire(1, 0) }),
+            Err(ParseError::Version { got: 2, supported: VERSION })
+        );
+        for kind in [0, 3, u16::MAX] {
+            assert_eq!(parse(wire(kind, 0)), Err(ParseError::BadEnum { field: "connect.kind", value: kind.into() }));
+        }
+        assert_eq!(parse(wire(1, 5)), Err(ParseError::Reserved { field: "connect.session_id/token" }));
+        let mut padded = [0; 40];
+        padded[..CONNECT_DATA_LEN].copy_from_slice(&JOIN.to_bytes());
+        padded[39] = 1;
+        assert_eq!(parse_connect_data(&padded), Err(ParseError::Reserved { field: "connect.padding" }));
+    }
+
+    proptest! {
+        #[test]
+        fn join_round_trips(session_id in any::<u64>(), token in any::<[u8; TOKEN_LEN]>()) {
+            let data = ConnectData::Join { session_id, token };
+            prop_assert_eq!(parse_connect_data(&data.to_bytes()), Ok(data));
+        }
+
+        #[test]
+        fn whatever_parses_re_encodes(buf in proptest::collection::vec(any::<u8>(), 0..80)) {
+            if let Ok(data) = parse_connect_data(&buf) {
+                prop_assert_eq!(&data.to_bytes()[..], &buf[..CONNECT_DATA_LEN]);
+            }
+        }
+    }
+}

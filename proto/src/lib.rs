@@ -1,0 +1,125 @@
+//! The wire format of rblk's control channel: the messages initiator and target exchange with
+//! SEND/RECV on their RC queue pairs, the private data of their rdma_cm connect requests, and the
+//! channel's constants (port, buffer sizes and counts, keepalive timing).
+//!
+//! Every message is a 16-byte little-endian header (magic, version, opcode, length, tag) and a
+//! `#[repr(C)]` body. [`parse`] checks all of it once, in place, and returns a typed
+//! [`Message`] that borrows the receive buffer; [`Message::encode`] writes into a caller's send
+//! buffer. Neither allocates nor does I/O. Whatever parses re-encodes to the same bytes, and
+//! whatever encodes parses back to the same message.
+//!
+//! # Message flow
+//!
+//! ```text
+//! first QP of a session    ConnectData::NewSession, then
+//!                          HELLO -> CHALLENGE [-> AUTH -> OK(AUTH)] -> OPEN -> OPENED
+//! further QPs              ConnectData::Join { session_id, token }, then JOIN -> OK(JOIN)
+//! any QP, once open        FLUSH -> FLUSHED, STATS -> STATS_REPLY, CLOSE -> OK(CLOSE)
+//! both ways                KEEPALIVE every KEEPALIVE_INTERVAL, not answered
+//! any request              -> ERROR (ErrorCode + text) instead of its reply
+//! ```
+//!
+//! A reply carries its request's tag. A receiver answers a message that does not parse with
+//! ERROR [`ErrorCode::Malformed`] (or [`ErrorCode::VersionMismatch`]), taking the tag from
+//! [`peek_tag`], and disconnects after [`MAX_MALFORMED`] of them. The [`Opcode`] docs list the
+//! opcode values.
+//!
+//! # Example
+//!
+//! ```
+//! use rblk_proto::{parse, Message, OpenMode, MSG_SIZE};
+//!
+//! let mut buf = [0u8; MSG_SIZE];
+//! let len = Message::Open { mode: OpenMode::ReadWrite, name: "vol0" }.encode(7, &mut buf)?;
+//!
+//! let (tag, msg) = parse(&buf[..len])?;
+//! assert_eq!(tag, 7);
+//! assert_eq!(msg, Message::Open { mode: OpenMode::ReadWrite, name: "vol0" });
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Thread safety and cleanup
+//!
+//! Everything here is plain data: `Send`, `Sync`, `Copy`, nothing to close. A parsed
+//! [`Message`] borrows its receive buffer, so the borrow checker keeps the buffer from being
+//! reposted while a handler still looks at the message.
+#![forbid(unsafe_code)]
+
+use core::time::Duration;
+
+mod connect;
+mod error;
+mod fields;
+mod header;
+mod messages;
+
+pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN};
+pub use error::{EncodeError, ParseError};
+pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, OpenMode, Range, VolumeFlags};
+pub use header::{peek_tag, Opcode, HEADER_LEN};
+pub use messages::{parse, Message, Opened, StatsReply};
+
+/// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian
+/// u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"RBLK");
+
+/// Protocol version. Peers of different versions refuse each other with
+/// [`ParseError::Version`] / [`ErrorCode::VersionMismatch`].
+pub const VERSION: u16 = 1;
+
+/// Feature bit: FLUSH takes byte ranges (not only [`Flush::All`]).
+pub const FEATURE_FLUSH_RANGES: u64 = 1;
+
+/// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
+/// intersection of both sets.
+pub const FEATURES: u64 = FEATURE_FLUSH_RANGES;
+
+/// TCP-style port the target listens on through rdma_cm.
+pub const DEFAULT_PORT: u16 = 7420;
+
+/// Size of the largest control message.
+pub const MSG_SIZE: usize = 4096;
+
+/// Size of each posted receive buffer: any message fits.
+pub const RECV_BUF_SIZE: usize = MSG_SIZE;
+
+/// Receive buffers posted per QP, so the peer may have this many messages in flight.
+pub const RECV_COUNT: usize = 16;
+
+/// Send buffers (and send queue slots for control messages) per QP.
+pub const SEND_COUNT: usize = 16;
+
+/// Most ranges one FLUSH carries: as many as fit in [`MSG_SIZE`].
+pub const MAX_FLUSH_RANGES: usize = (MSG_SIZE - HEADER_LEN - size_of::<messages::FlushHead>()) / size_of::<Range>();
+
+/// Each side sends KEEPALIVE this often on an idle session.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// A session that received nothing for this long is considered lost.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Malformed messages tolerated on a connection; the next one disconnects it.
+pub const MAX_MALFORMED: u32 = 4;
+
+/// Longest volume name in bytes.
+pub const MAX_VOLUME_NAME: usize = 64;
+
+/// Longest ERROR text in bytes: as much as fits in [`MSG_SIZE`].
+pub const MAX_ERROR_TEXT: usize = MSG_SIZE - HEADER_LEN - size_of::<messages::ErrorHead>();
+
+/// Bytes in CHALLENGE's nonce.
+pub const NONCE_LEN: usize = 32;
+
+/// Bytes in AUTH's MAC (HMAC-SHA256).
+pub const MAC_LEN: usize = 32;
+
+/// Bytes in a session token.
+pub const TOKEN_LEN: usize = 16;
+
+const _: () = {
+    assert!(MAX_FLUSH_RANGES == 254);
+    assert!(MAX_FLUSH_RANGES <= u32::MAX as usize);
+    assert!(MAX_ERROR_TEXT <= u16::MAX as usize);
+    assert!(MAX_VOLUME_NAME <= u8::MAX as usize);
+    assert!(KEEPALIVE_TIMEOUT.as_secs() > 2 * KEEPALIVE_INTERVAL.as_secs());
+};

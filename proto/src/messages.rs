@@ -1,0 +1,538 @@
+//! The messages: wire bodies, the typed [`Message`], [`parse`] and [`Message::encode`].
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+use crate::header::{split, write_frame, HEADER_LEN};
+use crate::{
+    ChallengeFlags, EncodeError, ErrorCode, Flush, FlushedFlags, Opcode, OpenMode, ParseError, Range, VolumeFlags,
+    MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_VOLUME_NAME, NONCE_LEN, TOKEN_LEN,
+};
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+/// A control message, parsed in place from a receive buffer or about to be encoded into a send
+/// buffer. Borrowed fields (`name`, `text`, FLUSH's ranges) point into the buffer parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// Initiator → target, first message of a new session.
+    Hello {
+        /// The initiator's [`FEATURES`](crate::FEATURES). Unknown bits are legal: each side uses
+        /// the intersection.
+        features: u64,
+    },
+    /// Target → initiator, answers HELLO.
+    Challenge {
+        /// Whether AUTH must follow.
+        flags: ChallengeFlags,
+        /// The target's [`FEATURES`](crate::FEATURES).
+        features: u64,
+        /// Fresh random bytes the initiator's AUTH must MAC.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Initiator → target: HMAC-SHA256 of CHALLENGE's nonce under the pre-shared key.
+    Auth {
+        /// The MAC.
+        mac: [u8; MAC_LEN],
+    },
+    /// Initiator → target: open a volume.
+    Open {
+        /// Read-only, read-write or exclusive.
+        mode: OpenMode,
+        /// The volume's name: 1 to [`MAX_VOLUME_NAME`] bytes of UTF-8.
+        name: &'a str,
+    },
+    /// Target → initiator, answers OPEN.
+    Opened(Opened),
+    /// Initiator → target, first message on a session's further QP.
+    Join {
+        /// From OPENED.
+        session_id: u64,
+        /// From OPENED.
+        token: [u8; TOKEN_LEN],
+    },
+    /// Initiator → target: make these ranges durable.
+    Flush(Flush<'a>),
+    /// Target → initiator, answers FLUSH.
+    Flushed {
+        /// Whether the flush persisted anything.
+        flags: FlushedFlags,
+    },
+    /// Initiator → target: ask for counters.
+    Stats,
+    /// Target → initiator, answers STATS.
+    StatsReply(StatsReply),
+    /// Initiator → target: end the session.
+    Close,
+    /// Either way, every [`KEEPALIVE_INTERVAL`](crate::KEEPALIVE_INTERVAL); not answered.
+    Keepalive,
+    /// Target → initiator: success of AUTH, JOIN or CLOSE.
+    Ok {
+        /// The request acknowledged.
+        answers: Opcode,
+    },
+    /// Target → initiator: a request failed.
+    Error {
+        /// Why.
+        code: ErrorCode,
+        /// Details for humans, at most [`MAX_ERROR_TEXT`] bytes (the encoder truncates).
+        text: &'a str,
+    },
+}
+
+/// OPENED's contents: what the initiator needs to read and write the volume directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// Address of the volume's first byte in the session's registration.
+    pub remote_addr: u64,
+    /// Volume size in bytes, a multiple of `block_size`.
+    pub size: u64,
+    /// Remote key of the registration.
+    pub rkey: u32,
+    /// I/O offsets and lengths are multiples of this power of two.
+    pub block_size: u32,
+    /// Largest single READ or WRITE in bytes, a multiple of `block_size`.
+    pub max_io: u32,
+    /// Volatile, read-only, exclusive.
+    pub flags: VolumeFlags,
+    /// Names the session in JOIN and in a join [`ConnectData`](crate::ConnectData).
+    pub session_id: u64,
+    /// Proves the session's further QPs belong to it.
+    pub token: [u8; TOKEN_LEN],
+}
+
+/// STATS_REPLY's contents: the target's counters, over all sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsReply {
+    /// Memory registrations held.
+    pub registrations: u64,
+    /// Bytes pinned by them.
+    pub pinned_bytes: u64,
+    /// Sessions open.
+    pub sessions: u64,
+    /// Connections (QPs) open.
+    pub connections: u64,
+    /// User CPU time of the target process, microseconds.
+    pub cpu_user_us: u64,
+    /// System CPU time of the target process, microseconds.
+    pub cpu_system_us: u64,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct HelloBody {
+    features: U64,
+    reserved: U64,
+}
+const _: () = assert!(size_of::<HelloBody>() == 16);
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct ChallengeBody {
+    flags: U32,
+    reserved: U32,
+    features: U64,
+    nonce: [u8; NONCE_LEN],
+}
+const _: () = assert!(size_of::<ChallengeBody>() == 48);
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct AuthBody {
+    mac: [u8; MAC_LEN],
+}
+const _: () = assert!(size_of::<AuthBody>() == 32);
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct OpenBody {
+    mode: u8,
+    name_len: u8,
+    reserved: [u8; 6],
+    /// `name_len` bytes of UTF-8, then zeros.
+    name: [u8; MAX_VOLUME_NAME],
+}
+const _: () = assert!(size_of::<OpenBody>() == 72);
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct OpenedBody {
+    remote_addr: U64,
+    size: U64,
+    rkey: U32,
+    block_size: U32,
+    max_io: U32,
+    flags: U32,
+    session_id: U64,
+    token: [u8; TOKEN_LEN],
+}
+const _: () = assert!(size_of::<OpenedBody>() == 56);
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct JoinBody {
+    session_id: U64,
+    token: [u8; TOKEN_LEN],
+}
+const _: () = assert!(size_of::<JoinBody>() == 24);
+
+/// Followed by `count` [`Range`]s.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub(crate) struct FlushHead {
+    flags: U32,
+    count: U32,
+}
+const _: () = assert!(size_of::<FlushHead>() == 8);
+
+/// FLUSH's one flag: the whole volume (then `count` is 0).
+const FLUSH_ALL: u32 = 1;
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct FlushedBody {
+    flags: U32,
+    reserved: U32,
+}
+const _: () = assert!(size_of::<FlushedBody>() == 8);
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct StatsReplyBody {
+    registrations: U64,
+    pinned_bytes: U64,
+    sessions: U64,
+    connections: U64,
+    cpu_user_us: U64,
+    cpu_system_us: U64,
+}
+const _: () = assert!(size_of::<StatsReplyBody>() == 48);
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct OkBody {
+    answers: U16,
+    reserved: [u8; 6],
+}
+const _: () = assert!(size_of::<OkBody>() == 8);
+
+/// Followed by `text_len` bytes of UTF-8.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub(crate) struct ErrorHead {
+    status: U32,
+    text_len: U16,
+    reserved: [u8; 2],
+}
+const _: () = assert!(size_of::<ErrorHead>() == 8);
+
+/// Parses one received message: `buf` is exactly the bytes received. Returns the header's tag
+/// and the message. Every length, count, enum, flag, reserved field and string is checked, so
+/// a message that parses is one [`Message::encode`] produces, byte for byte.
+pub fn parse(buf: &[u8]) -> Result<(u32, Message<'_>), ParseError> {
+    let (opcode, tag, body) = split(buf)?;
+    let opcode = Opcode::try_from(opcode)?;
+    Ok((tag, parse_body(opcode, body)?))
+}
+
+fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
+    Ok(match opcode {
+        Opcode::Hello => {
+            let b: &HelloBody = fixed(opcode, body)?;
+            zero(b.reserved.get() == 0, "hello.reserved")?;
+            Message::Hello { features: b.features.get() }
+        }
+        Opcode::Challenge => {
+            let b: &ChallengeBody = fixed(opcode, body)?;
+            zero(b.reserved.get() == 0, "challenge.reserved")?;
+            Message::Challenge {
+                flags: ChallengeFlags::parse(b.flags.get())?,
+                features: b.features.get(),
+                nonce: b.nonce,
+            }
+        }
+        Opcode::Auth => Message::Auth { mac: fixed::<AuthBody>(opcode, body)?.mac },
+        Opcode::Open => {
+            let b: &OpenBody = fixed(opcode, body)?;
+            zero(b.reserved == [0; 6], "open.reserved")?;
+            let mode = OpenMode::try_from(b.mode)?;
+            let (name, padding) = b.name.split_at_checked(b.name_len.into()).ok_or(ParseError::BadCount {
+                field: "open.name_len",
+                count: b.name_len.into(),
+                max: MAX_VOLUME_NAME as u64,
+            })?;
+            zero(padding.iter().all(|&byte| byte == 0), "open.name padding")?;
+            Message::Open { mode, name: check_name(name)? }
+        }
+        Opcode::Opened => {
+            let b: &OpenedBody = fixed(opcode, body)?;
+            let opened = Opened {
+                remote_addr: b.remote_addr.get(),
+                size: b.size.get(),
+                rkey: b.rkey.get(),
+                block_size: b.block_size.get(),
+                max_io: b.max_io.get(),
+                flags: VolumeFlags::parse(b.flags.get())?,
+                session_id: b.session_id.get(),
+                token: b.token,
+            };
+            opened.check()?;
+            Message::Opened(opened)
+        }
+        Opcode::Join => {
+            let b: &JoinBody = fixed(opcode, body)?;
+            Message::Join { session_id: b.session_id.get(), token: b.token }
+        }
+        Opcode::Flush => {
+            let (head, rest) =
+                FlushHead::ref_from_prefix(body).map_err(|_| bad_length(opcode, size_of::<FlushHead>(), body.len()))?;
+            let flags = head.flags.get();
+            if flags & !FLUSH_ALL != 0 {
+                return Err(ParseError::UnknownFlags { field: "flush.flags", bits: (flags & !FLUSH_ALL).into() });
+            }
+            let count = head.count.get();
+            let max = if flags == FLUSH_ALL { 0 } else { MAX_FLUSH_RANGES };
+            let elems = usize::try_from(count).ok().filter(|&n| n <= max).ok_or(ParseError::BadCount {
+                field: "flush.count",
+                count: count.into(),
+                max: max as u64,
+            })?;
+            let ranges = <[Range]>::ref_from_bytes_with_elems(rest, elems)
+                .map_err(|_| bad_length(opcode, size_of::<FlushHead>() + elems * size_of::<Range>(), body.len()))?;
+            if flags == FLUSH_ALL {
+                Message::Flush(Flush::All)
+            } else {
+                ranges.iter().try_for_each(Range::check)?;
+                Message::Flush(Flush::Ranges(ranges))
+            }
+        }
+        Opcode::Flushed => {
+            let b: &FlushedBody = fixed(opcode, body)?;
+            zero(b.reserved.get() == 0, "flushed.reserved")?;
+            Message::Flushed { flags: FlushedFlags::parse(b.flags.get())? }
+        }
+        Opcode::Stats => empty(opcode, body, Message::Stats)?,
+        Opcode::StatsReply => {
+            let b: &StatsReplyBody = fixed(opcode, body)?;
+            Message::StatsReply(StatsReply {
+                registrations: b.registrations.get(),
+                pinned_bytes: b.pinned_bytes.get(),
+                sessions: b.sessions.get(),
+                connections: b.connections.get(),
+                cpu_user_us: b.cpu_user_us.get(),
+                cpu_system_us: b.cpu_system_us.get(),
+            })
+        }
+        Opcode::Close => empty(opcode, body, Message::Close)?,
+        Opcode::Keepalive => empty(opcode, body, Message::Keepalive)?,
+        Opcode::Ok => {
+            let b: &OkBody = fixed(opcode, body)?;
+            zero(b.reserved == [0; 6], "ok.reserved")?;
+            let bad = ParseError::BadEnum { field: "ok.answers", value: b.answers.get().into() };
+            let answers = Opcode::try_from(b.answers.get()).map_err(|_| bad)?;
+            check_answers(answers)?;
+            Message::Ok { answers }
+        }
+        Opcode::Error => {
+            let (head, text) =
+                ErrorHead::ref_from_prefix(body).map_err(|_| bad_length(opcode, size_of::<ErrorHead>(), body.len()))?;
+            zero(head.reserved == [0; 2], "error.reserved")?;
+            let code = ErrorCode::try_from(head.status.get())?;
+            let len = usize::from(head.text_len.get());
+            if len > MAX_ERROR_TEXT {
+                return Err(ParseError::BadCount {
+                    field: "error.text_len",
+                    count: len as u64,
+                    max: MAX_ERROR_TEXT as u64,
+                });
+            }
+            if text.len() != len {
+                return Err(bad_length(opcode, size_of::<ErrorHead>() + len, body.len()));
+            }
+            let text = core::str::from_utf8(text).map_err(|_| ParseError::BadUtf8 { field: "error.text" })?;
+            Message::Error { code, text }
+        }
+    })
+}
+
+/// The whole body as a `T`, or the length error naming what the opcode needs.
+fn fixed<T: FromBytes + KnownLayout + Immutable>(opcode: Opcode, body: &[u8]) -> Result<&T, ParseError> {
+    T::ref_from_bytes(body).map_err(|_| bad_length(opcode, size_of::<T>(), body.len()))
+}
+
+fn empty<'a>(opcode: Opcode, body: &[u8], msg: Message<'a>) -> Result<Message<'a>, ParseError> {
+    if body.is_empty() {
+        Ok(msg)
+    } else {
+        Err(bad_length(opcode, 0, body.len()))
+    }
+}
+
+fn bad_length(opcode: Opcode, expected_body: usize, got_body: usize) -> ParseError {
+    ParseError::BadLength { opcode, expected: HEADER_LEN + expected_body, got: HEADER_LEN + got_body }
+}
+
+fn zero(is_zero: bool, field: &'static str) -> Result<(), ParseError> {
+    if is_zero {
+        Ok(())
+    } else {
+        Err(ParseError::Reserved { field })
+    }
+}
+
+fn check_name(name: &[u8]) -> Result<&str, ParseError> {
+    if name.is_empty() {
+        return Err(ParseError::EmptyName);
+    }
+    if name.len() > MAX_VOLUME_NAME {
+        return Err(ParseError::BadCount {
+            field: "open.name_len",
+            count: name.len() as u64,
+            max: MAX_VOLUME_NAME as u64,
+        });
+    }
+    core::str::from_utf8(name).map_err(|_| ParseError::BadUtf8 { field: "open.name" })
+}
+
+fn check_ranges(ranges: &[Range]) -> Result<(), ParseError> {
+    if ranges.len() > MAX_FLUSH_RANGES {
+        return Err(ParseError::BadCount {
+            field: "flush.count",
+            count: ranges.len() as u64,
+            max: MAX_FLUSH_RANGES as u64,
+        });
+    }
+    ranges.iter().try_for_each(Range::check)
+}
+
+fn check_answers(answers: Opcode) -> Result<(), ParseError> {
+    if answers.is_acked_by_ok() {
+        Ok(())
+    } else {
+        Err(ParseError::BadEnum { field: "ok.answers", value: u16::from(answers).into() })
+    }
+}
+
+impl Opened {
+    fn check(&self) -> Result<(), ParseError> {
+        let bs = self.block_size;
+        let ok = bs.is_power_of_two() && self.size % u64::from(bs) == 0 && self.max_io != 0 && self.max_io % bs == 0;
+        if ok {
+            Ok(())
+        } else {
+            Err(ParseError::BadGeometry { size: self.size, block_size: bs, max_io: self.max_io })
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a char boundary.
+fn truncate(text: &str, max: usize) -> &str {
+    (0..=text.len().min(max)).rev().find_map(|end| text.get(..end)).unwrap_or_default()
+}
+
+impl Message<'_> {
+    /// The message's opcode.
+    pub const fn opcode(&self) -> Opcode {
+        match self {
+            Self::Hello { .. } => Opcode::Hello,
+            Self::Challenge { .. } => Opcode::Challenge,
+            Self::Auth { .. } => Opcode::Auth,
+            Self::Open { .. } => Opcode::Open,
+            Self::Opened(_) => Opcode::Opened,
+            Self::Join { .. } => Opcode::Join,
+            Self::Flush(_) => Opcode::Flush,
+            Self::Flushed { .. } => Opcode::Flushed,
+            Self::Stats => Opcode::Stats,
+            Self::StatsReply(_) => Opcode::StatsReply,
+            Self::Close => Opcode::Close,
+            Self::Keepalive => Opcode::Keepalive,
+            Self::Ok { .. } => Opcode::Ok,
+            Self::Error { .. } => Opcode::Error,
+        }
+    }
+
+    /// Encodes the message with `tag` into the front of `out` and returns its length.
+    ///
+    /// Refuses values the receiver would reject (an empty or too long name, too many or empty
+    /// ranges, an impossible geometry, an OK for a request OK does not answer) and truncates an
+    /// ERROR's text to [`MAX_ERROR_TEXT`] bytes. [`MSG_SIZE`](crate::MSG_SIZE) bytes always
+    /// suffice.
+    pub fn encode(&self, tag: u32, out: &mut [u8]) -> Result<usize, EncodeError> {
+        let opcode = self.opcode();
+        let mut frame = |parts: &[&[u8]]| write_frame(opcode, tag, parts, out);
+        match *self {
+            Self::Hello { features } => {
+                frame(&[HelloBody { features: U64::new(features), reserved: U64::ZERO }.as_bytes()])
+            }
+            Self::Challenge { flags, features, nonce } => frame(&[ChallengeBody {
+                flags: U32::new(flags.bits()),
+                reserved: U32::ZERO,
+                features: U64::new(features),
+                nonce,
+            }
+            .as_bytes()]),
+            Self::Auth { mac } => frame(&[AuthBody { mac }.as_bytes()]),
+            Self::Open { mode, name } => {
+                let name = check_name(name.as_bytes())?;
+                let mut body =
+                    OpenBody { mode: mode.into(), name_len: 0, reserved: [0; 6], name: [0; MAX_VOLUME_NAME] };
+                // check_name bounded the length by MAX_VOLUME_NAME, which fits a u8.
+                body.name_len = u8::try_from(name.len()).unwrap_or(u8::MAX);
+                let (dst, _) = body.name.split_at_mut(name.len());
+                dst.copy_from_slice(name.as_bytes());
+                frame(&[body.as_bytes()])
+            }
+            Self::Opened(o) => {
+                o.check()?;
+                frame(&[OpenedBody {
+                    remote_addr: U64::new(o.remote_addr),
+                    size: U64::new(o.size),
+                    rkey: U32::new(o.rkey),
+                    block_size: U32::new(o.block_size),
+                    max_io: U32::new(o.max_io),
+                    flags: U32::new(o.flags.bits()),
+                    session_id: U64::new(o.session_id),
+                    token: o.token,
+                }
+                .as_bytes()])
+            }
+            Self::Join { session_id, token } => {
+                frame(&[JoinBody { session_id: U64::new(session_id), token }.as_bytes()])
+            }
+            Self::Flush(Flush::All) => frame(&[FlushHead { flags: U32::new(FLUSH_ALL), count: U32::ZERO }.as_bytes()]),
+            Self::Flush(Flush::Ranges(ranges)) => {
+                check_ranges(ranges)?;
+                // check_ranges bounded the count by MAX_FLUSH_RANGES, which fits a u32.
+                let count = U32::new(u32::try_from(ranges.len()).unwrap_or(u32::MAX));
+                frame(&[FlushHead { flags: U32::ZERO, count }.as_bytes(), ranges.as_bytes()])
+            }
+            Self::Flushed { flags } => {
+                frame(&[FlushedBody { flags: U32::new(flags.bits()), reserved: U32::ZERO }.as_bytes()])
+            }
+            Self::Stats | Self::Close | Self::Keepalive => frame(&[]),
+            Self::StatsReply(s) => frame(&[StatsReplyBody {
+                registrations: U64::new(s.registrations),
+                pinned_bytes: U64::new(s.pinned_bytes),
+                sessions: U64::new(s.sessions),
+                connections: U64::new(s.connections),
+                cpu_user_us: U64::new(s.cpu_user_us),
+                cpu_system_us: U64::new(s.cpu_system_us),
+            }
+            .as_bytes()]),
+            Self::Ok { answers } => {
+                check_answers(answers)?;
+                frame(&[OkBody { answers: U16::new(answers.into()), reserved: [0; 6] }.as_bytes()])
+            }
+            Self::Error { code, text } => {
+                let text = truncate(text, MAX_ERROR_TEXT);
+                // MAX_ERROR_TEXT fits a u16.
+                let text_len = U16::new(u16::try_from(text.len()).unwrap_or(u16::MAX));
+                let head = ErrorHead { status: U32::new(code.into()), text_len, reserved: [0; 2] };
+                frame(&[head.as_bytes(), text.as_bytes()])
+            }
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! Round trips of every message and rejection of malformed ones with the right error.
+
+use std::sync::LazyLock;
+
+use zerocopy::FromBytes;
+
+use super::*;
+use crate::header::Header;
+use crate::{peek_tag, FEATURES, MAGIC, MSG_SIZE, VERSION};
+
+const TAG: u32 = 0xfeed_0042;
+
+pub(super) fn encode_vec(msg: &Message<'_>, tag: u32) -> Vec<u8> {
+    let mut buf = vec![0; MSG_SIZE];
+    let len = msg.encode(tag, &mut buf).expect("valid message encodes");
+    buf.truncate(len);
+    buf
+}
+
+/// A message with a correct header in front of `body`, whatever `opcode` and `body` are.
+pub(super) fn raw(opcode: u16, body: &[u8]) -> Vec<u8> {
+    let header = Header {
+        magic: U32::new(MAGIC),
+        version: U16::new(VERSION),
+        opcode: U16::new(opcode),
+        length: U32::new((HEADER_LEN + body.len()).try_into().unwrap()),
+        tag: U32::new(TAG),
+    };
+    [header.as_bytes(), body].concat()
+}
+
+fn header_mut(buf: &mut [u8]) -> &mut Header {
+    Header::mut_from_prefix(buf).unwrap().0
+}
+
+static ONE_RANGE: [Range; 1] = [Range::new(4096, 8192)];
+static EDGE_RANGES: [Range; 2] = [Range::new(0, u64::MAX), Range::new(u64::MAX - 1, 1)];
+static MAX_RANGES: [Range; MAX_FLUSH_RANGES] = {
+    let mut ranges = [Range::new(0, 1); MAX_FLUSH_RANGES];
+    let mut i = 0;
+    while i < MAX_FLUSH_RANGES {
+        ranges[i] = Range::new(i as u64 * 8192, 4096);
+        i += 1;
+    }
+    ranges
+};
+
+const OPENED: Opened = Opened {
+    remote_addr: 0x7f00_dead_0000,
+    size: 1 << 30,
+    rkey: 0x1234_5678,
+    block_size: 4096,
+    max_io: 1 << 20,
+    flags: VolumeFlags::VOLATILE,
+    session_id: 0x0102_0304_0506_0708,
+    token: [0x5a; TOKEN_LEN],
+};
+
+/// At least one of every message, with edge values.
+pub(super) fn samples() -> &'static [Message<'static>] {
+    static SAMPLES: LazyLock<Vec<Message<'static>>> = LazyLock::new(make_samples);
+    &SAMPLES
+}
+
+fn make_samples() -> Vec<Message<'static>> {
+    let long_name = "n".repeat(MAX_VOLUME_NAME).leak();
+    let max_text = "e".repeat(MAX_ERROR_TEXT).leak();
+    let mut all = vec![
+        Message::Hello { features: FEATURES },
+        Message::Hello { features: u64::MAX },
+        Message::Challenge { flags: ChallengeFlags::AUTH_REQUIRED, features: FEATURES, nonce: [0xa5; NONCE_LEN] },
+        Message::Challenge { flags: ChallengeFlags::empty(), features: 0, nonce: [0; NONCE_LEN] },
+        Message::Auth { mac: [7; MAC_LEN] },
+        Message::Open { mode: OpenMode::ReadOnly, name: "v" },
+        Message::Open { mode: OpenMode::ReadWrite, name: "volume-ü€" },
+        Message::Open { mode: OpenMode::Exclusive, name: long_name },
+        Message::Opened(OPENED),
+        Message::Opened(Opened { size: 0, block_size: 1, max_io: u32::MAX, flags: VolumeFlags::all(), ..OPENED }),
+        Message::Join { session_id: u64::MAX, token: [0xff; TOKEN_LEN] },
+        Message::Flush(Flush::All),
+        Message::Flush(Flush::Ranges(&[])),
+        Message::Flush(Flush::Ranges(&ONE_RANGE)),
+        Message::Flush(Flush::Ranges(&EDGE_RANGES)),
+        Message::Flush(Flush::Ranges(&MAX_RANGES)),
+        Message::Flushed { flags: FlushedFlags::VOLATILE },
+        Message::Flushed { flags: FlushedFlags::empty() },
+        Message::Stats,
+        Message::StatsReply(StatsReply {
+            registrations: 3,
+            pinned_bytes: 3 << 30,
+            sessions: 2,
+            connections: 9,
+            cpu_user_us: 1,
+            cpu_system_us: u64::MAX,
+        }),
+        Message::Close,
+        Message::Keepalive,
+        Message::Error { code: ErrorCode::Malformed, text: "" },
+        Message::Error { code: ErrorCode::Busy, text: max_text },
+    ];
+    all.extend(Opcode::ALL.iter().filter(|op| op.is_acked_by_ok()).map(|&answers| Message::Ok { answers }));
+    all.extend(ErrorCode::ALL.iter().map(|&code| Message::Error { code, text: "why: ü" }));
+    all
+}
+
+#[test]
+fn samples_cover_every_opcode() {
+    let samples = samples();
+    for op in Opcode::ALL {
+        assert!(samples.iter().any(|m| m.opcode() == *op), "{op:?} has no sample");
+    }
+}
+
+#[test]
+fn every_message_round_trips() {
+    for msg in samples() {
+        let buf = encode_vec(msg, TAG);
+        assert!(buf.len() <= MSG_SIZE);
+        assert_eq!(parse(&buf), Ok((TAG, *msg)), "{msg:?}");
+        assert_eq!(peek_tag(&buf), Some(TAG));
+    }
+}
+
+#[test]
+fn largest_messages_fit_exactly() {
+    let flush = encode_vec(&Message::Flush(Flush::Ranges(&MAX_RANGES)), 0);
+    assert_eq!(flush.len(), HEADER_LEN + 8 + MAX_FLUSH_RANGES * 16);
+    assert!(flush.len() + size_of::<Range>() > MSG_SIZE);
+    let text = "e".repeat(MAX_ERROR_TEXT);
+    let error = encode_vec(&Message::Error { code: ErrorCode::Internal, text: &text }, 0);
+    assert_eq!(error.len(), MSG_SIZE);
+}
+
+#[test]
+fn every_proper_prefix_is_truncated() {
+    for msg in samples() {
+        let buf = encode_vec(msg, TAG);
+        for have in 0..buf.len() {
+            let need = if have < HEADER_LEN { HEADER_LEN } else { buf.len() };
+            assert_eq!(parse(&buf[..have]), Err(ParseError::Truncated { need, have }), "{msg:?} cut at {have}");
+        }
+    }
+}
+
+#[test]
+fn trailing_bytes_are_rejected() {
+    for msg in samples() {
+        let mut buf = encode_vec(msg, TAG);
+        let header = u32::try_from(buf.len()).unwrap();
+        buf.push(0);
+        let received = buf.len();
+        assert_eq!(parse(&buf), Err(ParseError::LengthMismatch { header, received }));
+    }
+}
+
+#[test]
+fn wrong_magic() {
+    let mut buf = encode_vec(&Message::Keepalive, TAG);
+    header_mut(&mut buf).magic = U32::new(0x5452_5354);
+    assert_eq!(parse(&buf), Err(ParseError::BadMagic(0x5452_5354)));
+    assert_eq!(peek_tag(&buf), None);
+}
+
+#[test]
+fn wrong_version_names_both() {
+    for got in [0, 2, u16::MAX] {
+        let mut buf = encode_vec(&Message::Hello { features: FEATURES }, TAG);
+        header_mut(&mut buf).version = U16::new(got);
+        let err = parse(&buf).unwrap_err();
+        assert_eq!(err, ParseError::Version { got, supported: VERSION });
+        assert!(err.to_string().contains(&format!("version {got} ")), "{err}");
+        // The tag still reaches the ERROR reply.
+        assert_eq!(peek_tag(&buf), Some(TAG));
+    }
+}
+
+#[test]
+fn unknown_opcodes() {
+    for op in [0, 9, 0x0100, 0x8002, 0x8008, 0xffff] {
+        assert_eq!(parse(&raw(op, &[])), Err(ParseError::UnknownOpcode(op)));
+    }
+}
+
+#[test]
+fn fixed_bodies_of_the_wrong_size() {
+    let bad = |opcode: Opcode, body: usize, expected: usize| {
+        let err = parse(&raw(opcode.into(), &vec![0; body])).unwrap_err();
+        let (expected, got) = (HEADER_LEN + expected, HEADER_LEN + body);
+        assert_eq!(err, ParseError::BadLength { opcode, expected, got });
+    };
+    bad(Opcode::Hello, 15, 16);
+    bad(Opcode::Hello, 17, 16);
+    bad(Opcode::Auth, 0, 32);
+    bad(Opcode::Open, 73, 72);
+    bad(Opcode::Stats, 1, 0);
+    bad(Opcode::Keepalive, 8, 0);
+    bad(Opcode::Flush, 7, 8);
+    bad(Opcode::Error, 4, 8);
+}
+
+fn flush_raw(flags: u32, count: u32, ranges: &[Range]) -> Vec<u8> {
+    let head = FlushHead { flags: U32::new(flags), count: U32::new(count) };
+    raw(Opcode::Flush.into(), &[head.as_bytes(), ranges.as_bytes()].concat())
+}
+
+#[test]
+fn flush_counts() {
+    let opcode = Opcode::Flush;
+    // More ranges than the message holds.
+    assert_eq!(
+        parse(&flush_raw(0, 3, &ONE_RANGE)),
+        Err(ParseError::BadLength { opcode, expected: 16 + 8 + 48, got: 16 + 8 + 16 })
+    );
+    // Fewer.
+    assert_eq!(
+        parse(&flush_raw(0, 0, &ONE_RANGE)),
+        Err(ParseError::BadLength { opcode, expected: 16 + 8, got: 16 + 8 + 16 })
+    );
+    let max = MAX_FLUSH_RANGES as u64;
+    for count in [MAX_FLUSH_RANGES as u32 + 1, u32::MAX] {
+        assert_eq!(
+            parse(&flush_raw(0, count, &[])),
+            Err(ParseError::BadCount { field: "flush.count", count: count.into(), max })
+        );
+    }
+    let too_many = [Range::new(0, 1); MAX_FLUSH_RANGES + 1];
+    assert_eq!(
+        parse(&flush_raw(0, too_many.len() as u32, &too_many)),
+        Err(ParseError::BadCount { field: "flush.count", count: max + 1, max })
+    );
+    // ALL covers everything: no ranges with it.
+    assert_eq!(
+        parse(&flush_raw(FLUSH_ALL, 1, &ONE_RANGE)),
+        Err(ParseError::BadCount { field: "flush.count", count: 1, max: 0 })
+    );
+}
+
+#[test]
+fn flush_flags_and_ranges() {
+    assert_eq!(parse(&flush_raw(2, 0, &[])), Err(ParseError::UnknownFlags { field: "flush.flags", bits: 2 }));
+    assert_eq!(
+        parse(&flush_raw(0, 2, &[Range::new(0, 4096), Range::new(8192, 0)])),
+        Err(ParseError::BadRange { offset: 8192, len: 0 })
+    );
+    assert_eq!(
+        parse(&flush_raw(0, 1, &[Range::new(u64::MAX, 1)])),
+        Err(ParseError::BadRange { offset: u64::MAX, len: 1 })
+    );
+}
+
+#[test]
+fn flush_borrows_the_buffer() {
+    let buf = encode_vec(&Message::Flush(Flush::Ranges(&ONE_RANGE)), TAG);
+    let Ok((_, Message::Flush(Flush::Ranges(ranges)))) = parse(&buf) else { panic!() };
+    assert!(buf.as_ptr_range().contains(&ranges.as_ptr().cast()));
+    assert_eq!((ranges[0].offset(), ranges[0].len(), ranges[0].end()), (4096, 8192, Some(12288)));
+}
+
+fn open_raw(mode: u8, name_len: u8, name: &[u8]) -> Vec<u8> {
+    let mut body = OpenBody { mode, name_len, reserved: [0; 6], name: [0; MAX_VOLUME_NAME] };
+    body.name[..name.len()].copy_from_slice(name);
+    raw(Opcode::Open.into(), body.as_bytes())
+}
+
+#[test]
+fn open_mode_and_name() {
+    assert!(parse(&open_raw(2, 3, b"vol")).is_ok());
+    for mode in [0, 4, 0xff] {
+        assert_eq!(
+            parse(&open_raw(mode, 3, b"vol")),
+            Err(ParseError::BadEnum { field: "open.mode", value: mode.into() })
+        );
+    }
+    assert_eq!(parse(&open_raw(1, 0, b"")), Err(ParseError::EmptyName));
+    assert_eq!(parse(&open_raw(1, 2, b"\xff\xfe")), Err(ParseError::BadUtf8 { field: "open.name" }));
+    // A name cut inside a character.
+    assert_eq!(parse(&open_raw(1, 1, &"ü".as_bytes()[..1])), Err(ParseError::BadUtf8 { field: "open.name" }));
+    assert_eq!(
+        parse(&open_raw(1, 65, b"vol")),
+        Err(ParseError::BadCount { field: "open.name_len", count: 65, max: 64 })
+    );
+    assert_eq!(parse(&open_raw(1, 2, b"vol")), Err(ParseError::Reserved { field: "open.name padding" }));
+}
+
+#[test]
+fn unknown_flag_bits() {
+    let challenge = |flags| ChallengeBody {
+        flags: U32::new(flags),
+        reserved: U32::ZERO,
+        features: U64::ZERO,
+        nonce: [0; NONCE_LEN],
+    };
+    assert_eq!(
+        parse(&raw(Opcode::Challenge.into(), challenge(3).as_bytes())),
+        Err(ParseError::UnknownFlags { field: "challenge.flags", bits: 2 })
+    );
+    let flushed = FlushedBody { flags: U32::new(0x8000_0001), reserved: U32::ZERO };
+    assert_eq!(
+        parse(&raw(Opcode::Flushed.into(), flushed.as_bytes())),
+        Err(ParseError::UnknownFlags { field: "flushed.flags", bits: 0x8000_0000 })
+    );
+    let mut opened = encode_vec(&Message::Opened(OPENED), TAG);
+    OpenedBody::mut_from_bytes(&mut opened[HEADER_LEN..]).unwrap().flags = U32::new(8 | 1);
+    assert_eq!(parse(&opened), Err(ParseError::UnknownFlags { field: "opened.flags", bits: 8 }));
+}
+
+#[test]
+fn reserved_fields_must_be_zero() {
+    let reserved = |opcode: Opcode, body: &[u8], field| {
+        assert_eq!(parse(&raw(opcode.into(), body)), Err(ParseError::Reserved { field }));
+    };
+    let hello = HelloBody { features: U64::ZERO, reserved: U64::new(1) };
+    reserved(Opcode::Hello, hello.as_bytes(), "hello.reserved");
+    let ok = OkBody { answers: U16::new(Opcode::Auth.into()), reserved: [0, 0, 0, 0, 0, 1] };
+    reserved(Opcode::Ok, ok.as_bytes(), "ok.reserved");
+    let error = ErrorHead { status: U32::new(1), text_len: U16::ZERO, reserved: [1, 0] };
+    reserved(Opcode::Error, error.as_bytes(), "error.reserved");
+    let mut open = open_raw(1, 1, b"v");
+    OpenBody::mut_from_bytes(&mut open[HEADER_LEN..]).unwrap().reserved[5] = 1;
+    assert_eq!(parse(&open), Err(ParseError::Reserved { field: "open.reserved" }));
+}
+
+#[test]
+fn opened_geometry() {
+    let bad = |size, block_size, max_io| {
+        let opened = Opened { size, block_size, max_io, ..OPENED };
+        let err = ParseError::BadGeometry { size, block_size, max_io };
+        assert_eq!(Message::Opened(opened).encode(0, &mut [0; MSG_SIZE]), Err(err.into()));
+        let body = OpenedBody {
+            remote_addr: U64::ZERO,
+            size: U64::new(size),
+            rkey: U32::ZERO,
+            block_size: U32::new(block_size),
+            max_io: U32::new(max_io),
+            flags: U32::ZERO,
+            session_id: U64::ZERO,
+            token: [0; TOKEN_LEN],
+        };
+        assert_eq!(parse(&raw(Opcode::Opened.into(), body.as_bytes())), Err(err));
+    };
+    bad(1 << 20, 0, 4096);
+    bad(1 << 20, 3000, 6000);
+    bad(4096 + 512, 4096, 4096);
+    bad(1 << 20, 4096, 0);
+    bad(1 << 20, 4096, 6144);
+}
+
+#[test]
+fn error_status_and_text() {
+    let error = |status: u32, text_len: u16, text: &[u8]| {
+        let head = ErrorHead { status: U32::new(status), text_len: U16::new(text_len), reserved: [0; 2] };
+        raw(Opcode::Error.into(), &[head.as_bytes(), text].concat())
+    };
+    let busy = error(7, 2, b"hi");
+    assert_eq!(parse(&busy), Ok((TAG, Message::Error { code: ErrorCode::Busy, text: "hi" })));
+    for status in [0, 17, u32::MAX] {
+        assert_eq!(
+            parse(&error(status, 0, b"")),
+            Err(ParseError::BadEnum { field: "error.status", value: status.into() })
+        );
+    }
+    assert_eq!(parse(&error(1, 2, b"\xc3\x28")), Err(ParseError::BadUtf8 { field: "error.text" }));
+    assert_eq!(
+        parse(&error(1, 3, b"hi")),
+        Err(ParseError::BadLength { opcode: Opcode::Error, expected: 16 + 8 + 3, got: 16 + 8 + 2 })
+    );
+    let len = MAX_ERROR_TEXT + 1;
+    assert_eq!(
+        parse(&error(1, len as u16, &vec![b'x'; len])),
+        Err(ParseError::BadCount { field: "error.text_len", count: len as u64, max: MAX_ERROR_TEXT as u64 })
+    );
+}
+
+#[test]
+fn ok_answers_only_auth_join_close() {
+    let ok = |answers: u16| raw(Opcode::Ok.into(), OkBody { answers: U16::new(answers), reserved: [0; 6] }.as_bytes());
+    assert_eq!(parse(&ok(Opcode::Join.into())), Ok((TAG, Message::Ok { answers: Opcode::Join })));
+    for answers in [0, Opcode::Hello.into(), Opcode::Ok.into(), 0x4242] {
+        assert_eq!(parse(&ok(answers)), Err(ParseError::BadEnum { field: "ok.answers", value: answers.into() }));
+    }
+    let err = Message::Ok { answers: Opcode::Open }.encode(0, &mut [0; MSG_SIZE]);
+    assert_eq!(err, Err(EncodeError::Invalid(ParseError::BadEnum { field: "ok.answers", value: 3 })));
+}
+
+#[test]
+fn encode_refuses_what_parse_would() {
+    let mut buf = [0; MSG_SIZE];
+    let mut enc = |msg: Message<'_>| {
+        msg.encode(0, &mut buf).map_err(|e| match e {
+            EncodeError::Invalid(e) => e,
+            e => panic!("{e}"),
+        })
+    };
+    let long = "n".repeat(MAX_VOLUME_NAME + 1);
+    assert_eq!(
+        enc(Message::Open { mode: OpenMode::ReadOnly, name: &long }),
+        Err(ParseError::BadCount { field: "open.name_len", count: 65, max: 64 })
+    );
+    assert_eq!(enc(Message::Open { mode: OpenMode::ReadOnly, name: "" }), Err(ParseError::EmptyName));
+    let too_many = [Range::new(0, 1); MAX_FLUSH_RANGES + 1];
+    assert_eq!(
+        enc(Message::Flush(Flush::Ranges(&too_many))),
+        Err(ParseError::BadCount {
+            field: "flush.count",
+            count: MAX_FLUSH_RANGES as u64 + 1,
+            max: MAX_FLUSH_RANGES as u64
+        })
+    );
+    assert_eq!(
+        enc(Message::Flush(Flush::Ranges(&[Range::new(5, 0)]))),
+        Err(ParseError::BadRange { offset: 5, len: 0 })
+    );
+}
+
+#[test]
+fn encode_needs_room() {
+    for msg in samples() {
+        let len = encode_vec(msg, TAG).len();
+        let mut small = vec![0; len - 1];
+        assert_eq!(msg.encode(TAG, &mut small), Err(EncodeError::BufferTooSmall { need: len, have: len - 1 }));
+        assert_eq!(msg.encode(TAG, &mut vec![0; len]), Ok(len));
+    }
+}
+
+#[test]
+fn error_text_is_truncated_on_a_char_boundary() {
+    let text = "€".repeat(MAX_ERROR_TEXT); // 3 bytes each; MAX_ERROR_TEXT % 3 != 0
+    let buf = encode_vec(&Message::Error { code: ErrorCode::Internal, text: &text }, TAG);
+    let Ok((_, Message::Error { text: got, .. })) = parse(&buf) else { panic!() };
+    assert_eq!(got.len(), MAX_ERROR_TEXT / 3 * 3);
+    assert!(text.starts_with(got));
+}
+
+#[test]
+fn peek_tag_survives_a_broken_body() {
+    let mut buf = open_raw(9, 200, b"");
+    assert!(parse(&buf).is_err());
+    assert_eq!(peek_tag(&buf), Some(TAG));
+    assert_eq!(peek_tag(&buf[..HEADER_LEN - 1]), None);
+    header_mut(&mut buf).opcode = U16::new(0x7777);
+    assert_eq!(peek_tag(&buf), Some(TAG));
+}
+
+#[test]
+fn flags_and_codes_read_well() {
+    let flags = VolumeFlags::VOLATILE | VolumeFlags::EXCLUSIVE;
+    assert_eq!(format!("{flags:?}"), "VolumeFlags(VOLATILE | EXCLUSIVE)");
+    assert_eq!(format!("{:?}", VolumeFlags::empty()), "VolumeFlags()");
+    assert!(flags.contains(VolumeFlags::EXCLUSIVE) && !flags.contains(VolumeFlags::READ_ONLY));
+    assert_eq!(VolumeFlags::from_bits(8), None);
+    assert_eq!(ErrorCode::Busy.to_string(), "volume is opened exclusively by another session");
+    assert!(Opcode::ALL.iter().all(|op| op.is_reply() == (u16::from(*op) & 0x8000 != 0)));
+    assert!(!Opcode::Keepalive.is_reply() && Opcode::Error.is_reply());
+}
+
+#[test]
+fn messages_are_plain_data() {
+    fn plain<T: Send + Sync + Copy + 'static>() {}
+    plain::<Message<'static>>();
+    plain::<ParseError>();
+    plain::<EncodeError>();
+}

@@ -1,0 +1,10 @@
+//! Shared helpers for rblk's integration tests.
+//!
+//! Tests that need RDMA are marked `#[ignore = "needs rxe ..."]`, so a plain `cargo test` on a
+//! host without RDMA lists them as ignored; `scripts/test.sh` runs them with `--ignored` inside
+//! the qemu guest, where `RBLK_DEVICE` and `RBLK_ADDR` name the rxe device and its address.
+//! There they **fail**, never skip, if the device is missing.
+
+#![forbid(unsafe_code)]
+
+pub mod rxe;
