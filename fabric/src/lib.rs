@@ -50,13 +50,14 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+pub mod channel;
 mod completion;
 mod error;
+#[cfg(feature = "mem")]
+pub mod mem;
 mod memory;
 pub mod policy;
 mod verbs;
-#[cfg(feature = "mem")]
-pub mod mem;
 
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr};
@@ -511,18 +512,31 @@ impl Waker {
 
 impl Endpoint {
     fn new(inner: EndpointInner) -> Result<Endpoint> {
-        let (tx, rx) = UnixStream::pair()
-            .map_err(|source| Error::Verbs { op: "socketpair for the endpoint waker", device: String::new(), source })?;
+        let (tx, rx) = UnixStream::pair().map_err(|source| Error::Verbs {
+            op: "socketpair for the endpoint waker",
+            device: String::new(),
+            source,
+        })?;
         for s in [&tx, &rx] {
-            s.set_nonblocking(true)
-                .map_err(|source| Error::Verbs { op: "socketpair for the endpoint waker", device: String::new(), source })?;
+            s.set_nonblocking(true).map_err(|source| Error::Verbs {
+                op: "socketpair for the endpoint waker",
+                device: String::new(),
+                source,
+            })?;
         }
         Ok(Endpoint { inner, wake_rx: rx, wake_tx: Arc::new(tx) })
     }
 
     /// Active side, step 1: resolves `dst`, creates a QP (in `pd`, or in a new PD on the device
     /// that reaches `dst`) and readies it for RECVs. Step 2 is [`Endpoint::connect`].
-    pub fn resolve(fabric: Fabric, dst: SocketAddr, pd: Option<&Pd>, device: Option<&str>, cfg: &QpConfig, deadline: Instant) -> Result<Endpoint> {
+    pub fn resolve(
+        fabric: Fabric,
+        dst: SocketAddr,
+        pd: Option<&Pd>,
+        device: Option<&str>,
+        cfg: &QpConfig,
+        deadline: Instant,
+    ) -> Result<Endpoint> {
         let inner = match (fabric, pd.map(|p| &p.inner)) {
             (Fabric::Verbs, None) => EndpointInner::Verbs(verbs::Endpoint::resolve(dst, None, device, cfg, deadline)?),
             (Fabric::Verbs, Some(PdInner::Verbs(p))) => {
@@ -531,7 +545,9 @@ impl Endpoint {
             #[cfg(feature = "mem")]
             (Fabric::Mem, None) => EndpointInner::Mem(mem::Endpoint::resolve(dst, None, device, cfg, deadline)?),
             #[cfg(feature = "mem")]
-            (Fabric::Mem, Some(PdInner::Mem(p))) => EndpointInner::Mem(mem::Endpoint::resolve(dst, Some(p), device, cfg, deadline)?),
+            (Fabric::Mem, Some(PdInner::Mem(p))) => {
+                EndpointInner::Mem(mem::Endpoint::resolve(dst, Some(p), device, cfg, deadline)?)
+            }
             #[cfg(feature = "mem")]
             _ => return Err(Error::Mismatch("protection domain is on another fabric".into())),
         };

@@ -1,10 +1,29 @@
 //! rblk-target: the daemon that exposes volumes held in registered memory over RDMA RC queue
-//! pairs. Initiators read and write them with one-sided RDMA READ and WRITE; the daemon only runs
-//! the small control channel (hello, authentication, open, flush, close).
+//! pairs. Initiators read and write them with one-sided RDMA READ and WRITE; the daemon runs only
+//! the small control channel (hello, authentication, open, join, flush, stats, close) and never
+//! touches the data path.
 //!
-//! This crate is the daemon's library half (configuration now; sessions and volumes come with the
-//! control protocol) so that tests can drive it in-process over the in-memory fabric.
+//! Layout: [`config`] (command line), [`volume`] (the volume store: memory and open modes),
+//! [`session`] (per-session protection domain and registration, authentication), [`control`]
+//! (one connection's control protocol), [`server`] (the rdma_cm listener and connection threads).
+//!
+//! ```no_run
+//! use rblk_target::server::{Config, Server};
+//! let running = Server::start(Config::default())?;
+//! println!("listening on {}", running.local_addr());
+//! running.shutdown();
+//! # Ok::<(), rblk_target::server::StartError>(())
+//! ```
+//!
+//! Threads: one listener thread, plus one thread per connection that sleeps on its completion
+//! channel between control messages (data transfers complete without it). Cleanup: a session's
+//! registration is dropped on CLOSE, when its last connection goes, or when keepalives fail;
+//! [`server::Running::shutdown`] disconnects everyone and deregisters everything.
 
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod control;
+pub mod server;
+pub mod session;
+pub mod volume;

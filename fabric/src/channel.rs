@@ -1,0 +1,105 @@
+//! The control channel: proto messages over SEND/RECV on an endpoint, with registered receive
+//! and send buffers allocated once per connection.
+//!
+//! Control work requests carry wr_ids with [`CONTROL_BIT`] set, so callers that mix data and
+//! control on one QP (the initiator) tell them apart with [`is_control`] and hand control
+//! completions to [`Channel::on_completion`].
+
+use std::sync::Arc;
+
+use rblk_proto::{Message, MSG_SIZE, RECV_COUNT, SEND_COUNT};
+
+use crate::{Access, Completion, Endpoint, Error, Local, Memory, Mr, Op, Pd, Result, WcOpcode, WorkRequest};
+
+/// Set in the wr_id of every control work request.
+pub const CONTROL_BIT: u64 = 1 << 63;
+const SEND_BIT: u64 = 1 << 62;
+
+/// Largest message sent inline (copied into the work request) instead of from a send buffer.
+const INLINE_MAX: usize = 64;
+
+/// True if a completion belongs to the control channel.
+pub fn is_control(wr_id: u64) -> bool {
+    wr_id & CONTROL_BIT != 0
+}
+
+/// What a control completion meant.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A message of this many bytes was received and copied into the caller's buffer.
+    Received(usize),
+    /// One of our SENDs completed; its buffer is free again.
+    Sent,
+}
+
+/// Receive and send buffers for one endpoint's control messages.
+#[derive(Debug)]
+pub struct Channel {
+    bufs: Mr,
+    free_sends: Vec<usize>,
+}
+
+impl Channel {
+    /// Allocates and registers the buffers in `pd` (the endpoint's PD).
+    pub fn new(pd: &Pd) -> Result<Channel> {
+        let memory: Arc<Memory> = Memory::anonymous((RECV_COUNT + SEND_COUNT) * MSG_SIZE)?;
+        let bufs = pd.register(&memory, Access::LOCAL)?;
+        Ok(Channel { bufs, free_sends: (0..SEND_COUNT).rev().collect() })
+    }
+
+    /// Posts every receive buffer. Call once, before the connection is accepted or connected.
+    pub fn post_recvs(&mut self, ep: &mut Endpoint) -> Result<()> {
+        (0..RECV_COUNT).try_for_each(|slot| self.repost(ep, slot))
+    }
+
+    fn repost(&self, ep: &mut Endpoint, slot: usize) -> Result<()> {
+        ep.post_recv(CONTROL_BIT | slot as u64, &self.bufs, slot * MSG_SIZE, MSG_SIZE as u32)
+    }
+
+    /// Encodes `msg` with `tag` and SENDs it. Fails with [`Error::QueueFull`] when every send
+    /// buffer is in flight (reap completions first).
+    pub fn send(&mut self, ep: &mut Endpoint, tag: u32, msg: &Message<'_>) -> Result<()> {
+        let mut bytes = [0u8; MSG_SIZE];
+        let len = msg.encode(tag, &mut bytes).map_err(|e| Error::Mismatch(format!("encoding {msg:?}: {e}")))?;
+        let slot = self.free_sends.pop().ok_or(Error::QueueFull { queue: "control send", depth: SEND_COUNT as u32 })?;
+        let wr_id = CONTROL_BIT | SEND_BIT | slot as u64;
+        let local = if len <= INLINE_MAX {
+            Local::Inline(&bytes[..len])
+        } else {
+            self.bufs.memory().write_at((RECV_COUNT + slot) * MSG_SIZE, &bytes[..len])?;
+            Local::Region { mr: &self.bufs, offset: (RECV_COUNT + slot) * MSG_SIZE, len: len as u32 }
+        };
+        let posted = ep.post(&[WorkRequest { wr_id, op: Op::Send, local, signaled: true }]);
+        if posted.is_err() {
+            self.free_sends.push(slot);
+        }
+        posted
+    }
+
+    /// Handles a control completion: a received message is copied into `buf` (parse it there;
+    /// the receive buffer is reposted at once), a completed SEND frees its buffer. Error
+    /// completions are returned as errors: the connection is gone.
+    pub fn on_completion(&mut self, ep: &mut Endpoint, c: &Completion, buf: &mut [u8; MSG_SIZE]) -> Result<Event> {
+        let slot = (c.wr_id & !(CONTROL_BIT | SEND_BIT)) as usize;
+        if c.wr_id & SEND_BIT != 0 {
+            if slot < SEND_COUNT {
+                self.free_sends.push(slot);
+            }
+            c.ok()?;
+            return Ok(Event::Sent);
+        }
+        c.ok()?;
+        if slot >= RECV_COUNT || c.opcode != WcOpcode::Recv {
+            return Err(Error::Mismatch(format!("unexpected control completion {c:?}")));
+        }
+        let len = (c.byte_len as usize).min(MSG_SIZE);
+        self.bufs.memory().read_at(slot * MSG_SIZE, &mut buf[..len])?;
+        self.repost(ep, slot)?;
+        Ok(Event::Received(len))
+    }
+
+    /// SEND buffers currently free.
+    pub fn free_sends(&self) -> usize {
+        self.free_sends.len()
+    }
+}

@@ -1,0 +1,248 @@
+//! One connection's control protocol: a small state machine fed by received messages. It never
+//! touches the data path; it hands out (and takes back) access to volume memory.
+
+use std::sync::Arc;
+
+use rblk_fabric::{Access, Pd};
+use rblk_proto::{
+    ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, StatsReply, VolumeFlags,
+    NONCE_LEN,
+};
+
+use crate::server::Shared;
+use crate::session::{self, Session};
+
+/// Where a connection is in the protocol.
+#[derive(Debug)]
+pub enum State {
+    /// New session: waiting for HELLO.
+    Fresh {
+        /// The PD this session will use.
+        pd: Pd,
+    },
+    /// CHALLENGE sent.
+    Challenged {
+        /// The PD.
+        pd: Pd,
+        /// Nonce the AUTH must cover.
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Authenticated (or no key configured): may OPEN.
+    Ready {
+        /// The PD.
+        pd: Pd,
+    },
+    /// A further QP, admitted by its connect data, waiting for JOIN.
+    Joining {
+        /// The session it claims.
+        session: Arc<Session>,
+    },
+    /// The volume is open (or joined).
+    Open {
+        /// The session.
+        session: Arc<Session>,
+    },
+    /// CLOSE acknowledged; the connection ends once the reply is sent.
+    Closed,
+}
+
+/// A reply to send, built from values the handler owns.
+#[derive(Debug)]
+pub enum Reply {
+    /// Nothing to send.
+    None,
+    /// A message without borrowed data.
+    Msg(Message<'static>),
+    /// An ERROR.
+    Error(ErrorCode, String),
+}
+
+/// What the connection loop should do after a message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum After {
+    /// Keep serving.
+    Continue,
+    /// Count a malformed message (the loop disconnects after too many).
+    Malformed,
+    /// Send the reply, then end the connection.
+    Close,
+}
+
+/// Handles one received message (raw bytes, parsed here) in `state`.
+pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After) {
+    let msg = match rblk_proto::parse(bytes) {
+        Ok((_, msg)) => msg,
+        Err(ParseError::Version { got, supported }) => {
+            return (
+                Reply::Error(
+                    ErrorCode::VersionMismatch,
+                    format!("protocol version {got} is not supported; this target speaks version {supported}"),
+                ),
+                After::Malformed,
+            );
+        }
+        Err(e) => return (Reply::Error(ErrorCode::Malformed, format!("malformed message: {e}")), After::Malformed),
+    };
+    match (msg, &*state) {
+        (Message::Keepalive, _) => (Reply::None, After::Continue),
+        (Message::Hello { .. }, State::Fresh { pd }) => {
+            let nonce = session::nonce();
+            let flags = if shared.key.is_some() { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
+            *state = State::Challenged { pd: pd.clone(), nonce };
+            (Reply::Msg(Message::Challenge { flags, features: rblk_proto::FEATURES, nonce }), After::Continue)
+        }
+        (Message::Auth { mac }, State::Challenged { pd, nonce }) => match &shared.key {
+            Some(key) if !session::verify(key, nonce, &mac) => {
+                (Reply::Error(ErrorCode::AuthFailed, "authentication failed: wrong key".into()), After::Malformed)
+            }
+            _ => {
+                *state = State::Ready { pd: pd.clone() };
+                (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
+            }
+        },
+        (Message::Open { .. }, State::Challenged { pd, .. }) if shared.key.is_none() => {
+            // No key configured: HELLO was enough.
+            let pd = pd.clone();
+            *state = State::Ready { pd };
+            handle(shared, state, bytes)
+        }
+        (Message::Open { .. }, State::Challenged { .. }) => (
+            Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before OPEN".into()),
+            After::Malformed,
+        ),
+        (Message::Open { mode, name }, State::Ready { pd }) => open(shared, state, pd.clone(), mode, name),
+        (Message::Join { session_id, token }, State::Joining { session }) => {
+            if session.id != session_id || !session.token_matches(&token) {
+                return (Reply::Error(ErrorCode::BadSession, "JOIN does not match the session".into()), After::Close);
+            }
+            let session = Arc::clone(session);
+            *state = State::Open { session };
+            (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Join }), After::Continue)
+        }
+        (Message::Stats, State::Ready { .. } | State::Open { .. }) => (Reply::Msg(stats(shared)), After::Continue),
+        (Message::Stats, State::Challenged { .. }) if shared.key.is_none() => {
+            (Reply::Msg(stats(shared)), After::Continue)
+        }
+        (Message::Flush(flush), State::Open { session }) => {
+            let size = session.volume.size();
+            if let Flush::Ranges(ranges) = flush {
+                if let Some(r) = ranges.iter().find(|r| r.end().is_none_or(|end| end > size)) {
+                    return (
+                        Reply::Error(
+                            ErrorCode::OutOfRange,
+                            format!("flush range {}+{} is beyond the volume's {size} bytes", r.offset(), r.len()),
+                        ),
+                        After::Continue,
+                    );
+                }
+            }
+            // RAM volumes: an ordering point only, and the reply says so.
+            (Reply::Msg(Message::Flushed { flags: FlushedFlags::VOLATILE }), After::Continue)
+        }
+        (Message::Close, State::Open { session }) => {
+            session.release();
+            *state = State::Closed;
+            (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Close }), After::Close)
+        }
+        (Message::Close, _) => {
+            *state = State::Closed;
+            (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Close }), After::Close)
+        }
+        (Message::Flush(_), _) => (Reply::Error(ErrorCode::NotOpen, "FLUSH before OPEN".into()), After::Continue),
+        (msg, state) => (
+            Reply::Error(ErrorCode::Unexpected, format!("{:?} is not expected in state {}", msg.opcode(), state.name())),
+            After::Malformed,
+        ),
+    }
+}
+
+fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) -> (Reply, After) {
+    let Some(volume) = shared.volumes.get(name) else {
+        let mut names: Vec<&str> = shared.volumes.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        return (
+            Reply::Error(ErrorCode::NoSuchVolume, format!("no volume named {name:?} (this target has: {})", names.join(", "))),
+            After::Continue,
+        );
+    };
+    let id = shared.next_session_id();
+    if let Err(busy) = volume.acquire(id, mode) {
+        return (Reply::Error(ErrorCode::Busy, busy.0), After::Continue);
+    }
+    let access = if mode == OpenMode::ReadOnly { Access::REMOTE_READ } else { Access::REMOTE_READ_WRITE };
+    let mr = match pd.register(&volume.memory, access) {
+        Ok(mr) => mr,
+        Err(e) => {
+            volume.release(id, mode);
+            tracing::warn!(volume = name, error = %e, "registration failed");
+            return (Reply::Error(ErrorCode::NoResources, e.to_string()), After::Continue);
+        }
+    };
+    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, Arc::clone(&shared.counters)));
+    let (remote_addr, rkey) = session.remote().unwrap_or_default();
+    let mut flags = VolumeFlags::VOLATILE;
+    if mode == OpenMode::ReadOnly {
+        flags = flags | VolumeFlags::READ_ONLY;
+    }
+    if mode == OpenMode::Exclusive {
+        flags = flags | VolumeFlags::EXCLUSIVE;
+    }
+    let opened = Opened {
+        remote_addr,
+        size: volume.size(),
+        rkey,
+        block_size: volume.block_size,
+        max_io: shared.max_io,
+        flags,
+        session_id: id,
+        token: session.token,
+    };
+    tracing::info!(volume = name, ?mode, session = id, "opened");
+    shared.add_session(Arc::clone(&session));
+    *state = State::Open { session };
+    (Reply::Msg(Message::Opened(opened)), After::Continue)
+}
+
+fn stats(shared: &Shared) -> Message<'static> {
+    let (user, system) = cpu_time_us();
+    Message::StatsReply(StatsReply {
+        registrations: shared.counters.registrations.load(std::sync::atomic::Ordering::SeqCst),
+        pinned_bytes: shared.counters.pinned_bytes.load(std::sync::atomic::Ordering::SeqCst),
+        sessions: shared.session_count() as u64,
+        connections: shared.connection_count() as u64,
+        cpu_user_us: user,
+        cpu_system_us: system,
+    })
+}
+
+/// The daemon's CPU time so far, user and system, in microseconds.
+pub fn cpu_time_us() -> (u64, u64) {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let us = |t: nix::sys::time::TimeVal| (t.tv_sec() as u64) * 1_000_000 + t.tv_usec() as u64;
+            (us(u.user_time()), us(u.system_time()))
+        }
+        Err(_) => (0, 0),
+    }
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            State::Fresh { .. } => "fresh (expecting HELLO)",
+            State::Challenged { .. } => "challenged (expecting AUTH or OPEN)",
+            State::Ready { .. } => "authenticated (expecting OPEN)",
+            State::Joining { .. } => "joining (expecting JOIN)",
+            State::Open { .. } => "open",
+            State::Closed => "closed",
+        }
+    }
+
+    /// The session, once open.
+    pub fn session(&self) -> Option<&Arc<Session>> {
+        match self {
+            State::Open { session } | State::Joining { session } => Some(session),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! The rdma_cm listener and the connection threads.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rblk_fabric::channel::{self, Channel, Event};
+use rblk_fabric::{Completion, Endpoint, Fabric, Listener, ListenerEvent, QpConfig, Request, Waker};
+use rblk_proto::{ConnectData, Message, MSG_SIZE};
+use tracing::{debug, info, info_span, warn};
+
+use crate::config::VolumeSpec;
+use crate::control::{self, After, Reply, State};
+use crate::session::{Counters, Session};
+use crate::volume::Volume;
+
+/// The daemon's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Accept only connections arriving on this device.
+    pub device: Option<String>,
+    /// Volumes to serve.
+    pub volumes: Vec<VolumeSpec>,
+    /// Pre-shared key; None serves anyone.
+    pub key: Option<Vec<u8>>,
+    /// Fabric to serve on.
+    pub fabric: Fabric,
+    /// Largest single I/O initiators may post.
+    pub max_io: u32,
+    /// Volume block size.
+    pub block_size: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), rblk_proto::DEFAULT_PORT),
+            device: None,
+            volumes: vec![VolumeSpec { name: "vol0".into(), size: 1 << 30 }],
+            key: None,
+            fabric: Fabric::Verbs,
+            max_io: 1 << 20,
+            block_size: 4096,
+        }
+    }
+}
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// No usable RDMA device.
+    #[error(transparent)]
+    NoDevice(rblk_fabric::Error),
+    /// A volume could not be created.
+    #[error("volume {name}: {source}")]
+    Volume {
+        /// Which.
+        name: String,
+        /// Why.
+        #[source]
+        source: rblk_fabric::Error,
+    },
+    /// The same volume name twice.
+    #[error("volume {0} is configured twice")]
+    DuplicateVolume(String),
+    /// Listening failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// Address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: rblk_fabric::Error,
+    },
+}
+
+/// State shared by the listener and the connection threads.
+#[derive(Debug)]
+pub struct Shared {
+    /// Volumes by name.
+    pub volumes: HashMap<String, Arc<Volume>>,
+    /// Pre-shared key.
+    pub key: Option<Vec<u8>>,
+    /// Largest I/O.
+    pub max_io: u32,
+    /// Registration counters.
+    pub counters: Arc<Counters>,
+    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    conns: Mutex<HashMap<u64, Waker>>,
+    next_id: AtomicU64,
+    shutdown: AtomicBool,
+}
+
+impl Shared {
+    /// A fresh session id.
+    pub fn next_session_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+    /// Records an opened session so further QPs can join it.
+    pub fn add_session(&self, s: Arc<Session>) {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(s.id, s);
+    }
+    /// Open sessions.
+    pub fn session_count(&self) -> usize {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+    /// Live connections.
+    pub fn connection_count(&self) -> usize {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+    fn session(&self, id: u64) -> Option<Arc<Session>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    }
+    fn drop_session(&self, s: &Session) {
+        s.release();
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&s.id);
+    }
+}
+
+/// The daemon.
+#[derive(Debug)]
+pub struct Server;
+
+/// A running daemon.
+#[derive(Debug)]
+pub struct Running {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    listener: Option<thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Creates the volumes, binds the listener and starts serving.
+    pub fn start(cfg: Config) -> Result<Running, StartError> {
+        if cfg.fabric == Fabric::Verbs {
+            let devices = rblk_fabric::list_devices().map_err(StartError::NoDevice)?;
+            if !devices.iter().any(|d| cfg.device.as_ref().is_none_or(|want| *want == d.name)) {
+                return Err(StartError::NoDevice(rblk_fabric::Error::NoDevice { filter: cfg.device.clone() }));
+            }
+        }
+        let mut volumes = HashMap::new();
+        for v in &cfg.volumes {
+            let vol = Volume::new(&v.name, v.size, cfg.block_size)
+                .map_err(|source| StartError::Volume { name: v.name.clone(), source })?;
+            if volumes.insert(v.name.clone(), Arc::new(vol)).is_some() {
+                return Err(StartError::DuplicateVolume(v.name.clone()));
+            }
+        }
+        let listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())
+            .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
+        let addr = listener.local_addr().unwrap_or(cfg.listen);
+        let shared = Arc::new(Shared {
+            volumes,
+            key: cfg.key.clone(),
+            max_io: cfg.max_io,
+            counters: Arc::default(),
+            sessions: Mutex::default(),
+            conns: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            shutdown: AtomicBool::new(false),
+        });
+        if shared.key.is_none() {
+            warn!("no --key-file: this target serves ANY initiator that can reach {addr}");
+        }
+        for v in shared.volumes.values() {
+            info!(volume = %v.name, size = v.size(), block_size = v.block_size, "serving RAM volume (volatile)");
+        }
+        let s = Arc::clone(&shared);
+        let listener = thread::Builder::new()
+            .name("rblk-listener".into())
+            .spawn(move || listen(&s, &listener))
+            .expect("spawning the listener thread");
+        info!(%addr, "listening");
+        Ok(Running { addr, shared, listener: Some(listener) })
+    }
+}
+
+impl Running {
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Current registrations and pinned bytes.
+    pub fn registrations(&self) -> (u64, u64) {
+        let c = &self.shared.counters;
+        (c.registrations.load(Ordering::SeqCst), c.pinned_bytes.load(Ordering::SeqCst))
+    }
+
+    /// Stops: disconnects every peer, deregisters everything, joins the threads.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        if let Some(t) = self.listener.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+const POLL: Duration = Duration::from_millis(200);
+
+fn listen(shared: &Arc<Shared>, listener: &Listener) {
+    let mut threads: Vec<thread::JoinHandle<()>> = Vec::new();
+    let mut next_conn = 1u64;
+    while !shared.shutdown.load(Ordering::SeqCst) {
+        let event = match listener.next_event(Some(Instant::now() + POLL)) {
+            Ok(Some(e)) => e,
+            Ok(None) => continue,
+            Err(e) => {
+                warn!(error = %e, "listener event failed");
+                thread::sleep(POLL);
+                continue;
+            }
+        };
+        match event {
+            ListenerEvent::Request(req) => {
+                let conn = next_conn;
+                next_conn += 1;
+                match admit(shared, req, conn) {
+                    Ok(t) => threads.push(t),
+                    Err(e) => warn!(conn, error = %e, "connection refused"),
+                }
+            }
+            ListenerEvent::Disconnected { conn } => {
+                debug!(conn, "peer disconnected");
+                if let Some(w) = shared.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&conn) {
+                    w.wake();
+                }
+            }
+            ListenerEvent::Established { conn } => debug!(conn, "established"),
+            ListenerEvent::Other { conn, event } => debug!(conn, event, "CM event"),
+        }
+        threads.retain(|t| !t.is_finished());
+    }
+    for w in shared.conns.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        w.wake();
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    let sessions: Vec<_> = shared.sessions.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+    for (_, s) in sessions {
+        s.release();
+    }
+    info!("shut down");
+}
+
+/// Checks the connect data, creates the QP in the right PD, accepts, and starts the thread.
+fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHandle<()>, String> {
+    let peer = req.peer();
+    let (pd, state) = match rblk_proto::parse_connect_data(req.private_data()) {
+        Ok(ConnectData::NewSession) => {
+            let pd = req.alloc_pd().map_err(|e| e.to_string())?;
+            (pd.clone(), State::Fresh { pd })
+        }
+        Ok(ConnectData::Join { session_id, token }) => match shared.session(session_id) {
+            Some(s) if s.token_matches(&token) => (s.pd.clone(), State::Joining { session: s }),
+            _ => {
+                let _ = req.reject();
+                return Err(format!("{peer:?}: join of unknown session {session_id} or bad token"));
+            }
+        },
+        Err(e) => {
+            let _ = req.reject();
+            return Err(format!("{peer:?}: bad connect data: {e}"));
+        }
+    };
+    let cfg = QpConfig { send_depth: rblk_proto::SEND_COUNT as u32 + 2, recv_depth: rblk_proto::RECV_COUNT as u32, max_inline: 128 };
+    let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(|e| e.to_string())?;
+    let mut channel = Channel::new(&pd).map_err(|e| e.to_string())?;
+    channel.post_recvs(&mut ep).map_err(|e| e.to_string())?;
+    ep.accept().map_err(|e| e.to_string())?;
+    if let Some(s) = state.session() {
+        s.conns.fetch_add(1, Ordering::SeqCst);
+    }
+    shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, ep.waker());
+    let s = Arc::clone(shared);
+    thread::Builder::new()
+        .name(format!("rblk-conn-{conn}"))
+        .spawn(move || serve(&s, conn, ep, channel, state))
+        .map_err(|e| e.to_string())
+}
+
+/// One connection: sleep on the completion channel, answer control messages, send keepalives.
+fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel, mut state: State) {
+    let span = info_span!("conn", conn, peer = ?ep.peer(), qpn = ep.qp_num());
+    let _enter = span.enter();
+    info!("connected");
+    let mut out = [Completion::EMPTY; 16];
+    let mut buf = [0u8; MSG_SIZE];
+    let mut malformed = 0u32;
+    let mut keepalive_due = Instant::now() + rblk_proto::KEEPALIVE_INTERVAL;
+    let mut keepalive_outstanding = false;
+    let mut closing = false;
+    let mut tag = 0u32;
+    let reason = 'conn: loop {
+        if shared.shutdown.load(Ordering::SeqCst) {
+            break "target shutting down";
+        }
+        let n = match ep.wait(&mut out, Duration::ZERO, keepalive_due.min(Instant::now() + POLL)) {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "completion wait failed");
+                break "completion error";
+            }
+        };
+        if ep.take_wake() && !shared.shutdown.load(Ordering::SeqCst) {
+            break "peer disconnected";
+        }
+        for c in &out[..n] {
+            if !channel::is_control(c.wr_id) {
+                continue;
+            }
+            match channel.on_completion(&mut ep, c, &mut buf) {
+                Ok(Event::Sent) => {
+                    keepalive_outstanding = false;
+                    if closing && channel.free_sends() == rblk_proto::SEND_COUNT {
+                        break 'conn "closed by the initiator";
+                    }
+                }
+                Ok(Event::Received(len)) => {
+                    let (reply, after) = control::handle(shared, &mut state, &buf[..len]);
+                    let reply_tag = rblk_proto::peek_tag(&buf[..len]).unwrap_or(0);
+                    let sent = match reply {
+                        Reply::None => Ok(()),
+                        Reply::Msg(m) => channel.send(&mut ep, reply_tag, &m),
+                        Reply::Error(code, text) => {
+                            debug!(?code, %text, "error reply");
+                            channel.send(&mut ep, reply_tag, &Message::Error { code, text: &text })
+                        }
+                    };
+                    if let Err(e) = sent {
+                        warn!(error = %e, "reply failed");
+                        break 'conn "reply failed";
+                    }
+                    match after {
+                        After::Continue => {}
+                        After::Malformed => {
+                            malformed += 1;
+                            if malformed > rblk_proto::MAX_MALFORMED {
+                                break 'conn "too many malformed or refused messages";
+                            }
+                        }
+                        After::Close => closing = true,
+                    }
+                }
+                Err(e) => {
+                    debug!(error = %e, "control completion failed");
+                    break 'conn "connection lost";
+                }
+            }
+        }
+        // Keepalive: one outstanding at a time. A peer that vanished without a disconnect makes
+        // it fail with a transport error, which ends the connection above.
+        if Instant::now() >= keepalive_due && !closing {
+            keepalive_due = Instant::now() + rblk_proto::KEEPALIVE_INTERVAL;
+            if !keepalive_outstanding {
+                tag = tag.wrapping_add(1);
+                if channel.send(&mut ep, tag, &Message::Keepalive).is_ok() {
+                    keepalive_outstanding = true;
+                }
+            }
+        }
+    };
+    info!(reason, "disconnecting");
+    ep.disconnect();
+    shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+    if let Some(session) = state.session() {
+        if session.conns.fetch_sub(1, Ordering::SeqCst) == 1 {
+            info!(session = session.id, "last connection gone: deregistering");
+            shared.drop_session(session);
+        }
+    }
+}

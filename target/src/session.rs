@@ -1,0 +1,122 @@
+//! Sessions: a protection domain shared by the session's QPs, and (after OPEN) the session's one
+//! registration of its volume. Also the pre-shared-key authentication.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hmac::{Hmac, Mac};
+use rblk_fabric::{Mr, Pd};
+use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
+use subtle::ConstantTimeEq;
+
+use crate::volume::Volume;
+
+/// Registration counters, for STATS.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Live volume registrations.
+    pub registrations: AtomicU64,
+    /// Bytes they pin.
+    pub pinned_bytes: AtomicU64,
+}
+
+/// An open session.
+#[derive(Debug)]
+pub struct Session {
+    /// Session id (not secret).
+    pub id: u64,
+    /// Token a further QP must present to join (secret).
+    pub token: [u8; TOKEN_LEN],
+    /// The protection domain all its QPs live in.
+    pub pd: Pd,
+    /// The volume it opened.
+    pub volume: Arc<Volume>,
+    /// How.
+    pub mode: OpenMode,
+    /// Live connections.
+    pub conns: AtomicUsize,
+    registration: Mutex<Option<Mr>>,
+    counters: Arc<Counters>,
+}
+
+impl Session {
+    /// Wraps a fresh registration of `volume` in `pd`.
+    pub fn new(id: u64, pd: Pd, volume: Arc<Volume>, mode: OpenMode, mr: Mr, counters: Arc<Counters>) -> Session {
+        counters.registrations.fetch_add(1, Ordering::SeqCst);
+        counters.pinned_bytes.fetch_add(mr.len() as u64, Ordering::SeqCst);
+        Session {
+            id,
+            token: random(),
+            pd,
+            volume,
+            mode,
+            conns: AtomicUsize::new(0),
+            registration: Mutex::new(Some(mr)),
+            counters,
+        }
+    }
+
+    /// True if `token` is this session's (constant time).
+    pub fn token_matches(&self, token: &[u8; TOKEN_LEN]) -> bool {
+        self.token.ct_eq(token).into()
+    }
+
+    /// Remote address and rkey of the registration, while it exists.
+    pub fn remote(&self) -> Option<(u64, u32)> {
+        self.registration.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|mr| (mr.addr(), mr.rkey()))
+    }
+
+    /// Deregisters the volume and gives up the open mode (idempotent). After this no rkey of the
+    /// session works.
+    pub fn release(&self) {
+        let mr = self.registration.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mr) = mr {
+            self.counters.registrations.fetch_sub(1, Ordering::SeqCst);
+            self.counters.pinned_bytes.fetch_sub(mr.len() as u64, Ordering::SeqCst);
+            drop(mr);
+            self.volume.release(self.id, self.mode);
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Random bytes from the OS.
+pub fn random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).expect("the OS random source failed");
+    b
+}
+
+/// A fresh challenge nonce.
+pub fn nonce() -> [u8; NONCE_LEN] {
+    random()
+}
+
+/// True if `mac` is HMAC-SHA256 of `nonce` under `key` (constant-time comparison).
+pub fn verify(key: &[u8], nonce: &[u8], mac: &[u8]) -> bool {
+    let Ok(mut m) = Hmac::<sha2::Sha256>::new_from_slice(key) else { return false };
+    m.update(nonce);
+    m.verify_slice(mac).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_proof() {
+        let n = nonce();
+        let mut m = Hmac::<sha2::Sha256>::new_from_slice(b"key").unwrap();
+        m.update(&n);
+        let mac = m.finalize().into_bytes();
+        assert!(verify(b"key", &n, &mac));
+        assert!(!verify(b"other", &n, &mac));
+        assert!(!verify(b"key", &nonce(), &mac));
+        assert_ne!(nonce(), nonce());
+    }
+}

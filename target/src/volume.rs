@@ -1,0 +1,101 @@
+//! The volume store: each volume's bytes live in one anonymous mapping, registered once per
+//! session that opens it.
+
+use std::sync::{Arc, Mutex};
+
+use rblk_fabric::Memory;
+use rblk_proto::OpenMode;
+
+/// One RAM volume.
+#[derive(Debug)]
+pub struct Volume {
+    /// Name initiators open it by.
+    pub name: String,
+    /// Its bytes (never borrowed as a slice: NICs write it).
+    pub memory: Arc<Memory>,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Open sessions by mode, for exclusivity.
+    opens: Mutex<Opens>,
+}
+
+#[derive(Debug, Default)]
+struct Opens {
+    exclusive: Option<u64>,
+    writers: usize,
+}
+
+/// Why an open was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Busy(pub String);
+
+impl Volume {
+    /// Maps a zeroed volume of `size` bytes.
+    pub fn new(name: &str, size: u64, block_size: u32) -> rblk_fabric::Result<Volume> {
+        let memory = Memory::anonymous(size as usize)?;
+        Ok(Volume { name: name.to_owned(), memory, block_size, opens: Mutex::default() })
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.memory.len() as u64
+    }
+
+    /// Records an open by `session`; refuses a second exclusive opener, and writers while an
+    /// exclusive opener holds the volume.
+    pub fn acquire(&self, session: u64, mode: OpenMode) -> Result<(), Busy> {
+        let mut o = self.opens.lock().unwrap_or_else(|p| p.into_inner());
+        match mode {
+            OpenMode::ReadOnly => Ok(()),
+            OpenMode::ReadWrite if o.exclusive.is_some() => {
+                Err(Busy(format!("volume {} is open exclusively by another session", self.name)))
+            }
+            OpenMode::Exclusive if o.exclusive.is_some() || o.writers > 0 => Err(Busy(format!(
+                "volume {} is already open {} by another session",
+                self.name,
+                if o.exclusive.is_some() { "exclusively" } else { "for writing" }
+            ))),
+            OpenMode::ReadWrite => {
+                o.writers += 1;
+                Ok(())
+            }
+            OpenMode::Exclusive => {
+                o.exclusive = Some(session);
+                Ok(())
+            }
+        }
+    }
+
+    /// Undoes [`Volume::acquire`].
+    pub fn release(&self, session: u64, mode: OpenMode) {
+        let mut o = self.opens.lock().unwrap_or_else(|p| p.into_inner());
+        match mode {
+            OpenMode::ReadOnly => {}
+            OpenMode::ReadWrite => o.writers = o.writers.saturating_sub(1),
+            OpenMode::Exclusive => {
+                if o.exclusive == Some(session) {
+                    o.exclusive = None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exclusivity() {
+        let v = Volume::new("v", 1 << 20, 4096).unwrap();
+        v.acquire(1, OpenMode::Exclusive).unwrap();
+        assert!(v.acquire(2, OpenMode::Exclusive).is_err());
+        assert!(v.acquire(2, OpenMode::ReadWrite).is_err());
+        v.acquire(2, OpenMode::ReadOnly).unwrap();
+        v.release(1, OpenMode::Exclusive);
+        v.acquire(2, OpenMode::ReadWrite).unwrap();
+        assert!(v.acquire(3, OpenMode::Exclusive).is_err());
+        v.release(2, OpenMode::ReadWrite);
+        v.acquire(3, OpenMode::Exclusive).unwrap();
+    }
+}
