@@ -150,7 +150,10 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
         }
         (Message::Flush(_), _) => (Reply::Error(ErrorCode::NotOpen, "FLUSH before OPEN".into()), After::Continue),
         (msg, state) => (
-            Reply::Error(ErrorCode::Unexpected, format!("{:?} is not expected in state {}", msg.opcode(), state.name())),
+            Reply::Error(
+                ErrorCode::Unexpected,
+                format!("{:?} is not expected in state {}", msg.opcode(), state.name()),
+            ),
             After::Malformed,
         ),
     }
@@ -161,7 +164,10 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) 
         let mut names: Vec<&str> = shared.volumes.keys().map(String::as_str).collect();
         names.sort_unstable();
         return (
-            Reply::Error(ErrorCode::NoSuchVolume, format!("no volume named {name:?} (this target has: {})", names.join(", "))),
+            Reply::Error(
+                ErrorCode::NoSuchVolume,
+                format!("no volume named {name:?} (this target has: {})", names.join(", ")),
+            ),
             After::Continue,
         );
     };

@@ -280,7 +280,11 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
             return Err(format!("{peer:?}: bad connect data: {e}"));
         }
     };
-    let cfg = QpConfig { send_depth: rblk_proto::SEND_COUNT as u32 + 2, recv_depth: rblk_proto::RECV_COUNT as u32, max_inline: 128 };
+    let cfg = QpConfig {
+        send_depth: rblk_proto::SEND_COUNT as u32 + 2,
+        recv_depth: rblk_proto::RECV_COUNT as u32,
+        max_inline: 128,
+    };
     let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(|e| e.to_string())?;
     let mut channel = Channel::new(&pd).map_err(|e| e.to_string())?;
     channel.post_recvs(&mut ep).map_err(|e| e.to_string())?;

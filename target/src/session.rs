@@ -33,7 +33,7 @@ pub struct Session {
     pub volume: Arc<Volume>,
     /// How.
     pub mode: OpenMode,
-    /// Live connections.
+    /// Live connections (starts at 1: the connection that opened it).
     pub conns: AtomicUsize,
     registration: Mutex<Option<Mr>>,
     counters: Arc<Counters>,
@@ -50,7 +50,8 @@ impl Session {
             pd,
             volume,
             mode,
-            conns: AtomicUsize::new(0),
+            // The connection that opened it.
+            conns: AtomicUsize::new(1),
             registration: Mutex::new(Some(mr)),
             counters,
         }

@@ -7,4 +7,6 @@
 
 #![forbid(unsafe_code)]
 
+pub mod daemon;
+pub mod raw;
 pub mod rxe;

@@ -199,6 +199,7 @@ pub(crate) struct Endpoint {
     unacked: u32,
     armed: bool,
     read_depth: u8,
+    send_depth: u32,
     state: State,
     peer: Option<SocketAddr>,
 }
@@ -302,6 +303,7 @@ impl Endpoint {
             unacked: 0,
             armed: false,
             read_depth: policy::READ_DEPTH.min(dev_max),
+            send_depth: cfg.send_depth,
             state: State::Created,
             peer,
         })
@@ -425,7 +427,13 @@ impl Endpoint {
                 }
             }
         }
-        guard.post().map_err(|e| other_err("ibv_wr_complete", &self.pd.device, e))
+        guard.post().map_err(|e| match e {
+            // The provider's way of saying the send queue is full: a state to wait in.
+            sideway::ibverbs::queue_pair::PostSendError::NotEnoughResources(_) => {
+                Error::QueueFull { queue: "send", depth: self.send_depth }
+            }
+            e => other_err("ibv_wr_complete", &self.pd.device, e),
+        })
     }
 
     pub(crate) fn post_recv(&mut self, wr_id: u64, mr: &crate::Mr, offset: usize, len: u32) -> Result<()> {

@@ -1,0 +1,115 @@
+//! The real `rblk-target` binary as a child process, for tests in the guest.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::rxe::Rdma;
+
+/// Where the binaries are: `RBLK_BIN_DIR`, else the cargo build dir next to the test executable.
+pub fn bin(name: &str) -> PathBuf {
+    if let Ok(dir) = std::env::var("RBLK_BIN_DIR") {
+        return PathBuf::from(dir).join(name);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // build/<profile>/deps/<test> -> build/<profile>/<name>
+    exe.parent().and_then(|p| p.parent()).expect("build dir").join(name)
+}
+
+/// A running `rblk-target`; SIGTERM and wait on drop.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its stderr lines so far are forwarded to the test's stderr.
+    _log: std::thread::JoinHandle<()>,
+}
+
+/// A port unlikely to collide between tests of one run.
+fn port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20000 + (std::process::id() % 2000) as u16 * 10;
+    base + NEXT.fetch_add(1, Ordering::Relaxed) % 10
+}
+
+impl Daemon {
+    /// Starts `rblk-target --listen ADDR:PORT` with `args`, and waits until it listens.
+    pub fn start(rdma: &Rdma, args: &[&str]) -> Daemon {
+        let addr = SocketAddr::new(rdma.addr, port());
+        let mut child = Command::new(bin("rblk-target"))
+            .arg("--listen")
+            .arg(addr.to_string())
+            .args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rblk-target (is RBLK_BIN_DIR right?)");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        let log = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[rblk-target] {line}");
+                if line.contains("listening on") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = child.kill();
+            panic!("rblk-target did not start listening on {addr}");
+        }
+        Daemon { child, addr, _log: log }
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `VmPin` of the daemon, in kB (pages pinned by registrations).
+    pub fn vm_pin_kb(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("daemon status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmPin:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmPin in /proc/PID/status")
+    }
+
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        for _ in 0..300 {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+    }
+}

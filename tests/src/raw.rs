@@ -1,0 +1,83 @@
+//! A bare control-channel client on the fabric, for tests that must send what the initiator
+//! library never would (malformed messages, wrong versions, raw one-sided access).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rblk_fabric::channel::{self, Channel, Event};
+use rblk_fabric::{Completion, Endpoint, Fabric, Local, Op, QpConfig, WorkRequest};
+use rblk_proto::{ConnectData, Message, MSG_SIZE};
+
+/// One QP speaking the control protocol by hand.
+#[derive(Debug)]
+pub struct Raw {
+    /// The endpoint (post raw READ/WRITE on it).
+    pub ep: Endpoint,
+    channel: Channel,
+    buf: [u8; MSG_SIZE],
+    tag: u32,
+}
+
+const STEP: Duration = Duration::from_secs(30);
+
+impl Raw {
+    /// Connects with `connect` data on `fabric`.
+    pub fn connect(fabric: Fabric, addr: SocketAddr, connect: ConnectData) -> rblk_fabric::Result<Raw> {
+        let deadline = Instant::now() + STEP;
+        let mut ep = Endpoint::resolve(fabric, addr, None, None, &QpConfig::default(), deadline)?;
+        let mut channel = Channel::new(&ep.pd())?;
+        channel.post_recvs(&mut ep)?;
+        ep.connect(&connect.to_bytes(), deadline)?;
+        Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
+    }
+
+    /// Sends raw bytes as one SEND.
+    pub fn send_bytes(&mut self, bytes: &[u8]) {
+        self.ep
+            .post(&[WorkRequest { wr_id: 1, op: Op::Send, local: Local::Inline(bytes), signaled: false }])
+            .expect("post raw send");
+    }
+
+    /// Sends `msg` and returns the next non-keepalive reply as owned bytes.
+    pub fn request(&mut self, msg: &Message<'_>) -> Vec<u8> {
+        self.tag += 1;
+        self.channel.send(&mut self.ep, self.tag, msg).expect("send request");
+        self.reply()
+    }
+
+    /// The next received message other than KEEPALIVE, as bytes (parse with rblk_proto::parse).
+    pub fn reply(&mut self) -> Vec<u8> {
+        let deadline = Instant::now() + STEP;
+        let mut out = [Completion::EMPTY; 8];
+        loop {
+            let n = self.ep.wait(&mut out, Duration::from_micros(20), deadline).expect("wait");
+            assert!(n > 0 || Instant::now() < deadline, "no reply within {STEP:?}");
+            for c in &out[..n] {
+                if !channel::is_control(c.wr_id) {
+                    c.ok().expect("raw send completed");
+                    continue;
+                }
+                match self.channel.on_completion(&mut self.ep, c, &mut self.buf).expect("control completion") {
+                    Event::Sent => {}
+                    Event::Received(len) => {
+                        let bytes = self.buf[..len].to_vec();
+                        if !matches!(rblk_proto::parse(&bytes), Ok((_, Message::Keepalive))) {
+                            return bytes;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// HELLO, then OPEN `name` with `mode`; returns the OPENED reply.
+    pub fn open(&mut self, name: &str, mode: rblk_proto::OpenMode) -> rblk_proto::Opened {
+        let hello = self.request(&Message::Hello { features: rblk_proto::FEATURES });
+        assert!(matches!(rblk_proto::parse(&hello), Ok((_, Message::Challenge { .. }))), "{hello:?}");
+        let opened = self.request(&Message::Open { mode, name });
+        match rblk_proto::parse(&opened) {
+            Ok((_, Message::Opened(o))) => o,
+            other => panic!("OPEN {name} answered with {other:?}"),
+        }
+    }
+}

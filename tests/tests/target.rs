@@ -1,0 +1,226 @@
+//! rblk-target over rxe, driven by hand-made control messages and raw one-sided access: what the
+//! target enforces itself, whatever an initiator does.
+
+use std::time::{Duration, Instant};
+
+use rblk_fabric::{Access, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
+use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, Opened, StatsReply};
+use rblk_tests::daemon::Daemon;
+use rblk_tests::raw::Raw;
+use rblk_tests::rxe::{rdma, wait_one};
+
+const MIB: usize = 1 << 20;
+
+fn raw(d: &Daemon) -> Raw {
+    Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect to the target")
+}
+
+fn error_of(bytes: &[u8]) -> (ErrorCode, String) {
+    match rblk_proto::parse(bytes) {
+        Ok((_, Message::Error { code, text })) => (code, text.to_owned()),
+        other => panic!("expected ERROR, got {other:?}"),
+    }
+}
+
+/// One-sided transfer of `len` bytes between `buf` (offset 0) and the volume at `offset`.
+fn transfer(r: &mut Raw, o: &Opened, buf: &rblk_fabric::Mr, write: bool, offset: u64, len: usize) -> WcStatus {
+    let remote_addr = o.remote_addr + offset;
+    let op = if write { Op::Write { remote_addr, rkey: o.rkey } } else { Op::Read { remote_addr, rkey: o.rkey } };
+    r.ep.post(&[WorkRequest {
+        wr_id: 9,
+        op,
+        local: Local::Region { mr: buf, offset: 0, len: len as u32 },
+        signaled: true,
+    }])
+    .unwrap();
+    wait_one(&mut r.ep).status
+}
+
+fn stats(r: &mut Raw) -> StatsReply {
+    match rblk_proto::parse(&r.request(&Message::Stats)) {
+        Ok((_, Message::StatsReply(s))) => s,
+        other => panic!("STATS answered with {other:?}"),
+    }
+}
+
+fn filled(r: &Raw, len: usize, byte: u8) -> rblk_fabric::Mr {
+    let m = r.ep.pd().register(&Memory::anonymous(len).unwrap(), Access::LOCAL).unwrap();
+    m.memory().write_at(0, &vec![byte; len]).unwrap();
+    m
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn malformed_and_wrong_version_hello_get_errors_and_the_daemon_keeps_serving() {
+    let rdma = rdma();
+    let d = Daemon::start(&rdma, &["--volume", "v:4M"]);
+
+    let mut bad = raw(&d);
+    bad.send_bytes(b"this is not an rblk message at all");
+    let (code, text) = error_of(&bad.reply());
+    assert_eq!(code, ErrorCode::Malformed, "{text}");
+
+    let mut hello = [0u8; 64];
+    let n = Message::Hello { features: 0 }.encode(5, &mut hello).unwrap();
+    // Bytes 4..6 of the header are the version (little endian): claim version 9.
+    hello[4..6].copy_from_slice(&9u16.to_le_bytes());
+    bad.send_bytes(&hello[..n]);
+    let (code, text) = error_of(&bad.reply());
+    assert_eq!(code, ErrorCode::VersionMismatch);
+    assert!(text.contains('9') && text.contains(&rblk_proto::VERSION.to_string()), "names both versions: {text}");
+
+    // Everyone else is still served.
+    let mut good = raw(&d);
+    let o = good.open("v", OpenMode::ReadWrite);
+    assert_eq!(o.size, 4 * MIB as u64);
+    let (code, _) = error_of(&good.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v" }));
+    assert_eq!(code, ErrorCode::Unexpected, "a second OPEN on an open connection is refused");
+
+    let mut other = raw(&d);
+    other.request(&Message::Hello { features: 0 });
+    let (code, text) = error_of(&other.request(&Message::Open { mode: OpenMode::ReadOnly, name: "nope" }));
+    assert_eq!(code, ErrorCode::NoSuchVolume);
+    assert!(text.contains("nope") && text.contains('v'), "{text}");
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn read_only_rkey_refuses_writes_at_the_target() {
+    let rdma = rdma();
+    let d = Daemon::start(&rdma, &["--volume", "v:4M"]);
+    let mut rw = raw(&d);
+    let orw = rw.open("v", OpenMode::ReadWrite);
+    let ones = filled(&rw, 4096, 0x11);
+    assert_eq!(transfer(&mut rw, &orw, &ones, true, 0, 4096), WcStatus::SUCCESS);
+
+    let mut ro = raw(&d);
+    let oro = ro.open("v", OpenMode::ReadOnly);
+    assert!(oro.flags.contains(rblk_proto::VolumeFlags::READ_ONLY));
+    let zeros = filled(&ro, 4096, 0);
+    assert_eq!(transfer(&mut ro, &oro, &zeros, true, 0, 4096), WcStatus::REM_ACCESS_ERR);
+
+    let back = filled(&rw, 4096, 0xee);
+    assert_eq!(transfer(&mut rw, &orw, &back, false, 0, 4096), WcStatus::SUCCESS);
+    let mut got = vec![0u8; 4096];
+    back.memory().read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x11), "the read-only session changed the data");
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn out_of_range_read_kills_only_its_own_connection() {
+    let rdma = rdma();
+    let d = Daemon::start(&rdma, &["--volume", "v:4M"]);
+    let mut a = raw(&d);
+    let oa = a.open("v", OpenMode::ReadWrite);
+    let mut b = raw(&d);
+    let ob = b.open("v", OpenMode::ReadWrite);
+    let buf = filled(&a, 8192, 0);
+    assert_eq!(transfer(&mut a, &oa, &buf, false, 4 * MIB as u64 - 4096, 8192), WcStatus::REM_ACCESS_ERR);
+
+    // The other session goes on with verified I/O.
+    for i in 0..50u8 {
+        let w = filled(&b, 4096, i);
+        assert_eq!(transfer(&mut b, &ob, &w, true, u64::from(i) * 4096, 4096), WcStatus::SUCCESS);
+        let r = filled(&b, 4096, 0xff);
+        assert_eq!(transfer(&mut b, &ob, &r, false, u64::from(i) * 4096, 4096), WcStatus::SUCCESS);
+        let mut got = vec![0u8; 4096];
+        r.memory().read_at(0, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == i));
+    }
+    let s = stats(&mut b);
+    assert!(s.sessions >= 1);
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn with_a_key_wrong_and_missing_proofs_get_no_rkey() {
+    use hmac::Mac as _;
+    let rdma = rdma();
+    let dir = std::env::temp_dir().join(format!("rblk-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("key");
+    std::fs::write(&key_file, "correct horse battery staple\n").unwrap();
+    let d = Daemon::start(&rdma, &["--volume", "v:4M", "--key-file", key_file.to_str().unwrap()]);
+    let mac = |key: &[u8], nonce: &[u8]| {
+        let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+        m.update(nonce);
+        let out: [u8; 32] = m.finalize().into_bytes().into();
+        out
+    };
+    let challenge = |r: &mut Raw| match rblk_proto::parse(&r.request(&Message::Hello { features: 0 })) {
+        Ok((_, Message::Challenge { flags, nonce, .. })) => {
+            assert!(flags.contains(rblk_proto::ChallengeFlags::AUTH_REQUIRED));
+            nonce
+        }
+        other => panic!("HELLO answered with {other:?}"),
+    };
+
+    let mut none = raw(&d);
+    challenge(&mut none);
+    let (code, _) = error_of(&none.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v" }));
+    assert_eq!(code, ErrorCode::AuthRequired);
+
+    let mut wrong = raw(&d);
+    let nonce = challenge(&mut wrong);
+    let (code, _) = error_of(&wrong.request(&Message::Auth { mac: mac(b"wrong key", &nonce) }));
+    assert_eq!(code, ErrorCode::AuthFailed);
+    let (code, _) = error_of(&wrong.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v" }));
+    assert_eq!(code, ErrorCode::AuthRequired, "no rkey after a failed proof");
+
+    let mut right = raw(&d);
+    let nonce = challenge(&mut right);
+    let ok = right.request(&Message::Auth { mac: mac(b"correct horse battery staple", &nonce) });
+    assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))), "{ok:?}");
+    let opened = right.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v" });
+    assert!(matches!(rblk_proto::parse(&opened), Ok((_, Message::Opened(_)))), "{opened:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Waits until the target reports `want_regs` registrations of `want_pinned` bytes and its VmPin
+/// is `want_pin_kb` (connection teardown is asynchronous), then returns the last STATS.
+fn settle(d: &Daemon, probe: &mut Raw, want_regs: u64, want_pinned: u64, want_pin_kb: u64) -> StatsReply {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = stats(probe);
+        let done = (s.registrations, s.pinned_bytes) == (want_regs, want_pinned) && d.vm_pin_kb() == want_pin_kb;
+        if done || Instant::now() > deadline {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn registrations_are_released_after_close_and_disconnect() {
+    let rdma = rdma();
+    let d = Daemon::start(&rdma, &["--volume", "v:16M"]);
+    let mut probe = raw(&d);
+    probe.request(&Message::Hello { features: 0 });
+    let base = stats(&mut probe);
+    let pin_base = d.vm_pin_kb();
+    assert_eq!((base.registrations, base.pinned_bytes), (0, 0));
+
+    // CLOSE.
+    let mut c = raw(&d);
+    c.open("v", OpenMode::ReadWrite);
+    let during = stats(&mut probe);
+    assert_eq!((during.registrations, during.pinned_bytes), (1, 16 * MIB as u64));
+    assert!(d.vm_pin_kb() >= pin_base + 16 * 1024, "VmPin shows the registration");
+    let ok = c.request(&Message::Close);
+    assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))));
+    let after = settle(&d, &mut probe, 0, 0, pin_base);
+    assert_eq!((after.registrations, after.pinned_bytes), (0, 0), "after CLOSE");
+    assert_eq!(d.vm_pin_kb(), pin_base, "VmPin back to baseline after CLOSE");
+    drop(c);
+
+    // Disconnect without CLOSE.
+    let mut c = raw(&d);
+    c.open("v", OpenMode::ReadOnly);
+    assert_eq!(stats(&mut probe).registrations, 1);
+    drop(c);
+    let after = settle(&d, &mut probe, 0, 0, pin_base);
+    assert_eq!((after.registrations, after.pinned_bytes), (0, 0), "after a disconnect");
+    assert_eq!(d.vm_pin_kb(), pin_base, "VmPin back to baseline after a disconnect");
+}
