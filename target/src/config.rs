@@ -54,6 +54,19 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?}: expected ADDR or ADDR:PORT, e.g. 10.0.0.1, 10.0.0.1:7420, [fe80::1]:7420"))
 }
 
+/// Reads a pre-shared key file: its bytes without trailing whitespace (so `echo key > file`
+/// works); an empty key is refused.
+pub fn read_key_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("reading key file {}: {e}", path.display()))?;
+    key_from_bytes(&bytes).ok_or_else(|| format!("key file {} is empty", path.display()))
+}
+
+/// A key from a key file's bytes: trailing whitespace removed; None when nothing is left.
+pub fn key_from_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
+    let key = bytes.trim_ascii_end();
+    (!key.is_empty()).then(|| key.to_vec())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

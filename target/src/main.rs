@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
-use rblk_target::config::{parse_listen, VolumeSpec};
+use rblk_target::config::{parse_listen, read_key_file, VolumeSpec};
 use rblk_target::server::{Config, Server, StartError};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
@@ -56,12 +56,7 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let key = match &args.key_file {
-        Some(path) => {
-            let key = std::fs::read(path).with_context(|| format!("reading key file {}", path.display()))?;
-            let key = key.trim_ascii_end().to_vec();
-            anyhow::ensure!(!key.is_empty(), "key file {} is empty", path.display());
-            Some(key)
-        }
+        Some(path) => Some(read_key_file(path).map_err(anyhow::Error::msg)?),
         None => None,
     };
     let defaults = Config::default();

@@ -10,3 +10,4 @@
 pub mod daemon;
 pub mod raw;
 pub mod rxe;
+pub mod target;

@@ -1,0 +1,94 @@
+//! A target under test: the real daemon process over rxe, or the same server in-process over the
+//! in-memory fabric, behind one interface so each scenario runs on both.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use rblk_fabric::Fabric;
+use rblk_target::config::VolumeSpec;
+use rblk_target::server::{Config, Running, Server};
+
+use crate::daemon::Daemon;
+use crate::rxe;
+
+/// What to serve.
+#[derive(Debug, Clone, Default)]
+pub struct Spec {
+    /// `(name, size)` of each RAM volume.
+    pub volumes: Vec<(&'static str, u64)>,
+    /// Pre-shared key.
+    pub key: Option<Vec<u8>>,
+}
+
+/// A running target.
+#[derive(Debug)]
+pub enum Target {
+    /// `rblk-target` as a child process, over verbs.
+    Process(Daemon),
+    /// The server in this process, over the in-memory fabric.
+    InProcess(Running),
+}
+
+impl Target {
+    /// Starts a target on `fabric`: over verbs, the daemon binary on the rxe device; in memory,
+    /// the server in-process on a fresh address.
+    pub fn start(fabric: Fabric, spec: &Spec) -> Target {
+        match fabric {
+            Fabric::Verbs => {
+                let rdma = rxe::rdma();
+                let mut args: Vec<String> = Vec::new();
+                for (name, size) in &spec.volumes {
+                    args.push("--volume".into());
+                    args.push(format!("{name}:{size}"));
+                }
+                if let Some(key) = &spec.key {
+                    let path = std::env::temp_dir().join(format!("rblk-key-{}-{}", std::process::id(), next_port()));
+                    std::fs::write(&path, key).expect("write key file");
+                    args.push("--key-file".into());
+                    args.push(path.display().to_string());
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                Target::Process(Daemon::start(&rdma, &args))
+            }
+            Fabric::Mem => {
+                let cfg = Config {
+                    listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), next_port()),
+                    volumes: spec.volumes.iter().map(|(n, s)| VolumeSpec { name: (*n).into(), size: *s }).collect(),
+                    key: spec.key.as_deref().and_then(rblk_target::config::key_from_bytes),
+                    fabric: Fabric::Mem,
+                    ..Config::default()
+                };
+                Target::InProcess(Server::start(cfg).expect("start in-process target"))
+            }
+        }
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        match self {
+            Target::Process(d) => d.addr,
+            Target::InProcess(r) => r.local_addr(),
+        }
+    }
+
+    /// The fabric it serves on.
+    pub fn fabric(&self) -> Fabric {
+        match self {
+            Target::Process(_) => Fabric::Verbs,
+            Target::InProcess(_) => Fabric::Mem,
+        }
+    }
+
+    /// Pages the daemon has pinned (kB), where the OS tracks them (a real daemon process).
+    pub fn vm_pin_kb(&self) -> Option<u64> {
+        match self {
+            Target::Process(d) => Some(d.vm_pin_kb()),
+            Target::InProcess(_) => None,
+        }
+    }
+}
+
+fn next_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(30000);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
