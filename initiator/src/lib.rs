@@ -1,10 +1,108 @@
-//! rblk-initiator: the client side of rblk. Sessions connect to an `rblk-target` over rdma_cm,
-//! authenticate and open a volume; reads and writes are one-sided RDMA READ and WRITE into the
-//! target's registered memory.
+//! rblk-initiator: the client side of rblk. A [`Session`] connects to an `rblk-target` over
+//! rdma_cm, authenticates with a pre-shared key when the target asks, and opens a [`Volume`];
+//! reads and writes are one-sided RDMA READs and WRITEs straight into the target's registered
+//! memory, which the target's CPU never touches.
 //!
-//! Sessions, volumes and queues arrive with the control protocol; today the crate offers the
-//! `rblk devices` listing through [`rblk_fabric::list_devices`].
+//! - Control path: [`Session`] (HELLO, CHALLENGE/AUTH, OPEN) and [`Volume`]'s FLUSH, STATS and
+//!   CLOSE, as request/reply over SEND/RECV with tags (`conn.rs`).
+//! - Data path: [`Volume::read_at`] / [`Volume::write_at`], synchronous, through a registered
+//!   bounce buffer; [`Queue`], a further QP of the session for asynchronous I/O from a
+//!   [`BufferPool`] of registered [`Buffer`]s.
+//! - Checks: every access passes [`Geometry::check`] before it is posted, because one bad RDMA
+//!   access puts both ends' queue pairs into error.
+//!
+//! ```no_run
+//! use std::time::{Duration, Instant};
+//! use rblk_initiator::{Done, OpenMode, Options, Session};
+//!
+//! let opts = Options { key: Some(Options::key_from_file("/etc/rblk/key")?), ..Options::default() };
+//! let mut vol = Session::connect("rblk://10.0.0.1/vol0", &opts)?.open(OpenMode::ReadWrite)?;
+//!
+//! // Synchronous: any block-aligned range, split into chunks of at most max_io.
+//! vol.write_at(&[7u8; 8192], 0)?;
+//! let mut back = vec![0u8; 8192];
+//! vol.read_at(&mut back, 0)?;
+//!
+//! // Asynchronous: a queue of depth 32 with 4 KiB pool buffers.
+//! let mut q = vol.queue_with(32, 4096)?;
+//! for i in 0..32u64 {
+//!     q.submit_read(i * 4096, 4096, i)?;
+//! }
+//! let mut done: Vec<Done> = std::iter::repeat_with(Done::default).take(32).collect();
+//! let mut left = 32;
+//! while left > 0 {
+//!     let n = q.wait(&mut done, Instant::now() + Duration::from_secs(30))?;
+//!     for d in &mut done[..n] {
+//!         d.result.as_ref().map_err(|e| format!("read {}: {e}", d.user_data))?;
+//!         d.read_data(&mut back[..4096])?;
+//!         d.release();
+//!     }
+//!     left -= n;
+//! }
+//! let volatile = vol.flush()?;
+//! println!("flushed ({})", if volatile { "volatile: RAM only" } else { "durable" });
+//! vol.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Threads and cleanup
+//!
+//! No hidden threads: every call runs on the caller's thread, and waits spin briefly on the
+//! completion queue, then sleep on its completion channel, always until a deadline
+//! ([`Options::timeout`] for control exchanges, [`Options::io_timeout`] for synchronous I/O).
+//! A [`Session`], [`Volume`] and [`Queue`] each own one queue pair and are `Send`, not `Sync`:
+//! give each thread its own queue. [`Buffer`]s may go anywhere; dropping one returns it to its
+//! pool.
+//!
+//! Dropping a volume or queue disconnects its QP (the target then drops the connection, and the
+//! session's registration with the last one); [`Volume::close`] asks the target to revoke the
+//! session's access first. After any failed RDMA completion, failed control exchange or timeout
+//! the connection is unusable: every later call reports [`Error::ConnectionLost`]. Buffers a
+//! failed connection had posted are not reused until the NIC has let go of them.
+//!
+//! Durability: a completed write is in target memory; [`Volume::flush`] (after reaping every
+//! queue's writes it should cover) makes it durable, and returns whether the volume is RAM only.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
-pub use rblk_fabric::{list_devices, DeviceInfo};
+mod buffer;
+mod conn;
+mod error;
+mod options;
+mod queue;
+mod range;
+mod session;
+mod size;
+mod uri;
+mod volume;
+
+pub use buffer::{Buffer, BufferPool};
+pub use error::{Direction, Error, InvalidReason, Result};
+pub use options::{Options, DEFAULT_IO_TIMEOUT, DEFAULT_TIMEOUT};
+pub use queue::{Done, Queue, MAX_DEPTH};
+pub use range::Geometry;
+pub use rblk_fabric::{list_devices, DeviceInfo, Fabric};
+pub use rblk_proto::{ErrorCode, OpenMode, StatsReply, VolumeFlags};
+pub use session::Session;
+pub use size::parse_size;
+pub use uri::{ToUri, Uri};
+pub use volume::Volume;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_move_between_threads() {
+        fn send<T: Send>() {}
+        fn send_sync<T: Send + Sync>() {}
+        send::<Session>();
+        send::<Volume>();
+        send::<Queue>();
+        send::<Done>();
+        send_sync::<Buffer>();
+        send_sync::<BufferPool>();
+        send_sync::<Error>();
+    }
+}

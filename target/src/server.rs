@@ -316,7 +316,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
         if shared.shutdown.load(Ordering::SeqCst) {
             break "target shutting down";
         }
-        let n = match ep.wait(&mut out, Duration::ZERO, keepalive_due.min(Instant::now() + POLL)) {
+        let n = match ep.wait(&mut out, Duration::ZERO, keepalive_due) {
             Ok(n) => n,
             Err(e) => {
                 warn!(error = %e, "completion wait failed");

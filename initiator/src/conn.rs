@@ -1,0 +1,314 @@
+//! One queue pair to the target: its endpoint, its control channel, and request/reply with tags.
+//! Both the session's first QP and every [`Queue`](crate::Queue) are one of these.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use rblk_fabric::channel::{self, Channel, Event};
+use rblk_fabric::{Completion, Endpoint, Fabric, Pd, QpConfig};
+use rblk_proto::{
+    ChallengeFlags, ConnectData, FlushedFlags, Message, Opcode, Opened, StatsReply, MSG_SIZE, NONCE_LEN, RECV_COUNT,
+    SEND_COUNT,
+};
+
+use crate::{Error, Result};
+
+/// A reply, copied out of the receive buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Challenge { flags: ChallengeFlags, features: u64, nonce: [u8; NONCE_LEN] },
+    Opened(Opened),
+    Ok(Opcode),
+    Flushed(FlushedFlags),
+    Stats(StatsReply),
+}
+
+impl Reply {
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Reply::Challenge { .. } => "CHALLENGE".into(),
+            Reply::Opened(_) => "OPENED".into(),
+            Reply::Ok(op) => format!("OK({op:?})"),
+            Reply::Flushed(_) => "FLUSHED".into(),
+            Reply::Stats(_) => "STATS_REPLY".into(),
+        }
+    }
+}
+
+/// What a received control message meant to the waiter.
+#[derive(Debug)]
+enum Received {
+    /// A reply (or ERROR) with this tag.
+    Reply(u32, Result<Reply>),
+    /// KEEPALIVE or something unsolicited: nothing to do.
+    Nothing,
+}
+
+/// Where and how to connect a session's QPs.
+#[derive(Debug, Clone)]
+pub(crate) struct Dest {
+    pub(crate) fabric: Fabric,
+    pub(crate) addr: SocketAddr,
+    pub(crate) device: Option<String>,
+    pub(crate) spin: Duration,
+}
+
+/// How a connected QP is used.
+pub(crate) struct Conn {
+    // Declaration order is drop order: the QP goes before the buffers it may still point at.
+    pub(crate) ep: Endpoint,
+    chan: Channel,
+    pub(crate) addr: SocketAddr,
+    pub(crate) spin: Duration,
+    next_tag: u32,
+    rx: Box<[u8; MSG_SIZE]>,
+    /// Why the connection is unusable, once it is.
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("addr", &self.addr)
+            .field("qpn", &self.ep.qp_num())
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Send queue slots for `data` outstanding data operations plus the control channel's sends.
+pub(crate) fn qp_config(data: u32) -> QpConfig {
+    QpConfig { send_depth: data + SEND_COUNT as u32, recv_depth: RECV_COUNT as u32, ..QpConfig::default() }
+}
+
+impl Conn {
+    /// Resolves, posts the control RECVs, and connects with `data` as private data.
+    pub(crate) fn connect(
+        dest: &Dest,
+        pd: Option<&Pd>,
+        cfg: &QpConfig,
+        data: ConnectData,
+        deadline: Instant,
+    ) -> Result<Conn> {
+        let Dest { fabric, addr, ref device, spin } = *dest;
+        let connect_err = |source| Error::Connect { addr, source };
+        let mut ep = Endpoint::resolve(fabric, addr, pd, device.as_deref(), cfg, deadline).map_err(connect_err)?;
+        let mut chan = Channel::new(&ep.pd()).map_err(connect_err)?;
+        // RECVs first: the target may SEND (a keepalive) as soon as it accepts.
+        chan.post_recvs(&mut ep).map_err(connect_err)?;
+        ep.connect(&data.to_bytes(), deadline).map_err(connect_err)?;
+        tracing::debug!(%addr, qpn = ep.qp_num(), kind = ?data.kind(), "connected");
+        Ok(Conn { ep, chan, addr, spin, next_tag: 1, rx: Box::new([0; MSG_SIZE]), broken: None })
+    }
+
+    /// Fails with [`Error::ConnectionLost`] once the connection broke.
+    pub(crate) fn alive(&self) -> Result<()> {
+        match &self.broken {
+            None => Ok(()),
+            Some(reason) => Err(Error::ConnectionLost { addr: self.addr, reason: reason.clone() }),
+        }
+    }
+
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
+    /// Marks the connection unusable and moves the QP to error, so the NIC lets go of every
+    /// buffer still posted (they complete flushed).
+    pub(crate) fn break_with(&mut self, reason: impl Into<String>) {
+        if self.broken.is_none() {
+            let reason = reason.into();
+            tracing::debug!(addr = %self.addr, qpn = self.ep.qp_num(), %reason, "connection broken");
+            self.broken = Some(reason);
+            self.ep.disconnect();
+        }
+    }
+
+    fn tag(&mut self) -> u32 {
+        let tag = self.next_tag;
+        // Tag 0 is never used, so a zeroed buffer never matches.
+        self.next_tag = self.next_tag.wrapping_add(1).max(1);
+        tag
+    }
+
+    /// Sends `msg` and waits for the reply with its tag until `deadline`, handling everything
+    /// else that arrives meanwhile (keepalives, completions of our SENDs). ERROR becomes
+    /// [`Error::Target`]. Only call this with no data operation outstanding on the QP.
+    pub(crate) fn call(&mut self, msg: &Message<'_>, deadline: Instant) -> Result<Reply> {
+        self.alive()?;
+        let started = Instant::now();
+        let request = msg.opcode();
+        let tag = self.tag();
+        loop {
+            match self.chan.send(&mut self.ep, tag, msg) {
+                Ok(()) => break,
+                // Every send buffer in flight: their completions free them.
+                Err(rblk_fabric::Error::QueueFull { .. }) => {
+                    // Nothing can answer a request not yet sent: whatever arrives is stale.
+                    self.wait_one(deadline, started, request)?;
+                }
+                Err(source) => {
+                    self.break_with(format!("sending {request:?} failed: {source}"));
+                    return Err(Error::Fabric { op: "sending a control message", addr: self.addr, source });
+                }
+            }
+        }
+        loop {
+            if let Some((got, reply)) = self.wait_one(deadline, started, request)? {
+                if got == tag {
+                    return reply;
+                }
+                tracing::debug!(addr = %self.addr, tag = got, want = tag, "reply to an earlier request ignored");
+            }
+        }
+    }
+
+    /// Waits for one completion and handles it; `Some` when it was a reply.
+    fn wait_one(
+        &mut self,
+        deadline: Instant,
+        started: Instant,
+        request: Opcode,
+    ) -> Result<Option<(u32, Result<Reply>)>> {
+        let mut out = [Completion::EMPTY; 1];
+        let n = match self.ep.wait(&mut out, self.spin, deadline) {
+            Ok(n) => n,
+            Err(source) => {
+                self.break_with(format!("waiting for completions failed: {source}"));
+                return Err(Error::Fabric { op: "waiting for a control reply", addr: self.addr, source });
+            }
+        };
+        if n == 0 {
+            if Instant::now() >= deadline {
+                self.break_with(format!("no reply to {request:?} in time"));
+                return Err(Error::Timeout { op: reply_name(request), addr: self.addr, after: started.elapsed() });
+            }
+            return Ok(None);
+        }
+        if !channel::is_control(out[0].wr_id) {
+            tracing::warn!(addr = %self.addr, wr_id = out[0].wr_id, "data completion while no data was outstanding");
+            return Ok(None);
+        }
+        match self.on_control(&out[0])? {
+            Received::Reply(tag, reply) => Ok(Some((tag, reply))),
+            Received::Nothing => Ok(None),
+        }
+    }
+
+    /// Handles a control completion taken by a data waiter: keepalives are dropped, an
+    /// unsolicited message is logged. A failed control completion breaks the connection.
+    pub(crate) fn on_control_completion(&mut self, c: &Completion) -> Result<()> {
+        match self.on_control(c)? {
+            Received::Nothing => Ok(()),
+            Received::Reply(tag, reply) => {
+                tracing::warn!(addr = %self.addr, tag, ?reply, "unsolicited message from the target ignored");
+                Ok(())
+            }
+        }
+    }
+
+    fn on_control(&mut self, c: &Completion) -> Result<Received> {
+        let len = match self.chan.on_completion(&mut self.ep, c, &mut self.rx) {
+            Ok(Event::Sent) => return Ok(Received::Nothing),
+            Ok(Event::Received(len)) => len,
+            Err(source) => {
+                let reason = format!("control channel failed: {source}");
+                self.break_with(reason.clone());
+                return Err(Error::ConnectionLost { addr: self.addr, reason });
+            }
+        };
+        let (tag, msg) = match rblk_proto::parse(&self.rx[..len]) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                let tag = rblk_proto::peek_tag(&self.rx[..len]).unwrap_or(0);
+                let err = Error::Protocol { addr: self.addr, expected: "a valid message", got: e.to_string() };
+                return Ok(Received::Reply(tag, Err(err)));
+            }
+        };
+        let reply = match msg {
+            Message::Keepalive => return Ok(Received::Nothing),
+            Message::Challenge { flags, features, nonce } => Ok(Reply::Challenge { flags, features, nonce }),
+            Message::Opened(opened) => Ok(Reply::Opened(opened)),
+            Message::Ok { answers } => Ok(Reply::Ok(answers)),
+            Message::Flushed { flags } => Ok(Reply::Flushed(flags)),
+            Message::StatsReply(stats) => Ok(Reply::Stats(stats)),
+            Message::Error { code, text } => Err(Error::Target {
+                addr: self.addr,
+                // Filled in with the request by `expect`, which knows it.
+                request: Opcode::Error,
+                code,
+                text: text.to_owned(),
+            }),
+            other => Err(Error::Protocol {
+                addr: self.addr,
+                expected: "a reply",
+                got: format!("{:?} (a request)", other.opcode()),
+            }),
+        };
+        Ok(Received::Reply(tag, reply))
+    }
+
+    /// Takes whatever completed (on a QP with no data outstanding) and sends a KEEPALIVE.
+    pub(crate) fn keepalive(&mut self) -> Result<()> {
+        self.alive()?;
+        let mut out = [Completion::EMPTY; RECV_COUNT];
+        loop {
+            let n = match self.ep.poll(&mut out) {
+                Ok(n) => n,
+                Err(source) => {
+                    self.break_with(format!("polling failed: {source}"));
+                    return Err(Error::Fabric { op: "polling completions", addr: self.addr, source });
+                }
+            };
+            for c in &out[..n] {
+                if channel::is_control(c.wr_id) {
+                    self.on_control_completion(c)?;
+                }
+            }
+            if n < out.len() {
+                break;
+            }
+        }
+        let tag = self.tag();
+        match self.chan.send(&mut self.ep, tag, &Message::Keepalive) {
+            // Control messages are in flight anyway: the target hears from us.
+            Ok(()) | Err(rblk_fabric::Error::QueueFull { .. }) => Ok(()),
+            Err(source) => {
+                self.break_with(format!("sending KEEPALIVE failed: {source}"));
+                Err(Error::Fabric { op: "sending KEEPALIVE", addr: self.addr, source })
+            }
+        }
+    }
+
+    /// [`call`](Self::call), then checks the reply is the one `request` expects.
+    pub(crate) fn expect<T>(
+        &mut self,
+        msg: &Message<'_>,
+        deadline: Instant,
+        expected: &'static str,
+        pick: impl FnOnce(Reply) -> Option<T>,
+    ) -> Result<T> {
+        let request = msg.opcode();
+        match self.call(msg, deadline) {
+            Ok(reply) => {
+                let got = reply.name();
+                pick(reply).ok_or(Error::Protocol { addr: self.addr, expected, got })
+            }
+            Err(Error::Target { addr, code, text, .. }) => Err(Error::Target { addr, request, code, text }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn reply_name(request: Opcode) -> &'static str {
+    match request {
+        Opcode::Hello => "waiting for CHALLENGE",
+        Opcode::Auth => "waiting for OK(AUTH)",
+        Opcode::Open => "waiting for OPENED",
+        Opcode::Join => "waiting for OK(JOIN)",
+        Opcode::Flush => "waiting for FLUSHED",
+        Opcode::Stats => "waiting for STATS_REPLY",
+        Opcode::Close => "waiting for OK(CLOSE)",
+        _ => "waiting for a reply",
+    }
+}

@@ -1,0 +1,132 @@
+//! A session's first QP: connect, HELLO, CHALLENGE/AUTH, then OPEN into a [`Volume`].
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use hmac::{Hmac, Mac as _};
+use rblk_proto::{ChallengeFlags, ConnectData, Message, Opcode, OpenMode, FEATURES, MAC_LEN};
+
+use crate::conn::{self, Conn, Dest, Reply};
+use crate::{Error, Options, Result, ToUri, Uri, Volume};
+
+/// An authenticated connection to a target, ready to open the URI's volume.
+///
+/// One session opens one volume: [`Session::open`] consumes it.
+#[derive(Debug)]
+pub struct Session {
+    conn: Conn,
+    uri: Uri,
+    dest: Dest,
+    opts: Options,
+    features: u64,
+    authenticated: bool,
+}
+
+impl Session {
+    /// Connects to the target named by `uri` (`rblk://HOST[:PORT]/VOLUME`), says HELLO and
+    /// authenticates with `opts.key` when the target requires it. Each exchange has
+    /// `opts.timeout`.
+    pub fn connect(uri: &(impl ToUri + ?Sized), opts: &Options) -> Result<Session> {
+        let uri = uri.to_uri()?;
+        let addr = uri.resolve()?;
+        let span = tracing::debug_span!("session", %addr, volume = uri.volume());
+        let _enter = span.enter();
+        let dest = Dest { fabric: opts.fabric, addr, device: opts.device.clone(), spin: opts.spin };
+        let deadline = Instant::now() + opts.timeout;
+        let mut conn =
+            Conn::connect(&dest, None, &conn::qp_config(Volume::BOUNCE_SLOTS), ConnectData::NewSession, deadline)?;
+
+        let deadline = Instant::now() + opts.timeout;
+        let (flags, features, nonce) =
+            conn.expect(&Message::Hello { features: FEATURES }, deadline, "CHALLENGE", |r| match r {
+                Reply::Challenge { flags, features, nonce } => Some((flags, features, nonce)),
+                _ => None,
+            })?;
+        let authenticated = flags.contains(ChallengeFlags::AUTH_REQUIRED);
+        if authenticated {
+            let key = opts
+                .key
+                .as_deref()
+                .ok_or_else(|| Error::Auth { addr, reason: "target requires a key (--key-file)".into() })?;
+            let mac = mac(key, &nonce).map_err(|reason| Error::Auth { addr, reason })?;
+            let deadline = Instant::now() + opts.timeout;
+            let acked = conn.expect(&Message::Auth { mac }, deadline, "OK(AUTH)", |r| match r {
+                Reply::Ok(Opcode::Auth) => Some(()),
+                _ => None,
+            });
+            match acked {
+                Ok(()) => {}
+                Err(Error::Target { code, text, .. }) => {
+                    let why = if text.is_empty() { code.to_string() } else { text };
+                    return Err(Error::Auth { addr, reason: format!("the target refused the key ({why})") });
+                }
+                Err(e) => return Err(e),
+            }
+        } else if opts.key.is_some() {
+            tracing::warn!(%addr, "the target does not require a key: it serves anyone");
+        }
+        tracing::debug!(authenticated, features = FEATURES & features, "session started");
+        Ok(Session { conn, uri, dest, opts: opts.clone(), features: FEATURES & features, authenticated })
+    }
+
+    /// Opens the URI's volume. A read-only open may be shared; read-write and exclusive opens
+    /// depend on the target's rules ([`Error::Target`] with `BadMode` or `Busy` otherwise).
+    pub fn open(mut self, mode: OpenMode) -> Result<Volume> {
+        let deadline = Instant::now() + self.opts.timeout;
+        let name = self.uri.volume().to_owned();
+        let opened = self.conn.expect(&Message::Open { mode, name: &name }, deadline, "OPENED", |r| match r {
+            Reply::Opened(o) => Some(o),
+            _ => None,
+        })?;
+        tracing::debug!(addr = %self.dest.addr, volume = name, ?mode, session = opened.session_id, "opened");
+        Volume::new(self.conn, self.uri, self.dest, self.opts, self.features, mode, opened)
+    }
+
+    /// The target's counters (allowed before OPEN).
+    pub fn stats(&mut self) -> Result<rblk_proto::StatsReply> {
+        let deadline = Instant::now() + self.opts.timeout;
+        self.conn.expect(&Message::Stats, deadline, "STATS_REPLY", |r| match r {
+            Reply::Stats(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    /// The URI connected to.
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+
+    /// The target's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.dest.addr
+    }
+
+    /// The protocol features both sides implement.
+    pub fn features(&self) -> u64 {
+        self.features
+    }
+
+    /// Whether the target required (and accepted) a key.
+    pub fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+}
+
+/// HMAC-SHA256 of the target's nonce under the pre-shared key: AUTH's proof.
+pub(crate) fn mac(key: &[u8], nonce: &[u8]) -> Result<[u8; MAC_LEN], String> {
+    let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).map_err(|e| format!("unusable key: {e}"))?;
+    m.update(nonce);
+    Ok(m.finalize().into_bytes().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_sha256_rfc4231_case_2() {
+        let mac = mac(b"Jefe", b"what do ya want for nothing?").unwrap();
+        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+}
