@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The README's "run" command: build rblk, boot the rxe guest, start rblk-target there, write 4 MiB
+# of random data to a volume with `rblk write`, read it back with `rblk read`, compare, and stop
+# the target cleanly. On a host with a real RDMA NIC, run `scripts/demo.sh --here` instead (no
+# guest; RBLK_ADDR must be an address of the NIC).
+set -euo pipefail
+cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
+
+in_guest() {
+    local bin=${RBLK_BIN_DIR:-build/release} addr=${RBLK_ADDR:?RBLK_ADDR: an address of the RDMA device}
+    local uri="rblk://$addr:7420/demo" work log pid
+    work=$(mktemp -d /tmp/rblk-demo.XXXXXX)
+    log=$work/target.log
+    say() { printf '\n>>> %s\n' "$*"; }
+
+    say "start the target: rblk-target --listen $addr:7420 --volume demo:64M"
+    "$bin/rblk-target" --listen "$addr:7420" --volume demo:64M 2>"$log" &
+    pid=$!
+    trap 'kill -TERM $pid 2>/dev/null || true' EXIT
+    for _ in $(seq 1 300); do
+        grep -q 'listening on' "$log" && break
+        kill -0 "$pid" 2>/dev/null || { cat "$log"; echo "demo: rblk-target exited"; exit 1; }
+        sleep 0.1
+    done
+    sed 's/^/    target| /' "$log"
+
+    say "rblk info $uri"
+    "$bin/rblk" info "$uri"
+
+    say "write 4 MiB of random data at offset 1M"
+    head -c 4M /dev/urandom >"$work/f"
+    "$bin/rblk" write "$uri" --offset 1M --input "$work/f"
+
+    say "read it back"
+    "$bin/rblk" read "$uri" --offset 1M --length 4M --output "$work/g"
+    cmp "$work/f" "$work/g"
+    echo "    4 MiB read back from the target: identical ($(sha256sum <"$work/g" | cut -c1-16)...)"
+
+    say "stop the target (SIGTERM)"
+    kill -TERM "$pid"
+    local rc=0
+    wait "$pid" || rc=$?
+    trap - EXIT
+    grep -E 'opened|disconnecting|shut down' "$log" | sed 's/^/    target| /' || true
+    echo "    rblk-target exited with status $rc"
+    rm -rf "$work"
+    return "$rc"
+}
+
+case ${1:-} in
+--in-guest | --here)
+    in_guest
+    ;;
+"")
+    scripts/deps.sh
+    cargo build --release --workspace --bins
+    RBLK_BIN_DIR=$PWD/build/release exec scripts/rxe-guest.sh scripts/demo.sh --in-guest
+    ;;
+*)
+    echo "usage: $0 [--here]" >&2
+    exit 2
+    ;;
+esac
