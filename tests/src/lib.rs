@@ -11,3 +11,4 @@ pub mod daemon;
 pub mod raw;
 pub mod rxe;
 pub mod target;
+pub mod workload;
