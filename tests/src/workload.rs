@@ -76,7 +76,7 @@ pub fn run(queues: Vec<Queue>, region: Region, verify: bool) -> Result<(), Strin
                 s.spawn(move || run_queue(q, part, verify))
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into()))).collect()
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
     })
 }
 
