@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Install the Debian 12 host packages that rblk's build, tests and rxe guest harness need.
+#
+# Idempotent and quiet: when every package is already installed it prints nothing and exits 0.
+# Otherwise it runs `apt-get update` once and installs only the missing packages,
+# non-interactively (works as root with stdin closed, e.g. in CI).
+set -euo pipefail
+
+# What each group is for:
+#   qemu-system-x86 busybox-static cpio kmod xz-utils   the rxe guest (scripts/rxe-guest.sh)
+#   iproute2 rdma-core ibverbs-providers ibverbs-utils  rxe setup and the verbs runtime (host root
+#   perftest rdmacm-utils                               is shared into the guest), perftest, rping
+#   cmake libclang-dev                                  building the `sideway` crate
+#   e2fsprogs util-linux coreutils python3              mkfs for scratch disks, flock/timeout/stdbuf,
+#                                                       parsing cargo's JSON in scripts/test.sh
+PACKAGES=(
+    qemu-system-x86 busybox-static cpio kmod xz-utils
+    iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
+    cmake libclang-dev
+    e2fsprogs util-linux coreutils python3
+)
+
+# Print the packages of PACKAGES that are not fully installed.
+missing_packages() {
+    local installed
+    # One dpkg-query call for all packages; unknown packages only produce an error on stderr.
+    installed=$(dpkg-query -W -f='${Package} ${Status}\n' "${PACKAGES[@]}" 2>/dev/null |
+        awk '$2 == "install" && $3 == "ok" && $4 == "installed" { print $1 }') || true
+    local p
+    for p in "${PACKAGES[@]}"; do
+        grep -qxF -- "$p" <<<"$installed" || printf '%s\n' "$p"
+    done
+}
+
+main() {
+    local -a missing
+    mapfile -t missing < <(missing_packages)
+    ((${#missing[@]} == 0)) && return 0
+
+    local -a sudo=()
+    if ((EUID != 0)); then
+        if command -v sudo >/dev/null; then
+            sudo=(sudo -n)
+        else
+            echo "deps.sh: missing packages (${missing[*]}) and not root; install them as root" >&2
+            return 1
+        fi
+    fi
+
+    echo "deps.sh: installing ${missing[*]}" >&2
+    # Wait for a concurrent apt/dpkg (e.g. unattended-upgrades) instead of failing on its lock.
+    local -a apt=(apt-get -q -o DPkg::Lock::Timeout=600)
+    "${sudo[@]}" "${apt[@]}" update </dev/null >&2
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+        "${apt[@]}" install -y --no-install-recommends "${missing[@]}" </dev/null >&2
+}
+
+main "$@"

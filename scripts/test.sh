@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The project's one test command (the README and CI call it):
+#
+#   scripts/test.sh
+#
+# Steps, each announced with a `== step ==` line; the first failing step fails the run:
+#   deps      host packages (scripts/deps.sh)
+#   fmt       cargo fmt --all --check
+#   clippy    cargo clippy --workspace --all-targets --all-features -- -D warnings
+#   test      cargo test --workspace --all-features on the host (the rxe tests show as ignored)
+#   build     every binary and test executable, on the host
+#   guest     one rxe guest boot (scripts/rxe-guest.sh) running scripts/guest-tests.sh, which runs
+#             each test executable's ignored (= rxe) tests; cargo never runs in the guest
+# Then a final line `guest: N passed, M failed` on stdout. The run fails if any step fails, if a
+# guest test failed, if a test executable crashed or printed no result, if the guest did not boot,
+# or if the guest ran zero tests.
+#
+# Environment: RXE_GUEST_TIMEOUT etc. (see scripts/rxe-guest.sh), RBLK_GUEST_TEST_TIMEOUT (see
+# scripts/guest-tests.sh).
+set -euo pipefail
+shopt -s inherit_errexit
+
+REPO_ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+cd "$REPO_ROOT"
+
+T0=$EPOCHREALTIME
+
+# Seconds since T0, one decimal.
+elapsed() {
+    local ds=$(((${EPOCHREALTIME/./} - ${T0/./}) / 100000))
+    printf '%d.%d' $((ds / 10)) $((ds % 10))
+}
+STEP=""
+# shellcheck disable=SC2317 # EXIT trap
+on_exit() {
+    local rc=$?
+    if ((rc != 0)) && [[ -n $STEP ]]; then
+        printf 'test.sh: FAIL: step "%s" failed (exit status %d)\n' "$STEP" "$rc" >&2
+    fi
+    printf 'test.sh: total %s s\n' "$(elapsed)" >&2
+}
+trap on_exit EXIT
+
+step() {
+    STEP=${1%%:*}
+    printf '\n== %s ==\n' "$*"
+}
+fail() {
+    printf 'test.sh: FAIL: %s\n' "$*" >&2
+    FAILED=1
+}
+
+# Cargo's build directory (build/, from .cargo/config.toml, unless CARGO_TARGET_DIR overrides it).
+target_dir() {
+    cargo metadata --no-deps --format-version 1 |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
+}
+
+# Print the test executables from `cargo test --no-run --message-format=json` on stdin, one a line.
+test_executables() {
+    python3 -c '
+import json, sys
+seen = set()
+for line in sys.stdin:
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        continue
+    exe = msg.get("executable")
+    if msg.get("reason") == "compiler-artifact" and exe and msg["profile"]["test"] and exe not in seen:
+        seen.add(exe)
+        print(exe)
+'
+}
+
+main() {
+    FAILED=0
+
+    step "deps: scripts/deps.sh"
+    scripts/deps.sh
+
+    step "fmt: cargo fmt --all --check"
+    cargo fmt --all --check
+
+    step "clippy: cargo clippy --workspace --all-targets --all-features -- -D warnings"
+    cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+    step "test (host): cargo test --workspace --all-features"
+    cargo test --workspace --all-features
+
+    step "build: binaries and test executables"
+    cargo build --workspace --all-features --bins
+    local tdir json
+    tdir=$(target_dir)
+    json=$tdir/test-executables.json
+    cargo test --workspace --all-features --no-run --message-format=json >"$json"
+    local -a exes
+    mapfile -t exes < <(test_executables <"$json")
+    printf '%s\n' "${exes[@]}"
+
+    step "guest: rxe tests in the qemu guest (scripts/rxe-guest.sh scripts/guest-tests.sh)"
+    local log=$tdir/guest-tests.log guest_rc=0
+    : >"$log"
+    if ((${#exes[@]})); then
+        RBLK_REQUIRE_RDMA=1 RBLK_BIN_DIR=$tdir/debug \
+            scripts/rxe-guest.sh "$REPO_ROOT/scripts/guest-tests.sh" "${exes[@]}" | tee "$log" ||
+            guest_rc=$?
+    else
+        fail "cargo built no test executables"
+    fi
+
+    # The runner's last stdout line: "guest-tests: summary passed=N failed=M broken=B executables=E".
+    local summary n=0 m=0 broken=0
+    summary=$(grep -a '^guest-tests: summary ' "$log" | tail -n 1 | tr -d '\r') || true
+    if [[ $summary =~ passed=([0-9]+)\ failed=([0-9]+)\ broken=([0-9]+) ]]; then
+        n=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]} broken=${BASH_REMATCH[3]}
+    else
+        fail "the rxe guest did not run the tests to the end (boot failure or timeout; exit status $guest_rc)"
+    fi
+
+    printf 'guest: %d passed, %d failed\n' "$n" "$m"
+    ((m == 0)) || fail "$m guest test(s) failed"
+    ((broken == 0)) || fail "$broken test executable(s) crashed, timed out or printed no result in the guest"
+    if [[ -n $summary ]] && ((n == 0)); then
+        fail "the guest ran zero tests: expected the #[ignore = \"needs rxe ...\"] tests to run there"
+    fi
+    if ((guest_rc != 0 && FAILED == 0)); then
+        fail "the guest run exited with status $guest_rc"
+    fi
+    STEP="" # the reasons are printed above
+    ((FAILED == 0)) || exit 1
+}
+
+main "$@"
