@@ -14,7 +14,8 @@
 # CMD's stdout and stderr stream live to ours (through two virtio serial ports, stdout line-buffered
 # with stdbuf; the kernel console, ttyS0, goes to our stderr), and we exit with CMD's exit status.
 # Without CMD, it prints `ibv_devinfo -d rxe0` and `rdma link`. Guest and host share the repository
-# path, but the guest's /tmp is its own (tmpfs) and its writes outside the scratch disk are lost.
+# paths (a checkout under /tmp too); the guest's writes outside the scratch disk land in the
+# overlay's tmpfs and are lost at power-off.
 #
 # Options:
 #   --disk PATH[:SIZE]  attach the host file PATH as a raw virtio disk, /dev/vda in the guest,
@@ -135,7 +136,8 @@ mkdir -p $n/dev/pts $n/dev/shm
 mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts $n/dev/pts || die "mount /dev/pts"
 mount -t tmpfs -o mode=1777 tmpfs $n/dev/shm || die "mount /dev/shm"
 mount -t tmpfs -o mode=0755 tmpfs $n/run || die "mount /run"
-mount -t tmpfs -o mode=1777 tmpfs $n/tmp || die "mount /tmp"
+# /tmp stays part of the overlay: a checkout under the host's /tmp (CI clones anywhere) must be
+# visible in the guest at the same path.
 ln -sfn /proc/self/fd $n/dev/fd
 ln -sfn /proc/self/fd/0 $n/dev/stdin
 ln -sfn /proc/self/fd/1 $n/dev/stdout
@@ -184,7 +186,7 @@ fail() {
     power_off
 }
 
-# Stage 1 mounted /proc, /sys, /dev, /dev/pts, /dev/shm, /run and /tmp. stdout and stderr go to two
+# Stage 1 mounted /proc, /sys, /dev, /dev/pts, /dev/shm and /run. stdout and stderr go to two
 # virtio serial ports the host streams.
 exec </dev/null >/dev/virtio-ports/rxe.stdout 2>/dev/virtio-ports/rxe.stderr
 
