@@ -12,3 +12,18 @@ pub mod raw;
 pub mod rxe;
 pub mod target;
 pub mod workload;
+
+/// Generates, for each scenario `fn name(fabric: Fabric)` in scope, a host test `mem::name` over
+/// the in-memory fabric and a guest test `rxe::name` over verbs (ignored on hosts: needs rxe).
+#[macro_export]
+macro_rules! on_both_fabrics {
+    ($($name:ident),* $(,)?) => {
+        mod mem {
+            $(#[test] fn $name() { super::$name(rblk_fabric::Fabric::Mem) })*
+        }
+        mod rxe {
+            $(#[test] #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+              fn $name() { super::$name(rblk_fabric::Fabric::Verbs) })*
+        }
+    };
+}

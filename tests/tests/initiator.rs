@@ -35,19 +35,7 @@ fn barrier_dir(tag: &str) -> std::path::PathBuf {
 const A: Region = Region { offset: 0, len: 8 * MIB, seed: 0xA11CE };
 const B: Region = Region { offset: 8 * MIB, len: 8 * MIB, seed: 0xB0B };
 
-macro_rules! on_both_fabrics {
-    ($($name:ident),* $(,)?) => {
-        mod mem {
-            $(#[test] fn $name() { super::$name(rblk_fabric::Fabric::Mem) })*
-        }
-        mod rxe {
-            $(#[test] #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-              fn $name() { super::$name(rblk_fabric::Fabric::Verbs) })*
-        }
-    };
-}
-
-on_both_fabrics!(
+rblk_tests::on_both_fabrics!(
     bad_requests_are_refused_before_anything_is_posted,
     two_writers_with_four_queues_each_verify_both_regions
 );

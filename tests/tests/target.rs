@@ -12,19 +12,7 @@ use rblk_tests::target::{Spec, Target};
 
 const MIB: usize = 1 << 20;
 
-macro_rules! on_both_fabrics {
-    ($($name:ident),* $(,)?) => {
-        mod mem {
-            $(#[test] fn $name() { super::$name(rblk_fabric::Fabric::Mem) })*
-        }
-        mod rxe {
-            $(#[test] #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-              fn $name() { super::$name(rblk_fabric::Fabric::Verbs) })*
-        }
-    };
-}
-
-on_both_fabrics!(
+rblk_tests::on_both_fabrics!(
     malformed_and_wrong_version_hello_get_errors_and_the_daemon_keeps_serving,
     read_only_rkey_refuses_writes_at_the_target,
     out_of_range_read_kills_only_its_own_connection,

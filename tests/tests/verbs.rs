@@ -19,6 +19,18 @@ fn pattern(seed: u64, buf: &mut [u8]) {
     }
 }
 
+/// Four signaled 1 MiB work requests over `local`, ids `first_id..first_id+4`, ops from `op(i)`.
+fn one_mib_each(local: &rblk_fabric::Mr, first_id: u64, op: impl Fn(u64) -> Op) -> Vec<WorkRequest<'_>> {
+    (0..4u64)
+        .map(|i| WorkRequest {
+            wr_id: first_id + i,
+            op: op(i),
+            local: Local::Region { mr: local, offset: i as usize * MIB, len: MIB as u32 },
+            signaled: true,
+        })
+        .collect()
+}
+
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn write_read_back_and_send_a_proto_message() {
@@ -33,14 +45,7 @@ fn write_read_back_and_send_a_proto_message() {
     local.memory().write_at(0, &expect).unwrap();
 
     // 4 MiB as four 1 MiB WRITEs in one doorbell, then read it back into a zeroed buffer.
-    let writes: Vec<_> = (0..4u64)
-        .map(|i| WorkRequest {
-            wr_id: 100 + i,
-            op: Op::Write { remote_addr: raddr + i * MIB as u64, rkey },
-            local: Local::Region { mr: &local, offset: i as usize * MIB, len: MIB as u32 },
-            signaled: true,
-        })
-        .collect();
+    let writes = one_mib_each(&local, 100, |i| Op::Write { remote_addr: raddr + i * MIB as u64, rkey });
     ep.post(&writes).unwrap();
     let mut ids: Vec<u64> = (0..4).map(|_| wait_one(&mut ep).ok().unwrap().wr_id).collect();
     ids.sort();
@@ -51,14 +56,7 @@ fn write_read_back_and_send_a_proto_message() {
     assert!(seen == expect, "the target's memory holds what was written");
 
     local.memory().write_at(0, &vec![0u8; 4 * MIB]).unwrap();
-    let reads: Vec<_> = (0..4u64)
-        .map(|i| WorkRequest {
-            wr_id: 200 + i,
-            op: Op::Read { remote_addr: raddr + i * MIB as u64, rkey },
-            local: Local::Region { mr: &local, offset: i as usize * MIB, len: MIB as u32 },
-            signaled: true,
-        })
-        .collect();
+    let reads = one_mib_each(&local, 200, |i| Op::Read { remote_addr: raddr + i * MIB as u64, rkey });
     ep.post(&reads).unwrap();
     for _ in 0..4 {
         wait_one(&mut ep).ok().unwrap();
