@@ -159,17 +159,18 @@ impl Error {
     }
 }
 
-/// The memlock limit as text, for registration errors.
-pub(crate) fn memlock_limit() -> String {
+/// The soft RLIMIT_MEMLOCK in bytes; None when unlimited (or unknown).
+pub fn memlock_limit() -> Option<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes into the rlimit we pass and reads nothing else.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    if lim.rlim_cur == libc::RLIM_INFINITY {
-        "unlimited".into()
-    } else {
-        format!("{} KiB", lim.rlim_cur / 1024)
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+/// The memlock limit as text, for registration errors.
+pub(crate) fn memlock_text() -> String {
+    match memlock_limit() {
+        Some(bytes) => format!("{} KiB", bytes / 1024),
+        None => "unlimited".into(),
     }
 }

@@ -67,7 +67,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use completion::{Completion, WcOpcode, WcStatus};
-pub use error::{AddrDisplay, Error, Result};
+pub use error::{memlock_limit, AddrDisplay, Error, Result};
 pub use memory::Memory;
 
 /// Which fabric to use.

@@ -171,6 +171,7 @@ impl Server {
         for v in shared.volumes.values() {
             info!(volume = %v.name, size = v.size(), block_size = v.block_size, "serving RAM volume (volatile)");
         }
+        warn_memlock(&shared);
         let s = Arc::clone(&shared);
         let listener = thread::Builder::new()
             .name("rblk-listener".into())
@@ -209,6 +210,22 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Registrations pin memory and count against RLIMIT_MEMLOCK (root is exempt): say so up front
+/// rather than at the first OPEN.
+fn warn_memlock(shared: &Shared) {
+    let largest = shared.volumes.values().map(|v| v.size()).max().unwrap_or(0);
+    if let Some(limit) = rblk_fabric::memlock_limit() {
+        if !nix::unistd::Uid::effective().is_root() && limit < largest {
+            warn!(
+                limit,
+                largest_volume = largest,
+                "RLIMIT_MEMLOCK is below the largest volume: OPEN will fail to register it; raise it with \
+                 `ulimit -l unlimited` or LimitMEMLOCK=infinity (each session pins its volume once)"
+            );
+        }
     }
 }
 

@@ -63,7 +63,7 @@ impl Pd {
             unsafe { self.pd.reg_mr(memory.addr() as usize, memory.len(), flags) }.map_err(|e| Error::Register {
                 len: memory.len(),
                 device: self.device.to_string(),
-                memlock: crate::error::memlock_limit(),
+                memlock: crate::error::memlock_text(),
                 source: std::io::Error::other(e.to_string()),
             })?;
         Ok(Mr { mr })
