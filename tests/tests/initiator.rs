@@ -118,6 +118,7 @@ fn a_writer_killed_mid_write_harms_no_one_and_its_registration_goes() {
     let t = Target::start(Fabric::Verbs, &Spec { volumes: vec![("v", 16 * MIB)], key: None });
     let mut mine = open(&t, "v", OpenMode::ReadWrite);
     let base = mine.stats().unwrap();
+    let pin_base = t.vm_pin_kb().expect("a daemon process has VmPin");
     let mut victim = Command::new(bin("rblk-test-client"))
         .args(["hammer", &uri(&t, "v"), "--region", &B.to_string()])
         .stdin(Stdio::null())
@@ -144,10 +145,16 @@ fn a_writer_killed_mid_write_harms_no_one_and_its_registration_goes() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let s = mine.stats().unwrap();
-        if (s.registrations, s.pinned_bytes) == (base.registrations, base.pinned_bytes) {
+        // VmPin also counts each live connection's control buffers: it returns to the baseline
+        // once the killed client's connections and our finished queues are all torn down.
+        let pin = t.vm_pin_kb().unwrap();
+        if (s.registrations, s.pinned_bytes) == (base.registrations, base.pinned_bytes) && pin == pin_base {
             break;
         }
-        assert!(Instant::now() < deadline, "the killed client's registration lingers: {s:?} vs {base:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the killed client's registration lingers: {s:?} vs {base:?}; VmPin {pin} kB vs {pin_base} kB"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
