@@ -57,7 +57,10 @@ impl Memory {
         self.ptr.as_ptr() as u64
     }
 
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
+    /// The start of the mapping as a raw pointer, for I/O engines that move bytes themselves (the
+    /// target's io_uring persistence). Getting it is safe; whoever dereferences it must stay
+    /// within [`len`](Self::len) bytes and must not create references over the memory.
+    pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 

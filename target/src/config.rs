@@ -19,19 +19,29 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
 }
 
-/// `--volume NAME:SIZE`.
+/// `--volume NAME:SIZE[:PATH]`: a RAM volume, or a durable one backed by the file or block
+/// device at PATH (everything after the second colon).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeSpec {
     /// Name initiators open it by.
     pub name: String,
     /// Size in bytes.
     pub size: u64,
+    /// Backing store, for a durable volume.
+    pub path: Option<std::path::PathBuf>,
 }
 
 impl std::str::FromStr for VolumeSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let (name, size) = s.split_once(':').ok_or_else(|| format!("{s:?}: expected NAME:SIZE, e.g. vol0:1G"))?;
+        let (name, rest) = s
+            .split_once(':')
+            .ok_or_else(|| format!("{s:?}: expected NAME:SIZE[:PATH], e.g. vol0:1G or v:1G:/srv/v.img"))?;
+        let (size, path) = match rest.split_once(':') {
+            Some((_, "")) => return Err(format!("{s:?}: empty backing path after the second colon")),
+            Some((size, path)) => (size, Some(std::path::PathBuf::from(path))),
+            None => (rest, None),
+        };
         if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
             return Err(format!("{name:?}: a volume name is 1-64 characters of A-Z a-z 0-9 - _ ."));
         }
@@ -39,7 +49,7 @@ impl std::str::FromStr for VolumeSpec {
         if size == 0 || size % 4096 != 0 {
             return Err(format!("{s:?}: the size must be a non-zero multiple of 4096"));
         }
-        Ok(VolumeSpec { name: name.to_owned(), size })
+        Ok(VolumeSpec { name: name.to_owned(), size, path })
     }
 }
 
@@ -84,7 +94,10 @@ mod tests {
 
     #[test]
     fn volumes_and_addresses() {
-        assert_eq!("v:64M".parse(), Ok(VolumeSpec { name: "v".into(), size: 64 << 20 }));
+        assert_eq!("v:64M".parse(), Ok(VolumeSpec { name: "v".into(), size: 64 << 20, path: None }));
+        let d: VolumeSpec = "d:1G:/srv/a:b.img".parse().unwrap();
+        assert_eq!(d.path.as_deref(), Some(std::path::Path::new("/srv/a:b.img")));
+        assert!("d:1G:".parse::<VolumeSpec>().is_err());
         assert!("v".parse::<VolumeSpec>().is_err());
         assert!("v:100".parse::<VolumeSpec>().is_err());
         assert!("a b:1G".parse::<VolumeSpec>().is_err());

@@ -124,20 +124,8 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
             (Reply::Msg(stats(shared)), After::Continue)
         }
         (Message::Flush(flush), State::Open { session }) => {
-            let size = session.volume.size();
-            if let Flush::Ranges(ranges) = flush {
-                if let Some(r) = ranges.iter().find(|r| r.end().is_none_or(|end| end > size)) {
-                    return (
-                        Reply::Error(
-                            ErrorCode::OutOfRange,
-                            format!("flush range {}+{} is beyond the volume's {size} bytes", r.offset(), r.len()),
-                        ),
-                        After::Continue,
-                    );
-                }
-            }
-            // RAM volumes: an ordering point only, and the reply says so.
-            (Reply::Msg(Message::Flushed { flags: FlushedFlags::VOLATILE }), After::Continue)
+            let session = Arc::clone(session);
+            (flush_volume(shared, &session, flush), After::Continue)
         }
         (Message::Close, State::Open { session }) => {
             session.release();
@@ -159,7 +147,44 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
     }
 }
 
+/// FLUSH: RAM volumes answer at once (an ordering point, flagged volatile); durable ones write
+/// the ranges back and fdatasync first. A failed write-back fails the volume for good.
+fn flush_volume(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Reply {
+    let volume = &session.volume;
+    let size = volume.size();
+    let ranges: Vec<(u64, u64)> = match flush {
+        Flush::All => vec![(0, size)],
+        Flush::Ranges(ranges) => {
+            if let Some(r) = ranges.iter().find(|r| r.end().is_none_or(|end| end > size)) {
+                let text = format!("flush range {}+{} is beyond the volume's {size} bytes", r.offset(), r.len());
+                return Reply::Error(ErrorCode::OutOfRange, text);
+            }
+            ranges.iter().map(|r| (r.offset(), r.len())).collect()
+        }
+    };
+    let Some(backing) = &volume.backing else {
+        return Reply::Msg(Message::Flushed { flags: FlushedFlags::VOLATILE });
+    };
+    if backing.failed() {
+        let text = format!("volume {} failed: writing to {} failed earlier", volume.name, backing.path().display());
+        return Reply::Error(ErrorCode::VolumeFailed, text);
+    }
+    match backing.flush(&volume.memory, &ranges) {
+        Ok(()) => Reply::Msg(Message::Flushed { flags: FlushedFlags::empty() }),
+        Err(e) => {
+            shared.fail_volume(volume);
+            Reply::Error(ErrorCode::VolumeFailed, format!("volume {} failed: {e}", volume.name))
+        }
+    }
+}
+
 fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) -> (Reply, After) {
+    if let Some(reason) = shared.refused.get(name) {
+        return (
+            Reply::Error(ErrorCode::VolumeFailed, format!("volume {name} is unavailable: {reason}")),
+            After::Continue,
+        );
+    }
     let Some(volume) = shared.volumes.get(name) else {
         let mut names: Vec<&str> = shared.volumes.keys().map(String::as_str).collect();
         names.sort_unstable();
@@ -171,6 +196,10 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) 
             After::Continue,
         );
     };
+    if volume.failed() && mode != OpenMode::ReadOnly {
+        let text = format!("volume {name} failed (its backing store could not be written): read-only opens only");
+        return (Reply::Error(ErrorCode::VolumeFailed, text), After::Continue);
+    }
     let id = shared.next_session_id();
     if let Err(busy) = volume.acquire(id, mode) {
         return (Reply::Error(ErrorCode::Busy, busy.0), After::Continue);
@@ -186,7 +215,7 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) 
     };
     let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, Arc::clone(&shared.counters)));
     let (remote_addr, rkey) = session.remote().unwrap_or_default();
-    let mut flags = VolumeFlags::VOLATILE;
+    let mut flags = if volume.is_volatile() { VolumeFlags::VOLATILE } else { VolumeFlags::empty() };
     if mode == OpenMode::ReadOnly {
         flags = flags | VolumeFlags::READ_ONLY;
     }

@@ -4,6 +4,7 @@
 //! touches the data path.
 //!
 //! Layout: [`config`] (command line), [`volume`] (the volume store: memory and open modes),
+//! [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and write-back),
 //! [`session`] (per-session protection domain and registration, authentication), [`control`]
 //! (one connection's control protocol), [`server`] (the rdma_cm listener and connection threads).
 //!
@@ -20,10 +21,15 @@
 //! registration is dropped on CLOSE, when its last connection goes, or when keepalives fail;
 //! [`server::Running::shutdown`] disconnects everyone and deregisters everything.
 
-#![forbid(unsafe_code)]
+// Only the io_uring module may use `unsafe` (the kernel writes our memory asynchronously).
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
 pub mod control;
+pub mod persist;
 pub mod server;
 pub mod session;
+#[allow(unsafe_code)]
+pub mod uring;
 pub mod volume;

@@ -25,9 +25,11 @@ struct Args {
     /// Only accept connections arriving on this RDMA device (e.g. mlx5_0, rxe0).
     #[arg(long, value_name = "NAME")]
     device: Option<String>,
-    /// A RAM volume NAME:SIZE (size like 64M or 1G, a multiple of 4096). Repeatable.
-    /// Default: one 1 GiB volume named vol0.
-    #[arg(long = "volume", value_name = "NAME:SIZE")]
+    /// A volume NAME:SIZE[:PATH] (size like 64M or 1G, a multiple of 4096). Repeatable.
+    /// Without PATH a RAM volume (volatile). With PATH (everything after the second colon) a
+    /// durable volume backed by that file (created and sized if missing) or block device: loaded
+    /// at start, written back on FLUSH, flushed on shutdown. Default: one 1 GiB RAM volume vol0.
+    #[arg(long = "volume", value_name = "NAME:SIZE[:PATH]")]
     volumes: Vec<VolumeSpec>,
     /// Pre-shared key file: initiators must prove they hold the same key (HMAC-SHA256 over a
     /// nonce) before they may open anything. Without it the daemon serves anyone.

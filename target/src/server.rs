@@ -14,6 +14,7 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::config::VolumeSpec;
 use crate::control::{self, After, Reply, State};
+use crate::persist::Backing;
 use crate::session::{Counters, Session};
 use crate::volume::Volume;
 
@@ -41,7 +42,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), rblk_proto::DEFAULT_PORT),
             device: None,
-            volumes: vec![VolumeSpec { name: "vol0".into(), size: 1 << 30 }],
+            volumes: vec![VolumeSpec { name: "vol0".into(), size: 1 << 30, path: None }],
             key: None,
             fabric: Fabric::Verbs,
             max_io: 1 << 20,
@@ -69,6 +70,9 @@ pub enum StartError {
     /// The same volume name twice.
     #[error("volume {0} is configured twice")]
     DuplicateVolume(String),
+    /// Every volume was refused.
+    #[error("no volume to serve: {0}")]
+    NoVolumes(String),
     /// Listening failed.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -85,6 +89,8 @@ pub enum StartError {
 pub struct Shared {
     /// Volumes by name.
     pub volumes: HashMap<String, Arc<Volume>>,
+    /// Volumes refused at start, with the reason (OPEN reports it).
+    pub refused: HashMap<String, String>,
     /// Pre-shared key.
     pub key: Option<Vec<u8>>,
     /// Largest I/O.
@@ -121,6 +127,18 @@ impl Shared {
         s.release();
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&s.id);
     }
+
+    /// After a failed write-back: revokes every read-write registration of `volume`, so writers
+    /// get remote access errors instead of writing into data that will not be kept.
+    pub fn fail_volume(&self, volume: &Arc<Volume>) {
+        let sessions: Vec<Arc<Session>> =
+            self.sessions.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        for s in sessions.iter().filter(|s| Arc::ptr_eq(&s.volume, volume) && s.mode != rblk_proto::OpenMode::ReadOnly)
+        {
+            warn!(session = s.id, volume = %volume.name, "revoking write access: the volume failed");
+            s.release();
+        }
+    }
 }
 
 /// The daemon.
@@ -145,18 +163,40 @@ impl Server {
             }
         }
         let mut volumes = HashMap::new();
+        let mut refused = HashMap::new();
         for v in &cfg.volumes {
-            let vol = Volume::new(&v.name, v.size, cfg.block_size)
-                .map_err(|source| StartError::Volume { name: v.name.clone(), source })?;
-            if volumes.insert(v.name.clone(), Arc::new(vol)).is_some() {
+            if volumes.contains_key(&v.name) || refused.contains_key(&v.name) {
                 return Err(StartError::DuplicateVolume(v.name.clone()));
             }
+            match &v.path {
+                None => {
+                    let vol = Volume::new(&v.name, v.size, cfg.block_size)
+                        .map_err(|source| StartError::Volume { name: v.name.clone(), source })?;
+                    volumes.insert(v.name.clone(), Arc::new(vol));
+                }
+                // A bad backing store refuses that volume, not the daemon.
+                Some(path) => match Backing::open(path, v.size)
+                    .and_then(|b| Volume::durable(&v.name, v.size, cfg.block_size, b))
+                {
+                    Ok(vol) => {
+                        volumes.insert(v.name.clone(), Arc::new(vol));
+                    }
+                    Err(reason) => {
+                        tracing::error!(volume = %v.name, "refusing the volume: {reason}");
+                        refused.insert(v.name.clone(), reason);
+                    }
+                },
+            }
+        }
+        if volumes.is_empty() {
+            return Err(StartError::NoVolumes(refused.into_values().collect::<Vec<_>>().join("; ")));
         }
         let listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().unwrap_or(cfg.listen);
         let shared = Arc::new(Shared {
             volumes,
+            refused,
             key: cfg.key.clone(),
             max_io: cfg.max_io,
             counters: Arc::default(),
@@ -169,7 +209,12 @@ impl Server {
             warn!("no --key-file: this target serves ANY initiator that can reach {addr}");
         }
         for v in shared.volumes.values() {
-            info!(volume = %v.name, size = v.size(), block_size = v.block_size, "serving RAM volume (volatile)");
+            match &v.backing {
+                None => info!(volume = %v.name, size = v.size(), "serving RAM volume (volatile)"),
+                Some(b) => {
+                    info!(volume = %v.name, size = v.size(), path = %b.path().display(), "serving durable volume")
+                }
+            }
         }
         warn_memlock(&shared);
         let s = Arc::clone(&shared);
@@ -273,6 +318,15 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
     let sessions: Vec<_> = shared.sessions.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
     for (_, s) in sessions {
         s.release();
+    }
+    // Graceful shutdown keeps everything written, flushed or not.
+    for v in shared.volumes.values() {
+        if let Some(b) = v.backing.as_ref().filter(|b| !b.failed()) {
+            match b.flush(&v.memory, &[(0, v.size())]) {
+                Ok(()) => info!(volume = %v.name, "flushed to {}", b.path().display()),
+                Err(e) => tracing::error!(volume = %v.name, error = %e, "final flush failed"),
+            }
+        }
     }
     info!("shut down");
 }

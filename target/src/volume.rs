@@ -1,10 +1,12 @@
 //! The volume store: each volume's bytes live in one anonymous mapping, registered once per
-//! session that opens it.
+//! session that opens it; a durable volume also has a [`Backing`] store.
 
 use std::sync::{Arc, Mutex};
 
 use rblk_fabric::Memory;
 use rblk_proto::OpenMode;
+
+use crate::persist::Backing;
 
 /// One RAM volume.
 #[derive(Debug)]
@@ -15,6 +17,8 @@ pub struct Volume {
     pub memory: Arc<Memory>,
     /// Block size in bytes.
     pub block_size: u32,
+    /// The backing store of a durable volume; None for RAM volumes.
+    pub backing: Option<Backing>,
     /// Open sessions by mode, for exclusivity.
     opens: Mutex<Opens>,
 }
@@ -30,10 +34,38 @@ struct Opens {
 pub struct Busy(pub String);
 
 impl Volume {
-    /// Maps a zeroed volume of `size` bytes.
+    /// Maps a zeroed RAM volume of `size` bytes.
     pub fn new(name: &str, size: u64, block_size: u32) -> rblk_fabric::Result<Volume> {
         let memory = Memory::anonymous(size as usize)?;
-        Ok(Volume { name: name.to_owned(), memory, block_size, opens: Mutex::default() })
+        Ok(Volume { name: name.to_owned(), memory, block_size, backing: None, opens: Mutex::default() })
+    }
+
+    /// A durable volume: maps it and loads it from `backing`.
+    pub fn durable(name: &str, size: u64, block_size: u32, backing: Backing) -> Result<Volume, String> {
+        let memory = Memory::anonymous(size as usize).map_err(|e| e.to_string())?;
+        let took = backing
+            .load(&memory, name)
+            .map_err(|e| format!("loading volume {name} from {}: {e}", backing.path().display()))?;
+        tracing::info!(
+            volume = name,
+            path = %backing.path().display(),
+            direct = backing.direct(),
+            "loaded {} MiB in {:.2} s ({:.0} MiB/s)",
+            size >> 20,
+            took.as_secs_f64(),
+            (size >> 20) as f64 / took.as_secs_f64().max(1e-6)
+        );
+        Ok(Volume { name: name.to_owned(), memory, block_size, backing: Some(backing), opens: Mutex::default() })
+    }
+
+    /// True for RAM volumes (FLUSH is only an ordering point).
+    pub fn is_volatile(&self) -> bool {
+        self.backing.is_none()
+    }
+
+    /// True once writing back to the backing store failed: no durability promises any more.
+    pub fn failed(&self) -> bool {
+        self.backing.as_ref().is_some_and(Backing::failed)
     }
 
     /// Size in bytes.
