@@ -68,6 +68,7 @@
 
 mod buffer;
 mod conn;
+mod dirty;
 mod error;
 mod options;
 mod queue;
@@ -78,6 +79,7 @@ mod uri;
 mod volume;
 
 pub use buffer::{Buffer, BufferPool};
+pub use dirty::Dirty;
 pub use error::{Direction, Error, InvalidReason, Result};
 pub use options::{Options, DEFAULT_IO_TIMEOUT, DEFAULT_TIMEOUT};
 pub use queue::{Done, Queue, MAX_DEPTH};

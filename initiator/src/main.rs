@@ -64,7 +64,8 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
-    /// Write a file or stdin to a volume at OFFSET, then flush. Opens it read-write.
+    /// Write a file or stdin to a volume at OFFSET, then flush (so a completed write is durable
+    /// on a durable volume). Opens it read-write.
     ///
     /// The input's length must be a multiple of the volume's block size, unless --pad is given.
     Write {
@@ -80,6 +81,10 @@ enum Command {
         /// Zero-fill the last block when the input's length is not a multiple of the block size.
         #[arg(long)]
         pad: bool,
+        /// Do not FLUSH before exiting: the data is then in target memory only, and a durable
+        /// volume may lose it if the target crashes before someone flushes.
+        #[arg(long)]
+        no_flush: bool,
         #[command(flatten)]
         conn: Connection,
     },
@@ -129,7 +134,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Devices => devices(),
         Command::Info { uri, conn } => info(&uri, &conn),
         Command::Read { uri, offset, length, output, conn } => read(&uri, &conn, offset, length, output),
-        Command::Write { uri, offset, input, pad, conn } => write(&uri, &conn, offset, input, pad),
+        Command::Write { uri, offset, input, pad, no_flush, conn } => write(&uri, &conn, offset, input, pad, !no_flush),
     }
 }
 
@@ -197,7 +202,14 @@ fn read(uri: &str, conn: &Connection, offset: u64, length: u64, output: Option<P
     Ok(())
 }
 
-fn write(uri: &str, conn: &Connection, offset: u64, input: Option<PathBuf>, pad: bool) -> anyhow::Result<()> {
+fn write(
+    uri: &str,
+    conn: &Connection,
+    offset: u64,
+    input: Option<PathBuf>,
+    pad: bool,
+    flush: bool,
+) -> anyhow::Result<()> {
     // Know the input's length up front, so a bad one is refused before anything is written.
     let (mut reader, len): (Box<dyn Read>, u64) = match &input {
         Some(path) => {
@@ -231,10 +243,13 @@ fn write(uri: &str, conn: &Connection, offset: u64, input: Option<PathBuf>, pad:
         vol.write_at(&buf[..n], offset + done)?;
         done += n as u64;
     }
-    let volatile = vol.flush()?;
+    let note = match flush.then(|| vol.flush()).transpose()? {
+        None => "not flushed (--no-flush)",
+        Some(true) => "flushed; the volume is volatile (RAM only)",
+        Some(false) => "flushed to durable storage",
+    };
     vol.close()?;
     let padded = if total > len { format!(" ({} bytes of zero padding)", total - len) } else { String::new() };
-    let note = if volatile { "flushed; the volume is volatile (RAM only)" } else { "flushed to durable storage" };
     eprintln!("rblk: wrote {total} bytes at offset {offset}{padded}; {note}");
     Ok(())
 }

@@ -6,11 +6,12 @@ use std::time::Instant;
 use rblk_fabric::channel;
 use rblk_fabric::policy::POLL_BATCH;
 use rblk_fabric::{Completion, Endpoint, Local, Op, Pd, WcStatus, WorkRequest};
-use rblk_proto::{ConnectData, Message, Opcode, Opened};
+use rblk_proto::{ConnectData, Message, Opcode};
 
 use crate::buffer::{Buffer, BufferPool};
-use crate::conn::{self, Conn, Dest, Reply};
-use crate::{Direction, Error, Geometry, InvalidReason, Options, Result};
+use crate::conn::{self, Conn, Reply};
+use crate::dirty;
+use crate::{Direction, Error, Geometry, InvalidReason, Result};
 
 /// Submissions posted with one doorbell.
 const BATCH: usize = 16;
@@ -125,18 +126,15 @@ pub struct Queue {
     remote_addr: u64,
     rkey: u32,
     max_len: u64,
+    dirty: dirty::Shared,
 }
 
 impl Queue {
-    pub(crate) fn connect(
-        dest: &Dest,
-        pd: &Pd,
-        opts: &Options,
-        geo: Geometry,
-        opened: &Opened,
-        depth: u32,
-        buf_size: usize,
-    ) -> Result<Queue> {
+    /// Joins `vol`'s session with a further QP.
+    pub(crate) fn connect(vol: &crate::Volume, depth: u32, buf_size: usize) -> Result<Queue> {
+        let parts = vol.queue_parts();
+        let (dest, pd, opts, geo, opened) = (parts.dest, &parts.pd, parts.opts, parts.geo, parts.opened);
+        let dirty = std::sync::Arc::clone(parts.dirty);
         let bad = |what, len: u64, reason| Err(Error::Invalid { what, offset: 0, len, reason });
         match depth {
             0 => return bad("queue depth", 0, InvalidReason::ZeroLength),
@@ -180,6 +178,7 @@ impl Queue {
             remote_addr: opened.remote_addr,
             rkey: opened.rkey,
             max_len: size,
+            dirty,
         })
     }
 
@@ -403,6 +402,10 @@ impl Queue {
             self.in_flight -= 1;
             self.free_slots.push(c.wr_id as u32);
             let result = if c.status.is_success() {
+                if slot.dir == Direction::Write {
+                    // Completed, so the next FLUSH of the volume covers it.
+                    dirty::record(&self.dirty, slot.offset, slot.len.into());
+                }
                 Ok(())
             } else if c.status == WcStatus::WR_FLUSH_ERR && self.conn.is_broken() {
                 self.conn.alive()

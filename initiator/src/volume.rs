@@ -9,6 +9,7 @@ use rblk_fabric::{Access, Completion, Local, Memory, Mr, Op, Pd, WorkRequest};
 use rblk_proto::{Flush, FlushedFlags, Message, Opcode, OpenMode, Opened, Range, StatsReply, VolumeFlags};
 
 use crate::conn::{Conn, Dest, Reply};
+use crate::dirty::{self, Dirty};
 use crate::{Direction, Error, Geometry, Options, Queue, Result, Uri};
 
 /// A volume opened by a [`Session`](crate::Session).
@@ -32,6 +33,7 @@ pub struct Volume {
     dest: Dest,
     opts: Options,
     features: u64,
+    dirty: dirty::Shared,
 }
 
 /// A work request slot for filling in.
@@ -69,7 +71,19 @@ impl Volume {
             .pd()
             .register(&memory, Access::LOCAL)
             .map_err(|e| fabric_err("registering the bounce buffer", e))?;
-        Ok(Volume { conn, bounce, chunk, geo, opened, mode, uri, dest, opts, features })
+        Ok(Volume {
+            conn,
+            bounce,
+            chunk,
+            geo,
+            opened,
+            mode,
+            uri,
+            dest,
+            opts,
+            features,
+            dirty: dirty::Shared::default(),
+        })
     }
 
     /// Size in bytes.
@@ -179,6 +193,7 @@ impl Volume {
                 self.bounce.memory().write_at(slot * self.chunk, src).map_err(|e| self.local_err(e))?;
             }
             run(&mut self.conn, &self.opts, &wrs[..n], Direction::Write, &ranges[..n])?;
+            dirty::record(&self.dirty, offset + done as u64, (end - done) as u64);
             done = end;
         }
         Ok(())
@@ -188,12 +203,40 @@ impl Volume {
         Error::Fabric { op: "copying through the bounce buffer", addr: self.dest.addr, source }
     }
 
-    /// Makes everything written so far durable (FLUSH of the whole volume). Returns whether the
-    /// volume is volatile, in which case the flush was only an ordering point.
+    /// Makes everything written since the last flush durable: a FLUSH of the ranges this volume
+    /// and its queues completed writes to (coalesced; the whole volume past
+    /// [`MAX_FLUSH_RANGES`](rblk_proto::MAX_FLUSH_RANGES) ranges, or when the target lacks ranged
+    /// flushes). Returns whether the volume is volatile, in which case the flush was only an
+    /// ordering point.
     ///
-    /// Writes made through [`Queue`]s are covered only once their completions have been reaped.
+    /// Writes made through [`Queue`]s are covered once their completions have been reaped: reap
+    /// every queue's writes before calling this (the target cannot see one-sided writes).
     pub fn flush(&mut self) -> Result<bool> {
-        self.flush_with(Flush::All)
+        let pending = dirty::take(&self.dirty);
+        let ranges: Vec<Range> = match &pending {
+            Dirty::Ranges(v) => v.iter().map(|&(s, e)| Range::new(s, e - s)).collect(),
+            Dirty::All => Vec::new(),
+        };
+        let flush = match pending {
+            Dirty::Ranges(_) if self.features & rblk_proto::FEATURE_FLUSH_RANGES != 0 => Flush::Ranges(&ranges),
+            _ => Flush::All,
+        };
+        let result = self.flush_with(flush);
+        if result.is_err() {
+            // Not durable: the next flush must cover these again.
+            self.dirty.lock().unwrap_or_else(|p| p.into_inner()).merge(pending);
+        }
+        result
+    }
+
+    /// Makes everything written so far durable, tracked or not: a FLUSH of the whole volume.
+    pub fn flush_all(&mut self) -> Result<bool> {
+        let pending = dirty::take(&self.dirty);
+        let result = self.flush_with(Flush::All);
+        if result.is_err() {
+            self.dirty.lock().unwrap_or_else(|p| p.into_inner()).merge(pending);
+        }
+        result
     }
 
     /// Makes `len` bytes at `offset` durable (FLUSH of that range, or of everything when the
@@ -253,7 +296,30 @@ impl Volume {
     /// size, at most [`max_io`](Self::max_io)): smaller buffers pin less memory for small I/O.
     pub fn queue_with(&self, depth: u32, buf_size: usize) -> Result<Queue> {
         self.conn.alive()?;
-        Queue::connect(&self.dest, &self.conn.ep.pd(), &self.opts, self.geo, &self.opened, depth, buf_size)
+        Queue::connect(self, depth, buf_size)
+    }
+}
+
+/// What a queue needs of its volume to join the session.
+pub(crate) struct QueueParts<'a> {
+    pub dest: &'a Dest,
+    pub pd: Pd,
+    pub opts: &'a Options,
+    pub geo: Geometry,
+    pub opened: &'a Opened,
+    pub dirty: &'a dirty::Shared,
+}
+
+impl Volume {
+    pub(crate) fn queue_parts(&self) -> QueueParts<'_> {
+        QueueParts {
+            dest: &self.dest,
+            pd: self.conn.ep.pd(),
+            opts: &self.opts,
+            geo: self.geo,
+            opened: &self.opened,
+            dirty: &self.dirty,
+        }
     }
 }
 

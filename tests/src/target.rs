@@ -53,7 +53,11 @@ impl Target {
             Fabric::Mem => {
                 let cfg = Config {
                     listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), next_port()),
-                    volumes: spec.volumes.iter().map(|(n, s)| VolumeSpec { name: (*n).into(), size: *s }).collect(),
+                    volumes: spec
+                        .volumes
+                        .iter()
+                        .map(|(n, s)| VolumeSpec { name: (*n).into(), size: *s, path: None })
+                        .collect(),
                     key: spec.key.as_deref().and_then(rblk_target::config::key_from_bytes),
                     fabric: Fabric::Mem,
                     ..Config::default()
