@@ -2,6 +2,7 @@
 //! initiator tells it what to write back. Shared by a volume and its queues; bounded: past
 //! [`MAX_FLUSH_RANGES`] distinct ranges it falls back to "everything".
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rblk_proto::MAX_FLUSH_RANGES;
@@ -51,17 +52,50 @@ impl Dirty {
     }
 }
 
-/// The tracker a volume shares with its queues.
-pub(crate) type Shared = Arc<Mutex<Dirty>>;
+/// What a volume shares with its queues: the dirty ranges, and whether the target declared the
+/// volume failed (a FLUSH answered VolumeFailed), after which writes fail as
+/// [`Error::VolumeFailed`](crate::Error::VolumeFailed).
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    dirty: Mutex<Dirty>,
+    failed: AtomicBool,
+}
+
+/// The state a volume shares with its queues.
+pub(crate) type Shared = Arc<State>;
 
 /// Records a completed write in `shared`.
 pub(crate) fn record(shared: &Shared, offset: u64, len: u64) {
-    shared.lock().unwrap_or_else(|p| p.into_inner()).add(offset, len);
+    shared.dirty.lock().unwrap_or_else(|p| p.into_inner()).add(offset, len);
 }
 
 /// Takes what is recorded, leaving it empty.
 pub(crate) fn take(shared: &Shared) -> Dirty {
-    std::mem::take(&mut *shared.lock().unwrap_or_else(|p| p.into_inner()))
+    std::mem::take(&mut *shared.dirty.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Puts back what a failed FLUSH did not cover.
+pub(crate) fn restore(shared: &Shared, pending: Dirty) {
+    shared.dirty.lock().unwrap_or_else(|p| p.into_inner()).merge(pending);
+}
+
+/// Marks the volume failed.
+pub(crate) fn set_failed(shared: &Shared) {
+    shared.failed.store(true, Ordering::SeqCst);
+}
+
+/// Refuses a write to a failed volume before it is posted (the target revoked write access; a
+/// posted write would only kill the connection).
+pub(crate) fn check_writable(shared: &Shared, op: crate::Direction, offset: u64, len: u64) -> crate::Result<()> {
+    if op == crate::Direction::Write && failed(shared) {
+        return Err(crate::Error::VolumeFailed { op, offset, len });
+    }
+    Ok(())
+}
+
+/// Whether the target declared the volume failed.
+pub(crate) fn failed(shared: &Shared) -> bool {
+    shared.failed.load(Ordering::SeqCst)
 }
 
 #[cfg(test)]

@@ -207,6 +207,20 @@ pub enum Error {
         /// Bytes.
         len: u64,
     },
+    /// The target declared the volume failed: a FLUSH could not be made durable (its backing
+    /// store failed), so it revoked write access. Reads still work; restart the target.
+    #[error(
+        "{op} of {len} bytes at offset {offset}: volume failed: the target could not write it to its backing \
+         store and no longer accepts writes"
+    )]
+    VolumeFailed {
+        /// Read or write.
+        op: Direction,
+        /// Volume offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
     /// The connection failed earlier (a failed completion, a timeout, a disconnect) and can no
     /// longer be used.
     #[error("connection to {addr} lost: {reason}")]

@@ -211,7 +211,8 @@ impl Queue {
     /// Checks one queue operation: not empty, block-aligned, at most [`max_len`](Self::max_len),
     /// inside the volume, no write when read-only.
     pub fn check_range(&self, dir: Direction, offset: u64, len: u64) -> Result<()> {
-        self.geo.check(dir, offset, len, Some(self.max_len))
+        self.geo.check(dir, offset, len, Some(self.max_len))?;
+        dirty::check_writable(&self.dirty, dir, offset, len)
     }
 
     /// A buffer from the pool for the zero-copy submissions; fill it with

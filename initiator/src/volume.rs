@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use rblk_fabric::channel;
 use rblk_fabric::{Access, Completion, Local, Memory, Mr, Op, Pd, WorkRequest};
-use rblk_proto::{Flush, FlushedFlags, Message, Opcode, OpenMode, Opened, Range, StatsReply, VolumeFlags};
+use rblk_proto::{ErrorCode, Flush, FlushedFlags, Message, Opcode, OpenMode, Opened, Range, StatsReply, VolumeFlags};
 
 use crate::conn::{Conn, Dest, Reply};
 use crate::dirty::{self, Dirty};
@@ -156,7 +156,8 @@ impl Volume {
     /// Checks a synchronous access ([`read_at`](Self::read_at) / [`write_at`](Self::write_at)):
     /// not empty, block-aligned, inside the volume, no write when read-only.
     pub fn check_range(&self, dir: Direction, offset: u64, len: u64) -> Result<()> {
-        self.geo.check(dir, offset, len, None)
+        self.geo.check(dir, offset, len, None)?;
+        dirty::check_writable(&self.dirty, dir, offset, len)
     }
 
     /// Reads `buf.len()` bytes at `offset` into `buf`.
@@ -224,7 +225,7 @@ impl Volume {
         let result = self.flush_with(flush);
         if result.is_err() {
             // Not durable: the next flush must cover these again.
-            self.dirty.lock().unwrap_or_else(|p| p.into_inner()).merge(pending);
+            dirty::restore(&self.dirty, pending);
         }
         result
     }
@@ -234,7 +235,7 @@ impl Volume {
         let pending = dirty::take(&self.dirty);
         let result = self.flush_with(Flush::All);
         if result.is_err() {
-            self.dirty.lock().unwrap_or_else(|p| p.into_inner()).merge(pending);
+            dirty::restore(&self.dirty, pending);
         }
         result
     }
@@ -253,11 +254,24 @@ impl Volume {
 
     fn flush_with(&mut self, flush: Flush<'_>) -> Result<bool> {
         let deadline = Instant::now() + self.opts.timeout;
-        let flags = self.conn.expect(&Message::Flush(flush), deadline, "FLUSHED", |r| match r {
-            Reply::Flushed(flags) => Some(flags),
-            _ => None,
-        })?;
+        let flags = self
+            .conn
+            .expect(&Message::Flush(flush), deadline, "FLUSHED", |r| match r {
+                Reply::Flushed(flags) => Some(flags),
+                _ => None,
+            })
+            .inspect_err(|e| {
+                if e.code() == Some(ErrorCode::VolumeFailed) {
+                    dirty::set_failed(&self.dirty);
+                }
+            })?;
         Ok(flags.contains(FlushedFlags::VOLATILE))
+    }
+
+    /// True once the target declared the volume failed (a FLUSH could not be made durable):
+    /// writes then fail with [`Error::VolumeFailed`].
+    pub fn failed(&self) -> bool {
+        dirty::failed(&self.dirty)
     }
 
     /// The target's counters.

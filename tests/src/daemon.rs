@@ -40,7 +40,11 @@ fn port() -> u16 {
 impl Daemon {
     /// Starts `rblk-target --listen ADDR:PORT` with `args`, and waits until it listens.
     pub fn start(rdma: &Rdma, args: &[&str]) -> Daemon {
-        let addr = SocketAddr::new(rdma.addr, port());
+        Daemon::start_at(SocketAddr::new(rdma.addr, port()), args)
+    }
+
+    /// [`Daemon::start`] on a given address (a restart where the last one listened).
+    pub fn start_at(addr: SocketAddr, args: &[&str]) -> Daemon {
         let mut child = Command::new(bin("rblk-target"))
             .arg("--listen")
             .arg(addr.to_string())
@@ -86,6 +90,12 @@ impl Daemon {
     /// True while the process runs.
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// SIGKILL (a crash), then the exit status.
+    pub fn kill(mut self) -> std::process::ExitStatus {
+        let _ = self.child.kill();
+        self.child.wait().expect("wait")
     }
 
     /// SIGTERM, then the exit status.

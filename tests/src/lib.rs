@@ -10,6 +10,7 @@
 pub mod daemon;
 pub mod raw;
 pub mod rxe;
+pub mod scratch;
 pub mod target;
 pub mod workload;
 

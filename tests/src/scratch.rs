@@ -1,0 +1,60 @@
+//! The guest's scratch disk (`scripts/rxe-guest.sh --disk`, `RBLK_DISK`), with an ext4 file
+//! system mounted at [`MOUNT`]: durability tests need a real disk, because the guest's root is
+//! tmpfs, where fdatasync proves nothing.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Where the scratch file system is mounted.
+pub const MOUNT: &str = "/mnt/rblk-scratch";
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn mounted(path: &str) -> bool {
+    std::fs::read_to_string("/proc/mounts").unwrap_or_default().lines().any(|l| l.split(' ').nth(1) == Some(path))
+}
+
+/// The mounted scratch file system; formats the disk if it has none. Fails (never skips) when
+/// the guest has no scratch disk.
+pub fn dir() -> PathBuf {
+    let disk = std::env::var("RBLK_DISK").unwrap_or_default();
+    assert!(
+        !disk.is_empty(),
+        "durability tests need the scratch disk: run them through scripts/test.sh (RBLK_DISK unset)"
+    );
+    if !mounted(MOUNT) {
+        std::fs::create_dir_all(MOUNT).expect("create the mount point");
+        let probe = Command::new("blkid").args(["-o", "value", "-s", "TYPE", &disk]).output().expect("blkid");
+        if String::from_utf8_lossy(&probe.stdout).trim() != "ext4" {
+            run(Command::new("mkfs.ext4").args(["-q", "-F", &disk]));
+        }
+        run(Command::new("mount").args([&disk, MOUNT]));
+    }
+    PathBuf::from(MOUNT)
+}
+
+/// A tmpfs of `size` at a fresh directory under the scratch mount: a tiny file system to fill up.
+#[derive(Debug)]
+pub struct Tiny {
+    /// Its mount point.
+    pub path: PathBuf,
+}
+
+impl Tiny {
+    /// Mounts it.
+    pub fn mount(name: &str, size: &str) -> Tiny {
+        let path = dir().join(name);
+        std::fs::create_dir_all(&path).expect("mount point");
+        run(Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(&path));
+        Tiny { path }
+    }
+}
+
+impl Drop for Tiny {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}

@@ -1,0 +1,147 @@
+//! Durable volumes over rxe, on the guest's scratch disk: what a completed FLUSH promises
+//! survives a target crash; a graceful stop keeps everything; a backing store that fails makes
+//! the volume stop promising.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rblk_initiator::{Error, ErrorCode, OpenMode, Options, Session, Volume};
+use rblk_tests::daemon::Daemon;
+use rblk_tests::rxe::rdma;
+use rblk_tests::scratch;
+use rblk_tests::workload::pattern;
+
+const MIB: u64 = 1 << 20;
+
+fn backing(name: &str) -> PathBuf {
+    let path = scratch::dir().join(name);
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+fn volume_arg(name: &str, size: u64, path: &Path) -> String {
+    format!("{name}:{size}:{}", path.display())
+}
+
+fn open(d: &Daemon, name: &str, mode: OpenMode) -> rblk_initiator::Result<Volume> {
+    Session::connect(&format!("rblk://{}/{name}", d.addr), &Options::default())?.open(mode)
+}
+
+/// Writes `count` chunks of `chunk` bytes of fresh data at random aligned offsets of a volume of
+/// `size` bytes, applying them to `model` too.
+fn random_writes(vol: &mut Volume, model: &mut [u8], count: u64, chunk: u64, seed: u64) {
+    let mut x = seed | 1;
+    let mut buf = vec![0u8; chunk as usize];
+    for i in 0..count {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let offset = (x % (model.len() as u64 / chunk)) * chunk;
+        pattern(seed ^ i, offset, &mut buf);
+        vol.write_at(&buf, offset).unwrap();
+        model[offset as usize..(offset + chunk) as usize].copy_from_slice(&buf);
+    }
+}
+
+fn verify(vol: &mut Volume, model: &[u8]) {
+    let mut got = vec![0u8; model.len()];
+    for (i, piece) in got.chunks_mut(MIB as usize).enumerate() {
+        vol.read_at(piece, i as u64 * MIB).unwrap();
+    }
+    if let Some(at) = got.iter().zip(model).position(|(a, b)| a != b) {
+        panic!("volume differs from what was written at offset {at}");
+    }
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn flushed_data_survives_a_killed_target() {
+    let rdma = rdma();
+    let path = backing("killed.img");
+    let spec = volume_arg("d", 64 * MIB, &path);
+    let d = Daemon::start(&rdma, &["--volume", &spec]);
+    let addr = d.addr;
+    let mut vol = open(&d, "d", OpenMode::ReadWrite).unwrap();
+    assert!(!vol.is_volatile(), "a volume with a backing file is durable");
+    let mut model = vec![0u8; 64 * MIB as usize];
+    // 32 MiB of fresh data at random offsets (some overlapping), then FLUSH.
+    random_writes(&mut vol, &mut model, 512, 64 * 1024, 7);
+    assert!(!vol.flush().unwrap(), "FLUSH of a durable volume reports durable");
+    drop(vol);
+    assert!(!d.kill().success());
+
+    let d = Daemon::start_at(addr, &["--volume", &spec]);
+    let mut vol = open(&d, "d", OpenMode::ReadOnly).unwrap();
+    verify(&mut vol, &model);
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_graceful_stop_keeps_unflushed_data() {
+    let rdma = rdma();
+    let path = backing("graceful.img");
+    let spec = volume_arg("d", 32 * MIB, &path);
+    let d = Daemon::start(&rdma, &["--volume", &spec]);
+    let addr = d.addr;
+    let mut vol = open(&d, "d", OpenMode::ReadWrite).unwrap();
+    let mut model = vec![0u8; 32 * MIB as usize];
+    random_writes(&mut vol, &mut model, 128, 64 * 1024, 11);
+    drop(vol); // no FLUSH
+    assert!(d.stop().success(), "SIGTERM exits 0");
+
+    let d = Daemon::start_at(addr, &["--volume", &spec]);
+    let mut vol = open(&d, "d", OpenMode::ReadOnly).unwrap();
+    verify(&mut vol, &model);
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_failed_write_back_fails_the_volume() {
+    let rdma = rdma();
+    // A 16 MiB volume on a 4 MiB file system: the write-back runs out of space.
+    let tiny = rblk_tests::scratch::Tiny::mount("tiny", "4M");
+    let spec = volume_arg("f", 16 * MIB, &tiny.path.join("f.img"));
+    let d = Daemon::start(&rdma, &["--volume", &spec]);
+    let mut vol = open(&d, "f", OpenMode::ReadWrite).unwrap();
+    let data = vec![0x5au8; 8 * MIB as usize];
+    vol.write_at(&data, 0).unwrap();
+    let err = vol.flush().expect_err("FLUSH onto a full file system must fail");
+    assert_eq!(err.code(), Some(ErrorCode::VolumeFailed), "{err}");
+    assert!(vol.failed());
+    let w = vol.write_at(&data[..4096], 0);
+    assert!(matches!(w, Err(Error::VolumeFailed { .. })), "later writes fail as volume failed: {w:?}");
+    // The target no longer promises: read-write opens and FLUSHes are refused, reads still work.
+    let again = open(&d, "f", OpenMode::ReadWrite);
+    assert_eq!(again.as_ref().err().and_then(Error::code), Some(ErrorCode::VolumeFailed), "{:?}", again.err());
+    let mut ro = open(&d, "f", OpenMode::ReadOnly).unwrap();
+    let mut back = vec![0u8; 4096];
+    ro.read_at(&mut back, 0).unwrap();
+    assert!(back.iter().all(|&b| b == 0x5a));
+    let e = ro.flush().expect_err("FLUSH of a failed volume is refused");
+    assert_eq!(e.code(), Some(ErrorCode::VolumeFailed));
+    drop(vol);
+    drop(ro);
+    drop(d);
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn flush_throughput_of_a_64_mib_dirty_set() {
+    let rdma = rdma();
+    let path = backing("throughput.img");
+    let spec = volume_arg("t", 256 * MIB, &path);
+    let started = Instant::now();
+    let d = Daemon::start(&rdma, &["--volume", &spec]);
+    eprintln!("target up with a fresh 256 MiB durable volume after {:?}", started.elapsed());
+    let mut vol = open(&d, "t", OpenMode::ReadWrite).unwrap();
+    let mut buf = vec![0u8; MIB as usize];
+    for i in 0..64 {
+        pattern(i, i * MIB, &mut buf);
+        vol.write_at(&buf, i * MIB).unwrap();
+    }
+    let t = Instant::now();
+    assert!(!vol.flush().unwrap());
+    let took = t.elapsed();
+    eprintln!("FLUSH of a 64 MiB dirty set: {took:?} = {:.1} MiB/s", 64.0 / took.as_secs_f64());
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 256 * MIB);
+}
