@@ -13,11 +13,14 @@ set -euo pipefail
 #   cmake libclang-dev                                  building the `sideway` crate
 #   e2fsprogs util-linux coreutils python3              mkfs for scratch disks, flock/timeout/stdbuf,
 #                                                       parsing cargo's JSON in scripts/test.sh
+#   qemu-utils nbd-client fio                           NBD export tests: qemu-io/qemu-img as clients,
+#                                                       the kernel client, fio with verify
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
     cmake libclang-dev
     e2fsprogs util-linux coreutils python3
+    qemu-utils nbd-client fio
 )
 
 # Print the packages of PACKAGES that are not fully installed.

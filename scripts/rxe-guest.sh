@@ -28,6 +28,9 @@
 #                       (default "bookworm-backports bookworm")
 #   RXE_GUEST_REFRESH=1 look up the newest kernel again instead of using the cached one
 #   RXE_GUEST_KEEP=1    keep the per-run directory build/guest/run-* (kept anyway on failure)
+#   RXE_GUEST_POWER_CUT_ON=TEXT
+#                       a power cut: as soon as CMD prints TEXT on stdout, kill qemu with SIGKILL
+#                       (the guest gets no chance to flush anything) and exit 0
 # Exit status: CMD's, or 125 when the guest failed (boot failure, setup failure, panic, timeout).
 #
 # Everything downloaded or built is cached under build/guest/: the private apt state, the kernel .deb,
@@ -578,11 +581,28 @@ main() {
         fi
         sleep 0.1
     done
+    local power_cut=0
+    if [[ -n ${RXE_GUEST_POWER_CUT_ON:-} ]]; then
+        while kill -0 "$QEMU_PID" 2>/dev/null; do
+            if grep -qaF -- "$RXE_GUEST_POWER_CUT_ON" "$RUN_DIR/stdout.log"; then
+                # qemu is the child of `timeout`: kill it, not the wrapper.
+                pkill -KILL -P "$QEMU_PID" || true
+                power_cut=1
+                break
+            fi
+            sleep 0.05
+        done
+    fi
     local qrc=0
     wait "$QEMU_PID" || qrc=$?
     QEMU_PID=""
     wait "${TAIL_PIDS[@]}" 2>/dev/null || true
     TAIL_PIDS=()
+    if ((power_cut)); then
+        log "power cut: qemu killed $(elapsed "$t_qemu") s after boot, when the guest printed '$RXE_GUEST_POWER_CUT_ON'"
+        rm -rf "$RUN_DIR"
+        exit 0
+    fi
 
     local status
     if [[ -r $share/status ]]; then

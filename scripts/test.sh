@@ -9,8 +9,11 @@
 #   clippy    cargo clippy --workspace --all-targets --all-features -- -D warnings
 #   test      cargo test --workspace --all-features on the host (the rxe tests show as ignored)
 #   build     every binary and test executable, on the host
-#   guest     one rxe guest boot (scripts/rxe-guest.sh) running scripts/guest-tests.sh, which runs
-#             each test executable's ignored (= rxe) tests; cargo never runs in the guest
+#   guest     one rxe guest boot (scripts/rxe-guest.sh, with a fresh scratch disk) running
+#             scripts/guest-tests.sh, which runs each test executable's ignored (= rxe) tests;
+#             cargo never runs in the guest
+#   powercut  scripts/powercut.sh: two boots, the host kills qemu after an acknowledged FLUSH;
+#             counted as one guest test
 # Then a final line `guest: N passed, M failed` on stdout. The run fails if any step fails, if a
 # guest test failed, if a test executable crashed or printed no result, if the guest did not boot,
 # or if the guest ran zero tests.
@@ -101,9 +104,13 @@ main() {
     step "guest: rxe tests in the qemu guest (scripts/rxe-guest.sh scripts/guest-tests.sh)"
     local log=$tdir/guest-tests.log guest_rc=0
     : >"$log"
+    # A fresh scratch disk for the durability tests (the guest's root is tmpfs).
+    local disk=$tdir/guest/scratch.img
+    mkdir -p "$tdir/guest"
+    rm -f "$disk"
     if ((${#exes[@]})); then
         RBLK_REQUIRE_RDMA=1 RBLK_BIN_DIR=$tdir/debug \
-            scripts/rxe-guest.sh "$REPO_ROOT/scripts/guest-tests.sh" "${exes[@]}" | tee "$log" ||
+            scripts/rxe-guest.sh --disk "$disk:1G" "$REPO_ROOT/scripts/guest-tests.sh" "${exes[@]}" | tee "$log" ||
             guest_rc=$?
     else
         fail "cargo built no test executables"
@@ -118,10 +125,20 @@ main() {
         fail "the rxe guest did not run the tests to the end (boot failure or timeout; exit status $guest_rc)"
     fi
 
+    local libtest_n=$n
+    # The power cut needs the host to kill the guest, so it is a run of its own: two boots.
+    step "powercut: scripts/powercut.sh (flushed data survives qemu being killed)"
+    if RBLK_BIN_DIR=$tdir/debug scripts/powercut.sh; then
+        n=$((n + 1))
+    else
+        m=$((m + 1))
+        fail "the power-cut test failed"
+    fi
+
     printf 'guest: %d passed, %d failed\n' "$n" "$m"
     ((m == 0)) || fail "$m guest test(s) failed"
     ((broken == 0)) || fail "$broken test executable(s) crashed, timed out or printed no result in the guest"
-    if [[ -n $summary ]] && ((n == 0)); then
+    if [[ -n $summary ]] && ((libtest_n == 0)); then
         fail "the guest ran zero tests: expected the #[ignore = \"needs rxe ...\"] tests to run there"
     fi
     if ((guest_rc != 0 && FAILED == 0)); then
