@@ -1,4 +1,21 @@
-//! Command-line configuration of the daemon.
+//! Configuration of the daemon: command-line syntax, and the TOML config file.
+//!
+//! ```toml
+//! listen = "10.0.0.1:7420"       # ADDR[:PORT]; default: every address, port 7420
+//! device = "mlx5_0"              # accept connections on this RDMA device only
+//! key_file = "/etc/rblk/key"     # pre-shared key
+//!
+//! [[volume]]
+//! name = "vol0"
+//! size = "1G"
+//!
+//! [[volume]]
+//! name = "db"
+//! size = "64G"
+//! path = "/dev/nvme0n1"          # durable: backed by this file or block device
+//! ```
+//!
+//! Flags override the file; `--volume` flags replace its volume list.
 
 use std::net::SocketAddr;
 
@@ -77,9 +94,80 @@ pub fn key_from_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
     (!key.is_empty()).then(|| key.to_vec())
 }
 
+/// The config file (`--config`). Unknown keys are errors.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    /// `ADDR[:PORT]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// RDMA device filter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Pre-shared key file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// Volumes.
+    #[serde(default, rename = "volume", skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<FileVolume>,
+}
+
+/// One `[[volume]]` of the config file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileVolume {
+    /// Name.
+    pub name: String,
+    /// Size, e.g. `"1G"`.
+    pub size: String,
+    /// Backing store of a durable volume.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<std::path::PathBuf>,
+}
+
+impl File {
+    /// Reads and parses a config file.
+    pub fn read(path: &std::path::Path) -> Result<File, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("reading config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    /// The volumes, checked like `--volume` flags.
+    pub fn volume_specs(&self) -> Result<Vec<VolumeSpec>, String> {
+        self.volumes
+            .iter()
+            .map(|v| {
+                let mut spec: VolumeSpec = format!("{}:{}", v.name, v.size).parse()?;
+                spec.path.clone_from(&v.path);
+                Ok(spec)
+            })
+            .collect()
+    }
+
+    /// The effective configuration as TOML (`--print-config`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_file() {
+        let f: File = toml::from_str(
+            "listen = \"10.0.0.1\"\n[[volume]]\nname = \"a\"\nsize = \"64M\"\n[[volume]]\nname = \"b\"\nsize = \"1G\"\npath = \"/x:y\"\n",
+        )
+        .unwrap();
+        let v = f.volume_specs().unwrap();
+        assert_eq!(v[0], VolumeSpec { name: "a".into(), size: 64 << 20, path: None });
+        assert_eq!(v[1].path.as_deref(), Some(std::path::Path::new("/x:y")));
+        assert_eq!(toml::from_str::<File>(&f.to_toml()).unwrap(), f);
+        assert!(toml::from_str::<File>("lisen = \"x\"").is_err(), "unknown keys are refused");
+        let bad: File = toml::from_str("[[volume]]\nname = \"a\"\nsize = \"12345\"").unwrap();
+        assert!(bad.volume_specs().is_err());
+    }
 
     #[test]
     fn sizes() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
-use rblk_target::config::{parse_listen, read_key_file, VolumeSpec};
+use rblk_target::config::{parse_listen, read_key_file, File as ConfigFile, FileVolume, VolumeSpec};
 use rblk_target::server::{Config, Server, StartError};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
@@ -35,6 +35,13 @@ struct Args {
     /// nonce) before they may open anything. Without it the daemon serves anyone.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     key_file: Option<PathBuf>,
+    /// A TOML config file (keys listen, device, key_file and [[volume]] tables with name, size
+    /// and optional path). Flags override it; --volume flags replace its volumes.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print the effective configuration (file plus flags) as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
 }
 
 fn main() -> ExitCode {
@@ -57,17 +64,48 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    let key = match &args.key_file {
+    // The file, then the flags on top.
+    let mut file = match &args.config {
+        Some(path) => ConfigFile::read(path).map_err(anyhow::Error::msg)?,
+        None => ConfigFile::default(),
+    };
+    if let Some(listen) = args.listen {
+        file.listen = Some(listen.to_string());
+    }
+    if args.device.is_some() {
+        file.device.clone_from(&args.device);
+    }
+    if args.key_file.is_some() {
+        file.key_file.clone_from(&args.key_file);
+    }
+    if !args.volumes.is_empty() {
+        file.volumes = args
+            .volumes
+            .iter()
+            .map(|v| FileVolume { name: v.name.clone(), size: v.size.to_string(), path: v.path.clone() })
+            .collect();
+    }
+    if file.volumes.is_empty() {
+        file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), path: None }];
+    }
+    if args.print_config {
+        print!("{}", file.to_toml());
+        return Ok(());
+    }
+    let listen = match &file.listen {
+        Some(text) => parse_listen(text).map_err(anyhow::Error::msg)?,
+        None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), rblk_proto::DEFAULT_PORT),
+    };
+    let key = match &file.key_file {
         Some(path) => Some(read_key_file(path).map_err(anyhow::Error::msg)?),
         None => None,
     };
-    let defaults = Config::default();
     let cfg = Config {
-        listen: args.listen.unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), rblk_proto::DEFAULT_PORT)),
-        device: args.device,
-        volumes: if args.volumes.is_empty() { defaults.volumes.clone() } else { args.volumes },
+        listen,
+        device: file.device.clone(),
+        volumes: file.volume_specs().map_err(anyhow::Error::msg)?,
         key,
-        ..defaults
+        ..Config::default()
     };
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
