@@ -15,7 +15,7 @@
 //!                          HELLO -> CHALLENGE [-> AUTH -> OK(AUTH)] -> OPEN -> OPENED
 //! further QPs              ConnectData::Join { session_id, token }, then JOIN -> OK(JOIN)
 //! any QP, once open        FLUSH -> FLUSHED, STATS -> STATS_REPLY, CLOSE -> OK(CLOSE)
-//! both ways                KEEPALIVE every KEEPALIVE_INTERVAL, not answered
+//! both ways                KEEPALIVE (the target's every KEEPALIVE_INTERVAL), not answered
 //! any request              -> ERROR (ErrorCode + text) instead of its reply
 //! ```
 //!
@@ -92,10 +92,16 @@ pub const SEND_COUNT: usize = 16;
 /// Most ranges one FLUSH carries: as many as fit in [`MSG_SIZE`].
 pub const MAX_FLUSH_RANGES: usize = (MSG_SIZE - HEADER_LEN - size_of::<messages::FlushHead>()) / size_of::<Range>();
 
-/// Each side sends KEEPALIVE this often on an idle session.
+/// The target sends KEEPALIVE this often on every connection, one outstanding at a time. It is
+/// never answered: what matters is that the SEND completes. A peer that vanished without
+/// disconnecting makes it fail with a transport error, which ends the connection and, with the
+/// session's last one, its registration. An idle initiator that does not repost its receives only
+/// delays the SEND (RNR retries are unlimited), so idleness is never mistaken for loss.
+/// Initiators may send KEEPALIVE too.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// A session that received nothing for this long is considered lost.
+/// The longest a vanished peer may go unnoticed: one [`KEEPALIVE_INTERVAL`] plus the transport's
+/// retry budget (7 retries of a 67 ms ACK timeout in rblk's QP policy), with room to spare.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Malformed messages tolerated on a connection; the next one disconnects it.
