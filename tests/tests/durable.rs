@@ -53,23 +53,36 @@ fn verify(vol: &mut Volume, model: &[u8]) {
     }
 }
 
-#[test]
-#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn flushed_data_survives_a_killed_target() {
+/// How the target goes down between the writes and the check.
+enum Down {
+    /// FLUSH, then SIGKILL: only flushed data is promised.
+    FlushThenKill,
+    /// No FLUSH, then SIGTERM: a graceful stop flushes everything itself.
+    GracefulStop,
+}
+
+/// Writes `count` random 64 KiB chunks to a fresh durable volume of `size`, takes the target down
+/// as `down` says, restarts it on the same backing file and verifies every byte.
+fn survives(file: &str, size: u64, count: u64, seed: u64, down: Down) {
     let rdma = rdma();
-    let path = backing("killed.img");
-    let spec = volume_arg("d", 64 * MIB, &path);
+    let spec = volume_arg("d", size, &backing(file));
     let d = Daemon::start(&rdma, &["--volume", &spec]);
     let addr = d.addr;
     let mut vol = open(&d, "d", OpenMode::ReadWrite).unwrap();
     assert!(!vol.is_volatile(), "a volume with a backing file is durable");
-    let mut model = vec![0u8; 64 * MIB as usize];
-    // 32 MiB of fresh data at random offsets (some overlapping), then FLUSH.
-    random_writes(&mut vol, &mut model, 512, 64 * 1024, 7);
-    assert!(!vol.flush().unwrap(), "FLUSH of a durable volume reports durable");
-    drop(vol);
-    assert!(!d.kill().success());
-
+    let mut model = vec![0u8; size as usize];
+    random_writes(&mut vol, &mut model, count, 64 * 1024, seed);
+    match down {
+        Down::FlushThenKill => {
+            assert!(!vol.flush().unwrap(), "FLUSH of a durable volume reports durable");
+            drop(vol);
+            assert!(!d.kill().success());
+        }
+        Down::GracefulStop => {
+            drop(vol);
+            assert!(d.stop().success(), "SIGTERM exits 0");
+        }
+    }
     let d = Daemon::start_at(addr, &["--volume", &spec]);
     let mut vol = open(&d, "d", OpenMode::ReadOnly).unwrap();
     verify(&mut vol, &model);
@@ -77,21 +90,15 @@ fn flushed_data_survives_a_killed_target() {
 
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn a_graceful_stop_keeps_unflushed_data() {
-    let rdma = rdma();
-    let path = backing("graceful.img");
-    let spec = volume_arg("d", 32 * MIB, &path);
-    let d = Daemon::start(&rdma, &["--volume", &spec]);
-    let addr = d.addr;
-    let mut vol = open(&d, "d", OpenMode::ReadWrite).unwrap();
-    let mut model = vec![0u8; 32 * MIB as usize];
-    random_writes(&mut vol, &mut model, 128, 64 * 1024, 11);
-    drop(vol); // no FLUSH
-    assert!(d.stop().success(), "SIGTERM exits 0");
+fn flushed_data_survives_a_killed_target() {
+    // 32 MiB of fresh data at random offsets (some overlapping) of a 64 MiB volume.
+    survives("killed.img", 64 * MIB, 512, 7, Down::FlushThenKill);
+}
 
-    let d = Daemon::start_at(addr, &["--volume", &spec]);
-    let mut vol = open(&d, "d", OpenMode::ReadOnly).unwrap();
-    verify(&mut vol, &model);
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_graceful_stop_keeps_unflushed_data() {
+    survives("graceful.img", 32 * MIB, 128, 11, Down::GracefulStop);
 }
 
 #[test]
