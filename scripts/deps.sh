@@ -15,12 +15,16 @@ set -euo pipefail
 #                                                       parsing cargo's JSON in scripts/test.sh
 #   qemu-utils nbd-client fio                           NBD export tests: qemu-io/qemu-img as clients,
 #                                                       the kernel client, fio with verify
+#   fuse3                                               `rblk mount`: fusermount3 for non-root users
+#                                                       (root mounts directly); the FUSE tests use fio,
+#                                                       losetup, mkfs.ext4 and e2fsck from above
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
     cmake libclang-dev
     e2fsprogs util-linux coreutils python3
     qemu-utils nbd-client fio
+    fuse3
 )
 
 # Print the packages of PACKAGES that are not fully installed.

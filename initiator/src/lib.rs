@@ -70,6 +70,8 @@ mod buffer;
 mod conn;
 mod dirty;
 mod error;
+#[cfg(feature = "fuse")]
+pub mod mount;
 mod options;
 mod queue;
 mod range;

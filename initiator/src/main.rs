@@ -10,6 +10,10 @@ use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use rblk_initiator::{Direction, OpenMode, Options, Session, Volume};
 
+#[cfg(feature = "fuse")]
+mod fuse;
+mod nbd;
+
 /// Client for rblk volumes served over RDMA by rblk-target.
 ///
 /// A volume is named by a URI, rblk://HOST:PORT/VOLUME (IPv6 addresses in brackets; port 7420
@@ -88,6 +92,13 @@ enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    // Its help text is on the argument struct.
+    Nbd(nbd::Args),
+    // Their help texts are on the argument structs.
+    #[cfg(feature = "fuse")]
+    Mount(fuse::MountArgs),
+    #[cfg(feature = "fuse")]
+    Umount(fuse::UmountArgs),
 }
 
 fn size_arg(text: &str) -> Result<u64, String> {
@@ -135,6 +146,11 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Info { uri, conn } => info(&uri, &conn),
         Command::Read { uri, offset, length, output, conn } => read(&uri, &conn, offset, length, output),
         Command::Write { uri, offset, input, pad, no_flush, conn } => write(&uri, &conn, offset, input, pad, !no_flush),
+        Command::Nbd(args) => nbd::run(args),
+        #[cfg(feature = "fuse")]
+        Command::Mount(args) => fuse::mount(args),
+        #[cfg(feature = "fuse")]
+        Command::Umount(args) => fuse::umount(args),
     }
 }
 

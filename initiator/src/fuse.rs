@@ -1,0 +1,299 @@
+//! `rblk mount` and `rblk umount`: a volume as one file in a FUSE filesystem (the library's
+//! `mount` module), optionally behind a loop device, in the foreground or as a daemon.
+//!
+//! `--daemon` cannot fork (forking after memory registration breaks the registered pages, and
+//! this crate has no unsafe code): it re-executes the binary with the same arguments plus a
+//! hidden `--detached`, which calls setsid and reports readiness on its stdout, a pipe to the
+//! waiting parent: the mount's description, then a sentinel line. Its stderr goes to the parent
+//! too until then, after which it is /dev/null or `--log-file`.
+
+#![forbid(unsafe_code)]
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context as _};
+use rblk_initiator::mount::{self, MountOptions};
+use rblk_initiator::OpenMode;
+
+/// The detached child's last line on its stdout once mounted.
+const READY: &str = "rblk-mount: ready";
+
+/// Mount a volume as one file in a FUSE filesystem, optionally behind a loop device
+///
+/// MOUNTPOINT then holds one file, named after the volume, whose size is the volume's.
+/// Reads and writes of the file are one-sided RDMA READs and WRITEs to the volume, at any offset
+/// and length (partial blocks are read-modify-written); nothing is cached (FUSE direct_io), so
+/// every read sees the target. fsync, and close after writes, send a FLUSH of the ranges written
+/// since the last one. With --loop, a loop device is attached to the file (direct I/O, the
+/// volume's block size), for mkfs and mount.
+///
+/// Runs in the foreground until the filesystem is unmounted (`rblk umount MOUNTPOINT`) or
+/// SIGINT/SIGTERM; then it flushes, closes the session and exits 0. With --daemon it returns as
+/// soon as the volume is mounted, leaving a background process to serve it.
+///
+/// Examples:
+///   rblk mount rblk://10.0.0.1/vol0 /mnt/vol0
+///   rblk mount rblk://10.0.0.1/vol0 /mnt/vol0 --loop --daemon   # prints /dev/loopN
+///   mkfs.ext4 /dev/loop0 && mount /dev/loop0 /srv/data
+///   umount /srv/data && rblk umount /mnt/vol0
+///
+/// Root mounts with mount(2) directly; other users need fusermount3 (Debian package fuse3), and
+/// --loop needs root.
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct MountArgs {
+    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+    uri: String,
+    /// An existing directory to mount on; the volume appears in it as one file.
+    mountpoint: PathBuf,
+    /// Open the volume read-only: writes to the file fail (EROFS), and a --loop device is
+    /// read-only too.
+    #[arg(long)]
+    read_only: bool,
+    /// Serve requests from N threads, each with its own queue pair to the target (N requests
+    /// in flight).
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    queues: u32,
+    /// Also attach a loop device to the file (`losetup --direct-io=on`) and print its path.
+    /// `rblk umount` detaches it.
+    #[arg(long = "loop")]
+    loop_device: bool,
+    /// Return once mounted, serving from a detached background process (its pid is printed).
+    #[arg(long)]
+    daemon: bool,
+    /// With --daemon: append the background process's log to this file (default: discarded).
+    #[arg(long, value_name = "PATH", requires = "daemon")]
+    log_file: Option<PathBuf>,
+    /// Internal: this is the background process of --daemon.
+    #[arg(long, hide = true)]
+    detached: bool,
+    #[command(flatten)]
+    conn: crate::Connection,
+}
+
+/// Unmount a volume mounted by `rblk mount`, detaching its loop devices first.
+///
+/// Detaches the loop devices backed by the volume's file, then unmounts it; the serving process
+/// then flushes, closes its session and exits 0.
+///
+/// Refuses, changing nothing, while a loop device on the file is mounted or in use (unmount the
+/// filesystem on it first), or when MOUNTPOINT is not an rblk mount.
+#[derive(Debug, clap::Args)]
+pub struct UmountArgs {
+    /// Where the volume is mounted.
+    mountpoint: PathBuf,
+}
+
+/// `rblk mount`.
+pub fn mount(args: MountArgs) -> anyhow::Result<()> {
+    if args.daemon && !args.detached {
+        return spawn_detached(&args);
+    }
+    if args.detached {
+        // A new session: no controlling terminal, no signals from the parent's one.
+        nix::unistd::setsid().context("setsid")?;
+    }
+    serve(&args)
+}
+
+/// `rblk umount`.
+pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
+    let done = mount::unmount(&args.mountpoint)?;
+    for dev in &done.loops {
+        println!("rblk: detached {}", dev.display());
+    }
+    println!("rblk: unmounted {}", done.mountpoint.display());
+    Ok(())
+}
+
+fn serve(args: &MountArgs) -> anyhow::Result<()> {
+    let mode = if args.read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
+    let vol = crate::open(&args.uri, &args.conn, mode)?;
+    let describe = format!(
+        "{} ({}, block size {}, {}, {})",
+        vol.uri(),
+        crate::human(vol.size()),
+        vol.block_size(),
+        if vol.is_read_only() { "read-only" } else { "read-write" },
+        if vol.is_volatile() { "volatile" } else { "durable" },
+    );
+    let opts = MountOptions { queues: args.queues, ..MountOptions::default() };
+    let mounted = mount::mount(vol, &args.mountpoint, &opts)?;
+    let mountpoint = mounted.mountpoint().to_owned();
+    let file = mounted.file().to_owned();
+
+    let loop_dev = if args.loop_device {
+        let vf = mounted.volume_file();
+        match mount::attach_loop(&file, vf.block_size(), vf.is_read_only()) {
+            Ok(dev) => Some(dev),
+            Err(e) => {
+                let undone = mounted.unmount().map(drop);
+                return Err(anyhow::Error::new(e).context(match undone {
+                    Ok(()) => "attaching a loop device (the volume was unmounted again)".to_owned(),
+                    Err(u) => format!("attaching a loop device (and unmounting failed too: {u})"),
+                }));
+            }
+        }
+    } else {
+        None
+    };
+
+    let signals = watch_signals(&mountpoint)?;
+    let mut out = io::stdout().lock();
+    writeln!(out, "rblk: mounted {describe} at {} with {} queues", mountpoint.display(), args.queues)?;
+    writeln!(out, "rblk: file {}", file.display())?;
+    if let Some(dev) = &loop_dev {
+        writeln!(out, "rblk: loop device {}", dev.display())?;
+    }
+    if args.detached {
+        writeln!(out, "{READY}")?;
+        out.flush()?;
+        drop(out);
+        detach_stdio(args.log_file.as_deref())?;
+    } else {
+        writeln!(out, "rblk: serving until `rblk umount {}` or Ctrl-C", mountpoint.display())?;
+        out.flush()?;
+    }
+
+    let summary = mounted.wait()?;
+    signals.close();
+    let s = summary.stats;
+    let note = if summary.volatile { "the volume is volatile (RAM only)" } else { "flushed to durable storage" };
+    eprintln!(
+        "rblk: unmounted {}: {} reads, {} writes ({} read-modify-write), {} flushes, {} failed requests; {note}",
+        mountpoint.display(),
+        s.reads,
+        s.writes,
+        s.read_modify_writes,
+        s.flushes,
+        summary.errors
+    );
+    Ok(())
+}
+
+/// SIGINT, SIGTERM and SIGHUP unmount (detaching our loop devices first). While the file or a
+/// loop device on it is still in use, that fails: the server says why and keeps serving.
+fn watch_signals(mountpoint: &Path) -> anyhow::Result<signal_hook::iterator::Handle> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
+    let handle = signals.handle();
+    let mountpoint = mountpoint.to_owned();
+    std::thread::Builder::new()
+        .name("rblk-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                tracing::info!(signal = sig, "unmounting");
+                match mount::unmount(&mountpoint) {
+                    Ok(_) => break,
+                    Err(e) => eprintln!("rblk: cannot unmount yet, still serving: {e}"),
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(handle)
+}
+
+/// The detached child, once ready: stderr to the log file (or /dev/null), stdout to /dev/null,
+/// so nothing writes into the pipes of a parent that has gone.
+fn detach_stdio(log_file: Option<&Path>) -> anyhow::Result<()> {
+    let null = || File::options().read(true).write(true).open("/dev/null").context("opening /dev/null");
+    let log = match log_file {
+        Some(path) => OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening the log file {}", path.display()))?,
+        None => null()?,
+    };
+    nix::unistd::dup2_stderr(&log).context("redirecting stderr")?;
+    nix::unistd::dup2_stdout(null()?).context("redirecting stdout")?;
+    Ok(())
+}
+
+/// `--daemon`: runs this command again, detached, and waits until it has mounted (or failed).
+fn spawn_detached(args: &MountArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("finding the rblk executable")?;
+    let mut child = Command::new(&exe)
+        .args(child_args(std::env::args_os().skip(1)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", exe.display()))?;
+    let pid = child.id();
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        bail!("the background process has no pipes");
+    };
+    // Its log until it is ready (it then points stderr elsewhere, which ends this relay).
+    let relay = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+        }
+    });
+    let mut ready = false;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading from the background process")?;
+        if line == READY {
+            ready = true;
+            break;
+        }
+        println!("{line}");
+    }
+    if ready {
+        // Ends at once: the child points its stderr elsewhere right after READY.
+        let _ = relay.join();
+        let mountpoint = args.mountpoint.display();
+        println!("rblk: serving in the background (pid {pid}); `rblk umount {mountpoint}` unmounts");
+        return Ok(());
+    }
+    let status = child.wait().context("waiting for the background process")?;
+    let _ = relay.join();
+    bail!("the background process exited before the volume was mounted ({status})")
+}
+
+/// The background process's arguments: ours without --daemon, plus --detached.
+fn child_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    args.filter(|a| a != "--daemon").chain([OsString::from("--detached")]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<MountArgs, String> {
+        let argv = ["rblk", "mount"].iter().chain(args);
+        match crate::Args::try_parse_from(argv).map_err(|e| e.to_string())?.command {
+            crate::Command::Mount(m) => Ok(m),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    #[test]
+    fn mount_flags() {
+        let m = parse(&["rblk://h/v", "/mnt/v", "--loop", "--daemon", "--queues", "4", "--log-file", "/l"]).unwrap();
+        assert!(m.loop_device && m.daemon && !m.read_only && !m.detached);
+        assert_eq!((m.queues, m.mountpoint.as_path()), (4, Path::new("/mnt/v")));
+        assert_eq!(m.log_file.as_deref(), Some(Path::new("/l")));
+        assert_eq!(parse(&["rblk://h/v", "/m"]).unwrap().queues, 2);
+        assert!(parse(&["rblk://h/v", "/m", "--queues", "0"]).is_err());
+        let e = parse(&["rblk://h/v", "/m", "--log-file", "/l"]).unwrap_err();
+        assert!(e.contains("--daemon"), "--log-file needs --daemon: {e}");
+        assert!(parse(&["rblk://h/v"]).is_err(), "the mount point is required");
+    }
+
+    #[test]
+    fn the_background_process_runs_the_same_command_detached() {
+        let argv = ["mount", "rblk://h/v", "/m", "--daemon", "--loop"].map(OsString::from);
+        let child = child_args(argv.into_iter());
+        assert_eq!(child, ["mount", "rblk://h/v", "/m", "--loop", "--detached"].map(OsString::from));
+        let reparsed = parse(&["rblk://h/v", "/m", "--loop", "--detached"]).unwrap();
+        assert!(reparsed.detached && !reparsed.daemon);
+    }
+}

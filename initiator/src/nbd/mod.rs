@@ -1,0 +1,522 @@
+//! `rblk nbd`: an NBD server in front of an rblk volume, so that any NBD client (the kernel's
+//! `nbd-client`, qemu, libnbd, nbdfuse) can use it as a block device.
+//!
+//! - `wire`: the NBD wire format (big-endian zerocopy structs) and the request checks.
+//! - `handshake`: fixed newstyle option haggling, generic over `Read + Write`.
+//! - `transmit`: the transmission phase, pipelined: a reader thread parses requests, the
+//!   connection's thread keeps up to 32 volume operations in flight and replies out of order.
+//! - `device`: the [`BlockDevice`](device::BlockDevice) the server drives, and its
+//!   implementation over an rblk session (one [`Queue`](rblk_initiator::Queue) for data).
+//! - here: the command line, the listening socket, one thread per client, signals.
+//!
+//! Each client gets its own rblk session when it enters transmission, so the rblk volume is
+//! opened once per connected client; without `--shared` only one client at a time may.
+
+#![forbid(unsafe_code)]
+
+mod device;
+mod handshake;
+mod transmit;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs as _};
+use std::os::unix::fs::FileTypeExt as _;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use rblk_initiator::{OpenMode, Options, Session, Uri};
+
+use self::device::VolumeDevice;
+use self::handshake::{Export, Outcome, Refusal};
+use self::wire::ExportGeometry;
+
+/// How long a client may take over its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a client entering transmission waits for the previous one to finish leaving.
+const BUSY_GRACE: Duration = Duration::from_secs(5);
+/// How long a client may leave a reply unread before it is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The long help's explanation and examples.
+const HELP: &str = "\
+Runs in the foreground until SIGINT or SIGTERM (a second one exits at once), printing one line
+when it listens. Each NBD client gets its own rblk session, opened read-write unless
+--read-only, when it enters transmission. Requests are pipelined: up to 32 volume operations in
+flight per client, replies in completion order. Requests not aligned to the volume's block
+size are served by read-modify-write, one at a time. FLUSH and FUA go to the target (a RAM
+volume's flush is an ordering point only); WRITE_ZEROES writes zeros; TRIM is not offered.
+
+NBD has no authentication: anyone who can connect can read and write the volume. Prefer a unix
+socket (its permissions decide who may connect) or a loopback address.
+
+Examples:
+  rblk nbd rblk://10.0.0.1/vol0 --listen unix:/run/rblk-vol0.sock
+  nbd-client -unix /run/rblk-vol0.sock /dev/nbd0 -block-size 4096
+  qemu-img info 'nbd+unix:///?socket=/run/rblk-vol0.sock'
+  nbd-client -d /dev/nbd0";
+
+/// Serve a volume over NBD (Network Block Device) for nbd-client, qemu and other NBD clients,
+/// in the foreground until SIGINT/SIGTERM.
+#[derive(Debug, clap::Args)]
+#[command(after_long_help = HELP)]
+pub struct Args {
+    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+    uri: String,
+    /// Where NBD clients connect: unix:PATH (a socket file, created, and removed at exit) or
+    /// tcp:ADDR:PORT (10809 is NBD's port).
+    #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", default_value = "tcp:127.0.0.1:10809", value_parser = Listen::parse)]
+    listen: Listen,
+    /// Export the volume read-only (and open it read-only on the target).
+    #[arg(long)]
+    read_only: bool,
+    /// Let several NBD clients connect at once, each with its own rblk session (and advertise
+    /// NBD multi-conn). Without it, a second client is refused while one is connected.
+    #[arg(long)]
+    shared: bool,
+    #[command(flatten)]
+    conn: crate::Connection,
+}
+
+/// Where to listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// A unix socket at this path.
+    Unix(PathBuf),
+    /// TCP on this address.
+    Tcp(SocketAddr),
+}
+
+impl Listen {
+    /// Parses `unix:PATH` or `tcp:ADDR:PORT` (a host name resolves to its first address).
+    pub fn parse(text: &str) -> Result<Listen, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path, e.g. unix:/run/rblk-vol0.sock".into());
+            }
+            return Ok(Listen::Unix(PathBuf::from(path)));
+        }
+        if let Some(addr) = text.strip_prefix("tcp:") {
+            let mut addrs = addr.to_socket_addrs().map_err(|e| format!("{addr:?}: {e} (expected ADDR:PORT)"))?;
+            return addrs.next().map(Listen::Tcp).ok_or_else(|| format!("{addr:?} has no address"));
+        }
+        Err(format!("{text:?}: expected unix:PATH or tcp:ADDR:PORT"))
+    }
+
+    /// The NBD URI clients use (qemu's syntax) for the default export.
+    pub fn nbd_uri(&self) -> String {
+        match self {
+            Listen::Unix(path) => format!("nbd+unix:///?socket={}", path.display()),
+            Listen::Tcp(addr) => format!("nbd://{addr}"),
+        }
+    }
+}
+
+/// A listening socket.
+#[derive(Debug)]
+enum Listener {
+    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    fn bind(listen: &Listen) -> anyhow::Result<Listener> {
+        match listen {
+            Listen::Unix(path) => {
+                if let Ok(meta) = std::fs::symlink_metadata(path) {
+                    if !meta.file_type().is_socket() {
+                        bail!("{} exists and is not a socket; not replacing it", path.display());
+                    }
+                    if UnixStream::connect(path).is_ok() {
+                        bail!("another server is listening on {}", path.display());
+                    }
+                    // A socket nobody listens on: left behind by a server that was killed.
+                    std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
+                }
+                let l = UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+                Ok(Listener::Unix(l, path.clone()))
+            }
+            Listen::Tcp(addr) => {
+                let l = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
+                if !addr.ip().is_loopback() {
+                    tracing::warn!(
+                        %addr,
+                        "NBD has no authentication: anyone who reaches this address can read and write the volume"
+                    );
+                }
+                Ok(Listener::Tcp(l))
+            }
+        }
+    }
+
+    fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Unix(l, _) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept()?;
+                // Replies are small and latency matters.
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+        }
+    }
+
+    /// Connects to ourselves, to wake a blocked accept.
+    fn wake(&self) {
+        match self {
+            Listener::Unix(_, path) => drop(UnixStream::connect(path)),
+            Listener::Tcp(l) => {
+                if let Ok(mut addr) = l.local_addr() {
+                    if addr.ip().is_unspecified() {
+                        let ip: std::net::IpAddr = match addr {
+                            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                        };
+                        addr.set_ip(ip);
+                    }
+                    drop(TcpStream::connect_timeout(&addr, Duration::from_secs(1)));
+                }
+            }
+        }
+    }
+
+    fn cleanup(&self) {
+        if let Listener::Unix(_, path) = self {
+            if let Err(e) = std::fs::remove_file(path) {
+                tracing::warn!(path = %path.display(), error = %e, "removing the socket failed");
+            }
+        }
+    }
+}
+
+/// A client's connection.
+#[derive(Debug)]
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        match self {
+            Stream::Unix(s) => s.try_clone().map(Stream::Unix),
+            Stream::Tcp(s) => s.try_clone().map(Stream::Tcp),
+        }
+    }
+
+    fn shutdown(&self, how: Shutdown) {
+        // Already shut down, or the peer is gone: nothing left to do either way.
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        };
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    fn peer(&self) -> String {
+        match self {
+            Stream::Unix(_) => "unix".into(),
+            Stream::Tcp(s) => s.peer_addr().map_or_else(|_| "tcp".into(), |a| a.to_string()),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.flush(),
+            Stream::Tcp(s) => s.flush(),
+        }
+    }
+}
+
+/// The one-client-at-a-time claim, released on drop.
+#[derive(Debug)]
+pub struct Slot(Arc<AtomicBool>);
+
+impl Slot {
+    fn claim(busy: &Arc<AtomicBool>) -> Option<Slot> {
+        busy.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).ok().map(|_| Slot(Arc::clone(busy)))
+    }
+
+    /// Claims the slot, waiting up to `grace` for the previous client to finish leaving: a
+    /// client that disconnects and reconnects at once (qemu-img convert, then compare) would
+    /// otherwise race its own old connection's teardown.
+    fn claim_within(busy: &Arc<AtomicBool>, grace: Duration) -> Option<Slot> {
+        let deadline = std::time::Instant::now() + grace;
+        loop {
+            if let Some(slot) = Slot::claim(busy) {
+                return Some(slot);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// The volume as an export: a session per client.
+#[derive(Debug)]
+struct RblkExport {
+    uri: Uri,
+    opts: Options,
+    mode: OpenMode,
+    geo: ExportGeometry,
+    shared: bool,
+    busy: Arc<AtomicBool>,
+}
+
+impl Export for RblkExport {
+    type Device = VolumeDevice;
+
+    fn name(&self) -> &str {
+        self.uri.volume()
+    }
+
+    fn description(&self) -> String {
+        format!("rblk volume {}", self.uri)
+    }
+
+    fn geometry(&self) -> ExportGeometry {
+        self.geo
+    }
+
+    fn multi_conn(&self) -> bool {
+        // Every client's FLUSH flushes the whole volume on the target, and no client caches.
+        self.shared
+    }
+
+    fn open(&self) -> Result<VolumeDevice, Refusal> {
+        let slot = if self.shared {
+            None
+        } else {
+            let Some(slot) = Slot::claim_within(&self.busy, BUSY_GRACE) else {
+                tracing::error!(
+                    "refusing a second NBD client: {} is already exported to another client \
+                     (start rblk nbd with --shared to allow several)",
+                    self.uri
+                );
+                let text =
+                    format!("{} is in use by another NBD client (the server was started without --shared)", self.uri);
+                return Err(Refusal::Busy(text));
+            };
+            Some(slot)
+        };
+        let unavailable = |e: rblk_initiator::Error| {
+            tracing::error!(error = %e, "opening {} for an NBD client failed", self.uri);
+            Refusal::Unavailable(format!("opening {}: {e}", self.uri))
+        };
+        let vol = Session::connect(&self.uri, &self.opts).and_then(|s| s.open(self.mode)).map_err(unavailable)?;
+        let dev = VolumeDevice::new(vol).map_err(unavailable)?;
+        Ok(dev.with_slot(slot))
+    }
+}
+
+/// `rblk nbd`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let key = args.conn.key_file.as_ref().map(Options::key_from_file).transpose()?;
+    let opts = Options {
+        device: args.conn.device.clone(),
+        key,
+        timeout: Duration::from_secs(args.conn.timeout),
+        ..Options::default()
+    };
+    let mode = if args.read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
+    // Open once up front: a bad URI, key or device fails here, not at the first client.
+    let vol = Session::connect(&args.uri, &opts)?.open(mode)?;
+    let geo = ExportGeometry { size: vol.size(), block_size: vol.block_size(), read_only: vol.is_read_only() };
+    let uri = vol.uri().clone();
+    let volatile = vol.is_volatile();
+    vol.close()?;
+
+    let listener = Arc::new(Listener::bind(&args.listen)?);
+    let stop = Arc::new(AtomicBool::new(false));
+    watch_signals(&listener, &stop)?;
+    let export = Arc::new(RblkExport { uri, opts, mode, geo, shared: args.shared, busy: Arc::default() });
+
+    println!(
+        "rblk nbd: serving {} as {} ({} bytes, block size {}{}{}{})",
+        export.uri,
+        args.listen.nbd_uri(),
+        geo.size,
+        geo.block_size,
+        if geo.read_only { ", read-only" } else { "" },
+        if volatile { ", volatile" } else { "" },
+        if args.shared { ", shared" } else { "" },
+    );
+    io::stdout().flush().context("writing to stdout")?;
+
+    let clients: Arc<Mutex<HashMap<u64, Stream>>> = Arc::default();
+    let mut threads: Vec<thread::JoinHandle<()>> = Vec::new();
+    for id in 1u64.. {
+        let stream = match listener.accept() {
+            Ok(s) => s,
+            Err(_) if stop.load(Ordering::SeqCst) => break,
+            Err(e) => {
+                // Out of file descriptors and the like: try again shortly.
+                tracing::warn!(error = %e, "accepting a client failed");
+                thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        threads.retain(|t| !t.is_finished());
+        let registered = stream.try_clone().map(|s| lock(&clients).insert(id, s));
+        if let Err(e) = registered {
+            tracing::warn!(error = %e, "dropping a client: cloning its socket failed");
+            continue;
+        }
+        let (export, registry) = (Arc::clone(&export), Arc::clone(&clients));
+        let spawned = thread::Builder::new().name(format!("rblk-nbd-{id}")).spawn(move || {
+            serve_client(id, stream, &export);
+            lock(&registry).remove(&id);
+        });
+        match spawned {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "dropping a client: no thread for it");
+                lock(&clients).remove(&id);
+            }
+        }
+    }
+
+    // Stop reading from every client: each finishes what is in flight, replies, and closes its
+    // session.
+    tracing::info!("shutting down");
+    for s in lock(&clients).values() {
+        s.shutdown(Shutdown::Read);
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    listener.cleanup();
+    eprintln!("rblk nbd: stopped");
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The first SIGINT/SIGTERM stops accepting and winds the clients down; a second one exits at
+/// once.
+fn watch_signals(listener: &Arc<Listener>, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    let (listener, stop) = (Arc::clone(listener), Arc::clone(stop));
+    thread::Builder::new()
+        .name("rblk-nbd-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                if stop.swap(true, Ordering::SeqCst) {
+                    eprintln!("rblk nbd: signal {sig} again: exiting now");
+                    listener.cleanup();
+                    std::process::exit(1);
+                }
+                tracing::info!(signal = sig, "signal received: shutting down");
+                listener.wake();
+            }
+        })
+        .context("starting the signal thread")?;
+    Ok(())
+}
+
+/// One client: handshake, then transmission until it disconnects.
+fn serve_client(id: u64, stream: Stream, export: &RblkExport) {
+    let span = tracing::info_span!("nbd", client = id, peer = %stream.peer());
+    let _enter = span.enter();
+    tracing::info!("client connected");
+    let split = stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(WRITE_TIMEOUT)))
+        .and_then(|()| Ok((stream.try_clone()?, stream.try_clone()?)));
+    let (mut r, mut w) = match split {
+        Ok(rw) => rw,
+        Err(e) => {
+            tracing::warn!(error = %e, "setting up the connection failed");
+            return;
+        }
+    };
+    match handshake::handshake(&mut r, &mut w, export) {
+        Ok(Outcome::Transmit { device, name }) => {
+            if let Err(e) = stream.set_read_timeout(None) {
+                tracing::warn!(error = %e, "clearing the handshake timeout failed");
+                return;
+            }
+            tracing::info!(export = name, "transmission started");
+            let end = transmit::transmit(r, w, device, || stream.shutdown(Shutdown::Both));
+            if end.is_clean() {
+                tracing::info!(%end, "client gone");
+            } else {
+                tracing::warn!(%end, "client connection ended");
+            }
+        }
+        Ok(Outcome::Aborted) => tracing::info!("client aborted the handshake"),
+        Err(handshake::HandshakeError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            tracing::info!("client left during the handshake");
+        }
+        Err(e) => tracing::warn!(error = %e, "handshake failed"),
+    }
+}
+
+/// Handshake, then transmission, on one stream pair: the whole server for one client. The
+/// listener's threads do the same with a handshake timeout in between.
+#[cfg(test)]
+pub fn serve<E: Export>(
+    mut r: impl Read + Send,
+    mut w: impl Write,
+    export: &E,
+    close: impl FnOnce(),
+) -> Result<Option<transmit::End>, handshake::HandshakeError> {
+    match handshake::handshake(&mut r, &mut w, export)? {
+        Outcome::Transmit { device, .. } => Ok(Some(transmit::transmit(r, w, device, close))),
+        Outcome::Aborted => Ok(None),
+    }
+}

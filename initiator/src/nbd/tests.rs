@@ -1,0 +1,541 @@
+//! The NBD server over in-memory streams and socket pairs, with an in-memory device: the
+//! handshake's options, every command, malformed and out-of-range requests, pipelining with
+//! out-of-order completions, and read-modify-write of unaligned requests against a model.
+
+use std::io::{Cursor, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+
+use zerocopy::IntoBytes as _;
+
+use super::device::mem::{MemDevice, State};
+use super::handshake::{Export, HandshakeError, Refusal};
+use super::transmit::End;
+use super::wire::{self, ExportGeometry, RequestHeader};
+use super::{serve, Listen};
+
+const MIB: u64 = 1 << 20;
+const GEO: ExportGeometry = ExportGeometry { size: 4 * MIB, block_size: 4096, read_only: false };
+
+/// One in-memory device, handed to the first client that asks.
+struct MemExport {
+    geo: ExportGeometry,
+    dev: Mutex<Option<MemDevice>>,
+    state: Arc<Mutex<State>>,
+}
+
+impl MemExport {
+    fn new(geo: ExportGeometry) -> MemExport {
+        // Small pieces and a shallow queue, so requests split and wait for room.
+        let dev = MemDevice::new(geo, 4, 16 << 10);
+        let state = Arc::clone(&dev.state);
+        MemExport { geo, dev: Mutex::new(Some(dev)), state }
+    }
+
+    fn data(&self, offset: u64, len: usize) -> Vec<u8> {
+        self.state.lock().unwrap().data[offset as usize..offset as usize + len].to_vec()
+    }
+}
+
+impl Export for MemExport {
+    type Device = MemDevice;
+    fn name(&self) -> &str {
+        "vol"
+    }
+    fn description(&self) -> String {
+        "test volume".into()
+    }
+    fn geometry(&self) -> ExportGeometry {
+        self.geo
+    }
+    fn multi_conn(&self) -> bool {
+        false
+    }
+    fn open(&self) -> Result<MemDevice, Refusal> {
+        self.dev.lock().unwrap().take().ok_or_else(|| Refusal::Busy("in use".into()))
+    }
+}
+
+// ---- building the client's bytes ----
+
+fn option(opt: u32, data: &[u8]) -> Vec<u8> {
+    let hdr = wire::OptionHeader { magic: wire::IHAVEOPT.into(), option: opt.into(), len: (data.len() as u32).into() };
+    [hdr.as_bytes(), data].concat()
+}
+
+fn info_data(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+fn request(kind: u16, flags: u16, handle: u64, offset: u64, len: u32) -> Vec<u8> {
+    let r = RequestHeader {
+        magic: wire::REQUEST_MAGIC.into(),
+        flags: flags.into(),
+        kind: kind.into(),
+        handle: handle.into(),
+        offset: offset.into(),
+        len: len.into(),
+    };
+    r.as_bytes().to_vec()
+}
+
+fn client_flags() -> Vec<u8> {
+    (wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES).to_be_bytes().to_vec()
+}
+
+// ---- reading the server's bytes ----
+
+fn take<const N: usize>(r: &mut impl Read) -> [u8; N] {
+    let mut b = [0u8; N];
+    r.read_exact(&mut b).expect("server output ended early");
+    b
+}
+
+fn u16_of(b: &[u8]) -> u16 {
+    u16::from_be_bytes(b[..2].try_into().unwrap())
+}
+fn u32_of(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+fn u64_of(b: &[u8]) -> u64 {
+    u64::from_be_bytes(b[..8].try_into().unwrap())
+}
+
+fn greeting(r: &mut impl Read) {
+    let g = take::<18>(r);
+    assert_eq!(&g[..16], b"NBDMAGICIHAVEOPT");
+    assert_eq!(u16_of(&g[16..]), wire::FLAG_FIXED_NEWSTYLE | wire::FLAG_NO_ZEROES);
+}
+
+/// One option reply: (option, type, data).
+fn opt_reply(r: &mut impl Read) -> (u32, u32, Vec<u8>) {
+    let h = take::<20>(r);
+    assert_eq!(u64_of(&h), wire::OPT_REPLY_MAGIC);
+    let mut data = vec![0; u32_of(&h[16..]) as usize];
+    r.read_exact(&mut data).unwrap();
+    (u32_of(&h[8..]), u32_of(&h[12..]), data)
+}
+
+/// A simple reply: (error, handle).
+fn simple_reply(r: &mut impl Read) -> (u32, u64) {
+    let h = take::<16>(r);
+    assert_eq!(u32_of(&h), wire::SIMPLE_REPLY_MAGIC);
+    (u32_of(&h[4..]), u64_of(&h[8..]))
+}
+
+#[test]
+fn handshake_options_over_an_in_memory_stream() {
+    let export = MemExport::new(GEO);
+    let mut script = client_flags();
+    script.extend(option(wire::OPT_LIST, &[]));
+    script.extend(option(wire::OPT_LIST, b"junk"));
+    script.extend(option(wire::OPT_INFO, &info_data("nope", &[])));
+    script.extend(option(wire::OPT_INFO, &info_data("", &[wire::INFO_BLOCK_SIZE])));
+    script.extend(option(8, &[])); // NBD_OPT_STRUCTURED_REPLY
+    script.extend(option(wire::OPT_STARTTLS, &[]));
+    script.extend(option(wire::OPT_GO, &[0, 0, 0, 9, b'x']));
+    script.extend(option(wire::OPT_INFO, &vec![0; wire::MAX_OPTION_LEN as usize + 1]));
+    script.extend(option(wire::OPT_GO, &info_data("vol", &[wire::INFO_NAME, wire::INFO_DESCRIPTION])));
+    script.extend(request(wire::CMD_WRITE, 0, 1, 8192, 4096));
+    script.extend([0x5a; 4096]);
+    // Pipelined (the script is sent at once): replies may come in any order, and a read of
+    // what a write in flight writes may see either, so it reads elsewhere.
+    script.extend(request(wire::CMD_READ, 0, 2, 0, 4096));
+    script.extend(request(wire::CMD_FLUSH, 0, 3, 0, 0));
+    script.extend(request(wire::CMD_DISC, 0, 4, 0, 0));
+    let mut out = Vec::new();
+    let end = serve(Cursor::new(script), &mut out, &export, || {}).unwrap();
+    assert!(matches!(end, Some(End::Disconnect)), "{end:?}");
+
+    let r = &mut Cursor::new(out);
+    greeting(r);
+    let (opt, kind, data) = opt_reply(r);
+    assert_eq!((opt, kind), (wire::OPT_LIST, wire::REP_SERVER));
+    assert_eq!(data, [&3u32.to_be_bytes()[..], b"vol"].concat());
+    assert_eq!(opt_reply(r).1, wire::REP_ACK);
+    assert_eq!(opt_reply(r).1, wire::REP_ERR_INVALID);
+    let (_, kind, text) = opt_reply(r);
+    assert_eq!(kind, wire::REP_ERR_UNKNOWN);
+    assert!(String::from_utf8(text).unwrap().contains("nope"));
+    // INFO: the export (size, flags), block sizes with the minimum asked for, ACK.
+    let (opt, kind, data) = opt_reply(r);
+    assert_eq!((opt, kind, u16_of(&data)), (wire::OPT_INFO, wire::REP_INFO, wire::INFO_EXPORT));
+    assert_eq!((u64_of(&data[2..]), u16_of(&data[10..])), (GEO.size, GEO.transmission_flags(false)));
+    let (_, _, data) = opt_reply(r);
+    assert_eq!(u16_of(&data), wire::INFO_BLOCK_SIZE);
+    assert_eq!((u32_of(&data[2..]), u32_of(&data[6..]), u32_of(&data[10..])), (4096, 4096, 32 << 20));
+    assert_eq!(opt_reply(r).1, wire::REP_ACK);
+    assert_eq!(opt_reply(r), (8, wire::REP_ERR_UNSUP, b"option 8 is not supported".to_vec()));
+    assert_eq!(opt_reply(r).1, wire::REP_ERR_POLICY);
+    assert_eq!(opt_reply(r).1, wire::REP_ERR_INVALID);
+    assert_eq!(opt_reply(r).1, wire::REP_ERR_TOO_BIG);
+    // GO: export, block sizes (minimum 1: not asked for), name, description, ACK.
+    assert_eq!(u16_of(&opt_reply(r).2), wire::INFO_EXPORT);
+    let (_, _, data) = opt_reply(r);
+    assert_eq!((u16_of(&data), u32_of(&data[2..])), (wire::INFO_BLOCK_SIZE, 1));
+    assert_eq!(opt_reply(r).2, [&wire::INFO_NAME.to_be_bytes()[..], b"vol"].concat());
+    assert_eq!(opt_reply(r).2, [&wire::INFO_DESCRIPTION.to_be_bytes()[..], b"test volume"].concat());
+    assert_eq!(opt_reply(r), (wire::OPT_GO, wire::REP_ACK, vec![]));
+    // Transmission: three replies in some order, the read's with its data.
+    let mut handles = Vec::new();
+    for _ in 0..3 {
+        let (err, handle) = simple_reply(r);
+        assert_eq!(err, 0);
+        if handle == 2 {
+            assert_eq!(take::<4096>(r), [0; 4096]);
+        }
+        handles.push(handle);
+    }
+    handles.sort_unstable();
+    assert_eq!(handles, [1, 2, 3]);
+    assert_eq!(r.position() as usize, r.get_ref().len(), "nothing after the last reply (DISC has none)");
+    assert_eq!(export.data(8192, 4096), [0x5a; 4096]);
+    let s = export.state.lock().unwrap();
+    assert!(s.closed && s.flushes >= 1);
+}
+
+#[test]
+fn abort_export_name_and_bad_handshakes() {
+    // NBD_OPT_ABORT: ACK, and no transmission.
+    let export = MemExport::new(GEO);
+    let mut out = Vec::new();
+    let script = [client_flags(), option(wire::OPT_ABORT, &[])].concat();
+    assert!(serve(Cursor::new(script), &mut out, &export, || {}).unwrap().is_none());
+    let r = &mut Cursor::new(out);
+    greeting(r);
+    assert_eq!(opt_reply(r), (wire::OPT_ABORT, wire::REP_ACK, vec![]));
+    assert!(export.dev.lock().unwrap().is_some(), "no device opened");
+
+    // NBD_OPT_EXPORT_NAME, old clients' way in: size, flags, and 124 zeros unless NO_ZEROES.
+    for no_zeroes in [false, true] {
+        let export = MemExport::new(GEO);
+        let flags = wire::FLAG_C_FIXED_NEWSTYLE | if no_zeroes { wire::FLAG_C_NO_ZEROES } else { 0 };
+        let mut script = flags.to_be_bytes().to_vec();
+        script.extend(option(wire::OPT_EXPORT_NAME, b"vol"));
+        script.extend(request(wire::CMD_DISC, 0, 1, 0, 0));
+        let mut out = Vec::new();
+        assert!(matches!(serve(Cursor::new(script), &mut out, &export, || {}), Ok(Some(End::Disconnect))));
+        assert_eq!(out.len(), 18 + 10 + if no_zeroes { 0 } else { 124 });
+        assert_eq!((u64_of(&out[18..]), u16_of(&out[26..])), (GEO.size, GEO.transmission_flags(false)));
+    }
+
+    // An unknown export by NBD_OPT_EXPORT_NAME cannot be answered: the connection ends.
+    let script = [client_flags(), option(wire::OPT_EXPORT_NAME, b"other")].concat();
+    let e = serve(Cursor::new(script), Vec::new(), &MemExport::new(GEO), || {}).unwrap_err();
+    assert!(matches!(e, HandshakeError::Refused(_)), "{e}");
+    // Unknown client flags, a bad option magic, a client that leaves.
+    let e = serve(Cursor::new(vec![0, 0, 0, 4]), Vec::new(), &MemExport::new(GEO), || {}).unwrap_err();
+    assert!(matches!(e, HandshakeError::Violation(_)), "{e}");
+    let mut bad = option(wire::OPT_LIST, &[]);
+    bad[0] ^= 1;
+    let e = serve(Cursor::new([client_flags(), bad].concat()), Vec::new(), &MemExport::new(GEO), || {}).unwrap_err();
+    assert!(matches!(e, HandshakeError::Violation(_)), "{e}");
+    let e = serve(Cursor::new(client_flags()), Vec::new(), &MemExport::new(GEO), || {}).unwrap_err();
+    assert!(matches!(e, HandshakeError::Io(_)), "{e}");
+}
+
+#[test]
+fn a_busy_export_refuses_go_and_the_client_may_go_on() {
+    let export = MemExport::new(GEO);
+    export.dev.lock().unwrap().take();
+    let script =
+        [client_flags(), option(wire::OPT_GO, &info_data("", &[])), option(wire::OPT_INFO, &info_data("", &[]))]
+            .concat();
+    let e = serve(Cursor::new(script), Vec::new(), &export, || {});
+    // The script ends after the INFO: the client left.
+    assert!(matches!(e, Err(HandshakeError::Io(_))));
+    let export = MemExport::new(GEO);
+    export.dev.lock().unwrap().take();
+    let script = [client_flags(), option(wire::OPT_GO, &info_data("", &[])), option(wire::OPT_ABORT, &[])].concat();
+    let mut out = Vec::new();
+    assert!(serve(Cursor::new(script), &mut out, &export, || {}).unwrap().is_none());
+    let r = &mut Cursor::new(out);
+    greeting(r);
+    let (_, kind, text) = opt_reply(r);
+    assert_eq!((kind, text), (wire::REP_ERR_POLICY, b"in use".to_vec()));
+    assert_eq!(opt_reply(r).1, wire::REP_ACK);
+}
+
+/// A client on one end of a socket pair, the server on a thread at the other.
+struct Client {
+    s: UnixStream,
+    server: Option<std::thread::JoinHandle<Result<Option<End>, HandshakeError>>>,
+}
+
+impl Client {
+    fn start(export: Arc<MemExport>) -> Client {
+        let (mine, theirs) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let r = theirs.try_clone().unwrap();
+            let w = theirs.try_clone().unwrap();
+            serve(r, w, &*export, || drop(theirs.shutdown(std::net::Shutdown::Both)))
+        });
+        let mut c = Client { s: mine, server: Some(server) };
+        greeting(&mut c.s);
+        c.s.write_all(&client_flags()).unwrap();
+        c.s.write_all(&option(wire::OPT_GO, &info_data("", &[wire::INFO_BLOCK_SIZE]))).unwrap();
+        loop {
+            let (_, kind, _) = opt_reply(&mut c.s);
+            if kind == wire::REP_ACK {
+                break;
+            }
+            assert_eq!(kind, wire::REP_INFO);
+        }
+        c
+    }
+
+    fn send(&mut self, kind: u16, flags: u16, handle: u64, offset: u64, len: u32, data: &[u8]) {
+        self.s.write_all(&[request(kind, flags, handle, offset, len), data.to_vec()].concat()).unwrap();
+    }
+
+    fn read(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, u32> {
+        self.send(wire::CMD_READ, 0, 77, offset, len, &[]);
+        let (err, handle) = simple_reply(&mut self.s);
+        assert_eq!(handle, 77);
+        if err != 0 {
+            return Err(err);
+        }
+        let mut data = vec![0; len as usize];
+        self.s.read_exact(&mut data).unwrap();
+        Ok(data)
+    }
+
+    fn cmd(&mut self, kind: u16, flags: u16, offset: u64, len: u32, data: &[u8]) -> u32 {
+        self.send(kind, flags, 78, offset, len, data);
+        let (err, handle) = simple_reply(&mut self.s);
+        assert_eq!(handle, 78);
+        err
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> u32 {
+        self.cmd(wire::CMD_WRITE, 0, offset, data.len() as u32, data)
+    }
+
+    fn disconnect(mut self) -> End {
+        self.send(wire::CMD_DISC, 0, 0, 0, 0, &[]);
+        let mut rest = Vec::new();
+        self.s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "no reply to DISC");
+        self.server.take().unwrap().join().unwrap().unwrap().unwrap()
+    }
+}
+
+#[test]
+fn malformed_and_out_of_range_requests_get_errors_and_the_server_keeps_serving() {
+    let export = Arc::new(MemExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    assert_eq!(c.write(0, &[1; 4096]), 0);
+    let size = GEO.size;
+    assert_eq!(c.read(size, 4096), Err(22), "read at the end");
+    assert_eq!(c.read(size - 4096, 8192), Err(22), "read across the end");
+    assert_eq!(c.read(u64::MAX - 100, 4096), Err(22), "read whose end overflows");
+    assert_eq!(c.read(0, 0), Err(22), "empty read");
+    assert_eq!(c.read(0, (32 << 20) + 1), Err(22), "read over the maximum");
+    assert_eq!(c.write(size - 512, &[2; 1024]), 28, "write across the end: ENOSPC, payload drained");
+    assert_eq!(c.cmd(wire::CMD_WRITE, 1 << 5, 0, 4096, &[3; 4096]), 22, "unknown flag on a write");
+    assert_eq!(c.cmd(4, 0, 0, 4096, &[]), 22, "TRIM is not offered");
+    assert_eq!(c.cmd(7, 0, 0, 4096, &[]), 22, "BLOCK_STATUS is not offered");
+    assert_eq!(c.cmd(0xbeef, 0, 0, 0, &[]), 22, "unknown command");
+    assert_eq!(c.cmd(wire::CMD_READ, wire::CMD_FLAG_NO_HOLE, 0, 4096, &[]), 22, "NO_HOLE on a read");
+    // Still serving, and nothing refused reached the device.
+    assert_eq!(c.read(0, 4096), Ok(vec![1; 4096]));
+    assert_eq!(export.data(size - 4096, 4096), vec![0; 4096]);
+    export.state.lock().unwrap().fail = Some((MIB, MIB + 1));
+    assert_eq!(c.read(MIB, 64 << 10), Err(5), "a failed volume read is EIO");
+    assert_eq!(c.write(MIB - 4096, &[4; 8192]), 5, "a failed volume write is EIO");
+    assert_eq!(c.write(MIB + 10, &[4; 10]), 5, "a failed read-modify-write is EIO");
+    export.state.lock().unwrap().fail = None;
+    assert_eq!(c.read(MIB, 4096), Ok(vec![0; 4096]));
+    assert!(matches!(c.disconnect(), End::Disconnect));
+}
+
+#[test]
+fn a_bad_request_magic_ends_the_connection() {
+    let export = Arc::new(MemExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    let mut bad = request(wire::CMD_READ, 0, 1, 0, 4096);
+    bad[3] ^= 0xff;
+    c.s.write_all(&bad).unwrap();
+    let mut rest = Vec::new();
+    c.s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    let end = c.server.take().unwrap().join().unwrap().unwrap().unwrap();
+    assert!(matches!(&end, End::Violation(why) if why.contains("magic")), "{end:?}");
+    assert!(export.state.lock().unwrap().closed);
+}
+
+#[test]
+fn a_read_only_export_refuses_writes() {
+    let export = Arc::new(MemExport::new(ExportGeometry { read_only: true, ..GEO }));
+    let mut c = Client::start(Arc::clone(&export));
+    assert_eq!(c.write(0, &[1; 4096]), 1);
+    assert_eq!(c.cmd(wire::CMD_WRITE_ZEROES, 0, 0, 4096, &[]), 1);
+    assert_eq!(c.cmd(wire::CMD_FLUSH, 0, 0, 0, &[]), 0);
+    assert_eq!(c.read(0, 4096), Ok(vec![0; 4096]));
+    assert!(matches!(c.disconnect(), End::Disconnect));
+}
+
+#[test]
+fn pipelined_requests_complete_out_of_order_and_split_across_pieces() {
+    let export = Arc::new(MemExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    // 64 writes of 24 KiB (two pieces each), all sent before any reply is read.
+    let pattern = |i: u64| -> Vec<u8> { (0..24 << 10).map(|j| (i * 7 + j / 4096) as u8).collect() };
+    let mut burst = Vec::new();
+    for i in 0..64u64 {
+        let flags = if i % 16 == 0 { wire::CMD_FLAG_FUA } else { 0 };
+        burst.extend(request(wire::CMD_WRITE, flags, 1000 + i, i * (32 << 10), 24 << 10));
+        burst.extend(pattern(i));
+    }
+    c.s.write_all(&burst).unwrap();
+    let mut handles: Vec<u64> = (0..64).map(|_| simple_reply(&mut c.s)).map(|(e, h)| (assert_eq!(e, 0), h).1).collect();
+    handles.sort_unstable();
+    assert_eq!(handles, (1000..1064).collect::<Vec<_>>());
+    // The same, read back in one burst; replies carry their handle, data follows each.
+    let mut burst = Vec::new();
+    for i in 0..64u64 {
+        burst.extend(request(wire::CMD_READ, 0, 2000 + i, i * (32 << 10), 24 << 10));
+    }
+    c.s.write_all(&burst).unwrap();
+    let mut out_of_order = false;
+    for k in 0..64u64 {
+        let (err, handle) = simple_reply(&mut c.s);
+        assert_eq!(err, 0);
+        out_of_order |= handle != 2000 + k;
+        let mut data = vec![0; 24 << 10];
+        c.s.read_exact(&mut data).unwrap();
+        assert_eq!(data, pattern(handle - 2000), "read {handle}");
+    }
+    assert!(out_of_order, "the in-memory device completes newest first: replies should not all be in order");
+    // A 3 MiB write and read: many pieces, more than the queue's depth.
+    let big: Vec<u8> = (0..3 * MIB).map(|i| (i % 251) as u8).collect();
+    assert_eq!(c.write(MIB, &big), 0);
+    assert_eq!(c.read(MIB, big.len() as u32), Ok(big.clone()));
+    // WRITE_ZEROES through pieces, then FLUSH.
+    assert_eq!(c.cmd(wire::CMD_WRITE_ZEROES, wire::CMD_FLAG_NO_HOLE, MIB + 4096, 1 << 20, &[]), 0);
+    assert_eq!(c.cmd(wire::CMD_FLUSH, 0, 0, 0, &[]), 0);
+    let back = c.read(MIB, big.len() as u32).unwrap();
+    assert_eq!(back[..4096], big[..4096]);
+    assert!(back[4096..4096 + (1 << 20)].iter().all(|&b| b == 0));
+    assert_eq!(back[4096 + (1 << 20)..], big[4096 + (1 << 20)..]);
+    let s = export.state.lock().unwrap();
+    assert_eq!(s.max_in_flight, 4, "the device's depth was used");
+    assert!(s.flushes >= 5, "4 FUA writes and a FLUSH: {} flushes", s.flushes);
+    drop(s);
+    assert!(matches!(c.disconnect(), End::Disconnect));
+}
+
+/// xorshift64*, for reproducible random requests.
+fn rng(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+#[test]
+fn unaligned_requests_read_modify_write_like_a_byte_array() {
+    let geo = ExportGeometry { size: 256 << 10, ..GEO };
+    let export = Arc::new(MemExport::new(geo));
+    let mut c = Client::start(Arc::clone(&export));
+    let mut model = vec![0u8; geo.size as usize];
+    let mut x = 0x1234_5678_9abc_def1u64;
+    for step in 0..400 {
+        // Offsets anywhere; lengths from 1 byte to 40 KiB (across pieces and blocks).
+        let len = 1 + rng(&mut x) % (40 << 10);
+        let offset = rng(&mut x) % (geo.size - len + 1);
+        let (o, n) = (offset as usize, len as usize);
+        match rng(&mut x) % 4 {
+            0 | 1 => {
+                let fill = (step % 250 + 1) as u8;
+                let data: Vec<u8> = (0..n).map(|i| fill.wrapping_add(i as u8)).collect();
+                let flags = if step % 7 == 0 { wire::CMD_FLAG_FUA } else { 0 };
+                assert_eq!(c.cmd(wire::CMD_WRITE, flags, offset, len as u32, &data), 0, "write {offset}+{len}");
+                model[o..o + n].copy_from_slice(&data);
+            }
+            2 => {
+                assert_eq!(c.cmd(wire::CMD_WRITE_ZEROES, 0, offset, len as u32, &[]), 0, "zero {offset}+{len}");
+                model[o..o + n].fill(0);
+            }
+            _ => assert!(c.read(offset, len as u32).unwrap() == model[o..o + n], "read {offset}+{len} at step {step}"),
+        }
+    }
+    assert_eq!(export.data(0, geo.size as usize), model);
+    assert!(matches!(c.disconnect(), End::Disconnect));
+}
+
+#[test]
+fn a_client_that_closes_without_disc_ends_cleanly() {
+    let export = Arc::new(MemExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    // Requests in flight when the client goes: their replies fail to be written, quietly.
+    for i in 0..8 {
+        c.send(wire::CMD_READ, 0, i, i * MIB / 4, 256 << 10, &[]);
+    }
+    let Client { s, server } = &mut c;
+    drop(std::mem::replace(s, UnixStream::pair().unwrap().0));
+    let end = server.take().unwrap().join().unwrap().unwrap().unwrap();
+    assert!(end.is_clean() || matches!(end, End::WriteFailed(_)), "{end:?}");
+    assert!(export.state.lock().unwrap().closed);
+    // Half-closed: the server answers what it has, then ends.
+    let export = Arc::new(MemExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    c.send(wire::CMD_READ, 0, 1, 0, 4096, &[]);
+    c.s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    c.s.read_to_end(&mut rest).unwrap();
+    assert_eq!(rest.len(), 16 + 4096);
+    let end = c.server.take().unwrap().join().unwrap().unwrap().unwrap();
+    assert!(end.is_clean() || matches!(end, End::WriteFailed(_)), "{end:?}");
+    assert!(export.state.lock().unwrap().closed);
+}
+
+#[test]
+fn listen_addresses_and_the_command_line() {
+    assert_eq!(Listen::parse("unix:/tmp/x.sock"), Ok(Listen::Unix("/tmp/x.sock".into())));
+    assert_eq!(Listen::parse("tcp:127.0.0.1:10809"), Ok(Listen::Tcp("127.0.0.1:10809".parse().unwrap())));
+    assert_eq!(Listen::parse("tcp:[::1]:10809"), Ok(Listen::Tcp("[::1]:10809".parse().unwrap())));
+    assert!(Listen::parse("unix:").is_err());
+    assert!(Listen::parse("tcp:127.0.0.1").is_err());
+    assert!(Listen::parse("/tmp/x.sock").is_err());
+    assert_eq!(Listen::parse("unix:/s").unwrap().nbd_uri(), "nbd+unix:///?socket=/s");
+    assert_eq!(Listen::parse("tcp:127.0.0.1:10809").unwrap().nbd_uri(), "nbd://127.0.0.1:10809");
+
+    use clap::Parser as _;
+    let args = crate::Args::try_parse_from([
+        "rblk",
+        "nbd",
+        "rblk://h/v",
+        "--listen",
+        "unix:/run/v.sock",
+        "--read-only",
+        "--shared",
+        "--key-file",
+        "/k",
+        "--device",
+        "rxe0",
+    ])
+    .unwrap();
+    match args.command {
+        crate::Command::Nbd(a) => {
+            assert_eq!(
+                (a.uri.as_str(), a.listen, a.read_only, a.shared),
+                ("rblk://h/v", Listen::Unix("/run/v.sock".into()), true, true)
+            );
+            assert_eq!(a.conn.device.as_deref(), Some("rxe0"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let args = crate::Args::try_parse_from(["rblk", "nbd", "rblk://h/v"]).unwrap();
+    assert!(
+        matches!(args.command, crate::Command::Nbd(a) if a.listen == Listen::Tcp("127.0.0.1:10809".parse().unwrap()) && !a.shared)
+    );
+    let e = crate::Args::try_parse_from(["rblk", "nbd", "rblk://h/v", "--listen", "pipe:x"]).unwrap_err().to_string();
+    assert!(e.contains("expected unix:PATH or tcp:ADDR:PORT"), "{e}");
+}

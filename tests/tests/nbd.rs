@@ -1,0 +1,576 @@
+//! `rblk nbd` over rxe in the guest, with real NBD clients: qemu-io and qemu-img, the kernel's
+//! nbd-client with ext4 and fio, data crossing between NBD and `rblk read`/`rblk write`, and a
+//! raw client for bad requests and the one-client rule. The protocol's own unit tests (every
+//! option and command against an in-memory device) run on the host with the `rblk` binary's tests.
+
+use std::io::{BufRead as _, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rblk_fabric::Fabric;
+use rblk_tests::daemon::bin;
+use rblk_tests::target::{Spec, Target};
+
+const MIB: u64 = 1 << 20;
+const NBD: &str = "/dev/nbd0";
+
+fn target(size: u64) -> Target {
+    Target::start(Fabric::Verbs, &Spec { volumes: vec![("v", size)], key: None })
+}
+
+fn uri(t: &Target) -> String {
+    format!("rblk://{}/v", t.addr())
+}
+
+/// A fresh path under /tmp.
+fn scratch(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("rblk-nbd-{tag}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&path);
+    path
+}
+
+/// Runs a bash script; fails the test with its output unless it succeeds. Returns stdout.
+fn sh(script: &str) -> String {
+    let out = Command::new("bash")
+        .args(["-c", &format!("set -euo pipefail\n{script}")])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run bash");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "script failed ({}):\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    if !stderr.trim().is_empty() {
+        eprintln!("{stderr}");
+    }
+    stdout.into_owned()
+}
+
+/// `rblk nbd` as a child process.
+struct Server {
+    child: Child,
+    listen: String,
+    socket: Option<PathBuf>,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `rblk nbd URI --listen LISTEN ARGS...` and waits for its listening line.
+    fn start(t: &Target, listen: &str, args: &[&str]) -> Server {
+        let mut child = Command::new(bin("rblk"))
+            .args(["nbd", &uri(t), "--listen", listen])
+            .args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rblk nbd (is RBLK_BIN_DIR right?)");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[rblk nbd] {line}");
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("[rblk nbd stdout] {line}");
+                let _ = tx.send(line);
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("rblk nbd printed no listening line in 60 s");
+            }
+        };
+        assert!(line.starts_with("rblk nbd: serving rblk://") && line.contains(" as nbd"), "listening line: {line}");
+        let socket = listen.strip_prefix("unix:").map(PathBuf::from);
+        Server { child, listen: listen.to_owned(), socket, log }
+    }
+
+    /// On a fresh unix socket.
+    fn unix(t: &Target, args: &[&str]) -> Server {
+        Server::start(t, &format!("unix:{}", scratch("sock").display()), args)
+    }
+
+    fn socket(&self) -> &Path {
+        self.socket.as_deref().expect("a unix socket")
+    }
+
+    /// The NBD URI for qemu.
+    fn url(&self) -> String {
+        match &self.socket {
+            Some(path) => format!("nbd+unix:///?socket={}", path.display()),
+            None => format!("nbd://{}", self.listen.trim_start_matches("tcp:")),
+        }
+    }
+
+    /// Waits (up to 30 s) until its log has a line containing `needle`.
+    fn logged(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.log.lock().unwrap().contains(needle) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
+    }
+
+    /// SIGTERM; it must exit 0 and remove its socket.
+    fn stop(mut self) {
+        let status = self.terminate();
+        assert!(status.success(), "rblk nbd exited with {status} after SIGTERM");
+        if let Some(socket) = &self.socket {
+            assert!(!socket.exists(), "rblk nbd left its socket {} behind", socket.display());
+        }
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        panic!("rblk nbd did not exit within 60 s of SIGTERM");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Attaches the kernel's NBD client to `server` as /dev/nbd0 with `block_size`.
+fn attach(server: &Server, block_size: u32) {
+    sh(&format!("nbd-client -unix {} {NBD} -block-size {block_size}", server.socket().display()));
+    let size_file = "/sys/block/nbd0/size";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(size_file).unwrap_or_default().trim() == "0" {
+        assert!(Instant::now() < deadline, "{NBD} has no size 30 s after nbd-client");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lbs = std::fs::read_to_string("/sys/block/nbd0/queue/logical_block_size").unwrap_or_default();
+    eprintln!("{NBD} attached: logical block size {}", lbs.trim());
+}
+
+fn detach() {
+    sh(&format!("nbd-client -d {NBD}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Path::new("/sys/block/nbd0/pid").exists() {
+        assert!(Instant::now() < deadline, "{NBD} still connected 30 s after nbd-client -d");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs qemu-io on `url` with each of `cmds`; fails on any failed command or pattern mismatch.
+fn qemu_io(url: &str, extra: &[&str], cmds: &[String]) -> String {
+    let mut args: Vec<String> = vec!["-f".into(), "raw".into()];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    for c in cmds {
+        args.push("-c".into());
+        args.push(c.clone());
+    }
+    args.push(url.into());
+    let out = Command::new("qemu-io").args(&args).stdin(Stdio::null()).output().expect("run qemu-io");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && !text.contains("failed") && !text.contains("error"),
+        "qemu-io {args:?} ({}):\n{text}",
+        out.status
+    );
+    text
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn qemu_io_writes_and_reads_patterns_at_many_offsets_and_sizes() {
+    let t = target(64 * MIB);
+    let server = Server::unix(&t, &[]);
+    let url = server.url();
+    let k = 1024u64;
+    // (pattern, offset, length): aligned and not, small and large, up to the last byte.
+    let writes: [(u8, u64, u64); 9] = [
+        (0xab, 0, 64 * k),
+        (0x11, MIB, MIB),
+        (0x22, 3 * MIB, 8 * MIB),
+        (0x33, 16 * MIB + 512, 4 * k),
+        (0x44, 17 * MIB + 1, 3000),
+        (0x55, 18 * MIB + 4095, 2),
+        (0x66, 19 * MIB + 100, 300 * k + 7),
+        (0x77, 64 * MIB - 8 * k, 4 * k),
+        (0x88, 64 * MIB - 1, 1),
+    ];
+    let mut cmds: Vec<String> = writes.iter().map(|(p, o, l)| format!("write -P {p:#x} {o} {l}")).collect();
+    cmds.extend(writes.iter().map(|(p, o, l)| format!("read -P {p:#x} {o} {l}")));
+    // What the unaligned writes must not have touched around them.
+    cmds.extend([
+        format!("read -P 0 {} 512", 16 * MIB),
+        format!("read -P 0 {} 1", 17 * MIB),
+        format!("read -P 0 {} {}", 17 * MIB + 3001, 4 * k),
+        format!("read -P 0 {} 4095", 18 * MIB),
+        format!("read -P 0 {} 100", 19 * MIB),
+        format!("read -P 0 {} {}", 64 * MIB - 4 * k, 4 * k - 1),
+    ]);
+    let out = qemu_io(&url, &[], &cmds);
+    assert_eq!(out.matches("wrote ").count(), writes.len(), "{out}");
+    // An overwrite inside an earlier pattern, then both around it, in a second qemu-io run.
+    let cmds = [
+        format!("write -P 0xcd {} 1000", MIB + 10),
+        format!("read -P 0x11 {MIB} 10"),
+        format!("read -P 0xcd {} 1000", MIB + 10),
+        format!("read -P 0x11 {} {}", MIB + 1010, MIB - 1010),
+        "write -z 0 64k".to_owned(),
+        "read -P 0 0 64k".to_owned(),
+        "flush".to_owned(),
+    ];
+    qemu_io(&url, &[], &cmds);
+    server.stop();
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn qemu_img_converts_and_compares_a_64m_image_and_rblk_read_agrees() {
+    let t = target(64 * MIB);
+    let server = Server::unix(&t, &[]);
+    let url = server.url();
+    let (img, back) = (scratch("img"), scratch("back"));
+    let started = Instant::now();
+    sh(&format!(
+        "head -c 64M /dev/urandom > {img}
+         qemu-img convert -n -f raw -O raw {img} '{url}'
+         qemu-img compare -f raw -F raw {img} '{url}'",
+        img = img.display()
+    ));
+    eprintln!("64 MiB converted and compared through NBD in {:?}", started.elapsed());
+    // The same bytes, read straight from the volume with the rblk client.
+    sh(&format!(
+        "{rblk} read {uri} --offset 0 --length 64M --output {back}
+         cmp {img} {back}",
+        rblk = bin("rblk").display(),
+        uri = uri(&t),
+        img = img.display(),
+        back = back.display()
+    ));
+    server.stop();
+    let _ = std::fs::remove_file(img);
+    let _ = std::fs::remove_file(back);
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn kernel_client_keeps_ext4_files_across_a_detach_and_a_fresh_server() {
+    let t = target(128 * MIB);
+    let (mnt, sums) = (scratch("mnt"), scratch("sums"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let server = Server::unix(&t, &[]);
+    attach(&server, 4096);
+    sh(&format!(
+        "mkfs.ext4 -q -F {NBD}
+         mount {NBD} {mnt}
+         for i in $(seq 1 24); do head -c $((i * 37 * 1024 + i)) /dev/urandom > {mnt}/f$i; done
+         head -c 16M /dev/urandom > {mnt}/big
+         mkdir {mnt}/dir && cp {mnt}/f3 {mnt}/dir/copy
+         (cd {mnt} && sha256sum f* big dir/copy > {sums})
+         sync
+         umount {mnt}",
+        mnt = mnt.display(),
+        sums = sums.display()
+    ));
+    detach();
+    server.stop();
+
+    let server = Server::unix(&t, &[]);
+    attach(&server, 4096);
+    sh(&format!(
+        "mount {NBD} {mnt}
+         (cd {mnt} && sha256sum --quiet -c {sums})
+         test $(ls {mnt}/f* | wc -l) = 24
+         umount {mnt}
+         fsck.ext4 -n -f {NBD}",
+        mnt = mnt.display(),
+        sums = sums.display()
+    ));
+    detach();
+    server.stop();
+    let _ = std::fs::remove_dir(&mnt);
+    let _ = std::fs::remove_file(&sums);
+}
+
+/// fio's summary lines (job, IOPS, latency).
+fn fio(args: &str) -> String {
+    sh(&format!("fio --filename={NBD} --direct=1 --ioengine=libaio --group_reporting {args}"))
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn fio_verifies_through_the_kernel_client_and_randread_iops_are_measured() {
+    let t = target(128 * MIB);
+    let server = Server::unix(&t, &[]);
+    attach(&server, 4096);
+    fio("--name=verify --rw=randwrite --bs=4k --size=32M --iodepth=8 \
+         --verify=crc32c --do_verify=1 --verify_fatal=1 --randrepeat=1");
+    // Fill what the measurement reads, then 10 s of 4 KiB random reads, 32 deep.
+    fio("--name=fill --rw=write --bs=1M --size=64M --iodepth=4");
+    let out = fio("--name=randread --rw=randread --bs=4k --size=64M --iodepth=32 --runtime=10 --time_based");
+    for line in out.lines().filter(|l| l.contains("IOPS=") || l.contains(" lat (") || l.contains("clat (")) {
+        eprintln!("nbd 4k randread qd32: {}", line.trim());
+    }
+    detach();
+
+    // 512-byte logical blocks: the kernel sends requests smaller than the volume's 4 KiB
+    // blocks, which the server read-modify-writes. Mixed sizes, verified.
+    attach(&server, 512);
+    fio("--name=rmw --rw=randwrite --bsrange=512-64k --blockalign=512 --offset=64M --size=16M --iodepth=8 \
+         --verify=crc32c --do_verify=1 --verify_fatal=1 --randrepeat=1");
+    detach();
+    server.stop();
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn data_crosses_between_nbd_and_rblk_read_and_write() {
+    let t = target(64 * MIB);
+    let rblk = bin("rblk");
+    let (a, b, back) = (scratch("a"), scratch("b"), scratch("back"));
+    let server = Server::unix(&t, &[]);
+    // NBD (qemu-io, then the kernel) writes; rblk read reads.
+    qemu_io(&server.url(), &[], &[format!("write -P 0x5c {} {}", 4 * MIB, MIB)]);
+    attach(&server, 4096);
+    sh(&format!(
+        "head -c 4M /dev/urandom > {a}
+         dd if={a} of={NBD} bs=1M seek=8 oflag=direct status=none
+         {rblk} read {uri} --offset 4M --length 1M | od -An -tx1 -v | tr -s ' \\n' '\\n\\n' | sort -u | grep -v '^$' > {back}
+         test \"$(cat {back})\" = 5c
+         {rblk} read {uri} --offset 8M --length 4M --output {back}
+         cmp {a} {back}",
+        a = a.display(),
+        back = back.display(),
+        rblk = rblk.display(),
+        uri = uri(&t),
+    ));
+    // rblk write writes; NBD (the kernel with O_DIRECT, and qemu-io) reads.
+    sh(&format!(
+        "head -c 2M /dev/urandom > {b}
+         {rblk} write {uri} --offset 20M --input {b}
+         dd if={NBD} of={back} bs=1M skip=20 count=2 iflag=direct status=none
+         cmp {b} {back}
+         head -c 1M /dev/zero | tr '\\0' '\\347' > {a}
+         {rblk} write {uri} --offset 30M --input {a}",
+        a = a.display(),
+        b = b.display(),
+        back = back.display(),
+        rblk = rblk.display(),
+        uri = uri(&t),
+    ));
+    detach();
+    qemu_io(&server.url(), &["-r"], &[format!("read -P 0xe7 {} {}", 30 * MIB, MIB)]);
+    server.stop();
+    for f in [a, b, back] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+// ---- a raw NBD client ----
+
+trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
+
+struct Raw {
+    s: Box<dyn Stream>,
+    size: u64,
+    flags: u16,
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+
+impl Raw {
+    /// Greeting, flags and NBD_OPT_GO for the default export; the option error (reply type
+    /// and message) if refused.
+    fn connect(mut s: Box<dyn Stream>) -> Result<Raw, (u32, String)> {
+        let mut greeting = [0u8; 18];
+        s.read_exact(&mut greeting).unwrap();
+        assert_eq!(&greeting[..16], b"NBDMAGICIHAVEOPT");
+        s.write_all(&3u32.to_be_bytes()).unwrap();
+        let mut go = 0x4948_4156_454f_5054u64.to_be_bytes().to_vec();
+        go.extend(7u32.to_be_bytes());
+        go.extend(8u32.to_be_bytes());
+        go.extend([0, 0, 0, 0, 0, 1, 0, 3]); // no name, one info request: block size
+        s.write_all(&go).unwrap();
+        let (mut size, mut flags) = (0, 0);
+        loop {
+            let mut hdr = [0u8; 20];
+            s.read_exact(&mut hdr).unwrap();
+            let mut data = vec![0; be32(&hdr[16..]) as usize];
+            s.read_exact(&mut data).unwrap();
+            match be32(&hdr[12..]) {
+                1 => return Ok(Raw { s, size, flags }),
+                3 if data[..2] == [0, 0] => {
+                    size = u64::from_be_bytes(data[2..10].try_into().unwrap());
+                    flags = u16::from_be_bytes([data[10], data[11]]);
+                }
+                3 => {}
+                err => return Err((err, String::from_utf8_lossy(&data).into_owned())),
+            }
+        }
+    }
+
+    fn unix(path: &Path) -> Result<Raw, (u32, String)> {
+        Raw::connect(Box::new(UnixStream::connect(path).expect("connect to rblk nbd")))
+    }
+
+    /// Sends a request; returns the reply's error and, for successful reads, the data.
+    fn call(&mut self, kind: u16, offset: u64, len: u32, data: &[u8]) -> (u32, Vec<u8>) {
+        let mut req = 0x2560_9513u32.to_be_bytes().to_vec();
+        req.extend(0u16.to_be_bytes());
+        req.extend(kind.to_be_bytes());
+        req.extend(42u64.to_be_bytes());
+        req.extend(offset.to_be_bytes());
+        req.extend(len.to_be_bytes());
+        req.extend(data);
+        self.s.write_all(&req).unwrap();
+        let mut reply = [0u8; 16];
+        self.s.read_exact(&mut reply).unwrap();
+        assert_eq!(be32(&reply), 0x6744_6698);
+        assert_eq!(u64::from_be_bytes(reply[8..].try_into().unwrap()), 42);
+        let err = be32(&reply[4..]);
+        let mut back = Vec::new();
+        if kind == 0 && err == 0 {
+            back = vec![0; len as usize];
+            self.s.read_exact(&mut back).unwrap();
+        }
+        (err, back)
+    }
+
+    fn disconnect(mut self) {
+        let mut req = 0x2560_9513u32.to_be_bytes().to_vec();
+        req.extend([0, 0, 0, 2]);
+        req.extend([0; 20]);
+        self.s.write_all(&req).unwrap();
+        let mut rest = Vec::new();
+        let _ = self.s.read_to_end(&mut rest);
+        assert!(rest.is_empty(), "nothing after NBD_CMD_DISC");
+    }
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn bad_requests_get_error_replies_and_the_server_keeps_serving() {
+    let t = target(16 * MIB);
+    let server = Server::unix(&t, &[]);
+    let mut c = Raw::unix(server.socket()).expect("GO");
+    assert_eq!(c.size, 16 * MIB);
+    assert_eq!(c.flags & 0x4f, 0x4d, "HAS_FLAGS, FLUSH, FUA, WRITE_ZEROES; not read-only: {:#x}", c.flags);
+    assert_eq!(c.call(1, 0, 8192, &[7; 8192]).0, 0);
+    assert_eq!(c.call(0, 16 * MIB, 4096, &[]).0, 22, "read past the end: EINVAL");
+    assert_eq!(c.call(0, 16 * MIB - 4096, 8192, &[]).0, 22, "read across the end: EINVAL");
+    assert_eq!(c.call(0, u64::MAX - 4095, 4096, &[]).0, 22, "read whose end overflows: EINVAL");
+    assert_eq!(c.call(1, 16 * MIB - 512, 1024, &[9; 1024]).0, 28, "write across the end: ENOSPC");
+    assert_eq!(c.call(4, 0, 4096, &[]).0, 22, "TRIM is not offered: EINVAL");
+    assert_eq!(c.call(0x77, 0, 0, &[]).0, 22, "unknown command: EINVAL");
+    // Still serving: an unaligned write read-modify-writes inside the first block.
+    assert_eq!(c.call(1, 1000, 100, &[1; 100]).0, 0);
+    let (err, data) = c.call(0, 0, 8192, &[]);
+    assert_eq!(err, 0);
+    let mut want = vec![7u8; 8192];
+    want[1000..1100].fill(1);
+    assert!(data == want, "the unaligned write changed exactly its 100 bytes");
+    assert_eq!(c.call(3, 0, 0, &[]).0, 0, "FLUSH");
+    c.disconnect();
+    // A bad magic ends that connection only.
+    let mut c = Raw::unix(server.socket()).expect("GO");
+    c.s.write_all(&[0xde; 28]).unwrap();
+    let mut rest = Vec::new();
+    let _ = c.s.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    let mut c = Raw::unix(server.socket()).expect("GO after a bad client");
+    assert_eq!(c.call(0, 1000, 100, &[]).1, vec![1; 100]);
+    c.disconnect();
+    assert!(server.logged("protocol violation"), "the bad magic is logged");
+    server.stop();
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_second_client_is_refused_unless_shared() {
+    let t = target(16 * MIB);
+    let server = Server::unix(&t, &[]);
+    let mut first = Raw::unix(server.socket()).expect("the first client");
+    let refused = Raw::unix(server.socket()).err().expect("a second client is refused");
+    assert_eq!(refused.0, 0x8000_0002, "NBD_REP_ERR_POLICY: {refused:?}");
+    assert!(refused.1.contains("--shared"), "{refused:?}");
+    assert!(server.logged("refusing a second NBD client"), "an error line says so");
+    assert_eq!(first.call(1, 0, 4096, &[3; 4096]).0, 0, "the first client carries on");
+    first.disconnect();
+    // The slot is free again once the first client has gone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let again = loop {
+        match Raw::unix(server.socket()) {
+            Ok(c) => break c,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("still busy: {e:?}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("the export stays busy after its client left: {e:?}"),
+        }
+    };
+    again.disconnect();
+    server.stop();
+
+    // --shared: two clients at once, each its own session; multi-conn is advertised.
+    let server = Server::unix(&t, &["--shared"]);
+    let (mut a, mut b) = (Raw::unix(server.socket()).unwrap(), Raw::unix(server.socket()).unwrap());
+    assert_ne!(a.flags & (1 << 8), 0, "CAN_MULTI_CONN with --shared");
+    assert_eq!(a.call(1, 8192, 4096, &[5; 4096]).0, 0);
+    assert_eq!(a.call(3, 0, 0, &[]).0, 0);
+    assert_eq!(b.call(0, 8192, 4096, &[]).1, vec![5; 4096]);
+    a.disconnect();
+    b.disconnect();
+    server.stop();
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_read_only_export_over_tcp() {
+    let t = target(16 * MIB);
+    sh(&format!("head -c 1M /dev/zero | tr '\\0' '\\021' | {} write {} --offset 1M", bin("rblk").display(), uri(&t)));
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let server = Server::start(&t, &format!("tcp:127.0.0.1:{port}"), &["--read-only"]);
+    qemu_io(&server.url(), &["-r"], &[format!("read -P 0x11 {MIB} {MIB}")]);
+    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut c = Raw::connect(Box::new(s)).expect("GO");
+    assert_ne!(c.flags & 2, 0, "READ_ONLY flag");
+    assert_eq!(c.call(1, 0, 4096, &[1; 4096]).0, 1, "a write is EPERM");
+    assert_eq!(c.call(0, MIB, 4096, &[]).1, vec![0x11; 4096]);
+    c.disconnect();
+    server.stop();
+}
