@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's "run" command: build rblk, boot the rxe guest, start rblk-target there, write 4 MiB
-# of random data to a volume with `rblk write`, read it back with `rblk read`, compare, and stop
-# the target cleanly. On a host with a real RDMA NIC, run `scripts/demo.sh --here` instead (no
+# of random data to a volume with `rblk write`, read it back with `rblk read` and compare; mount
+# the volume (FUSE file + loop device), put ext4 on it, write files, remount and verify them; run
+# a 10-second rblk-bench; stop the target cleanly. On a host with a real RDMA NIC, run `scripts/demo.sh --here` instead (no
 # guest; RBLK_ADDR must be an address of the NIC).
 set -euo pipefail
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
@@ -13,8 +14,8 @@ in_guest() {
     log=$work/target.log
     say() { printf '\n>>> %s\n' "$*"; }
 
-    say "start the target: rblk-target --listen $addr:7420 --volume demo:64M"
-    "$bin/rblk-target" --listen "$addr:7420" --volume demo:64M 2>"$log" &
+    say "start the target: rblk-target --listen $addr:7420 --volume demo:256M"
+    "$bin/rblk-target" --listen "$addr:7420" --volume demo:256M 2>"$log" &
     pid=$!
     trap 'kill -TERM $pid 2>/dev/null || true' EXIT
     for _ in $(seq 1 300); do
@@ -35,6 +36,38 @@ in_guest() {
     "$bin/rblk" read "$uri" --offset 1M --length 4M --output "$work/g"
     cmp "$work/f" "$work/g"
     echo "    4 MiB read back from the target: identical ($(sha256sum <"$work/g" | cut -c1-16)...)"
+
+    say "mount it: rblk mount $uri /mnt/rblk-demo --loop --daemon, then ext4 on the loop device"
+    mkdir -p /mnt/rblk-demo /mnt/rblk-demo-fs
+    local out loopdev
+    out=$("$bin/rblk" mount "$uri" /mnt/rblk-demo --loop --daemon)
+    printf '    %s\n' "$out"
+    loopdev=$(grep -o '/dev/loop[0-9]*' <<<"$out" | head -n 1)
+    [[ -n $loopdev ]] || { echo "demo: no loop device in rblk mount's output"; return 1; }
+    mkfs.ext4 -q "$loopdev"
+    mount "$loopdev" /mnt/rblk-demo-fs
+    for i in $(seq 1 20); do
+        head -c $((RANDOM * 64 + i)) /dev/urandom >"/mnt/rblk-demo-fs/file$i"
+    done
+    (cd /mnt/rblk-demo-fs && sha256sum file* >"$work/sums")
+    sync
+    df -h /mnt/rblk-demo-fs | sed 's/^/    /'
+    umount /mnt/rblk-demo-fs
+    "$bin/rblk" umount /mnt/rblk-demo
+    echo "    wrote 20 files, unmounted everything"
+
+    say "mount it again through a fresh rblk mount and check every file"
+    out=$("$bin/rblk" mount "$uri" /mnt/rblk-demo --loop --daemon)
+    loopdev=$(grep -o '/dev/loop[0-9]*' <<<"$out" | head -n 1)
+    mount "$loopdev" /mnt/rblk-demo-fs
+    (cd /mnt/rblk-demo-fs && sha256sum --check --quiet "$work/sums") && echo "    all 20 files verified"
+    umount /mnt/rblk-demo-fs
+    "$bin/rblk" umount /mnt/rblk-demo
+
+    if [[ -x $bin/rblk-bench ]] && "$bin/rblk-bench" --help 2>/dev/null | grep -q -- '--iodepth'; then
+        say "rblk-bench $uri --rw randread --bs 4k --iodepth 32 --runtime 10"
+        "$bin/rblk-bench" "$uri" --rw randread --bs 4k --iodepth 32 --runtime 10
+    fi
 
     say "stop the target (SIGTERM)"
     kill -TERM "$pid"
