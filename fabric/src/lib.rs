@@ -367,6 +367,7 @@ enum ListenerInner {
 /// A passive rdma_cm endpoint accepting connections on an address.
 pub struct Listener {
     inner: ListenerInner,
+    wake: WakePair,
 }
 
 impl std::fmt::Debug for Listener {
@@ -384,7 +385,13 @@ impl Listener {
             #[cfg(feature = "mem")]
             Fabric::Mem => ListenerInner::Mem(mem::Listener::bind(addr, device)?),
         };
-        Ok(Listener { inner })
+        Ok(Listener { inner, wake: WakePair::new()? })
+    }
+
+    /// A handle that interrupts [`Listener::next_event`] from another thread (which then returns
+    /// `Ok(None)`), e.g. to shut down a daemon whose listener sleeps without a deadline.
+    pub fn waker(&self) -> Waker {
+        self.wake.waker()
     }
 
     /// The bound address.
@@ -398,13 +405,36 @@ impl Listener {
     }
 
     /// The next event, waiting until `deadline` (None: don't wait). `Ok(None)` when none came.
+    ///
+    /// A [`Waker`] ends the wait early (with `Ok(None)`): a daemon can sleep here with a far
+    /// deadline and still shut down at once.
     pub fn next_event(&self, deadline: Option<Instant>) -> Result<Option<ListenerEvent>> {
-        let ev = match &self.inner {
-            ListenerInner::Verbs(l) => l.next_event(deadline)?.map(|e| e.map(RequestInner::Verbs)),
-            #[cfg(feature = "mem")]
-            ListenerInner::Mem(l) => l.next_event(deadline)?.map(|e| e.map(RequestInner::Mem)),
-        };
-        Ok(ev.map(|e| e.map(|inner| Request { inner })))
+        loop {
+            let ev = match &self.inner {
+                ListenerInner::Verbs(l) => l.next_event(None)?.map(|e| e.map(RequestInner::Verbs)),
+                #[cfg(feature = "mem")]
+                ListenerInner::Mem(l) => l.next_event(None)?.map(|e| e.map(RequestInner::Mem)),
+            };
+            if let Some(ev) = ev {
+                return Ok(Some(ev.map(|inner| Request { inner })));
+            }
+            let Some(deadline) = deadline else { return Ok(None) };
+            // Sleep until the listener's descriptor or the waker is readable, or the deadline.
+            let fds = [self.fd(), self.wake.rx.as_raw_fd()];
+            let ready = verbs::cm::wait_any_readable(&fds, Some(deadline)).map_err(|source| Error::Verbs {
+                op: "poll on the listener",
+                device: String::new(),
+                source,
+            })?;
+            match ready {
+                Some(0) => continue,
+                Some(_) => {
+                    self.wake.drain();
+                    return Ok(None);
+                }
+                None => return Ok(None),
+            }
+        }
     }
 }
 
@@ -487,8 +517,7 @@ enum EndpointInner {
 /// One reliable-connected queue pair with its completion queue.
 pub struct Endpoint {
     inner: EndpointInner,
-    wake_rx: UnixStream,
-    wake_tx: Arc<UnixStream>,
+    wake: WakePair,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -497,7 +526,42 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// Interrupts an [`Endpoint::wait`] from another thread.
+/// A socket pair: the waiting side polls `rx`, [`Waker`]s write to `tx`.
+#[derive(Debug)]
+struct WakePair {
+    rx: UnixStream,
+    tx: Arc<UnixStream>,
+}
+
+impl WakePair {
+    fn new() -> Result<WakePair> {
+        let err = |source| Error::Verbs { op: "socketpair for a waker", device: String::new(), source };
+        let (tx, rx) = UnixStream::pair().map_err(err)?;
+        for s in [&tx, &rx] {
+            s.set_nonblocking(true).map_err(err)?;
+        }
+        Ok(WakePair { rx, tx: Arc::new(tx) })
+    }
+
+    fn waker(&self) -> Waker {
+        Waker { tx: Arc::clone(&self.tx) }
+    }
+
+    /// Empties the pipe; true if a wake-up was pending.
+    fn drain(&self) -> bool {
+        let mut buf = [0u8; 64];
+        let mut woken = false;
+        while let Ok(n) = (&self.rx).read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            woken = true;
+        }
+        woken
+    }
+}
+
+/// Interrupts an [`Endpoint::wait`] or a [`Listener::next_event`] from another thread.
 #[derive(Debug, Clone)]
 pub struct Waker {
     tx: Arc<UnixStream>,
@@ -512,19 +576,7 @@ impl Waker {
 
 impl Endpoint {
     fn new(inner: EndpointInner) -> Result<Endpoint> {
-        let (tx, rx) = UnixStream::pair().map_err(|source| Error::Verbs {
-            op: "socketpair for the endpoint waker",
-            device: String::new(),
-            source,
-        })?;
-        for s in [&tx, &rx] {
-            s.set_nonblocking(true).map_err(|source| Error::Verbs {
-                op: "socketpair for the endpoint waker",
-                device: String::new(),
-                source,
-            })?;
-        }
-        Ok(Endpoint { inner, wake_rx: rx, wake_tx: Arc::new(tx) })
+        Ok(Endpoint { inner, wake: WakePair::new()? })
     }
 
     /// Active side, step 1: resolves `dst`, creates a QP (in `pd`, or in a new PD on the device
@@ -609,26 +661,18 @@ impl Endpoint {
     /// a [`Waker`] or `deadline`. Returns the number of completions stored (0: deadline or woken;
     /// see [`Endpoint::take_wake`]).
     pub fn wait(&mut self, out: &mut [Completion], spin: Duration, deadline: Instant) -> Result<usize> {
-        let fd = self.wake_rx.as_raw_fd();
+        let fd = self.wake.rx.as_raw_fd();
         dispatch!(EndpointInner, &mut self.inner, e => e.wait(out, spin, deadline, Some(fd)))
     }
 
     /// A handle that interrupts [`Endpoint::wait`] from another thread.
     pub fn waker(&self) -> Waker {
-        Waker { tx: Arc::clone(&self.wake_tx) }
+        self.wake.waker()
     }
 
     /// True (once) if a [`Waker`] fired since the last call.
     pub fn take_wake(&mut self) -> bool {
-        let mut buf = [0u8; 64];
-        let mut woken = false;
-        while let Ok(n) = (&self.wake_rx).read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            woken = true;
-        }
-        woken
+        self.wake.drain()
     }
 
     /// The QP's attributes as the device reports them.

@@ -42,8 +42,12 @@ pub enum State {
         /// The session.
         session: Arc<Session>,
     },
-    /// CLOSE acknowledged; the connection ends once the reply is sent.
-    Closed,
+    /// CLOSE acknowledged; the connection ends once the reply is sent. Keeps the session (if
+    /// any) so that the connection's end still counts it down and forgets it.
+    Closed {
+        /// The session it had.
+        session: Option<Arc<Session>>,
+    },
 }
 
 /// A reply to send, built from values the handler owns.
@@ -129,11 +133,11 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
         }
         (Message::Close, State::Open { session }) => {
             session.release();
-            *state = State::Closed;
+            *state = State::Closed { session: Some(Arc::clone(session)) };
             (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Close }), After::Close)
         }
         (Message::Close, _) => {
-            *state = State::Closed;
+            *state = State::Closed { session: state.session().cloned() };
             (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Close }), After::Close)
         }
         (Message::Flush(_), _) => (Reply::Error(ErrorCode::NotOpen, "FLUSH before OPEN".into()), After::Continue),
@@ -269,7 +273,7 @@ impl State {
             State::Ready { .. } => "authenticated (expecting OPEN)",
             State::Joining { .. } => "joining (expecting JOIN)",
             State::Open { .. } => "open",
-            State::Closed => "closed",
+            State::Closed { .. } => "closed",
         }
     }
 
@@ -277,6 +281,7 @@ impl State {
     pub fn session(&self) -> Option<&Arc<Session>> {
         match self {
             State::Open { session } | State::Joining { session } => Some(session),
+            State::Closed { session } => session.as_ref(),
             _ => None,
         }
     }

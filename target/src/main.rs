@@ -3,8 +3,6 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -107,16 +105,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         key,
         ..Config::default()
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
-    }
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("installing signal handlers")?;
     let running = Server::start(cfg)?;
     eprintln!("rblk-target: listening on {}", running.local_addr());
-    while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    tracing::info!("signal received: shutting down");
+    // Sleeps until a signal arrives: an idle daemon uses no CPU.
+    let signal = signals.forever().next();
+    tracing::info!(?signal, "signal received: shutting down");
     running.shutdown();
     Ok(())
 }

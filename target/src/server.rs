@@ -151,6 +151,7 @@ pub struct Running {
     addr: SocketAddr,
     shared: Arc<Shared>,
     listener: Option<thread::JoinHandle<()>>,
+    wake_listener: Waker,
 }
 
 impl Server {
@@ -218,12 +219,13 @@ impl Server {
         }
         warn_memlock(&shared);
         let s = Arc::clone(&shared);
+        let wake_listener = listener.waker();
         let listener = thread::Builder::new()
             .name("rblk-listener".into())
             .spawn(move || listen(&s, &listener))
             .expect("spawning the listener thread");
         info!(%addr, "listening");
-        Ok(Running { addr, shared, listener: Some(listener) })
+        Ok(Running { addr, shared, listener: Some(listener), wake_listener })
     }
 }
 
@@ -246,6 +248,7 @@ impl Running {
 
     fn stop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.wake_listener.wake();
         if let Some(t) = self.listener.take() {
             let _ = t.join();
         }
@@ -274,18 +277,22 @@ fn warn_memlock(shared: &Shared) {
     }
 }
 
-const POLL: Duration = Duration::from_millis(200);
+/// How long the listener sleeps without events (a waker ends it early).
+const IDLE: Duration = Duration::from_secs(3600);
+/// Back-off after a failed listener wait.
+const BACKOFF: Duration = Duration::from_millis(200);
 
 fn listen(shared: &Arc<Shared>, listener: &Listener) {
     let mut threads: Vec<thread::JoinHandle<()>> = Vec::new();
     let mut next_conn = 1u64;
     while !shared.shutdown.load(Ordering::SeqCst) {
-        let event = match listener.next_event(Some(Instant::now() + POLL)) {
+        // Sleeps until a CM event or the shutdown waker: nothing to do while idle.
+        let event = match listener.next_event(Some(Instant::now() + IDLE)) {
             Ok(Some(e)) => e,
             Ok(None) => continue,
             Err(e) => {
                 warn!(error = %e, "listener event failed");
-                thread::sleep(POLL);
+                thread::sleep(BACKOFF);
                 continue;
             }
         };

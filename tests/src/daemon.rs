@@ -87,6 +87,18 @@ impl Daemon {
             .expect("VmPin in /proc/PID/status")
     }
 
+    /// Protection domains the daemon holds (`rdma res show pd`): one per live session, plus one
+    /// per connection still negotiating.
+    pub fn pd_count(&self) -> usize {
+        let out = Command::new("rdma").args(["res", "show", "pd"]).output().expect("rdma res show pd");
+        // The kernel names the allocating thread, so match any of the daemon's threads.
+        let tids: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", self.pid()))
+            .expect("daemon threads")
+            .filter_map(|e| e.ok().map(|e| format!(" pid {} ", e.file_name().to_string_lossy())))
+            .collect();
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| tids.iter().any(|t| l.contains(t.as_str()))).count()
+    }
+
     /// True while the process runs.
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()

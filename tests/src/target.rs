@@ -83,6 +83,14 @@ impl Target {
         }
     }
 
+    /// Protection domains a daemon process holds (`rdma res show pd`), where the OS tracks them.
+    pub fn pd_count(&self) -> Option<usize> {
+        match self {
+            Target::Process(d) => Some(d.pd_count()),
+            Target::InProcess(_) => None,
+        }
+    }
+
     /// Pages the daemon has pinned (kB), where the OS tracks them (a real daemon process).
     pub fn vm_pin_kb(&self) -> Option<u64> {
         match self {

@@ -175,13 +175,17 @@ fn with_a_key_wrong_and_missing_proofs_get_no_rkey(fabric: Fabric) {
     assert!(matches!(rblk_proto::parse(&opened), Ok((_, Message::Opened(_)))), "{opened:?}");
 }
 
-/// Waits until the target reports `want_regs` registrations of `want_pinned` bytes and its VmPin
-/// is `want_pin_kb` (connection teardown is asynchronous), then returns the last STATS.
-fn settle(d: &Target, probe: &mut Raw, want_regs: u64, want_pinned: u64, want_pin_kb: Option<u64>) -> StatsReply {
+/// Waits until the target is back at `base` (registrations, pinned bytes, sessions) and, for a
+/// daemon process, at its baseline VmPin and PD count (connection teardown is asynchronous),
+/// then returns the last STATS.
+fn settle(d: &Target, probe: &mut Raw, base: &StatsReply, pin_kb: Option<u64>, pds: Option<usize>) -> StatsReply {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let s = stats(probe);
-        let done = (s.registrations, s.pinned_bytes) == (want_regs, want_pinned) && d.vm_pin_kb() == want_pin_kb;
+        let done = (s.registrations, s.pinned_bytes, s.sessions)
+            == (base.registrations, base.pinned_bytes, base.sessions)
+            && d.vm_pin_kb() == pin_kb
+            && d.pd_count() == pds;
         if done || Instant::now() > deadline {
             return s;
         }
@@ -195,6 +199,10 @@ fn registrations_are_released_after_close_and_disconnect(fabric: Fabric) {
     probe.request(&Message::Hello { features: 0 });
     let base = stats(&mut probe);
     let pin_base = d.vm_pin_kb();
+    let pd_base = d.pd_count();
+    if let Some(n) = pd_base {
+        assert!(n >= 2, "the probe's session PD and librdmacm's own are visible in `rdma res show pd` ({n})");
+    }
     assert_eq!((base.registrations, base.pinned_bytes), (0, 0));
 
     // CLOSE.
@@ -207,8 +215,10 @@ fn registrations_are_released_after_close_and_disconnect(fabric: Fabric) {
     }
     let ok = c.request(&Message::Close);
     assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))));
-    let after = settle(&d, &mut probe, 0, 0, pin_base);
+    let after = settle(&d, &mut probe, &base, pin_base, pd_base);
     assert_eq!((after.registrations, after.pinned_bytes), (0, 0), "after CLOSE");
+    assert_eq!(after.sessions, base.sessions, "the closed session is forgotten");
+    assert_eq!(d.pd_count(), pd_base, "its protection domain is gone");
     assert_eq!(d.vm_pin_kb(), pin_base, "VmPin back to baseline after CLOSE");
     drop(c);
 
@@ -217,7 +227,9 @@ fn registrations_are_released_after_close_and_disconnect(fabric: Fabric) {
     c.open("v", OpenMode::ReadOnly);
     assert_eq!(stats(&mut probe).registrations, 1);
     drop(c);
-    let after = settle(&d, &mut probe, 0, 0, pin_base);
+    let after = settle(&d, &mut probe, &base, pin_base, pd_base);
     assert_eq!((after.registrations, after.pinned_bytes), (0, 0), "after a disconnect");
+    assert_eq!(after.sessions, base.sessions, "the disconnected session is forgotten");
+    assert_eq!(d.pd_count(), pd_base, "its protection domain is gone");
     assert_eq!(d.vm_pin_kb(), pin_base, "VmPin back to baseline after a disconnect");
 }
