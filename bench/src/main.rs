@@ -1,19 +1,56 @@
 //! `rblk-bench`: load-test an rblk volume.
 
+use std::io;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::Parser;
-
-/// Load-test an rblk volume like fio (not available yet: it needs initiator sessions).
-#[derive(Debug, Parser)]
-#[command(version, about)]
-struct Args {
-    /// Volume URI, rblk://HOST[:PORT]/VOLUME.
-    uri: String,
-}
+use rblk_bench::{Args, Run};
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    eprintln!("rblk-bench: cannot run against {}: initiator sessions are not implemented yet", args.uri);
-    ExitCode::FAILURE
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(io::stderr)
+        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
+        .init();
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("rblk-bench: verification FAILED (bad blocks listed above)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("rblk-bench: {}", error_text(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes, each once: library errors already include their source's text.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text = format!("{text}: {cause}");
+        }
+    }
+    text
+}
+
+/// Runs the benchmark; `Ok(false)` when verification found bad blocks.
+fn run(args: &Args) -> anyhow::Result<bool> {
+    let spec = args.spec();
+    // Refuse bad arguments before connecting (the volume's limits are checked after opening).
+    spec.check()?;
+    let options = args.options()?;
+    let run = Run { progress: !args.quiet, command_line: std::env::args().collect() };
+    let report = run.run(&args.uri, &options, &spec)?;
+    print!("{}", report.text());
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report).context("encoding the JSON report")?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report.passed())
 }

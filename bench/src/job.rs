@@ -1,0 +1,426 @@
+//! One job: a thread that owns a queue and keeps `iodepth` I/Os in flight in its slice of the
+//! volume, then (for writes under `--verify`) reads back every block it wrote.
+//!
+//! The hot path does not allocate: slots, buffers, timestamps and the completion array are made
+//! before the start; I/Os use the queue's registered buffers without copies (`submit_*_buf`),
+//! except that `--verify` copies its patterns in and out. Timestamps: one clock read per
+//! submission batch and one per reaped batch, so a latency runs from the submit call to the reap
+//! that saw it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use rblk_initiator::{Buffer, Direction, Done, Queue};
+
+use crate::pattern::{self, Mismatch};
+use crate::rng::Rng;
+use crate::spec::{Plan, Stop};
+use crate::stats::{DirStats, Live};
+use crate::{Error, Result};
+
+/// A `user_data` bit: check the read's blocks against the pattern.
+const CHECK: u64 = 1 << 32;
+/// The slot index in `user_data`.
+const SLOT: u64 = u32::MAX as u64;
+/// Longest wait for one completion before the run fails.
+const WAIT_LIMIT: Duration = Duration::from_secs(60);
+/// Mismatches remembered (and printed) per job; all are counted.
+pub(crate) const MISMATCHES_KEPT: usize = 10;
+
+/// What the main thread hears from jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// The job's measured phase is over (the verify read-back may follow).
+    Measured(u32),
+    /// The job's thread ends (sent on drop, so also on errors and panics).
+    Finished(u32),
+}
+
+/// What every job shares with the main thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) start: Barrier,
+    /// Set by a failing job: the others stop submitting.
+    pub(crate) abort: AtomicBool,
+    pub(crate) live: Vec<Live>,
+}
+
+/// Verification results of a job.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tally {
+    pub(crate) blocks: u64,
+    pub(crate) mismatches: u64,
+    pub(crate) first: Vec<Mismatch>,
+    /// Smallest and largest generation seen in good blocks.
+    pub(crate) generations: Option<(u64, u64)>,
+}
+
+/// A job's results.
+#[derive(Debug)]
+pub(crate) struct Output {
+    pub(crate) read: DirStats,
+    pub(crate) write: DirStats,
+    /// Length of the measured window.
+    pub(crate) window: Duration,
+    pub(crate) tally: Tally,
+}
+
+/// Units of a slice written (and completed) in this run, for verification.
+#[derive(Debug)]
+struct Bitmap(Vec<u64>);
+
+impl Bitmap {
+    fn new(bits: u64) -> Bitmap {
+        Bitmap(vec![0; bits.div_ceil(64) as usize])
+    }
+    fn set(&mut self, i: u64) {
+        self.0[(i / 64) as usize] |= 1 << (i % 64);
+    }
+    fn get(&self, i: u64) -> bool {
+        self.0[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+    /// The first set bit at or after `from`.
+    fn next_set(&self, from: u64) -> Option<u64> {
+        let mut w = (from / 64) as usize;
+        let mut bits = *self.0.get(w)? & (u64::MAX << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(w as u64 * 64 + u64::from(bits.trailing_zeros()));
+            }
+            w += 1;
+            bits = *self.0.get(w)?;
+        }
+    }
+}
+
+struct Completed {
+    dir: Direction,
+    len: u64,
+    sent: Instant,
+}
+
+/// Sends [`Event::Finished`] when the job's thread ends, however it ends.
+struct FinishGuard<'a>(u32, &'a Sender<Event>);
+
+impl Drop for FinishGuard<'_> {
+    fn drop(&mut self) {
+        let _ = self.1.send(Event::Finished(self.0));
+    }
+}
+
+/// A job, ready to run on its own thread.
+#[derive(Debug)]
+pub(crate) struct Job {
+    index: u32,
+    q: Queue,
+    bufs: Vec<Buffer>,
+    slots: Vec<u32>,
+    sent: Vec<Instant>,
+    done: Vec<Done>,
+    depth: u32,
+    outstanding: u32,
+    bs: u32,
+    block: usize,
+    base: u64,
+    units: u64,
+    rng: Rng,
+    cursor: u64,
+    read_percent: u8,
+    random: bool,
+    verify: bool,
+    /// Generation written.
+    generation: u64,
+    /// Generation reads expect (`None`: any).
+    expect: Option<u64>,
+    /// Units written this run; present when verifying a workload that writes.
+    written: Option<Bitmap>,
+    /// One I/O's bytes, for patterns (empty without --verify).
+    scratch: Vec<u8>,
+    stats: [DirStats; 2],
+    tally: Tally,
+}
+
+fn dir_index(dir: Direction) -> usize {
+    match dir {
+        Direction::Read => 0,
+        Direction::Write => 1,
+    }
+}
+
+impl Job {
+    /// Prepares job `index` of `plan` on `q`: takes every buffer of its pool, sizes every table.
+    pub(crate) fn new(index: u32, q: Queue, plan: &Plan, generation: u64, expect: Option<u64>) -> Result<Job> {
+        let spec = &plan.spec;
+        let depth = spec.iodepth;
+        let bufs = (0..depth)
+            .map(|_| q.alloc_buffer())
+            .collect::<rblk_initiator::Result<Vec<_>>>()
+            .map_err(Error::initiator(format!("taking the buffers of job {index}'s queue")))?;
+        let verify = spec.verify;
+        let seed = spec.seed ^ u64::from(index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Ok(Job {
+            index,
+            q,
+            bufs,
+            slots: (0..depth).rev().collect(),
+            sent: vec![Instant::now(); depth as usize],
+            done: std::iter::repeat_with(Done::default).take(depth as usize).collect(),
+            depth,
+            outstanding: 0,
+            bs: spec.bs as u32,
+            block: plan.geometry.block_size as usize,
+            base: plan.base(index),
+            units: plan.units(),
+            rng: Rng::new(seed),
+            cursor: 0,
+            read_percent: spec.read_percent(),
+            random: spec.workload.is_random(),
+            verify,
+            generation,
+            expect,
+            written: (verify && spec.workload.writes()).then(|| Bitmap::new(plan.units())),
+            scratch: if verify { vec![0; spec.bs as usize] } else { Vec::new() },
+            stats: [DirStats::new(), DirStats::new()],
+            tally: Tally::default(),
+        })
+    }
+
+    /// Waits for the start, runs the measured phase (reporting [`Event::Measured`]), then the
+    /// verify read-back if any. On an error the other jobs are told to stop.
+    pub(crate) fn run(mut self, plan: &Plan, shared: &Shared, events: &Sender<Event>) -> Result<Output> {
+        let _finished = FinishGuard(self.index, events);
+        shared.start.wait();
+        let result = self.measured(plan, shared).and_then(|window| {
+            let _ = events.send(Event::Measured(self.index));
+            if self.written.is_some() {
+                self.read_back(shared)?;
+            }
+            Ok(window)
+        });
+        match result {
+            Ok(window) => {
+                let [read, write] = self.stats;
+                Ok(Output { read, write, window, tally: self.tally })
+            }
+            Err(e) => {
+                shared.abort.store(true, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// The workload, until the runtime passed or the size is transferred. Returns the length of
+    /// the measured window (after the ramp).
+    fn measured(&mut self, plan: &Plan, shared: &Shared) -> Result<Duration> {
+        let live = &shared.live[self.index as usize];
+        let start = Instant::now();
+        let ramp_end = start + plan.spec.ramp;
+        let (end, target) = match plan.spec.stop {
+            Stop::Runtime(d) => (Some(ramp_end + d), u64::MAX),
+            Stop::Size(size) => (None, size / plan.spec.bs),
+        };
+        // Completions in the measured window.
+        let mut measured = 0u64;
+        let mut last = ramp_end;
+        loop {
+            let now = Instant::now();
+            let ramping = now < ramp_end;
+            let open = !shared.abort.load(Ordering::Relaxed) && end.is_none_or(|e| now < e);
+            while open && self.outstanding < self.depth && (ramping || measured + u64::from(self.outstanding) < target)
+            {
+                let (dir, unit) = self.next_op();
+                let check = self.verify && dir == Direction::Read && self.written.as_ref().is_none_or(|w| w.get(unit));
+                self.submit(dir, unit, check, now)?;
+            }
+            if self.outstanding == 0 {
+                break;
+            }
+            let k = self.wait(now)?;
+            let t = Instant::now();
+            let in_window = t >= ramp_end && end.is_none_or(|e| t <= e);
+            let (mut ios, mut bytes) = ([0u64; 2], [0u64; 2]);
+            for i in 0..k {
+                let c = self.complete(i)?;
+                let d = dir_index(c.dir);
+                ios[d] += 1;
+                bytes[d] += c.len;
+                if in_window {
+                    self.stats[d].record(t - c.sent, c.len);
+                    measured += 1;
+                    last = t;
+                }
+            }
+            live.add(ios, bytes);
+        }
+        Ok(match end {
+            Some(e) => e - ramp_end,
+            None => last - ramp_end,
+        })
+    }
+
+    /// Reads back every unit this job wrote and checks it.
+    fn read_back(&mut self, shared: &Shared) -> Result<()> {
+        let live = &shared.live[self.index as usize];
+        let Some(written) = self.written.take() else { return Ok(()) };
+        let mut next = written.next_set(0);
+        loop {
+            let now = Instant::now();
+            while self.outstanding < self.depth && !shared.abort.load(Ordering::Relaxed) {
+                let Some(unit) = next else { break };
+                self.submit(Direction::Read, unit, true, now)?;
+                next = written.next_set(unit + 1);
+            }
+            if self.outstanding == 0 {
+                return Ok(());
+            }
+            let k = self.wait(now)?;
+            for i in 0..k {
+                self.complete(i)?;
+            }
+            live.add([k as u64, 0], [k as u64 * u64::from(self.bs), 0]);
+        }
+    }
+
+    fn next_op(&mut self) -> (Direction, u64) {
+        let dir = match self.read_percent {
+            100 => Direction::Read,
+            0 => Direction::Write,
+            p => {
+                if self.rng.below(100) < u64::from(p) {
+                    Direction::Read
+                } else {
+                    Direction::Write
+                }
+            }
+        };
+        let unit = if self.random {
+            self.rng.below(self.units)
+        } else {
+            let u = self.cursor;
+            self.cursor = if u + 1 == self.units { 0 } else { u + 1 };
+            u
+        };
+        (dir, unit)
+    }
+
+    /// The error of this job doing `what`. Call it inside `map_err(|e| ...)` so the message is
+    /// only formatted on failure: the hot path does not allocate.
+    fn io_err(&self, what: String, source: rblk_initiator::Error) -> Error {
+        Error::Job { job: self.index, what, source: Box::new(source) }
+    }
+
+    fn submit(&mut self, dir: Direction, unit: u64, check: bool, now: Instant) -> Result<()> {
+        let offset = self.base + unit * u64::from(self.bs);
+        // Fewer than `depth` outstanding: a slot and its buffer are free.
+        let slot = self.slots.pop().expect("a free slot below the queue depth");
+        let buf = self.bufs.pop().expect("a free buffer below the queue depth");
+        let mut tag = u64::from(slot);
+        let bs = self.bs;
+        let submitted = match dir {
+            Direction::Read => {
+                if check {
+                    tag |= CHECK;
+                }
+                self.q.submit_read_buf(offset, bs, buf, tag)
+            }
+            Direction::Write => {
+                if self.verify {
+                    pattern::fill_blocks(&mut self.scratch, offset, self.generation, self.block);
+                    buf.write_at(0, &self.scratch)
+                        .map_err(|e| self.io_err(format!("filling the pattern for {offset}"), e))?;
+                }
+                self.q.submit_write_buf(offset, bs, buf, tag)
+            }
+        };
+        submitted.map_err(|e| self.io_err(format!("submitting a {dir} of {bs} bytes at offset {offset}"), e))?;
+        self.sent[slot as usize] = now;
+        self.outstanding += 1;
+        Ok(())
+    }
+
+    /// Waits for at least one completion (posting what is staged first).
+    fn wait(&mut self, now: Instant) -> Result<usize> {
+        match self.q.wait(&mut self.done, now + WAIT_LIMIT) {
+            Ok(k) => Ok(k),
+            Err(e) => Err(self.io_err(format!("waiting for completions ({} outstanding)", self.outstanding), e)),
+        }
+    }
+
+    /// Takes the `i`-th reaped completion: its buffer and slot go back to the free lists, a
+    /// failed I/O fails the job, a read marked for checking is verified.
+    fn complete(&mut self, i: usize) -> Result<Completed> {
+        let d = &mut self.done[i];
+        let slot = (d.user_data & SLOT) as u32;
+        let check = d.user_data & CHECK != 0;
+        let (dir, offset, len) = (d.dir, d.offset, u64::from(d.len));
+        // The _buf submissions hand their buffer back, failed or not.
+        let buf = d.take_buffer().expect("a _buf submission's completion holds its buffer");
+        let result = std::mem::replace(&mut d.result, Ok(()));
+        self.slots.push(slot);
+        self.outstanding -= 1;
+        let sent = self.sent[slot as usize];
+        if let Err(source) = result {
+            self.bufs.push(buf);
+            return Err(self.io_err(format!("{dir} of {len} bytes at offset {offset}"), source));
+        }
+        if check {
+            let copied = buf.read_at(0, &mut self.scratch[..len as usize]);
+            self.bufs.push(buf);
+            copied.map_err(|e| self.io_err(format!("copying the data read at {offset}"), e))?;
+            self.check(offset, len as usize);
+        } else {
+            self.bufs.push(buf);
+        }
+        if dir == Direction::Write {
+            if let Some(w) = self.written.as_mut() {
+                w.set((offset - self.base) / u64::from(self.bs));
+            }
+        }
+        Ok(Completed { dir, len, sent })
+    }
+
+    fn check(&mut self, offset: u64, len: usize) {
+        for (i, block) in self.scratch[..len].chunks_exact(self.block).enumerate() {
+            let at = offset + (i * self.block) as u64;
+            self.tally.blocks += 1;
+            match pattern::check(block, at, self.expect) {
+                Ok(g) => {
+                    let (lo, hi) = self.tally.generations.unwrap_or((g, g));
+                    self.tally.generations = Some((lo.min(g), hi.max(g)));
+                }
+                Err(m) => {
+                    self.tally.mismatches += 1;
+                    if self.tally.first.len() < MISMATCHES_KEPT {
+                        eprintln!("rblk-bench: verify: job {}: {m}", self.index);
+                        self.tally.first.push(m);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmap() {
+        let mut b = Bitmap::new(200);
+        assert_eq!(b.next_set(0), None);
+        for i in [0, 63, 64, 130, 199] {
+            b.set(i);
+        }
+        assert!(b.get(63) && b.get(130) && !b.get(1));
+        let mut seen = Vec::new();
+        let mut at = b.next_set(0);
+        while let Some(i) = at {
+            seen.push(i);
+            at = b.next_set(i + 1);
+        }
+        assert_eq!(seen, [0, 63, 64, 130, 199]);
+        assert_eq!(b.next_set(200), None);
+    }
+}

@@ -1,0 +1,337 @@
+//! The results of a run: a fio-style text report and the same figures as JSON (the field names
+//! are documented in the crate docs).
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::stats::DirStats;
+
+/// Everything a run measured. Serializes to the `--json` document.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// rblk's version (this crate's).
+    pub rblk_version: String,
+    /// The command line, one argument per element.
+    pub command_line: Vec<String>,
+    /// The volume's URI.
+    pub uri: String,
+    /// The RDMA device (`--device`, else the only one, else the one holding the target's
+    /// address), or `None` when unknown.
+    pub device: Option<String>,
+    /// The volume.
+    pub volume: VolumeInfo,
+    /// The parameters.
+    pub job: JobInfo,
+    /// Length of the measured window in seconds (after the ramp; for `--size`, until the last
+    /// job's last I/O).
+    pub elapsed_s: f64,
+    /// Reads in the measured window.
+    pub read: DirReport,
+    /// Writes in the measured window.
+    pub write: DirReport,
+    /// Both directions.
+    pub total: Totals,
+    /// The target's CPU time over the measured window (from STATS), if the target answered.
+    pub target_cpu: Option<TargetCpu>,
+    /// Verification results, with `--verify`.
+    pub verify: Option<VerifyReport>,
+}
+
+/// The volume as OPENED describes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeInfo {
+    /// Bytes.
+    pub size: u64,
+    /// Bytes per block.
+    pub block_size: u32,
+    /// Largest I/O in bytes.
+    pub max_io: u32,
+    /// RAM only.
+    pub volatile: bool,
+}
+
+/// The run's parameters.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobInfo {
+    /// `read`, `write`, `randread`, `randwrite` or `randrw`.
+    pub rw: String,
+    /// Percentage of reads.
+    pub rwmixread: u8,
+    /// Bytes per I/O.
+    pub bs: u64,
+    /// Outstanding I/Os per job.
+    pub iodepth: u32,
+    /// Jobs.
+    pub jobs: u32,
+    /// `--runtime` in seconds, or `None` with `--size`.
+    pub runtime_s: Option<f64>,
+    /// `--size` in bytes per job, or `None` with `--runtime`.
+    pub size: Option<u64>,
+    /// `--ramp` in seconds.
+    pub ramp_s: f64,
+    /// `--verify`.
+    pub verify: bool,
+    /// `--seed`.
+    pub seed: u64,
+    /// How long waits spin before sleeping, microseconds.
+    pub spin_us: f64,
+    /// Bytes of the volume each job works in.
+    pub slice: u64,
+}
+
+/// Figures of one direction.
+#[derive(Debug, Clone, Serialize)]
+pub struct DirReport {
+    /// I/Os completed in the window.
+    pub ios: u64,
+    /// Bytes moved in the window.
+    pub bytes: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB (2^20 bytes) per second.
+    pub bw_mib_s: f64,
+    /// MB (10^6 bytes) per second.
+    pub bw_mb_s: f64,
+    /// Latency from submission to reap, or `None` without I/Os.
+    pub lat_us: Option<Latency>,
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Latency {
+    /// Smallest.
+    pub min: f64,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p99_9: f64,
+    /// 99.99th percentile.
+    pub p99_99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// Both directions together.
+#[derive(Debug, Clone, Serialize)]
+pub struct Totals {
+    /// I/Os.
+    pub ios: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub bw_mib_s: f64,
+    /// MB per second.
+    pub bw_mb_s: f64,
+}
+
+/// The target process's CPU time between the STATS taken at the start and at the end of the
+/// measured window.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TargetCpu {
+    /// User time, seconds.
+    pub user_s: f64,
+    /// System time, seconds.
+    pub system_s: f64,
+    /// Wall time between the two STATS, seconds.
+    pub wall_s: f64,
+    /// (user + system) / wall: 0.01 is 1% of one core.
+    pub share_of_core: f64,
+}
+
+/// What `--verify` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    /// The generation written, or required of reads (`None`: reads accepted any).
+    pub generation: Option<u64>,
+    /// Smallest and largest generation found in good blocks.
+    pub generations_seen: Option<[u64; 2]>,
+    /// Blocks (of the volume's block size) checked.
+    pub blocks_checked: u64,
+    /// Blocks that failed.
+    pub mismatches: u64,
+    /// The first failures (up to 10 per job).
+    pub first_mismatches: Vec<MismatchReport>,
+}
+
+/// One failed block.
+#[derive(Debug, Clone, Serialize)]
+pub struct MismatchReport {
+    /// Its volume offset.
+    pub offset: u64,
+    /// What is wrong.
+    pub problem: String,
+}
+
+impl Report {
+    /// False when `--verify` found a bad block.
+    pub fn passed(&self) -> bool {
+        self.verify.as_ref().is_none_or(|v| v.mismatches == 0)
+    }
+
+    /// The report as fio users know it.
+    pub fn text(&self) -> String {
+        let mut s = String::new();
+        let j = &self.job;
+        let stop = match (j.runtime_s, j.size) {
+            (Some(r), _) => format!("runtime={r}s"),
+            (None, Some(size)) => format!("size={}", human_bytes(size)),
+            _ => String::new(),
+        };
+        let mix = if j.rw == "randrw" { format!(" rwmixread={}", j.rwmixread) } else { String::new() };
+        let _ = writeln!(
+            s,
+            "rblk-bench: rw={}{mix} bs={} iodepth={} jobs={} {stop}{}{}",
+            j.rw,
+            human_bytes(j.bs),
+            j.iodepth,
+            j.jobs,
+            if j.ramp_s > 0.0 { format!(" ramp={}s", j.ramp_s) } else { String::new() },
+            if j.verify { " verify" } else { "" },
+        );
+        let v = &self.volume;
+        let _ = writeln!(
+            s,
+            "  volume {} ({}, block {}, max_io {}{}){}",
+            self.uri,
+            human_bytes(v.size),
+            v.block_size,
+            human_bytes(v.max_io.into()),
+            if v.volatile { ", volatile" } else { "" },
+            self.device.as_deref().map(|d| format!(" via {d}")).unwrap_or_default(),
+        );
+        for (name, d) in [("read", &self.read), ("write", &self.write)] {
+            let Some(lat) = &d.lat_us else { continue };
+            let _ = writeln!(
+                s,
+                "  {name}: IOPS={}, BW={:.1}MiB/s ({:.1}MB/s)({}/{:.1}s)",
+                human_count(d.iops),
+                d.bw_mib_s,
+                d.bw_mb_s,
+                human_bytes(d.bytes),
+                self.elapsed_s
+            );
+            let _ = writeln!(s, "    lat (usec): min={:.1}, avg={:.1}, max={:.1}", lat.min, lat.mean, lat.max);
+            let _ = writeln!(
+                s,
+                "    lat percentiles (usec): 50.00th=[{:.1}], 90.00th=[{:.1}], 99.00th=[{:.1}], 99.90th=[{:.1}], 99.99th=[{:.1}]",
+                lat.p50, lat.p90, lat.p99, lat.p99_9, lat.p99_99
+            );
+        }
+        if self.read.ios > 0 && self.write.ios > 0 {
+            let t = &self.total;
+            let _ =
+                writeln!(s, "  total: IOPS={}, BW={:.1}MiB/s ({:.1}MB/s)", human_count(t.iops), t.bw_mib_s, t.bw_mb_s);
+        }
+        if self.total.ios == 0 {
+            let _ = writeln!(s, "  no I/O completed in the measured window");
+        }
+        match &self.target_cpu {
+            Some(c) => {
+                let _ = writeln!(
+                    s,
+                    "  target cpu: {:.3}% of one core (user {:.3}s, sys {:.3}s over {:.1}s)",
+                    c.share_of_core * 100.0,
+                    c.user_s,
+                    c.system_s,
+                    c.wall_s
+                );
+            }
+            None => {
+                let _ = writeln!(s, "  target cpu: unknown (STATS failed)");
+            }
+        }
+        if let Some(v) = &self.verify {
+            let generation = match (v.generation, v.generations_seen) {
+                (Some(g), _) => format!("generation {g}"),
+                (None, Some([lo, hi])) if lo == hi => format!("generation {lo} found"),
+                (None, Some([lo, hi])) => format!("generations {lo}..{hi} found"),
+                (None, None) => "no good block".into(),
+            };
+            let verdict = if v.mismatches == 0 { "OK" } else { "FAILED" };
+            let _ =
+                writeln!(s, "  verify: {verdict}: {} of {} blocks bad ({generation})", v.mismatches, v.blocks_checked);
+            for m in &v.first_mismatches {
+                let _ = writeln!(s, "    offset {} ({:#x}): {}", m.offset, m.offset, m.problem);
+            }
+            if v.mismatches > v.first_mismatches.len() as u64 {
+                let _ = writeln!(s, "    ... and {} more", v.mismatches - v.first_mismatches.len() as u64);
+            }
+        }
+        s
+    }
+}
+
+pub(crate) fn dir_report(d: &DirStats, elapsed_s: f64) -> DirReport {
+    let rate = |x: u64| if elapsed_s > 0.0 { x as f64 / elapsed_s } else { 0.0 };
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let h = &d.hist;
+    let lat_us = (d.ios > 0).then(|| Latency {
+        min: us(h.min()),
+        mean: h.mean() / 1000.0,
+        p50: us(h.value_at_quantile(0.5)),
+        p90: us(h.value_at_quantile(0.9)),
+        p99: us(h.value_at_quantile(0.99)),
+        p99_9: us(h.value_at_quantile(0.999)),
+        p99_99: us(h.value_at_quantile(0.9999)),
+        max: us(h.max()),
+    });
+    DirReport {
+        ios: d.ios,
+        bytes: d.bytes,
+        iops: rate(d.ios),
+        bw_mib_s: rate(d.bytes) / (1u64 << 20) as f64,
+        bw_mb_s: rate(d.bytes) / 1e6,
+        lat_us,
+    }
+}
+
+/// 18300.0 -> "18.3k", as fio prints rates.
+pub(crate) fn human_count(x: f64) -> String {
+    match x {
+        x if x >= 1e6 => format!("{:.2}M", x / 1e6),
+        x if x >= 1e4 => format!("{:.1}k", x / 1e3),
+        x if x >= 1e3 => format!("{:.2}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
+}
+
+/// 65536 -> "64KiB", 1048576 -> "1MiB", 1536 -> "1.5KiB", 100 -> "100B".
+pub(crate) fn human_bytes(n: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if n >= 1 << shift {
+            return if n % (1 << shift) == 0 {
+                format!("{}{unit}", n >> shift)
+            } else {
+                format!("{:.1}{unit}", n as f64 / (1u64 << shift) as f64)
+            };
+        }
+    }
+    format!("{n}B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_count(18_312.0), "18.3k");
+        assert_eq!(human_count(1_234.0), "1.23k");
+        assert_eq!(human_count(999.4), "999");
+        assert_eq!(human_count(2_500_000.0), "2.50M");
+        assert_eq!(human_bytes(4096), "4KiB");
+        assert_eq!(human_bytes(1 << 30), "1GiB");
+        assert_eq!(human_bytes(1536), "1.5KiB");
+        assert_eq!(human_bytes(100), "100B");
+        assert_eq!(human_bytes(3 * (1 << 20) + 4096), "3.0MiB");
+    }
+}
