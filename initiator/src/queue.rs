@@ -1,7 +1,7 @@
 //! A further queue pair of a session, for asynchronous I/O: submit, then reap or wait.
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rblk_fabric::channel;
 use rblk_fabric::policy::POLL_BATCH;
@@ -15,6 +15,9 @@ use crate::{Direction, Error, Geometry, InvalidReason, Result};
 
 /// Submissions posted with one doorbell.
 const BATCH: usize = 16;
+
+/// The longest a low-depth wait spins before sleeping.
+pub const MAX_ADAPTIVE_SPIN: Duration = Duration::from_millis(1);
 
 /// The deepest queue: bounds the memory pinned by its pool and the send queue asked of the NIC.
 pub const MAX_DEPTH: u32 = 1024;
@@ -127,6 +130,8 @@ pub struct Queue {
     rkey: u32,
     max_len: u64,
     dirty: dirty::Shared,
+    /// Average time a low-depth wait took to see a completion, in ns (0: none yet).
+    wait_ns: u64,
 }
 
 impl Queue {
@@ -179,6 +184,7 @@ impl Queue {
             rkey: opened.rkey,
             max_len: size,
             dirty,
+            wait_ns: 0,
         })
     }
 
@@ -364,10 +370,14 @@ impl Queue {
     pub fn wait(&mut self, done: &mut [Done], deadline: Instant) -> Result<usize> {
         let started = Instant::now();
         let mut k = self.reap(done);
+        let low_depth = self.in_flight <= 2;
+        let spin = self.spin(low_depth);
+        let mut slept = false;
         while k == 0 && self.in_flight > 0 && !done.is_empty() {
             let mut wcs = [Completion::EMPTY; POLL_BATCH];
             let want = done.len().min(POLL_BATCH);
-            let n = match self.conn.ep.wait(&mut wcs[..want], self.conn.spin, deadline) {
+            slept = true;
+            let n = match self.conn.ep.wait(&mut wcs[..want], spin, deadline) {
                 Ok(n) => n,
                 Err(source) => {
                     self.poll_failed(source);
@@ -380,7 +390,24 @@ impl Queue {
                 return Err(Error::Timeout { op, addr: self.conn.addr, after: started.elapsed() });
             }
         }
+        if low_depth && slept && k > 0 {
+            // Moving average (1/8) of how long a low-depth wait takes to see its completion.
+            let t = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.wait_ns = if self.wait_ns == 0 { t } else { self.wait_ns - self.wait_ns / 8 + t / 8 };
+        }
         Ok(k)
+    }
+
+    /// How long to spin before sleeping on the completion channel. At depth 1-2 a sleep costs a
+    /// wakeup per I/O, so spin for twice the usual wait (at most [`MAX_ADAPTIVE_SPIN`], at least
+    /// [`Options::spin`](crate::Options::spin)); deeper queues always have completions coming and
+    /// use `Options::spin`, leaving the CPU to others.
+    fn spin(&self, low_depth: bool) -> Duration {
+        let base = self.conn.spin;
+        if !low_depth {
+            return base;
+        }
+        base.max(Duration::from_nanos(self.wait_ns.saturating_mul(2)).min(MAX_ADAPTIVE_SPIN))
     }
 
     fn process(&mut self, wcs: &[Completion], done: &mut [Done], k: &mut usize) {

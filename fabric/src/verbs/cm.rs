@@ -439,8 +439,14 @@ pub(crate) fn wait_readable(fd: RawFd, deadline: Option<Instant>) -> io::Result<
 
 /// Waits until one of `fds` is readable; returns its index, or None at the deadline.
 pub(crate) fn wait_any_readable(fds: &[RawFd], deadline: Option<Instant>) -> io::Result<Option<usize>> {
-    let mut pfds: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    // At most a few descriptors: a stack array, so that sleeping allocates nothing.
+    const MAX: usize = 4;
+    assert!(fds.len() <= MAX, "wait_any_readable takes at most {MAX} descriptors");
+    let mut all = [libc::pollfd { fd: -1, events: 0, revents: 0 }; MAX];
+    for (p, &fd) in all.iter_mut().zip(fds) {
+        *p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    }
+    let pfds = &mut all[..fds.len()];
     loop {
         let timeout_ms = match deadline {
             None => 0,
