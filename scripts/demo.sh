@@ -64,10 +64,8 @@ in_guest() {
     umount /mnt/rblk-demo-fs
     "$bin/rblk" umount /mnt/rblk-demo
 
-    if [[ -x $bin/rblk-bench ]] && "$bin/rblk-bench" --help 2>/dev/null | grep -q -- '--iodepth'; then
-        say "rblk-bench $uri --rw randread --bs 4k --iodepth 32 --runtime 10"
-        "$bin/rblk-bench" "$uri" --rw randread --bs 4k --iodepth 32 --runtime 10
-    fi
+    say "rblk-bench $uri --rw randread --bs 4k --iodepth 32 --runtime 10"
+    "$bin/rblk-bench" "$uri" --rw randread --bs 4k --iodepth 32 --runtime 10
 
     say "stop the target (SIGTERM)"
     kill -TERM "$pid"
