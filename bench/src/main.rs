@@ -27,16 +27,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The error and its causes, each once: library errors already include their source's text.
+/// The error and its causes, each once.
 fn error_text(e: &anyhow::Error) -> String {
-    let mut text = e.to_string();
-    for cause in e.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.contains(&cause) {
-            text = format!("{text}: {cause}");
-        }
-    }
-    text
+    rblk_initiator::describe(e.as_ref())
 }
 
 /// Runs the benchmark; `Ok(false)` when verification found bad blocks.

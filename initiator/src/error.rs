@@ -308,6 +308,21 @@ impl Error {
     }
 }
 
+/// An error and its causes as one line, each cause once: rblk's errors already include their
+/// source's text, so printing a chain naively repeats it. For binaries' error messages.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use rblk_fabric::{Completion, WcStatus};

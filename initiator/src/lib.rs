@@ -82,7 +82,7 @@ mod volume;
 
 pub use buffer::{Buffer, BufferPool};
 pub use dirty::Dirty;
-pub use error::{Direction, Error, InvalidReason, Result};
+pub use error::{describe, Direction, Error, InvalidReason, Result};
 pub use options::{Options, DEFAULT_IO_TIMEOUT, DEFAULT_TIMEOUT};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
