@@ -665,6 +665,20 @@ impl Endpoint {
         dispatch!(EndpointInner, &mut self.inner, e => e.wait(out, spin, deadline, Some(fd)))
     }
 
+    /// A descriptor that becomes readable when a completion arrives after
+    /// [`arm_events`](Self::arm_events): for callers that wait in an event loop of their own
+    /// (io_uring POLL_ADD, epoll) instead of [`wait`](Self::wait).
+    pub fn event_fd(&self) -> RawFd {
+        dispatch!(EndpointInner, &self.inner, e => e.event_fd())
+    }
+
+    /// Consumes the events signalled so far and asks for one at the next completion. Poll once
+    /// more after arming, then wait for [`event_fd`](Self::event_fd): a completion that arrived
+    /// before the arm raises no event.
+    pub fn arm_events(&mut self) -> Result<()> {
+        dispatch!(EndpointInner, &mut self.inner, e => e.arm_events())
+    }
+
     /// A handle that interrupts [`Endpoint::wait`] from another thread.
     pub fn waker(&self) -> Waker {
         self.wake.waker()

@@ -787,6 +787,16 @@ impl Endpoint {
         Ok(n)
     }
 
+    pub(crate) fn event_fd(&self) -> RawFd {
+        self.bell.as_raw_fd()
+    }
+
+    /// Empties the bell: the next completion rings it again (the caller polls afterwards).
+    pub(crate) fn arm_events(&mut self) -> Result<()> {
+        while matches!((&self.bell).read(&mut [0u8; 64]), Ok(n) if n > 0) {}
+        Ok(())
+    }
+
     /// No spinning: completions are queued under the connection lock, which rings the bell.
     pub(crate) fn wait(
         &mut self,

@@ -155,6 +155,12 @@ impl Buffer {
         })
     }
 
+    /// The buffer's address in this process, for handing it to a kernel interface that fills or
+    /// drains it (a ublk queue's I/O buffers). Never borrowed as a slice here.
+    pub fn addr(&self) -> u64 {
+        self.pool.mr.addr() + self.base() as u64
+    }
+
     /// The registration and offset of `len` bytes of this buffer, for a work request.
     pub(crate) fn region(&self) -> (&Mr, usize) {
         (&self.pool.mr, self.base())

@@ -59,6 +59,9 @@ impl Dirty {
 pub(crate) struct State {
     dirty: Mutex<Dirty>,
     failed: AtomicBool,
+    /// Every lane's writes and read-modify-writes hold their blocks here.
+    pub(crate) locks: crate::engine::RangeLocks,
+    pub(crate) counters: crate::engine::Counters,
 }
 
 /// The state a volume shares with its queues.
@@ -67,6 +70,19 @@ pub(crate) type Shared = Arc<State>;
 /// Records a completed write in `shared`.
 pub(crate) fn record(shared: &Shared, offset: u64, len: u64) {
     shared.dirty.lock().unwrap_or_else(|p| p.into_inner()).add(offset, len);
+}
+
+/// Whether nothing was written since the last FLUSH.
+pub(crate) fn is_clean(shared: &Shared) -> bool {
+    *shared.dirty.lock().unwrap_or_else(|p| p.into_inner()) == Dirty::Ranges(Vec::new())
+}
+
+/// Bytes in the recorded ranges (None: too many to list, everything may be dirty).
+pub(crate) fn pending_bytes(shared: &Shared) -> Option<u64> {
+    match &*shared.dirty.lock().unwrap_or_else(|p| p.into_inner()) {
+        Dirty::Ranges(v) => Some(v.iter().map(|&(s, e)| e - s).sum()),
+        Dirty::All => None,
+    }
 }
 
 /// Takes what is recorded, leaving it empty.

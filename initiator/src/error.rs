@@ -282,12 +282,33 @@ fn request_name(op: Opcode) -> &'static str {
     }
 }
 
+/// Linux errno values (the front ends are Linux interfaces).
+const EIO: i32 = 5;
+const EINVAL: i32 = 22;
+const ENOSPC: i32 = 28;
+const EROFS: i32 = 30;
+
 impl Error {
     /// The target's error code, for [`Error::Target`].
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             Error::Target { code, .. } => Some(*code),
             _ => None,
+        }
+    }
+
+    /// The errno a block front end (ublk, NBD, FUSE) reports for this error: the one mapping
+    /// every front end uses. Refused accesses: EROFS for writes to a read-only volume, ENOSPC past
+    /// its end, EINVAL otherwise; EROFS too for writes to a volume the target declared failed (it
+    /// revoked write access); everything else (lost connections, failed RDMA, timeouts, target
+    /// errors) is EIO.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Invalid { reason: InvalidReason::ReadOnly, .. } => EROFS,
+            Error::Invalid { reason: InvalidReason::OutOfRange { .. }, .. } => ENOSPC,
+            Error::Invalid { .. } => EINVAL,
+            Error::VolumeFailed { .. } => EROFS,
+            _ => EIO,
         }
     }
 

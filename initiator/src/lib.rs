@@ -69,9 +69,8 @@
 mod buffer;
 mod conn;
 mod dirty;
+pub mod engine;
 mod error;
-#[cfg(feature = "fuse")]
-pub mod mount;
 mod options;
 mod queue;
 mod range;
@@ -82,12 +81,13 @@ mod volume;
 
 pub use buffer::{Buffer, BufferPool};
 pub use dirty::Dirty;
+pub use engine::{Engine, EngineStats, Lane};
 pub use error::{describe, Direction, Error, InvalidReason, Result};
 pub use options::{Options, DEFAULT_IO_TIMEOUT, DEFAULT_TIMEOUT};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, DeviceInfo, Fabric};
-pub use rblk_proto::{ErrorCode, OpenMode, StatsReply, VolumeFlags};
+pub use rblk_proto::{ErrorCode, OpenMode, StatsReply, VolumeFlags, KEEPALIVE_INTERVAL};
 pub use session::Session;
 pub use size::parse_size;
 pub use uri::{ToUri, Uri};

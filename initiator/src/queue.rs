@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::channel;
 use rblk_fabric::policy::POLL_BATCH;
-use rblk_fabric::{Completion, Endpoint, Local, Op, Pd, WcStatus, WorkRequest};
+use rblk_fabric::{Access, Completion, Endpoint, Local, Memory, Mr, Op, Pd, WcStatus, WorkRequest};
 use rblk_proto::{ConnectData, Message, Opcode};
 
 use crate::buffer::{Buffer, BufferPool};
@@ -96,7 +96,8 @@ struct Slot {
     dir: Direction,
     offset: u64,
     len: u32,
-    buffer: Buffer,
+    /// None: a write of zeroes from the queue's zeroed registration.
+    buffer: Option<Buffer>,
     /// Hand the buffer back in the Done (reads, and caller-provided buffers).
     give_back: bool,
     /// Set when the operation failed before it reached the NIC.
@@ -130,6 +131,8 @@ pub struct Queue {
     rkey: u32,
     max_len: u64,
     dirty: dirty::Shared,
+    /// A registered, zeroed region of `max_len` bytes for writes of zeroes (made at the first).
+    zeros: Option<Mr>,
     /// Average time a low-depth wait took to see a completion, in ns (0: none yet).
     wait_ns: u64,
 }
@@ -184,6 +187,7 @@ impl Queue {
             rkey: opened.rkey,
             max_len: size,
             dirty,
+            zeros: None,
             wait_ns: 0,
         })
     }
@@ -244,6 +248,7 @@ impl Queue {
         self.check_range(Direction::Read, offset, len.into())?;
         let slot = self.slot()?;
         let buffer = self.take_pool_buffer(slot)?;
+        let buffer = Some(buffer);
         self.stage(slot, Slot { user_data, dir: Direction::Read, offset, len, buffer, give_back: true, failed: None });
         Ok(())
     }
@@ -256,6 +261,7 @@ impl Queue {
         let buffer = self.take_pool_buffer(slot)?;
         buffer.write_at(0, data)?;
         let len = data.len() as u32;
+        let buffer = Some(buffer);
         self.stage(
             slot,
             Slot { user_data, dir: Direction::Write, offset, len, buffer, give_back: false, failed: None },
@@ -283,8 +289,54 @@ impl Queue {
             return Err(Error::Invalid { what, offset, len: len.into(), reason: InvalidReason::ForeignBuffer });
         }
         let slot = self.slot()?;
+        let buffer = Some(buffer);
         self.stage(slot, Slot { user_data, dir, offset, len, buffer, give_back: true, failed: None });
         Ok(())
+    }
+
+    /// Writes `len` zero bytes at `offset` from a zeroed registration of the queue's (made at
+    /// the first call): no buffer of the pool is used and nothing is copied.
+    pub fn submit_zeroes(&mut self, offset: u64, len: u32, user_data: u64) -> Result<()> {
+        self.conn.alive()?;
+        self.check_range(Direction::Write, offset, len.into())?;
+        if self.zeros.is_none() {
+            let addr = self.conn.addr;
+            let err = |source| Error::Fabric { op: "registering the queue's zeroed region", addr, source };
+            let memory = Memory::anonymous(self.max_len as usize).map_err(err)?;
+            self.zeros = Some(self.conn.ep.pd().register(&memory, Access::LOCAL).map_err(err)?);
+        }
+        let slot = self.slot()?;
+        let dir = Direction::Write;
+        self.stage(slot, Slot { user_data, dir, offset, len, buffer: None, give_back: false, failed: None });
+        Ok(())
+    }
+
+    /// The descriptor of the queue's completion channel, for a caller's own event loop (io_uring
+    /// POLL_ADD, epoll) instead of [`wait`](Self::wait): readable once a completion arrives after
+    /// [`arm`](Self::arm). [`reap`](Self::reap) then takes the completions.
+    pub fn event_fd(&self) -> std::os::fd::RawFd {
+        self.conn.ep.event_fd()
+    }
+
+    /// Asks for an event at the next completion. Reap once more after arming, before waiting
+    /// for [`event_fd`](Self::event_fd): a completion that arrived before the arm raises none.
+    pub fn arm(&mut self) -> Result<()> {
+        let addr = self.conn.addr;
+        self.conn.ep.arm_events().map_err(|source| Error::Fabric { op: "arming the completion queue", addr, source })
+    }
+
+    /// Operations posted and not yet completed.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// The target's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.conn.addr
+    }
+
+    pub(crate) fn shared(&self) -> &dirty::Shared {
+        &self.dirty
     }
 
     fn slot(&mut self) -> Result<u32> {
@@ -306,7 +358,7 @@ impl Queue {
     /// Posts every staged submission, with one doorbell per 16. A failure to post fails
     /// those operations (their [`Done`]s report it) and the queue.
     pub fn commit(&mut self) {
-        let Queue { conn, slots, staged, failed, in_flight, remote_addr, rkey, .. } = self;
+        let Queue { conn, slots, staged, failed, in_flight, remote_addr, rkey, zeros, .. } = self;
         for chunk in staged.chunks(BATCH) {
             if let Err(e) = conn.alive() {
                 fail_all(slots, failed, chunk, conn.addr, &e.to_string());
@@ -315,7 +367,12 @@ impl Queue {
             let mut wrs = [NO_WR; BATCH];
             for (wr, &index) in wrs.iter_mut().zip(chunk) {
                 let Some(slot) = &slots[index as usize] else { continue };
-                let (mr, base) = slot.buffer.region();
+                let (mr, base) = match (&slot.buffer, zeros.as_ref()) {
+                    (Some(b), _) => b.region(),
+                    (None, Some(z)) => (z, 0),
+                    // submit_zeroes registers the region before it stages.
+                    (None, None) => continue,
+                };
                 // The range was checked against the volume when staged.
                 let remote_addr = *remote_addr + slot.offset;
                 let op = match slot.dir {
@@ -489,7 +546,7 @@ impl Queue {
 
 fn finish(slot: Slot, result: Result<()>) -> Done {
     let Slot { user_data, dir, offset, len, buffer, give_back, .. } = slot;
-    Done { user_data, result, dir, offset, len, buffer: give_back.then_some(buffer) }
+    Done { user_data, result, dir, offset, len, buffer: buffer.filter(|_| give_back) }
 }
 
 /// Marks the operations in `indexes` failed (the connection is lost), for reaping.

@@ -34,7 +34,7 @@ impl Session {
         let dest = Dest { fabric: opts.fabric, addr, device: opts.device.clone(), spin: opts.spin };
         let deadline = Instant::now() + opts.timeout;
         let mut conn =
-            Conn::connect(&dest, None, &conn::qp_config(Volume::BOUNCE_SLOTS), ConnectData::NewSession, deadline)?;
+            Conn::connect(&dest, None, &conn::qp_config(Volume::SYNC_DEPTH), ConnectData::NewSession, deadline)?;
 
         let deadline = Instant::now() + opts.timeout;
         let (flags, features, nonce) =

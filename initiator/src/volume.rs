@@ -1,31 +1,32 @@
-//! An open volume: synchronous reads and writes through a registered bounce buffer on the
-//! session's first QP, FLUSH, STATS, CLOSE, and further queues.
+//! An open volume: the session's first QP (FLUSH, STATS, CLOSE, keepalives), synchronous reads
+//! and writes through the block-I/O engine on a lane of its own, and further queues.
 
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use rblk_fabric::channel;
-use rblk_fabric::{Access, Completion, Local, Memory, Mr, Op, Pd, WorkRequest};
+use std::sync::atomic::Ordering;
+
+use rblk_fabric::Pd;
 use rblk_proto::{ErrorCode, Flush, FlushedFlags, Message, Opcode, OpenMode, Opened, Range, StatsReply, VolumeFlags};
 
 use crate::conn::{Conn, Dest, Reply};
 use crate::dirty::{self, Dirty};
-use crate::{Direction, Error, Geometry, Options, Queue, Result, Uri};
+use crate::{Direction, Error, Geometry, Lane, Options, Queue, Result, Uri};
 
 /// A volume opened by a [`Session`](crate::Session).
 ///
 /// [`read_at`](Self::read_at) and [`write_at`](Self::write_at) take any block-aligned range
-/// inside the volume and split it into chunks no larger than the target's largest I/O, which go
-/// out as RDMA READs and WRITEs from a registered bounce buffer, a few at a time. For parallel,
-/// asynchronous I/O open [`Queue`]s with [`queue`](Self::queue).
+/// inside the volume and run it on the block-I/O engine ([`Lane`]), through a further queue pair
+/// of the session opened at the first call: split into chunks no larger than the target's
+/// largest I/O, a few in flight. For parallel, asynchronous I/O open [`Queue`]s with
+/// [`queue`](Self::queue), or serve the volume with an [`Engine`](crate::Engine).
 ///
 /// Dropping a volume disconnects; [`close`](Self::close) says goodbye first.
 #[derive(Debug)]
 pub struct Volume {
-    // Declaration order is drop order: the QP goes before the bounce buffer.
+    // Declaration order is drop order: the data lane goes before the first QP.
+    io: Option<Lane>,
     conn: Conn,
-    bounce: Mr,
-    chunk: usize,
     geo: Geometry,
     opened: Opened,
     mode: OpenMode,
@@ -36,12 +37,9 @@ pub struct Volume {
     dirty: dirty::Shared,
 }
 
-/// A work request slot for filling in.
-const NO_WR: WorkRequest<'static> = WorkRequest { wr_id: 0, op: Op::Send, local: Local::Inline(&[]), signaled: false };
-
 impl Volume {
     /// Chunks in flight at once in synchronous calls.
-    pub(crate) const BOUNCE_SLOTS: u32 = 4;
+    pub(crate) const SYNC_DEPTH: u32 = 4;
     /// Largest chunk: bigger ones do not go faster, and pin memory.
     const CHUNK_MAX: u32 = 1 << 20;
 
@@ -60,30 +58,7 @@ impl Volume {
             return Err(Error::Protocol { addr: dest.addr, expected: "a volume address range that fits 64 bits", got });
         }
         let geo = Geometry::from_opened(&opened, mode == OpenMode::ReadOnly);
-        // max_io is a non-zero multiple of the block size (proto checks OPENED), and so is the
-        // chunk: both are powers of two or multiples of one.
-        let chunk = opened.max_io.min(Self::CHUNK_MAX.max(opened.block_size)) as usize;
-        let fabric_err = |op, source| Error::Fabric { op, addr: dest.addr, source };
-        let memory = Memory::anonymous(chunk * Self::BOUNCE_SLOTS as usize)
-            .map_err(|e| fabric_err("mapping the bounce buffer", e))?;
-        let bounce = conn
-            .ep
-            .pd()
-            .register(&memory, Access::LOCAL)
-            .map_err(|e| fabric_err("registering the bounce buffer", e))?;
-        Ok(Volume {
-            conn,
-            bounce,
-            chunk,
-            geo,
-            opened,
-            mode,
-            uri,
-            dest,
-            opts,
-            features,
-            dirty: dirty::Shared::default(),
-        })
+        Ok(Volume { io: None, conn, geo, opened, mode, uri, dest, opts, features, dirty: dirty::Shared::default() })
     }
 
     /// Size in bytes.
@@ -164,19 +139,7 @@ impl Volume {
     pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.conn.alive()?;
         self.check_range(Direction::Read, offset, buf.len() as u64)?;
-        let mut done = 0;
-        while done < buf.len() {
-            let batch = batch(&self.bounce, self.chunk, &self.opened, Direction::Read, offset, done, buf.len());
-            let Batch { wrs, ranges, n, end } = batch;
-            run(&mut self.conn, &self.opts, &wrs[..n], Direction::Read, &ranges[..n])?;
-            for (slot, &(_, len)) in ranges[..n].iter().enumerate() {
-                let at = done + slot * self.chunk;
-                let dst = &mut buf[at..at + len as usize];
-                self.bounce.memory().read_at(slot * self.chunk, dst).map_err(|e| self.local_err(e))?;
-            }
-            done = end;
-        }
-        Ok(())
+        self.lane()?.read_at(buf, offset)
     }
 
     /// Writes `buf` at `offset`. The data is in target memory when this returns; call
@@ -184,24 +147,23 @@ impl Volume {
     pub fn write_at(&mut self, buf: &[u8], offset: u64) -> Result<()> {
         self.conn.alive()?;
         self.check_range(Direction::Write, offset, buf.len() as u64)?;
-        let mut done = 0;
-        while done < buf.len() {
-            let batch = batch(&self.bounce, self.chunk, &self.opened, Direction::Write, offset, done, buf.len());
-            let Batch { wrs, ranges, n, end } = batch;
-            for (slot, &(_, len)) in ranges[..n].iter().enumerate() {
-                let at = done + slot * self.chunk;
-                let src = &buf[at..at + len as usize];
-                self.bounce.memory().write_at(slot * self.chunk, src).map_err(|e| self.local_err(e))?;
-            }
-            run(&mut self.conn, &self.opts, &wrs[..n], Direction::Write, &ranges[..n])?;
-            dirty::record(&self.dirty, offset + done as u64, (end - done) as u64);
-            done = end;
-        }
-        Ok(())
+        self.lane()?.write_at(buf, offset, false)
     }
 
-    fn local_err(&self, source: rblk_fabric::Error) -> Error {
-        Error::Fabric { op: "copying through the bounce buffer", addr: self.dest.addr, source }
+    /// The lane of the synchronous calls, opened at the first.
+    fn lane(&mut self) -> Result<&mut Lane> {
+        if self.io.is_none() {
+            let chunk = crate::engine::piece_size(&self.geo, Self::CHUNK_MAX);
+            let mut lane = Lane::new(Queue::connect(self, Self::SYNC_DEPTH, chunk)?, None);
+            lane.set_io_timeout(self.opts.io_timeout);
+            self.io = Some(lane);
+        }
+        Ok(self.io.as_mut().expect("opened above"))
+    }
+
+    /// The state the volume shares with its queues and lanes.
+    pub(crate) fn shared(&self) -> dirty::Shared {
+        std::sync::Arc::clone(&self.dirty)
     }
 
     /// Makes everything written since the last flush durable: a FLUSH of the ranges this volume
@@ -211,8 +173,13 @@ impl Volume {
     /// ordering point.
     ///
     /// Writes made through [`Queue`]s are covered once their completions have been reaped: reap
-    /// every queue's writes before calling this (the target cannot see one-sided writes).
+    /// every queue's writes before calling this (the target cannot see one-sided writes). When
+    /// nothing was written since the last flush, nothing is sent.
     pub fn flush(&mut self) -> Result<bool> {
+        if dirty::is_clean(&self.dirty) {
+            self.dirty.counters.skipped.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.is_volatile());
+        }
         let pending = dirty::take(&self.dirty);
         let ranges: Vec<Range> = match &pending {
             Dirty::Ranges(v) => v.iter().map(|&(s, e)| Range::new(s, e - s)).collect(),
@@ -253,6 +220,7 @@ impl Volume {
     }
 
     fn flush_with(&mut self, flush: Flush<'_>) -> Result<bool> {
+        self.dirty.counters.flushes.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.opts.timeout;
         let flags = self
             .conn
@@ -293,6 +261,8 @@ impl Volume {
     /// Ends the session: CLOSE, whose OK means the target has revoked the session's access to
     /// the volume (every queue's I/O fails from then on), then disconnect.
     pub fn close(mut self) -> Result<()> {
+        // The data lane goes first: CLOSE revokes the session's access.
+        self.io = None;
         let deadline = Instant::now() + self.opts.timeout;
         self.conn.expect(&Message::Close, deadline, "OK(CLOSE)", |r| match r {
             Reply::Ok(Opcode::Close) => Some(()),
@@ -335,97 +305,4 @@ impl Volume {
             dirty: &self.dirty,
         }
     }
-}
-
-struct Batch<'a> {
-    wrs: [WorkRequest<'a>; Volume::BOUNCE_SLOTS as usize],
-    /// Volume offset and length of each.
-    ranges: [(u64, u64); Volume::BOUNCE_SLOTS as usize],
-    n: usize,
-    /// Bytes of the access done after this batch.
-    end: usize,
-}
-
-/// The next up to BOUNCE_SLOTS chunks of an access of `total` bytes at `offset`, starting
-/// `done` bytes in.
-fn batch<'a>(
-    bounce: &'a Mr,
-    chunk: usize,
-    opened: &Opened,
-    dir: Direction,
-    offset: u64,
-    mut done: usize,
-    total: usize,
-) -> Batch<'a> {
-    let mut b = Batch {
-        wrs: [NO_WR; Volume::BOUNCE_SLOTS as usize],
-        ranges: [(0, 0); Volume::BOUNCE_SLOTS as usize],
-        n: 0,
-        end: 0,
-    };
-    while b.n < b.wrs.len() && done < total {
-        let len = chunk.min(total - done);
-        let at = offset + done as u64;
-        // Checked at open: remote_addr + size fits, and at + len <= size.
-        let remote_addr = opened.remote_addr + at;
-        let rkey = opened.rkey;
-        let op = match dir {
-            Direction::Read => Op::Read { remote_addr, rkey },
-            Direction::Write => Op::Write { remote_addr, rkey },
-        };
-        let local = Local::Region { mr: bounce, offset: b.n * chunk, len: len as u32 };
-        b.wrs[b.n] = WorkRequest { wr_id: b.n as u64, op, local, signaled: true };
-        b.ranges[b.n] = (at, len as u64);
-        b.n += 1;
-        done += len;
-    }
-    b.end = done;
-    b
-}
-
-/// Posts `wrs` (wr_ids are indexes into `ranges`) and waits for all their completions. On an
-/// error the connection breaks, and waiting goes on until the NIC has let go of every buffer.
-fn run(conn: &mut Conn, opts: &Options, wrs: &[WorkRequest<'_>], dir: Direction, ranges: &[(u64, u64)]) -> Result<()> {
-    let started = Instant::now();
-    let deadline = started + opts.io_timeout;
-    if let Err(source) = conn.ep.post(wrs) {
-        conn.break_with(format!("posting RDMA work requests failed: {source}"));
-        return Err(Error::Fabric { op: "posting RDMA work requests", addr: conn.addr, source });
-    }
-    let mut pending = wrs.len();
-    let mut first_err = None;
-    let mut out = [Completion::EMPTY; Volume::BOUNCE_SLOTS as usize + 4];
-    while pending > 0 {
-        let n = match conn.ep.wait(&mut out, conn.spin, deadline) {
-            Ok(n) => n,
-            Err(source) => {
-                conn.break_with(format!("waiting for completions failed: {source}"));
-                return Err(Error::Fabric { op: "waiting for RDMA completions", addr: conn.addr, source });
-            }
-        };
-        if n == 0 && Instant::now() >= deadline {
-            let op = match dir {
-                Direction::Read => "RDMA READ",
-                Direction::Write => "RDMA WRITE",
-            };
-            conn.break_with(format!("{op} timed out"));
-            return Err(first_err.unwrap_or(Error::Timeout { op, addr: conn.addr, after: started.elapsed() }));
-        }
-        for c in &out[..n] {
-            if channel::is_control(c.wr_id) {
-                if let Err(e) = conn.on_control_completion(c) {
-                    first_err.get_or_insert(e);
-                }
-                continue;
-            }
-            pending = pending.saturating_sub(1);
-            if !c.status.is_success() && first_err.is_none() {
-                let (offset, len) = ranges.get(c.wr_id as usize).copied().unwrap_or_default();
-                let e = Error::completion(dir, offset, len, c);
-                conn.break_with(e.to_string());
-                first_err = Some(e);
-            }
-        }
-    }
-    first_err.map_or(Ok(()), Err)
 }

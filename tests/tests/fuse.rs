@@ -14,8 +14,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use rblk::mount::{self, MountOptions, Mounted};
 use rblk_fabric::Fabric;
-use rblk_initiator::mount::{self, MountOptions, Mounted};
 use rblk_initiator::{OpenMode, Options, Session, Volume};
 use rblk_tests::daemon::bin;
 use rblk_tests::target::{Spec, Target};

@@ -511,6 +511,23 @@ impl Endpoint {
         }
     }
 
+    /// The completion channel's descriptor, for an event loop of the caller's (io_uring
+    /// POLL_ADD, epoll): it becomes readable after [`arm`](Self::arm_events) once a completion
+    /// arrives.
+    pub(crate) fn event_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&*self.comp)
+    }
+
+    /// Takes the CQ events already signalled and arms the CQ for the next completion. The caller
+    /// polls once more afterwards: a completion that landed before the arm raises no event.
+    pub(crate) fn arm_events(&mut self) -> Result<()> {
+        while self.take_cq_event()? {}
+        if !self.armed {
+            self.arm()?;
+        }
+        Ok(())
+    }
+
     /// Hybrid wait: poll for `spin`, then arm the CQ and sleep on its channel (and on `extra_fd`,
     /// a waker) until a completion arrives or `deadline` passes. Returns how many completions were
     /// stored in `out` (0 on timeout or wake-up).

@@ -15,7 +15,7 @@
 //!   backed by the file, then unmount), from `/proc/self/mountinfo` and `/sys/block/loop*`.
 //!
 //! ```no_run
-//! use rblk_initiator::mount::{self, MountOptions};
+//! use rblk::mount::{self, MountOptions};
 //! use rblk_initiator::{OpenMode, Options, Session};
 //!
 //! let vol = Session::connect("rblk://10.0.0.1/vol0", &Options::default())?.open(OpenMode::ReadWrite)?;
@@ -36,16 +36,14 @@
 //! mount leaves one /dev/fuse descriptor of its finished connection open until the process
 //! exits (a workaround for fuser unmounting the path a second time; see `fs::join_session`).
 //!
-//! [`Queue`]: crate::Queue
+//! [`Queue`]: rblk_initiator::Queue
 
-mod file;
 mod fs;
 mod system;
 
 use std::io;
 use std::path::PathBuf;
 
-pub use file::{FileStats, VolumeFile};
 pub use fs::{mount, MountOptions, Mounted, Summary};
 pub use system::{
     attach_loop, detach_loop, find_mount, loops_backed_by, mounts, unmount, LoopDevice, MountEntry, Unmounted,
@@ -57,7 +55,7 @@ pub use system::{
 pub enum Error {
     /// The volume refused or failed (opening queues, the final FLUSH, CLOSE).
     #[error(transparent)]
-    Volume(#[from] crate::Error),
+    Volume(#[from] rblk_initiator::Error),
     /// The mount point cannot be used.
     #[error("mount point {}: {reason}", path.display())]
     Mountpoint {

@@ -82,23 +82,44 @@ pub const MAX_REQUEST: u32 = 32 << 20;
 /// Bytes the server sends after NBD_OPT_EXPORT_NAME's reply unless NO_ZEROES was agreed.
 pub const EXPORT_NAME_PAD: usize = 124;
 
-/// The error values of simple replies.
+/// The error values of simple replies (the NBD protocol's own numbering, which follows
+/// Linux's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Errno {
-    /// A write to a read-only export.
+    /// A write to a read-only export (or volume).
     Perm = 1,
     /// The volume failed the operation.
     Io = 5,
+    /// The server is out of memory.
+    NoMem = 12,
     /// Malformed request: unknown command or flag, bad range for a read, too long.
     Inval = 22,
     /// A write past the end of the export.
     NoSpc = 28,
+    /// The request is not supported.
+    NotSup = 95,
+    /// The server is shutting down.
+    Shutdown = 108,
 }
 
 impl Errno {
     /// The value on the wire.
     pub fn code(self) -> u32 {
         self as u32
+    }
+
+    /// The NBD error for a system errno (from [`rblk_initiator::Error::errno`]): a read-only
+    /// volume is EPERM, errors NBD has no value for are EIO.
+    pub fn from_errno(errno: i32) -> Errno {
+        match errno {
+            libc::EPERM | libc::EROFS | libc::EACCES => Errno::Perm,
+            libc::ENOMEM => Errno::NoMem,
+            libc::EINVAL => Errno::Inval,
+            libc::ENOSPC | libc::EFBIG => Errno::NoSpc,
+            libc::ENOTSUP => Errno::NotSup,
+            libc::ESHUTDOWN => Errno::Shutdown,
+            _ => Errno::Io,
+        }
     }
 }
 
@@ -461,6 +482,35 @@ mod tests {
         assert_eq!(parse_info_request(&[0, 0, 0]), None);
         assert_eq!(parse_info_request(&[0xff, 0xff, 0xff, 0xff, 0, 0]), None);
         assert_eq!(parse_info_request(&[0, 0, 0, 1, 0xff, 0, 0]), None);
+    }
+
+    #[test]
+    fn errnos_map_to_nbd_errors() {
+        let cases = [
+            (libc::EPERM, Errno::Perm),
+            (libc::EROFS, Errno::Perm),
+            (libc::EIO, Errno::Io),
+            (libc::ENOMEM, Errno::NoMem),
+            (libc::EINVAL, Errno::Inval),
+            (libc::ENOSPC, Errno::NoSpc),
+            (libc::ENOTSUP, Errno::NotSup),
+            (libc::ESHUTDOWN, Errno::Shutdown),
+            (libc::ETIMEDOUT, Errno::Io),
+            (0, Errno::Io),
+        ];
+        for (errno, want) in cases {
+            assert_eq!(Errno::from_errno(errno), want, "errno {errno}");
+        }
+        assert_eq!([Errno::Perm, Errno::Io, Errno::Inval, Errno::NoSpc].map(Errno::code), [1, 5, 22, 28]);
+        assert_eq!([Errno::NoMem, Errno::NotSup, Errno::Shutdown].map(Errno::code), [12, 95, 108]);
+        // The initiator's refusals, as the engine reports them.
+        let ro = rblk_initiator::Error::Invalid {
+            what: "write",
+            offset: 0,
+            len: 1,
+            reason: rblk_initiator::InvalidReason::ReadOnly,
+        };
+        assert_eq!(Errno::from_errno(ro.errno()), Errno::Perm);
     }
 
     #[test]

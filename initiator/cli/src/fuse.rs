@@ -1,26 +1,17 @@
 //! `rblk mount` and `rblk umount`: a volume as one file in a FUSE filesystem (the library's
 //! `mount` module), optionally behind a loop device, in the foreground or as a daemon.
 //!
-//! `--daemon` cannot fork (forking after memory registration breaks the registered pages, and
-//! this crate has no unsafe code): it re-executes the binary with the same arguments plus a
-//! hidden `--detached`, which calls setsid and reports readiness on its stdout, a pipe to the
-//! waiting parent: the mount's description, then a sentinel line. Its stderr goes to the parent
-//! too until then, after which it is /dev/null or `--log-file`.
+//! `--daemon` works as in `daemon.rs`: the binary runs again, detached, and says when it is ready.
 
-#![forbid(unsafe_code)]
-
-use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead as _, BufReader, Write as _};
+use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use anyhow::{bail, Context as _};
-use rblk_initiator::mount::{self, MountOptions};
+use anyhow::Context as _;
 use rblk_initiator::OpenMode;
 
-/// The detached child's last line on its stdout once mounted.
-const READY: &str = "rblk-mount: ready";
+use crate::daemon::{self, READY};
+use crate::list::{self, Entry};
+use crate::mount::{self, MountOptions};
 
 /// Mount a volume as one file in a FUSE filesystem, optionally behind a loop device
 ///
@@ -72,7 +63,7 @@ pub struct MountArgs {
     #[arg(long, hide = true)]
     detached: bool,
     #[command(flatten)]
-    conn: crate::Connection,
+    conn: crate::cli::Connection,
 }
 
 /// Unmount a volume mounted by `rblk mount`, detaching its loop devices first.
@@ -91,11 +82,14 @@ pub struct UmountArgs {
 /// `rblk mount`.
 pub fn mount(args: MountArgs) -> anyhow::Result<()> {
     if args.daemon && !args.detached {
-        return spawn_detached(&args);
+        let pid = daemon::spawn_detached("the volume was mounted")?;
+        let mountpoint = args.mountpoint.display();
+        println!("rblk: serving in the background (pid {pid}); `rblk umount {mountpoint}` unmounts");
+        println!("pid {pid}");
+        return Ok(());
     }
     if args.detached {
-        // A new session: no controlling terminal, no signals from the parent's one.
-        nix::unistd::setsid().context("setsid")?;
+        daemon::become_detached()?;
     }
     serve(&args)
 }
@@ -112,11 +106,11 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
 
 fn serve(args: &MountArgs) -> anyhow::Result<()> {
     let mode = if args.read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
-    let vol = crate::open(&args.uri, &args.conn, mode)?;
+    let vol = crate::cli::open(&args.uri, &args.conn, mode)?;
     let describe = format!(
         "{} ({}, block size {}, {}, {})",
         vol.uri(),
-        crate::human(vol.size()),
+        crate::cli::human(vol.size()),
         vol.block_size(),
         if vol.is_read_only() { "read-only" } else { "read-write" },
         if vol.is_volatile() { "volatile" } else { "durable" },
@@ -153,12 +147,15 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
         writeln!(out, "{READY}")?;
         out.flush()?;
         drop(out);
-        detach_stdio(args.log_file.as_deref())?;
+        daemon::detach_stdio(args.log_file.as_deref())?;
     } else {
         writeln!(out, "rblk: serving until `rblk umount {}` or Ctrl-C", mountpoint.display())?;
         out.flush()?;
     }
 
+    let entry =
+        Entry::new("fuse", &args.uri).mountpoint(&mountpoint).device(loop_dev.as_deref().or(Some(file.as_path())));
+    let _registered = list::register(entry);
     let summary = mounted.wait()?;
     signals.close();
     let s = summary.stats;
@@ -198,79 +195,18 @@ fn watch_signals(mountpoint: &Path) -> anyhow::Result<signal_hook::iterator::Han
     Ok(handle)
 }
 
-/// The detached child, once ready: stderr to the log file (or /dev/null), stdout to /dev/null,
-/// so nothing writes into the pipes of a parent that has gone.
-fn detach_stdio(log_file: Option<&Path>) -> anyhow::Result<()> {
-    let null = || File::options().read(true).write(true).open("/dev/null").context("opening /dev/null");
-    let log = match log_file {
-        Some(path) => OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening the log file {}", path.display()))?,
-        None => null()?,
-    };
-    nix::unistd::dup2_stderr(&log).context("redirecting stderr")?;
-    nix::unistd::dup2_stdout(null()?).context("redirecting stdout")?;
-    Ok(())
-}
-
-/// `--daemon`: runs this command again, detached, and waits until it has mounted (or failed).
-fn spawn_detached(args: &MountArgs) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("finding the rblk executable")?;
-    let mut child = Command::new(&exe)
-        .args(child_args(std::env::args_os().skip(1)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", exe.display()))?;
-    let pid = child.id();
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        bail!("the background process has no pipes");
-    };
-    // Its log until it is ready (it then points stderr elsewhere, which ends this relay).
-    let relay = std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
-        }
-    });
-    let mut ready = false;
-    for line in BufReader::new(stdout).lines() {
-        let line = line.context("reading from the background process")?;
-        if line == READY {
-            ready = true;
-            break;
-        }
-        println!("{line}");
-    }
-    if ready {
-        // Ends at once: the child points its stderr elsewhere right after READY.
-        let _ = relay.join();
-        let mountpoint = args.mountpoint.display();
-        println!("rblk: serving in the background (pid {pid}); `rblk umount {mountpoint}` unmounts");
-        return Ok(());
-    }
-    let status = child.wait().context("waiting for the background process")?;
-    let _ = relay.join();
-    bail!("the background process exited before the volume was mounted ({status})")
-}
-
-/// The background process's arguments: ours without --daemon, plus --detached.
-fn child_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
-    args.filter(|a| a != "--daemon").chain([OsString::from("--detached")]).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
+
+    use std::ffi::OsString;
 
     use super::*;
 
     fn parse(args: &[&str]) -> Result<MountArgs, String> {
         let argv = ["rblk", "mount"].iter().chain(args);
-        match crate::Args::try_parse_from(argv).map_err(|e| e.to_string())?.command {
-            crate::Command::Mount(m) => Ok(m),
+        match crate::cli::Args::try_parse_from(argv).map_err(|e| e.to_string())?.command {
+            crate::cli::Command::Mount(m) => Ok(m),
             other => Err(format!("{other:?}")),
         }
     }
@@ -291,7 +227,7 @@ mod tests {
     #[test]
     fn the_background_process_runs_the_same_command_detached() {
         let argv = ["mount", "rblk://h/v", "/m", "--daemon", "--loop"].map(OsString::from);
-        let child = child_args(argv.into_iter());
+        let child = daemon::child_args(argv.into_iter());
         assert_eq!(child, ["mount", "rblk://h/v", "/m", "--loop", "--detached"].map(OsString::from));
         let reparsed = parse(&["rblk://h/v", "/m", "--loop", "--detached"]).unwrap();
         assert!(reparsed.detached && !reparsed.daemon);

@@ -4,10 +4,12 @@
 //! - `wire`: the NBD wire format (big-endian zerocopy structs) and the request checks.
 //! - `handshake`: fixed newstyle option haggling, generic over `Read + Write`.
 //! - `transmit`: the transmission phase, pipelined: a reader thread parses requests, the
-//!   connection's thread keeps up to 32 volume operations in flight and replies out of order.
-//! - `device`: the [`BlockDevice`](device::BlockDevice) the server drives, and its
-//!   implementation over an rblk session (one [`Queue`](rblk_initiator::Queue) for data).
-//! - here: the command line, the listening socket, one thread per client, signals.
+//!   connection's thread runs each as one request of the block-I/O engine
+//!   ([`rblk_initiator::engine`]) and replies in completion order.
+//! - `device`: what a client is served from: an rblk session's [`Engine`](rblk_initiator::Engine)
+//!   and one [`Lane`](rblk_initiator::Lane) of up to 32 volume operations in flight.
+//! - here: the command line, the listening socket, one thread per client, signals, the entry
+//!   for `rblk list`.
 //!
 //! Each client gets its own rblk session when it enters transmission, so the rblk volume is
 //! opened once per connected client; without `--shared` only one client at a time may.
@@ -36,9 +38,10 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use rblk_initiator::{OpenMode, Options, Session, Uri};
 
-use self::device::VolumeDevice;
+use self::device::Device;
 use self::handshake::{Export, Outcome, Refusal};
 use self::wire::ExportGeometry;
+use crate::list::{self, Entry};
 
 /// How long a client may take over its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -84,7 +87,7 @@ pub struct Args {
     #[arg(long)]
     shared: bool,
     #[command(flatten)]
-    conn: crate::Connection,
+    conn: crate::cli::Connection,
 }
 
 /// Where to listen.
@@ -312,8 +315,6 @@ struct RblkExport {
 }
 
 impl Export for RblkExport {
-    type Device = VolumeDevice;
-
     fn name(&self) -> &str {
         self.uri.volume()
     }
@@ -331,7 +332,7 @@ impl Export for RblkExport {
         self.shared
     }
 
-    fn open(&self) -> Result<VolumeDevice, Refusal> {
+    fn open(&self) -> Result<Device, Refusal> {
         let slot = if self.shared {
             None
         } else {
@@ -352,7 +353,7 @@ impl Export for RblkExport {
             Refusal::Unavailable(format!("opening {}: {e}", self.uri))
         };
         let vol = Session::connect(&self.uri, &self.opts).and_then(|s| s.open(self.mode)).map_err(unavailable)?;
-        let dev = VolumeDevice::new(vol).map_err(unavailable)?;
+        let dev = Device::open(vol).map_err(unavailable)?;
         Ok(dev.with_slot(slot))
     }
 }
@@ -390,6 +391,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if args.shared { ", shared" } else { "" },
     );
     io::stdout().flush().context("writing to stdout")?;
+    // In `rblk list` while serving; removed when this returns.
+    let _registered = list::register(Entry::new("nbd", &export.uri.to_string()).listen(&args.listen.nbd_uri()));
 
     let clients: Arc<Mutex<HashMap<u64, Stream>>> = Arc::default();
     let mut threads: Vec<thread::JoinHandle<()>> = Vec::new();
@@ -491,11 +494,14 @@ fn serve_client(id: u64, stream: Stream, export: &RblkExport) {
                 return;
             }
             tracing::info!(export = name, "transmission started");
-            let end = transmit::transmit(r, w, device, || stream.shutdown(Shutdown::Both));
+            let transmit::Summary { end, stats: s, errors } =
+                transmit::transmit(r, w, *device, || stream.shutdown(Shutdown::Both));
+            let (reads, writes, rmw, flushes, skipped) =
+                (s.reads, s.writes, s.read_modify_writes, s.flushes, s.flushes_skipped);
             if end.is_clean() {
-                tracing::info!(%end, "client gone");
+                tracing::info!(%end, reads, writes, rmw, flushes, skipped, errors, "client gone");
             } else {
-                tracing::warn!(%end, "client connection ended");
+                tracing::warn!(%end, reads, writes, rmw, flushes, skipped, errors, "client connection ended");
             }
         }
         Ok(Outcome::Aborted) => tracing::info!("client aborted the handshake"),
@@ -514,9 +520,9 @@ pub fn serve<E: Export>(
     mut w: impl Write,
     export: &E,
     close: impl FnOnce(),
-) -> Result<Option<transmit::End>, handshake::HandshakeError> {
+) -> Result<Option<transmit::Summary>, handshake::HandshakeError> {
     match handshake::handshake(&mut r, &mut w, export)? {
-        Outcome::Transmit { device, .. } => Ok(Some(transmit::transmit(r, w, device, close))),
+        Outcome::Transmit { device, .. } => Ok(Some(transmit::transmit(r, w, *device, close))),
         Outcome::Aborted => Ok(None),
     }
 }

@@ -13,8 +13,9 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, WriteFlags,
 };
 
-use super::{Error, Result, VolumeFile};
-use crate::{InvalidReason, Volume};
+use rblk_initiator::{Engine, EngineStats, InvalidReason, Volume};
+
+use super::{Error, Result};
 
 const ROOT: INodeNo = INodeNo::ROOT;
 const FILE: INodeNo = INodeNo(2);
@@ -23,7 +24,7 @@ const TTL: Duration = Duration::from_secs(60);
 /// Largest read or write request the kernel sends (it splits larger ones).
 const MAX_REQUEST: u32 = 1 << 20;
 /// Housekeeping period: the target sends keepalives every 2 s.
-const TICK: Duration = rblk_proto::KEEPALIVE_INTERVAL;
+const TICK: Duration = rblk_initiator::KEEPALIVE_INTERVAL;
 
 /// How to mount.
 #[derive(Debug, Clone)]
@@ -38,7 +39,7 @@ pub struct MountOptions {
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { queues: 1, file_name: None, io_timeout: crate::DEFAULT_IO_TIMEOUT }
+        MountOptions { queues: 1, file_name: None, io_timeout: rblk_initiator::DEFAULT_IO_TIMEOUT }
     }
 }
 
@@ -48,7 +49,7 @@ pub struct Mounted {
     mountpoint: PathBuf,
     file: PathBuf,
     /// Taken by `wait`.
-    vf: Option<Arc<VolumeFile>>,
+    vf: Option<Arc<Engine>>,
     session: Option<fuser::BackgroundSession>,
     ticker: Option<Ticker>,
     errors: Arc<AtomicU64>,
@@ -69,7 +70,7 @@ pub struct Summary {
     /// Requests answered with an error (EIO and the like) while mounted.
     pub errors: u64,
     /// What the file did.
-    pub stats: super::FileStats,
+    pub stats: EngineStats,
 }
 
 /// Mounts `vol` at `mountpoint` (an existing directory) as one file, and serves it from
@@ -92,7 +93,7 @@ pub fn mount(vol: Volume, mountpoint: &Path, opts: &MountOptions) -> Result<Moun
     }
     let source = vol.uri().to_string();
     let read_only = vol.is_read_only();
-    let vf = Arc::new(VolumeFile::new(vol, opts.queues)?.with_io_timeout(opts.io_timeout));
+    let vf = Arc::new(Engine::new(vol, opts.queues)?.with_io_timeout(opts.io_timeout));
     let errors = Arc::new(AtomicU64::new(0));
     let fs = Fs::new(Arc::clone(&vf), OsString::from(&name), Arc::clone(&errors));
 
@@ -133,7 +134,15 @@ pub fn mount(vol: Volume, mountpoint: &Path, opts: &MountOptions) -> Result<Moun
     Ok(Mounted { mountpoint, file, vf: Some(vf), session: Some(session), ticker, errors })
 }
 
-fn housekeeping(vf: &VolumeFile, stop: &(Mutex<bool>, Condvar)) {
+/// Bytes of an access of `len` at `offset` that lie inside a file of `size` bytes.
+fn clamp(size: u64, offset: u64, len: usize) -> usize {
+    if offset >= size {
+        return 0;
+    }
+    len.min(usize::try_from(size - offset).unwrap_or(usize::MAX))
+}
+
+fn housekeeping(vf: &Engine, stop: &(Mutex<bool>, Condvar)) {
     let mut warned = false;
     loop {
         {
@@ -167,7 +176,7 @@ impl Mounted {
     }
 
     /// The volume as a file, as the filesystem serves it.
-    pub fn volume_file(&self) -> &VolumeFile {
+    pub fn volume_file(&self) -> &Engine {
         self.vf.as_ref().expect("a Mounted holds its file until wait")
     }
 
@@ -185,7 +194,7 @@ impl Mounted {
             }
             // Never expected: the session thread is gone, and its reference with it.
             Some(Err(vf)) => (vf.flush(), vf.stats()),
-            None => (Ok(true), super::FileStats::default()),
+            None => (Ok(true), EngineStats::default()),
         };
         ended.map_err(|source| Error::Session { path: self.mountpoint.clone(), source })?;
         let volatile = closed?;
@@ -255,7 +264,7 @@ fn valid_name(name: &str) -> bool {
 /// The filesystem.
 #[derive(Debug)]
 struct Fs {
-    vf: Arc<VolumeFile>,
+    vf: Arc<Engine>,
     name: OsString,
     uid: u32,
     gid: u32,
@@ -264,7 +273,7 @@ struct Fs {
 }
 
 impl Fs {
-    fn new(vf: Arc<VolumeFile>, name: OsString, errors: Arc<AtomicU64>) -> Fs {
+    fn new(vf: Arc<Engine>, name: OsString, errors: Arc<AtomicU64>) -> Fs {
         let uid = nix::unistd::getuid().as_raw();
         let gid = nix::unistd::getgid().as_raw();
         Fs { vf, name, uid, gid, mounted_at: SystemTime::now(), errors }
@@ -299,13 +308,8 @@ impl Fs {
     }
 
     /// An error for the kernel; logs the first few and then every thousandth.
-    fn fail(&self, op: &str, offset: u64, len: usize, e: &crate::Error) -> Errno {
-        let errno = match e {
-            crate::Error::Invalid { reason: InvalidReason::ReadOnly, .. } => Errno::EROFS,
-            crate::Error::Invalid { reason: InvalidReason::OutOfRange { .. }, .. } => Errno::ENOSPC,
-            crate::Error::Invalid { .. } => Errno::EINVAL,
-            _ => Errno::EIO,
-        };
+    fn fail(&self, op: &str, offset: u64, len: usize, e: &rblk_initiator::Error) -> Errno {
+        let errno = Errno::from_i32(e.errno());
         let n = self.errors.fetch_add(1, Ordering::Relaxed);
         if n < 10 || n % 1000 == 0 {
             tracing::warn!(op, offset, len, error = %e, errors = n + 1, "request failed");
@@ -401,14 +405,15 @@ impl fuser::Filesystem for Fs {
         if ino != FILE {
             return reply.error(Errno::EISDIR);
         }
-        let mut reply = Some(reply);
-        let sent = self.vf.read_with(offset, size as usize, |data| {
-            if let Some(r) = reply.take() {
-                r.data(data);
-            }
-        });
-        if let (Err(e), Some(r)) = (sent, reply) {
-            r.error(self.fail("read", offset, size as usize, &e));
+        // Fewer bytes at the end of the file, none past it.
+        let len = clamp(self.vf.size(), offset, size as usize);
+        if len == 0 {
+            return reply.data(&[]);
+        }
+        let mut buf = vec![0; len];
+        match self.vf.read_at(&mut buf, offset) {
+            Ok(()) => reply.data(&buf),
+            Err(e) => reply.error(self.fail("read", offset, size as usize, &e)),
         }
     }
 
@@ -427,8 +432,22 @@ impl fuser::Filesystem for Fs {
         if ino != FILE {
             return reply.error(Errno::EISDIR);
         }
-        match self.vf.write_at(data, offset) {
-            Ok(n) => reply.written(n as u32),
+        // A write that starts at or past the end is refused; one that runs past it is cut short.
+        let len = clamp(self.vf.size(), offset, data.len()).max(usize::from(data.is_empty()));
+        if len == 0 && !data.is_empty() {
+            let e = rblk_initiator::Error::Invalid {
+                what: "write",
+                offset,
+                len: data.len() as u64,
+                reason: InvalidReason::OutOfRange { size: self.vf.size() },
+            };
+            return reply.error(self.fail("write", offset, data.len(), &e));
+        }
+        if data.is_empty() {
+            return reply.written(0);
+        }
+        match self.vf.write_at(&data[..len], offset) {
+            Ok(()) => reply.written(len as u32),
             Err(e) => reply.error(self.fail("write", offset, data.len(), &e)),
         }
     }

@@ -1,4 +1,4 @@
-//! `rblk`: the rblk client.
+//! `rblk`'s command line: its arguments and the subcommands that need no front end.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -10,9 +10,7 @@ use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use rblk_initiator::{Direction, OpenMode, Options, Session, Volume};
 
-#[cfg(feature = "fuse")]
-mod fuse;
-mod nbd;
+use crate::{fuse, nbd, ublk};
 
 /// Client for rblk volumes served over RDMA by rblk-target.
 ///
@@ -20,28 +18,29 @@ mod nbd;
 /// by default). Sizes and offsets accept binary suffixes: 4096, 4k, 1M, 1G.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
-struct Args {
+pub struct Args {
     #[command(subcommand)]
-    command: Command,
+    /// The subcommand.
+    pub command: Command,
 }
 
 /// How to reach the target; shared by every subcommand that connects.
 #[derive(Debug, clap::Args)]
-struct Connection {
+pub struct Connection {
     /// Pre-shared key file, for targets started with --key-file: the same key, one line.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
-    key_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
     /// Only use this RDMA device (e.g. mlx5_0, rxe0). The target's address picks the device;
     /// this checks that it is the one expected.
     #[arg(long, value_name = "NAME")]
-    device: Option<String>,
+    pub device: Option<String>,
     /// Give up on each control exchange (connect, open, flush) after this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
-    timeout: u64,
+    pub timeout: u64,
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {
+pub enum Command {
     /// List RDMA devices, their ports and the IP addresses that reach them.
     Devices,
     /// Show a volume's size, block size, largest I/O, durability and open mode. Opens it
@@ -95,10 +94,11 @@ enum Command {
     // Its help text is on the argument struct.
     Nbd(nbd::Args),
     // Their help texts are on the argument structs.
-    #[cfg(feature = "fuse")]
     Mount(fuse::MountArgs),
-    #[cfg(feature = "fuse")]
     Umount(fuse::UmountArgs),
+    Attach(ublk::AttachArgs),
+    Detach(ublk::DetachArgs),
+    List(crate::list::ListArgs),
 }
 
 fn size_arg(text: &str) -> Result<u64, String> {
@@ -108,7 +108,8 @@ fn size_arg(text: &str) -> Result<u64, String> {
 /// Bytes moved per synchronous call: the library splits them into max_io chunks in flight together.
 const STEP: u64 = 4 << 20;
 
-fn main() -> ExitCode {
+/// Runs `rblk` with the process's arguments; the binary's `main`.
+pub fn main() -> ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
@@ -129,7 +130,7 @@ fn main() -> ExitCode {
 }
 
 /// The error and its causes, each once.
-fn error_text(e: &anyhow::Error) -> String {
+pub fn error_text(e: &anyhow::Error) -> String {
     rblk_initiator::describe(e.as_ref())
 }
 
@@ -140,10 +141,11 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Read { uri, offset, length, output, conn } => read(&uri, &conn, offset, length, output),
         Command::Write { uri, offset, input, pad, no_flush, conn } => write(&uri, &conn, offset, input, pad, !no_flush),
         Command::Nbd(args) => nbd::run(args),
-        #[cfg(feature = "fuse")]
         Command::Mount(args) => fuse::mount(args),
-        #[cfg(feature = "fuse")]
         Command::Umount(args) => fuse::umount(args),
+        Command::Attach(args) => ublk::attach(args),
+        Command::Detach(args) => ublk::detach(args),
+        Command::List(args) => crate::list::list(args),
     }
 }
 
@@ -161,7 +163,8 @@ fn devices() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn open(uri: &str, conn: &Connection, mode: OpenMode) -> anyhow::Result<Volume> {
+/// Connects and opens a volume as the command line asks.
+pub fn open(uri: &str, conn: &Connection, mode: OpenMode) -> anyhow::Result<Volume> {
     let key = conn.key_file.as_ref().map(Options::key_from_file).transpose()?;
     let opts =
         Options { device: conn.device.clone(), key, timeout: Duration::from_secs(conn.timeout), ..Options::default() };
@@ -303,7 +306,8 @@ fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
-fn human(bytes: u64) -> String {
+/// `bytes` in the largest binary unit that divides it.
+pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
     let mut unit = 0;
     let mut value = bytes;

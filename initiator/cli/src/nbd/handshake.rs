@@ -11,14 +11,12 @@ use std::io::{self, Read, Write};
 
 use zerocopy::{FromBytes as _, IntoBytes as _};
 
-use super::device::BlockDevice;
+use super::device::Device;
 use super::transmit::drain;
 use super::wire::{self, ExportGeometry, OptionHeader};
 
 /// What the handshake serves: one export, opened per client when it enters transmission.
 pub trait Export {
-    /// The device a client gets.
-    type Device: BlockDevice;
     /// The export's name; the default export (the empty name) is the same one.
     fn name(&self) -> &str;
     /// A line for NBD_INFO_DESCRIPTION.
@@ -28,7 +26,7 @@ pub trait Export {
     /// Whether to advertise NBD_FLAG_CAN_MULTI_CONN (several connections share one cache).
     fn multi_conn(&self) -> bool;
     /// Opens the device for a client entering transmission.
-    fn open(&self) -> Result<Self::Device, Refusal>;
+    fn open(&self) -> Result<Device, Refusal>;
 }
 
 /// Why a client cannot have the export now.
@@ -50,11 +48,11 @@ impl std::fmt::Display for Refusal {
 
 /// How a handshake ended, when not in error.
 #[derive(Debug)]
-pub enum Outcome<D> {
+pub enum Outcome {
     /// Enter transmission with this device.
     Transmit {
-        /// The opened device.
-        device: D,
+        /// The opened device (boxed: it is large, and moves once).
+        device: Box<Device>,
         /// The export name the client asked for.
         name: String,
     },
@@ -77,11 +75,7 @@ pub enum HandshakeError {
 }
 
 /// Runs the handshake on a fresh connection.
-pub fn handshake<E: Export>(
-    r: &mut impl Read,
-    w: &mut impl Write,
-    export: &E,
-) -> Result<Outcome<E::Device>, HandshakeError> {
+pub fn handshake<E: Export>(r: &mut impl Read, w: &mut impl Write, export: &E) -> Result<Outcome, HandshakeError> {
     w.write_all(wire::greeting().as_bytes())?;
     w.flush()?;
     let mut flags = [0u8; 4];
@@ -126,7 +120,7 @@ pub fn handshake<E: Export>(
                     w.write_all(&[0; wire::EXPORT_NAME_PAD])?;
                 }
                 w.flush()?;
-                return Ok(Outcome::Transmit { device, name });
+                return Ok(Outcome::Transmit { device: Box::new(device), name });
             }
             wire::OPT_ABORT => {
                 // The client may already be gone: it need not wait for the ACK.
@@ -147,7 +141,7 @@ pub fn handshake<E: Export>(
                 if let Some(device) = info_or_go(w, opt, &data, export)? {
                     w.flush()?;
                     let name = wire::parse_info_request(&data).map(|r| r.name).unwrap_or_default();
-                    return Ok(Outcome::Transmit { device, name });
+                    return Ok(Outcome::Transmit { device: Box::new(device), name });
                 }
             }
             wire::OPT_STARTTLS => error_reply(w, opt, wire::REP_ERR_POLICY, "TLS is not supported")?,
@@ -168,7 +162,7 @@ fn info_or_go<E: Export>(
     opt: u32,
     data: &[u8],
     export: &E,
-) -> Result<Option<E::Device>, HandshakeError> {
+) -> Result<Option<Device>, HandshakeError> {
     let Some(req) = wire::parse_info_request(data) else {
         error_reply(w, opt, wire::REP_ERR_INVALID, "malformed NBD_OPT_INFO/NBD_OPT_GO data")?;
         return Ok(None);

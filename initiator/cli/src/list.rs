@@ -1,0 +1,229 @@
+//! What this host serves: every `rblk attach`, `rblk mount` and `rblk nbd` process registers
+//! itself in the run directory (`/run/rblk`, or `$RBLK_RUN_DIR`) as one JSON file, removed when
+//! it exits cleanly. `rblk list` reads them and checks that each process is still alive; an
+//! entry whose process died (SIGKILL, a crash) shows as `dead` until `rblk detach` or
+//! `rblk umount` cleans up.
+
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+/// One serving process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// `ublk`, `fuse` or `nbd`.
+    pub kind: String,
+    /// The volume.
+    pub uri: String,
+    /// The block device (`/dev/ublkbN`, a loop device or the FUSE file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Where a FUSE mount is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mountpoint: Option<String>,
+    /// Where an NBD export listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// The ublk device id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev_id: Option<u32>,
+    /// The serving process.
+    pub pid: u32,
+    /// `serving`, `stopping`, `failed: ...` (written by the process), or `dead` (its process is
+    /// gone; filled in by the reader).
+    pub state: String,
+    /// After a failed final FLUSH: the bytes written and not flushed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unflushed_bytes: Option<u64>,
+}
+
+impl Entry {
+    /// A serving entry of this process.
+    pub fn new(kind: &str, uri: &str) -> Entry {
+        Entry {
+            kind: kind.into(),
+            uri: uri.into(),
+            device: None,
+            mountpoint: None,
+            listen: None,
+            dev_id: None,
+            pid: std::process::id(),
+            state: "serving".into(),
+            unflushed_bytes: None,
+        }
+    }
+
+    /// With a device.
+    pub fn device(mut self, dev: Option<&Path>) -> Entry {
+        self.device = dev.map(|d| d.display().to_string());
+        self
+    }
+
+    /// With a mount point.
+    pub fn mountpoint(mut self, m: &Path) -> Entry {
+        self.mountpoint = Some(m.display().to_string());
+        self
+    }
+
+    /// With a listen address.
+    pub fn listen(mut self, l: &str) -> Entry {
+        self.listen = Some(l.into());
+        self
+    }
+
+    /// Whether its process is alive.
+    pub fn alive(&self) -> bool {
+        Path::new(&format!("/proc/{}", self.pid)).exists() && !is_zombie(self.pid)
+    }
+}
+
+fn is_zombie(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// The run directory.
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("RBLK_RUN_DIR").map_or_else(|| PathBuf::from("/run/rblk"), PathBuf::from)
+}
+
+/// This process's entry in the run directory; removed on drop unless [`keep`](Self::keep)
+/// says otherwise.
+#[derive(Debug)]
+pub struct Registration {
+    path: PathBuf,
+    entry: Entry,
+    keep: bool,
+}
+
+impl Registration {
+    /// Rewrites the entry.
+    pub fn update(&mut self, f: impl FnOnce(&mut Entry)) {
+        f(&mut self.entry);
+        if let Err(e) = write_entry(&self.path, &self.entry) {
+            tracing::warn!(path = %self.path.display(), error = %e, "updating the run directory entry failed");
+        }
+    }
+
+    /// Leaves the entry behind at exit (a failure for `rblk detach` to report).
+    pub fn keep(&mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn entry_path(dir: &Path, kind: &str, pid: u32) -> PathBuf {
+    dir.join(format!("{kind}-{pid}.json"))
+}
+
+fn write_entry(path: &Path, e: &Entry) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    serde_json::to_writer_pretty(&mut f, e)?;
+    f.write_all(b"\n")?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
+    Ok(())
+}
+
+/// Registers this process. A run directory that cannot be written is a warning: serving goes
+/// on, `rblk list` just does not show it.
+pub fn register(entry: Entry) -> Option<Registration> {
+    let dir = run_dir();
+    let path = entry_path(&dir, &entry.kind, entry.pid);
+    let made = fs::create_dir_all(&dir).map_err(anyhow::Error::from).and_then(|()| write_entry(&path, &entry));
+    match made {
+        Ok(()) => Some(Registration { path, entry, keep: false }),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot register in the run directory: `rblk list` will not show this");
+            None
+        }
+    }
+}
+
+/// Every entry, with `state` = `dead` where the process is gone; sorted by kind and pid.
+pub fn entries() -> Vec<(PathBuf, Entry)> {
+    let Ok(dir) = fs::read_dir(run_dir()) else { return Vec::new() };
+    let mut v: Vec<(PathBuf, Entry)> = dir
+        .filter_map(Result::ok)
+        .map(|d| d.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter_map(|p| {
+            let text = fs::read_to_string(&p).ok()?;
+            let mut e: Entry = serde_json::from_str(&text).ok()?;
+            if !e.alive() && !e.state.starts_with("failed") {
+                e.state = "dead".into();
+            }
+            Some((p, e))
+        })
+        .collect();
+    v.sort_by(|a, b| (&a.1.kind, a.1.pid).cmp(&(&b.1.kind, b.1.pid)));
+    v
+}
+
+/// List the ublk attachments, FUSE mounts and NBD exports on this host
+///
+/// One line each: kind, device or mount point, URI, pid, state (`serving`, or `dead` when the
+/// serving process is gone: `rblk detach` or `rblk umount` cleans up). With --json, a JSON array
+/// of objects with the fields kind, uri, device, mountpoint, listen, dev_id, pid, state.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `rblk list`.
+pub fn list(args: ListArgs) -> anyhow::Result<()> {
+    let all: Vec<Entry> = entries().into_iter().map(|(_, e)| e).collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    if all.is_empty() {
+        eprintln!("rblk: nothing attached, mounted or exported on this host");
+        return Ok(());
+    }
+    println!("{:<5} {:<24} {:<40} {:>8}  STATE", "KIND", "DEVICE", "URI", "PID");
+    for e in &all {
+        let place = e.device.as_deref().or(e.mountpoint.as_deref()).or(e.listen.as_deref()).unwrap_or("-");
+        println!("{:<5} {:<24} {:<40} {:>8}  {}", e.kind, place, e.uri, e.pid, e.state);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_dead_processes_show() {
+        let dir = std::env::temp_dir().join(format!("rblk-list-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        // The only test of this crate that sets RBLK_RUN_DIR.
+        std::env::set_var("RBLK_RUN_DIR", &dir);
+        let mut r = register(Entry::new("ublk", "rblk://h/v").device(Some(Path::new("/dev/ublkb3")))).unwrap();
+        r.update(|e| e.dev_id = Some(3));
+        let dead = Entry { pid: u32::MAX - 1, ..Entry::new("nbd", "rblk://h/w") };
+        write_entry(&entry_path(&dir, "nbd", dead.pid), &dead).unwrap();
+        let all = entries();
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert_eq!(all[0].1.kind, "nbd");
+        assert_eq!(all[0].1.state, "dead", "a pid that does not exist");
+        assert_eq!((all[1].1.state.as_str(), all[1].1.dev_id), ("serving", Some(3)));
+        drop(r);
+        assert_eq!(entries().len(), 1, "a clean exit removes the entry");
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,5 @@
+//! `rblk`: the rblk client (see `rblk --help`).
+
+fn main() -> std::process::ExitCode {
+    rblk::cli::main()
+}

@@ -1,0 +1,374 @@
+//! The transmission phase: requests in, simple replies out, pipelined.
+//!
+//! A reader thread parses requests (and a write's payload) off the stream and checks them
+//! against the export; the connection's thread hands each to the client's [`Lane`] as one engine
+//! [`Request`] as it arrives, and replies to each as soon as the lane hands it back finished, in
+//! whatever order that happens (NBD allows it). The lane does the block work: pieces up to its
+//! depth, read-modify-write of requests not aligned to the block size (alone, under range locks
+//! of the whole session), FUA as write then FLUSH of its range, zeroes, and FLUSH of exactly the
+//! ranges written since the last one (every write replied to so far; nothing sent when clean).
+
+use std::io::{self, Read, Write};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use zerocopy::IntoBytes as _;
+
+use rblk_initiator::engine::{Data, EngineStats, Finished, IoOp, Request};
+
+use super::device::Device;
+use super::wire::{self, Errno, ExportGeometry, Op, RequestHeader};
+
+/// How a connection's transmission phase ended.
+#[derive(Debug)]
+pub enum End {
+    /// The client sent NBD_CMD_DISC.
+    Disconnect,
+    /// The client closed the connection (or the server shut down reading).
+    Closed,
+    /// Reading from the client failed.
+    ReadFailed(io::Error),
+    /// The client broke the protocol (bad request magic): hard disconnect.
+    Violation(String),
+    /// Writing a reply failed: the client is gone.
+    WriteFailed(io::Error),
+    /// The volume stopped completing operations (a timeout, a lost connection).
+    DeviceFailed(rblk_initiator::Error),
+}
+
+impl End {
+    /// True for the endings a client asks for.
+    pub fn is_clean(&self) -> bool {
+        matches!(self, End::Disconnect | End::Closed)
+    }
+}
+
+impl std::fmt::Display for End {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            End::Disconnect => f.write_str("the client disconnected (NBD_CMD_DISC)"),
+            End::Closed => f.write_str("the connection closed"),
+            End::ReadFailed(e) => write!(f, "reading a request failed: {e}"),
+            End::Violation(why) => write!(f, "protocol violation: {why}"),
+            End::WriteFailed(e) => write!(f, "writing a reply failed: {e}"),
+            End::DeviceFailed(e) => write!(f, "the volume stopped answering: {e}"),
+        }
+    }
+}
+
+/// Requests parsed ahead of the executor.
+const CHANNEL: usize = 16;
+/// Requests in progress at once.
+const MAX_REQS: usize = 128;
+/// Request data (write payloads, read replies) held by requests in progress, beyond the first.
+const BUDGET: usize = 64 << 20;
+/// How often the lane gets its housekeeping (rblk keepalives go every 2 s).
+const TICK: Duration = Duration::from_secs(1);
+/// How long the volume may take to complete anything while operations are outstanding.
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a connection went.
+#[derive(Debug)]
+pub struct Summary {
+    /// Why it ended.
+    pub end: End,
+    /// What the client's session did (taken before it closed).
+    pub stats: EngineStats,
+    /// Requests that failed on the volume.
+    pub errors: u64,
+}
+
+/// From the reader thread.
+enum Incoming {
+    Request { handle: u64, op: Result<Op, Errno>, data: Vec<u8> },
+    End(End),
+}
+
+/// Serves requests from `reader` with replies to `writer` until the client disconnects, then
+/// closes the device. `close` runs once the replies are done, to unblock the reader (shut the
+/// socket down); the reader thread has ended when this returns.
+pub fn transmit(reader: impl Read + Send, writer: impl Write, dev: Device, close: impl FnOnce()) -> Summary {
+    let geo = dev.geometry();
+    let (tx, rx) = mpsc::sync_channel(CHANNEL);
+    thread::scope(|s| {
+        let reader = thread::Builder::new()
+            .name("rblk-nbd-reader".into())
+            .spawn_scoped(s, move || read_requests(reader, geo, &tx));
+        let summary = match reader {
+            Ok(_) => Exec::new(dev, writer).run(rx),
+            Err(e) => {
+                let stats = dev.stats();
+                let _ = dev.close();
+                Summary { end: End::ReadFailed(e), stats, errors: 0 }
+            }
+        };
+        close();
+        summary
+    })
+}
+
+/// The reader thread: parses, checks and forwards requests until DISC, EOF or a bad magic.
+fn read_requests(mut r: impl Read, geo: ExportGeometry, tx: &SyncSender<Incoming>) {
+    let end = loop {
+        let mut raw = [0u8; 28];
+        match read_header(&mut r, &mut raw) {
+            Ok(true) => {}
+            Ok(false) => break End::Closed,
+            Err(e) => break End::ReadFailed(e),
+        }
+        let hdr = match RequestHeader::parse(&raw) {
+            Ok(hdr) => hdr,
+            Err(e) => break End::Violation(e.to_string()),
+        };
+        let op = hdr.check(&geo);
+        let mut data = Vec::new();
+        let read = match op {
+            Ok(Op::Write { len, .. }) => {
+                data = vec![0; len as usize];
+                r.read_exact(&mut data)
+            }
+            // A refused write's payload is still on the wire.
+            _ => drain(&mut r, hdr.payload_len().into()),
+        };
+        if let Err(e) = read {
+            break End::ReadFailed(e);
+        }
+        let disc = op == Ok(Op::Disc);
+        if tx.send(Incoming::Request { handle: hdr.handle.get(), op, data }).is_err() || disc {
+            // The executor is gone, or the client may send nothing after DISC.
+            return;
+        }
+    };
+    let _ = tx.send(Incoming::End(end));
+}
+
+/// Fills `buf`; `false` on a clean EOF before its first byte.
+fn read_header(r: &mut impl Read, buf: &mut [u8; 28]) -> io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed mid-request")),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Reads and drops `len` bytes.
+pub fn drain(r: &mut impl Read, len: u64) -> io::Result<()> {
+    let copied = io::copy(&mut r.take(len), &mut io::sink())?;
+    if copied < len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed mid-request"));
+    }
+    Ok(())
+}
+
+/// A request in progress, at its index in the table (the engine request's tag).
+#[derive(Debug)]
+struct InProgress {
+    handle: u64,
+    /// Bytes it holds (a write's payload, a read's reply).
+    bytes: usize,
+}
+
+/// The connection's thread: owns the device and the writer.
+struct Exec<W: Write> {
+    dev: Device,
+    w: io::BufWriter<W>,
+    reqs: Vec<Option<InProgress>>,
+    free: Vec<usize>,
+    /// Bytes held by requests in progress.
+    buffered: usize,
+    /// Volume errors seen (the first is logged as a warning).
+    errors: u64,
+    /// Replying failed (the client is gone): nothing more is written.
+    writer_dead: bool,
+    write_err: Option<io::Error>,
+    next_tick: Instant,
+}
+
+impl<W: Write> Exec<W> {
+    fn new(mut dev: Device, writer: W) -> Self {
+        dev.lane().set_io_timeout(IO_TIMEOUT);
+        Exec {
+            dev,
+            w: io::BufWriter::with_capacity(256 << 10, writer),
+            reqs: Vec::new(),
+            free: Vec::new(),
+            buffered: 0,
+            errors: 0,
+            writer_dead: false,
+            write_err: None,
+            next_tick: Instant::now() + TICK,
+        }
+    }
+
+    fn in_progress(&self) -> usize {
+        self.reqs.len() - self.free.len()
+    }
+
+    fn can_accept(&self) -> bool {
+        self.in_progress() < MAX_REQS && (self.buffered < BUDGET || self.in_progress() == 0)
+    }
+
+    fn run(mut self, rx: Receiver<Incoming>) -> Summary {
+        let mut end: Option<End> = None;
+        let end = loop {
+            self.maybe_tick();
+            // Take requests while there is room, blocking only when nothing else is to be done.
+            while end.is_none() && self.can_accept() {
+                let msg = if self.in_progress() == 0 {
+                    self.flush_replies();
+                    match rx.recv_timeout(self.next_tick.saturating_duration_since(Instant::now())) {
+                        Ok(msg) => msg,
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Err(RecvTimeoutError::Disconnected) => Incoming::End(End::Closed),
+                    }
+                } else {
+                    match rx.try_recv() {
+                        Ok(msg) => msg,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => Incoming::End(End::Closed),
+                    }
+                };
+                match msg {
+                    Incoming::End(e) => end = Some(e),
+                    Incoming::Request { handle, op: Err(e), .. } => {
+                        tracing::debug!(handle, error = ?e, "request refused");
+                        self.reply(handle, Some(e), None);
+                    }
+                    Incoming::Request { op: Ok(Op::Disc), .. } => end = Some(End::Disconnect),
+                    Incoming::Request { handle, op: Ok(op), data } => self.start(handle, op, data),
+                }
+                if self.writer_dead {
+                    break;
+                }
+            }
+            if end.is_none() && self.writer_dead {
+                let e = self.write_err.take().unwrap_or_else(|| io::Error::other("the client is gone"));
+                end = Some(End::WriteFailed(e));
+            }
+            self.finish();
+            if self.in_progress() > 0 {
+                // Replies ready go out before waiting: the client may be waiting for them.
+                self.flush_replies();
+                if let Err(e) = self.dev.lane().wait() {
+                    break End::DeviceFailed(e);
+                }
+                if !self.finish() && self.dev.lane().pending() == 0 {
+                    // Never expected: the lane holds nothing of ours, yet requests are open.
+                    let reason = format!("{} NBD requests lost track of", self.in_progress());
+                    break End::DeviceFailed(rblk_initiator::Error::ConnectionLost { addr: self.dev.addr(), reason });
+                }
+                continue;
+            }
+            if let Some(end) = end.take() {
+                break end;
+            }
+        };
+        drop(rx);
+        self.flush_replies();
+        if let End::DeviceFailed(e) = &end {
+            tracing::error!(error = %e, "the volume stopped completing I/O: closing the connection");
+        }
+        let Exec { dev, errors, .. } = self;
+        let stats = dev.stats();
+        if let Err(e) = dev.close() {
+            tracing::warn!(error = %e, "closing the rblk session failed");
+        }
+        Summary { end, stats, errors }
+    }
+
+    /// The lane's housekeeping (keepalives), every [`TICK`].
+    fn maybe_tick(&mut self) {
+        if Instant::now() >= self.next_tick {
+            if let Err(e) = self.dev.lane().tick() {
+                tracing::debug!(error = %e, "volume housekeeping failed");
+            }
+            self.next_tick = Instant::now() + TICK;
+        }
+    }
+
+    /// Hands a request to the lane as one engine request, tagged with its table index.
+    fn start(&mut self, handle: u64, op: Op, data: Vec<u8>) {
+        let (op, offset, len, fua, data) = match op {
+            Op::Read { offset, len } => (IoOp::Read, offset, len, false, Data::Bytes(Vec::new())),
+            Op::Write { offset, len, fua } => (IoOp::Write, offset, len, fua, Data::Bytes(data)),
+            Op::WriteZeroes { offset, len, fua } => (IoOp::WriteZeroes, offset, len, fua, Data::None),
+            Op::Flush => (IoOp::Flush, 0, 0, false, Data::None),
+            Op::Disc => unreachable!("DISC is not a request of the volume's"),
+        };
+        let bytes = if matches!(op, IoOp::Read | IoOp::Write) { len as usize } else { 0 };
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.reqs.push(None);
+                self.reqs.len() - 1
+            }
+        };
+        self.reqs[index] = Some(InProgress { handle, bytes });
+        self.buffered += bytes;
+        self.dev.lane().submit(Request { tag: index as u64, op, offset, len: len.into(), fua, data });
+    }
+
+    /// Replies to the requests the lane handed back; whether there were any.
+    fn finish(&mut self) -> bool {
+        let mut any = false;
+        while let Some(f) = self.dev.lane().next() {
+            any = true;
+            self.finished(f);
+        }
+        any
+    }
+
+    fn finished(&mut self, f: Finished) {
+        let Some(req) = usize::try_from(f.tag).ok().and_then(|i| self.reqs.get_mut(i)).and_then(Option::take) else {
+            tracing::warn!(tag = f.tag, "a finished request of nobody's ignored");
+            return;
+        };
+        self.free.push(f.tag as usize);
+        self.buffered -= req.bytes;
+        match (f.result, f.data) {
+            (Ok(()), Data::Bytes(buf)) if f.op == IoOp::Read => self.reply(req.handle, None, Some(&buf)),
+            (Ok(()), _) => self.reply(req.handle, None, None),
+            (Err(e), _) => {
+                self.errors += 1;
+                if self.errors == 1 {
+                    tracing::warn!(error = %e, "volume I/O failed: replying with errors");
+                } else {
+                    tracing::debug!(error = %e, "volume I/O failed");
+                }
+                self.reply(req.handle, Some(Errno::from_errno(e.errno())), None);
+            }
+        }
+    }
+
+    /// Writes a simple reply (with a read's data); after a failure, nothing more.
+    fn reply(&mut self, handle: u64, error: Option<Errno>, data: Option<&[u8]>) {
+        if self.writer_dead {
+            return;
+        }
+        let hdr = wire::simple_reply(handle, error);
+        let written = self.w.write_all(hdr.as_bytes()).and_then(|()| match (error, data) {
+            (None, Some(d)) => self.w.write_all(d),
+            _ => Ok(()),
+        });
+        if let Err(e) = written {
+            self.writer_dead = true;
+            self.write_err = Some(e);
+        }
+    }
+
+    fn flush_replies(&mut self) {
+        if !self.writer_dead {
+            if let Err(e) = self.w.flush() {
+                self.writer_dead = true;
+                self.write_err = Some(e);
+            }
+        }
+    }
+}

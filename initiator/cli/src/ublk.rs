@@ -1,0 +1,624 @@
+//! `rblk attach` and `rblk detach`: a volume as a Linux block device, `/dev/ublkbN`, through
+//! ublk (the kernel's userspace block driver, `ublk_drv`) and libublk.
+//!
+//! Each ublk queue is served by one thread that owns one [`Lane`] (one queue pair of the
+//! session) and the queue's io_uring. The ublk I/O buffers are the lane's registered buffer
+//! pool, one region cut into per-tag buffers: the kernel copies a request's pages into (or out
+//! of) the tag's buffer, and the NIC reads and writes that buffer with one-sided RDMA, so the
+//! data is never copied in userspace. (Linux 6.12's ublk has no zero copy, so the kernel's copy
+//! between the bio pages and the buffer remains.) The thread waits for RDMA completions inside
+//! its io_uring loop: a POLL_ADD on the lane's completion channel, and a one-second timer for
+//! keepalives; there is no extra thread per queue.
+//!
+//! The device has a volatile write cache and FUA (`UBLK_ATTR_VOLATILE_CACHE | UBLK_ATTR_FUA`):
+//! the kernel sends FLUSH (an fsync of the device or of a filesystem on it), which becomes a
+//! FLUSH of exactly the ranges written since the last one, and FUA writes, which are a write
+//! then a FLUSH of their range. WRITE_ZEROES is advertised (RDMA WRITEs from a zeroed
+//! registration); DISCARD is not, since the target has nothing to discard.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use io_uring::{opcode, types};
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::{UblkDev, UblkQueue};
+use libublk::{sys, BufDesc, UblkError, UblkFlags};
+use rblk_initiator::engine::{Data, Finished, IoOp, Request};
+use rblk_initiator::{Buffer, Engine, Lane, OpenMode};
+
+use crate::daemon::{self, READY};
+use crate::list::{self, Entry};
+
+/// The deepest queue: the kernel allows 4096 tags, a queue pair of the initiator 1024.
+pub const MAX_DEPTH: u32 = if rblk_initiator::MAX_DEPTH < sys::UBLK_MAX_QUEUE_DEPTH {
+    rblk_initiator::MAX_DEPTH
+} else {
+    sys::UBLK_MAX_QUEUE_DEPTH
+};
+/// The largest request, and each tag's registered buffer (less when the volume's largest I/O is
+/// smaller).
+const IO_BUF_BYTES: u32 = 512 << 10;
+const CONTROL: &str = "/dev/ublk-control";
+
+/// Attach a volume as a block device, /dev/ublkbN (ublk), and print its path
+///
+/// The kernel's ublk driver hands each request of the block device to one of this process's
+/// queue threads; each thread owns a queue pair of the session and serves its requests with
+/// one-sided RDMA READs and WRITEs straight between the target's memory and the ublk I/O
+/// buffers, which are registered with the NIC. fsync and FUA reach the target as FLUSHes of
+/// exactly the ranges written since the last one.
+///
+/// Prints the device path, then `pid N` (the serving process), and serves in the foreground
+/// until `rblk detach`, SIGINT or SIGTERM: then it removes the device, flushes and closes the
+/// session. With --daemon it returns once the device exists, leaving a background process to
+/// serve it.
+///
+/// Needs root and the ublk_drv module (modprobe ublk_drv). Choose it over `rblk nbd` and
+/// `rblk mount` for filesystems and VMs: it is the fastest way to mount a volume.
+///
+/// Examples:
+///   rblk attach rblk://10.0.0.1/vol0 --daemon         # prints /dev/ublkb0 and pid N
+///   mkfs.ext4 /dev/ublkb0 && mount /dev/ublkb0 /srv/data
+///   umount /srv/data && rblk detach /dev/ublkb0
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct AttachArgs {
+    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+    uri: String,
+    /// ublk queues, each served by its own thread with its own queue pair (the kernel may give
+    /// fewer: at most one per CPU).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    queues: u16,
+    /// Requests in flight per queue (1-1024).
+    #[arg(long, value_name = "D", default_value_t = 64)]
+    depth: u32,
+    /// Attach read-only: the device is read-only and the session too.
+    #[arg(long, conflicts_with = "exclusive")]
+    read_only: bool,
+    /// Open the volume exclusively: no other session may write it while attached.
+    #[arg(long)]
+    exclusive: bool,
+    /// Return once the device exists, serving from a detached background process.
+    #[arg(long)]
+    daemon: bool,
+    /// With --daemon: append the background process's log to this file (default: discarded).
+    #[arg(long, value_name = "PATH", requires = "daemon")]
+    log_file: Option<PathBuf>,
+    /// Internal: this is the background process of --daemon.
+    #[arg(long, hide = true)]
+    detached: bool,
+    #[command(flatten)]
+    conn: crate::cli::Connection,
+}
+
+/// Remove a block device made by `rblk attach`
+///
+/// Asks the serving process to stop: it removes the device, flushes what was written since the
+/// last flush and closes its session. Exits 1, after removing the device, if that last FLUSH
+/// failed, and says how many bytes were not flushed. When the serving process is gone (killed),
+/// deletes the device by its id. Refuses while the device is mounted.
+#[derive(Debug, clap::Args)]
+pub struct DetachArgs {
+    /// The device (/dev/ublkbN) or the volume's URI.
+    target: String,
+    /// Give up waiting for the serving process after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    timeout: u64,
+}
+
+/// `rblk attach`.
+pub fn attach(args: AttachArgs) -> anyhow::Result<()> {
+    // Refusals that need no resource come first, before a background process or a session.
+    preflight(&args)?;
+    if args.daemon && !args.detached {
+        let pid = daemon::spawn_detached("the device was attached")?;
+        println!("pid {pid}");
+        return Ok(());
+    }
+    if args.detached {
+        daemon::become_detached()?;
+    }
+    serve(&args)
+}
+
+fn preflight(args: &AttachArgs) -> anyhow::Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("rblk attach needs root: creating a ublk block device needs CAP_SYS_ADMIN");
+    }
+    if !Path::new(CONTROL).exists() {
+        bail!("{CONTROL} is missing: the ublk driver is not loaded (modprobe ublk_drv)");
+    }
+    if args.depth == 0 || args.depth > MAX_DEPTH {
+        bail!("--depth {} is out of range: a queue takes 1 to {MAX_DEPTH} requests in flight", args.depth);
+    }
+    Ok(())
+}
+
+/// Per tag: the request's result once its lane finished it, and the task waiting for it.
+#[derive(Default)]
+struct Slot {
+    done: Cell<Option<Finished>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+struct Finish<'a>(&'a Slot);
+
+impl Future for Finish<'_> {
+    type Output = Finished;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Finished> {
+        match self.0.done.take() {
+            Some(f) => Poll::Ready(f),
+            None => {
+                *self.0.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// What a queue thread shares between its tasks.
+struct QueueState {
+    lane: RefCell<Lane>,
+    slots: Vec<Slot>,
+    /// The lane failed to progress (its queue pair is gone): every request fails.
+    broken: Cell<bool>,
+}
+
+impl QueueState {
+    /// Hands finished requests to their tags' tasks.
+    fn deliver(&self) {
+        let mut lane = self.lane.borrow_mut();
+        if let Err(e) = lane.progress() {
+            if !self.broken.replace(true) {
+                tracing::error!(error = %e, "the queue pair failed: requests fail with EIO");
+            }
+        }
+        while let Some(f) = lane.next() {
+            let Some(slot) = usize::try_from(f.tag).ok().and_then(|t| self.slots.get(t)) else { continue };
+            slot.done.set(Some(f));
+            if let Some(w) = slot.waker.borrow_mut().take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// The result a ublk request commits: bytes for reads and writes, 0 for flush and zeroes, or
+/// -errno.
+fn commit_result(f: &Finished, len: u32) -> i32 {
+    match (&f.result, f.op) {
+        (Ok(()), IoOp::Read | IoOp::Write) => len as i32,
+        (Ok(()), _) => 0,
+        (Err(e), _) => -e.errno(),
+    }
+}
+
+/// One tag: FETCH, then for each request: hand it to the lane, wait, COMMIT_AND_FETCH.
+async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), UblkError> {
+    let mut buf: Option<Buffer> = st.lane.borrow().alloc_buffer();
+    let addr = |b: &Option<Buffer>| b.as_ref().map_or(std::ptr::null(), |b| b.addr() as usize as *const u8);
+    q.submit_io_prep_cmd(tag, BufDesc::RawAddress(addr(&buf)), 0, None).await?;
+    loop {
+        let iod = *q.get_iod(tag);
+        let op = iod.op_flags & 0xff;
+        let fua = iod.op_flags & sys::UBLK_IO_F_FUA != 0;
+        let offset = iod.start_sector << 9;
+        let len = iod.nr_sectors << 9;
+        let io = match op {
+            sys::UBLK_IO_OP_READ => Some((IoOp::Read, true)),
+            sys::UBLK_IO_OP_WRITE => Some((IoOp::Write, true)),
+            sys::UBLK_IO_OP_FLUSH => Some((IoOp::Flush, false)),
+            sys::UBLK_IO_OP_WRITE_ZEROES => Some((IoOp::WriteZeroes, false)),
+            _ => None,
+        };
+        let res = match io {
+            None => -libc::EOPNOTSUPP,
+            Some(_) if st.broken.get() => -libc::EIO,
+            Some((_, true)) if buf.is_none() => -libc::ENOMEM,
+            Some((op, with_buf)) => {
+                let data = if with_buf { buf.take().map_or(Data::None, Data::Registered) } else { Data::None };
+                let r = Request { tag: tag.into(), op, offset, len: len.into(), fua, data };
+                st.lane.borrow_mut().submit(r);
+                st.deliver();
+                let mut f = Finish(&st.slots[tag as usize]).await;
+                if let Data::Registered(b) = std::mem::take(&mut f.data) {
+                    buf = Some(b);
+                }
+                commit_result(&f, len)
+            }
+        };
+        if buf.is_none() {
+            // The buffer went back to the pool with a failed submission: take one again.
+            buf = st.lane.borrow().alloc_buffer();
+        }
+        q.submit_io_commit_cmd(tag, BufDesc::RawAddress(addr(&buf)), res).await?;
+    }
+}
+
+/// Waits for the lane's completion channel inside the queue's io_uring and wakes the tags.
+async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
+    loop {
+        st.deliver();
+        let armed = st.lane.borrow_mut().arm();
+        if let Err(e) = armed {
+            if !st.broken.replace(true) {
+                tracing::error!(error = %e, "arming the completion channel failed: requests fail with EIO");
+            }
+            return;
+        }
+        // A completion that landed before the arm raises no event: look once more.
+        st.deliver();
+        let fd = st.lane.borrow().event_fd();
+        let revents = q.ublk_submit_sqe(opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as _).build()).await;
+        if revents < 0 && revents != -libc::EINTR {
+            tracing::error!(errno = -revents, "polling the completion channel failed");
+            st.broken.set(true);
+            return;
+        }
+    }
+}
+
+/// Every second: the queue pair's control messages, and (queue 0) a KEEPALIVE.
+async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState, keepalive: bool) {
+    let ts = types::Timespec::new().sec(1);
+    loop {
+        let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
+        let mut lane = st.lane.borrow_mut();
+        let r = if keepalive { lane.tick() } else { lane.progress() };
+        drop(lane);
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "queue housekeeping failed");
+        }
+        st.deliver();
+    }
+}
+
+fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
+    let Some(lane) = lane else {
+        tracing::error!(qid, "no queue pair for this ublk queue");
+        dev.notify_buffer_registration_complete(true);
+        return;
+    };
+    let depth = dev.dev_info.queue_depth;
+    let q = match UblkQueue::new(qid, dev) {
+        Ok(q) => q,
+        Err(e) => {
+            tracing::error!(qid, error = ?e, "setting up the ublk queue failed");
+            dev.notify_buffer_registration_complete(true);
+            return;
+        }
+    };
+    let st = QueueState {
+        lane: RefCell::new(lane),
+        slots: (0..depth).map(|_| Slot::default()).collect(),
+        broken: Cell::new(false),
+    };
+    let exe = smol::LocalExecutor::new();
+    let mut tags = Vec::with_capacity(depth.into());
+    for tag in 0..depth {
+        let (q, st) = (&q, &st);
+        tags.push(exe.spawn(async move {
+            match tag_task(q, tag, st).await {
+                Ok(()) | Err(UblkError::QueueIsDown) => {}
+                Err(e) => tracing::warn!(qid, tag, error = ?e, "ublk tag failed"),
+            }
+        }));
+    }
+    let poller = exe.spawn(poller_task(&q, &st));
+    let ticker = exe.spawn(ticker_task(&q, &st, qid == 0));
+    // Our buffers are our own (BufDesc::RawAddress): tell libublk they are in place.
+    dev.notify_buffer_registration_complete(false);
+    smol::block_on(exe.run(async {
+        let run_ops = || while exe.try_tick() {};
+        let is_done = || tags.iter().all(|t| t.is_finished());
+        if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, is_done).await {
+            tracing::warn!(qid, error = ?e, "the ublk queue's event loop failed");
+        }
+    }));
+    drop(poller);
+    drop(ticker);
+    // The queue is down (our STOP, or the device deleted elsewhere): wake the main thread.
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGTERM);
+}
+
+fn params(size: u64, block_size: u32, io_buf: u32, read_only: bool) -> sys::ublk_params {
+    let shift = block_size.trailing_zeros() as u8;
+    let mut attrs = sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA;
+    if read_only {
+        attrs |= sys::UBLK_ATTR_READ_ONLY;
+    }
+    sys::ublk_params {
+        types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
+        basic: sys::ublk_param_basic {
+            attrs,
+            logical_bs_shift: shift,
+            physical_bs_shift: shift,
+            io_min_shift: shift,
+            io_opt_shift: shift,
+            max_sectors: io_buf >> 9,
+            dev_sectors: size >> 9,
+            ..Default::default()
+        },
+        // WRITE_ZEROES only: no discard sectors means no DISCARD (the granularity must be set).
+        discard: sys::ublk_param_discard {
+            discard_granularity: block_size,
+            max_discard_sectors: 0,
+            max_write_zeroes_sectors: io_buf >> 9,
+            max_discard_segments: 0,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+fn serve(args: &AttachArgs) -> anyhow::Result<()> {
+    let mode = match (args.read_only, args.exclusive) {
+        (true, _) => OpenMode::ReadOnly,
+        (false, true) => OpenMode::Exclusive,
+        (false, false) => OpenMode::ReadWrite,
+    };
+    // The session and every queue pair exist before the device: a refused open or an unknown
+    // volume leaves nothing behind.
+    let vol = crate::cli::open(&args.uri, &args.conn, mode)?;
+    let (size, bs, read_only) = (vol.size(), vol.block_size(), vol.is_read_only());
+    if !(512..=4096).contains(&bs) {
+        bail!("the volume's block size is {bs} bytes: a ublk device takes 512 to 4096");
+    }
+    if size % 512 != 0 || size < u64::from(bs) {
+        bail!("the volume's size ({size} bytes) cannot be a block device");
+    }
+    let io_buf = (IO_BUF_BYTES.min(vol.max_io()) / 4096).max(1) * 4096;
+    let describe = format!(
+        "{} ({}, block size {bs}, {}, {})",
+        vol.uri(),
+        crate::cli::human(size),
+        if read_only { "read-only" } else { "read-write" },
+        if vol.is_volatile() { "volatile" } else { "durable" },
+    );
+    let engine = Arc::new(Engine::new(vol, 1)?);
+    let lanes = (0..args.queues)
+        .map(|_| engine.lane(args.depth, io_buf as usize).map(Some))
+        .collect::<Result<Vec<_>, _>>()
+        .context("opening the queue pairs")?;
+    let lanes = Arc::new(Mutex::new(lanes));
+
+    let ctrl = UblkCtrlBuilder::default()
+        .name("rblk")
+        .id(-1)
+        .nr_queues(args.queues)
+        .depth(args.depth as u16)
+        .io_buf_bytes(io_buf)
+        .ctrl_flags(0)
+        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+        .build()
+        .map_err(|e| anyhow::anyhow!("creating the ublk device failed: {e:?}"))?;
+    let dev_id = ctrl.dev_info().dev_id;
+    let bdev = PathBuf::from(ctrl.get_bdev_path());
+
+    let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
+        .context("installing signal handlers")?;
+    let mut registered =
+        list::register(Entry { dev_id: Some(dev_id), ..Entry::new("ublk", &args.uri) }.device(Some(&bdev)));
+
+    let tgt_init = move |dev: &mut UblkDev| {
+        dev.tgt.dev_size = size;
+        dev.tgt.params = params(size, bs, dev.dev_info.max_io_buf_bytes.min(io_buf), read_only);
+        // Room for each queue's POLL_ADD and timer beside its tags.
+        let d = dev.dev_info.queue_depth;
+        dev.tgt.sq_depth = d.saturating_add(8);
+        dev.tgt.cq_depth = d.saturating_add(8);
+        Ok(())
+    };
+    let q_lanes = Arc::clone(&lanes);
+    let q_fn = move |qid: u16, dev: &UblkDev| {
+        let lane = q_lanes.lock().unwrap_or_else(PoisonError::into_inner).get_mut(qid as usize).and_then(Option::take);
+        queue_thread(qid, dev, lane);
+    };
+    let (detached, log_file) = (args.detached, args.log_file.clone());
+    let ready = Arc::new(Mutex::new(None::<anyhow::Error>));
+    let ready_err = Arc::clone(&ready);
+    let device_fn = move |c: &UblkCtrl| {
+        let mut out = std::io::stdout().lock();
+        let shown = writeln!(out, "{}", bdev.display())
+            .and_then(|()| writeln!(out, "pid {}", std::process::id()))
+            .and_then(|()| {
+                eprintln!("rblk: attached {describe} as {}", bdev.display());
+                if detached {
+                    writeln!(out, "{READY}")
+                } else {
+                    eprintln!("rblk: serving until `rblk detach {}` or Ctrl-C", bdev.display());
+                    Ok(())
+                }
+            })
+            .and_then(|()| out.flush());
+        drop(out);
+        if let Err(e) = shown.map_err(anyhow::Error::from).and_then(|()| {
+            if detached {
+                daemon::detach_stdio(log_file.as_deref())
+            } else {
+                Ok(())
+            }
+        }) {
+            *ready_err.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+        }
+        let mut signals = signals;
+        if let Some(sig) = signals.forever().next() {
+            tracing::info!(signal = sig, "stopping the device");
+        }
+        let _ = c.kill_dev();
+    };
+    let ran = ctrl.run_target(tgt_init, q_fn, device_fn);
+    if let Some(reg) = registered.as_mut() {
+        reg.update(|e| e.state = "stopping".into());
+    }
+    drop(ctrl); // DEL_DEV: the device is gone
+    drop(lanes);
+    if let Err(e) = ran {
+        bail!("starting the ublk device failed: {e:?}");
+    }
+    if let Some(e) = ready.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        tracing::warn!(error = %e, "reporting readiness failed");
+    }
+    let engine = Arc::try_unwrap(engine).map_err(|_| anyhow::anyhow!("a queue thread still holds the session"))?;
+    let unflushed = engine.unflushed_bytes();
+    let stats = engine.stats();
+    match engine.close() {
+        Ok(volatile) => {
+            let note = if volatile { "the volume is volatile (RAM only)" } else { "flushed to durable storage" };
+            eprintln!(
+                "rblk: detached: {} reads, {} writes, {} flushes sent ({} with nothing to flush); {note}",
+                stats.reads, stats.writes, stats.flushes, stats.flushes_skipped
+            );
+            Ok(())
+        }
+        Err(e) => {
+            let bytes = unflushed.map_or_else(|| "an unknown number of".to_owned(), |b| b.to_string());
+            if let Some(reg) = registered.as_mut() {
+                reg.update(|en| {
+                    en.state = format!("failed: the final flush failed: {e}");
+                    en.unflushed_bytes = unflushed;
+                });
+                reg.keep();
+            }
+            Err(anyhow::Error::new(e)
+                .context(format!("the device is removed, but {bytes} bytes written were not flushed")))
+        }
+    }
+}
+
+/// `rblk detach`.
+pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
+    let entries = list::entries();
+    let want = &args.target;
+    let dev_id_of = |p: &str| p.strip_prefix("/dev/ublkb").and_then(|n| n.parse::<u32>().ok());
+    let found = entries
+        .iter()
+        .find(|(_, e)| e.kind == "ublk" && (e.device.as_deref() == Some(want.as_str()) || e.uri == *want));
+    let (path, entry) = match found {
+        Some((p, e)) => (Some(p.clone()), Some(e.clone())),
+        None => (None, None),
+    };
+    let dev_id = entry.as_ref().and_then(|e| e.dev_id).or_else(|| dev_id_of(want));
+    let Some(dev_id) = dev_id else {
+        bail!("{want} is not a device attached by rblk attach (`rblk list` shows them)");
+    };
+    let dev = format!("/dev/ublkb{dev_id}");
+    if let Some(m) = mounted_at(&dev) {
+        bail!("{dev} is mounted at {m}: unmount it first");
+    }
+    if !nix::unistd::geteuid().is_root() {
+        bail!("rblk detach needs root (ublk devices need CAP_SYS_ADMIN)");
+    }
+    match entry.filter(|e| e.alive() && e.state != "dead") {
+        Some(e) => {
+            // The server removes the device, flushes and closes on SIGTERM.
+            let pid = nix::unistd::Pid::from_raw(e.pid as i32);
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+                .with_context(|| format!("signalling the serving process {}", e.pid))?;
+            let deadline = Instant::now() + Duration::from_secs(args.timeout);
+            while e.alive() {
+                if Instant::now() > deadline {
+                    bail!("the serving process {} did not stop within {} s", e.pid, args.timeout);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            // A failed final flush leaves its entry behind, with what was lost.
+            let left = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok());
+            if let Some(p) = &path {
+                let _ = std::fs::remove_file(p);
+            }
+            let failed =
+                left.and_then(|t| serde_json::from_str::<Entry>(&t).ok()).filter(|e| e.state.starts_with("failed"));
+            if let Some(f) = failed {
+                let bytes = f.unflushed_bytes.map_or_else(|| "an unknown number of".to_owned(), |b| b.to_string());
+                bail!("removed {dev}, but {bytes} bytes written were not flushed ({})", f.state);
+            }
+            println!("rblk: detached {dev}");
+            Ok(())
+        }
+        None => {
+            // The serving process is gone (killed): delete the device by its id.
+            let c = UblkCtrl::new_simple(dev_id as i32)
+                .map_err(|e| anyhow::anyhow!("ublk device {dev_id} does not exist ({e:?})"))?;
+            let _ = c.kill_dev();
+            c.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {dev_id} failed: {e:?}"))?;
+            if let Some(p) = &path {
+                let _ = std::fs::remove_file(p);
+            }
+            println!("rblk: deleted {dev} (its serving process had died: writes it had not flushed may be lost)");
+            Ok(())
+        }
+    }
+}
+
+/// Where `dev` is mounted, if it is.
+fn mounted_at(dev: &str) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        (f.next() == Some(dev)).then(|| f.next().unwrap_or("?").to_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<AttachArgs, String> {
+        let argv = ["rblk", "attach"].iter().chain(args);
+        match crate::cli::Args::try_parse_from(argv).map_err(|e| e.to_string())?.command {
+            crate::cli::Command::Attach(a) => Ok(a),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    #[test]
+    fn attach_flags() {
+        let a = parse(&["rblk://h/v", "--queues", "2", "--depth", "32", "--exclusive", "--daemon"]).unwrap();
+        assert_eq!((a.queues, a.depth, a.exclusive, a.daemon, a.read_only), (2, 32, true, true, false));
+        let d = parse(&["rblk://h/v"]).unwrap();
+        assert_eq!((d.queues, d.depth), (1, 64));
+        assert!(parse(&["rblk://h/v", "--read-only", "--exclusive"]).is_err());
+        assert!(parse(&["rblk://h/v", "--queues", "0"]).is_err());
+        assert!(parse(&["rblk://h/v", "--log-file", "/l"]).is_err(), "--log-file needs --daemon");
+    }
+
+    #[test]
+    fn params_keep_flush_fua_and_zeroes_but_no_discard() {
+        let p = params(64 << 20, 4096, 512 << 10, false);
+        assert_eq!(p.basic.attrs & sys::UBLK_ATTR_VOLATILE_CACHE, sys::UBLK_ATTR_VOLATILE_CACHE);
+        assert_eq!(p.basic.attrs & sys::UBLK_ATTR_FUA, sys::UBLK_ATTR_FUA);
+        assert_eq!(p.basic.attrs & sys::UBLK_ATTR_READ_ONLY, 0);
+        assert_eq!((p.basic.logical_bs_shift, p.basic.max_sectors, p.basic.dev_sectors), (12, 1024, 131072));
+        assert_eq!((p.discard.max_discard_sectors, p.discard.max_write_zeroes_sectors), (0, 1024));
+        assert_ne!(p.discard.discard_granularity, 0, "the kernel refuses a zero granularity");
+        let ro = params(64 << 20, 512, 4096, true);
+        assert_eq!(ro.basic.attrs & sys::UBLK_ATTR_READ_ONLY, sys::UBLK_ATTR_READ_ONLY);
+        assert_eq!(ro.basic.logical_bs_shift, 9);
+    }
+
+    #[test]
+    fn results_commit_as_the_kernel_expects() {
+        let ok = |op| Finished { tag: 0, op, result: Ok(()), data: Data::None };
+        assert_eq!(commit_result(&ok(IoOp::Read), 8192), 8192);
+        assert_eq!(commit_result(&ok(IoOp::Flush), 0), 0);
+        assert_eq!(commit_result(&ok(IoOp::WriteZeroes), 4096), 0);
+        let err = rblk_initiator::Error::Invalid {
+            what: "write",
+            offset: 0,
+            len: 4096,
+            reason: rblk_initiator::InvalidReason::ReadOnly,
+        };
+        let f = Finished { tag: 0, op: IoOp::Write, result: Err(err), data: Data::None };
+        assert_eq!(commit_result(&f, 4096), -libc::EROFS);
+    }
+}
