@@ -92,6 +92,8 @@ struct Req {
     want: usize,
     /// The data is a registered buffer of the caller's, lent to the queue while in flight.
     registered: bool,
+    /// Submission order (0 for the parts of a read-modify-write, which run as soon as they can).
+    seq: u64,
 }
 
 /// One piece of a request on the queue.
@@ -141,6 +143,9 @@ pub struct Lane {
     io_timeout: Duration,
     /// Reused by the synchronous calls.
     scratch: Vec<u8>,
+    next_seq: u64,
+    /// The oldest waiting read-modify-write's `seq`.
+    barrier_seq: Option<u64>,
 }
 
 fn bs(geo: &Geometry) -> u64 {
@@ -172,6 +177,8 @@ impl Lane {
             done: std::iter::repeat_with(Done::default).take(depth).collect(),
             io_timeout: DEFAULT_IO_TIMEOUT,
             scratch: Vec::new(),
+            next_seq: 1,
+            barrier_seq: None,
         }
     }
 
@@ -275,7 +282,9 @@ impl Lane {
             trim: None,
             want: r.len as usize,
             registered: false,
+            seq: self.next_seq,
         };
+        self.next_seq += 1;
         req.registered = matches!(req.data, Data::Registered(_));
         if r.op == IoOp::Read {
             if let Data::Bytes(v) = &mut req.data {
@@ -388,6 +397,7 @@ impl Lane {
 
     /// Posts pieces of ready requests while the queue has room.
     fn pump(&mut self) {
+        self.barrier_seq = self.barrier.front().and_then(|&b| self.reqs[b].as_ref()).map(|b| b.seq);
         while let Some(&index) = self.ready.front() {
             let Some(req) = self.reqs[index].as_mut() else {
                 self.ready.pop_front();
@@ -399,6 +409,11 @@ impl Lane {
                     self.complete(index);
                 }
                 continue;
+            }
+            // A waiting read-modify-write runs once the lane is idle: nothing submitted after it
+            // starts before it, or a steady stream of requests would starve it.
+            if req.seq != 0 && self.barrier_seq.is_some_and(|b| req.seq > b) {
+                break;
             }
             if req.op != IoOp::Read && !req.internal && req.hold.is_none() {
                 match self.shared.locks.try_shared(req.offset, req.offset + req.len) {
@@ -529,13 +544,23 @@ impl Lane {
 
     /// Runs the oldest waiting read-modify-write, once nothing else is in flight.
     fn run_barrier(&mut self) -> Result<()> {
-        while self.q.in_flight() == 0 && self.ready.is_empty() {
-            let Some(index) = self.barrier.pop_front() else { return Ok(()) };
+        loop {
+            let Some(&index) = self.barrier.front() else { return Ok(()) };
+            let seq = self.reqs[index].as_ref().map_or(0, |r| r.seq);
+            // Everything submitted before it has finished.
+            let older_ready = self.ready.iter().any(|&i| self.reqs[i].as_ref().is_some_and(|r| r.seq < seq));
+            if self.q.in_flight() > 0 || older_ready {
+                return Ok(());
+            }
+            self.barrier.pop_front();
             let Some(mut req) = self.reqs[index].take() else { continue };
             self.free_reqs.push(index);
             let result = self.read_modify_write(&req);
+            let bs = bs(&self.geo);
+            let (start, end) = (req.offset / bs * bs, (req.offset + req.len).div_ceil(bs) * bs);
             let result = match result {
-                Ok(()) if req.fua => self.flush_now(Some((req.offset, req.len))),
+                // The FLUSH covers the blocks written back.
+                Ok(()) if req.fua => self.flush_now(Some((start, end - start))),
                 other => other,
             };
             if let Err(e) = &result {
@@ -551,7 +576,6 @@ impl Lane {
             let data = std::mem::take(&mut req.data);
             self.finished.push_back(Finished { tag: req.tag, op: req.op, result, data });
         }
-        Ok(())
     }
 
     fn q_addr(&self) -> std::net::SocketAddr {
@@ -615,6 +639,7 @@ impl Lane {
             trim: None,
             want: len as usize,
             registered: false,
+            seq: 0,
         };
         let index = self.insert(req);
         self.ready.push_back(index);

@@ -617,7 +617,6 @@ fn flush_sends_nothing_when_nothing_was_written_and_fua_writes_flush() {
 }
 
 #[test]
-#[ignore = "engine bug: an unaligned FUA write flushes its own unaligned range, which the volume refuses (EINVAL)"]
 fn unaligned_fua_writes_flush_their_blocks() {
     let export = Arc::new(TestExport::new(GEO));
     let mut c = Client::start(Arc::clone(&export));
