@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# rblk against raw verbs, side by side, on the same rxe device in ONE guest boot:
+# rblk against raw verbs and against Linux's NVMe-oF/RDMA, side by side, on the same rxe device in
+# ONE guest boot:
 #
 #   scripts/compare-rxe.sh [--quick]
 #
-# Builds the release binaries on the host, boots the rxe guest (scripts/rxe-guest.sh) once, and there
-# runs perftest in loopback on rxe0 (server and client on the same device) and the matching
-# rblk-bench runs against rblk-target, pair by pair, interleaved, COMPARE_ROUNDS times:
+# Builds the release binaries on the host (rblk-target, rblk-bench, rblk, ...), boots the rxe guest
+# (scripts/rxe-guest.sh) once, and there, COMPARE_ROUNDS times:
+#
+# 1. perftest in loopback on rxe0 (server and client on the same device) and the matching
+#    rblk-bench runs against rblk-target, pair by pair, interleaved:
 #
 #   workload               perftest                                         rblk-bench
 #   randread 4k QD32       ib_read_bw  -s 4096  -t 32 -o 32 -Q 1            --rw randread  --bs 4k  --iodepth 32
@@ -15,38 +18,86 @@
 #   randread 4k QD1 p50    ib_read_lat -s 4096 (t_typical)                  --rw randread  --iodepth 1 [--spin 1ms]
 #   randwrite 4k QD1 p50   2 x ib_write_lat -s 4096 (t_typical)             --rw randwrite --iodepth 1 [--spin 1ms]
 #
+# 2. Block devices: the same fio jobs on four block devices, one path after the other (the paths'
+#    order rotates by one every round); each device is made, runs randwrite QD32 (first, so that
+#    the reads read written blocks), randread QD32 and randread QD1, and is removed again:
+#
+#      fio --ioengine=libaio --direct=1 --bs=4k --numjobs=1 --size=256M --time_based
+#          --ramp_time=1 --runtime=SECS --output-format=json  --rw=randwrite|randread --iodepth=32|1
+#
+#   path    device        what runs
+#   nvmeof  /dev/nvmeXnY  Linux NVMe-oF/RDMA, for scale: null_blk (nr_devices=1 memory_backed=1
+#                         gb=1, RAM) exported by nvmet + nvmet-rdma through configfs
+#                         (/sys/kernel/config/nvmet: subsystem nqn.2024-12.io.rblk:compare,
+#                         namespace 1, port rdma RBLK_ADDR:4420), once per boot; per round
+#                         `nvme connect -t rdma -a RBLK_ADDR -s 4420 -n NQN -i 1` (one I/O queue)
+#                         and `nvme disconnect -n NQN`
+#   nbd     /dev/nbd0     `rblk nbd URI --listen unix:SOCK` + `nbd-client -unix SOCK /dev/nbd0
+#                         -block-size 4096` (one connection); `nbd-client -d`, SIGTERM
+#   fuse    /dev/loopN    `rblk mount URI DIR --queues 1 --loop --daemon` (FUSE file + loop device
+#                         with direct I/O; one queue serves one request at a time); `rblk umount`
+#   ublk    /dev/ublkbN   `rblk attach URI --queues 1 --depth 32 --daemon` (ublk_drv);
+#                         `rblk detach /dev/ublkbN`. When the kernel has no ublk_drv or the rblk
+#                         binary no `rblk attach`, this path is skipped: the guest prints
+#                         `@@meta ublk unavailable: WHY`, and its figures and goals are missing
+#                         (null in the JSON, "unavailable" in the table); nothing else fails.
+#   The rblk paths (nbd, fuse, ublk) use the same rblk-target volume as rblk-bench, 256M.
+#
 # What is compared, and why so:
 # - Throughput in operations per second. perftest's -t is its send queue depth (the bench's
 #   --iodepth) and -o its outstanding RDMA READs. -Q 1 signals every work request, as rblk's queue
 #   does: with perftest's default completion moderation (-Q = -t at depth 32) it posts 32, waits for
 #   all of them and posts again, so it would not keep 32 in flight (COMPARE_PERFTEST_BW_ARGS="-Q 8"
 #   to try others). perftest runs -D SECS+2 with 1 s margins (-f 1); rblk-bench --ramp 1
-#   --runtime SECS: both measure SECS seconds after a second of warm-up.
+#   --runtime SECS: both measure SECS seconds after a second of warm-up, as fio does.
 # - Latency at depth 1, in microseconds: ib_read_lat's t_typical is a full round trip, like a
 #   one-sided read's completion. ib_write_lat reports HALF of a ping-pong, while a one-sided write
 #   completes after a full round trip (its ACK): that row compares with 2 x ib_write_lat. perftest
 #   busy-polls; rblk-bench is run twice, with the library's default spin (20 us, then it sleeps on
-#   the completion channel) and with --spin 1ms (it polls like perftest).
-# - The target's CPU over each rblk run (rblk-bench's STATS before and after), and its CPU while
-#   idle with no session at all (the sum of its threads' /proc schedstat over SECS), for scale.
+#   the completion channel) and with --spin 1ms (it polls like perftest). For the block devices,
+#   fio's p50 completion latency (clat) at iodepth 1.
+# - Every block-device workload is compared with the rblk-bench row of the same workload (4k
+#   randread/randwrite QD32 IOPS; randread QD1 p50 with the default spin) from the same rounds.
+#   Goals: ublk randread and randwrite QD32 >= 2 x NVMe-oF and >= 0.75 x rblk-bench; ublk
+#   randread QD1 p50 <= 0.6 x NVMe-oF's.
+# - The target's CPU over each rblk-bench run (rblk-bench's STATS before and after), over each fio
+#   run on an rblk path (the sum of the target's threads' /proc schedstat before and after, taken
+#   while the device's session is open; it includes fio's start and its ramp second), and while
+#   idle with no session at all (the same sum over SECS), for scale.
 #
-# Prints a table (workload, perftest and rblk medians with their min-max spread over the rounds,
-# rblk/perftest, the goal) and writes build/compare/summary.json: for each workload
-# {"perftest": x, "rblk": y, "ratio": y/x, "unit": "ops/s" | "us", ...spreads, commands, goal},
-# plus the target's CPU share. Raw outputs: build/compare/guest.log. It fails only on errors
-# (a tool that does not run or whose output does not parse), never on the figures.
+# Prints two tables and writes build/compare/summary.json. The first: workload, perftest and rblk
+# medians with their min-max spread over the rounds, rblk/perftest, the goal; in the JSON, for each
+# workload {"perftest": x, "rblk": y, "ratio": y/x, "unit": "ops/s" | "us", ...spreads, commands,
+# goal}, plus the target's CPU share. The second: each block-device workload with every path's
+# median (min-max), its ratio to NVMe-oF and to rblk-bench, the goals and the target's CPU; in the
+# JSON under "block_devices": {"block_randread_4k_qd32" | "block_randwrite_4k_qd32" |
+# "block_randread_4k_qd1_p50": {"nvmeof", "nbd", "fuse", "ublk", "rblk_bench": median or null,
+# "ratios": {"ublk_vs_nvmeof", "ublk_vs_rblk_bench", ...}, "goals": [{"goal", "ratio", "met"}],
+# "spreads", "cmds", "target_cpu_share": {path: share}}}, plus "target_cpu_share_block" (per
+# path) and "target_cpu_share_ublk" ({"median", "max", "runs"} or null), "ublk_unavailable" (why,
+# or null). Raw outputs: build/compare/guest.log. It fails only on errors (a tool that does not
+# run or whose output does not parse), never on the figures.
 #
 # Options and environment:
 #   --quick            1 round of 2 s (a CI smoke test that the comparison works)
 #   COMPARE_SECS       measured seconds per run (default 5)
 #   COMPARE_ROUNDS     rounds of every pair (default 4)
 #   COMPARE_PERFTEST_BW_ARGS  extra perftest arguments for the bandwidth runs (default "-Q 1")
-# About 110 s per round at 5 s, plus ~15 s of boot; TCG makes absolute figures meaningless and boots
-# vary by ~10%: compare ratios from the same boot.
+#   RBLK_BIN_DIR       take rblk-target, rblk-bench and rblk from this directory instead of building
+#                      them (e.g. a build of a git worktree); default: cargo build --release
+#                      --workspace --bins, then ${CARGO_TARGET_DIR:-build}/release
+# Timing at 5 s: about 110 s per round for the perftest/rblk-bench pairs and about 130 s for the
+# block devices (12 fio runs of SECS + ~3 s each, plus making and removing the devices), plus ~15 s
+# of boot and a few seconds of NVMe-oF setup; --quick takes about 4 minutes. TCG makes absolute
+# figures meaningless and boots vary by ~10% (far more when the host is busy, and the kernel's block
+# paths more than the verbs rows): compare ratios from the same boot, on an idle host.
 set -euo pipefail
 shopt -s inherit_errexit
 
 REPO_ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+if [[ -n ${RBLK_BIN_DIR:-} && $RBLK_BIN_DIR != /* ]]; then
+    RBLK_BIN_DIR=$PWD/$RBLK_BIN_DIR # relative to where we were started
+fi
 cd "$REPO_ROOT"
 
 OUT=build/compare
@@ -218,9 +269,214 @@ guest_main() {
         fi
     }
 
+    # --- Block devices: fio through four paths (see the header), one job, 4 KiB, libaio, O_DIRECT.
+    local nqn=nqn.2024-12.io.rblk:compare cfg=/sys/kernel/config/nvmet mnt=$work/mnt
+    local -a blk_paths=(nvmeof nbd fuse ublk)
+    local blk_dev="" blk_pid="" ublk_why=""
+    # Waits (up to 60 s) until the process $1 (not necessarily our child) has exited.
+    wait_gone() {
+        for _ in $(seq 1 600); do
+            [[ -e /proc/$1 ]] || return 0
+            sleep 0.1
+        done
+        return 1
+    }
+    # Waits (up to 30 s) until $1 is a block device with a non-zero size.
+    wait_bdev() {
+        local size=0
+        for _ in $(seq 1 300); do
+            if [[ -b $1 ]]; then
+                read -r size <"/sys/class/block/${1#/dev/}/size" 2>/dev/null || size=0
+                ((size > 0)) && return 0
+            fi
+            sleep 0.1
+        done
+        return 1
+    }
+    nvmet_mkdir() { mkdir "$1" || die "cannot create $1"; }
+    nvmet_set() { printf '%s\n' "$2" >"$1" || die "cannot write $2 to $1"; }
+    # Linux NVMe-oF/RDMA: nvmet-rdma exporting a memory-backed null_blk on the rxe address, once.
+    nvmeof_setup() {
+        modprobe null_blk nr_devices=1 memory_backed=1 gb=1 >&2 || die "cannot load null_blk"
+        modprobe -a nvmet nvmet-rdma nvme-rdma >&2 || die "cannot load nvmet, nvmet-rdma, nvme-rdma"
+        wait_bdev /dev/nullb0 || die "null_blk made no /dev/nullb0"
+        [[ -d $cfg ]] || die "no $cfg (configfs not mounted?)"
+        local s=$cfg/subsystems/$nqn p=$cfg/ports/1
+        nvmet_mkdir "$s"
+        nvmet_set "$s/attr_allow_any_host" 1
+        nvmet_mkdir "$s/namespaces/1"
+        nvmet_set "$s/namespaces/1/device_path" /dev/nullb0
+        nvmet_set "$s/namespaces/1/enable" 1
+        nvmet_mkdir "$p"
+        nvmet_set "$p/addr_trtype" rdma
+        nvmet_set "$p/addr_adrfam" ipv4
+        nvmet_set "$p/addr_traddr" "$addr"
+        nvmet_set "$p/addr_trsvcid" 4420
+        ln -s "$s" "$p/subsystems/$nqn" || die "cannot link $nqn to nvmet port 1"
+        printf '@@meta nvmet %s on /dev/nullb0 (null_blk memory_backed, 1 GiB), rdma port %s:4420\n' "$nqn" "$addr"
+    }
+    nvmeof_teardown() {
+        local s=$cfg/subsystems/$nqn p=$cfg/ports/1
+        rm -f "$p/subsystems/$nqn" || die "cannot unlink $nqn from nvmet port 1"
+        rmdir "$p" || die "cannot remove nvmet port 1"
+        nvmet_set "$s/namespaces/1/enable" 0
+        rmdir "$s/namespaces/1" "$s" || die "cannot remove the nvmet subsystem $nqn"
+        modprobe -r nvme-rdma nvmet-rdma nvmet null_blk >&2 || log "warning: cannot unload the NVMe-oF modules"
+    }
+    # Is ublk there (the kernel's ublk_drv and this binary's `rblk attach`)? Sets ublk_why if not.
+    ublk_check() {
+        local help
+        if ! modprobe ublk_drv >&2 || [[ ! -e /dev/ublk-control ]]; then
+            ublk_why="kernel $(uname -r) has no ublk_drv (/dev/ublk-control)"
+        elif ! help=$("$bin/rblk" attach --help 2>&1); then
+            ublk_why="this rblk has no 'rblk attach' ($("$bin/rblk" --version): $(head -n 1 <<<"$help"))"
+        fi
+        if [[ -n $ublk_why ]]; then
+            printf '@@meta ublk unavailable: %s\n' "$ublk_why"
+            log "ublk rows skipped: $ublk_why"
+        fi
+    }
+    # Make path $1's block device: sets blk_dev (and blk_pid, the rblk process serving it).
+    blk_attach() {
+        local out
+        blk_dev="" blk_pid=""
+        case $1 in
+        nvmeof)
+            nvme connect -t rdma -a "$addr" -s 4420 -n "$nqn" -i 1 >&2 || die "nvme connect failed"
+            local b n
+            for _ in $(seq 1 300); do
+                for b in /sys/block/nvme*n*; do
+                    [[ ${b##*/} =~ ^nvme[0-9]+n[0-9]+$ ]] || continue # not the per-path nvmeXcYnZ
+                    read -r n <"$b/device/subsysnqn" 2>/dev/null || continue
+                    [[ $n == "$nqn" ]] && blk_dev=/dev/${b##*/} && break 2
+                done
+                sleep 0.1
+            done
+            [[ -n $blk_dev ]] || die "nvme connect made no /dev/nvmeXnY for $nqn"
+            ;;
+        nbd)
+            modprobe nbd >&2 || die "cannot load nbd"
+            rm -f "$work/nbd.sock"
+            "$bin/rblk" nbd "$uri" --device "$dev" --listen "unix:$work/nbd.sock" >"$work/nbd.out" 2>"$work/nbd.log" &
+            blk_pid=$!
+            for _ in $(seq 1 300); do
+                grep -q '^rblk nbd: serving' "$work/nbd.out" && break
+                kill -0 "$blk_pid" 2>/dev/null || break
+                sleep 0.1
+            done
+            grep -q '^rblk nbd: serving' "$work/nbd.out" || {
+                cat "$work/nbd.out" "$work/nbd.log" >&2
+                die "rblk nbd did not start serving"
+            }
+            nbd-client -unix "$work/nbd.sock" /dev/nbd0 -block-size 4096 >&2 || die "nbd-client failed"
+            blk_dev=/dev/nbd0
+            ;;
+        fuse)
+            mkdir -p "$mnt"
+            "$bin/rblk" mount "$uri" "$mnt" --device "$dev" --queues 1 --loop --daemon \
+                >"$work/mount.out" 2>&1 || {
+                cat "$work/mount.out" >&2
+                die "rblk mount --loop --daemon failed"
+            }
+            blk_dev=$(grep -o '/dev/loop[0-9]*' "$work/mount.out" | head -n 1) || true
+            blk_pid=$(sed -n 's/.*(pid \([0-9]*\).*/\1/p' "$work/mount.out" | head -n 1)
+            [[ -n $blk_dev && -n $blk_pid ]] || {
+                cat "$work/mount.out" >&2
+                die "no loop device or pid in rblk mount's output"
+            }
+            ;;
+        ublk)
+            # A file, not $(...): the background server could keep a pipe open.
+            "$bin/rblk" attach "$uri" --queues 1 --depth 32 --device "$dev" --daemon \
+                >"$work/attach.out" 2>"$work/attach.log" || {
+                cat "$work/attach.out" "$work/attach.log" >&2
+                die "rblk attach --daemon failed"
+            }
+            blk_dev=$(sed -n 1p "$work/attach.out")
+            blk_pid=$(sed -n '2s/^pid \([0-9][0-9]*\)$/\1/p' "$work/attach.out")
+            [[ $blk_dev == /dev/ublkb* && -n $blk_pid ]] || {
+                cat "$work/attach.out" >&2
+                die "rblk attach printed no /dev/ublkbN and 'pid N' lines"
+            }
+            ;;
+        esac
+        wait_bdev "$blk_dev" || die "$1: $blk_dev did not appear as a block device"
+        log "  $1: $blk_dev"
+    }
+    blk_detach() {
+        case $1 in
+        nvmeof)
+            nvme disconnect -n "$nqn" >&2 || die "nvme disconnect failed"
+            ;;
+        nbd)
+            nbd-client -d /dev/nbd0 >&2 || die "nbd-client -d failed"
+            for _ in $(seq 1 300); do
+                [[ -e /sys/block/nbd0/pid ]] || break
+                sleep 0.1
+            done
+            kill -TERM "$blk_pid" 2>/dev/null || true
+            local rc=0
+            wait "$blk_pid" || rc=$?
+            ((rc == 0)) || {
+                cat "$work/nbd.log" >&2
+                die "rblk nbd exited with status $rc after SIGTERM"
+            }
+            ;;
+        fuse)
+            "$bin/rblk" umount "$mnt" >&2 || die "rblk umount failed"
+            wait_gone "$blk_pid" || die "rblk mount (pid $blk_pid) did not exit after rblk umount"
+            ;;
+        ublk)
+            "$bin/rblk" detach "$blk_dev" >&2 || die "rblk detach $blk_dev failed"
+            wait_gone "$blk_pid" || die "rblk attach (pid $blk_pid) did not exit after rblk detach"
+            ;;
+        esac
+    }
+    # One fio run of workload $1 through path $2 in round $3: fio's --rw and --iodepth follow.
+    # For the paths served by rblk, the target's CPU over the run (its threads, session included).
+    run_fio() {
+        local w=$1 path=$2 r=$3 rw=$4 qd=$5 json="$work/fio.json" c0 c1 t0 t1
+        local -a cmd=(fio --name="$w" --filename="$blk_dev" --ioengine=libaio --direct=1 --bs=4k --rw="$rw"
+            --iodepth="$qd" --numjobs=1 --size="$VOLUME_SIZE" --time_based --ramp_time=1 --runtime="$secs"
+            --output-format=json --output="$json")
+        rm -f "$json"
+        c0=$(target_ns) t0=${EPOCHREALTIME/./}
+        timeout $((secs * 10 + 120)) "${cmd[@]}" >&2 || die "$path: ${cmd[*]} failed"
+        c1=$(target_ns) t1=${EPOCHREALTIME/./}
+        [[ -s $json ]] || die "$path: fio wrote no JSON report"
+        if [[ $path != nvmeof ]]; then
+            printf '@@cpu %s %s %s %s %s\n' "$w" "$path" "$r" "$((c1 - c0))" "$(((t1 - t0) * 1000))"
+        fi
+        log "  fio $path $rw QD$qd: done"
+        emit "$w" "$path" "$r" "$json" "${cmd[@]}"
+    }
+    # Every block-device workload through every path, in round $1 (the paths' order rotates).
+    block_round() {
+        local r=$1 i path
+        for i in 0 1 2 3; do
+            path=${blk_paths[$(((i + r - 1) % 4))]}
+            if [[ $path == ublk && -n $ublk_why ]]; then
+                continue
+            fi
+            blk_attach "$path"
+            run_fio fio_randwrite_4k_qd32 "$path" "$r" randwrite 32 # first: it fills what the reads read
+            run_fio fio_randread_4k_qd32 "$path" "$r" randread 32
+            run_fio fio_randread_4k_qd1 "$path" "$r" randread 1
+            blk_detach "$path"
+        done
+    }
+
     log "warm-up (discarded): ib_read_bw and rblk-bench, 2 s each"
     perftest "$work/warm.out" ib_read_bw -s 4096 -t 32 -o 32 -D 4 -f 1 || die "perftest does not run here"
     "$bin/rblk-bench" "$uri" --device "$dev" --quiet --runtime 2 >/dev/null || die "rblk-bench does not run here"
+    local tool
+    for tool in fio nvme nbd-client losetup; do
+        command -v "$tool" >/dev/null || die "no $tool here (scripts/deps.sh installs it)"
+    done
+    printf '@@meta fio %s\n' "$(fio --version)"
+    printf '@@meta nvme_cli %s\n' "$(nvme version | head -n 1)"
+    nvmeof_setup
+    ublk_check
 
     local r order
     for r in $(seq 1 "$rounds"); do
@@ -240,7 +496,9 @@ guest_main() {
         pair "$r" randwrite_4k_qd1 "$order" ib_write_lat -s 4096 -n "$write_iters" -- \
             --rw randwrite --bs 4k --iodepth 1
         run_rblk randwrite_4k_qd1_spin "$r" --rw randwrite --bs 4k --iodepth 1 --spin 1ms
+        block_round "$r"
     done
+    nvmeof_teardown
 
     kill -TERM "$tpid"
     local rc=0
@@ -279,6 +537,34 @@ WORKLOADS = [
 ]
 # Which perftest runs a row compares with (the spin variants share the default runs').
 PERFTEST_OF = {"randread_4k_qd1_spin": "randread_4k_qd1", "randwrite_4k_qd1_spin": "randwrite_4k_qd1"}
+
+# Block devices through fio: the paths, what each is, and the workloads with the rblk-bench row
+# (and figure) each compares with, and its goals: (path, reference, op, factor).
+BLOCK_PATHS = [
+    ("nvmeof", "Linux NVMe-oF/RDMA (nvmet-rdma, null_blk)"),
+    ("nbd", "rblk nbd + nbd-client, /dev/nbd0"),
+    ("fuse", "rblk mount --loop, /dev/loopN"),
+    ("ublk", "rblk attach (ublk), /dev/ublkbN"),
+]
+PATHS = [p for p, _ in BLOCK_PATHS]
+BLOCK_WORKLOADS = [
+    ("block_randread_4k_qd32", "randread 4k QD32", "ops/s", "fio_randread_4k_qd32", ("read", "iops"),
+     "randread_4k_qd32", [("ublk", "nvmeof", ">=", 2.0), ("ublk", "rblk_bench", ">=", 0.75)]),
+    ("block_randwrite_4k_qd32", "randwrite 4k QD32", "ops/s", "fio_randwrite_4k_qd32", ("write", "iops"),
+     "randwrite_4k_qd32", [("ublk", "nvmeof", ">=", 2.0), ("ublk", "rblk_bench", ">=", 0.75)]),
+    ("block_randread_4k_qd1_p50", "randread 4k QD1 p50", "us", "fio_randread_4k_qd1", ("read", "p50"),
+     "randread_4k_qd1", [("ublk", "nvmeof", "<=", 0.6)]),
+]
+
+
+def fio_figure(text, section, field):
+    """IOPS, or the p50 completion latency in us, of fio's JSON report (one job)."""
+    job = json.loads(text[text.index("{"):])["jobs"][0]
+    if job.get("error"):
+        raise ValueError(f"fio reports error {job['error']}")
+    if field == "iops":
+        return float(job[section]["iops"])
+    return float(job[section]["clat_ns"]["percentile"]["50.000000"]) / 1000.0
 
 
 def fail(msg):
@@ -320,12 +606,18 @@ def pick(figs, prefix):
 
 
 meta, runs, block = {}, [], None
+blk_cpu = {}  # block path -> [target CPU share per fio run]
 with open(log_path, errors="replace") as f:
     for raw in f:
         line = raw.rstrip("\r\n").replace("\r", "")
         if line.startswith("@@meta "):
             parts = line.split(" ", 2)
             meta[parts[1]] = parts[2] if len(parts) > 2 else ""
+        elif line.startswith("@@cpu "):
+            w, path, rnd, ns, wall = line.split()[1:6]
+            share = int(ns) / int(wall) if int(wall) else 0.0
+            blk_cpu.setdefault(path, []).append(share)
+            blk_cpu.setdefault(f"{w}/{path}", []).append(share)
         elif line.startswith("@@begin "):
             w, tool, rnd, *cmd = line.split(" ")[1:]
             block = {"workload": w, "tool": tool, "round": int(rnd), "cmd": " ".join(cmd), "text": []}
@@ -346,7 +638,10 @@ for run in runs:
     key = (run["workload"], run["tool"])
     cmds[key] = run["cmd"]
     try:
-        if run["tool"] == "perftest":
+        if run["tool"] in PATHS:
+            wl = next(b for b in BLOCK_WORKLOADS if b[3] == run["workload"])
+            v = fio_figure(run["text"], *wl[4])
+        elif run["tool"] == "perftest":
             figs = perftest_figures(run["text"])
             if any(n.startswith("MsgRate") for n in figs):
                 v = pick(figs, "MsgRate") * 1e6
@@ -365,7 +660,7 @@ for run in runs:
             share = (report.get("target_cpu") or {}).get("share_of_core")
             if share is not None:
                 cpu.setdefault(run["workload"], []).append(share)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, IndexError, StopIteration) as e:
         fail(f"round {run['round']} {run['workload']} {run['tool']}: cannot parse the output: {e}\n{run['text']}")
     values.setdefault(key, []).append(v)
 
@@ -406,6 +701,49 @@ for key, label, unit, kind, rblk_w, (section, field), op, goal in WORKLOADS:
     summary[key] = entry
     rows.append((label, unit, pts, rb, ratio, op, goal, met, entry.get("target_cpu_share")))
 
+ublk_why = meta["ublk"][len("unavailable: "):] if meta.get("ublk", "").startswith("unavailable: ") else None
+block_rows, block_summary = [], {}
+for key, label, unit, fio_w, (section, field), bench_w, goals in BLOCK_WORKLOADS:
+    figs, spreads = {}, {}
+    for path in PATHS:
+        xs = values.get((fio_w, path))
+        if not xs:
+            if path == "ublk" and ublk_why is not None:
+                figs[path] = None
+                continue
+            fail(f"no {path} results for {key}")
+        figs[path], spreads[path] = statistics.median(xs), xs
+    reports = values.get((bench_w, "rblk"))
+    if not reports:
+        fail(f"no rblk-bench results for {key} ({bench_w})")
+    bench = [r["total"]["iops"] for r in reports] if field == "iops" else [r[section]["lat_us"]["p50"] for r in reports]
+    figs["rblk_bench"], spreads["rblk_bench"] = statistics.median(bench), bench
+
+    def ratio(a, b):
+        x, y = figs.get(a), figs.get(b)
+        return x / y if x is not None and y else None
+
+    ratios = {}
+    for path in PATHS:
+        if path != "nvmeof":
+            ratios[f"{path}_vs_nvmeof"] = ratio(path, "nvmeof")
+        ratios[f"{path}_vs_rblk_bench"] = ratio(path, "rblk_bench")
+    goal_list = []
+    for path, ref, op, factor in goals:
+        x = ratio(path, ref)
+        met = None if x is None else (x >= factor if op == ">=" else x <= factor)
+        goal_list.append({"goal": f"{path}/{ref} {op} {factor}", "ratio": x, "met": met, "path": path,
+                          "text": f"{op} {factor} x {'bench' if ref == 'rblk_bench' else ref}"})
+    entry = {"unit": unit, **figs, "ratios": ratios, "goals": goal_list,
+             "spreads": {k: spread(v) for k, v in spreads.items()}, "runs": {k: len(v) for k, v in spreads.items()},
+             "cmds": {p: cmds[(fio_w, p)] for p in PATHS if (fio_w, p) in cmds},
+             "rblk_bench_workload": bench_w, "rblk_bench_cmd": cmds[(bench_w, "rblk")]}
+    shares = {p: statistics.median(blk_cpu[f"{fio_w}/{p}"]) for p in PATHS if f"{fio_w}/{p}" in blk_cpu}
+    if shares:
+        entry["target_cpu_share"] = shares
+    block_summary[key] = entry
+    block_rows.append((label, unit, figs, spreads, ratios, goal_list, shares))
+
 
 def fmt(x, unit):
     return f"{x:,.0f}" if unit == "ops/s" else f"{x:,.1f}"
@@ -424,6 +762,30 @@ for label, unit, pts, rb, ratio, op, goal, met, share in rows:
     s = "" if share is None else f"{share * 100:.2f}%"
     out.append(f"{label:<44} {unit:<6} {cell(pts, unit):>27} {cell(rb, unit):>27} {ratio:>8.3f}  {g:<14} {s:>10}")
 
+out.append("")
+bhead = (f"{'block device: fio 4k, 1 job, libaio, direct':<52} {'unit':<6} {'median (min-max)':>27} "
+         f"{'/nvmeof':>8} {'/bench':>8}  {'goal':<46} {'target cpu':>10}")
+out.append(bhead)
+out.append("-" * len(bhead))
+for label, unit, figs, spreads, ratios, goal_list, shares in block_rows:
+    out.append(label)
+    for path, what in BLOCK_PATHS + [("rblk_bench", "rblk-bench (its row above)")]:
+        name = f"  {path if path != 'rblk_bench' else 'bench':<7} {what}"
+        if figs.get(path) is None:
+            c, vn, vb = "unavailable", "-", "-"
+        else:
+            c = cell(spreads[path], unit)
+            rn = ratios.get(f"{path}_vs_nvmeof") if path != "nvmeof" else 1.0
+            if path == "rblk_bench":
+                rn = figs["rblk_bench"] / figs["nvmeof"] if figs["nvmeof"] else None
+            rb = ratios.get(f"{path}_vs_rblk_bench") if path != "rblk_bench" else 1.0
+            vn = "-" if rn is None else f"{rn:.3f}"
+            vb = "-" if rb is None else f"{rb:.3f}"
+        g = "; ".join(f"{x['text']} {'n/a' if x['met'] is None else ('met' if x['met'] else 'MISSED')}"
+                      for x in goal_list if x["path"] == path)
+        s = f"{shares[path] * 100:.2f}%" if path in shares else ""
+        out.append(f"{name:<52} {unit:<6} {c:>27} {vn:>8} {vb:>8}  {g:<46} {s:>10}".rstrip())
+
 all_cpu = [x for xs in cpu.values() for x in xs]
 idle = None
 if "target_idle_cpu_ns" in meta:
@@ -440,6 +802,18 @@ out.append(
     f"guest kernel {meta.get('guest_kernel', '?')}, {meta.get('guest_cpus', '?')} vCPUs (qemu TCG), "
     f"active MTU {meta.get('active_mtu', '?')}; {meta.get('perftest', '')}; {meta.get('rblk_bench', '')}"
 )
+blk_cpu_summary = {
+    p: {"median": statistics.median(blk_cpu[p]), "max": max(blk_cpu[p]), "runs": len(blk_cpu[p])}
+    for p in PATHS if p in blk_cpu
+}
+out.append(
+    "target CPU during block-device runs (share of one core, each whole fio run): "
+    + ", ".join(f"{p} median {c['median'] * 100:.2f}% max {c['max'] * 100:.2f}%" for p, c in blk_cpu_summary.items())
+    + ("" if "ublk" in blk_cpu_summary else "; ublk: no runs")
+)
+out.append(f"block devices: {meta.get('fio', 'fio ?')}; {meta.get('nvme_cli', '')}; {meta.get('nvmet', '')}")
+if ublk_why is not None:
+    out.append(f"ublk unavailable: {ublk_why}")
 for n in notes:
     out.append(f"note: {n}")
 table = "\n".join(out)
@@ -466,6 +840,13 @@ doc = {
     "target_cpu_share": {
         "median": statistics.median(all_cpu), "max": max(all_cpu), "runs": len(all_cpu), "idle": idle,
     },
+    "fio": meta.get("fio"),
+    "nvme_cli": meta.get("nvme_cli"),
+    "nvmet": meta.get("nvmet"),
+    "block_devices": block_summary,
+    "ublk_unavailable": ublk_why,
+    "target_cpu_share_block": blk_cpu_summary,
+    "target_cpu_share_ublk": blk_cpu_summary.get("ublk"),
 }
 with open(summary_path, "w") as f:
     json.dump(doc, f, indent=2)
@@ -500,14 +881,25 @@ host_main() {
     if pgrep -f '^qemu-system' >/dev/null; then
         log "warning: another qemu is running on this machine: the figures will be disturbed"
     fi
-    log "building release binaries"
-    cargo build --release -p rblk-target -p rblk-bench
+    local bin_dir=${RBLK_BIN_DIR:-}
+    if [[ -n $bin_dir ]]; then
+        bin_dir=$(cd -- "$bin_dir" && pwd -P) || die "RBLK_BIN_DIR=$RBLK_BIN_DIR is not a directory"
+        log "using the binaries in $bin_dir (RBLK_BIN_DIR; not building)"
+    else
+        log "building release binaries"
+        cargo build --release --workspace --bins
+        bin_dir=${CARGO_TARGET_DIR:-$REPO_ROOT/build}/release
+    fi
+    local b
+    for b in rblk-target rblk-bench rblk; do
+        [[ -x $bin_dir/$b ]] || die "no $bin_dir/$b"
+    done
     mkdir -p "$OUT"
     rm -f "$OUT/summary.json" "$OUT/table.txt"
     local glog=$OUT/guest.log rc=0
     log "$rounds round(s) of ${secs}s per run in one guest boot; raw output in $glog"
-    # Generous: about 110 s per round at 5 s, plus boot.
-    RBLK_BIN_DIR=$REPO_ROOT/build/release RXE_GUEST_TIMEOUT=${RXE_GUEST_TIMEOUT:-$((300 + rounds * (60 + secs * 40)))} \
+    # Generous: about 110 s per round at 5 s for the verbs rows, plus the block devices, plus boot.
+    RBLK_BIN_DIR=$bin_dir RXE_GUEST_TIMEOUT=${RXE_GUEST_TIMEOUT:-$((300 + rounds * (300 + secs * 55)))} \
         scripts/rxe-guest.sh "$REPO_ROOT/scripts/compare-rxe.sh" --in-guest "$secs" "$rounds" "$bw_args" >"$glog" ||
         rc=$?
     ((rc == 0)) || die "the guest run failed (exit status $rc); see $glog"

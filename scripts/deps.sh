@@ -18,6 +18,8 @@ set -euo pipefail
 #   fuse3                                               `rblk mount`: fusermount3 for non-root users
 #                                                       (root mounts directly); the FUSE tests use fio,
 #                                                       losetup, mkfs.ext4 and e2fsck from above
+#   nvme-cli                                            scripts/compare-rxe.sh: `nvme connect` to the
+#                                                       guest's Linux NVMe-oF/RDMA target (nvmet-rdma)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
@@ -25,6 +27,7 @@ PACKAGES=(
     e2fsprogs util-linux coreutils python3
     qemu-utils nbd-client fio
     fuse3
+    nvme-cli
 )
 
 # Print the packages of PACKAGES that are not fully installed.

@@ -27,6 +27,7 @@ pub struct Daemon {
     pub addr: SocketAddr,
     /// Its stderr lines so far are forwarded to the test's stderr.
     _log: std::thread::JoinHandle<()>,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// A port unlikely to collide between tests of one run.
@@ -57,9 +58,12 @@ impl Daemon {
             .expect("spawn rblk-target (is RBLK_BIN_DIR right?)");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = std::sync::Arc::clone(&lines);
         let log = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("[rblk-target] {line}");
+                kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line.clone());
                 if line.contains("listening on") {
                     let _ = tx.send(());
                 }
@@ -69,7 +73,13 @@ impl Daemon {
             let _ = child.kill();
             panic!("rblk-target did not start listening on {addr}");
         }
-        Daemon { child, addr, _log: log }
+        Daemon { child, addr, _log: log, lines }
+    }
+
+    /// Its log lines so far that contain all of `words`.
+    pub fn log_lines(&self, words: &[&str]) -> Vec<String> {
+        let lines = self.lines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        lines.iter().filter(|l| words.iter().all(|w| l.contains(w))).cloned().collect()
     }
 
     /// The daemon's pid.

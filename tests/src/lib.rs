@@ -28,3 +28,22 @@ macro_rules! on_both_fabrics {
         }
     };
 }
+
+/// Runs a bash script; fails the test with its output unless it succeeds. Returns stdout.
+pub fn sh(script: &str) -> String {
+    let out = std::process::Command::new("bash")
+        .args(["-c", &format!("set -euo pipefail\n{script}")])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run bash");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "script failed ({}):\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    if !stderr.trim().is_empty() {
+        eprintln!("{stderr}");
+    }
+    stdout.into_owned()
+}

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::Fabric;
 use rblk_tests::daemon::bin;
+use rblk_tests::sh;
 use rblk_tests::target::{Spec, Target};
 
 const MIB: u64 = 1 << 20;
@@ -35,25 +36,6 @@ fn scratch(tag: &str) -> PathBuf {
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_dir_all(&path);
     path
-}
-
-/// Runs a bash script; fails the test with its output unless it succeeds. Returns stdout.
-fn sh(script: &str) -> String {
-    let out = Command::new("bash")
-        .args(["-c", &format!("set -euo pipefail\n{script}")])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run bash");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success(),
-        "script failed ({}):\n{script}\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-        out.status
-    );
-    if !stderr.trim().is_empty() {
-        eprintln!("{stderr}");
-    }
-    stdout.into_owned()
 }
 
 /// `rblk nbd` as a child process.

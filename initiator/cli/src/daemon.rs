@@ -82,7 +82,8 @@ pub fn detach_stdio(log_file: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The background process's arguments: ours without --daemon, plus --detached.
+/// The background process's arguments: ours plus --detached (which wins over --daemon; keeping
+/// --daemon keeps the flags that require it, such as --log-file, valid).
 pub fn child_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
-    args.filter(|a| a != "--daemon").chain([OsString::from("--detached")]).collect()
+    args.chain([OsString::from("--detached")]).collect()
 }

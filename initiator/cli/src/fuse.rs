@@ -226,10 +226,12 @@ mod tests {
 
     #[test]
     fn the_background_process_runs_the_same_command_detached() {
-        let argv = ["mount", "rblk://h/v", "/m", "--daemon", "--loop"].map(OsString::from);
+        let argv = ["mount", "rblk://h/v", "/m", "--daemon", "--loop", "--log-file", "/l"].map(OsString::from);
         let child = daemon::child_args(argv.into_iter());
-        assert_eq!(child, ["mount", "rblk://h/v", "/m", "--loop", "--detached"].map(OsString::from));
-        let reparsed = parse(&["rblk://h/v", "/m", "--loop", "--detached"]).unwrap();
-        assert!(reparsed.detached && !reparsed.daemon);
+        let want = ["mount", "rblk://h/v", "/m", "--daemon", "--loop", "--log-file", "/l", "--detached"];
+        assert_eq!(child, want.map(OsString::from));
+        // It parses (--log-file still has its --daemon), and --detached makes it serve.
+        let reparsed = parse(&want[1..]).unwrap();
+        assert!(reparsed.detached && reparsed.daemon);
     }
 }

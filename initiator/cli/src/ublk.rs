@@ -172,21 +172,25 @@ struct QueueState {
 }
 
 impl QueueState {
-    /// Hands finished requests to their tags' tasks.
-    fn deliver(&self) {
+    /// Posts what the tags submitted and hands finished requests to their tags' tasks. Returns
+    /// whether it woke any.
+    fn deliver(&self) -> bool {
         let mut lane = self.lane.borrow_mut();
         if let Err(e) = lane.progress() {
             if !self.broken.replace(true) {
                 tracing::error!(error = %e, "the queue pair failed: requests fail with EIO");
             }
         }
+        let mut woke = false;
         while let Some(f) = lane.next() {
             let Some(slot) = usize::try_from(f.tag).ok().and_then(|t| self.slots.get(t)) else { continue };
             slot.done.set(Some(f));
             if let Some(w) = slot.waker.borrow_mut().take() {
                 w.wake();
+                woke = true;
             }
         }
+        woke
     }
 }
 
@@ -225,8 +229,8 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
             Some((op, with_buf)) => {
                 let data = if with_buf { buf.take().map_or(Data::None, Data::Registered) } else { Data::None };
                 let r = Request { tag: tag.into(), op, offset, len: len.into(), fua, data };
+                // Staged only: the event loop posts every tag's request with one doorbell.
                 st.lane.borrow_mut().submit(r);
-                st.deliver();
                 let mut f = Finish(&st.slots[tag as usize]).await;
                 if let Data::Registered(b) = std::mem::take(&mut f.data) {
                     buf = Some(b);
@@ -245,7 +249,6 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
 /// Waits for the lane's completion channel inside the queue's io_uring and wakes the tags.
 async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
     loop {
-        st.deliver();
         let armed = st.lane.borrow_mut().arm();
         if let Err(e) = armed {
             if !st.broken.replace(true) {
@@ -295,6 +298,8 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
             return;
         }
     };
+    let mut lane = lane;
+    lane.set_deferred_posting(true);
     let st = QueueState {
         lane: RefCell::new(lane),
         slots: (0..depth).map(|_| Slot::default()).collect(),
@@ -316,7 +321,13 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
     // Our buffers are our own (BufDesc::RawAddress): tell libublk they are in place.
     dev.notify_buffer_registration_complete(false);
     smol::block_on(exe.run(async {
-        let run_ops = || while exe.try_tick() {};
+        // Run the tags, then post what they submitted and hand out what finished, until quiet.
+        let run_ops = || loop {
+            while exe.try_tick() {}
+            if !st.deliver() {
+                break;
+            }
+        };
         let is_done = || tags.iter().all(|t| t.is_finished());
         if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, is_done).await {
             tracing::warn!(qid, error = ?e, "the ublk queue's event loop failed");

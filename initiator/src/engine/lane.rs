@@ -144,6 +144,9 @@ pub struct Lane {
     /// Reused by the synchronous calls.
     scratch: Vec<u8>,
     next_seq: u64,
+    /// Post only in progress(), not at every submit (an event loop that submits many requests
+    /// per wakeup: one doorbell for all of them).
+    defer_posts: bool,
     /// The oldest waiting read-modify-write's `seq`.
     barrier_seq: Option<u64>,
 }
@@ -178,6 +181,7 @@ impl Lane {
             io_timeout: DEFAULT_IO_TIMEOUT,
             scratch: Vec::new(),
             next_seq: 1,
+            defer_posts: false,
             barrier_seq: None,
         }
     }
@@ -186,6 +190,13 @@ impl Lane {
     /// [`DEFAULT_IO_TIMEOUT`]).
     pub fn set_io_timeout(&mut self, timeout: Duration) {
         self.io_timeout = timeout;
+    }
+
+    /// With `true`, [`submit`](Self::submit) only stages a request's pieces; they are posted,
+    /// with one doorbell per batch, by the next [`progress`](Self::progress) or
+    /// [`wait`](Self::wait). For event loops that take many requests per wakeup.
+    pub fn set_deferred_posting(&mut self, defer: bool) {
+        self.defer_posts = defer;
     }
 
     /// The volume's geometry.
@@ -303,7 +314,9 @@ impl Lane {
         } else {
             self.barrier.push_back(index);
         }
-        self.pump();
+        if !self.defer_posts {
+            self.pump();
+        }
     }
 
     fn check(&self, r: &Request) -> Result<()> {

@@ -1,0 +1,274 @@
+//! `rblk attach` over rxe in the guest: a volume as /dev/ublkbN through ublk_drv, with ext4,
+//! fio's verification, data crossing to `rblk read`/`rblk write`, a SIGKILLed server, two
+//! attachments, read-only attachments, FLUSH reaching the target, and the refusals.
+//!
+//! The guest kernel must have ublk_drv: on a kernel without it (bookworm's 6.1 fallback) every
+//! test here fails with that reason; none skips.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rblk_fabric::Fabric;
+use rblk_initiator::{Options, Session};
+use rblk_tests::daemon::bin;
+use rblk_tests::sh;
+use rblk_tests::target::{Spec, Target};
+
+const MIB: u64 = 1 << 20;
+
+fn rblk() -> String {
+    bin("rblk").display().to_string()
+}
+
+fn target(volumes: &[(&'static str, u64)]) -> Target {
+    ublk_drv();
+    Target::start(Fabric::Verbs, &Spec { volumes: volumes.to_vec(), key: None })
+}
+
+/// Loads ublk_drv; fails the test when the kernel has none.
+fn ublk_drv() {
+    let ok = Command::new("modprobe").arg("ublk_drv").status().is_ok_and(|s| s.success());
+    assert!(
+        ok && Path::new("/dev/ublk-control").exists(),
+        "the guest kernel must have ublk_drv (Debian's 6.12 from bookworm-backports has it; 6.1 does not)"
+    );
+}
+
+fn uri(t: &Target, vol: &str) -> String {
+    format!("rblk://{}/{vol}", t.addr())
+}
+
+/// An attachment made with `rblk attach --daemon`.
+struct Attached {
+    dev: String,
+    pid: u32,
+}
+
+/// `rblk attach URI --daemon EXTRA...`: the device and the serving process's pid.
+fn attach(uri: &str, extra: &str) -> Attached {
+    let out = sh(&format!("{} attach {uri} --daemon {extra}", rblk()));
+    let dev = out.lines().find(|l| l.starts_with("/dev/ublkb")).unwrap_or_else(|| panic!("no device in {out:?}"));
+    let pid = out
+        .lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {out:?}"));
+    assert!(Path::new(dev).exists(), "{dev} exists after attach");
+    Attached { dev: dev.to_owned(), pid }
+}
+
+fn detach(dev: &str) -> String {
+    sh(&format!("{} detach {dev}", rblk()))
+}
+
+fn ublk_devices() -> usize {
+    std::fs::read_dir("/sys/class/ublk-char").map_or(0, |d| d.count())
+}
+
+fn target_sessions(t: &Target) -> u64 {
+    let opts = Options { fabric: Fabric::Verbs, ..Options::default() };
+    Session::connect(&uri(t, "v"), &opts).expect("connect").stats().expect("STATS").sessions
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn ext4_with_50_files_survives_detach_and_attach_again() {
+    let t = target(&[("v", 128 * MIB)]);
+    let u = uri(&t, "v");
+    let a = attach(&u, "--queues 2");
+    // FLUSH and FUA reach the target only with a volatile write cache and FUA advertised.
+    let name = a.dev.trim_start_matches("/dev/");
+    let queue = |f: &str| std::fs::read_to_string(format!("/sys/block/{name}/queue/{f}")).unwrap().trim().to_owned();
+    assert_eq!(queue("write_cache"), "write back");
+    assert_eq!(queue("fua"), "1");
+    assert_eq!(queue("logical_block_size"), "4096");
+    assert_eq!(queue("discard_max_bytes"), "0", "no DISCARD: the target has nothing to discard");
+    assert_ne!(queue("write_zeroes_max_bytes"), "0", "WRITE_ZEROES is advertised");
+    let dir = format!("/tmp/rblk-ublk-ext4-{}", std::process::id());
+    sh(&format!(
+        "mkfs.ext4 -q {dev}; mkdir -p {dir}; mount {dev} {dir}
+         for i in $(seq 1 50); do head -c $((RANDOM * 16 + i)) /dev/urandom > {dir}/f$i; done
+         (cd {dir} && sha256sum f* > {dir}.sums); umount {dir}",
+        dev = a.dev
+    ));
+    detach(&a.dev);
+    assert!(!Path::new(&a.dev).exists(), "detach removes the device");
+    let b = attach(&u, "");
+    sh(&format!(
+        "mount {dev} {dir}; (cd {dir} && sha256sum --check --quiet {dir}.sums); test $(ls {dir}/f* | wc -l) = 50
+         umount {dir}; e2fsck -fn {dev}",
+        dev = b.dev
+    ));
+    detach(&b.dev);
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn fio_verifies_with_4_jobs_and_data_crosses_to_rblk_read_and_write() {
+    let t = target(&[("v", 128 * MIB)]);
+    let u = uri(&t, "v");
+    let a = attach(&u, "--queues 2 --depth 32");
+    let fio = sh(&format!(
+        "fio --name=v --filename={dev} --ioengine=libaio --direct=1 --rw=randwrite --bs=4k-64k \
+         --iodepth=16 --numjobs=4 --size=16M --offset_increment=16M --verify=crc32c --verify_fatal=1 \
+         --do_verify=1 --group_reporting --output-format=terse --terse-version=3",
+        dev = a.dev
+    ));
+    // Terse v3: field 5 is the error count.
+    let err: u64 =
+        fio.lines().last().and_then(|l| l.split(';').nth(4)).and_then(|e| e.parse().ok()).expect("fio terse output");
+    assert_eq!(err, 0, "fio reported errors: {fio}");
+    // The device's writes are in the volume: rblk read sees them. And rblk write's are on the device.
+    let r = rblk();
+    sh(&format!(
+        "head -c 4M /dev/urandom > /tmp/ublk-a; dd if=/tmp/ublk-a of={dev} bs=1M seek=96 oflag=direct status=none
+         {r} read {u} --offset 96M --length 4M --output /tmp/ublk-b; cmp /tmp/ublk-a /tmp/ublk-b
+         head -c 4M /dev/urandom > /tmp/ublk-c; {r} write {u} --offset 104M --input /tmp/ublk-c
+         dd if={dev} of=/tmp/ublk-d bs=1M skip=104 count=4 iflag=direct status=none; cmp /tmp/ublk-c /tmp/ublk-d",
+        dev = a.dev
+    ));
+    detach(&a.dev);
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn fsync_of_the_device_sends_a_flush_and_detach_reports_it() {
+    let t = target(&[("v", 64 * MIB)]);
+    let log = format!("/tmp/rblk-ublk-flush-{}.log", std::process::id());
+    let a = attach(&uri(&t, "v"), &format!("--log-file {log}"));
+    // O_DIRECT writes, no flush; then one fsync of the device (a PREFLUSH the block layer drops
+    // unless the device says it has a volatile write cache), then nothing more to flush.
+    sh(&format!(
+        "dd if=/dev/urandom of={dev} bs=64k count=4 oflag=direct status=none
+         python3 -c 'import os; fd = os.open(\"{dev}\", os.O_WRONLY); os.fsync(fd); os.fsync(fd); os.close(fd)'",
+        dev = a.dev
+    ));
+    detach(&a.dev);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text.lines().find(|l| l.contains("rblk: detached:")).unwrap_or_else(|| panic!("no summary in {text}"));
+    let sent: u64 =
+        line.split(" flushes sent").next().and_then(|s| s.rsplit(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+    assert_eq!(sent, 1, "one FLUSH for the writes; the second fsync and the close had nothing to flush: {line}");
+    let _ = a.pid;
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_killed_server_fails_io_and_its_device_can_still_be_removed() {
+    let t = target(&[("v", 64 * MIB)]);
+    let before = target_sessions(&t);
+    let a = attach(&uri(&t, "v"), "");
+    assert_eq!(target_sessions(&t), before + 1);
+    let mut fio = Command::new("fio")
+        .args(["--name=k", &format!("--filename={}", a.dev), "--ioengine=libaio", "--direct=1", "--rw=randrw"])
+        .args(["--bs=4k", "--iodepth=16", "--time_based", "--runtime=60", "--output-format=terse"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    sh(&format!("kill -KILL {}", a.pid));
+    // The device fails I/O instead of hanging: fio ends, with errors, long before its runtime.
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = fio.try_wait().unwrap() {
+            break s;
+        }
+        assert!(started.elapsed() < Duration::from_secs(40), "fio still hangs on the dead device");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "fio saw no error from a device whose server was killed");
+    let out = detach(&a.dev);
+    assert!(out.contains("deleted") && out.contains("had died"), "{out}");
+    assert!(!Path::new(&a.dev).exists());
+    // Nothing leaks on the target: its session goes when the dead process's QPs do.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while target_sessions(&t) != before {
+        assert!(Instant::now() < deadline, "the killed server's session is still on the target");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(sh(&format!("{} list --json", rblk())).trim() == "[]", "rblk list still shows it");
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn two_volumes_attached_at_once_stay_apart() {
+    let t = target(&[("v", 64 * MIB), ("w", 64 * MIB)]);
+    let (a, b) = (attach(&uri(&t, "v"), ""), attach(&uri(&t, "w"), "--exclusive"));
+    assert_ne!(a.dev, b.dev);
+    let list = sh(&format!("{} list --json", rblk()));
+    assert!(list.contains(&a.dev) && list.contains(&b.dev) && list.contains("serving"), "{list}");
+    sh(&format!(
+        "head -c 1M /dev/zero | tr '\\0' A > /tmp/ublk-2a; head -c 1M /dev/zero | tr '\\0' B > /tmp/ublk-2b
+         dd if=/tmp/ublk-2a of={a} bs=1M oflag=direct status=none; dd if=/tmp/ublk-2b of={b} bs=1M oflag=direct status=none
+         dd if={a} bs=1M count=1 iflag=direct status=none | cmp - /tmp/ublk-2a
+         dd if={b} bs=1M count=1 iflag=direct status=none | cmp - /tmp/ublk-2b",
+        a = a.dev,
+        b = b.dev
+    ));
+    // The exclusive attachment keeps other writers out.
+    let out = Command::new(rblk())
+        .args(["write", &uri(&t, "w"), "--offset", "0", "--input", "/tmp/ublk-2a"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a second writer got into an exclusively attached volume");
+    detach(&a.dev);
+    detach(&b.dev);
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_read_only_attachment_refuses_writes_and_its_session_is_read_only() {
+    let t = target(&[("v", 64 * MIB)]);
+    let u = uri(&t, "v");
+    sh(&format!(
+        "head -c 1M /dev/zero | tr '\\0' R > /tmp/ublk-ro; {} write {u} --offset 0 --input /tmp/ublk-ro",
+        rblk()
+    ));
+    let a = attach(&u, "--read-only");
+    let out = Command::new("dd")
+        .args(["if=/dev/zero", &format!("of={}", a.dev), "bs=4k", "count=1", "oflag=direct"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && (err.contains("Read-only") || err.contains("not permitted")), "dd: {err}");
+    sh(&format!("dd if={} bs=1M count=1 iflag=direct status=none | cmp - /tmp/ublk-ro", a.dev));
+    let Target::Process(d) = &t else { unreachable!("verbs targets are processes") };
+    assert!(!d.log_lines(&["opened", "ReadOnly"]).is_empty(), "the target opened the session read-only");
+    detach(&a.dev);
+    sh(&format!("{} read {u} --length 1M | cmp - /tmp/ublk-ro", rblk()));
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn refusals_are_clear_and_leave_no_device_behind() {
+    let t = target(&[("v", 64 * MIB)]);
+    let devices = ublk_devices();
+    let run = |args: &[&str]| {
+        let out = Command::new(rblk()).args(args).output().unwrap();
+        assert!(!out.status.success(), "rblk {args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["attach", &uri(&t, "nope")]);
+    assert!(e.contains("nope") && !e.contains("panicked"), "{e}");
+    let e = run(&["attach", &uri(&t, "v"), "--depth", "5000"]);
+    assert!(e.contains("--depth 5000") && e.contains("1 to 1024"), "{e}");
+    let e = run(&["detach", "/dev/ublkb999"]);
+    assert!(e.contains("999"), "{e}");
+    assert_eq!(ublk_devices(), devices, "a refused attach left a device behind");
+    // A non-root user gets a clear refusal before anything is created.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", &rblk(), "attach", &uri(&t, "v")])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("needs root"), "{e}");
+    // Without the driver: the advice is to load it. (The tests run one at a time and each
+    // detaches what it attached, so the module can be unloaded here.)
+    let unloaded = Command::new("modprobe").args(["-r", "ublk_drv"]).status().is_ok_and(|s| s.success());
+    assert!(unloaded, "ublk_drv could not be unloaded: a device is left over ({} ublk devices)", ublk_devices());
+    let e = run(&["attach", &uri(&t, "v")]);
+    ublk_drv();
+    assert!(e.contains("modprobe ublk_drv"), "{e}");
+}
