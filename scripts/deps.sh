@@ -10,7 +10,8 @@ set -euo pipefail
 #   qemu-system-x86 busybox-static cpio kmod xz-utils   the rxe guest (scripts/rxe-guest.sh)
 #   iproute2 rdma-core ibverbs-providers ibverbs-utils  rxe setup and the verbs runtime (host root
 #   perftest rdmacm-utils                               is shared into the guest), perftest, rping
-#   cmake libclang-dev                                  building the `sideway` crate
+#   cmake libclang-dev linux-libc-dev                   building the `sideway` crate, and libublk's sys
+#                                                       crate (bindgen over the kernel's ublk header)
 #   e2fsprogs util-linux coreutils python3              mkfs for scratch disks, flock/timeout/stdbuf,
 #                                                       parsing cargo's JSON in scripts/test.sh
 #   qemu-utils nbd-client fio                           NBD export tests: qemu-io/qemu-img as clients,
@@ -23,7 +24,7 @@ set -euo pipefail
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
-    cmake libclang-dev
+    cmake libclang-dev linux-libc-dev
     e2fsprogs util-linux coreutils python3
     qemu-utils nbd-client fio
     fuse3

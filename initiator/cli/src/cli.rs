@@ -163,6 +163,15 @@ fn devices() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The open mode for a front end's `--read-only` and `--exclusive` (clap makes them exclusive).
+pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
+    match (read_only, exclusive) {
+        (true, _) => OpenMode::ReadOnly,
+        (false, true) => OpenMode::Exclusive,
+        (false, false) => OpenMode::ReadWrite,
+    }
+}
+
 /// Connects and opens a volume as the command line asks.
 pub fn open(uri: &str, conn: &Connection, mode: OpenMode) -> anyhow::Result<Volume> {
     let key = conn.key_file.as_ref().map(Options::key_from_file).transpose()?;

@@ -10,10 +10,24 @@
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead as _, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context as _};
+
+/// `--daemon` and its companions, for the front ends that serve (flattened into their arguments).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonArgs {
+    /// Return once serving, from a detached background process (its pid is printed).
+    #[arg(long)]
+    pub daemon: bool,
+    /// With --daemon: append the background process's log to this file (default: discarded).
+    #[arg(long, value_name = "PATH", requires = "daemon")]
+    pub log_file: Option<PathBuf>,
+    /// Internal: this is the background process of --daemon.
+    #[arg(long, hide = true)]
+    pub detached: bool,
+}
 
 /// The detached process's last line on its stdout once it serves.
 pub const READY: &str = "rblk: ready";

@@ -7,7 +7,6 @@ use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use rblk_initiator::OpenMode;
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};
@@ -43,8 +42,11 @@ pub struct MountArgs {
     mountpoint: PathBuf,
     /// Open the volume read-only: writes to the file fail (EROFS), and a --loop device is
     /// read-only too.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
+    /// Open the volume exclusively: no other session may write it while it is mounted.
+    #[arg(long)]
+    exclusive: bool,
     /// Serve requests from N threads, each with its own queue pair to the target (N requests
     /// in flight).
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -53,15 +55,8 @@ pub struct MountArgs {
     /// `rblk umount` detaches it.
     #[arg(long = "loop")]
     loop_device: bool,
-    /// Return once mounted, serving from a detached background process (its pid is printed).
-    #[arg(long)]
-    daemon: bool,
-    /// With --daemon: append the background process's log to this file (default: discarded).
-    #[arg(long, value_name = "PATH", requires = "daemon")]
-    log_file: Option<PathBuf>,
-    /// Internal: this is the background process of --daemon.
-    #[arg(long, hide = true)]
-    detached: bool,
+    #[command(flatten)]
+    run: crate::daemon::DaemonArgs,
     #[command(flatten)]
     conn: crate::cli::Connection,
 }
@@ -81,14 +76,14 @@ pub struct UmountArgs {
 
 /// `rblk mount`.
 pub fn mount(args: MountArgs) -> anyhow::Result<()> {
-    if args.daemon && !args.detached {
+    if args.run.daemon && !args.run.detached {
         let pid = daemon::spawn_detached("the volume was mounted")?;
         let mountpoint = args.mountpoint.display();
         println!("rblk: serving in the background (pid {pid}); `rblk umount {mountpoint}` unmounts");
         println!("pid {pid}");
         return Ok(());
     }
-    if args.detached {
+    if args.run.detached {
         daemon::become_detached()?;
     }
     serve(&args)
@@ -105,7 +100,7 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
 }
 
 fn serve(args: &MountArgs) -> anyhow::Result<()> {
-    let mode = if args.read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
+    let mode = crate::cli::open_mode(args.read_only, args.exclusive);
     let vol = crate::cli::open(&args.uri, &args.conn, mode)?;
     let describe = format!(
         "{} ({}, block size {}, {}, {})",
@@ -143,11 +138,11 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
     if let Some(dev) = &loop_dev {
         writeln!(out, "rblk: loop device {}", dev.display())?;
     }
-    if args.detached {
+    if args.run.detached {
         writeln!(out, "{READY}")?;
         out.flush()?;
         drop(out);
-        daemon::detach_stdio(args.log_file.as_deref())?;
+        daemon::detach_stdio(args.run.log_file.as_deref())?;
     } else {
         writeln!(out, "rblk: serving until `rblk umount {}` or Ctrl-C", mountpoint.display())?;
         out.flush()?;
@@ -214,14 +209,17 @@ mod tests {
     #[test]
     fn mount_flags() {
         let m = parse(&["rblk://h/v", "/mnt/v", "--loop", "--daemon", "--queues", "4", "--log-file", "/l"]).unwrap();
-        assert!(m.loop_device && m.daemon && !m.read_only && !m.detached);
+        assert!(m.loop_device && m.run.daemon && !m.read_only && !m.run.detached);
         assert_eq!((m.queues, m.mountpoint.as_path()), (4, Path::new("/mnt/v")));
-        assert_eq!(m.log_file.as_deref(), Some(Path::new("/l")));
+        assert_eq!(m.run.log_file.as_deref(), Some(Path::new("/l")));
         assert_eq!(parse(&["rblk://h/v", "/m"]).unwrap().queues, 2);
         assert!(parse(&["rblk://h/v", "/m", "--queues", "0"]).is_err());
         let e = parse(&["rblk://h/v", "/m", "--log-file", "/l"]).unwrap_err();
         assert!(e.contains("--daemon"), "--log-file needs --daemon: {e}");
         assert!(parse(&["rblk://h/v"]).is_err(), "the mount point is required");
+        let x = parse(&["rblk://h/v", "/m", "--exclusive"]).unwrap();
+        assert_eq!(crate::cli::open_mode(x.read_only, x.exclusive), rblk_initiator::OpenMode::Exclusive);
+        assert!(parse(&["rblk://h/v", "/m", "--exclusive", "--read-only"]).is_err());
     }
 
     #[test]
@@ -232,6 +230,6 @@ mod tests {
         assert_eq!(child, want.map(OsString::from));
         // It parses (--log-file still has its --daemon), and --detached makes it serve.
         let reparsed = parse(&want[1..]).unwrap();
-        assert!(reparsed.detached && reparsed.daemon);
+        assert!(reparsed.run.detached && reparsed.run.daemon);
     }
 }

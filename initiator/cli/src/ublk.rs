@@ -31,7 +31,7 @@ use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, BufDesc, UblkError, UblkFlags};
 use rblk_initiator::engine::{Data, Finished, IoOp, Request};
-use rblk_initiator::{Buffer, Engine, Lane, OpenMode};
+use rblk_initiator::{Buffer, Engine, Lane};
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};
@@ -85,15 +85,8 @@ pub struct AttachArgs {
     /// Open the volume exclusively: no other session may write it while attached.
     #[arg(long)]
     exclusive: bool,
-    /// Return once the device exists, serving from a detached background process.
-    #[arg(long)]
-    daemon: bool,
-    /// With --daemon: append the background process's log to this file (default: discarded).
-    #[arg(long, value_name = "PATH", requires = "daemon")]
-    log_file: Option<PathBuf>,
-    /// Internal: this is the background process of --daemon.
-    #[arg(long, hide = true)]
-    detached: bool,
+    #[command(flatten)]
+    run: crate::daemon::DaemonArgs,
     #[command(flatten)]
     conn: crate::cli::Connection,
 }
@@ -117,12 +110,12 @@ pub struct DetachArgs {
 pub fn attach(args: AttachArgs) -> anyhow::Result<()> {
     // Refusals that need no resource come first, before a background process or a session.
     preflight(&args)?;
-    if args.daemon && !args.detached {
+    if args.run.daemon && !args.run.detached {
         let pid = daemon::spawn_detached("the device was attached")?;
         println!("pid {pid}");
         return Ok(());
     }
-    if args.detached {
+    if args.run.detached {
         daemon::become_detached()?;
     }
     serve(&args)
@@ -370,11 +363,7 @@ fn params(size: u64, block_size: u32, io_buf: u32, read_only: bool) -> sys::ublk
 }
 
 fn serve(args: &AttachArgs) -> anyhow::Result<()> {
-    let mode = match (args.read_only, args.exclusive) {
-        (true, _) => OpenMode::ReadOnly,
-        (false, true) => OpenMode::Exclusive,
-        (false, false) => OpenMode::ReadWrite,
-    };
+    let mode = crate::cli::open_mode(args.read_only, args.exclusive);
     // The session and every queue pair exist before the device: a refused open or an unknown
     // volume leaves nothing behind.
     let vol = crate::cli::open(&args.uri, &args.conn, mode)?;
@@ -432,7 +421,7 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
         let lane = q_lanes.lock().unwrap_or_else(PoisonError::into_inner).get_mut(qid as usize).and_then(Option::take);
         queue_thread(qid, dev, lane);
     };
-    let (detached, log_file) = (args.detached, args.log_file.clone());
+    let (detached, log_file) = (args.run.detached, args.run.log_file.clone());
     let ready = Arc::new(Mutex::new(None::<anyhow::Error>));
     let ready_err = Arc::clone(&ready);
     let device_fn = move |c: &UblkCtrl| {
@@ -595,7 +584,7 @@ mod tests {
     #[test]
     fn attach_flags() {
         let a = parse(&["rblk://h/v", "--queues", "2", "--depth", "32", "--exclusive", "--daemon"]).unwrap();
-        assert_eq!((a.queues, a.depth, a.exclusive, a.daemon, a.read_only), (2, 32, true, true, false));
+        assert_eq!((a.queues, a.depth, a.exclusive, a.run.daemon, a.read_only), (2, 32, true, true, false));
         let d = parse(&["rblk://h/v"]).unwrap();
         assert_eq!((d.queues, d.depth), (1, 64));
         assert!(parse(&["rblk://h/v", "--read-only", "--exclusive"]).is_err());

@@ -80,8 +80,11 @@ pub struct Args {
     #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", default_value = "tcp:127.0.0.1:10809", value_parser = Listen::parse)]
     listen: Listen,
     /// Export the volume read-only (and open it read-only on the target).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
+    /// Open the volume exclusively: no other session may write it while a client is connected.
+    #[arg(long, conflicts_with = "shared")]
+    exclusive: bool,
     /// Let several NBD clients connect at once, each with its own rblk session (and advertise
     /// NBD multi-conn). Without it, a second client is refused while one is connected.
     #[arg(long)]
@@ -367,7 +370,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         timeout: Duration::from_secs(args.conn.timeout),
         ..Options::default()
     };
-    let mode = if args.read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
+    let mode = crate::cli::open_mode(args.read_only, args.exclusive);
     // Open once up front: a bad URI, key or device fails here, not at the first client.
     let vol = Session::connect(&args.uri, &opts)?.open(mode)?;
     let geo = ExportGeometry { size: vol.size(), block_size: vol.block_size(), read_only: vol.is_read_only() };
