@@ -124,7 +124,10 @@ fn a_failed_write_back_fails_the_volume() {
     let mut back = vec![0u8; 4096];
     ro.read_at(&mut back, 0).unwrap();
     assert!(back.iter().all(|&b| b == 0x5a));
-    let e = ro.flush().expect_err("FLUSH of a failed volume is refused");
+    // A session that wrote nothing sends no FLUSH (flush() covers its own writes); asked to
+    // flush everything, the target refuses.
+    assert!(!ro.flush().expect("nothing written: nothing to flush"));
+    let e = ro.flush_all().expect_err("FLUSH of a failed volume is refused");
     assert_eq!(e.code(), Some(ErrorCode::VolumeFailed));
     drop(vol);
     drop(ro);

@@ -158,6 +158,16 @@ fn a_waiting_read_modify_write_is_not_starved(fabric: Fabric) {
     for tag in 0..4 {
         lane.submit(read(tag));
     }
+    // Two waiting read-modify-writes: the second one's parts must not queue behind requests the
+    // first one holds back.
+    lane.submit(Request {
+        tag: 998,
+        op: IoOp::Write,
+        offset: 8200,
+        len: 10,
+        fua: false,
+        data: Data::Bytes(vec![8; 10]),
+    });
     lane.submit(Request { tag: 999, op: IoOp::Write, offset: 10, len: 10, fua: false, data: Data::Bytes(vec![7; 10]) });
     let mut next = 4;
     let mut written = false;

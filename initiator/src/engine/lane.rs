@@ -655,7 +655,9 @@ impl Lane {
             seq: 0,
         };
         let index = self.insert(req);
-        self.ready.push_back(index);
+        // First in line: requests held back behind a later read-modify-write must not hold back
+        // the parts of the one running now.
+        self.ready.push_front(index);
         index
     }
 
