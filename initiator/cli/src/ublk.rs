@@ -111,8 +111,8 @@ pub fn attach(args: AttachArgs) -> anyhow::Result<()> {
     // Refusals that need no resource come first, before a background process or a session.
     preflight(&args)?;
     if args.run.daemon && !args.run.detached {
-        let pid = daemon::spawn_detached("the device was attached")?;
-        println!("pid {pid}");
+        // The background process printed the device and its own `pid N` before it was ready.
+        daemon::spawn_detached("the device was attached")?;
         return Ok(());
     }
     if args.run.detached {
