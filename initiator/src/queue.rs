@@ -330,6 +330,11 @@ impl Queue {
         self.in_flight
     }
 
+    /// The queue pair's number.
+    pub fn qp_num(&self) -> u32 {
+        self.conn.ep.qp_num()
+    }
+
     /// The target's address.
     pub fn addr(&self) -> SocketAddr {
         self.conn.addr

@@ -211,6 +211,22 @@ fn flush_sends_only_what_is_dirty(fabric: Fabric) {
     e.close().unwrap();
 }
 
+/// An engine made with no shared lanes opens one only when a synchronous call needs it (ublk and
+/// NBD give their threads lanes of their own and should not pay for an idle one).
+fn no_shared_lane_until_a_synchronous_call(fabric: Fabric) {
+    let t = target(fabric, MIB);
+    let e = engine(&t, 0);
+    assert_eq!(e.queues(), 0);
+    let mut lane = e.lane(4, 4096).unwrap();
+    lane.write_at(&[9; 4096], 0, false).unwrap();
+    assert_eq!(e.queues(), 0, "a lane of its own is not a shared one");
+    let mut back = [0u8; 4096];
+    e.read_at(&mut back, 0).unwrap();
+    assert_eq!((back, e.queues()), ([9; 4096], 1));
+    drop(lane);
+    e.close().unwrap();
+}
+
 /// In-memory only: it severs the connection by fault injection (over rxe, the ublk tests kill
 /// processes instead).
 #[test]
@@ -248,4 +264,5 @@ on_both_fabrics!(
     concurrent_writes_to_one_block_keep_every_byte,
     a_waiting_read_modify_write_is_not_starved,
     flush_sends_only_what_is_dirty,
+    no_shared_lane_until_a_synchronous_call,
 );

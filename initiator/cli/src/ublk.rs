@@ -261,23 +261,23 @@ async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
     }
 }
 
-/// Every second: the queue pair's control messages, and (queue 0) a KEEPALIVE.
+/// Every second: the queue pair's control messages (`deliver` reaps them), and (queue 0) a
+/// KEEPALIVE.
 async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState, keepalive: bool) {
     let ts = types::Timespec::new().sec(1);
     loop {
         let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
-        let mut lane = st.lane.borrow_mut();
-        let r = if keepalive { lane.tick() } else { lane.progress() };
-        drop(lane);
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "queue housekeeping failed");
+        if keepalive {
+            if let Err(e) = st.lane.borrow_mut().tick() {
+                tracing::debug!(error = %e, "queue housekeeping failed");
+            }
         }
         st.deliver();
     }
 }
 
 fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
-    let Some(lane) = lane else {
+    let Some(mut lane) = lane else {
         tracing::error!(qid, "no queue pair for this ublk queue");
         dev.notify_buffer_registration_complete(true);
         return;
@@ -291,7 +291,6 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
             return;
         }
     };
-    let mut lane = lane;
     lane.set_deferred_posting(true);
     let st = QueueState {
         lane: RefCell::new(lane),
@@ -382,7 +381,8 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
         if read_only { "read-only" } else { "read-write" },
         if vol.is_volatile() { "volatile" } else { "durable" },
     );
-    let engine = Arc::new(Engine::new(vol, 1)?);
+    // No shared lanes: every queue thread has its own.
+    let engine = Arc::new(Engine::new(vol, 0)?);
     let lanes = (0..args.queues)
         .map(|_| engine.lane(args.depth, io_buf as usize).map(Some))
         .collect::<Result<Vec<_>, _>>()

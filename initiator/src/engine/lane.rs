@@ -126,8 +126,6 @@ pub struct Lane {
     shared: Shared,
     geo: Geometry,
     max: u64,
-    /// The queue pair's number (for fault injection by tests).
-    qp_num: u32,
     reqs: Vec<Option<Req>>,
     free_reqs: Vec<usize>,
     pieces: Vec<Option<Piece>>,
@@ -147,8 +145,6 @@ pub struct Lane {
     /// Post only in progress(), not at every submit (an event loop that submits many requests
     /// per wakeup: one doorbell for all of them).
     defer_posts: bool,
-    /// The oldest waiting read-modify-write's `seq`.
-    barrier_seq: Option<u64>,
 }
 
 fn bs(geo: &Geometry) -> u64 {
@@ -156,9 +152,8 @@ fn bs(geo: &Geometry) -> u64 {
 }
 
 impl Lane {
-    pub(crate) fn new(mut q: Queue, control: Option<Arc<Control>>) -> Lane {
+    pub(crate) fn new(q: Queue, control: Option<Arc<Control>>) -> Lane {
         let depth = q.depth() as usize;
-        let qp_num = q.endpoint_mut().qp_num();
         let shared = Arc::clone(q.shared());
         let geo = q.geometry();
         let max = q.max_len();
@@ -168,7 +163,6 @@ impl Lane {
             shared,
             geo,
             max,
-            qp_num,
             reqs: Vec::new(),
             free_reqs: Vec::new(),
             pieces: vec![None; depth],
@@ -182,7 +176,6 @@ impl Lane {
             scratch: Vec::new(),
             next_seq: 1,
             defer_posts: false,
-            barrier_seq: None,
         }
     }
 
@@ -212,7 +205,7 @@ impl Lane {
     /// The number of the lane's queue pair: tests inject faults by it (the in-memory fabric's
     /// `fail_next` and `sever`).
     pub fn qp_num(&self) -> u32 {
-        self.qp_num
+        self.q.qp_num()
     }
 
     /// Pieces in flight at most.
@@ -278,6 +271,7 @@ impl Lane {
             IoOp::Read => counters.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             _ => counters.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
+        let registered = matches!(r.data, Data::Registered(_));
         let mut req = Req {
             tag: r.tag,
             op: r.op,
@@ -292,11 +286,10 @@ impl Lane {
             internal: false,
             trim: None,
             want: r.len as usize,
-            registered: false,
+            registered,
             seq: self.next_seq,
         };
         self.next_seq += 1;
-        req.registered = matches!(req.data, Data::Registered(_));
         if r.op == IoOp::Read {
             if let Data::Bytes(v) = &mut req.data {
                 v.resize((end - start) as usize, 0);
@@ -410,7 +403,8 @@ impl Lane {
 
     /// Posts pieces of ready requests while the queue has room.
     fn pump(&mut self) {
-        self.barrier_seq = self.barrier.front().and_then(|&b| self.reqs[b].as_ref()).map(|b| b.seq);
+        // The oldest waiting read-modify-write's submission order.
+        let barrier_seq = self.barrier.front().and_then(|&b| self.reqs[b].as_ref()).map(|b| b.seq);
         while let Some(&index) = self.ready.front() {
             let Some(req) = self.reqs[index].as_mut() else {
                 self.ready.pop_front();
@@ -425,7 +419,7 @@ impl Lane {
             }
             // A waiting read-modify-write runs once the lane is idle: nothing submitted after it
             // starts before it, or a steady stream of requests would starve it.
-            if req.seq != 0 && self.barrier_seq.is_some_and(|b| req.seq > b) {
+            if req.seq != 0 && barrier_seq.is_some_and(|b| req.seq > b) {
                 break;
             }
             if req.op != IoOp::Read && !req.internal && req.hold.is_none() {
@@ -581,7 +575,7 @@ impl Lane {
                     // The queue stopped completing: the lane is unusable; say so to the caller.
                     self.finished.push_back(Finished { tag: req.tag, op: req.op, result, data: req.data });
                     return Err(Error::ConnectionLost {
-                        addr: self.q_addr(),
+                        addr: self.q.addr(),
                         reason: "a read-modify-write timed out".into(),
                     });
                 }
@@ -589,10 +583,6 @@ impl Lane {
             let data = std::mem::take(&mut req.data);
             self.finished.push_back(Finished { tag: req.tag, op: req.op, result, data });
         }
-    }
-
-    fn q_addr(&self) -> std::net::SocketAddr {
-        self.q.addr()
     }
 
     /// A write of partial blocks: holds the covering blocks exclusively, reads the partial edge

@@ -137,10 +137,16 @@ pub struct Engine {
     volatile: bool,
     addr: SocketAddr,
     uri: crate::Uri,
-    pool: Mutex<Vec<Lane>>,
-    pool_size: usize,
+    pool: Mutex<Pool>,
     returned: Condvar,
     io_timeout: Duration,
+}
+
+/// The shared lanes: those free now, and how many there are in all.
+#[derive(Debug)]
+struct Pool {
+    free: Vec<Lane>,
+    opened: usize,
 }
 
 /// Bytes per piece of the shared lanes (less when the volume's largest I/O is smaller).
@@ -149,13 +155,15 @@ const POOL_PIECE: u32 = 256 << 10;
 const POOL_DEPTH: u32 = 6;
 
 impl Engine {
-    /// Serves `vol` with `lanes` shared lanes (at least one) for the synchronous calls.
+    /// Serves `vol` with `lanes` shared lanes for the synchronous calls, opened now. With 0,
+    /// for front ends whose threads have lanes of their own ([`lane`](Self::lane)), one is
+    /// opened only if a synchronous call needs it.
     pub fn new(vol: Volume, lanes: u32) -> Result<Engine> {
         let shared = vol.shared();
         let geo = vol.geometry();
         let control = Arc::new(Control { addr: vol.addr(), vol: Mutex::new(None) });
         let piece = piece_size(&geo, POOL_PIECE);
-        let pool = (0..lanes.max(1))
+        let free = (0..lanes)
             .map(|_| Ok(Lane::new(vol.queue_with(POOL_DEPTH, piece)?, Some(Arc::clone(&control)))))
             .collect::<Result<Vec<_>>>()?;
         let (volatile, addr, uri) = (vol.is_volatile(), vol.addr(), vol.uri().clone());
@@ -167,8 +175,7 @@ impl Engine {
             volatile,
             addr,
             uri,
-            pool_size: pool.len(),
-            pool: Mutex::new(pool),
+            pool: Mutex::new(Pool { opened: free.len(), free }),
             returned: Condvar::new(),
             io_timeout: crate::DEFAULT_IO_TIMEOUT,
         })
@@ -178,7 +185,7 @@ impl Engine {
     /// [`DEFAULT_IO_TIMEOUT`](crate::DEFAULT_IO_TIMEOUT)).
     pub fn with_io_timeout(mut self, timeout: Duration) -> Engine {
         self.io_timeout = timeout;
-        for l in lock(&self.pool).iter_mut() {
+        for l in lock(&self.pool).free.iter_mut() {
             l.set_io_timeout(timeout);
         }
         self
@@ -235,7 +242,7 @@ impl Engine {
 
     /// Shared lanes for the synchronous calls.
     pub fn queues(&self) -> usize {
-        self.pool_size
+        lock(&self.pool).opened
     }
 
     /// Counters of the whole session.
@@ -251,12 +258,12 @@ impl Engine {
 
     /// Reads `buf.len()` bytes at `offset`, any offset and length inside the volume.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.borrow().read_at(buf, offset)
+        self.borrow()?.read_at(buf, offset)
     }
 
     /// Writes `data` at `offset`, any offset and length inside the volume.
     pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
-        self.borrow().write_at(data, offset, false)
+        self.borrow()?.write_at(data, offset, false)
     }
 
     /// Makes every write completed before this call durable: a FLUSH of the ranges written
@@ -270,7 +277,7 @@ impl Engine {
     /// shared lanes.
     pub fn tick(&self) -> Result<()> {
         if let Ok(mut pool) = self.pool.try_lock() {
-            for l in pool.iter_mut() {
+            for l in pool.free.iter_mut() {
                 let _ = l.progress();
             }
         }
@@ -283,7 +290,7 @@ impl Engine {
     pub fn close(self) -> Result<bool> {
         let flushed = self.flush();
         // Queues go first: CLOSE revokes the session's access to the volume.
-        lock(&self.pool).clear();
+        lock(&self.pool).free.clear();
         let vol = lock(&self.control.vol).take();
         let closed = vol.map_or(Ok(()), Volume::close);
         let volatile = flushed?;
@@ -291,19 +298,26 @@ impl Engine {
         Ok(volatile)
     }
 
-    fn borrow(&self) -> Borrowed<'_> {
+    fn borrow(&self) -> Result<Borrowed<'_>> {
         let mut pool = lock(&self.pool);
         loop {
-            if let Some(l) = pool.pop() {
-                return Borrowed { engine: self, lane: Some(l) };
+            if let Some(l) = pool.free.pop() {
+                return Ok(Borrowed { engine: self, lane: Some(l) });
+            }
+            if pool.opened == 0 {
+                // Made with no shared lane: the first synchronous call opens one.
+                let lane = self.lane(POOL_DEPTH, piece_size(&self.geo, POOL_PIECE))?;
+                pool.opened = 1;
+                return Ok(Borrowed { engine: self, lane: Some(lane) });
             }
             pool = self.returned.wait(pool).unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
 
-/// The largest piece for lanes whose buffers should be about `want` bytes.
-pub(crate) fn piece_size(geo: &Geometry, want: u32) -> usize {
+/// The largest piece for lanes whose buffers should be about `want` bytes: `want`, at most the
+/// volume's largest I/O, rounded down to its block size (at least one block).
+pub fn piece_size(geo: &Geometry, want: u32) -> usize {
     let bs = geo.block_size.max(1);
     ((want.min(geo.max_io) / bs).max(1) * bs) as usize
 }
@@ -330,7 +344,7 @@ impl std::ops::DerefMut for Borrowed<'_> {
 impl Drop for Borrowed<'_> {
     fn drop(&mut self) {
         if let Some(l) = self.lane.take() {
-            lock(&self.engine.pool).push(l);
+            lock(&self.engine.pool).free.push(l);
             self.engine.returned.notify_one();
         }
     }

@@ -3,7 +3,7 @@
 //! (splitting, depth, read-modify-write, FUA, zeroes, flushing exactly what is dirty); the
 //! server only translates requests and replies.
 
-use rblk_initiator::engine::{Engine, EngineStats, Lane};
+use rblk_initiator::engine::{piece_size, Engine, EngineStats, Lane};
 use rblk_initiator::Volume;
 
 use super::wire::ExportGeometry;
@@ -35,12 +35,10 @@ impl Device {
     /// Serves `vol` with a lane of `depth` pieces of about `piece` bytes (clamped to the
     /// volume's largest I/O, a multiple of its block size).
     pub fn open_with(vol: Volume, depth: u32, piece: u32) -> rblk_initiator::Result<Device> {
-        // The engine's one shared lane is its minimum; the client's requests go to their own.
-        let engine = Engine::new(vol, 1)?;
+        // No shared lanes: the client's requests go to a lane of their own.
+        let engine = Engine::new(vol, 0)?;
         let g = engine.geometry();
-        let bs = g.block_size.max(1);
-        let piece = (piece.min(g.max_io) / bs).max(1) * bs;
-        let lane = engine.lane(depth, piece as usize)?;
+        let lane = engine.lane(depth, piece_size(&g, piece))?;
         let geo = ExportGeometry { size: g.size, block_size: g.block_size, read_only: g.read_only };
         Ok(Device { lane, engine, geo, slot: None })
     }
