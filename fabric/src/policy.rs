@@ -10,8 +10,11 @@
 pub const READ_DEPTH: u8 = 16;
 /// Local ACK timeout exponent: 4.096 us * 2^14 = 67 ms per try.
 pub const TIMEOUT: u8 = 14;
-/// Transport retries before a QP errors out.
-pub const RETRY_COUNT: u8 = 7;
+/// Transport retries before a QP errors out (about 7 x 67 ms to notice a vanished peer with
+/// work outstanding). Not 7: rxe's completer decrements the count only when it is not 7, so 7
+/// means "retry forever" there and a SEND to a vanished peer never fails (the IB spec says 7
+/// retries). Loss detection never relies on this alone: see `rblk_proto::KEEPALIVE_TIMEOUT`.
+pub const RETRY_COUNT: u8 = 6;
 /// RNR retries; 7 means "retry forever", so a SEND that finds no RECV waits instead of failing.
 pub const RNR_RETRY: u8 = 7;
 /// Minimum RNR NAK timer code: 12 = 0.64 ms.

@@ -148,6 +148,7 @@ mod tests {
             flags: VolumeFlags::VOLATILE,
             session_id: 1,
             token: [0; 16],
+            instance: None,
         };
         assert!(!Geometry::from_opened(&opened, false).read_only);
         assert!(Geometry::from_opened(&opened, true).read_only);

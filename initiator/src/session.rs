@@ -74,10 +74,11 @@ impl Session {
     pub fn open(mut self, mode: OpenMode) -> Result<Volume> {
         let deadline = Instant::now() + self.opts.timeout;
         let name = self.uri.volume().to_owned();
-        let opened = self.conn.expect(&Message::Open { mode, name: &name }, deadline, "OPENED", |r| match r {
-            Reply::Opened(o) => Some(o),
-            _ => None,
-        })?;
+        let opened =
+            self.conn.expect(&Message::Open { mode, name: &name, resume: None }, deadline, "OPENED", |r| match r {
+                Reply::Opened(o) => Some(o),
+                _ => None,
+            })?;
         tracing::debug!(addr = %self.dest.addr, volume = name, ?mode, session = opened.session_id, "opened");
         Volume::new(self.conn, self.uri, self.dest, self.opts, self.features, mode, opened)
     }

@@ -15,7 +15,8 @@
 //!                          HELLO -> CHALLENGE [-> AUTH -> OK(AUTH)] -> OPEN -> OPENED
 //! further QPs              ConnectData::Join { session_id, token }, then JOIN -> OK(JOIN)
 //! any QP, once open        FLUSH -> FLUSHED, STATS -> STATS_REPLY, CLOSE -> OK(CLOSE)
-//! both ways                KEEPALIVE (the target's every KEEPALIVE_INTERVAL), not answered
+//! both ways                KEEPALIVE every KEEPALIVE_INTERVAL on every QP, not answered
+//! reconnect                HELLO -> ... -> OPEN(resume: old id + token) -> OPENED(instance)
 //! any request              -> ERROR (ErrorCode + text) instead of its reply
 //! ```
 //!
@@ -30,11 +31,11 @@
 //! use rblk_proto::{parse, Message, OpenMode, MSG_SIZE};
 //!
 //! let mut buf = [0u8; MSG_SIZE];
-//! let len = Message::Open { mode: OpenMode::ReadWrite, name: "vol0" }.encode(7, &mut buf)?;
+//! let len = Message::Open { mode: OpenMode::ReadWrite, name: "vol0", resume: None }.encode(7, &mut buf)?;
 //!
 //! let (tag, msg) = parse(&buf[..len])?;
 //! assert_eq!(tag, 7);
-//! assert_eq!(msg, Message::Open { mode: OpenMode::ReadWrite, name: "vol0" });
+//! assert_eq!(msg, Message::Open { mode: OpenMode::ReadWrite, name: "vol0", resume: None });
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -57,7 +58,7 @@ pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN
 pub use error::{EncodeError, ParseError};
 pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, OpenMode, Range, VolumeFlags};
 pub use header::{peek_tag, Opcode, HEADER_LEN};
-pub use messages::{parse, Message, Opened, StatsReply};
+pub use messages::{parse, Message, Opened, Resume, StatsReply, VolumeId};
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian
 /// u32.
@@ -69,6 +70,18 @@ pub const VERSION: u16 = 1;
 
 /// Feature bit: FLUSH takes byte ranges (not only [`Flush::All`]).
 pub const FEATURE_FLUSH_RANGES: u64 = 1;
+
+/// Feature bit: the initiator keeps RECVs posted on every QP and sends KEEPALIVE on each every
+/// [`KEEPALIVE_INTERVAL`], busy or idle; the target then ends a connection it has heard nothing
+/// from for [`KEEPALIVE_TIMEOUT`]. Without it the target only ends connections whose own
+/// keepalive fails or stays uncompleted for [`KEEPALIVE_TIMEOUT`].
+pub const FEATURE_KEEPALIVE: u64 = 2;
+
+/// Feature bit: reconnect. A reconnecting OPEN carries the session it replaces
+/// ([`Resume`]), which the target tears down before it answers, and OPENED carries the volume
+/// instance's identity ([`Opened::instance`]). Without it OPEN and OPENED are the base messages
+/// and an initiator does not reconnect.
+pub const FEATURE_RECONNECT: u64 = 4;
 
 /// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
 /// intersection of both sets.
@@ -92,16 +105,15 @@ pub const SEND_COUNT: usize = 16;
 /// Most ranges one FLUSH carries: as many as fit in [`MSG_SIZE`].
 pub const MAX_FLUSH_RANGES: usize = (MSG_SIZE - HEADER_LEN - size_of::<messages::FlushHead>()) / size_of::<Range>();
 
-/// The target sends KEEPALIVE this often on every connection, one outstanding at a time. It is
-/// never answered: what matters is that the SEND completes. A peer that vanished without
-/// disconnecting makes it fail with a transport error, which ends the connection and, with the
-/// session's last one, its registration. An idle initiator that does not repost its receives only
-/// delays the SEND (RNR retries are unlimited), so idleness is never mistaken for loss.
-/// Initiators may send KEEPALIVE too.
+/// Both sides send KEEPALIVE this often on every connection, one outstanding at a time (the
+/// initiator only with [`FEATURE_KEEPALIVE`]). It is never answered: what matters is that the
+/// SEND completes and that the peer hears something.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 
-/// The longest a vanished peer may go unnoticed: one [`KEEPALIVE_INTERVAL`] plus the transport's
-/// retry budget (7 retries of a 67 ms ACK timeout in rblk's QP policy), with room to spare.
+/// The longest a vanished peer may go unnoticed. Either side ends a connection whose keepalive
+/// SEND has not completed for this long, or on which nothing arrived for this long (the target
+/// only from initiators with [`FEATURE_KEEPALIVE`]). This does not rely on the transport's retry
+/// budget: rxe treats a retry count of 7 as "retry forever".
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Malformed messages tolerated on a connection; the next one disconnects it.

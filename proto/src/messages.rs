@@ -44,6 +44,11 @@ pub enum Message<'a> {
         mode: OpenMode,
         /// The volume's name: 1 to [`MAX_VOLUME_NAME`] bytes of UTF-8.
         name: &'a str,
+        /// A reconnect: the session this one replaces. The target tears that session down (its
+        /// QPs, its registration, its open) before it answers. Sent only to a target that
+        /// announced [`FEATURE_RECONNECT`](crate::FEATURE_RECONNECT); without it the body is
+        /// today's.
+        resume: Option<Resume>,
     },
     /// Target → initiator, answers OPEN.
     Opened(Opened),
@@ -102,6 +107,36 @@ pub struct Opened {
     pub session_id: u64,
     /// Proves the session's further QPs belong to it.
     pub token: [u8; TOKEN_LEN],
+    /// The identity of this instance of the volume's contents: it changes whenever they may
+    /// have changed behind an initiator's back (a RAM volume's restart, a durable volume's crash
+    /// or new backing store). Sent only to an initiator that announced
+    /// [`FEATURE_RECONNECT`](crate::FEATURE_RECONNECT); `None` otherwise.
+    pub instance: Option<VolumeId>,
+}
+
+/// The session a reconnecting OPEN replaces: OPENED's id and token of the old session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    /// The old session's id.
+    pub session_id: u64,
+    /// The old session's token (proves the OPEN may end that session).
+    pub token: [u8; TOKEN_LEN],
+}
+
+/// A volume instance's identity (random bytes; see [`Opened::instance`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct VolumeId(pub [u8; 16]);
+
+impl core::fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl core::fmt::Debug for VolumeId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "VolumeId({self})")
+    }
 }
 
 /// STATS_REPLY's contents: the target's counters, over all sessions.
@@ -157,6 +192,15 @@ struct OpenBody {
 }
 const _: () = assert!(size_of::<OpenBody>() == 72);
 
+/// Follows [`OpenBody`] in a reconnecting OPEN.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct ResumeBody {
+    session_id: U64,
+    token: [u8; TOKEN_LEN],
+}
+const _: () = assert!(size_of::<ResumeBody>() == 24);
+
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct OpenedBody {
@@ -170,6 +214,14 @@ struct OpenedBody {
     token: [u8; TOKEN_LEN],
 }
 const _: () = assert!(size_of::<OpenedBody>() == 56);
+
+/// Follows [`OpenedBody`] for an initiator with [`FEATURE_RECONNECT`](crate::FEATURE_RECONNECT).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct InstanceBody {
+    instance: [u8; 16],
+}
+const _: () = assert!(size_of::<InstanceBody>() == 16);
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
@@ -256,7 +308,7 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
         }
         Opcode::Auth => Message::Auth { mac: fixed::<AuthBody>(opcode, body)?.mac },
         Opcode::Open => {
-            let b: &OpenBody = fixed(opcode, body)?;
+            let (b, resume) = with_tail::<OpenBody, ResumeBody>(opcode, body)?;
             zero(b.reserved == [0; 6], "open.reserved")?;
             let mode = OpenMode::try_from(b.mode)?;
             let (name, padding) = b.name.split_at_checked(b.name_len.into()).ok_or(ParseError::BadCount {
@@ -265,10 +317,11 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
                 max: MAX_VOLUME_NAME as u64,
             })?;
             zero(padding.iter().all(|&byte| byte == 0), "open.name padding")?;
-            Message::Open { mode, name: check_name(name)? }
+            let resume = resume.map(|r| Resume { session_id: r.session_id.get(), token: r.token });
+            Message::Open { mode, name: check_name(name)?, resume }
         }
         Opcode::Opened => {
-            let b: &OpenedBody = fixed(opcode, body)?;
+            let (b, instance) = with_tail::<OpenedBody, InstanceBody>(opcode, body)?;
             let opened = Opened {
                 remote_addr: b.remote_addr.get(),
                 size: b.size.get(),
@@ -278,6 +331,7 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
                 flags: VolumeFlags::parse(b.flags.get())?,
                 session_id: b.session_id.get(),
                 token: b.token,
+                instance: instance.map(|i| VolumeId(i.instance)),
             };
             opened.check()?;
             Message::Opened(opened)
@@ -361,6 +415,19 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
 /// The whole body as a `T`, or the length error naming what the opcode needs.
 fn fixed<T: FromBytes + KnownLayout + Immutable>(opcode: Opcode, body: &[u8]) -> Result<&T, ParseError> {
     T::ref_from_bytes(body).map_err(|_| bad_length(opcode, size_of::<T>(), body.len()))
+}
+
+/// A fixed body `T`, optionally followed by a fixed extension `X` (a feature's addition).
+fn with_tail<'b, T, X>(opcode: Opcode, body: &'b [u8]) -> Result<(&'b T, Option<&'b X>), ParseError>
+where
+    T: FromBytes + KnownLayout + Immutable,
+    X: FromBytes + KnownLayout + Immutable,
+{
+    if body.len() == size_of::<T>() + size_of::<X>() {
+        let (t, x) = body.split_at(size_of::<T>());
+        return Ok((fixed(opcode, t)?, Some(fixed(opcode, x)?)));
+    }
+    Ok((fixed(opcode, body)?, None))
 }
 
 fn empty<'a>(opcode: Opcode, body: &[u8], msg: Message<'a>) -> Result<Message<'a>, ParseError> {
@@ -475,7 +542,7 @@ impl Message<'_> {
             }
             .as_bytes()]),
             Self::Auth { mac } => frame(&[AuthBody { mac }.as_bytes()]),
-            Self::Open { mode, name } => {
+            Self::Open { mode, name, resume } => {
                 let name = check_name(name.as_bytes())?;
                 let mut body =
                     OpenBody { mode: mode.into(), name_len: 0, reserved: [0; 6], name: [0; MAX_VOLUME_NAME] };
@@ -483,11 +550,17 @@ impl Message<'_> {
                 body.name_len = u8::try_from(name.len()).unwrap_or(u8::MAX);
                 let (dst, _) = body.name.split_at_mut(name.len());
                 dst.copy_from_slice(name.as_bytes());
-                frame(&[body.as_bytes()])
+                match resume {
+                    None => frame(&[body.as_bytes()]),
+                    Some(r) => {
+                        let tail = ResumeBody { session_id: U64::new(r.session_id), token: r.token };
+                        frame(&[body.as_bytes(), tail.as_bytes()])
+                    }
+                }
             }
             Self::Opened(o) => {
                 o.check()?;
-                frame(&[OpenedBody {
+                let head = OpenedBody {
                     remote_addr: U64::new(o.remote_addr),
                     size: U64::new(o.size),
                     rkey: U32::new(o.rkey),
@@ -496,8 +569,11 @@ impl Message<'_> {
                     flags: U32::new(o.flags.bits()),
                     session_id: U64::new(o.session_id),
                     token: o.token,
+                };
+                match o.instance {
+                    None => frame(&[head.as_bytes()]),
+                    Some(VolumeId(instance)) => frame(&[head.as_bytes(), InstanceBody { instance }.as_bytes()]),
                 }
-                .as_bytes()])
             }
             Self::Join { session_id, token } => {
                 frame(&[JoinBody { session_id: U64::new(session_id), token }.as_bytes()])

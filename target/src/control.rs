@@ -114,7 +114,7 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
             Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before OPEN".into()),
             After::Malformed,
         ),
-        (Message::Open { mode, name }, State::Ready { pd }) => open(shared, state, pd.clone(), mode, name),
+        (Message::Open { mode, name, .. }, State::Ready { pd }) => open(shared, state, pd.clone(), mode, name),
         (Message::Join { session_id, token }, State::Joining { session }) => {
             if session.id != session_id || !session.token_matches(&token) {
                 return (Reply::Error(ErrorCode::BadSession, "JOIN does not match the session".into()), After::Close);
@@ -235,6 +235,7 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) 
         flags,
         session_id: id,
         token: session.token,
+        instance: None,
     };
     tracing::info!(volume = name, ?mode, session = id, "opened");
     shared.add_session(Arc::clone(&session));

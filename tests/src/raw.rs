@@ -74,7 +74,7 @@ impl Raw {
     pub fn open(&mut self, name: &str, mode: rblk_proto::OpenMode) -> rblk_proto::Opened {
         let hello = self.request(&Message::Hello { features: rblk_proto::FEATURES });
         assert!(matches!(rblk_proto::parse(&hello), Ok((_, Message::Challenge { .. }))), "{hello:?}");
-        let opened = self.request(&Message::Open { mode, name });
+        let opened = self.request(&Message::Open { mode, name, resume: None });
         match rblk_proto::parse(&opened) {
             Ok((_, Message::Opened(o))) => o,
             other => panic!("OPEN {name} answered with {other:?}"),

@@ -83,12 +83,13 @@ fn malformed_and_wrong_version_hello_get_errors_and_the_daemon_keeps_serving(fab
     let mut good = raw(&d);
     let o = good.open("v", OpenMode::ReadWrite);
     assert_eq!(o.size, 4 * MIB as u64);
-    let (code, _) = error_of(&good.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v" }));
+    let (code, _) = error_of(&good.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume: None }));
     assert_eq!(code, ErrorCode::Unexpected, "a second OPEN on an open connection is refused");
 
     let mut other = raw(&d);
     other.request(&Message::Hello { features: 0 });
-    let (code, text) = error_of(&other.request(&Message::Open { mode: OpenMode::ReadOnly, name: "nope" }));
+    let (code, text) =
+        error_of(&other.request(&Message::Open { mode: OpenMode::ReadOnly, name: "nope", resume: None }));
     assert_eq!(code, ErrorCode::NoSuchVolume);
     assert!(text.contains("nope") && text.contains('v'), "{text}");
 }
@@ -157,21 +158,21 @@ fn with_a_key_wrong_and_missing_proofs_get_no_rkey(fabric: Fabric) {
 
     let mut none = raw(&d);
     challenge(&mut none);
-    let (code, _) = error_of(&none.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v" }));
+    let (code, _) = error_of(&none.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume: None }));
     assert_eq!(code, ErrorCode::AuthRequired);
 
     let mut wrong = raw(&d);
     let nonce = challenge(&mut wrong);
     let (code, _) = error_of(&wrong.request(&Message::Auth { mac: mac(b"wrong key", &nonce) }));
     assert_eq!(code, ErrorCode::AuthFailed);
-    let (code, _) = error_of(&wrong.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v" }));
+    let (code, _) = error_of(&wrong.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume: None }));
     assert_eq!(code, ErrorCode::AuthRequired, "no rkey after a failed proof");
 
     let mut right = raw(&d);
     let nonce = challenge(&mut right);
     let ok = right.request(&Message::Auth { mac: mac(b"correct horse battery staple", &nonce) });
     assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))), "{ok:?}");
-    let opened = right.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v" });
+    let opened = right.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume: None });
     assert!(matches!(rblk_proto::parse(&opened), Ok((_, Message::Opened(_)))), "{opened:?}");
 }
 

@@ -24,8 +24,9 @@ fn arb_opened() -> impl Strategy<Value = Opened> {
         let block_size = 1u32 << shift;
         (size / u64::from(block_size) * u64::from(block_size), block_size, block_size * ios)
     });
-    (geometry, any::<(u64, u32, u64, [u8; TOKEN_LEN])>(), 0..=VolumeFlags::all().bits()).prop_map(
-        |((size, block_size, max_io), (remote_addr, rkey, session_id, token), flags)| Opened {
+    let instance = proptest::option::of(any::<[u8; 16]>().prop_map(VolumeId));
+    (geometry, any::<(u64, u32, u64, [u8; TOKEN_LEN])>(), 0..=VolumeFlags::all().bits(), instance).prop_map(
+        |((size, block_size, max_io), (remote_addr, rkey, session_id, token), flags, instance)| Opened {
             remote_addr,
             size,
             rkey,
@@ -34,6 +35,7 @@ fn arb_opened() -> impl Strategy<Value = Opened> {
             flags: VolumeFlags::from_bits(flags).unwrap(),
             session_id,
             token,
+            instance,
         },
     )
 }
@@ -48,7 +50,13 @@ fn arb_message() -> impl Strategy<Value = Message<'static>> {
         }),
         any::<[u8; MAC_LEN]>().prop_map(|mac| Message::Auth { mac }),
         // At most 16 chars of at most 4 bytes: within MAX_VOLUME_NAME.
-        (select(OpenMode::ALL), "\\PC{1,16}").prop_map(|(mode, name)| Message::Open { mode, name: name.leak() }),
+        (select(OpenMode::ALL), "\\PC{1,16}", proptest::option::of(any::<(u64, [u8; TOKEN_LEN])>())).prop_map(
+            |(mode, name, resume)| Message::Open {
+                mode,
+                name: name.leak(),
+                resume: resume.map(|(session_id, token)| Resume { session_id, token })
+            }
+        ),
         arb_opened().prop_map(Message::Opened),
         any::<(u64, [u8; TOKEN_LEN])>().prop_map(|(session_id, token)| Message::Join { session_id, token }),
         Just(Message::Flush(Flush::All)),

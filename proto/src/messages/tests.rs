@@ -54,6 +54,7 @@ const OPENED: Opened = Opened {
     flags: VolumeFlags::VOLATILE,
     session_id: 0x0102_0304_0506_0708,
     token: [0x5a; TOKEN_LEN],
+    instance: None,
 };
 
 /// At least one of every message, with edge values.
@@ -71,10 +72,15 @@ fn make_samples() -> Vec<Message<'static>> {
         Message::Challenge { flags: ChallengeFlags::AUTH_REQUIRED, features: FEATURES, nonce: [0xa5; NONCE_LEN] },
         Message::Challenge { flags: ChallengeFlags::empty(), features: 0, nonce: [0; NONCE_LEN] },
         Message::Auth { mac: [7; MAC_LEN] },
-        Message::Open { mode: OpenMode::ReadOnly, name: "v" },
-        Message::Open { mode: OpenMode::ReadWrite, name: "volume-ü€" },
-        Message::Open { mode: OpenMode::Exclusive, name: long_name },
+        Message::Open { mode: OpenMode::ReadOnly, name: "v", resume: None },
+        Message::Open {
+            mode: OpenMode::ReadWrite,
+            name: "volume-ü€",
+            resume: Some(Resume { session_id: 9, token: [3; TOKEN_LEN] }),
+        },
+        Message::Open { mode: OpenMode::Exclusive, name: long_name, resume: None },
         Message::Opened(OPENED),
+        Message::Opened(Opened { instance: Some(VolumeId([0xa5; 16])), ..OPENED }),
         Message::Opened(Opened { size: 0, block_size: 1, max_io: u32::MAX, flags: VolumeFlags::all(), ..OPENED }),
         Message::Join { session_id: u64::MAX, token: [0xff; TOKEN_LEN] },
         Message::Flush(Flush::All),
@@ -192,6 +198,12 @@ fn fixed_bodies_of_the_wrong_size() {
     bad(Opcode::Hello, 17, 16);
     bad(Opcode::Auth, 0, 32);
     bad(Opcode::Open, 73, 72);
+    // With FEATURE_RECONNECT's tails: exactly the base or base + tail, nothing between or past.
+    bad(Opcode::Open, 72 + 23, 72);
+    bad(Opcode::Open, 72 + 25, 72);
+    bad(Opcode::Opened, 55, 56);
+    bad(Opcode::Opened, 56 + 15, 56);
+    bad(Opcode::Opened, 56 + 17, 56);
     bad(Opcode::Stats, 1, 0);
     bad(Opcode::Keepalive, 8, 0);
     bad(Opcode::Flush, 7, 8);
@@ -254,6 +266,24 @@ fn flush_borrows_the_buffer() {
     let Ok((_, Message::Flush(Flush::Ranges(ranges)))) = parse(&buf) else { panic!() };
     assert!(buf.as_ptr_range().contains(&ranges.as_ptr().cast()));
     assert_eq!((ranges[0].offset(), ranges[0].len(), ranges[0].end()), (4096, 8192, Some(12288)));
+}
+
+#[test]
+fn reconnect_tails_are_optional() {
+    // A peer without FEATURE_RECONNECT sends and expects the base bodies: they still parse.
+    let base = encode_vec(&Message::Opened(OPENED), TAG);
+    assert_eq!(base.len(), HEADER_LEN + 56);
+    let with = Opened { instance: Some(VolumeId([7; 16])), ..OPENED };
+    let long = encode_vec(&Message::Opened(with), TAG);
+    assert_eq!(long.len(), HEADER_LEN + 56 + 16);
+    assert_eq!(&long[HEADER_LEN..HEADER_LEN + 56], &base[HEADER_LEN..]);
+    assert_eq!(parse(&long).unwrap().1, Message::Opened(with));
+    let open = Message::Open { mode: OpenMode::ReadWrite, name: "v", resume: None };
+    assert_eq!(encode_vec(&open, TAG).len(), HEADER_LEN + 72);
+    let resume = Some(Resume { session_id: 5, token: [1; TOKEN_LEN] });
+    let reopen = encode_vec(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume }, TAG);
+    assert_eq!(reopen.len(), HEADER_LEN + 72 + 24);
+    assert_eq!(VolumeId([0xab; 16]).to_string(), "ab".repeat(16));
 }
 
 fn open_raw(mode: u8, name_len: u8, name: &[u8]) -> Vec<u8> {
@@ -393,10 +423,10 @@ fn encode_refuses_what_parse_would() {
     };
     let long = "n".repeat(MAX_VOLUME_NAME + 1);
     assert_eq!(
-        enc(Message::Open { mode: OpenMode::ReadOnly, name: &long }),
+        enc(Message::Open { mode: OpenMode::ReadOnly, name: &long, resume: None }),
         Err(ParseError::BadCount { field: "open.name_len", count: 65, max: 64 })
     );
-    assert_eq!(enc(Message::Open { mode: OpenMode::ReadOnly, name: "" }), Err(ParseError::EmptyName));
+    assert_eq!(enc(Message::Open { mode: OpenMode::ReadOnly, name: "", resume: None }), Err(ParseError::EmptyName));
     let too_many = [Range::new(0, 1); MAX_FLUSH_RANGES + 1];
     assert_eq!(
         enc(Message::Flush(Flush::Ranges(&too_many))),
