@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use rblk_fabric::channel::{self, Channel, Event};
 use rblk_fabric::{Completion, Endpoint, Fabric, Pd, QpConfig};
 use rblk_proto::{
-    ChallengeFlags, ConnectData, FlushedFlags, Message, Opcode, Opened, StatsReply, MSG_SIZE, NONCE_LEN, RECV_COUNT,
-    SEND_COUNT,
+    ChallengeFlags, ConnectData, FlushedFlags, Message, Opcode, Opened, StatsReply, KEEPALIVE_INTERVAL,
+    KEEPALIVE_TIMEOUT, MSG_SIZE, NONCE_LEN, RECV_COUNT, SEND_COUNT,
 };
 
 use crate::{Error, Result};
@@ -64,6 +64,15 @@ pub(crate) struct Conn {
     rx: Box<[u8; MSG_SIZE]>,
     /// Why the connection is unusable, once it is.
     broken: Option<String>,
+    /// When a message from the target last arrived: it sends KEEPALIVE every
+    /// KEEPALIVE_INTERVAL, so silence for KEEPALIVE_TIMEOUT means it is gone.
+    heard: Instant,
+    /// When one of our SENDs last completed (or the first of a batch was posted): one stuck for
+    /// KEEPALIVE_TIMEOUT means the target is gone even if the transport keeps retrying.
+    send_progress: Instant,
+    /// Send KEEPALIVE ourselves (the target announced FEATURE_KEEPALIVE).
+    keepalives: bool,
+    next_keepalive: Instant,
 }
 
 impl std::fmt::Debug for Conn {
@@ -98,7 +107,74 @@ impl Conn {
         chan.post_recvs(&mut ep).map_err(connect_err)?;
         ep.connect(&data.to_bytes(), deadline).map_err(connect_err)?;
         tracing::debug!(%addr, qpn = ep.qp_num(), kind = ?data.kind(), "connected");
-        Ok(Conn { ep, chan, addr, spin, next_tag: 1, rx: Box::new([0; MSG_SIZE]), broken: None })
+        let now = Instant::now();
+        Ok(Conn {
+            ep,
+            chan,
+            addr,
+            spin,
+            next_tag: 1,
+            rx: Box::new([0; MSG_SIZE]),
+            broken: None,
+            heard: now,
+            send_progress: now,
+            keepalives: false,
+            next_keepalive: now + KEEPALIVE_INTERVAL,
+        })
+    }
+
+    /// Sends KEEPALIVE every KEEPALIVE_INTERVAL from now on (the target announced
+    /// FEATURE_KEEPALIVE and then ends connections it does not hear from).
+    pub(crate) fn send_keepalives(&mut self, on: bool) {
+        self.keepalives = on;
+    }
+
+    /// The connection's loss detection and keepalives, after its completions were taken: a
+    /// KEEPALIVE when one is due, and the connection broken when the target went silent or a
+    /// SEND of ours stopped completing for KEEPALIVE_TIMEOUT.
+    pub(crate) fn check_liveness(&mut self) -> Result<()> {
+        self.alive()?;
+        let now = Instant::now();
+        if now < self.next_keepalive {
+            return Ok(());
+        }
+        self.next_keepalive = now + KEEPALIVE_INTERVAL;
+        let silent = now.saturating_duration_since(self.heard);
+        if silent >= KEEPALIVE_TIMEOUT {
+            let reason = format!("nothing from the target for {} s (keepalives stopped)", silent.as_secs());
+            self.break_with(reason.clone());
+            return Err(Error::ConnectionLost { addr: self.addr, reason });
+        }
+        let stuck = now.saturating_duration_since(self.send_progress);
+        if self.chan.free_sends() < SEND_COUNT && stuck >= KEEPALIVE_TIMEOUT {
+            let reason = format!("a SEND to the target has not completed for {} s", stuck.as_secs());
+            self.break_with(reason.clone());
+            return Err(Error::ConnectionLost { addr: self.addr, reason });
+        }
+        if self.keepalives {
+            let tag = self.tag();
+            match self.post_send(tag, &Message::Keepalive) {
+                // Control messages are in flight anyway: the target hears from us.
+                Ok(()) | Err(rblk_fabric::Error::QueueFull { .. }) => {}
+                Err(source) => {
+                    self.break_with(format!("sending KEEPALIVE failed: {source}"));
+                    return Err(Error::Fabric { op: "sending KEEPALIVE", addr: self.addr, source });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// When [`check_liveness`](Self::check_liveness) next has something to do.
+    pub(crate) fn next_check(&self) -> Instant {
+        self.next_keepalive
+    }
+
+    fn post_send(&mut self, tag: u32, msg: &Message<'_>) -> rblk_fabric::Result<()> {
+        if self.chan.free_sends() == SEND_COUNT {
+            self.send_progress = Instant::now();
+        }
+        self.chan.send(&mut self.ep, tag, msg)
     }
 
     /// Fails with [`Error::ConnectionLost`] once the connection broke.
@@ -140,7 +216,7 @@ impl Conn {
         let request = msg.opcode();
         let tag = self.tag();
         loop {
-            match self.chan.send(&mut self.ep, tag, msg) {
+            match self.post_send(tag, msg) {
                 Ok(()) => break,
                 // Every send buffer in flight: their completions free them.
                 Err(rblk_fabric::Error::QueueFull { .. }) => {
@@ -209,8 +285,14 @@ impl Conn {
 
     fn on_control(&mut self, c: &Completion) -> Result<Received> {
         let len = match self.chan.on_completion(&mut self.ep, c, &mut self.rx) {
-            Ok(Event::Sent) => return Ok(Received::Nothing),
-            Ok(Event::Received(len)) => len,
+            Ok(Event::Sent) => {
+                self.send_progress = Instant::now();
+                return Ok(Received::Nothing);
+            }
+            Ok(Event::Received(len)) => {
+                self.heard = Instant::now();
+                len
+            }
             Err(source) => {
                 let reason = format!("control channel failed: {source}");
                 self.break_with(reason.clone());
@@ -248,7 +330,8 @@ impl Conn {
         Ok(Received::Reply(tag, reply))
     }
 
-    /// Takes whatever completed (on a QP with no data outstanding) and sends a KEEPALIVE.
+    /// Takes whatever completed (on a QP with no data outstanding), then runs the loss
+    /// detection and keepalives ([`check_liveness`](Self::check_liveness)).
     pub(crate) fn keepalive(&mut self) -> Result<()> {
         self.alive()?;
         let mut out = [Completion::EMPTY; RECV_COUNT];
@@ -269,15 +352,7 @@ impl Conn {
                 break;
             }
         }
-        let tag = self.tag();
-        match self.chan.send(&mut self.ep, tag, &Message::Keepalive) {
-            // Control messages are in flight anyway: the target hears from us.
-            Ok(()) | Err(rblk_fabric::Error::QueueFull { .. }) => Ok(()),
-            Err(source) => {
-                self.break_with(format!("sending KEEPALIVE failed: {source}"));
-                Err(Error::Fabric { op: "sending KEEPALIVE", addr: self.addr, source })
-            }
-        }
+        self.check_liveness()
     }
 
     /// [`call`](Self::call), then checks the reply is the one `request` expects.

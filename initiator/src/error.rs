@@ -230,6 +230,19 @@ pub enum Error {
         /// What broke it.
         reason: String,
     },
+    /// A FLUSH could not keep its promise: the target crashed (its durable volume came back as a
+    /// new instance) after these writes completed and before they were flushed, so they are
+    /// gone. The next FLUSH does not report them again.
+    #[error(
+        "flush failed: the target at {addr} crashed and lost {} of writes that were not yet flushed",
+        bytes.map_or("an unknown amount".to_owned(), |b| format!("{b} bytes"))
+    )]
+    WritesLost {
+        /// The target.
+        addr: SocketAddr,
+        /// Bytes written since the last flush (None: too many ranges to count).
+        bytes: Option<u64>,
+    },
     /// An access refused before anything was posted: one bad access would put both ends' queue
     /// pairs into error.
     #[error("invalid {what} of {len} bytes at offset {offset}: {reason}")]

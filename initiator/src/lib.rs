@@ -71,6 +71,7 @@ mod conn;
 mod dirty;
 pub mod engine;
 mod error;
+mod link;
 mod options;
 mod queue;
 mod range;
@@ -83,7 +84,9 @@ pub use buffer::{Buffer, BufferPool};
 pub use dirty::Dirty;
 pub use engine::{Engine, EngineStats, Lane};
 pub use error::{describe, Direction, Error, InvalidReason, Result};
-pub use options::{Options, DEFAULT_IO_TIMEOUT, DEFAULT_TIMEOUT};
+pub use options::{
+    Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY, DEFAULT_TIMEOUT,
+};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, DeviceInfo, Fabric};

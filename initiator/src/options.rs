@@ -15,6 +15,53 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 /// and [`Volume::write_at`](crate::Volume::write_at) chunks).
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Default pause between reconnect attempts ([`Reconnect::delay`]), as nvme-cli's
+/// `--reconnect-delay`.
+pub const DEFAULT_RECONNECT_DELAY: Duration = Duration::from_secs(2);
+
+/// Default time a session keeps trying to reconnect ([`Reconnect::ctrl_loss_tmo`]), as nvme-cli's
+/// `--ctrl-loss-tmo`.
+pub const DEFAULT_CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
+
+/// What a session does when it loses its target (a queue pair's error completion, keepalives
+/// stopping): reconnect every `delay`, holding I/O meanwhile, and replay what was in flight.
+/// nvme-cli's names and meanings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconnect {
+    /// Pause between attempts (the first one is immediate).
+    pub delay: Duration,
+    /// Give up this long after the loss: every waiting and later I/O fails. `Some(ZERO)`: do
+    /// not reconnect at all (fail at once); `None`: retry forever.
+    pub ctrl_loss_tmo: Option<Duration>,
+    /// Fail waiting and new I/O with EIO this long after the loss while reconnecting goes on
+    /// (for md, which must see a failed mirror leg quickly). `None` (the default): I/O waits
+    /// until the session is back or gives up.
+    pub fast_io_fail_tmo: Option<Duration>,
+}
+
+impl Default for Reconnect {
+    fn default() -> Self {
+        Reconnect { delay: DEFAULT_RECONNECT_DELAY, ctrl_loss_tmo: Some(DEFAULT_CTRL_LOSS_TMO), fast_io_fail_tmo: None }
+    }
+}
+
+impl Reconnect {
+    /// Never reconnect: a lost session fails at once (ctrl_loss_tmo 0).
+    pub const NEVER: Reconnect =
+        Reconnect { delay: DEFAULT_RECONNECT_DELAY, ctrl_loss_tmo: Some(Duration::ZERO), fast_io_fail_tmo: None };
+
+    /// Parses a timeout in whole seconds as nvme-cli does: `-1` means forever (`None`).
+    pub fn parse_seconds(text: &str) -> std::result::Result<Option<Duration>, String> {
+        match text.trim() {
+            "-1" => Ok(None),
+            t => t
+                .parse::<u64>()
+                .map(|s| Some(Duration::from_secs(s)))
+                .map_err(|_| format!("{text:?} is not a number of seconds (a whole number, or -1 for forever)")),
+        }
+    }
+}
+
 /// Connection options. `Options::default()` reaches a target without a key over real verbs.
 #[derive(Clone)]
 pub struct Options {
@@ -32,6 +79,8 @@ pub struct Options {
     /// operations in flight spins longer, adaptively (twice its usual wait, up to 1 ms), so that
     /// depth-1 I/O does not pay a wakeup each time.
     pub spin: Duration,
+    /// What to do when the session loses its target.
+    pub reconnect: Reconnect,
 }
 
 impl Default for Options {
@@ -43,6 +92,7 @@ impl Default for Options {
             timeout: DEFAULT_TIMEOUT,
             io_timeout: DEFAULT_IO_TIMEOUT,
             spin: rblk_fabric::policy::SPIN,
+            reconnect: Reconnect::default(),
         }
     }
 }
@@ -57,6 +107,7 @@ impl fmt::Debug for Options {
             .field("timeout", &self.timeout)
             .field("io_timeout", &self.io_timeout)
             .field("spin", &self.spin)
+            .field("reconnect", &self.reconnect)
             .finish()
     }
 }
@@ -102,6 +153,16 @@ mod tests {
         let e = Options::key_from_file(dir.join("missing")).unwrap_err();
         assert!(matches!(e, Error::KeyFile { .. }) && e.to_string().contains("missing"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn reconnect_seconds() {
+        assert_eq!(Reconnect::parse_seconds("-1"), Ok(None));
+        assert_eq!(Reconnect::parse_seconds("0"), Ok(Some(Duration::ZERO)));
+        assert_eq!(Reconnect::parse_seconds("600"), Ok(Some(Duration::from_secs(600))));
+        for bad in ["", "-2", "1.5", "10s", "x"] {
+            assert!(Reconnect::parse_seconds(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

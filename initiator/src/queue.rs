@@ -1,16 +1,18 @@
 //! A further queue pair of a session, for asynchronous I/O: submit, then reap or wait.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::channel;
 use rblk_fabric::policy::POLL_BATCH;
 use rblk_fabric::{Access, Completion, Endpoint, Local, Memory, Mr, Op, Pd, WcStatus, WorkRequest};
-use rblk_proto::{ConnectData, Message, Opcode};
+use rblk_proto::{ConnectData, Message, Opcode, FEATURE_KEEPALIVE};
 
 use crate::buffer::{Buffer, BufferPool};
 use crate::conn::{self, Conn, Reply};
 use crate::dirty;
+use crate::link::{Current, Link, Status};
 use crate::{Direction, Error, Geometry, InvalidReason, Result};
 
 /// Submissions posted with one doorbell.
@@ -102,28 +104,32 @@ struct Slot {
     give_back: bool,
     /// Set when the operation failed before it reached the NIC.
     failed: Option<Error>,
+    /// On the current queue pair's send queue (not staged, not parked).
+    posted: bool,
 }
 
 /// One queue pair of a session that JOINed it, with a pool of registered buffers.
 ///
-/// Submissions are staged and posted with one doorbell at the next [`reap`](Self::reap),
-/// [`wait`](Self::wait) or [`commit`](Self::commit) (or once 16 of them are staged).
-/// At most `depth` operations are outstanding (submitted and not yet reaped): one more is
-/// [`Error::QueueFull`]. Every access is checked before it is staged.
-///
-/// A queue is owned by one thread, which submits and reaps: there are no hidden threads. It may
-/// be moved to another thread. Writes are in target memory once reaped;
-/// [`Volume::flush`](crate::Volume::flush) after reaping them makes them durable. Dropping the queue disconnects
-/// its QP; the session and its other queues carry on.
+/// When the session loses its target, the operations in flight are not failed: they are
+/// parked, and posted again on a new queue pair once the session has reconnected (see
+/// [`Reconnect`](crate::Reconnect)). Until then [`wait`](Self::wait) waits for the session and
+/// new submissions are parked too. They fail only after `fast_io_fail_tmo` or when the session
+/// gives up.
 #[derive(Debug)]
 pub struct Queue {
     // Declaration order is drop order: the QP goes before the buffers it may still point at.
     conn: Conn,
+    link: Arc<Link>,
+    /// The session generation `conn` belongs to.
+    gen: u64,
     slots: Vec<Option<Slot>>,
     pool: BufferPool,
     free_slots: Vec<u32>,
     staged: Vec<u32>,
     failed: Vec<u32>,
+    /// Accepted but not on the wire: their queue pair was lost. Posted again on the next one.
+    parked: Vec<u32>,
+    /// Posted or parked, not yet completed.
     in_flight: u32,
     depth: u32,
     geo: Geometry,
@@ -137,12 +143,46 @@ pub struct Queue {
     wait_ns: u64,
 }
 
+/// A further queue pair of the session `cur` through the next address of the link's round
+/// robin (the others in turn when it fails): connect with the join data, then JOIN.
+fn join(link: &Link, cur: &Current, depth: u32) -> Result<Conn> {
+    let (id, token) = (cur.opened.session_id, cur.opened.token);
+    let mut first = None;
+    for attempt in 0..link.dest_count() {
+        let dest = link.dest_for_queue(attempt);
+        let deadline = Instant::now() + link.opts().timeout;
+        let joined = Conn::connect(
+            dest,
+            Some(link.pd()),
+            &conn::qp_config(depth),
+            ConnectData::Join { session_id: id, token },
+            deadline,
+        )
+        .and_then(|mut conn| {
+            let msg = Message::Join { session_id: id, token };
+            conn.expect(&msg, deadline, "OK(JOIN)", |r| matches!(r, Reply::Ok(Opcode::Join)).then_some(()))?;
+            conn.send_keepalives(link.features() & FEATURE_KEEPALIVE != 0);
+            Ok(conn)
+        });
+        match joined {
+            Ok(conn) => {
+                link.queue_joined();
+                return Ok(conn);
+            }
+            Err(e) => {
+                tracing::debug!(addr = %dest.addr, error = %e, "joining the session failed");
+                first.get_or_insert(e);
+            }
+        }
+    }
+    Err(first.expect("a link has at least one address"))
+}
+
 impl Queue {
     /// Joins `vol`'s session with a further QP.
     pub(crate) fn connect(vol: &crate::Volume, depth: u32, buf_size: usize) -> Result<Queue> {
-        let parts = vol.queue_parts();
-        let (dest, pd, opts, geo, opened) = (parts.dest, &parts.pd, parts.opts, parts.geo, parts.opened);
-        let dirty = std::sync::Arc::clone(parts.dirty);
+        let (link, geo, dirty) = vol.parts();
+        let (link, dirty) = (Arc::clone(link), Arc::clone(dirty));
         let bad = |what, len: u64, reason| Err(Error::Invalid { what, offset: 0, len, reason });
         match depth {
             0 => return bad("queue depth", 0, InvalidReason::ZeroLength),
@@ -161,30 +201,44 @@ impl Queue {
         if size > u64::from(geo.max_io) {
             return bad("queue buffer size", size, InvalidReason::TooLarge { max: geo.max_io.into() });
         }
-
-        let deadline = Instant::now() + opts.timeout;
-        let join = ConnectData::Join { session_id: opened.session_id, token: opened.token };
-        let mut conn = Conn::connect(dest, Some(pd), &conn::qp_config(depth), join, deadline)?;
-        let msg = Message::Join { session_id: opened.session_id, token: opened.token };
-        conn.expect(&msg, deadline, "OK(JOIN)", |r| matches!(r, Reply::Ok(Opcode::Join)).then_some(()))?;
-        let pool = BufferPool::new(pd, depth as usize, buf_size).map_err(|source| Error::Fabric {
+        let cur = loop {
+            match link.status(link.gen()) {
+                Status::Up => break link.current(),
+                Status::Newer(cur) => break cur,
+                Status::Waiting => {
+                    // A queue opened while the session reconnects waits for it like I/O does.
+                    if let Status::FastFail(e) | Status::Failed(e) =
+                        link.wait_change(link.gen(), Instant::now() + link.opts().timeout)
+                    {
+                        return Err(e);
+                    }
+                }
+                Status::FastFail(e) | Status::Failed(e) => return Err(e),
+            }
+        };
+        let conn = join(&link, &cur, depth)?;
+        let addr = conn.addr;
+        let pool = BufferPool::new(link.pd(), depth as usize, buf_size).map_err(|source| Error::Fabric {
             op: "registering the queue's buffer pool",
-            addr: dest.addr,
+            addr,
             source,
         })?;
-        tracing::debug!(addr = %dest.addr, qpn = conn.ep.qp_num(), depth, buf_size, "queue joined");
+        tracing::debug!(%addr, qpn = conn.ep.qp_num(), depth, buf_size, "queue joined");
         Ok(Queue {
             conn,
+            link,
+            gen: cur.gen,
             slots: (0..depth).map(|_| None).collect(),
             pool,
             free_slots: (0..depth).rev().collect(),
             staged: Vec::with_capacity(depth as usize),
             failed: Vec::with_capacity(depth as usize),
+            parked: Vec::with_capacity(depth as usize),
             in_flight: 0,
             depth,
             geo,
-            remote_addr: opened.remote_addr,
-            rkey: opened.rkey,
+            remote_addr: cur.opened.remote_addr,
+            rkey: cur.opened.rkey,
             max_len: size,
             dirty,
             zeros: None,
@@ -233,7 +287,7 @@ impl Queue {
 
     /// The session's protection domain.
     pub fn pd(&self) -> Pd {
-        self.conn.ep.pd()
+        self.link.pd().clone()
     }
 
     /// The queue's endpoint, for tests that post raw work requests (with wr_ids of their own
@@ -244,28 +298,23 @@ impl Queue {
 
     /// Reads `len` bytes at `offset` into a pool buffer; the [`Done`] holds it.
     pub fn submit_read(&mut self, offset: u64, len: u32, user_data: u64) -> Result<()> {
-        self.conn.alive()?;
+        self.accepting()?;
         self.check_range(Direction::Read, offset, len.into())?;
         let slot = self.slot()?;
         let buffer = self.take_pool_buffer(slot)?;
-        let buffer = Some(buffer);
-        self.stage(slot, Slot { user_data, dir: Direction::Read, offset, len, buffer, give_back: true, failed: None });
+        self.stage(slot, Slot::new(user_data, Direction::Read, offset, len, Some(buffer), true));
         Ok(())
     }
 
     /// Writes a copy of `data` at `offset`, through a pool buffer.
     pub fn submit_write(&mut self, offset: u64, data: &[u8], user_data: u64) -> Result<()> {
-        self.conn.alive()?;
+        self.accepting()?;
         self.check_range(Direction::Write, offset, data.len() as u64)?;
         let slot = self.slot()?;
         let buffer = self.take_pool_buffer(slot)?;
         buffer.write_at(0, data)?;
         let len = data.len() as u32;
-        let buffer = Some(buffer);
-        self.stage(
-            slot,
-            Slot { user_data, dir: Direction::Write, offset, len, buffer, give_back: false, failed: None },
-        );
+        self.stage(slot, Slot::new(user_data, Direction::Write, offset, len, Some(buffer), false));
         Ok(())
     }
 
@@ -282,38 +331,38 @@ impl Queue {
     }
 
     fn submit_buf(&mut self, dir: Direction, offset: u64, len: u32, buffer: Buffer, user_data: u64) -> Result<()> {
-        self.conn.alive()?;
+        self.accepting()?;
         self.check_range(dir, offset, len.into())?;
         if !self.pool.owns(&buffer) {
             let what = "buffer";
             return Err(Error::Invalid { what, offset, len: len.into(), reason: InvalidReason::ForeignBuffer });
         }
         let slot = self.slot()?;
-        let buffer = Some(buffer);
-        self.stage(slot, Slot { user_data, dir, offset, len, buffer, give_back: true, failed: None });
+        self.stage(slot, Slot::new(user_data, dir, offset, len, Some(buffer), true));
         Ok(())
     }
 
     /// Writes `len` zero bytes at `offset` from a zeroed registration of the queue's (made at
     /// the first call): no buffer of the pool is used and nothing is copied.
     pub fn submit_zeroes(&mut self, offset: u64, len: u32, user_data: u64) -> Result<()> {
-        self.conn.alive()?;
+        self.accepting()?;
         self.check_range(Direction::Write, offset, len.into())?;
         if self.zeros.is_none() {
             let addr = self.conn.addr;
             let err = |source| Error::Fabric { op: "registering the queue's zeroed region", addr, source };
             let memory = Memory::anonymous(self.max_len as usize).map_err(err)?;
-            self.zeros = Some(self.conn.ep.pd().register(&memory, Access::LOCAL).map_err(err)?);
+            self.zeros = Some(self.link.pd().register(&memory, Access::LOCAL).map_err(err)?);
         }
         let slot = self.slot()?;
-        let dir = Direction::Write;
-        self.stage(slot, Slot { user_data, dir, offset, len, buffer: None, give_back: false, failed: None });
+        self.stage(slot, Slot::new(user_data, Direction::Write, offset, len, None, false));
         Ok(())
     }
 
     /// The descriptor of the queue's completion channel, for a caller's own event loop (io_uring
     /// POLL_ADD, epoll) instead of [`wait`](Self::wait): readable once a completion arrives after
-    /// [`arm`](Self::arm). [`reap`](Self::reap) then takes the completions.
+    /// [`arm`](Self::arm). [`reap`](Self::reap) then takes the completions. A reconnect replaces
+    /// the queue pair and with it this descriptor: wait for it with a timeout and take it anew
+    /// each time.
     pub fn event_fd(&self) -> std::os::fd::RawFd {
         self.conn.ep.event_fd()
     }
@@ -325,12 +374,18 @@ impl Queue {
         self.conn.ep.arm_events().map_err(|source| Error::Fabric { op: "arming the completion queue", addr, source })
     }
 
-    /// Operations posted and not yet completed.
+    /// Operations submitted and not yet completed (posted, or parked while the session
+    /// reconnects).
     pub fn in_flight(&self) -> u32 {
         self.in_flight
     }
 
-    /// The queue pair's number.
+    /// Operations waiting for the session to reconnect.
+    pub fn parked(&self) -> u32 {
+        self.parked.len() as u32
+    }
+
+    /// The queue pair's number (a reconnect replaces the queue pair).
     pub fn qp_num(&self) -> u32 {
         self.conn.ep.qp_num()
     }
@@ -342,6 +397,23 @@ impl Queue {
 
     pub(crate) fn shared(&self) -> &dirty::Shared {
         &self.dirty
+    }
+
+    /// New operations are accepted while the queue pair works and while the session
+    /// reconnects (they are parked); refused once I/O fails (fast_io_fail_tmo) or the session
+    /// gave up.
+    fn accepting(&mut self) -> Result<()> {
+        if self.conn.alive().is_ok() || !self.link.reconnects() {
+            return self.conn.alive();
+        }
+        match self.link.status(self.gen) {
+            Status::Up | Status::Newer(_) | Status::Waiting => Ok(()),
+            Status::FastFail(e) => {
+                self.link.note_io_failed();
+                Err(e)
+            }
+            Status::Failed(e) => Err(e),
+        }
     }
 
     fn slot(&mut self) -> Result<u32> {
@@ -360,15 +432,141 @@ impl Queue {
         }
     }
 
-    /// Posts every staged submission, with one doorbell per 16. A failure to post fails
-    /// those operations (their [`Done`]s report it) and the queue.
+    /// Operations on the wire of the current queue pair.
+    fn posted(&self) -> u32 {
+        self.in_flight - self.parked.len() as u32
+    }
+
+    /// True while the session is lost and reconnecting (or this queue has not yet joined the
+    /// new one). Moves everything of a queue pair the session left behind to `parked`.
+    fn down(&mut self) -> bool {
+        if !self.link.reconnects() {
+            return false;
+        }
+        if self.conn.alive().is_ok() && (self.gen != self.link.gen() || !self.link.is_up()) {
+            self.lose("the session was lost on another queue pair");
+        }
+        self.conn.is_broken()
+    }
+
+    /// This queue pair is lost: the session reconnects, and what was on the wire is parked
+    /// to be posted again on the next queue pair (the old one's completions are never taken:
+    /// the NIC let go of its buffers when the QP went to error, and it is destroyed before
+    /// they are posted again).
+    fn lose(&mut self, reason: &str) {
+        self.conn.break_with(reason);
+        self.link.lost(self.gen, reason);
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if let Some(s) = slot.as_mut().filter(|s| s.posted && s.failed.is_none()) {
+                s.posted = false;
+                self.parked.push(i as u32);
+            }
+        }
+    }
+
+    /// Brings a down queue back: joins the session's new generation and posts the parked
+    /// operations again, or fails them once the link says I/O fails. Waits until `until` for
+    /// the session (running due reconnect attempts); `None`: only what can be done now.
+    fn recover(&mut self, until: Option<Instant>) {
+        loop {
+            let status = match until {
+                None => {
+                    self.link.drive();
+                    self.link.status(self.gen)
+                }
+                Some(t) => self.link.wait_change(self.gen, t),
+            };
+            match status {
+                Status::Newer(cur) => match self.rejoin(cur) {
+                    Ok(()) => return,
+                    Err(e) => {
+                        self.link.lost(cur.gen, &format!("joining the new session failed: {e}"));
+                        if until.is_none() {
+                            return;
+                        }
+                    }
+                },
+                // Our generation is current, so the link has not seen our loss yet.
+                Status::Up => {
+                    let reason = self.conn.alive().err().map(|e| e.to_string()).unwrap_or_default();
+                    self.link.lost(self.gen, &reason);
+                    if until.is_none() {
+                        return;
+                    }
+                }
+                Status::Waiting => return,
+                Status::FastFail(e) => {
+                    if !self.parked.is_empty() {
+                        self.link.note_io_failed();
+                        self.fail_parked(&e);
+                    }
+                    return;
+                }
+                Status::Failed(e) => {
+                    self.fail_parked(&e);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn fail_parked(&mut self, e: &Error) {
+        let parked = std::mem::take(&mut self.parked);
+        self.in_flight -= parked.len() as u32;
+        for &index in &parked {
+            if let Some(slot) = self.slots[index as usize].as_mut() {
+                slot.failed = Some(clone_error(e));
+                self.failed.push(index);
+            }
+        }
+    }
+
+    /// A new queue pair in the session `cur`; the parked operations go out on it first.
+    fn rejoin(&mut self, cur: Current) -> Result<()> {
+        let conn = join(&self.link, &cur, self.depth)?;
+        tracing::debug!(
+            addr = %conn.addr,
+            qpn = conn.ep.qp_num(),
+            replayed = self.parked.len(),
+            "queue joined the reconnected session"
+        );
+        // The old queue pair is destroyed here, before its buffers are posted again.
+        self.conn = conn;
+        self.gen = cur.gen;
+        self.remote_addr = cur.opened.remote_addr;
+        self.rkey = cur.opened.rkey;
+        let parked = std::mem::take(&mut self.parked);
+        self.in_flight -= parked.len() as u32;
+        self.staged.splice(0..0, parked);
+        self.commit();
+        Ok(())
+    }
+
+    /// Posts every staged submission, with one doorbell per 16. While the session reconnects
+    /// they are parked instead. A failure to post fails those operations (their [`Done`]s report
+    /// it) and the queue, or with reconnecting, loses the queue pair.
     pub fn commit(&mut self) {
-        let Queue { conn, slots, staged, failed, in_flight, remote_addr, rkey, zeros, .. } = self;
+        if self.staged.is_empty() {
+            return;
+        }
+        if self.down() {
+            let staged = std::mem::take(&mut self.staged);
+            self.in_flight += staged.len() as u32;
+            self.parked.extend(staged);
+            return;
+        }
+        let staged = std::mem::take(&mut self.staged);
         for chunk in staged.chunks(BATCH) {
-            if let Err(e) = conn.alive() {
-                fail_all(slots, failed, chunk, conn.addr, &e.to_string());
+            if let Err(e) = self.conn.alive() {
+                if self.link.reconnects() {
+                    self.in_flight += chunk.len() as u32;
+                    self.parked.extend_from_slice(chunk);
+                } else {
+                    fail_all(&mut self.slots, &mut self.failed, chunk, self.conn.addr, &e.to_string());
+                }
                 continue;
             }
+            let Queue { conn, slots, remote_addr, rkey, zeros, .. } = self;
             let mut wrs = [NO_WR; BATCH];
             for (wr, &index) in wrs.iter_mut().zip(chunk) {
                 let Some(slot) = &slots[index as usize] else { continue };
@@ -388,23 +586,39 @@ impl Queue {
                 *wr = WorkRequest { wr_id: index.into(), op, local, signaled: true };
             }
             match conn.ep.post(&wrs[..chunk.len()]) {
-                Ok(()) => *in_flight += chunk.len() as u32,
+                Ok(()) => {
+                    self.in_flight += chunk.len() as u32;
+                    for &index in chunk {
+                        if let Some(s) = self.slots[index as usize].as_mut() {
+                            s.posted = true;
+                        }
+                    }
+                }
                 Err(source) => {
                     let reason = format!("posting RDMA work requests failed: {source}");
-                    conn.break_with(reason.clone());
-                    fail_all(slots, failed, chunk, conn.addr, &reason);
+                    if self.link.reconnects() {
+                        self.lose(&reason);
+                        self.in_flight += chunk.len() as u32;
+                        self.parked.extend_from_slice(chunk);
+                    } else {
+                        self.conn.break_with(reason.clone());
+                        fail_all(&mut self.slots, &mut self.failed, chunk, self.conn.addr, &reason);
+                    }
                 }
             }
         }
-        staged.clear();
     }
 
     /// Posts what is staged, then fills `done` with finished operations without waiting.
-    /// Returns how many it filled.
+    /// Returns how many it filled. Also the queue's housekeeping: keepalives, loss detection,
+    /// and while the session is down, a due reconnect attempt and the rejoin.
     pub fn reap(&mut self, done: &mut [Done]) -> usize {
         self.commit();
+        if self.down() {
+            self.recover(None);
+        }
         let mut k = self.take_failed(done);
-        while k < done.len() && self.in_flight > 0 {
+        while k < done.len() && self.posted() > 0 && !self.conn.is_broken() {
             let mut wcs = [Completion::EMPTY; POLL_BATCH];
             let want = (done.len() - k).min(POLL_BATCH);
             let n = match self.conn.ep.poll(&mut wcs[..want]) {
@@ -420,15 +634,24 @@ impl Queue {
             }
         }
         // Completions of control messages alone (keepalives) still need taking when idle.
-        if self.in_flight == 0 {
+        if self.posted() == 0 {
             self.drain_control();
         }
+        self.check_liveness();
         k
+    }
+
+    /// [`reap`](Self::reap) for a queue with nothing to hand back: the housekeeping of an idle
+    /// queue (call it every second or two when nothing else polls the queue).
+    pub fn tick(&mut self) {
+        let _ = self.reap(&mut []);
     }
 
     /// Like [`reap`](Self::reap), but waits (spinning briefly, then sleeping) until at least one
     /// operation finished. Returns 0 at once when nothing is outstanding, and
-    /// [`Error::Timeout`] if `deadline` passes first (the operations stay outstanding).
+    /// [`Error::Timeout`] if `deadline` passes first (the operations stay outstanding). While
+    /// the session reconnects it waits for that instead and returns 0 at `deadline`: the
+    /// operations are held, not timed out.
     pub fn wait(&mut self, done: &mut [Done], deadline: Instant) -> Result<usize> {
         let started = Instant::now();
         let mut k = self.reap(done);
@@ -436,10 +659,19 @@ impl Queue {
         let spin = self.spin(low_depth);
         let mut slept = false;
         while k == 0 && self.in_flight > 0 && !done.is_empty() {
+            if self.down() {
+                self.recover(Some(deadline));
+                k += self.take_failed(&mut done[k..]);
+                if self.down() || Instant::now() >= deadline {
+                    return Ok(k);
+                }
+                continue;
+            }
             let mut wcs = [Completion::EMPTY; POLL_BATCH];
             let want = done.len().min(POLL_BATCH);
             slept = true;
-            let n = match self.conn.ep.wait(&mut wcs[..want], spin, deadline) {
+            let until = deadline.min(self.conn.next_check());
+            let n = match self.conn.ep.wait(&mut wcs[..want], spin, until) {
                 Ok(n) => n,
                 Err(source) => {
                     self.poll_failed(source);
@@ -447,9 +679,13 @@ impl Queue {
                 }
             };
             self.process(&wcs[..n], done, &mut k);
-            if k == 0 && n == 0 && Instant::now() >= deadline {
-                let op = "waiting for queue completions";
-                return Err(Error::Timeout { op, addr: self.conn.addr, after: started.elapsed() });
+            k += self.take_failed(&mut done[k..]);
+            if k == 0 && n == 0 {
+                self.check_liveness();
+                if Instant::now() >= deadline && !self.down() {
+                    let op = "waiting for queue completions";
+                    return Err(Error::Timeout { op, addr: self.conn.addr, after: started.elapsed() });
+                }
             }
         }
         if low_depth && slept && k > 0 {
@@ -458,6 +694,14 @@ impl Queue {
             self.wait_ns = if self.wait_ns == 0 { t } else { self.wait_ns - self.wait_ns / 8 + t / 8 };
         }
         Ok(k)
+    }
+
+    /// Waits until the session is back (and this queue rejoined it), I/O fails, or
+    /// `deadline`: for callers that wait for parked operations without a [`Done`] to fill.
+    pub fn wait_session(&mut self, deadline: Instant) {
+        if self.down() {
+            self.recover(Some(deadline));
+        }
     }
 
     /// How long to spin before sleeping on the completion channel. At depth 1-2 a sleep costs a
@@ -472,23 +716,51 @@ impl Queue {
         base.max(Duration::from_nanos(self.wait_ns.saturating_mul(2)).min(MAX_ADAPTIVE_SPIN))
     }
 
+    /// Keepalives and loss detection of the queue pair (a lost one parks its operations).
+    fn check_liveness(&mut self) {
+        if self.conn.is_broken() {
+            return;
+        }
+        if let Err(e) = self.conn.check_liveness() {
+            if self.link.reconnects() {
+                self.lose(&e.to_string());
+            }
+            // Otherwise the QP is in error now: its operations complete flushed and fail.
+        }
+    }
+
     fn process(&mut self, wcs: &[Completion], done: &mut [Done], k: &mut usize) {
         for c in wcs {
+            if self.conn.is_broken() && self.link.reconnects() {
+                // Parked with the rest when the queue pair was lost.
+                return;
+            }
             if channel::is_control(c.wr_id) {
                 // A failure breaks the connection; the data completions then report it.
-                let _ = self.conn.on_control_completion(c);
+                if let Err(e) = self.conn.on_control_completion(c) {
+                    if self.link.reconnects() {
+                        self.lose(&e.to_string());
+                    }
+                }
                 continue;
             }
             // Only slots in flight: not raw work requests, nor operations already failed.
-            let in_flight = usize::try_from(c.wr_id)
-                .ok()
-                .and_then(|i| self.slots.get_mut(i))
-                .filter(|s| s.as_ref().is_some_and(|s| s.failed.is_none()))
-                .and_then(Option::take);
-            let Some(slot) = in_flight else {
+            let index = usize::try_from(c.wr_id).ok().filter(|&i| {
+                self.slots.get(i).is_some_and(|s| s.as_ref().is_some_and(|s| s.posted && s.failed.is_none()))
+            });
+            let Some(index) = index else {
                 tracing::debug!(wr_id = c.wr_id, "completion of a raw work request ignored");
                 continue;
             };
+            if !c.status.is_success() && self.link.reconnects() {
+                // The session is lost: this operation and every other on the wire wait for the
+                // next queue pair.
+                let s = self.slots[index].as_ref().expect("checked above");
+                let e = Error::completion(s.dir, s.offset, s.len.into(), c);
+                self.lose(&e.to_string());
+                return;
+            }
+            let slot = self.slots[index].take().expect("checked above");
             self.in_flight -= 1;
             self.free_slots.push(c.wr_id as u32);
             let result = if c.status.is_success() {
@@ -512,11 +784,19 @@ impl Queue {
 
     /// Drains completions of the control channel while no data is in flight.
     fn drain_control(&mut self) {
+        if self.conn.is_broken() {
+            return;
+        }
         let mut wcs = [Completion::EMPTY; POLL_BATCH];
         while let Ok(n) = self.conn.ep.poll(&mut wcs) {
             for c in &wcs[..n] {
                 if channel::is_control(c.wr_id) {
-                    let _ = self.conn.on_control_completion(c);
+                    if let Err(e) = self.conn.on_control_completion(c) {
+                        if self.link.reconnects() {
+                            self.lose(&e.to_string());
+                        }
+                        return;
+                    }
                 }
             }
             if n < wcs.len() {
@@ -526,14 +806,19 @@ impl Queue {
     }
 
     /// Polling itself failed: the QP is moved to error (so the NIC lets go of every buffer) and
-    /// every operation in flight fails.
+    /// every operation in flight fails, or with reconnecting, waits for the next queue pair.
     fn poll_failed(&mut self, source: rblk_fabric::Error) {
         let reason = format!("polling completions failed: {source}");
+        if self.link.reconnects() {
+            self.lose(&reason);
+            return;
+        }
         self.conn.break_with(reason.clone());
-        let in_flight: Vec<u32> =
-            (0..self.depth).filter(|i| self.slots[*i as usize].as_ref().is_some_and(|s| s.failed.is_none())).collect();
+        let in_flight: Vec<u32> = (0..self.depth)
+            .filter(|i| self.slots[*i as usize].as_ref().is_some_and(|s| s.posted && s.failed.is_none()))
+            .collect();
         fail_all(&mut self.slots, &mut self.failed, &in_flight, self.conn.addr, &reason);
-        self.in_flight = 0;
+        self.in_flight -= in_flight.len() as u32;
     }
 
     fn take_failed(&mut self, done: &mut [Done]) -> usize {
@@ -546,6 +831,20 @@ impl Queue {
             }
         }
         n
+    }
+}
+
+impl Slot {
+    fn new(user_data: u64, dir: Direction, offset: u64, len: u32, buffer: Option<Buffer>, give_back: bool) -> Slot {
+        Slot { user_data, dir, offset, len, buffer, give_back, failed: None, posted: false }
+    }
+}
+
+/// The same error again, for each of several operations it fails (errors are not Clone).
+fn clone_error(e: &Error) -> Error {
+    match e {
+        Error::ConnectionLost { addr, reason } => Error::ConnectionLost { addr: *addr, reason: reason.clone() },
+        other => Error::ConnectionLost { addr: SocketAddr::from(([0, 0, 0, 0], 0)), reason: other.to_string() },
     }
 }
 

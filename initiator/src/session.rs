@@ -4,7 +4,10 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use hmac::{Hmac, Mac as _};
-use rblk_proto::{ChallengeFlags, ConnectData, Message, Opcode, OpenMode, FEATURES, MAC_LEN};
+use rblk_fabric::Pd;
+use rblk_proto::{
+    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, FEATURES, FEATURE_KEEPALIVE, MAC_LEN,
+};
 
 use crate::conn::{self, Conn, Dest, Reply};
 use crate::{Error, Options, Result, ToUri, Uri, Volume};
@@ -16,71 +19,53 @@ use crate::{Error, Options, Result, ToUri, Uri, Volume};
 pub struct Session {
     conn: Conn,
     uri: Uri,
-    dest: Dest,
+    /// One per address of the URI; `at` is the one connected.
+    dests: Vec<Dest>,
+    at: usize,
     opts: Options,
     features: u64,
     authenticated: bool,
 }
 
 impl Session {
-    /// Connects to the target named by `uri` (`rblk://HOST[:PORT]/VOLUME`), says HELLO and
-    /// authenticates with `opts.key` when the target requires it. Each exchange has
-    /// `opts.timeout`.
+    /// Connects to the target named by `uri` (`rblk://HOST[:PORT][,HOST[:PORT]...]/VOLUME`:
+    /// the first address that answers), says HELLO and authenticates with `opts.key` when the
+    /// target requires it. Each exchange has `opts.timeout`.
     pub fn connect(uri: &(impl ToUri + ?Sized), opts: &Options) -> Result<Session> {
         let uri = uri.to_uri()?;
-        let addr = uri.resolve()?;
-        let span = tracing::debug_span!("session", %addr, volume = uri.volume());
-        let _enter = span.enter();
-        let dest = Dest { fabric: opts.fabric, addr, device: opts.device.clone(), spin: opts.spin };
-        let deadline = Instant::now() + opts.timeout;
-        let mut conn =
-            Conn::connect(&dest, None, &conn::qp_config(Volume::SYNC_DEPTH), ConnectData::NewSession, deadline)?;
-
-        let deadline = Instant::now() + opts.timeout;
-        let (flags, features, nonce) =
-            conn.expect(&Message::Hello { features: FEATURES }, deadline, "CHALLENGE", |r| match r {
-                Reply::Challenge { flags, features, nonce } => Some((flags, features, nonce)),
-                _ => None,
-            })?;
-        let authenticated = flags.contains(ChallengeFlags::AUTH_REQUIRED);
-        if authenticated {
-            let key = opts
-                .key
-                .as_deref()
-                .ok_or_else(|| Error::Auth { addr, reason: "target requires a key (--key-file)".into() })?;
-            let mac = mac(key, &nonce).map_err(|reason| Error::Auth { addr, reason })?;
-            let deadline = Instant::now() + opts.timeout;
-            let acked = conn.expect(&Message::Auth { mac }, deadline, "OK(AUTH)", |r| match r {
-                Reply::Ok(Opcode::Auth) => Some(()),
-                _ => None,
-            });
-            match acked {
-                Ok(()) => {}
-                Err(Error::Target { code, text, .. }) => {
-                    let why = if text.is_empty() { code.to_string() } else { text };
-                    return Err(Error::Auth { addr, reason: format!("the target refused the key ({why})") });
+        let dests: Vec<Dest> = uri
+            .resolve_all()?
+            .into_iter()
+            .map(|addr| Dest { fabric: opts.fabric, addr, device: opts.device.clone(), spin: opts.spin })
+            .collect();
+        let mut first_err = None;
+        for (at, dest) in dests.iter().enumerate() {
+            let span = tracing::debug_span!("session", addr = %dest.addr, volume = uri.volume());
+            let _enter = span.enter();
+            match handshake(dest, None, opts) {
+                Ok((conn, features, authenticated)) => {
+                    return Ok(Session { conn, uri, dests, at, opts: opts.clone(), features, authenticated })
                 }
-                Err(e) => return Err(e),
+                // A refusal is the target's answer: the other addresses reach the same target.
+                Err(e @ (Error::Auth { .. } | Error::Target { .. })) => return Err(e),
+                Err(e) => {
+                    if dests.len() > 1 {
+                        tracing::warn!(addr = %dest.addr, error = %e, "path failed; trying the next address");
+                    }
+                    first_err.get_or_insert(e);
+                }
             }
-        } else if opts.key.is_some() {
-            tracing::warn!(%addr, "the target does not require a key: it serves anyone");
         }
-        tracing::debug!(authenticated, features = FEATURES & features, "session started");
-        Ok(Session { conn, uri, dest, opts: opts.clone(), features: FEATURES & features, authenticated })
+        Err(first_err.expect("a URI has at least one address"))
     }
 
     /// Opens the URI's volume. A read-only open may be shared; read-write and exclusive opens
     /// depend on the target's rules ([`Error::Target`] with `BadMode` or `Busy` otherwise).
     pub fn open(mut self, mode: OpenMode) -> Result<Volume> {
-        let deadline = Instant::now() + self.opts.timeout;
         let name = self.uri.volume().to_owned();
-        let opened =
-            self.conn.expect(&Message::Open { mode, name: &name, resume: None }, deadline, "OPENED", |r| match r {
-                Reply::Opened(o) => Some(o),
-                _ => None,
-            })?;
-        tracing::debug!(addr = %self.dest.addr, volume = name, ?mode, session = opened.session_id, "opened");
-        Volume::new(self.conn, self.uri, self.dest, self.opts, self.features, mode, opened)
+        let opened = open_on(&mut self.conn, mode, &name, None, self.opts.timeout)?;
+        tracing::debug!(addr = %self.addr(), volume = name, ?mode, session = opened.session_id, "opened");
+        Volume::new(self.conn, self.uri, self.dests, self.at, self.opts, self.features, mode, opened)
     }
 
     /// The target's counters (allowed before OPEN).
@@ -97,9 +82,9 @@ impl Session {
         &self.uri
     }
 
-    /// The target's address.
+    /// The target's address (the URI's first that answered).
     pub fn addr(&self) -> SocketAddr {
-        self.dest.addr
+        self.dests[self.at].addr
     }
 
     /// The protocol features both sides implement.
@@ -111,6 +96,65 @@ impl Session {
     pub fn authenticated(&self) -> bool {
         self.authenticated
     }
+}
+
+/// A session's first queue pair to `dest` (in `pd`, or a new PD on the device that reaches
+/// it): connect, HELLO, and AUTH when the target asks. Returns the connection, the features both
+/// sides implement, and whether the target required a key. The start of every session and of
+/// every reconnect.
+pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<(Conn, u64, bool)> {
+    let addr = dest.addr;
+    let deadline = Instant::now() + opts.timeout;
+    let mut conn = Conn::connect(dest, pd, &conn::qp_config(Volume::SYNC_DEPTH), ConnectData::NewSession, deadline)?;
+    let deadline = Instant::now() + opts.timeout;
+    let (flags, features, nonce) =
+        conn.expect(&Message::Hello { features: FEATURES }, deadline, "CHALLENGE", |r| match r {
+            Reply::Challenge { flags, features, nonce } => Some((flags, features, nonce)),
+            _ => None,
+        })?;
+    let features = FEATURES & features;
+    conn.send_keepalives(features & FEATURE_KEEPALIVE != 0);
+    let authenticated = flags.contains(ChallengeFlags::AUTH_REQUIRED);
+    if authenticated {
+        let key = opts
+            .key
+            .as_deref()
+            .ok_or_else(|| Error::Auth { addr, reason: "target requires a key (--key-file)".into() })?;
+        let mac = mac(key, &nonce).map_err(|reason| Error::Auth { addr, reason })?;
+        let deadline = Instant::now() + opts.timeout;
+        let acked = conn.expect(&Message::Auth { mac }, deadline, "OK(AUTH)", |r| match r {
+            Reply::Ok(Opcode::Auth) => Some(()),
+            _ => None,
+        });
+        match acked {
+            Ok(()) => {}
+            Err(Error::Target { code, text, .. }) => {
+                let why = if text.is_empty() { code.to_string() } else { text };
+                return Err(Error::Auth { addr, reason: format!("the target refused the key ({why})") });
+            }
+            Err(e) => return Err(e),
+        }
+    } else if opts.key.is_some() {
+        tracing::warn!(%addr, "the target does not require a key: it serves anyone");
+    }
+    tracing::debug!(authenticated, features, "session started");
+    Ok((conn, features, authenticated))
+}
+
+/// OPEN of `name` on a session's first queue pair; `resume` names the session a reconnect
+/// replaces.
+pub(crate) fn open_on(
+    conn: &mut Conn,
+    mode: OpenMode,
+    name: &str,
+    resume: Option<Resume>,
+    timeout: std::time::Duration,
+) -> Result<Opened> {
+    let deadline = Instant::now() + timeout;
+    conn.expect(&Message::Open { mode, name, resume }, deadline, "OPENED", |r| match r {
+        Reply::Opened(o) => Some(o),
+        _ => None,
+    })
 }
 
 /// HMAC-SHA256 of the target's nonce under the pre-shared key: AUTH's proof.

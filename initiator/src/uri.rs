@@ -10,8 +10,10 @@ use crate::{Error, Result};
 
 const SCHEME: &str = "rblk://";
 
-/// A parsed volume URI: `rblk://HOST[:PORT]/VOLUME`. HOST is a name, an IPv4 address or an IPv6
-/// address in brackets; PORT defaults to [`DEFAULT_PORT`].
+/// A parsed volume URI: `rblk://HOST[:PORT][,HOST[:PORT]...]/VOLUME`. HOST is a name, an IPv4
+/// address or an IPv6 address in brackets; PORT defaults to [`DEFAULT_PORT`]. Several hosts are
+/// several addresses (paths) of one target: a session connects through the first that answers,
+/// spreads its queues over all of them, and a reconnect tries them in turn.
 ///
 /// ```
 /// use rblk_initiator::Uri;
@@ -19,17 +21,60 @@ const SCHEME: &str = "rblk://";
 /// let uri = Uri::parse("rblk://[fe80::1]:7000/vol0")?;
 /// assert_eq!((uri.host(), uri.port(), uri.volume()), ("fe80::1", 7000, "vol0"));
 /// assert_eq!(uri.to_string(), "rblk://[fe80::1]:7000/vol0");
+/// let two = Uri::parse("rblk://10.0.0.1,10.0.1.1:7000/vol0")?;
+/// assert_eq!(two.hosts().count(), 2);
+/// assert_eq!(two.to_string(), "rblk://10.0.0.1:7420,10.0.1.1:7000/vol0");
 /// # Ok::<(), rblk_initiator::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Uri {
-    host: String,
-    port: u16,
+    /// At least one.
+    hosts: Vec<(String, u16)>,
     volume: String,
 }
 
+/// Most addresses one URI may name.
+const MAX_HOSTS: usize = 8;
+
+fn parse_host(authority: &str, bad: &dyn Fn(&str) -> Error) -> Result<(String, u16)> {
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let (host, after) = bracketed.split_once(']').ok_or_else(|| bad("missing ] after the IPv6 address"))?;
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(bad("the part in brackets is not an IPv6 address"));
+        }
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':').ok_or_else(|| bad("unexpected text after ]"))?),
+        };
+        (host, port)
+    } else {
+        match authority.split_once(':') {
+            Some((_, port)) if port.contains(':') => {
+                return Err(bad("IPv6 addresses must be written in brackets, like [fe80::1]"))
+            }
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(bad("the host is empty"));
+    }
+    if host.chars().any(|c| c.is_whitespace() || c.is_control() || "@?#[]".contains(c)) {
+        return Err(bad("the host contains characters not allowed in a host name"));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(bad("the port must be between 1 and 65535")),
+            Ok(port) => port,
+        },
+        Some(_) => return Err(bad("the port is not a number")),
+    };
+    Ok((host.to_owned(), port))
+}
+
 impl Uri {
-    /// Parses `rblk://HOST[:PORT]/VOLUME`.
+    /// Parses `rblk://HOST[:PORT][,HOST[:PORT]...]/VOLUME`.
     pub fn parse(text: &str) -> Result<Uri> {
         let bad = |reason: &str| Error::Uri { uri: text.to_owned(), reason: reason.to_owned() };
         let scheme = text.get(..SCHEME.len()).filter(|s| s.eq_ignore_ascii_case(SCHEME));
@@ -38,39 +83,10 @@ impl Uri {
             None => return Err(bad("it does not start with rblk://")),
         };
         let (authority, volume) = rest.split_once('/').ok_or_else(|| bad("no /VOLUME after the host"))?;
-        let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
-            let (host, after) = bracketed.split_once(']').ok_or_else(|| bad("missing ] after the IPv6 address"))?;
-            if host.parse::<std::net::Ipv6Addr>().is_err() {
-                return Err(bad("the part in brackets is not an IPv6 address"));
-            }
-            let port = match after {
-                "" => None,
-                _ => Some(after.strip_prefix(':').ok_or_else(|| bad("unexpected text after ]"))?),
-            };
-            (host, port)
-        } else {
-            match authority.split_once(':') {
-                Some((_, port)) if port.contains(':') => {
-                    return Err(bad("IPv6 addresses must be written in brackets, like [fe80::1]"))
-                }
-                Some((host, port)) => (host, Some(port)),
-                None => (authority, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad("the host is empty"));
+        let hosts = authority.split(',').map(|a| parse_host(a, &bad)).collect::<Result<Vec<_>>>()?;
+        if hosts.len() > MAX_HOSTS {
+            return Err(bad(&format!("more than {MAX_HOSTS} addresses")));
         }
-        if host.chars().any(|c| c.is_whitespace() || c.is_control() || "@?#[]".contains(c)) {
-            return Err(bad("the host contains characters not allowed in a host name"));
-        }
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => match p.parse::<u16>() {
-                Ok(0) | Err(_) => return Err(bad("the port must be between 1 and 65535")),
-                Ok(port) => port,
-            },
-            Some(_) => return Err(bad("the port is not a number")),
-        };
         if volume.is_empty() {
             return Err(bad("the volume name is empty"));
         }
@@ -80,17 +96,22 @@ impl Uri {
         if volume.contains('/') || volume.chars().any(char::is_control) {
             return Err(bad("the volume name contains / or control characters"));
         }
-        Ok(Uri { host: host.to_owned(), port, volume: volume.to_owned() })
+        Ok(Uri { hosts, volume: volume.to_owned() })
     }
 
-    /// The host: a name or an IP address (IPv6 without brackets).
+    /// The (first) host: a name or an IP address (IPv6 without brackets).
     pub fn host(&self) -> &str {
-        &self.host
+        &self.hosts[0].0
     }
 
-    /// The port.
+    /// The (first) host's port.
     pub fn port(&self) -> u16 {
-        self.port
+        self.hosts[0].1
+    }
+
+    /// Every host and port, in the URI's order.
+    pub fn hosts(&self) -> impl Iterator<Item = (&str, u16)> {
+        self.hosts.iter().map(|(h, p)| (h.as_str(), *p))
     }
 
     /// The volume's name.
@@ -98,27 +119,42 @@ impl Uri {
         &self.volume
     }
 
-    /// The target's address: the host as an IP address, or the first address its name resolves to.
+    /// The (first) target address: the host as an IP address, or the first address its name
+    /// resolves to.
     pub fn resolve(&self) -> Result<SocketAddr> {
-        if let Ok(ip) = self.host.parse::<IpAddr>() {
-            return Ok(SocketAddr::new(ip, self.port));
-        }
-        let resolve_err = |source| Error::Resolve { host: self.host.clone(), source };
-        (self.host.as_str(), self.port)
-            .to_socket_addrs()
-            .map_err(resolve_err)?
-            .next()
-            .ok_or_else(|| resolve_err(std::io::Error::other("the name has no address")))
+        resolve_one(self.host(), self.port())
     }
+
+    /// One address per host, in the URI's order.
+    pub fn resolve_all(&self) -> Result<Vec<SocketAddr>> {
+        self.hosts().map(|(h, p)| resolve_one(h, p)).collect()
+    }
+}
+
+fn resolve_one(host: &str, port: u16) -> Result<SocketAddr> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let resolve_err = |source| Error::Resolve { host: host.to_owned(), source };
+    (host, port)
+        .to_socket_addrs()
+        .map_err(resolve_err)?
+        .next()
+        .ok_or_else(|| resolve_err(std::io::Error::other("the name has no address")))
 }
 
 impl fmt::Display for Uri {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "{SCHEME}[{}]:{}/{}", self.host, self.port, self.volume)
-        } else {
-            write!(f, "{SCHEME}{}:{}/{}", self.host, self.port, self.volume)
+        f.write_str(SCHEME)?;
+        for (i, (host, port)) in self.hosts().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            if host.contains(':') {
+                write!(f, "{sep}[{host}]:{port}")?;
+            } else {
+                write!(f, "{sep}{host}:{port}")?;
+            }
         }
+        write!(f, "/{}", self.volume)
     }
 }
 
@@ -160,7 +196,7 @@ mod tests {
 
     fn ok(text: &str) -> (String, u16, String) {
         let u = Uri::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
-        (u.host, u.port, u.volume)
+        (u.host().to_owned(), u.port(), u.volume)
     }
 
     fn err(text: &str) -> String {
@@ -199,6 +235,21 @@ mod tests {
         assert!(err(&format!("rblk://h/{}", "v".repeat(MAX_VOLUME_NAME + 1))).contains("longer than 64"));
         assert!(err("rblk://user@h/v").contains("not allowed"));
         assert!(err("rblk").contains("rblk://HOST[:PORT]/VOLUME"));
+        assert!(err("rblk://h,/v").contains("host is empty"));
+        assert!(err("rblk://h,x:y/v").contains("port is not a number"));
+        assert!(err(&format!("rblk://{}h/v", "h,".repeat(MAX_HOSTS))).contains("more than 8 addresses"));
+    }
+
+    #[test]
+    fn several_hosts() {
+        let uri = Uri::parse("rblk://10.0.0.1,[fe80::1]:9,name:7/vol").unwrap();
+        let hosts: Vec<_> = uri.hosts().collect();
+        assert_eq!(hosts, [("10.0.0.1", DEFAULT_PORT), ("fe80::1", 9), ("name", 7)]);
+        assert_eq!((uri.host(), uri.port()), ("10.0.0.1", DEFAULT_PORT));
+        assert_eq!(uri.to_string(), "rblk://10.0.0.1:7420,[fe80::1]:9,name:7/vol");
+        assert_eq!(Uri::parse(&uri.to_string()).unwrap(), uri);
+        let two = Uri::parse("rblk://127.0.0.1:1,[::1]:2/v").unwrap();
+        assert_eq!(two.resolve_all().unwrap(), ["127.0.0.1:1".parse().unwrap(), "[::1]:2".parse().unwrap()]);
     }
 
     #[test]

@@ -2,15 +2,16 @@
 //! and writes through the block-I/O engine on a lane of its own, and further queues.
 
 use std::net::SocketAddr;
-use std::time::Instant;
-
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 
 use rblk_fabric::Pd;
 use rblk_proto::{ErrorCode, Flush, FlushedFlags, Message, Opcode, OpenMode, Opened, Range, StatsReply, VolumeFlags};
 
 use crate::conn::{Conn, Dest, Reply};
 use crate::dirty::{self, Dirty};
+use crate::link::Link;
 use crate::{Direction, Error, Geometry, Lane, Options, Queue, Result, Uri};
 
 /// A volume opened by a [`Session`](crate::Session).
@@ -26,14 +27,12 @@ use crate::{Direction, Error, Geometry, Lane, Options, Queue, Result, Uri};
 pub struct Volume {
     // Declaration order is drop order: the data lane goes before the first QP.
     io: Option<Lane>,
-    conn: Conn,
+    link: Arc<Link>,
     geo: Geometry,
+    /// As first opened (a reconnect keeps the geometry; [`Link::current`] has the session now).
     opened: Opened,
     mode: OpenMode,
     uri: Uri,
-    dest: Dest,
-    opts: Options,
-    features: u64,
     dirty: dirty::Shared,
 }
 
@@ -43,10 +42,12 @@ impl Volume {
     /// Largest chunk: bigger ones do not go faster, and pin memory.
     const CHUNK_MAX: u32 = 1 << 20;
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         mut conn: Conn,
         uri: Uri,
-        dest: Dest,
+        dests: Vec<Dest>,
+        at: usize,
         opts: Options,
         features: u64,
         mode: OpenMode,
@@ -55,10 +56,13 @@ impl Volume {
         if opened.remote_addr.checked_add(opened.size).is_none() {
             let got = format!("OPENED with address {:#x} and size {}", opened.remote_addr, opened.size);
             conn.break_with("bad OPENED");
-            return Err(Error::Protocol { addr: dest.addr, expected: "a volume address range that fits 64 bits", got });
+            return Err(Error::Protocol { addr: conn.addr, expected: "a volume address range that fits 64 bits", got });
         }
         let geo = Geometry::from_opened(&opened, mode == OpenMode::ReadOnly);
-        Ok(Volume { io: None, conn, geo, opened, mode, uri, dest, opts, features, dirty: dirty::Shared::default() })
+        let dirty = dirty::Shared::default();
+        let name = uri.volume().to_owned();
+        let link = Arc::new(Link::new(conn, dests, at, opts, features, mode, name, opened, Arc::clone(&dirty)));
+        Ok(Volume { io: None, link, geo, opened, mode, uri, dirty })
     }
 
     /// Size in bytes.
@@ -107,25 +111,42 @@ impl Volume {
         &self.uri
     }
 
-    /// The target's address.
+    /// The target's address (of the control connection, now).
     pub fn addr(&self) -> SocketAddr {
-        self.dest.addr
+        self.link.addr()
     }
 
-    /// The session's id (OPENED's).
+    /// The session's id (OPENED's; a reconnect makes a new session).
     pub fn session_id(&self) -> u64 {
-        self.opened.session_id
+        self.link.current().opened.session_id
+    }
+
+    /// The volume instance's identity the target reported (with FEATURE_RECONNECT).
+    pub fn instance(&self) -> Option<rblk_proto::VolumeId> {
+        self.link.current().opened.instance
+    }
+
+    /// How often the session reconnected after losing its target.
+    pub fn reconnects(&self) -> u64 {
+        self.link.reconnect_count()
+    }
+
+    /// Whether a lost session will be reconnected (the target supports it, and
+    /// [`Reconnect::ctrl_loss_tmo`](crate::Reconnect::ctrl_loss_tmo) is not 0).
+    pub fn can_reconnect(&self) -> bool {
+        self.link.reconnects()
     }
 
     /// The volume's address and rkey in the session's registration, for tests that post raw
     /// work requests. A bad raw access puts both ends' QPs into error.
     pub fn remote(&self) -> (u64, u32) {
-        (self.opened.remote_addr, self.opened.rkey)
+        let now = self.link.current().opened;
+        (now.remote_addr, now.rkey)
     }
 
     /// The session's protection domain, for tests that register their own buffers.
     pub fn pd(&self) -> Pd {
-        self.conn.ep.pd()
+        self.link.pd().clone()
     }
 
     /// Checks a synchronous access ([`read_at`](Self::read_at) / [`write_at`](Self::write_at)):
@@ -137,7 +158,6 @@ impl Volume {
 
     /// Reads `buf.len()` bytes at `offset` into `buf`.
     pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.conn.alive()?;
         self.check_range(Direction::Read, offset, buf.len() as u64)?;
         self.lane()?.read_at(buf, offset)
     }
@@ -145,7 +165,6 @@ impl Volume {
     /// Writes `buf` at `offset`. The data is in target memory when this returns; call
     /// [`flush`](Self::flush) to make it durable.
     pub fn write_at(&mut self, buf: &[u8], offset: u64) -> Result<()> {
-        self.conn.alive()?;
         self.check_range(Direction::Write, offset, buf.len() as u64)?;
         self.lane()?.write_at(buf, offset, false)
     }
@@ -155,7 +174,7 @@ impl Volume {
         if self.io.is_none() {
             let chunk = crate::engine::piece_size(&self.geo, Self::CHUNK_MAX);
             let mut lane = Lane::new(Queue::connect(self, Self::SYNC_DEPTH, chunk)?, None);
-            lane.set_io_timeout(self.opts.io_timeout);
+            lane.set_io_timeout(self.link.opts().io_timeout);
             self.io = Some(lane);
         }
         Ok(self.io.as_mut().expect("opened above"))
@@ -186,7 +205,7 @@ impl Volume {
             Dirty::All => Vec::new(),
         };
         let flush = match pending {
-            Dirty::Ranges(_) if self.features & rblk_proto::FEATURE_FLUSH_RANGES != 0 => Flush::Ranges(&ranges),
+            Dirty::Ranges(_) if self.link.features() & rblk_proto::FEATURE_FLUSH_RANGES != 0 => Flush::Ranges(&ranges),
             _ => Flush::All,
         };
         let result = self.flush_with(flush);
@@ -212,7 +231,7 @@ impl Volume {
     pub fn flush_range(&mut self, offset: u64, len: u64) -> Result<bool> {
         self.geo.check_as("flush", Direction::Read, offset, len, None)?;
         let ranges = [Range::new(offset, len)];
-        if self.features & rblk_proto::FEATURE_FLUSH_RANGES != 0 {
+        if self.link.features() & rblk_proto::FEATURE_FLUSH_RANGES != 0 {
             self.flush_with(Flush::Ranges(&ranges))
         } else {
             self.flush_with(Flush::All)
@@ -221,12 +240,20 @@ impl Volume {
 
     fn flush_with(&mut self, flush: Flush<'_>) -> Result<bool> {
         self.dirty.counters.flushes.fetch_add(1, Ordering::Relaxed);
-        let deadline = Instant::now() + self.opts.timeout;
+        let timeout = self.link.opts().timeout;
         let flags = self
-            .conn
-            .expect(&Message::Flush(flush), deadline, "FLUSHED", |r| match r {
-                Reply::Flushed(flags) => Some(flags),
-                _ => None,
+            .link
+            .control(|conn| {
+                conn.expect(&Message::Flush(flush), Instant::now() + timeout, "FLUSHED", |r| match r {
+                    Reply::Flushed(flags) => Some(flags),
+                    _ => None,
+                })
+            })
+            .and_then(|flags| match self.link.take_lost_writes() {
+                // The target crashed since these writes completed: they are gone. This flush
+                // is the one that promised them durability.
+                Some(lost) => Err(Error::WritesLost { addr: self.link.addr(), bytes: lost }),
+                None => Ok(flags),
             })
             .inspect_err(|e| {
                 if e.code() == Some(ErrorCode::VolumeFailed) {
@@ -244,30 +271,56 @@ impl Volume {
 
     /// The target's counters.
     pub fn stats(&mut self) -> Result<StatsReply> {
-        let deadline = Instant::now() + self.opts.timeout;
-        self.conn.expect(&Message::Stats, deadline, "STATS_REPLY", |r| match r {
-            Reply::Stats(s) => Some(s),
-            _ => None,
+        let timeout = self.link.opts().timeout;
+        self.link.control(|conn| {
+            conn.expect(&Message::Stats, Instant::now() + timeout, "STATS_REPLY", |r| match r {
+                Reply::Stats(s) => Some(s),
+                _ => None,
+            })
         })
     }
 
-    /// Handles what arrived while idle (keepalives) and sends a KEEPALIVE. A holder that does
-    /// nothing else for long periods may call this every
-    /// [`KEEPALIVE_INTERVAL`](rblk_proto::KEEPALIVE_INTERVAL).
+    /// Housekeeping of the session's first queue pair: takes what arrived while idle
+    /// (keepalives), sends a KEEPALIVE when one is due, notices a lost target, and runs a due
+    /// reconnect attempt when the session is down. Call it every second or two while the volume
+    /// has nothing else to do. Fails while the session is down or gone.
     pub fn keepalive(&mut self) -> Result<()> {
-        self.conn.keepalive()
+        self.link.drive();
+        let gen = self.link.gen();
+        match self.link.status(gen) {
+            crate::link::Status::Up | crate::link::Status::Newer(_) => self.link.control_now(Conn::keepalive),
+            crate::link::Status::Waiting => {
+                Err(Error::ConnectionLost { addr: self.link.addr(), reason: "the session is reconnecting".into() })
+            }
+            crate::link::Status::FastFail(e) | crate::link::Status::Failed(e) => Err(e),
+        }
     }
 
     /// Ends the session: CLOSE, whose OK means the target has revoked the session's access to
     /// the volume (every queue's I/O fails from then on), then disconnect.
+    ///
+    /// While the session is lost and reconnecting, nothing is sent (there is nobody to tell).
     pub fn close(mut self) -> Result<()> {
         // The data lane goes first: CLOSE revokes the session's access.
         self.io = None;
-        let deadline = Instant::now() + self.opts.timeout;
-        self.conn.expect(&Message::Close, deadline, "OK(CLOSE)", |r| match r {
-            Reply::Ok(Opcode::Close) => Some(()),
-            _ => None,
+        self.link.begin_close();
+        if !self.link.is_up() {
+            tracing::debug!(addr = %self.link.addr(), "closing a session that is down: nothing to send");
+            return Ok(());
+        }
+        let timeout = self.link.opts().timeout;
+        self.link.control_now(|conn| {
+            conn.expect(&Message::Close, Instant::now() + timeout, "OK(CLOSE)", |r| match r {
+                Reply::Ok(Opcode::Close) => Some(()),
+                _ => None,
+            })
         })
+    }
+
+    /// Marks the session as closing: from now on, while the target is unreachable, I/O and
+    /// flushes fail at once instead of waiting for a reconnect (a detach during an outage).
+    pub fn begin_close(&self) {
+        self.link.begin_close();
     }
 
     /// Opens a further queue pair of the session with `depth` operations in flight and a pool
@@ -279,30 +332,13 @@ impl Volume {
     /// [`queue`](Self::queue) with pool buffers of `buf_size` bytes (a multiple of the block
     /// size, at most [`max_io`](Self::max_io)): smaller buffers pin less memory for small I/O.
     pub fn queue_with(&self, depth: u32, buf_size: usize) -> Result<Queue> {
-        self.conn.alive()?;
         Queue::connect(self, depth, buf_size)
     }
 }
 
-/// What a queue needs of its volume to join the session.
-pub(crate) struct QueueParts<'a> {
-    pub dest: &'a Dest,
-    pub pd: Pd,
-    pub opts: &'a Options,
-    pub geo: Geometry,
-    pub opened: &'a Opened,
-    pub dirty: &'a dirty::Shared,
-}
-
 impl Volume {
-    pub(crate) fn queue_parts(&self) -> QueueParts<'_> {
-        QueueParts {
-            dest: &self.dest,
-            pd: self.conn.ep.pd(),
-            opts: &self.opts,
-            geo: self.geo,
-            opened: &self.opened,
-            dirty: &self.dirty,
-        }
+    /// What a queue needs of its volume to join the session.
+    pub(crate) fn parts(&self) -> (&Arc<Link>, Geometry, &dirty::Shared) {
+        (&self.link, self.geo, &self.dirty)
     }
 }

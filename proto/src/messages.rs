@@ -418,7 +418,7 @@ fn fixed<T: FromBytes + KnownLayout + Immutable>(opcode: Opcode, body: &[u8]) ->
 }
 
 /// A fixed body `T`, optionally followed by a fixed extension `X` (a feature's addition).
-fn with_tail<'b, T, X>(opcode: Opcode, body: &'b [u8]) -> Result<(&'b T, Option<&'b X>), ParseError>
+fn with_tail<T, X>(opcode: Opcode, body: &[u8]) -> Result<(&T, Option<&X>), ParseError>
 where
     T: FromBytes + KnownLayout + Immutable,
     X: FromBytes + KnownLayout + Immutable,

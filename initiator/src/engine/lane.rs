@@ -240,12 +240,11 @@ impl Lane {
         self.q.arm()
     }
 
-    /// Takes the queue's control messages (keepalives) while it is idle, and sends a KEEPALIVE
-    /// on the session's first queue pair: call it every couple of seconds.
+    /// Housekeeping, every second or so while the owning thread has nothing else to do: the
+    /// queue's keepalives and loss detection ([`Queue::tick`]: while the session is lost, a due
+    /// reconnect attempt and the rejoin), and the same for the session's first queue pair.
     pub fn tick(&mut self) -> Result<()> {
-        if self.q.in_flight() == 0 {
-            self.q.reap(&mut []);
-        }
+        self.q.tick();
         match &self.control {
             Some(c) => c.keepalive(),
             None => Ok(()),

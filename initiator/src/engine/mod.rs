@@ -245,6 +245,11 @@ impl Engine {
         lock(&self.pool).opened
     }
 
+    /// How often the session reconnected after losing its target.
+    pub fn reconnects(&self) -> u64 {
+        lock(&self.control.vol).as_ref().map_or(0, Volume::reconnects)
+    }
+
     /// Counters of the whole session.
     pub fn stats(&self) -> EngineStats {
         self.shared.counters.snapshot()
@@ -288,6 +293,11 @@ impl Engine {
     /// session (CLOSE). Lanes handed out must be dropped first. Returns whether the volume is
     /// volatile.
     pub fn close(self) -> Result<bool> {
+        // While the target is unreachable nothing waits for a reconnect any more: the flush
+        // fails at once (and says what was not flushed) instead of holding the close.
+        if let Some(v) = lock(&self.control.vol).as_ref() {
+            v.begin_close();
+        }
         let flushed = self.flush();
         // Queues go first: CLOSE revokes the session's access to the volume.
         lock(&self.pool).free.clear();
