@@ -83,6 +83,9 @@ pub struct Args {
     /// No progress lines on stderr.
     #[arg(long, short)]
     pub quiet: bool,
+    /// What a job does when the session loses its target.
+    #[command(flatten, next_help_heading = "Reconnect")]
+    pub reconnect: rblk_initiator::ReconnectArgs,
 }
 
 fn size_arg(text: &str) -> std::result::Result<u64, String> {
@@ -122,6 +125,7 @@ impl Args {
             key,
             timeout: Duration::from_secs(self.timeout),
             spin: self.spin.unwrap_or(defaults.spin),
+            reconnect: self.reconnect.reconnect(),
             ..defaults
         })
     }

@@ -84,6 +84,8 @@ pub use buffer::{Buffer, BufferPool};
 pub use dirty::Dirty;
 pub use engine::{Engine, EngineStats, Lane};
 pub use error::{describe, Direction, Error, InvalidReason, Result};
+#[cfg(feature = "clap")]
+pub use options::ReconnectArgs;
 pub use options::{
     Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY, DEFAULT_TIMEOUT,
 };

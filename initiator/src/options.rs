@@ -62,6 +62,56 @@ impl Reconnect {
     }
 }
 
+/// The reconnect flags of rblk's programs (`--reconnect-delay`, `--ctrl-loss-tmo`,
+/// `--fast-io-fail-tmo`, in seconds as nvme-cli takes them; the underscore spellings work too),
+/// for `#[command(flatten)]`. Feature `clap`.
+#[cfg(feature = "clap")]
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReconnectArgs {
+    /// After losing the target, try to reconnect every SECS seconds (the first try is at once).
+    /// I/O waits meanwhile and what was in flight is sent again.
+    #[arg(long, alias = "reconnect_delay", value_name = "SECS", default_value_t = 2)]
+    pub reconnect_delay: u64,
+    /// Give up reconnecting after SECS seconds without the target: then every waiting and new
+    /// I/O fails. 0 fails at once (no reconnect); -1 retries forever.
+    #[arg(
+        long,
+        alias = "ctrl_loss_tmo",
+        value_name = "SECS",
+        default_value = "600",
+        allow_negative_numbers = true,
+        value_parser = parse_timeout
+    )]
+    pub ctrl_loss_tmo: Timeout,
+    /// Fail waiting and new I/O with EIO after SECS seconds without the target, while
+    /// reconnecting goes on until --ctrl-loss-tmo (for md RAID, which then fails the leg and
+    /// can re-add it later). Default: off (I/O waits).
+    #[arg(long, alias = "fast_io_fail_tmo", value_name = "SECS", allow_negative_numbers = true, value_parser = parse_timeout)]
+    pub fast_io_fail_tmo: Option<Timeout>,
+}
+
+/// A timeout flag's value: `None` is -1, forever.
+#[cfg(feature = "clap")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeout(pub Option<Duration>);
+
+#[cfg(feature = "clap")]
+fn parse_timeout(text: &str) -> std::result::Result<Timeout, String> {
+    Reconnect::parse_seconds(text).map(Timeout)
+}
+
+#[cfg(feature = "clap")]
+impl ReconnectArgs {
+    /// The policy the flags ask for.
+    pub fn reconnect(&self) -> Reconnect {
+        Reconnect {
+            delay: Duration::from_secs(self.reconnect_delay),
+            ctrl_loss_tmo: self.ctrl_loss_tmo.0,
+            fast_io_fail_tmo: self.fast_io_fail_tmo.and_then(|t| t.0),
+        }
+    }
+}
+
 /// Connection options. `Options::default()` reaches a target without a key over real verbs.
 #[derive(Clone)]
 pub struct Options {

@@ -283,7 +283,8 @@ impl Volume {
     /// Housekeeping of the session's first queue pair: takes what arrived while idle
     /// (keepalives), sends a KEEPALIVE when one is due, notices a lost target, and runs a due
     /// reconnect attempt when the session is down. Call it every second or two while the volume
-    /// has nothing else to do. Fails while the session is down or gone.
+    /// has nothing else to do. Fails once I/O fails (fast_io_fail_tmo) or the session is gone;
+    /// while it reconnects it succeeds (the link logs what happens).
     pub fn keepalive(&mut self) -> Result<()> {
         self.link.drive();
         let gen = self.link.gen();

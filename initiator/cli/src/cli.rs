@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
-use rblk_initiator::{Direction, OpenMode, Options, Session, Volume};
+use rblk_initiator::{Direction, OpenMode, Options, Reconnect, Session, Volume};
 
 use crate::{fuse, nbd, ublk};
 
@@ -172,17 +172,28 @@ pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
     }
 }
 
+impl Connection {
+    /// The library's options for these flags, with `reconnect` as the reconnect policy.
+    pub fn options(&self, reconnect: Reconnect) -> anyhow::Result<Options> {
+        let key = self.key_file.as_ref().map(Options::key_from_file).transpose()?;
+        Ok(Options {
+            device: self.device.clone(),
+            key,
+            timeout: Duration::from_secs(self.timeout),
+            reconnect,
+            ..Options::default()
+        })
+    }
+}
+
 /// Connects and opens a volume as the command line asks.
-pub fn open(uri: &str, conn: &Connection, mode: OpenMode) -> anyhow::Result<Volume> {
-    let key = conn.key_file.as_ref().map(Options::key_from_file).transpose()?;
-    let opts =
-        Options { device: conn.device.clone(), key, timeout: Duration::from_secs(conn.timeout), ..Options::default() };
-    let session = Session::connect(uri, &opts)?;
+pub fn open(uri: &str, conn: &Connection, mode: OpenMode, reconnect: Reconnect) -> anyhow::Result<Volume> {
+    let session = Session::connect(uri, &conn.options(reconnect)?)?;
     Ok(session.open(mode)?)
 }
 
 fn info(uri: &str, conn: &Connection) -> anyhow::Result<()> {
-    let vol = open(uri, conn, OpenMode::ReadOnly)?;
+    let vol = open(uri, conn, OpenMode::ReadOnly, Reconnect::default())?;
     println!("volume      {}", vol.uri());
     println!("size        {} ({})", vol.size(), human(vol.size()));
     println!("block size  {}", vol.block_size());
@@ -203,7 +214,7 @@ fn mode_name(mode: OpenMode, read_only: bool) -> &'static str {
 }
 
 fn read(uri: &str, conn: &Connection, offset: u64, length: u64, output: Option<PathBuf>) -> anyhow::Result<()> {
-    let mut vol = open(uri, conn, OpenMode::ReadOnly)?;
+    let mut vol = open(uri, conn, OpenMode::ReadOnly, Reconnect::default())?;
     vol.check_range(Direction::Read, offset, length)?;
     let mut out: Box<dyn Write> = match &output {
         Some(path) => Box::new(File::create(path).with_context(|| format!("creating {}", path.display()))?),
@@ -247,7 +258,7 @@ fn write(
     if len == 0 {
         bail!("the input is empty: nothing to write");
     }
-    let mut vol = open(uri, conn, OpenMode::ReadWrite)?;
+    let mut vol = open(uri, conn, OpenMode::ReadWrite, Reconnect::default())?;
     let bs = u64::from(vol.block_size());
     let total = padded_len(len, bs, pad)?;
     vol.check_range(Direction::Write, offset, total)?;

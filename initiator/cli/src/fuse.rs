@@ -59,6 +59,8 @@ pub struct MountArgs {
     run: crate::daemon::DaemonArgs,
     #[command(flatten)]
     conn: crate::cli::Connection,
+    #[command(flatten, next_help_heading = "Reconnect")]
+    reconnect: rblk_initiator::ReconnectArgs,
 }
 
 /// Unmount a volume mounted by `rblk mount`, detaching its loop devices first.
@@ -101,7 +103,7 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
 
 fn serve(args: &MountArgs) -> anyhow::Result<()> {
     let mode = crate::cli::open_mode(args.read_only, args.exclusive);
-    let vol = crate::cli::open(&args.uri, &args.conn, mode)?;
+    let vol = crate::cli::open(&args.uri, &args.conn, mode, args.reconnect.reconnect())?;
     let describe = format!(
         "{} ({}, block size {}, {}, {})",
         vol.uri(),

@@ -7,8 +7,10 @@
 //! of) the tag's buffer, and the NIC reads and writes that buffer with one-sided RDMA, so the
 //! data is never copied in userspace. (Linux 6.12's ublk has no zero copy, so the kernel's copy
 //! between the bio pages and the buffer remains.) The thread waits for RDMA completions inside
-//! its io_uring loop: a POLL_ADD on the lane's completion channel, and a one-second timer for
-//! keepalives; there is no extra thread per queue.
+//! its io_uring loop: a POLL_ADD on the lane's completion channel (linked to a one-second
+//! timeout, since a reconnect replaces the channel), and a one-second timer for keepalives, loss
+//! detection and reconnecting; there is no extra thread per queue. While the session
+//! reconnects, requests wait (see `--ctrl-loss-tmo` and `--fast-io-fail-tmo`).
 //!
 //! The device has a volatile write cache and FUA (`UBLK_ATTR_VOLATILE_CACHE | UBLK_ATTR_FUA`):
 //! the kernel sends FLUSH (an fsync of the device or of a filesystem on it), which becomes a
@@ -26,7 +28,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use io_uring::{opcode, types};
+use io_uring::{opcode, squeue, types};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, BufDesc, UblkError, UblkFlags};
@@ -89,6 +91,8 @@ pub struct AttachArgs {
     run: crate::daemon::DaemonArgs,
     #[command(flatten)]
     conn: crate::cli::Connection,
+    #[command(flatten, next_help_heading = "Reconnect")]
+    reconnect: rblk_initiator::ReconnectArgs,
 }
 
 /// Remove a block device made by `rblk attach`
@@ -240,7 +244,12 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
 }
 
 /// Waits for the lane's completion channel inside the queue's io_uring and wakes the tags.
+///
+/// Each wait is linked to a 1 s timeout: a reconnect replaces the lane's queue pair and with it
+/// the channel, and a poll of the old one would never fire. The descriptor is taken anew for
+/// every wait.
 async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
+    let ts = types::Timespec::new().sec(1);
     loop {
         let armed = st.lane.borrow_mut().arm();
         if let Err(e) = armed {
@@ -252,8 +261,13 @@ async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
         // A completion that landed before the arm raises no event: look once more.
         st.deliver();
         let fd = st.lane.borrow().event_fd();
-        let revents = q.ublk_submit_sqe(opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as _).build()).await;
-        if revents < 0 && revents != -libc::EINTR {
+        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as _).build().flags(squeue::Flags::IO_LINK);
+        // Both entries go into the ring now, one after the other: the timeout guards the poll.
+        let polled = q.ublk_submit_sqe(poll);
+        let timeout = q.ublk_submit_sqe(opcode::LinkTimeout::new(&ts).build());
+        let revents = polled.await;
+        let _ = timeout.await;
+        if revents < 0 && ![-libc::EINTR, -libc::ECANCELED, -libc::ETIME].contains(&revents) {
             tracing::error!(errno = -revents, "polling the completion channel failed");
             st.broken.set(true);
             return;
@@ -261,16 +275,15 @@ async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
     }
 }
 
-/// Every second: the queue pair's control messages (`deliver` reaps them), and (queue 0) a
-/// KEEPALIVE.
-async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState, keepalive: bool) {
+/// Every second: the lane's housekeeping (keepalives and loss detection on its queue pair and
+/// the session's first one; while the session is lost, the reconnect and the rejoin), then
+/// whatever that finished goes to the tags.
+async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState) {
     let ts = types::Timespec::new().sec(1);
     loop {
         let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
-        if keepalive {
-            if let Err(e) = st.lane.borrow_mut().tick() {
-                tracing::debug!(error = %e, "queue housekeeping failed");
-            }
+        if let Err(e) = st.lane.borrow_mut().tick() {
+            tracing::debug!(error = %e, "queue housekeeping failed");
         }
         st.deliver();
     }
@@ -309,7 +322,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
         }));
     }
     let poller = exe.spawn(poller_task(&q, &st));
-    let ticker = exe.spawn(ticker_task(&q, &st, qid == 0));
+    let ticker = exe.spawn(ticker_task(&q, &st));
     // Our buffers are our own (BufDesc::RawAddress): tell libublk they are in place.
     dev.notify_buffer_registration_complete(false);
     smol::block_on(exe.run(async {
@@ -365,7 +378,7 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
     let mode = crate::cli::open_mode(args.read_only, args.exclusive);
     // The session and every queue pair exist before the device: a refused open or an unknown
     // volume leaves nothing behind.
-    let vol = crate::cli::open(&args.uri, &args.conn, mode)?;
+    let vol = crate::cli::open(&args.uri, &args.conn, mode, args.reconnect.reconnect())?;
     let (size, bs, read_only) = (vol.size(), vol.block_size(), vol.is_read_only());
     if !(512..=4096).contains(&bs) {
         bail!("the volume's block size is {bs} bytes: a ublk device takes 512 to 4096");

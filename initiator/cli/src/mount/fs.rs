@@ -156,7 +156,7 @@ fn housekeeping(vf: &Engine, stop: &(Mutex<bool>, Condvar)) {
         match vf.tick() {
             Ok(()) => warned = false,
             Err(e) if !warned => {
-                tracing::error!(error = %e, "the rblk session failed: requests fail with EIO until unmounted");
+                tracing::error!(error = %e, "the rblk session failed: requests fail with EIO");
                 warned = true;
             }
             Err(_) => {}

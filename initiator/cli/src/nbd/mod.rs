@@ -91,6 +91,8 @@ pub struct Args {
     shared: bool,
     #[command(flatten)]
     conn: crate::cli::Connection,
+    #[command(flatten, next_help_heading = "Reconnect")]
+    reconnect: rblk_initiator::ReconnectArgs,
 }
 
 /// Where to listen.
@@ -363,13 +365,7 @@ impl Export for RblkExport {
 
 /// `rblk nbd`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let key = args.conn.key_file.as_ref().map(Options::key_from_file).transpose()?;
-    let opts = Options {
-        device: args.conn.device.clone(),
-        key,
-        timeout: Duration::from_secs(args.conn.timeout),
-        ..Options::default()
-    };
+    let opts = args.conn.options(args.reconnect.reconnect())?;
     let mode = crate::cli::open_mode(args.read_only, args.exclusive);
     // Open once up front: a bad URI, key or device fails here, not at the first client.
     let vol = Session::connect(&args.uri, &opts)?.open(mode)?;
