@@ -12,6 +12,12 @@ use rblk_proto::{
 use crate::server::Shared;
 use crate::session::{self, Session};
 
+/// The features this target implements and announces in CHALLENGE: the protocol's
+/// [`rblk_proto::FEATURES`] plus keepalive loss detection and reconnect. Becomes
+/// `rblk_proto::FEATURES` once the initiator announces them too; until then proto's set stays
+/// what both sides implement.
+pub const TARGET_FEATURES: u64 = rblk_proto::FEATURES | rblk_proto::FEATURE_KEEPALIVE | rblk_proto::FEATURE_RECONNECT;
+
 /// Where a connection is in the protocol.
 #[derive(Debug)]
 pub enum State {
@@ -26,11 +32,15 @@ pub enum State {
         pd: Pd,
         /// Nonce the AUTH must cover.
         nonce: [u8; NONCE_LEN],
+        /// Negotiated features: HELLO's and [`TARGET_FEATURES`].
+        features: u64,
     },
     /// Authenticated (or no key configured): may OPEN.
     Ready {
         /// The PD.
         pd: Pd,
+        /// Negotiated features.
+        features: u64,
     },
     /// A further QP, admitted by its connect data, waiting for JOIN.
     Joining {
@@ -89,32 +99,39 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
     };
     match (msg, &*state) {
         (Message::Keepalive, _) => (Reply::None, After::Continue),
-        (Message::Hello { .. }, State::Fresh { pd }) => {
+        (Message::Hello { features }, State::Fresh { pd }) => {
             let nonce = session::nonce();
             let flags = if shared.key.is_some() { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
-            *state = State::Challenged { pd: pd.clone(), nonce };
-            (Reply::Msg(Message::Challenge { flags, features: rblk_proto::FEATURES, nonce }), After::Continue)
+            *state = State::Challenged { pd: pd.clone(), nonce, features: features & TARGET_FEATURES };
+            (Reply::Msg(Message::Challenge { flags, features: TARGET_FEATURES, nonce }), After::Continue)
         }
-        (Message::Auth { mac }, State::Challenged { pd, nonce }) => match &shared.key {
+        (Message::Auth { mac }, State::Challenged { pd, nonce, features }) => match &shared.key {
             Some(key) if !session::verify(key, nonce, &mac) => {
                 (Reply::Error(ErrorCode::AuthFailed, "authentication failed: wrong key".into()), After::Malformed)
             }
             _ => {
-                *state = State::Ready { pd: pd.clone() };
+                *state = State::Ready { pd: pd.clone(), features: *features };
                 (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
             }
         },
-        (Message::Open { .. }, State::Challenged { pd, .. }) if shared.key.is_none() => {
+        (Message::Open { .. }, State::Challenged { pd, features, .. }) if shared.key.is_none() => {
             // No key configured: HELLO was enough.
-            let pd = pd.clone();
-            *state = State::Ready { pd };
+            *state = State::Ready { pd: pd.clone(), features: *features };
             handle(shared, state, bytes)
         }
         (Message::Open { .. }, State::Challenged { .. }) => (
             Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before OPEN".into()),
             After::Malformed,
         ),
-        (Message::Open { mode, name, .. }, State::Ready { pd }) => open(shared, state, pd.clone(), mode, name),
+        (Message::Open { resume: Some(_), .. }, State::Ready { features, .. })
+            if features & rblk_proto::FEATURE_RECONNECT == 0 =>
+        {
+            let text = "OPEN resumes a session, but HELLO did not announce the reconnect feature".into();
+            (Reply::Error(ErrorCode::Unexpected, text), After::Malformed)
+        }
+        (Message::Open { mode, name, .. }, State::Ready { pd, features }) => {
+            open(shared, state, pd.clone(), *features, mode, name)
+        }
         (Message::Join { session_id, token }, State::Joining { session }) => {
             if session.id != session_id || !session.token_matches(&token) {
                 return (Reply::Error(ErrorCode::BadSession, "JOIN does not match the session".into()), After::Close);
@@ -182,7 +199,7 @@ fn flush_volume(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Re
     }
 }
 
-fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) -> (Reply, After) {
+fn open(shared: &Shared, state: &mut State, pd: Pd, features: u64, mode: OpenMode, name: &str) -> (Reply, After) {
     if let Some(reason) = shared.refused.get(name) {
         return (
             Reply::Error(ErrorCode::VolumeFailed, format!("volume {name} is unavailable: {reason}")),
@@ -217,7 +234,7 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) 
             return (Reply::Error(ErrorCode::NoResources, e.to_string()), After::Continue);
         }
     };
-    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, Arc::clone(&shared.counters)));
+    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, Arc::clone(&shared.counters), features));
     let (remote_addr, rkey) = session.remote().unwrap_or_default();
     let mut flags = if volume.is_volatile() { VolumeFlags::VOLATILE } else { VolumeFlags::empty() };
     if mode == OpenMode::ReadOnly {
@@ -235,7 +252,8 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) 
         flags,
         session_id: id,
         token: session.token,
-        instance: None,
+        // Only a peer that knows the tail gets it: older ones parse the base body.
+        instance: (features & rblk_proto::FEATURE_RECONNECT != 0).then_some(volume.instance),
     };
     tracing::info!(volume = name, ?mode, session = id, "opened");
     shared.add_session(Arc::clone(&session));
@@ -275,6 +293,17 @@ impl State {
             State::Joining { .. } => "joining (expecting JOIN)",
             State::Open { .. } => "open",
             State::Closed { .. } => "closed",
+        }
+    }
+
+    /// Features negotiated in HELLO: the connection's own, or its session's (JOINed
+    /// connections do no HELLO). None before HELLO.
+    pub fn features(&self) -> u64 {
+        match self {
+            State::Fresh { .. } => 0,
+            State::Challenged { features, .. } | State::Ready { features, .. } => *features,
+            State::Open { session } | State::Joining { session } => session.features,
+            State::Closed { session } => session.as_ref().map_or(0, |s| s.features),
         }
     }
 

@@ -33,6 +33,8 @@ pub struct Session {
     pub volume: Arc<Volume>,
     /// How.
     pub mode: OpenMode,
+    /// Features the opening connection negotiated; they hold for the connections that join.
+    pub features: u64,
     /// Live connections (starts at 1: the connection that opened it).
     pub conns: AtomicUsize,
     registration: Mutex<Option<Mr>>,
@@ -41,7 +43,15 @@ pub struct Session {
 
 impl Session {
     /// Wraps a fresh registration of `volume` in `pd`.
-    pub fn new(id: u64, pd: Pd, volume: Arc<Volume>, mode: OpenMode, mr: Mr, counters: Arc<Counters>) -> Session {
+    pub fn new(
+        id: u64,
+        pd: Pd,
+        volume: Arc<Volume>,
+        mode: OpenMode,
+        mr: Mr,
+        counters: Arc<Counters>,
+        features: u64,
+    ) -> Session {
         counters.registrations.fetch_add(1, Ordering::SeqCst);
         counters.pinned_bytes.fetch_add(mr.len() as u64, Ordering::SeqCst);
         Session {
@@ -50,6 +60,7 @@ impl Session {
             pd,
             volume,
             mode,
+            features,
             // The connection that opened it.
             conns: AtomicUsize::new(1),
             registration: Mutex::new(Some(mr)),
