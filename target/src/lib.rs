@@ -5,6 +5,7 @@
 //!
 //! Layout: [`config`] (command line), [`volume`] (the volume store: memory and open modes),
 //! [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and write-back),
+//! [`identity`] (volume instance identities, kept across clean shutdowns in the state dir),
 //! [`session`] (per-session protection domain and registration, authentication), [`control`]
 //! (one connection's control protocol), [`server`] (the rdma_cm listener and connection threads).
 //!
@@ -27,6 +28,7 @@
 
 pub mod config;
 pub mod control;
+pub mod identity;
 pub mod persist;
 pub mod server;
 pub mod session;

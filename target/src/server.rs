@@ -14,6 +14,7 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::config::VolumeSpec;
 use crate::control::{self, After, Reply, State};
+use crate::identity;
 use crate::persist::Backing;
 use crate::session::{Counters, Session};
 use crate::volume::Volume;
@@ -35,6 +36,9 @@ pub struct Config {
     pub max_io: u32,
     /// Volume block size.
     pub block_size: u32,
+    /// Where durable volumes keep their instance identity across a clean shutdown (see
+    /// [`identity`]); None keeps nothing, so they get a new one at every start.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -47,6 +51,7 @@ impl Default for Config {
             fabric: Fabric::Verbs,
             max_io: 1 << 20,
             block_size: 4096,
+            state_dir: None,
         }
     }
 }
@@ -97,6 +102,7 @@ pub struct Shared {
     pub max_io: u32,
     /// Registration counters.
     pub counters: Arc<Counters>,
+    identity: identity::Store,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     conns: Mutex<HashMap<u64, Waker>>,
     next_id: AtomicU64,
@@ -163,6 +169,7 @@ impl Server {
                 return Err(StartError::NoDevice(rblk_fabric::Error::NoDevice { filter: cfg.device.clone() }));
             }
         }
+        let identity = identity::Store::new(cfg.state_dir.clone());
         let mut volumes = HashMap::new();
         let mut refused = HashMap::new();
         for v in &cfg.volumes {
@@ -176,9 +183,13 @@ impl Server {
                     volumes.insert(v.name.clone(), Arc::new(vol));
                 }
                 // A bad backing store refuses that volume, not the daemon.
-                Some(path) => match Backing::open(path, v.size)
-                    .and_then(|b| Volume::durable(&v.name, v.size, cfg.block_size, b))
-                {
+                Some(path) => match Backing::open(path, v.size).and_then(|b| {
+                    // Taken (and its record removed) before anything is served.
+                    let instance = identity.take(&v.name, b.fingerprint().ok().as_ref());
+                    let mut vol = Volume::durable(&v.name, v.size, cfg.block_size, b)?;
+                    vol.instance = instance;
+                    Ok(vol)
+                }) {
                     Ok(vol) => {
                         volumes.insert(v.name.clone(), Arc::new(vol));
                     }
@@ -201,6 +212,7 @@ impl Server {
             key: cfg.key.clone(),
             max_io: cfg.max_io,
             counters: Arc::default(),
+            identity,
             sessions: Mutex::default(),
             conns: Mutex::default(),
             next_id: AtomicU64::new(1),
@@ -330,7 +342,19 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
     for v in shared.volumes.values() {
         if let Some(b) = v.backing.as_ref().filter(|b| !b.failed()) {
             match b.flush(&v.memory, &[(0, v.size())]) {
-                Ok(()) => info!(volume = %v.name, "flushed to {}", b.path().display()),
+                Ok(()) => {
+                    info!(volume = %v.name, "flushed to {}", b.path().display());
+                    // Nobody can write it any more and it is all on the backing store: the next
+                    // start may present the same instance.
+                    match b.fingerprint() {
+                        Ok(fp) => {
+                            shared.identity.save(&v.name, &fp, v.instance);
+                        }
+                        Err(e) => {
+                            warn!(volume = %v.name, error = %e, "cannot examine the backing store: its identity is not kept")
+                        }
+                    }
+                }
                 Err(e) => tracing::error!(volume = %v.name, error = %e, "final flush failed"),
             }
         }

@@ -20,7 +20,7 @@ pub struct Volume {
     /// The backing store of a durable volume; None for RAM volumes.
     pub backing: Option<Backing>,
     /// This instance's identity, sent in OPENED: random at creation; a durable volume's is
-    /// replaced by the one kept across a clean shutdown.
+    /// replaced by the one kept across a clean shutdown (see [`crate::identity`]).
     pub instance: VolumeId,
     /// Open sessions by mode, for exclusivity.
     opens: Mutex<Opens>,

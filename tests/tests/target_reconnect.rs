@@ -4,11 +4,17 @@
 //! `on_both_fabrics!` also run in the guest against the real daemon; the others need the
 //! server's configuration (state dir, keepalive timeout) and run in-process only.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rblk_fabric::channel;
 use rblk_fabric::{Access, Completion, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
-use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, Opened, Resume, StatsReply, FEATURES, FEATURE_RECONNECT};
+use rblk_proto::{
+    ConnectData, ErrorCode, Message, OpenMode, Opened, Resume, StatsReply, VolumeId, FEATURES, FEATURE_RECONNECT,
+};
+use rblk_target::config::VolumeSpec;
+use rblk_target::server::{Config, Running, Server};
 use rblk_tests::raw::Raw;
 use rblk_tests::target::{Spec, Target};
 
@@ -82,4 +88,96 @@ fn instance_only_with_the_reconnect_feature_and_resume_needs_it(fabric: Fabric) 
     assert_eq!(code, ErrorCode::Unexpected, "{text}");
     assert_eq!(access(&mut new, &n, false).unwrap(), WcStatus::SUCCESS, "the named session still works");
     assert_eq!(stats(&mut new).registrations, 2);
+}
+
+/// The server in-process on the in-memory fabric, on a free port.
+fn serve(volumes: &[VolumeSpec], state_dir: Option<&Path>) -> Running {
+    Server::start(Config {
+        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+        volumes: volumes.to_vec(),
+        fabric: Fabric::Mem,
+        state_dir: state_dir.map(Path::to_owned),
+        ..Config::default()
+    })
+    .expect("start the in-process target")
+}
+
+/// The instance OPENED reports for `name`.
+fn instance(r: &Running, name: &str) -> VolumeId {
+    let mut c = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    c.hello_with(FEATURES | FEATURE_RECONNECT);
+    c.open_with(name, OpenMode::ReadOnly, None).unwrap().instance.expect("OPENED names the instance")
+}
+
+/// A fresh scratch directory for this test.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rblk-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The files in `dir` (none if it does not exist).
+fn files(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+}
+
+/// Makes `to` hold exactly the files of `from`.
+fn copy_dir(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for f in files(from) {
+        std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+    }
+}
+
+/// Catches a RAM volume presenting the same instance after a restart (an initiator would take
+/// the new, zeroed volume for its old data), also when a state dir is configured.
+#[test]
+fn a_ram_volume_is_a_new_instance_at_every_start() {
+    let dir = scratch("ram-instance");
+    let spec = [VolumeSpec { name: "r".into(), size: MIB, path: None }];
+    let a = instance(&serve(&spec, Some(&dir)), "r");
+    let b = instance(&serve(&spec, Some(&dir)), "r");
+    assert_ne!(a, b);
+    assert!(files(&dir).is_empty(), "nothing is kept for RAM volumes: {:?}", files(&dir));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Catches a durable volume that loses its instance across a clean shutdown (needless "writes
+/// lost" reports), or keeps it after a crash or a replaced backing file (hidden data loss).
+#[test]
+fn a_durable_volume_keeps_its_instance_across_clean_shutdowns_only() {
+    let dir = scratch("durable-instance");
+    let (state, image) = (dir.join("state"), dir.join("d.img"));
+    let spec = [VolumeSpec { name: "d".into(), size: MIB, path: Some(image.clone()) }];
+
+    let r = serve(&spec, Some(&state));
+    let a = instance(&r, "d");
+    r.shutdown();
+    assert_eq!(files(&state).len(), 1, "a clean shutdown records the identity");
+
+    let r = serve(&spec, Some(&state));
+    assert!(files(&state).is_empty(), "the record is gone while the volume is served");
+    assert_eq!(instance(&r, "d"), a, "kept across a clean shutdown");
+    // What the state dir holds while serving is what a crash leaves behind.
+    copy_dir(&state, &dir.join("at-crash"));
+    r.shutdown();
+    copy_dir(&dir.join("at-crash"), &state);
+
+    let r = serve(&spec, Some(&state));
+    let b = instance(&r, "d");
+    assert_ne!(b, a, "a new instance after a crash");
+    r.shutdown();
+    let r = serve(&spec, Some(&state));
+    assert_eq!(instance(&r, "d"), b);
+    r.shutdown();
+
+    // The same bytes in another file.
+    std::fs::copy(&image, dir.join("copy.img")).unwrap();
+    std::fs::rename(dir.join("copy.img"), &image).unwrap();
+    let r = serve(&spec, Some(&state));
+    assert_ne!(instance(&r, "d"), b, "a new instance on a replaced backing file");
+    r.shutdown();
+    let _ = std::fs::remove_dir_all(dir);
 }
