@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use rblk_fabric::{Access, Pd};
 use rblk_proto::{
-    ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, StatsReply, VolumeFlags,
-    NONCE_LEN,
+    ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, Resume, StatsReply,
+    VolumeFlags, NONCE_LEN,
 };
 
 use crate::server::Shared;
@@ -82,8 +82,8 @@ pub enum After {
     Close,
 }
 
-/// Handles one received message (raw bytes, parsed here) in `state`.
-pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After) {
+/// Handles one received message (raw bytes, parsed here) in `state`, on connection `conn`.
+pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (Reply, After) {
     let msg = match rblk_proto::parse(bytes) {
         Ok((_, msg)) => msg,
         Err(ParseError::Version { got, supported }) => {
@@ -117,7 +117,7 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
         (Message::Open { .. }, State::Challenged { pd, features, .. }) if shared.key.is_none() => {
             // No key configured: HELLO was enough.
             *state = State::Ready { pd: pd.clone(), features: *features };
-            handle(shared, state, bytes)
+            handle(shared, conn, state, bytes)
         }
         (Message::Open { .. }, State::Challenged { .. }) => (
             Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before OPEN".into()),
@@ -129,8 +129,9 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
             let text = "OPEN resumes a session, but HELLO did not announce the reconnect feature".into();
             (Reply::Error(ErrorCode::Unexpected, text), After::Malformed)
         }
-        (Message::Open { mode, name, .. }, State::Ready { pd, features }) => {
-            open(shared, state, pd.clone(), *features, mode, name)
+        (Message::Open { mode, name, resume }, State::Ready { pd, features }) => {
+            let opener = Opener { conn, pd: pd.clone(), features: *features };
+            open(shared, state, opener, mode, name, resume)
         }
         (Message::Join { session_id, token }, State::Joining { session }) => {
             if session.id != session_id || !session.token_matches(&token) {
@@ -199,7 +200,26 @@ fn flush_volume(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Re
     }
 }
 
-fn open(shared: &Shared, state: &mut State, pd: Pd, features: u64, mode: OpenMode, name: &str) -> (Reply, After) {
+/// The connection that opens a session.
+struct Opener {
+    conn: u64,
+    pd: Pd,
+    features: u64,
+}
+
+fn open(
+    shared: &Shared,
+    state: &mut State,
+    opener: Opener,
+    mode: OpenMode,
+    name: &str,
+    resume: Option<Resume>,
+) -> (Reply, After) {
+    let Opener { conn, pd, features } = opener;
+    // Before anything else: the old session's exclusive open must not make this one Busy.
+    if let Some(resume) = &resume {
+        shared.replace_session(resume);
+    }
     if let Some(reason) = shared.refused.get(name) {
         return (
             Reply::Error(ErrorCode::VolumeFailed, format!("volume {name} is unavailable: {reason}")),
@@ -256,6 +276,7 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, features: u64, mode: OpenMod
         instance: (features & rblk_proto::FEATURE_RECONNECT != 0).then_some(volume.instance),
     };
     tracing::info!(volume = name, ?mode, session = id, "opened");
+    session.join(conn);
     shared.add_session(Arc::clone(&session));
     *state = State::Open { session };
     (Reply::Msg(Message::Opened(opened)), After::Continue)

@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
 use rblk_fabric::{Completion, Endpoint, Fabric, Listener, ListenerEvent, QpConfig, Request, Waker};
-use rblk_proto::{ConnectData, Message, MSG_SIZE};
+use rblk_proto::{ConnectData, Message, Resume, MSG_SIZE};
 use tracing::{debug, info, info_span, warn};
 
 use crate::config::VolumeSpec;
 use crate::control::{self, After, Reply, State};
 use crate::identity;
 use crate::persist::Backing;
-use crate::session::{Counters, Session};
+use crate::session::{self, Counters, Session};
 use crate::volume::Volume;
 
 /// The daemon's configuration.
@@ -129,9 +129,47 @@ impl Shared {
     fn session(&self, id: u64) -> Option<Arc<Session>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
-    fn drop_session(&self, s: &Session) {
+    fn drop_session(&self, s: &Arc<Session>) {
         s.release();
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&s.id);
+        self.forget_session(s);
+    }
+    /// Removes `s` from the table (not a later session that happens to have its id).
+    fn forget_session(&self, s: &Arc<Session>) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if sessions.get(&s.id).is_some_and(|t| Arc::ptr_eq(t, s)) {
+            sessions.remove(&s.id);
+        }
+    }
+
+    /// A reconnecting OPEN: ends the session `resume` names, if it is alive and the token is
+    /// its, before the new session is opened, so that no late WRITE through the old session can
+    /// land after the initiator's replay. Its registration goes at once (its rkey stops working,
+    /// its open mode is released); its connections are woken and end, destroying their QPs,
+    /// and this waits (at most [`REPLACE_WAIT`]) until they have. Any other resume (the target
+    /// restarted, the session is gone, a wrong token) touches nothing.
+    pub fn replace_session(&self, resume: &Resume) {
+        let Some(old) = self.session(resume.session_id).filter(|s| s.token_matches(&resume.token)) else {
+            debug!(session = resume.session_id, "the resumed session is not live here: nothing to replace");
+            return;
+        };
+        let conns = old.replace();
+        self.forget_session(&old);
+        {
+            let wakers = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            for conn in &conns {
+                if let Some(w) = wakers.get(conn) {
+                    w.wake();
+                }
+            }
+        }
+        if !old.wait_until_empty(REPLACE_WAIT) {
+            warn!(
+                session = old.id,
+                left = old.connections(),
+                "connections of the replaced session did not end within {REPLACE_WAIT:?} (its rkey is revoked)"
+            );
+        }
+        info!("session {} replaced by a reconnect", old.id);
     }
 
     /// After a failed write-back: revokes every read-write registration of `volume`, so writers
@@ -215,7 +253,9 @@ impl Server {
             identity,
             sessions: Mutex::default(),
             conns: Mutex::default(),
-            next_id: AtomicU64::new(1),
+            // Ids of sessions from before a restart rarely name a live one (their tokens would
+            // not match anyway): a resume from then is an ordinary OPEN.
+            next_id: AtomicU64::new((u64::from_le_bytes(session::random()) >> 1).max(1)),
             shutdown: AtomicBool::new(false),
         });
         if shared.key.is_none() {
@@ -288,6 +328,9 @@ fn warn_memlock(shared: &Shared) {
         }
     }
 }
+
+/// The longest a reconnecting OPEN waits for the replaced session's connections to end.
+pub const REPLACE_WAIT: Duration = Duration::from_secs(5);
 
 /// How long the listener sleeps without events (a waker ends it early).
 const IDLE: Duration = Duration::from_secs(3600);
@@ -391,10 +434,14 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
     let mut channel = Channel::new(&pd).map_err(|e| e.to_string())?;
     channel.post_recvs(&mut ep).map_err(|e| e.to_string())?;
     ep.accept().map_err(|e| e.to_string())?;
-    if let Some(s) = state.session() {
-        s.conns.fetch_add(1, Ordering::SeqCst);
-    }
+    // The waker first: a reconnect that replaces the session after the join below wakes it.
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, ep.waker());
+    if let Some(s) = state.session() {
+        if !s.join(conn) {
+            shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+            return Err(format!("{peer:?}: join of session {} that a reconnect replaced", s.id));
+        }
+    }
     let s = Arc::clone(shared);
     thread::Builder::new()
         .name(format!("rblk-conn-{conn}"))
@@ -426,6 +473,9 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
             }
         };
         if ep.take_wake() && !shared.shutdown.load(Ordering::SeqCst) {
+            if state.session().is_some_and(|s| s.is_replaced()) {
+                break "session replaced by a reconnect";
+            }
             break "peer disconnected";
         }
         for c in &out[..n] {
@@ -440,7 +490,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     }
                 }
                 Ok(Event::Received(len)) => {
-                    let (reply, after) = control::handle(shared, &mut state, &buf[..len]);
+                    let (reply, after) = control::handle(shared, conn, &mut state, &buf[..len]);
                     let reply_tag = rblk_proto::peek_tag(&buf[..len]).unwrap_or(0);
                     let sent = match reply {
                         Reply::None => Ok(()),
@@ -485,9 +535,13 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
     };
     info!(reason, "disconnecting");
     ep.disconnect();
+    // The QP is destroyed before the session counts this connection out: a reconnect that
+    // waits for that knows no old QP is left.
+    drop(ep);
+    drop(channel);
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
     if let Some(session) = state.session() {
-        if session.conns.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if session.leave(conn) && !session.is_replaced() {
             info!(session = session.id, "last connection gone: deregistering");
             shared.drop_session(session);
         }

@@ -20,7 +20,11 @@ use rblk_tests::target::{Spec, Target};
 
 const MIB: u64 = 1 << 20;
 
-rblk_tests::on_both_fabrics!(instance_only_with_the_reconnect_feature_and_resume_needs_it,);
+rblk_tests::on_both_fabrics!(
+    instance_only_with_the_reconnect_feature_and_resume_needs_it,
+    a_reconnect_tears_the_old_session_down_before_opened,
+    a_resume_with_a_wrong_token_or_an_unknown_id_touches_no_session,
+);
 
 fn raw(d: &Target) -> Raw {
     Raw::connect(d.fabric(), d.addr(), ConnectData::NewSession).expect("connect to the target")
@@ -90,6 +94,78 @@ fn instance_only_with_the_reconnect_feature_and_resume_needs_it(fabric: Fabric) 
     assert_eq!(stats(&mut new).registrations, 2);
 }
 
+/// Catches a reconnecting OPEN answered before the old session is gone: its registration still
+/// pinned, its rkey still working on its QPs (a late WRITE could land after a replayed one), its
+/// connections still up, or its exclusive open still held (the new exclusive OPEN fails Busy).
+/// Several rounds, each session with joined QPs, because connections that were not waited for
+/// may still end in time by chance.
+fn a_reconnect_tears_the_old_session_down_before_opened(fabric: Fabric) {
+    const ROUNDS: usize = 8;
+    const JOINED: usize = 3;
+    let d = Target::start(fabric, &volume("v", 4 * MIB));
+    let mut probe = raw(&d);
+    probe.hello_with(0);
+    let mut first = raw(&d);
+    first.hello_with(FEATURES | FEATURE_RECONNECT);
+    let mut o = first.open_with("v", OpenMode::Exclusive, None).unwrap();
+    for round in 0..ROUNDS {
+        let mut qps = vec![first];
+        for _ in 0..JOINED {
+            let join = ConnectData::Join { session_id: o.session_id, token: o.token };
+            let mut joined = Raw::connect(d.fabric(), d.addr(), join).expect("join connect");
+            let ok = joined.request(&Message::Join { session_id: o.session_id, token: o.token });
+            assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))), "{ok:?}");
+            assert_eq!(access(&mut joined, &o, true).unwrap(), WcStatus::SUCCESS);
+            qps.push(joined);
+        }
+        let s = stats(&mut probe);
+        assert_eq!((s.registrations, s.sessions, s.connections), (1, 1, 2 + JOINED as u64));
+
+        let mut new = raw(&d);
+        new.hello_with(FEATURES | FEATURE_RECONNECT);
+        let resume = Resume { session_id: o.session_id, token: o.token };
+        let n =
+            new.open_with("v", OpenMode::Exclusive, Some(resume)).expect("the old exclusive open is released first");
+        assert_ne!(n.session_id, o.session_id);
+        // Asked right after OPENED: nothing of the old session may be left by then.
+        let s = stats(&mut new);
+        assert_eq!(s.registrations, 1, "round {round}: the old registration is gone");
+        assert_eq!(s.sessions, 1, "round {round}: the old session is forgotten");
+        assert_eq!(s.connections, 2, "round {round}: the old session's connections have ended (probe and new remain)");
+        for (i, r) in qps.iter_mut().enumerate() {
+            let status = access(r, &o, true);
+            assert!(!matches!(status, Ok(WcStatus::SUCCESS)), "round {round}: old rkey on old QP {i}: {status:?}");
+        }
+        assert_eq!(access(&mut new, &n, true).unwrap(), WcStatus::SUCCESS);
+        (first, o) = (new, n);
+    }
+}
+
+/// Catches a resume that ends a session without holding its token, or one that ends a session
+/// only because its id matches (after a target restart ids may be reused).
+fn a_resume_with_a_wrong_token_or_an_unknown_id_touches_no_session(fabric: Fabric) {
+    let d = Target::start(fabric, &volume("v", 4 * MIB));
+    let mut victim = raw(&d);
+    victim.hello_with(FEATURES | FEATURE_RECONNECT);
+    let v = victim.open_with("v", OpenMode::ReadWrite, None).unwrap();
+
+    let mut token = v.token;
+    token[0] ^= 1;
+    let mut wrong = raw(&d);
+    wrong.hello_with(FEATURES | FEATURE_RECONNECT);
+    let resume = Resume { session_id: v.session_id, token };
+    wrong.open_with("v", OpenMode::ReadWrite, Some(resume)).expect("opens as usual");
+    assert_eq!(access(&mut victim, &v, false).unwrap(), WcStatus::SUCCESS, "after a wrong token");
+
+    let mut unknown = raw(&d);
+    unknown.hello_with(FEATURES | FEATURE_RECONNECT);
+    let resume = Resume { session_id: v.session_id.wrapping_add(1000), token: v.token };
+    unknown.open_with("v", OpenMode::ReadWrite, Some(resume)).expect("opens as usual");
+    assert_eq!(access(&mut victim, &v, false).unwrap(), WcStatus::SUCCESS, "after an unknown id");
+    let s = stats(&mut victim);
+    assert_eq!((s.registrations, s.sessions), (3, 3));
+}
+
 /// The server in-process on the in-memory fabric, on a free port.
 fn serve(volumes: &[VolumeSpec], state_dir: Option<&Path>) -> Running {
     Server::start(Config {
@@ -142,6 +218,21 @@ fn a_ram_volume_is_a_new_instance_at_every_start() {
     assert_ne!(a, b);
     assert!(files(&dir).is_empty(), "nothing is kept for RAM volumes: {:?}", files(&dir));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Catches session ids that start at the same value at every start: a resume from before a
+/// restart would then name a live session of the new run.
+#[test]
+fn session_ids_start_at_random_values() {
+    let spec = [VolumeSpec { name: "r".into(), size: MIB, path: None }];
+    let first_id = || {
+        let r = serve(&spec, None);
+        let mut c = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+        c.hello_with(FEATURES);
+        c.open_with("r", OpenMode::ReadOnly, None).unwrap().session_id
+    };
+    let (a, b) = (first_id(), first_id());
+    assert!(a != 0 && b != 0 && a != b, "{a} {b}");
 }
 
 /// Catches a durable volume that loses its instance across a clean shutdown (needless "writes
