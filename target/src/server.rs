@@ -1,5 +1,6 @@
 //! The rdma_cm listener and the connection threads.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,6 +40,10 @@ pub struct Config {
     /// Where durable volumes keep their instance identity across a clean shutdown (see
     /// [`identity`]); None keeps nothing, so they get a new one at every start.
     pub state_dir: Option<std::path::PathBuf>,
+    /// A connection ends when the initiator sent nothing for this long (if it negotiated
+    /// [`rblk_proto::FEATURE_KEEPALIVE`]), or when one of our keepalives stayed uncompleted
+    /// for this long (always); with a session's last connection its registration goes.
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for Config {
@@ -52,6 +57,7 @@ impl Default for Config {
             max_io: 1 << 20,
             block_size: 4096,
             state_dir: None,
+            keepalive_timeout: rblk_proto::KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -103,6 +109,7 @@ pub struct Shared {
     /// Registration counters.
     pub counters: Arc<Counters>,
     identity: identity::Store,
+    keepalive_timeout: Duration,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     conns: Mutex<HashMap<u64, Waker>>,
     next_id: AtomicU64,
@@ -251,6 +258,7 @@ impl Server {
             max_io: cfg.max_io,
             counters: Arc::default(),
             identity,
+            keepalive_timeout: cfg.keepalive_timeout,
             sessions: Mutex::default(),
             conns: Mutex::default(),
             // Ids of sessions from before a restart rarely name a live one (their tokens would
@@ -449,34 +457,51 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
         .map_err(|e| e.to_string())
 }
 
-/// One connection: sleep on the completion channel, answer control messages, send keepalives.
+/// One connection: sleep on the completion channel, answer control messages, send keepalives,
+/// and end the connection when the initiator is lost (see [`Config::keepalive_timeout`]).
 fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel, mut state: State) {
     let span = info_span!("conn", conn, peer = ?ep.peer(), qpn = ep.qp_num());
     let _enter = span.enter();
     info!("connected");
+    let timeout = shared.keepalive_timeout;
     let mut out = [Completion::EMPTY; 16];
     let mut buf = [0u8; MSG_SIZE];
     let mut malformed = 0u32;
+    let mut last_heard = Instant::now();
     let mut keepalive_due = Instant::now() + rblk_proto::KEEPALIVE_INTERVAL;
-    let mut keepalive_outstanding = false;
+    // SENDs complete in order: our keepalive is done once as many SENDs completed as had been
+    // posted up to and including it. (Its number, and when it was posted.)
+    let (mut sends_posted, mut sends_done) = (0u64, 0u64);
+    let mut keepalive: Option<(u64, Instant)> = None;
     let mut closing = false;
     let mut tag = 0u32;
-    let reason = 'conn: loop {
+    let reason: Cow<'static, str> = 'conn: loop {
         if shared.shutdown.load(Ordering::SeqCst) {
-            break "target shutting down";
+            break "target shutting down".into();
         }
-        let n = match ep.wait(&mut out, Duration::ZERO, keepalive_due) {
+        // Only an initiator that promised keepalives can be silent for too long.
+        let hears_keepalives = state.features() & rblk_proto::FEATURE_KEEPALIVE != 0;
+        let deadline = [
+            Some(keepalive_due),
+            hears_keepalives.then(|| last_heard + timeout),
+            keepalive.map(|(_, posted)| posted + timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(keepalive_due);
+        let n = match ep.wait(&mut out, Duration::ZERO, deadline) {
             Ok(n) => n,
             Err(e) => {
                 warn!(error = %e, "completion wait failed");
-                break "completion error";
+                break "completion error".into();
             }
         };
         if ep.take_wake() && !shared.shutdown.load(Ordering::SeqCst) {
             if state.session().is_some_and(|s| s.is_replaced()) {
-                break "session replaced by a reconnect";
+                break "session replaced by a reconnect".into();
             }
-            break "peer disconnected";
+            break "peer disconnected".into();
         }
         for c in &out[..n] {
             if !channel::is_control(c.wr_id) {
@@ -484,32 +509,39 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
             }
             match channel.on_completion(&mut ep, c, &mut buf) {
                 Ok(Event::Sent) => {
-                    keepalive_outstanding = false;
+                    sends_done += 1;
+                    if keepalive.is_some_and(|(number, _)| sends_done >= number) {
+                        keepalive = None;
+                    }
                     if closing && channel.free_sends() == rblk_proto::SEND_COUNT {
-                        break 'conn "closed by the initiator";
+                        break 'conn "closed by the initiator".into();
                     }
                 }
                 Ok(Event::Received(len)) => {
+                    last_heard = Instant::now();
                     let (reply, after) = control::handle(shared, conn, &mut state, &buf[..len]);
                     let reply_tag = rblk_proto::peek_tag(&buf[..len]).unwrap_or(0);
                     let sent = match reply {
-                        Reply::None => Ok(()),
-                        Reply::Msg(m) => channel.send(&mut ep, reply_tag, &m),
+                        Reply::None => Ok(false),
+                        Reply::Msg(m) => channel.send(&mut ep, reply_tag, &m).map(|()| true),
                         Reply::Error(code, text) => {
                             debug!(?code, %text, "error reply");
-                            channel.send(&mut ep, reply_tag, &Message::Error { code, text: &text })
+                            channel.send(&mut ep, reply_tag, &Message::Error { code, text: &text }).map(|()| true)
                         }
                     };
-                    if let Err(e) = sent {
-                        warn!(error = %e, "reply failed");
-                        break 'conn "reply failed";
+                    match sent {
+                        Ok(posted) => sends_posted += u64::from(posted),
+                        Err(e) => {
+                            warn!(error = %e, "reply failed");
+                            break 'conn "reply failed".into();
+                        }
                     }
                     match after {
                         After::Continue => {}
                         After::Malformed => {
                             malformed += 1;
                             if malformed > rblk_proto::MAX_MALFORMED {
-                                break 'conn "too many malformed or refused messages";
+                                break 'conn "too many malformed or refused messages".into();
                             }
                         }
                         After::Close => closing = true,
@@ -517,23 +549,33 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                 }
                 Err(e) => {
                     debug!(error = %e, "control completion failed");
-                    break 'conn "connection lost";
+                    break 'conn "connection lost".into();
                 }
             }
         }
+        // Loss detection that does not rely on the transport's retry budget (rxe retries for
+        // ever with a retry count of 7; a peer without RECVs posted stalls a SEND for ever).
+        let now = Instant::now();
+        if state.features() & rblk_proto::FEATURE_KEEPALIVE != 0 && now >= last_heard + timeout {
+            break format!("initiator silent for {} s", now.duration_since(last_heard).as_secs()).into();
+        }
+        if keepalive.is_some_and(|(_, posted)| now >= posted + timeout) {
+            break format!("keepalive not completed for {} s", timeout.as_secs()).into();
+        }
         // Keepalive: one outstanding at a time. A peer that vanished without a disconnect makes
-        // it fail with a transport error, which ends the connection above.
-        if Instant::now() >= keepalive_due && !closing {
-            keepalive_due = Instant::now() + rblk_proto::KEEPALIVE_INTERVAL;
-            if !keepalive_outstanding {
+        // it fail with a transport error, which ends the connection above, or stay uncompleted.
+        if now >= keepalive_due && !closing {
+            keepalive_due = now + rblk_proto::KEEPALIVE_INTERVAL;
+            if keepalive.is_none() {
                 tag = tag.wrapping_add(1);
                 if channel.send(&mut ep, tag, &Message::Keepalive).is_ok() {
-                    keepalive_outstanding = true;
+                    sends_posted += 1;
+                    keepalive = Some((sends_posted, now));
                 }
             }
         }
     };
-    info!(reason, "disconnecting");
+    info!(%reason, "disconnecting");
     ep.disconnect();
     // The QP is destroyed before the session counts this connection out: a reconnect that
     // waits for that knows no old QP is left.

@@ -31,6 +31,16 @@ impl Raw {
         Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
     }
 
+    /// Connects like [`Raw::connect`] but posts no RECVs: every SEND of the target to it stalls,
+    /// as to a peer that stopped reposting its receives.
+    pub fn connect_without_recvs(fabric: Fabric, addr: SocketAddr, connect: ConnectData) -> rblk_fabric::Result<Raw> {
+        let deadline = Instant::now() + STEP;
+        let mut ep = Endpoint::resolve(fabric, addr, None, None, &QpConfig::default(), deadline)?;
+        let channel = Channel::new(&ep.pd())?;
+        ep.connect(&connect.to_bytes(), deadline)?;
+        Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
+    }
+
     /// Sends raw bytes as one SEND.
     pub fn send_bytes(&mut self, bytes: &[u8]) {
         self.ep

@@ -168,14 +168,85 @@ fn a_resume_with_a_wrong_token_or_an_unknown_id_touches_no_session(fabric: Fabri
 
 /// The server in-process on the in-memory fabric, on a free port.
 fn serve(volumes: &[VolumeSpec], state_dir: Option<&Path>) -> Running {
-    Server::start(Config {
-        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
-        volumes: volumes.to_vec(),
-        fabric: Fabric::Mem,
-        state_dir: state_dir.map(Path::to_owned),
+    serve_with(Config { volumes: volumes.to_vec(), state_dir: state_dir.map(Path::to_owned), ..Config::default() })
+}
+
+fn serve_with(cfg: Config) -> Running {
+    let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    Server::start(Config { listen, fabric: Fabric::Mem, ..cfg }).expect("start the in-process target")
+}
+
+/// A target whose connections end after 1 s of silence (with the keepalive feature) or of an
+/// uncompleted keepalive, with a RAM volume `v`, and a probe connection for STATS.
+fn quick_keepalive_target() -> (Running, Raw) {
+    let r = serve_with(Config {
+        volumes: vec![VolumeSpec { name: "v".into(), size: 4 * MIB, path: None }],
+        keepalive_timeout: KEEPALIVE_TIMEOUT,
         ..Config::default()
-    })
-    .expect("start the in-process target")
+    });
+    let mut probe = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    probe.hello_with(0);
+    (r, probe)
+}
+
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Polls STATS until `done` holds, at most `within`; returns the time it took, or None.
+fn until(probe: &mut Raw, within: Duration, done: impl Fn(&StatsReply) -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if done(&stats(probe)) {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Catches a target that never notices an initiator which promised keepalives and went silent
+/// (a vanished host whose QP nobody tears down): its registration and pinned memory would stay.
+#[test]
+fn a_silent_initiator_with_keepalives_is_reaped() {
+    let (r, mut probe) = quick_keepalive_target();
+    let mut silent = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    silent.hello_with(FEATURES | rblk_proto::FEATURE_KEEPALIVE);
+    let o = silent.open_with("v", OpenMode::Exclusive, None).unwrap();
+    assert_eq!(stats(&mut probe).registrations, 1);
+    let took = until(&mut probe, 5 * KEEPALIVE_TIMEOUT, |s| (s.registrations, s.sessions, s.connections) == (0, 0, 1))
+        .expect("the silent initiator's connection and session are gone within a few seconds");
+    assert!(took >= KEEPALIVE_TIMEOUT / 2, "not before the timeout: {took:?}");
+    assert!(!matches!(access(&mut silent, &o, false), Ok(WcStatus::SUCCESS)), "its QP is disconnected");
+    // The exclusive open went with it.
+    let mut next = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    next.hello_with(FEATURES);
+    next.open_with("v", OpenMode::Exclusive, None).expect("the reaped session's exclusive open is released");
+}
+
+/// Catches silence taken for loss on an initiator that never promised keepalives (today's
+/// initiators): they would lose their sessions whenever idle.
+#[test]
+fn a_silent_initiator_without_keepalives_stays_connected() {
+    let (r, mut probe) = quick_keepalive_target();
+    let mut quiet = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    quiet.hello_with(FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+    let o = quiet.open_with("v", OpenMode::ReadWrite, None).unwrap();
+    std::thread::sleep(3 * KEEPALIVE_TIMEOUT);
+    let s = stats(&mut probe);
+    assert_eq!((s.registrations, s.sessions, s.connections), (1, 1, 2), "still connected after 3 s of silence");
+    assert_eq!(access(&mut quiet, &o, false).unwrap(), WcStatus::SUCCESS);
+}
+
+/// Catches a target that waits for ever on a keepalive SEND that cannot complete (a peer that
+/// posts no RECVs, or rxe retrying for ever): the connection must end whatever the features.
+#[test]
+fn a_keepalive_that_does_not_complete_ends_the_connection() {
+    let (r, mut probe) = quick_keepalive_target();
+    let _deaf = Raw::connect_without_recvs(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    // Admitted a moment after the connect returns.
+    until(&mut probe, Duration::from_secs(1), |s| s.connections == 2).expect("the target serves the deaf connection");
+    // The first keepalive goes out after KEEPALIVE_INTERVAL, then may stay uncompleted for 1 s.
+    let within = rblk_proto::KEEPALIVE_INTERVAL + 4 * KEEPALIVE_TIMEOUT;
+    until(&mut probe, within, |s| s.connections == 1).expect("the connection ends");
 }
 
 /// The instance OPENED reports for `name`.
