@@ -156,7 +156,10 @@ impl Shared {
     /// restarted, the session is gone, a wrong token) touches nothing.
     pub fn replace_session(&self, resume: &Resume) {
         let Some(old) = self.session(resume.session_id).filter(|s| s.token_matches(&resume.token)) else {
-            debug!(session = resume.session_id, "the resumed session is not live here: nothing to replace");
+            info!(
+                session = resume.session_id,
+                "resume names no live session here (the target restarted, or it ended): nothing to replace"
+            );
             return;
         };
         let conns = old.replace();
