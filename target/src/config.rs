@@ -4,6 +4,7 @@
 //! listen = "10.0.0.1:7420"       # ADDR[:PORT]; default: every address, port 7420
 //! device = "mlx5_0"              # accept connections on this RDMA device only
 //! key_file = "/etc/rblk/key"     # pre-shared key
+//! state_dir = "/var/lib/rblk"    # durable volumes' identities across clean shutdowns (default)
 //!
 //! [[volume]]
 //! name = "vol0"
@@ -18,6 +19,10 @@
 //! Flags override the file; `--volume` flags replace its volume list.
 
 use std::net::SocketAddr;
+
+/// Where durable volumes keep their instance identity across a clean shutdown, unless
+/// `--state-dir` or the config's `state_dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/rblk";
 
 /// A size with an optional binary suffix: `4096`, `64k`, `64M`, `1G`, `1T` (powers of 1024).
 pub fn parse_size(s: &str) -> Result<u64, String> {
@@ -107,6 +112,9 @@ pub struct File {
     /// Pre-shared key file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<std::path::PathBuf>,
+    /// State directory (durable volumes' identities).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_dir: Option<std::path::PathBuf>,
     /// Volumes.
     #[serde(default, rename = "volume", skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<FileVolume>,
@@ -157,12 +165,13 @@ mod tests {
     #[test]
     fn config_file() {
         let f: File = toml::from_str(
-            "listen = \"10.0.0.1\"\n[[volume]]\nname = \"a\"\nsize = \"64M\"\n[[volume]]\nname = \"b\"\nsize = \"1G\"\npath = \"/x:y\"\n",
+            "listen = \"10.0.0.1\"\nstate_dir = \"/s\"\n[[volume]]\nname = \"a\"\nsize = \"64M\"\n[[volume]]\nname = \"b\"\nsize = \"1G\"\npath = \"/x:y\"\n",
         )
         .unwrap();
         let v = f.volume_specs().unwrap();
         assert_eq!(v[0], VolumeSpec { name: "a".into(), size: 64 << 20, path: None });
         assert_eq!(v[1].path.as_deref(), Some(std::path::Path::new("/x:y")));
+        assert_eq!(f.state_dir.as_deref(), Some(std::path::Path::new("/s")));
         assert_eq!(toml::from_str::<File>(&f.to_toml()).unwrap(), f);
         assert!(toml::from_str::<File>("lisen = \"x\"").is_err(), "unknown keys are refused");
         let bad: File = toml::from_str("[[volume]]\nname = \"a\"\nsize = \"12345\"").unwrap();

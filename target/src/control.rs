@@ -5,12 +5,18 @@ use std::sync::Arc;
 
 use rblk_fabric::{Access, Pd};
 use rblk_proto::{
-    ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, StatsReply, VolumeFlags,
-    NONCE_LEN,
+    ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, Resume, StatsReply,
+    VolumeFlags, NONCE_LEN,
 };
 
 use crate::server::Shared;
 use crate::session::{self, Session};
+
+/// The features this target implements and announces in CHALLENGE: the protocol's
+/// [`rblk_proto::FEATURES`] plus keepalive loss detection and reconnect. Becomes
+/// `rblk_proto::FEATURES` once the initiator announces them too; until then proto's set stays
+/// what both sides implement.
+pub const TARGET_FEATURES: u64 = rblk_proto::FEATURES | rblk_proto::FEATURE_KEEPALIVE | rblk_proto::FEATURE_RECONNECT;
 
 /// Where a connection is in the protocol.
 #[derive(Debug)]
@@ -26,11 +32,15 @@ pub enum State {
         pd: Pd,
         /// Nonce the AUTH must cover.
         nonce: [u8; NONCE_LEN],
+        /// Negotiated features: HELLO's and [`TARGET_FEATURES`].
+        features: u64,
     },
     /// Authenticated (or no key configured): may OPEN.
     Ready {
         /// The PD.
         pd: Pd,
+        /// Negotiated features.
+        features: u64,
     },
     /// A further QP, admitted by its connect data, waiting for JOIN.
     Joining {
@@ -72,8 +82,8 @@ pub enum After {
     Close,
 }
 
-/// Handles one received message (raw bytes, parsed here) in `state`.
-pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After) {
+/// Handles one received message (raw bytes, parsed here) in `state`, on connection `conn`.
+pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (Reply, After) {
     let msg = match rblk_proto::parse(bytes) {
         Ok((_, msg)) => msg,
         Err(ParseError::Version { got, supported }) => {
@@ -89,32 +99,40 @@ pub fn handle(shared: &Shared, state: &mut State, bytes: &[u8]) -> (Reply, After
     };
     match (msg, &*state) {
         (Message::Keepalive, _) => (Reply::None, After::Continue),
-        (Message::Hello { .. }, State::Fresh { pd }) => {
+        (Message::Hello { features }, State::Fresh { pd }) => {
             let nonce = session::nonce();
             let flags = if shared.key.is_some() { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
-            *state = State::Challenged { pd: pd.clone(), nonce };
-            (Reply::Msg(Message::Challenge { flags, features: rblk_proto::FEATURES, nonce }), After::Continue)
+            *state = State::Challenged { pd: pd.clone(), nonce, features: features & TARGET_FEATURES };
+            (Reply::Msg(Message::Challenge { flags, features: TARGET_FEATURES, nonce }), After::Continue)
         }
-        (Message::Auth { mac }, State::Challenged { pd, nonce }) => match &shared.key {
+        (Message::Auth { mac }, State::Challenged { pd, nonce, features }) => match &shared.key {
             Some(key) if !session::verify(key, nonce, &mac) => {
                 (Reply::Error(ErrorCode::AuthFailed, "authentication failed: wrong key".into()), After::Malformed)
             }
             _ => {
-                *state = State::Ready { pd: pd.clone() };
+                *state = State::Ready { pd: pd.clone(), features: *features };
                 (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
             }
         },
-        (Message::Open { .. }, State::Challenged { pd, .. }) if shared.key.is_none() => {
+        (Message::Open { .. }, State::Challenged { pd, features, .. }) if shared.key.is_none() => {
             // No key configured: HELLO was enough.
-            let pd = pd.clone();
-            *state = State::Ready { pd };
-            handle(shared, state, bytes)
+            *state = State::Ready { pd: pd.clone(), features: *features };
+            handle(shared, conn, state, bytes)
         }
         (Message::Open { .. }, State::Challenged { .. }) => (
             Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before OPEN".into()),
             After::Malformed,
         ),
-        (Message::Open { mode, name, .. }, State::Ready { pd }) => open(shared, state, pd.clone(), mode, name),
+        (Message::Open { resume: Some(_), .. }, State::Ready { features, .. })
+            if features & rblk_proto::FEATURE_RECONNECT == 0 =>
+        {
+            let text = "OPEN resumes a session, but HELLO did not announce the reconnect feature".into();
+            (Reply::Error(ErrorCode::Unexpected, text), After::Malformed)
+        }
+        (Message::Open { mode, name, resume }, State::Ready { pd, features }) => {
+            let opener = Opener { conn, pd: pd.clone(), features: *features };
+            open(shared, state, opener, mode, name, resume)
+        }
         (Message::Join { session_id, token }, State::Joining { session }) => {
             if session.id != session_id || !session.token_matches(&token) {
                 return (Reply::Error(ErrorCode::BadSession, "JOIN does not match the session".into()), After::Close);
@@ -182,7 +200,26 @@ fn flush_volume(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Re
     }
 }
 
-fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) -> (Reply, After) {
+/// The connection that opens a session.
+struct Opener {
+    conn: u64,
+    pd: Pd,
+    features: u64,
+}
+
+fn open(
+    shared: &Shared,
+    state: &mut State,
+    opener: Opener,
+    mode: OpenMode,
+    name: &str,
+    resume: Option<Resume>,
+) -> (Reply, After) {
+    let Opener { conn, pd, features } = opener;
+    // Before anything else: the old session's exclusive open must not make this one Busy.
+    if let Some(resume) = &resume {
+        shared.replace_session(resume);
+    }
     if let Some(reason) = shared.refused.get(name) {
         return (
             Reply::Error(ErrorCode::VolumeFailed, format!("volume {name} is unavailable: {reason}")),
@@ -217,7 +254,7 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) 
             return (Reply::Error(ErrorCode::NoResources, e.to_string()), After::Continue);
         }
     };
-    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, Arc::clone(&shared.counters)));
+    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, Arc::clone(&shared.counters), features));
     let (remote_addr, rkey) = session.remote().unwrap_or_default();
     let mut flags = if volume.is_volatile() { VolumeFlags::VOLATILE } else { VolumeFlags::empty() };
     if mode == OpenMode::ReadOnly {
@@ -235,9 +272,11 @@ fn open(shared: &Shared, state: &mut State, pd: Pd, mode: OpenMode, name: &str) 
         flags,
         session_id: id,
         token: session.token,
-        instance: None,
+        // Only a peer that knows the tail gets it: older ones parse the base body.
+        instance: (features & rblk_proto::FEATURE_RECONNECT != 0).then_some(volume.instance),
     };
     tracing::info!(volume = name, ?mode, session = id, "opened");
+    session.join(conn);
     shared.add_session(Arc::clone(&session));
     *state = State::Open { session };
     (Reply::Msg(Message::Opened(opened)), After::Continue)
@@ -275,6 +314,17 @@ impl State {
             State::Joining { .. } => "joining (expecting JOIN)",
             State::Open { .. } => "open",
             State::Closed { .. } => "closed",
+        }
+    }
+
+    /// Features negotiated in HELLO: the connection's own, or its session's (JOINed
+    /// connections do no HELLO). None before HELLO.
+    pub fn features(&self) -> u64 {
+        match self {
+            State::Fresh { .. } => 0,
+            State::Challenged { features, .. } | State::Ready { features, .. } => *features,
+            State::Open { session } | State::Joining { session } => session.features,
+            State::Closed { session } => session.as_ref().map_or(0, |s| s.features),
         }
     }
 

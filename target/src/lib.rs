@@ -5,6 +5,7 @@
 //!
 //! Layout: [`config`] (command line), [`volume`] (the volume store: memory and open modes),
 //! [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and write-back),
+//! [`identity`] (volume instance identities, kept across clean shutdowns in the state dir),
 //! [`session`] (per-session protection domain and registration, authentication), [`control`]
 //! (one connection's control protocol), [`server`] (the rdma_cm listener and connection threads).
 //!
@@ -18,8 +19,12 @@
 //!
 //! Threads: one listener thread, plus one thread per connection that sleeps on its completion
 //! channel between control messages (data transfers complete without it). Cleanup: a session's
-//! registration is dropped on CLOSE, when its last connection goes, or when keepalives fail;
-//! [`server::Running::shutdown`] disconnects everyone and deregisters everything.
+//! registration is dropped on CLOSE, when its last connection goes, or when a reconnecting OPEN
+//! replaces the session (before OPENED is sent, after its QPs are gone). A connection goes when
+//! its initiator vanishes: a keepalive of ours fails or stays uncompleted, or an initiator that
+//! negotiated keepalives sends nothing, for [`server::Config::keepalive_timeout`].
+//! [`server::Running::shutdown`] disconnects everyone, deregisters everything, flushes durable
+//! volumes and then records their identities in the state dir.
 
 // Only the io_uring module may use `unsafe` (the kernel writes our memory asynchronously).
 #![deny(unsafe_code)]
@@ -27,6 +32,7 @@
 
 pub mod config;
 pub mod control;
+pub mod identity;
 pub mod persist;
 pub mod server;
 pub mod session;

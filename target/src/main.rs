@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use rblk_target::config::{parse_listen, read_key_file, File as ConfigFile, FileVolume, VolumeSpec};
+use rblk_target::config::{parse_listen, read_key_file, File as ConfigFile, FileVolume, VolumeSpec, DEFAULT_STATE_DIR};
 use rblk_target::server::{Config, Server, StartError};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
@@ -33,8 +33,14 @@ struct Args {
     /// nonce) before they may open anything. Without it the daemon serves anyone.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     key_file: Option<PathBuf>,
-    /// A TOML config file (keys listen, device, key_file and [[volume]] tables with name, size
-    /// and optional path). Flags override it; --volume flags replace its volumes.
+    /// Directory where durable volumes keep their instance identity across a clean shutdown
+    /// (one small file per volume, removed at start: after a crash, or when the backing store
+    /// was replaced or resized, the identity is new, and reconnecting initiators report their
+    /// unflushed writes as lost). Default: /var/lib/rblk.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// A TOML config file (keys listen, device, key_file, state_dir and [[volume]] tables with
+    /// name, size and optional path). Flags override it; --volume flags replace its volumes.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Print the effective configuration (file plus flags) as TOML and exit.
@@ -76,6 +82,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.key_file.is_some() {
         file.key_file.clone_from(&args.key_file);
     }
+    if args.state_dir.is_some() {
+        file.state_dir.clone_from(&args.state_dir);
+    }
+    if file.state_dir.is_none() {
+        file.state_dir = Some(DEFAULT_STATE_DIR.into());
+    }
     if !args.volumes.is_empty() {
         file.volumes = args
             .volumes
@@ -103,6 +115,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         device: file.device.clone(),
         volumes: file.volume_specs().map_err(anyhow::Error::msg)?,
         key,
+        state_dir: file.state_dir.clone(),
         ..Config::default()
     };
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])

@@ -77,6 +77,11 @@ impl Backing {
         &self.path
     }
 
+    /// The backing store's device, inode and size, for its instance identity.
+    pub fn fingerprint(&self) -> io::Result<crate::identity::Fingerprint> {
+        crate::identity::Fingerprint::of(&self.file)
+    }
+
     /// Whether transfers bypass the page cache.
     pub fn direct(&self) -> bool {
         self.direct

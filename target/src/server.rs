@@ -1,5 +1,6 @@
 //! The rdma_cm listener and the connection threads.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,13 +10,14 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
 use rblk_fabric::{Completion, Endpoint, Fabric, Listener, ListenerEvent, QpConfig, Request, Waker};
-use rblk_proto::{ConnectData, Message, MSG_SIZE};
+use rblk_proto::{ConnectData, Message, Resume, MSG_SIZE};
 use tracing::{debug, info, info_span, warn};
 
 use crate::config::VolumeSpec;
 use crate::control::{self, After, Reply, State};
+use crate::identity;
 use crate::persist::Backing;
-use crate::session::{Counters, Session};
+use crate::session::{self, Counters, Session};
 use crate::volume::Volume;
 
 /// The daemon's configuration.
@@ -35,6 +37,13 @@ pub struct Config {
     pub max_io: u32,
     /// Volume block size.
     pub block_size: u32,
+    /// Where durable volumes keep their instance identity across a clean shutdown (see
+    /// [`identity`]); None keeps nothing, so they get a new one at every start.
+    pub state_dir: Option<std::path::PathBuf>,
+    /// A connection ends when the initiator sent nothing for this long (if it negotiated
+    /// [`rblk_proto::FEATURE_KEEPALIVE`]), or when one of our keepalives stayed uncompleted
+    /// for this long (always); with a session's last connection its registration goes.
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for Config {
@@ -47,6 +56,8 @@ impl Default for Config {
             fabric: Fabric::Verbs,
             max_io: 1 << 20,
             block_size: 4096,
+            state_dir: None,
+            keepalive_timeout: rblk_proto::KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -97,6 +108,8 @@ pub struct Shared {
     pub max_io: u32,
     /// Registration counters.
     pub counters: Arc<Counters>,
+    identity: identity::Store,
+    keepalive_timeout: Duration,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     conns: Mutex<HashMap<u64, Waker>>,
     next_id: AtomicU64,
@@ -123,9 +136,50 @@ impl Shared {
     fn session(&self, id: u64) -> Option<Arc<Session>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
-    fn drop_session(&self, s: &Session) {
+    fn drop_session(&self, s: &Arc<Session>) {
         s.release();
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(&s.id);
+        self.forget_session(s);
+    }
+    /// Removes `s` from the table (not a later session that happens to have its id).
+    fn forget_session(&self, s: &Arc<Session>) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if sessions.get(&s.id).is_some_and(|t| Arc::ptr_eq(t, s)) {
+            sessions.remove(&s.id);
+        }
+    }
+
+    /// A reconnecting OPEN: ends the session `resume` names, if it is alive and the token is
+    /// its, before the new session is opened, so that no late WRITE through the old session can
+    /// land after the initiator's replay. Its registration goes at once (its rkey stops working,
+    /// its open mode is released); its connections are woken and end, destroying their QPs,
+    /// and this waits (at most [`REPLACE_WAIT`]) until they have. Any other resume (the target
+    /// restarted, the session is gone, a wrong token) touches nothing.
+    pub fn replace_session(&self, resume: &Resume) {
+        let Some(old) = self.session(resume.session_id).filter(|s| s.token_matches(&resume.token)) else {
+            info!(
+                session = resume.session_id,
+                "resume names no live session here (the target restarted, or it ended): nothing to replace"
+            );
+            return;
+        };
+        let conns = old.replace();
+        self.forget_session(&old);
+        {
+            let wakers = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+            for conn in &conns {
+                if let Some(w) = wakers.get(conn) {
+                    w.wake();
+                }
+            }
+        }
+        if !old.wait_until_empty(REPLACE_WAIT) {
+            warn!(
+                session = old.id,
+                left = old.connections(),
+                "connections of the replaced session did not end within {REPLACE_WAIT:?} (its rkey is revoked)"
+            );
+        }
+        info!("session {} replaced by a reconnect", old.id);
     }
 
     /// After a failed write-back: revokes every read-write registration of `volume`, so writers
@@ -163,6 +217,7 @@ impl Server {
                 return Err(StartError::NoDevice(rblk_fabric::Error::NoDevice { filter: cfg.device.clone() }));
             }
         }
+        let identity = identity::Store::new(cfg.state_dir.clone());
         let mut volumes = HashMap::new();
         let mut refused = HashMap::new();
         for v in &cfg.volumes {
@@ -176,9 +231,13 @@ impl Server {
                     volumes.insert(v.name.clone(), Arc::new(vol));
                 }
                 // A bad backing store refuses that volume, not the daemon.
-                Some(path) => match Backing::open(path, v.size)
-                    .and_then(|b| Volume::durable(&v.name, v.size, cfg.block_size, b))
-                {
+                Some(path) => match Backing::open(path, v.size).and_then(|b| {
+                    // Taken (and its record removed) before anything is served.
+                    let instance = identity.take(&v.name, b.fingerprint().ok().as_ref());
+                    let mut vol = Volume::durable(&v.name, v.size, cfg.block_size, b)?;
+                    vol.instance = instance;
+                    Ok(vol)
+                }) {
                     Ok(vol) => {
                         volumes.insert(v.name.clone(), Arc::new(vol));
                     }
@@ -201,9 +260,13 @@ impl Server {
             key: cfg.key.clone(),
             max_io: cfg.max_io,
             counters: Arc::default(),
+            identity,
+            keepalive_timeout: cfg.keepalive_timeout,
             sessions: Mutex::default(),
             conns: Mutex::default(),
-            next_id: AtomicU64::new(1),
+            // Ids of sessions from before a restart rarely name a live one (their tokens would
+            // not match anyway): a resume from then is an ordinary OPEN.
+            next_id: AtomicU64::new((u64::from_le_bytes(session::random()) >> 1).max(1)),
             shutdown: AtomicBool::new(false),
         });
         if shared.key.is_none() {
@@ -277,6 +340,9 @@ fn warn_memlock(shared: &Shared) {
     }
 }
 
+/// The longest a reconnecting OPEN waits for the replaced session's connections to end.
+pub const REPLACE_WAIT: Duration = Duration::from_secs(5);
+
 /// How long the listener sleeps without events (a waker ends it early).
 const IDLE: Duration = Duration::from_secs(3600);
 /// Back-off after a failed listener wait.
@@ -330,7 +396,19 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
     for v in shared.volumes.values() {
         if let Some(b) = v.backing.as_ref().filter(|b| !b.failed()) {
             match b.flush(&v.memory, &[(0, v.size())]) {
-                Ok(()) => info!(volume = %v.name, "flushed to {}", b.path().display()),
+                Ok(()) => {
+                    info!(volume = %v.name, "flushed to {}", b.path().display());
+                    // Nobody can write it any more and it is all on the backing store: the next
+                    // start may present the same instance.
+                    match b.fingerprint() {
+                        Ok(fp) => {
+                            shared.identity.save(&v.name, &fp, v.instance);
+                        }
+                        Err(e) => {
+                            warn!(volume = %v.name, error = %e, "cannot examine the backing store: its identity is not kept")
+                        }
+                    }
+                }
                 Err(e) => tracing::error!(volume = %v.name, error = %e, "final flush failed"),
             }
         }
@@ -367,10 +445,14 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
     let mut channel = Channel::new(&pd).map_err(|e| e.to_string())?;
     channel.post_recvs(&mut ep).map_err(|e| e.to_string())?;
     ep.accept().map_err(|e| e.to_string())?;
-    if let Some(s) = state.session() {
-        s.conns.fetch_add(1, Ordering::SeqCst);
-    }
+    // The waker first: a reconnect that replaces the session after the join below wakes it.
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, ep.waker());
+    if let Some(s) = state.session() {
+        if !s.join(conn) {
+            shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+            return Err(format!("{peer:?}: join of session {} that a reconnect replaced", s.id));
+        }
+    }
     let s = Arc::clone(shared);
     thread::Builder::new()
         .name(format!("rblk-conn-{conn}"))
@@ -378,31 +460,51 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
         .map_err(|e| e.to_string())
 }
 
-/// One connection: sleep on the completion channel, answer control messages, send keepalives.
+/// One connection: sleep on the completion channel, answer control messages, send keepalives,
+/// and end the connection when the initiator is lost (see [`Config::keepalive_timeout`]).
 fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel, mut state: State) {
     let span = info_span!("conn", conn, peer = ?ep.peer(), qpn = ep.qp_num());
     let _enter = span.enter();
     info!("connected");
+    let timeout = shared.keepalive_timeout;
     let mut out = [Completion::EMPTY; 16];
     let mut buf = [0u8; MSG_SIZE];
     let mut malformed = 0u32;
+    let mut last_heard = Instant::now();
     let mut keepalive_due = Instant::now() + rblk_proto::KEEPALIVE_INTERVAL;
-    let mut keepalive_outstanding = false;
+    // SENDs complete in order: our keepalive is done once as many SENDs completed as had been
+    // posted up to and including it. (Its number, and when it was posted.)
+    let (mut sends_posted, mut sends_done) = (0u64, 0u64);
+    let mut keepalive: Option<(u64, Instant)> = None;
     let mut closing = false;
     let mut tag = 0u32;
-    let reason = 'conn: loop {
+    let reason: Cow<'static, str> = 'conn: loop {
         if shared.shutdown.load(Ordering::SeqCst) {
-            break "target shutting down";
+            break "target shutting down".into();
         }
-        let n = match ep.wait(&mut out, Duration::ZERO, keepalive_due) {
+        // Only an initiator that promised keepalives can be silent for too long.
+        let hears_keepalives = state.features() & rblk_proto::FEATURE_KEEPALIVE != 0;
+        let deadline = [
+            Some(keepalive_due),
+            hears_keepalives.then(|| last_heard + timeout),
+            keepalive.map(|(_, posted)| posted + timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(keepalive_due);
+        let n = match ep.wait(&mut out, Duration::ZERO, deadline) {
             Ok(n) => n,
             Err(e) => {
                 warn!(error = %e, "completion wait failed");
-                break "completion error";
+                break "completion error".into();
             }
         };
         if ep.take_wake() && !shared.shutdown.load(Ordering::SeqCst) {
-            break "peer disconnected";
+            if state.session().is_some_and(|s| s.is_replaced()) {
+                break "session replaced by a reconnect".into();
+            }
+            break "peer disconnected".into();
         }
         for c in &out[..n] {
             if !channel::is_control(c.wr_id) {
@@ -410,32 +512,39 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
             }
             match channel.on_completion(&mut ep, c, &mut buf) {
                 Ok(Event::Sent) => {
-                    keepalive_outstanding = false;
+                    sends_done += 1;
+                    if keepalive.is_some_and(|(number, _)| sends_done >= number) {
+                        keepalive = None;
+                    }
                     if closing && channel.free_sends() == rblk_proto::SEND_COUNT {
-                        break 'conn "closed by the initiator";
+                        break 'conn "closed by the initiator".into();
                     }
                 }
                 Ok(Event::Received(len)) => {
-                    let (reply, after) = control::handle(shared, &mut state, &buf[..len]);
+                    last_heard = Instant::now();
+                    let (reply, after) = control::handle(shared, conn, &mut state, &buf[..len]);
                     let reply_tag = rblk_proto::peek_tag(&buf[..len]).unwrap_or(0);
                     let sent = match reply {
-                        Reply::None => Ok(()),
-                        Reply::Msg(m) => channel.send(&mut ep, reply_tag, &m),
+                        Reply::None => Ok(false),
+                        Reply::Msg(m) => channel.send(&mut ep, reply_tag, &m).map(|()| true),
                         Reply::Error(code, text) => {
                             debug!(?code, %text, "error reply");
-                            channel.send(&mut ep, reply_tag, &Message::Error { code, text: &text })
+                            channel.send(&mut ep, reply_tag, &Message::Error { code, text: &text }).map(|()| true)
                         }
                     };
-                    if let Err(e) = sent {
-                        warn!(error = %e, "reply failed");
-                        break 'conn "reply failed";
+                    match sent {
+                        Ok(posted) => sends_posted += u64::from(posted),
+                        Err(e) => {
+                            warn!(error = %e, "reply failed");
+                            break 'conn "reply failed".into();
+                        }
                     }
                     match after {
                         After::Continue => {}
                         After::Malformed => {
                             malformed += 1;
                             if malformed > rblk_proto::MAX_MALFORMED {
-                                break 'conn "too many malformed or refused messages";
+                                break 'conn "too many malformed or refused messages".into();
                             }
                         }
                         After::Close => closing = true,
@@ -443,27 +552,41 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                 }
                 Err(e) => {
                     debug!(error = %e, "control completion failed");
-                    break 'conn "connection lost";
+                    break 'conn "connection lost".into();
                 }
             }
         }
+        // Loss detection that does not rely on the transport's retry budget (rxe retries for
+        // ever with a retry count of 7; a peer without RECVs posted stalls a SEND for ever).
+        let now = Instant::now();
+        if state.features() & rblk_proto::FEATURE_KEEPALIVE != 0 && now >= last_heard + timeout {
+            break format!("initiator silent for {} s", now.duration_since(last_heard).as_secs()).into();
+        }
+        if keepalive.is_some_and(|(_, posted)| now >= posted + timeout) {
+            break format!("keepalive not completed for {} s", timeout.as_secs()).into();
+        }
         // Keepalive: one outstanding at a time. A peer that vanished without a disconnect makes
-        // it fail with a transport error, which ends the connection above.
-        if Instant::now() >= keepalive_due && !closing {
-            keepalive_due = Instant::now() + rblk_proto::KEEPALIVE_INTERVAL;
-            if !keepalive_outstanding {
+        // it fail with a transport error, which ends the connection above, or stay uncompleted.
+        if now >= keepalive_due && !closing {
+            keepalive_due = now + rblk_proto::KEEPALIVE_INTERVAL;
+            if keepalive.is_none() {
                 tag = tag.wrapping_add(1);
                 if channel.send(&mut ep, tag, &Message::Keepalive).is_ok() {
-                    keepalive_outstanding = true;
+                    sends_posted += 1;
+                    keepalive = Some((sends_posted, now));
                 }
             }
         }
     };
-    info!(reason, "disconnecting");
+    info!(%reason, "disconnecting");
     ep.disconnect();
+    // The QP is destroyed before the session counts this connection out: a reconnect that
+    // waits for that knows no old QP is left.
+    drop(ep);
+    drop(channel);
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
     if let Some(session) = state.session() {
-        if session.conns.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if session.leave(conn) && !session.is_replaced() {
             info!(session = session.id, "last connection gone: deregistering");
             shared.drop_session(session);
         }

@@ -1,8 +1,9 @@
 //! Sessions: a protection domain shared by the session's QPs, and (after OPEN) the session's one
 //! registration of its volume. Also the pre-shared-key authentication.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
 use rblk_fabric::{Mr, Pd};
@@ -33,15 +34,34 @@ pub struct Session {
     pub volume: Arc<Volume>,
     /// How.
     pub mode: OpenMode,
-    /// Live connections (starts at 1: the connection that opened it).
-    pub conns: AtomicUsize,
+    /// Features the opening connection negotiated; they hold for the connections that join.
+    pub features: u64,
+    members: Mutex<Members>,
+    /// Signalled when a member leaves.
+    left: Condvar,
     registration: Mutex<Option<Mr>>,
     counters: Arc<Counters>,
 }
 
+/// The connections of a session (the opener and its joiners), by connection id.
+#[derive(Debug, Default)]
+struct Members {
+    conns: Vec<u64>,
+    /// A reconnect replaced the session: nobody may join any more.
+    replaced: bool,
+}
+
 impl Session {
     /// Wraps a fresh registration of `volume` in `pd`.
-    pub fn new(id: u64, pd: Pd, volume: Arc<Volume>, mode: OpenMode, mr: Mr, counters: Arc<Counters>) -> Session {
+    pub fn new(
+        id: u64,
+        pd: Pd,
+        volume: Arc<Volume>,
+        mode: OpenMode,
+        mr: Mr,
+        counters: Arc<Counters>,
+        features: u64,
+    ) -> Session {
         counters.registrations.fetch_add(1, Ordering::SeqCst);
         counters.pinned_bytes.fetch_add(mr.len() as u64, Ordering::SeqCst);
         Session {
@@ -50,8 +70,9 @@ impl Session {
             pd,
             volume,
             mode,
-            // The connection that opened it.
-            conns: AtomicUsize::new(1),
+            features,
+            members: Mutex::default(),
+            left: Condvar::new(),
             registration: Mutex::new(Some(mr)),
             counters,
         }
@@ -65,6 +86,61 @@ impl Session {
     /// Remote address and rkey of the registration, while it exists.
     pub fn remote(&self) -> Option<(u64, u32)> {
         self.registration.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|mr| (mr.addr(), mr.rkey()))
+    }
+
+    /// Counts connection `conn` in (the opener, or a joiner once admitted). False if the
+    /// session was replaced: the connection must not serve it.
+    pub fn join(&self, conn: u64) -> bool {
+        let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        if !m.replaced {
+            m.conns.push(conn);
+        }
+        !m.replaced
+    }
+
+    /// Counts connection `conn` out, once it has destroyed its QP. True if it was the last.
+    pub fn leave(&self, conn: u64) -> bool {
+        let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        m.conns.retain(|&c| c != conn);
+        self.left.notify_all();
+        m.conns.is_empty()
+    }
+
+    /// Live connections.
+    pub fn connections(&self) -> usize {
+        self.members.lock().unwrap_or_else(|p| p.into_inner()).conns.len()
+    }
+
+    /// For a reconnecting OPEN: refuses further joins, deregisters (see [`Session::release`])
+    /// and returns the ids of the connections still serving the session, which the caller wakes
+    /// so that they end.
+    pub fn replace(&self) -> Vec<u64> {
+        let conns = {
+            let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
+            m.replaced = true;
+            m.conns.clone()
+        };
+        self.release();
+        conns
+    }
+
+    /// True once a reconnect replaced the session.
+    pub fn is_replaced(&self) -> bool {
+        self.members.lock().unwrap_or_else(|p| p.into_inner()).replaced
+    }
+
+    /// Waits until every connection has left, at most `timeout`. True if they all did.
+    pub fn wait_until_empty(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        while !m.conns.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            m = self.left.wait_timeout(m, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        true
     }
 
     /// Deregisters the volume and gives up the open mode (idempotent). After this no rkey of the

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use rblk_fabric::Memory;
-use rblk_proto::OpenMode;
+use rblk_proto::{OpenMode, VolumeId};
 
 use crate::persist::Backing;
 
@@ -19,6 +19,9 @@ pub struct Volume {
     pub block_size: u32,
     /// The backing store of a durable volume; None for RAM volumes.
     pub backing: Option<Backing>,
+    /// This instance's identity, sent in OPENED: random at creation; a durable volume's is
+    /// replaced by the one kept across a clean shutdown (see [`crate::identity`]).
+    pub instance: VolumeId,
     /// Open sessions by mode, for exclusivity.
     opens: Mutex<Opens>,
 }
@@ -37,7 +40,14 @@ impl Volume {
     /// Maps a zeroed RAM volume of `size` bytes.
     pub fn new(name: &str, size: u64, block_size: u32) -> rblk_fabric::Result<Volume> {
         let memory = Memory::anonymous(size as usize)?;
-        Ok(Volume { name: name.to_owned(), memory, block_size, backing: None, opens: Mutex::default() })
+        Ok(Volume {
+            name: name.to_owned(),
+            memory,
+            block_size,
+            backing: None,
+            instance: VolumeId(crate::session::random()),
+            opens: Mutex::default(),
+        })
     }
 
     /// A durable volume: maps it and loads it from `backing`.
@@ -55,7 +65,14 @@ impl Volume {
             took.as_secs_f64(),
             (size >> 20) as f64 / took.as_secs_f64().max(1e-6)
         );
-        Ok(Volume { name: name.to_owned(), memory, block_size, backing: Some(backing), opens: Mutex::default() })
+        Ok(Volume {
+            name: name.to_owned(),
+            memory,
+            block_size,
+            backing: Some(backing),
+            instance: VolumeId(crate::session::random()),
+            opens: Mutex::default(),
+        })
     }
 
     /// True for RAM volumes (FLUSH is only an ordering point).

@@ -27,7 +27,18 @@ fn help_explains_each_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_rblk-target")).arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--listen", "--device", "--volume", "--key-file"] {
+    for flag in ["--listen", "--device", "--volume", "--key-file", "--state-dir"] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
+}
+
+#[test]
+fn print_config_shows_the_state_dir() {
+    let print = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_rblk-target")).arg("--print-config").args(args).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(print(&[]).contains("state_dir = \"/var/lib/rblk\""), "the default is shown");
+    assert!(print(&["--state-dir", "/srv/rblk-state"]).contains("state_dir = \"/srv/rblk-state\""));
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
 use rblk_fabric::{Completion, Endpoint, Fabric, Local, Op, QpConfig, WorkRequest};
-use rblk_proto::{ConnectData, Message, MSG_SIZE};
+use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, Opened, Resume, MSG_SIZE};
 
 /// One QP speaking the control protocol by hand.
 #[derive(Debug)]
@@ -27,6 +27,16 @@ impl Raw {
         let mut ep = Endpoint::resolve(fabric, addr, None, None, &QpConfig::default(), deadline)?;
         let mut channel = Channel::new(&ep.pd())?;
         channel.post_recvs(&mut ep)?;
+        ep.connect(&connect.to_bytes(), deadline)?;
+        Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
+    }
+
+    /// Connects like [`Raw::connect`] but posts no RECVs: every SEND of the target to it stalls,
+    /// as to a peer that stopped reposting its receives.
+    pub fn connect_without_recvs(fabric: Fabric, addr: SocketAddr, connect: ConnectData) -> rblk_fabric::Result<Raw> {
+        let deadline = Instant::now() + STEP;
+        let mut ep = Endpoint::resolve(fabric, addr, None, None, &QpConfig::default(), deadline)?;
+        let channel = Channel::new(&ep.pd())?;
         ep.connect(&connect.to_bytes(), deadline)?;
         Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
     }
@@ -70,14 +80,36 @@ impl Raw {
         }
     }
 
-    /// HELLO, then OPEN `name` with `mode`; returns the OPENED reply.
-    pub fn open(&mut self, name: &str, mode: rblk_proto::OpenMode) -> rblk_proto::Opened {
-        let hello = self.request(&Message::Hello { features: rblk_proto::FEATURES });
-        assert!(matches!(rblk_proto::parse(&hello), Ok((_, Message::Challenge { .. }))), "{hello:?}");
-        let opened = self.request(&Message::Open { mode, name, resume: None });
-        match rblk_proto::parse(&opened) {
-            Ok((_, Message::Opened(o))) => o,
+    /// HELLO announcing `features`; returns the features the target's CHALLENGE announces.
+    pub fn hello_with(&mut self, features: u64) -> u64 {
+        let challenge = self.request(&Message::Hello { features });
+        match rblk_proto::parse(&challenge) {
+            Ok((_, Message::Challenge { features, .. })) => features,
+            other => panic!("HELLO answered with {other:?}"),
+        }
+    }
+
+    /// OPEN `name` with `mode`, replacing the session `resume` names (after HELLO): OPENED, or
+    /// the ERROR's code and text.
+    pub fn open_with(
+        &mut self,
+        name: &str,
+        mode: OpenMode,
+        resume: Option<Resume>,
+    ) -> Result<Opened, (ErrorCode, String)> {
+        let reply = self.request(&Message::Open { mode, name, resume });
+        match rblk_proto::parse(&reply) {
+            Ok((_, Message::Opened(o))) => Ok(o),
+            Ok((_, Message::Error { code, text })) => Err((code, text.to_owned())),
             other => panic!("OPEN {name} answered with {other:?}"),
         }
+    }
+
+    /// HELLO, then OPEN `name` with `mode`; returns the OPENED reply. Announces every feature
+    /// but keepalive: this client sends nothing unasked, and the target would end a connection
+    /// that promised keepalives and stayed silent.
+    pub fn open(&mut self, name: &str, mode: OpenMode) -> Opened {
+        self.hello_with(rblk_proto::FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+        self.open_with(name, mode, None).unwrap_or_else(|e| panic!("OPEN {name} refused: {e:?}"))
     }
 }

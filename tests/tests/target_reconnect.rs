@@ -1,0 +1,345 @@
+//! rblk-target's side of reconnect (issue 10), driven by hand-made control messages: feature
+//! negotiation, a reconnecting OPEN that tears the old session down before it answers, volume
+//! instance identities, and the reaping of silent initiators. Scenarios named in
+//! `on_both_fabrics!` also run in the guest against the real daemon; the others need the
+//! server's configuration (state dir, keepalive timeout) and run in-process only.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rblk_fabric::channel;
+use rblk_fabric::{Access, Completion, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
+use rblk_proto::{
+    ConnectData, ErrorCode, Message, OpenMode, Opened, Resume, StatsReply, VolumeId, FEATURES, FEATURE_RECONNECT,
+};
+use rblk_target::config::VolumeSpec;
+use rblk_target::server::{Config, Running, Server};
+use rblk_tests::raw::Raw;
+use rblk_tests::target::{Spec, Target};
+
+const MIB: u64 = 1 << 20;
+
+rblk_tests::on_both_fabrics!(
+    instance_only_with_the_reconnect_feature_and_resume_needs_it,
+    a_reconnect_tears_the_old_session_down_before_opened,
+    a_resume_with_a_wrong_token_or_an_unknown_id_touches_no_session,
+);
+
+fn raw(d: &Target) -> Raw {
+    Raw::connect(d.fabric(), d.addr(), ConnectData::NewSession).expect("connect to the target")
+}
+
+fn volume(name: &'static str, size: u64) -> Spec {
+    Spec { volumes: vec![(name, size)], key: None }
+}
+
+fn stats(r: &mut Raw) -> StatsReply {
+    match rblk_proto::parse(&r.request(&Message::Stats)) {
+        Ok((_, Message::StatsReply(s))) => s,
+        other => panic!("STATS answered with {other:?}"),
+    }
+}
+
+/// A one-sided READ (or WRITE) of one block at offset 0 with `o`'s rkey: its completion status,
+/// or the post's error (a QP already torn down). Control completions (keepalives from the
+/// target) are skipped.
+fn access(r: &mut Raw, o: &Opened, write: bool) -> Result<WcStatus, rblk_fabric::Error> {
+    let buf = r.ep.pd().register(&Memory::anonymous(4096).unwrap(), Access::LOCAL).unwrap();
+    let op = if write {
+        Op::Write { remote_addr: o.remote_addr, rkey: o.rkey }
+    } else {
+        Op::Read { remote_addr: o.remote_addr, rkey: o.rkey }
+    };
+    r.ep.post(&[WorkRequest {
+        wr_id: 9,
+        op,
+        local: Local::Region { mr: &buf, offset: 0, len: 4096 },
+        signaled: true,
+    }])?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut out = [Completion::EMPTY; 8];
+    loop {
+        let n = r.ep.wait(&mut out, Duration::from_micros(50), deadline)?;
+        if let Some(c) = out[..n].iter().find(|c| !channel::is_control(c.wr_id)) {
+            return Ok(c.status);
+        }
+        assert!(Instant::now() < deadline, "no completion for the one-sided access");
+    }
+}
+
+fn instance_only_with_the_reconnect_feature_and_resume_needs_it(fabric: Fabric) {
+    let d = Target::start(fabric, &volume("v", 4 * MIB));
+
+    // An initiator without the feature gets the old OPENED body, whatever the target supports.
+    let mut old = raw(&d);
+    let announced = old.hello_with(FEATURES);
+    assert_ne!(announced & FEATURE_RECONNECT, 0, "CHALLENGE announces reconnect");
+    assert_ne!(announced & rblk_proto::FEATURE_KEEPALIVE, 0, "CHALLENGE announces keepalive");
+    let o = old.open_with("v", OpenMode::ReadWrite, None).unwrap();
+    assert_eq!(o.instance, None, "no instance without FEATURE_RECONNECT");
+
+    let mut new = raw(&d);
+    new.hello_with(FEATURES | FEATURE_RECONNECT);
+    let n = new.open_with("v", OpenMode::ReadWrite, None).unwrap();
+    assert!(n.instance.is_some(), "an initiator with FEATURE_RECONNECT learns the instance");
+
+    // Catches a resume honoured without the feature: it would end `new`'s session.
+    let mut sneaky = raw(&d);
+    sneaky.hello_with(FEATURES);
+    let resume = Resume { session_id: n.session_id, token: n.token };
+    let (code, text) = sneaky.open_with("v", OpenMode::ReadWrite, Some(resume)).unwrap_err();
+    assert_eq!(code, ErrorCode::Unexpected, "{text}");
+    assert_eq!(access(&mut new, &n, false).unwrap(), WcStatus::SUCCESS, "the named session still works");
+    assert_eq!(stats(&mut new).registrations, 2);
+}
+
+/// Catches a reconnecting OPEN answered before the old session is gone: its registration still
+/// pinned, its rkey still working on its QPs (a late WRITE could land after a replayed one), its
+/// connections still up, or its exclusive open still held (the new exclusive OPEN fails Busy).
+/// Several rounds, each session with joined QPs, because connections that were not waited for
+/// may still end in time by chance.
+fn a_reconnect_tears_the_old_session_down_before_opened(fabric: Fabric) {
+    const ROUNDS: usize = 8;
+    const JOINED: usize = 3;
+    let d = Target::start(fabric, &volume("v", 4 * MIB));
+    let mut probe = raw(&d);
+    probe.hello_with(0);
+    let mut first = raw(&d);
+    first.hello_with(FEATURES | FEATURE_RECONNECT);
+    let mut o = first.open_with("v", OpenMode::Exclusive, None).unwrap();
+    for round in 0..ROUNDS {
+        let mut qps = vec![first];
+        for _ in 0..JOINED {
+            let join = ConnectData::Join { session_id: o.session_id, token: o.token };
+            let mut joined = Raw::connect(d.fabric(), d.addr(), join).expect("join connect");
+            let ok = joined.request(&Message::Join { session_id: o.session_id, token: o.token });
+            assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))), "{ok:?}");
+            assert_eq!(access(&mut joined, &o, true).unwrap(), WcStatus::SUCCESS);
+            qps.push(joined);
+        }
+        let s = stats(&mut probe);
+        assert_eq!((s.registrations, s.sessions, s.connections), (1, 1, 2 + JOINED as u64));
+
+        let mut new = raw(&d);
+        new.hello_with(FEATURES | FEATURE_RECONNECT);
+        let resume = Resume { session_id: o.session_id, token: o.token };
+        let n =
+            new.open_with("v", OpenMode::Exclusive, Some(resume)).expect("the old exclusive open is released first");
+        assert_ne!(n.session_id, o.session_id);
+        // Asked right after OPENED: nothing of the old session may be left by then.
+        let s = stats(&mut new);
+        assert_eq!(s.registrations, 1, "round {round}: the old registration is gone");
+        assert_eq!(s.sessions, 1, "round {round}: the old session is forgotten");
+        assert_eq!(s.connections, 2, "round {round}: the old session's connections have ended (probe and new remain)");
+        for (i, r) in qps.iter_mut().enumerate() {
+            let status = access(r, &o, true);
+            assert!(!matches!(status, Ok(WcStatus::SUCCESS)), "round {round}: old rkey on old QP {i}: {status:?}");
+        }
+        assert_eq!(access(&mut new, &n, true).unwrap(), WcStatus::SUCCESS);
+        (first, o) = (new, n);
+    }
+}
+
+/// Catches a resume that ends a session without holding its token, or one that ends a session
+/// only because its id matches (after a target restart ids may be reused).
+fn a_resume_with_a_wrong_token_or_an_unknown_id_touches_no_session(fabric: Fabric) {
+    let d = Target::start(fabric, &volume("v", 4 * MIB));
+    let mut victim = raw(&d);
+    victim.hello_with(FEATURES | FEATURE_RECONNECT);
+    let v = victim.open_with("v", OpenMode::ReadWrite, None).unwrap();
+
+    let mut token = v.token;
+    token[0] ^= 1;
+    let mut wrong = raw(&d);
+    wrong.hello_with(FEATURES | FEATURE_RECONNECT);
+    let resume = Resume { session_id: v.session_id, token };
+    wrong.open_with("v", OpenMode::ReadWrite, Some(resume)).expect("opens as usual");
+    assert_eq!(access(&mut victim, &v, false).unwrap(), WcStatus::SUCCESS, "after a wrong token");
+
+    let mut unknown = raw(&d);
+    unknown.hello_with(FEATURES | FEATURE_RECONNECT);
+    let resume = Resume { session_id: v.session_id.wrapping_add(1000), token: v.token };
+    unknown.open_with("v", OpenMode::ReadWrite, Some(resume)).expect("opens as usual");
+    assert_eq!(access(&mut victim, &v, false).unwrap(), WcStatus::SUCCESS, "after an unknown id");
+    let s = stats(&mut victim);
+    assert_eq!((s.registrations, s.sessions), (3, 3));
+}
+
+/// The server in-process on the in-memory fabric, on a free port.
+fn serve(volumes: &[VolumeSpec], state_dir: Option<&Path>) -> Running {
+    serve_with(Config { volumes: volumes.to_vec(), state_dir: state_dir.map(Path::to_owned), ..Config::default() })
+}
+
+fn serve_with(cfg: Config) -> Running {
+    let listen = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    Server::start(Config { listen, fabric: Fabric::Mem, ..cfg }).expect("start the in-process target")
+}
+
+/// A target whose connections end after 1 s of silence (with the keepalive feature) or of an
+/// uncompleted keepalive, with a RAM volume `v`, and a probe connection for STATS.
+fn quick_keepalive_target() -> (Running, Raw) {
+    let r = serve_with(Config {
+        volumes: vec![VolumeSpec { name: "v".into(), size: 4 * MIB, path: None }],
+        keepalive_timeout: KEEPALIVE_TIMEOUT,
+        ..Config::default()
+    });
+    let mut probe = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    probe.hello_with(0);
+    (r, probe)
+}
+
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Polls STATS until `done` holds, at most `within`; returns the time it took, or None.
+fn until(probe: &mut Raw, within: Duration, done: impl Fn(&StatsReply) -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if done(&stats(probe)) {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Catches a target that never notices an initiator which promised keepalives and went silent
+/// (a vanished host whose QP nobody tears down): its registration and pinned memory would stay.
+#[test]
+fn a_silent_initiator_with_keepalives_is_reaped() {
+    let (r, mut probe) = quick_keepalive_target();
+    let mut silent = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    silent.hello_with(FEATURES | rblk_proto::FEATURE_KEEPALIVE);
+    let o = silent.open_with("v", OpenMode::Exclusive, None).unwrap();
+    assert_eq!(stats(&mut probe).registrations, 1);
+    let took = until(&mut probe, 5 * KEEPALIVE_TIMEOUT, |s| (s.registrations, s.sessions, s.connections) == (0, 0, 1))
+        .expect("the silent initiator's connection and session are gone within a few seconds");
+    assert!(took >= KEEPALIVE_TIMEOUT / 2, "not before the timeout: {took:?}");
+    assert!(!matches!(access(&mut silent, &o, false), Ok(WcStatus::SUCCESS)), "its QP is disconnected");
+    // The exclusive open went with it.
+    let mut next = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    next.hello_with(FEATURES);
+    next.open_with("v", OpenMode::Exclusive, None).expect("the reaped session's exclusive open is released");
+}
+
+/// Catches silence taken for loss on an initiator that never promised keepalives (today's
+/// initiators): they would lose their sessions whenever idle.
+#[test]
+fn a_silent_initiator_without_keepalives_stays_connected() {
+    let (r, mut probe) = quick_keepalive_target();
+    let mut quiet = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    quiet.hello_with(FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+    let o = quiet.open_with("v", OpenMode::ReadWrite, None).unwrap();
+    std::thread::sleep(3 * KEEPALIVE_TIMEOUT);
+    let s = stats(&mut probe);
+    assert_eq!((s.registrations, s.sessions, s.connections), (1, 1, 2), "still connected after 3 s of silence");
+    assert_eq!(access(&mut quiet, &o, false).unwrap(), WcStatus::SUCCESS);
+}
+
+/// Catches a target that waits for ever on a keepalive SEND that cannot complete (a peer that
+/// posts no RECVs, or rxe retrying for ever): the connection must end whatever the features.
+#[test]
+fn a_keepalive_that_does_not_complete_ends_the_connection() {
+    let (r, mut probe) = quick_keepalive_target();
+    let _deaf = Raw::connect_without_recvs(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    // Admitted a moment after the connect returns.
+    until(&mut probe, Duration::from_secs(1), |s| s.connections == 2).expect("the target serves the deaf connection");
+    // The first keepalive goes out after KEEPALIVE_INTERVAL, then may stay uncompleted for 1 s.
+    let within = rblk_proto::KEEPALIVE_INTERVAL + 4 * KEEPALIVE_TIMEOUT;
+    until(&mut probe, within, |s| s.connections == 1).expect("the connection ends");
+}
+
+/// The instance OPENED reports for `name`.
+fn instance(r: &Running, name: &str) -> VolumeId {
+    let mut c = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    c.hello_with(FEATURES | FEATURE_RECONNECT);
+    c.open_with(name, OpenMode::ReadOnly, None).unwrap().instance.expect("OPENED names the instance")
+}
+
+/// A fresh scratch directory for this test.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rblk-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The files in `dir` (none if it does not exist).
+fn files(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir).map(|d| d.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+}
+
+/// Makes `to` hold exactly the files of `from`.
+fn copy_dir(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for f in files(from) {
+        std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+    }
+}
+
+/// Catches a RAM volume presenting the same instance after a restart (an initiator would take
+/// the new, zeroed volume for its old data), also when a state dir is configured.
+#[test]
+fn a_ram_volume_is_a_new_instance_at_every_start() {
+    let dir = scratch("ram-instance");
+    let spec = [VolumeSpec { name: "r".into(), size: MIB, path: None }];
+    let a = instance(&serve(&spec, Some(&dir)), "r");
+    let b = instance(&serve(&spec, Some(&dir)), "r");
+    assert_ne!(a, b);
+    assert!(files(&dir).is_empty(), "nothing is kept for RAM volumes: {:?}", files(&dir));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Catches session ids that start at the same value at every start: a resume from before a
+/// restart would then name a live session of the new run.
+#[test]
+fn session_ids_start_at_random_values() {
+    let spec = [VolumeSpec { name: "r".into(), size: MIB, path: None }];
+    let first_id = || {
+        let r = serve(&spec, None);
+        let mut c = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+        c.hello_with(FEATURES);
+        c.open_with("r", OpenMode::ReadOnly, None).unwrap().session_id
+    };
+    let (a, b) = (first_id(), first_id());
+    assert!(a != 0 && b != 0 && a != b, "{a} {b}");
+}
+
+/// Catches a durable volume that loses its instance across a clean shutdown (needless "writes
+/// lost" reports), or keeps it after a crash or a replaced backing file (hidden data loss).
+#[test]
+fn a_durable_volume_keeps_its_instance_across_clean_shutdowns_only() {
+    let dir = scratch("durable-instance");
+    let (state, image) = (dir.join("state"), dir.join("d.img"));
+    let spec = [VolumeSpec { name: "d".into(), size: MIB, path: Some(image.clone()) }];
+
+    let r = serve(&spec, Some(&state));
+    let a = instance(&r, "d");
+    r.shutdown();
+    assert_eq!(files(&state).len(), 1, "a clean shutdown records the identity");
+
+    let r = serve(&spec, Some(&state));
+    assert!(files(&state).is_empty(), "the record is gone while the volume is served");
+    assert_eq!(instance(&r, "d"), a, "kept across a clean shutdown");
+    // What the state dir holds while serving is what a crash leaves behind.
+    copy_dir(&state, &dir.join("at-crash"));
+    r.shutdown();
+    copy_dir(&dir.join("at-crash"), &state);
+
+    let r = serve(&spec, Some(&state));
+    let b = instance(&r, "d");
+    assert_ne!(b, a, "a new instance after a crash");
+    r.shutdown();
+    let r = serve(&spec, Some(&state));
+    assert_eq!(instance(&r, "d"), b);
+    r.shutdown();
+
+    // The same bytes in another file.
+    std::fs::copy(&image, dir.join("copy.img")).unwrap();
+    std::fs::rename(dir.join("copy.img"), &image).unwrap();
+    let r = serve(&spec, Some(&state));
+    assert_ne!(instance(&r, "d"), b, "a new instance on a replaced backing file");
+    r.shutdown();
+    let _ = std::fs::remove_dir_all(dir);
+}
