@@ -406,6 +406,8 @@ impl Queue {
         if self.conn.alive().is_ok() || !self.link.reconnects() {
             return self.conn.alive();
         }
+        // Reconnecting goes on while I/O fails fast: new I/O runs the attempts that are due.
+        self.link.drive();
         match self.link.status(self.gen) {
             Status::Up | Status::Newer(_) | Status::Waiting => Ok(()),
             Status::FastFail(e) => {

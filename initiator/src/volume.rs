@@ -195,6 +195,11 @@ impl Volume {
     /// every queue's writes before calling this (the target cannot see one-sided writes). When
     /// nothing was written since the last flush, nothing is sent.
     pub fn flush(&mut self) -> Result<bool> {
+        if let Some(lost) = self.link.take_lost_writes() {
+            // The target crashed since these writes completed, and took them along: this is the
+            // flush that promised them durability.
+            return Err(Error::WritesLost { addr: self.link.addr(), bytes: lost });
+        }
         if dirty::is_clean(&self.dirty) {
             self.dirty.counters.skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(self.is_volatile());
@@ -250,8 +255,7 @@ impl Volume {
                 })
             })
             .and_then(|flags| match self.link.take_lost_writes() {
-                // The target crashed since these writes completed: they are gone. This flush
-                // is the one that promised them durability.
+                // The target crashed while this FLUSH waited for the session.
                 Some(lost) => Err(Error::WritesLost { addr: self.link.addr(), bytes: lost }),
                 None => Ok(flags),
             })

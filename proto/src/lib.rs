@@ -85,7 +85,7 @@ pub const FEATURE_RECONNECT: u64 = 4;
 
 /// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
 /// intersection of both sets.
-pub const FEATURES: u64 = FEATURE_FLUSH_RANGES;
+pub const FEATURES: u64 = FEATURE_FLUSH_RANGES | FEATURE_KEEPALIVE | FEATURE_RECONNECT;
 
 /// TCP-style port the target listens on through rdma_cm.
 pub const DEFAULT_PORT: u16 = 7420;

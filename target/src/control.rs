@@ -13,11 +13,6 @@ use crate::server::Shared;
 use crate::session::{self, Session};
 
 /// The features this target implements and announces in CHALLENGE: the protocol's
-/// [`rblk_proto::FEATURES`] plus keepalive loss detection and reconnect. Becomes
-/// `rblk_proto::FEATURES` once the initiator announces them too; until then proto's set stays
-/// what both sides implement.
-pub const TARGET_FEATURES: u64 = rblk_proto::FEATURES | rblk_proto::FEATURE_KEEPALIVE | rblk_proto::FEATURE_RECONNECT;
-
 /// Where a connection is in the protocol.
 #[derive(Debug)]
 pub enum State {
@@ -32,7 +27,7 @@ pub enum State {
         pd: Pd,
         /// Nonce the AUTH must cover.
         nonce: [u8; NONCE_LEN],
-        /// Negotiated features: HELLO's and [`TARGET_FEATURES`].
+        /// Negotiated features: HELLO's and [`rblk_proto::FEATURES`].
         features: u64,
     },
     /// Authenticated (or no key configured): may OPEN.
@@ -102,8 +97,8 @@ pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (R
         (Message::Hello { features }, State::Fresh { pd }) => {
             let nonce = session::nonce();
             let flags = if shared.key.is_some() { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
-            *state = State::Challenged { pd: pd.clone(), nonce, features: features & TARGET_FEATURES };
-            (Reply::Msg(Message::Challenge { flags, features: TARGET_FEATURES, nonce }), After::Continue)
+            *state = State::Challenged { pd: pd.clone(), nonce, features: features & rblk_proto::FEATURES };
+            (Reply::Msg(Message::Challenge { flags, features: rblk_proto::FEATURES, nonce }), After::Continue)
         }
         (Message::Auth { mac }, State::Challenged { pd, nonce, features }) => match &shared.key {
             Some(key) if !session::verify(key, nonce, &mac) => {

@@ -10,8 +10,8 @@
 //! - `a_waiting_read_modify_write_is_not_starved`: the barrier's ordering. With requests that
 //!   keep arriving, an unaligned write must still finish.
 //! - `flush_sends_only_what_is_dirty`: nothing is sent when clean; FUA flushes.
-//! - `a_vanished_peer_fails_requests_instead_of_hanging`: a severed connection (mem) ends every
-//!   request with an error.
+//! - `without_reconnect_a_vanished_peer_fails_requests_instead_of_hanging`: a severed connection
+//!   (mem) with ctrl_loss_tmo 0 ends every request with an error.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -228,11 +228,13 @@ fn no_shared_lane_until_a_synchronous_call(fabric: Fabric) {
 }
 
 /// In-memory only: it severs the connection by fault injection (over rxe, the ublk tests kill
-/// processes instead).
+/// processes instead). Without reconnecting (ctrl_loss_tmo 0); `reconnect.rs` severs with it.
 #[test]
-fn a_vanished_peer_fails_requests_instead_of_hanging() {
+fn without_reconnect_a_vanished_peer_fails_requests_instead_of_hanging() {
     let t = target(Fabric::Mem, MIB);
-    let e = engine(&t, 1);
+    let opts = Options { fabric: Fabric::Mem, reconnect: rblk_initiator::Reconnect::NEVER, ..Options::default() };
+    let vol = Session::connect(&format!("rblk://{}/v", t.addr()), &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+    let e = Engine::new(vol, 1).unwrap();
     let mut lane = e.lane(4, 4096).unwrap();
     lane.set_io_timeout(Duration::from_secs(5));
     rblk_fabric::mem::sever(lane.qp_num());

@@ -73,7 +73,7 @@ fn instance_only_with_the_reconnect_feature_and_resume_needs_it(fabric: Fabric) 
 
     // An initiator without the feature gets the old OPENED body, whatever the target supports.
     let mut old = raw(&d);
-    let announced = old.hello_with(FEATURES);
+    let announced = old.hello_with(rblk_proto::FEATURE_FLUSH_RANGES);
     assert_ne!(announced & FEATURE_RECONNECT, 0, "CHALLENGE announces reconnect");
     assert_ne!(announced & rblk_proto::FEATURE_KEEPALIVE, 0, "CHALLENGE announces keepalive");
     let o = old.open_with("v", OpenMode::ReadWrite, None).unwrap();
@@ -86,7 +86,7 @@ fn instance_only_with_the_reconnect_feature_and_resume_needs_it(fabric: Fabric) 
 
     // Catches a resume honoured without the feature: it would end `new`'s session.
     let mut sneaky = raw(&d);
-    sneaky.hello_with(FEATURES);
+    sneaky.hello_with(rblk_proto::FEATURE_FLUSH_RANGES);
     let resume = Resume { session_id: n.session_id, token: n.token };
     let (code, text) = sneaky.open_with("v", OpenMode::ReadWrite, Some(resume)).unwrap_err();
     assert_eq!(code, ErrorCode::Unexpected, "{text}");
@@ -218,7 +218,7 @@ fn a_silent_initiator_with_keepalives_is_reaped() {
     assert!(!matches!(access(&mut silent, &o, false), Ok(WcStatus::SUCCESS)), "its QP is disconnected");
     // The exclusive open went with it.
     let mut next = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
-    next.hello_with(FEATURES);
+    next.hello_with(rblk_proto::FEATURE_FLUSH_RANGES);
     next.open_with("v", OpenMode::Exclusive, None).expect("the reaped session's exclusive open is released");
 }
 
@@ -299,7 +299,7 @@ fn session_ids_start_at_random_values() {
     let first_id = || {
         let r = serve(&spec, None);
         let mut c = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
-        c.hello_with(FEATURES);
+        c.hello_with(rblk_proto::FEATURE_FLUSH_RANGES);
         c.open_with("r", OpenMode::ReadOnly, None).unwrap().session_id
     };
     let (a, b) = (first_id(), first_id());

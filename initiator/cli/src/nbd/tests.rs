@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rblk_fabric::WcStatus;
-use rblk_initiator::{Engine, Fabric, OpenMode, Options, Session};
+use rblk_initiator::{Engine, Fabric, OpenMode, Options, Reconnect, Session};
 use rblk_target::config::VolumeSpec;
 use rblk_target::server::{Config, Running, Server};
 use zerocopy::IntoBytes as _;
@@ -73,6 +73,8 @@ struct TestExport {
     opened: AtomicU32,
     /// The QP number of the last client's lane, for fault injection.
     qp_num: Mutex<Option<u32>>,
+    /// The clients' sessions' reconnect policy.
+    reconnect: Reconnect,
 }
 
 impl TestExport {
@@ -83,7 +85,13 @@ impl TestExport {
             busy: AtomicBool::new(false),
             opened: AtomicU32::new(0),
             qp_num: Mutex::new(None),
+            reconnect: Reconnect::default(),
         }
+    }
+
+    /// Clients' sessions do not reconnect (ctrl_loss_tmo 0): a failed RDMA operation is final.
+    fn without_reconnect(geo: ExportGeometry) -> TestExport {
+        TestExport { reconnect: Reconnect::NEVER, ..TestExport::new(geo) }
     }
 
     fn target(&self) -> &Target {
@@ -133,7 +141,8 @@ impl Export for TestExport {
             return Err(Refusal::Busy("in use".into()));
         }
         let mode = if self.geo.read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
-        let vol = Session::connect(&self.target().uri, &options()).and_then(|s| s.open(mode));
+        let opts = Options { reconnect: self.reconnect, ..options() };
+        let vol = Session::connect(&self.target().uri, &opts).and_then(|s| s.open(mode));
         let mut dev =
             vol.and_then(|v| Device::open_with(v, DEPTH, PIECE)).map_err(|e| Refusal::Unavailable(e.to_string()))?;
         self.opened.fetch_add(1, Ordering::SeqCst);
@@ -447,8 +456,8 @@ fn malformed_and_out_of_range_requests_get_errors_and_the_server_keeps_serving()
 }
 
 #[test]
-fn failed_rdma_operations_are_eio_and_the_connection_goes_on() {
-    let export = Arc::new(TestExport::new(GEO));
+fn without_reconnect_failed_rdma_operations_are_eio_and_the_connection_goes_on() {
+    let export = Arc::new(TestExport::without_reconnect(GEO));
     export.write(&[6; 8192], MIB - 4096);
     // A failed RDMA operation breaks its queue pair: each case gets a client of its own.
     type Case = fn(&mut Client) -> u32;
@@ -474,6 +483,22 @@ fn failed_rdma_operations_are_eio_and_the_connection_goes_on() {
     let mut c = Client::start(Arc::clone(&export));
     assert_eq!(c.read(MIB - 4096, 8192), Ok(vec![6; 8192]));
     assert!(matches!(c.disconnect().end, End::Disconnect));
+}
+
+#[test]
+fn a_failed_rdma_operation_is_replayed_on_a_new_session() {
+    // The default policy: the queue pair that failed is replaced (the session reconnects) and
+    // the operation runs again; the client sees nothing.
+    let export = Arc::new(TestExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    export.fail_next(1);
+    assert_eq!(c.write(MIB - 4096, &[4; 8192]), 0, "a write whose first RDMA operation failed");
+    export.fail_next(1);
+    assert_eq!(c.read(MIB - 4096, 8192), Ok(vec![4; 8192]), "a read whose first RDMA operation failed");
+    assert_eq!(c.cmd(wire::CMD_FLUSH, 0, 0, 0, &[]), 0);
+    let summary = c.disconnect();
+    assert_eq!(summary.errors, 0, "{summary:?}");
+    assert_eq!(export.data(MIB - 4096, 8192), vec![4; 8192]);
 }
 
 #[test]

@@ -1,0 +1,350 @@
+//! Reconnect and replay (the session link under the engine) against the target in-process over
+//! the in-memory fabric: restarts, crashes, fast failure and giving up, decided by the target's
+//! volume identity. The same paths run over rxe in the guest in `recovery.rs`.
+//!
+//! What each would catch:
+//! - `a_queue_pair_forced_into_error_is_replaced_without_failing_io`: replay. The writes the
+//!   fault fails never reached the volume; without parking and posting them again on the new
+//!   queue pair they fail, or read back as zeros.
+//! - `a_severed_connection_is_replaced_without_failing_io`: the same when both ends of the queue
+//!   pair fail and the target sees the disconnect (a link flap).
+//! - `a_graceful_restart_is_invisible_to_io`: waiting while the target is down (I/O submitted
+//!   then is parked, not failed) and the identity check letting a durable volume continue.
+//! - `a_restarted_ram_volume_fails_with_contents_lost`: the identity check; without it the new
+//!   instance's zeros would be served as the old data.
+//! - `a_crash_fails_the_next_flush_once`: the loss of unflushed writes on a new durable instance
+//!   reaches the FLUSH that promised them, once.
+//! - `fast_io_fail_fails_io_and_the_device_comes_back`: fast_io_fail_tmo fails I/O after its
+//!   time (not before), reconnecting goes on, and a loss found after that is not reported again.
+//! - `ctrl_loss_tmo_fails_waiting_io_after_the_timeout_not_before` and
+//!   `ctrl_loss_tmo_0_fails_at_once`: giving up.
+//! - `an_idle_session_keeps_its_connections`: initiator keepalives; without them the target
+//!   (keepalive timeout 3 s) ends the idle connections and the session reconnects.
+//! - `a_dead_first_address_is_skipped`: multi-address URIs, for the session and its queues.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use rblk_fabric::{Fabric, WcStatus};
+use rblk_initiator::engine::{Data, IoOp, Lane, Request};
+use rblk_initiator::{Engine, Error, OpenMode, Options, Reconnect, Session};
+use rblk_target::config::VolumeSpec;
+use rblk_target::server::{Config, Running, Server};
+use rblk_tests::workload::pattern;
+
+const MIB: u64 = 1 << 20;
+const PIECE: u64 = 16 << 10;
+
+static PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A target in this process that can be stopped and started again on its address.
+struct Target {
+    cfg: Config,
+    running: Option<Running>,
+    dir: PathBuf,
+}
+
+impl Target {
+    fn new(durable: bool, keepalive_timeout: Duration) -> Target {
+        let port = 46000 + PORT.fetch_add(1, Ordering::Relaxed) + (std::process::id() % 500) as u16 * 20;
+        let dir = std::env::temp_dir().join(format!("rblk-reconnect-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = durable.then(|| dir.join("v.img"));
+        let cfg = Config {
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            volumes: vec![VolumeSpec { name: "v".into(), size: 4 * MIB, path }],
+            fabric: Fabric::Mem,
+            state_dir: Some(dir.join("state")),
+            keepalive_timeout,
+            ..Config::default()
+        };
+        let mut t = Target { cfg, running: None, dir };
+        t.start();
+        t
+    }
+
+    fn start(&mut self) {
+        assert!(self.running.is_none());
+        self.running = Some(Server::start(self.cfg.clone()).expect("start the target"));
+    }
+
+    /// A graceful stop: flushes, and a durable volume keeps its identity.
+    fn stop(&mut self) {
+        self.running.take().expect("running").shutdown();
+    }
+
+    /// As if the last run had crashed: its identity record is gone.
+    fn forget_identity(&self) {
+        let state = self.dir.join("state");
+        for e in std::fs::read_dir(&state).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+    }
+
+    fn uri(&self) -> String {
+        format!("rblk://{}/v", self.cfg.listen)
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        drop(self.running.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn policy(ctrl_loss: Option<Duration>, fast_fail: Option<Duration>) -> Reconnect {
+    Reconnect { delay: Duration::from_millis(100), ctrl_loss_tmo: ctrl_loss, fast_io_fail_tmo: fast_fail }
+}
+
+fn engine(t: &Target, reconnect: Reconnect) -> Engine {
+    let opts = Options { fabric: Fabric::Mem, timeout: Duration::from_secs(2), reconnect, ..Options::default() };
+    let vol = Session::connect(&t.uri(), &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+    assert!(vol.can_reconnect(), "the target announces reconnect and the volume's identity");
+    Engine::new(vol, 1).unwrap()
+}
+
+fn data(seed: u64, offset: u64, len: u64) -> Vec<u8> {
+    let mut v = vec![0; len as usize];
+    pattern(seed, offset, &mut v);
+    v
+}
+
+/// Submits writes of `count` pieces from `at`, without waiting.
+fn submit_writes(lane: &mut Lane, seed: u64, at: u64, count: u64) {
+    for i in 0..count {
+        let offset = at + i * PIECE;
+        let r = Request {
+            tag: i,
+            op: IoOp::Write,
+            offset,
+            len: PIECE,
+            fua: false,
+            data: Data::Bytes(data(seed, offset, PIECE)),
+        };
+        lane.submit(r);
+    }
+}
+
+/// Waits for `count` requests; returns their results.
+fn finish(lane: &mut Lane, count: usize) -> Vec<rblk_initiator::Result<()>> {
+    let mut out = Vec::new();
+    while out.len() < count {
+        lane.wait().unwrap();
+        while let Some(f) = lane.next() {
+            out.push(f.result);
+        }
+    }
+    out
+}
+
+fn check(e: &Engine, seed: u64, at: u64, count: u64) {
+    let mut got = vec![0; (count * PIECE) as usize];
+    e.read_at(&mut got, at).unwrap();
+    for i in 0..count {
+        let offset = at + i * PIECE;
+        let s = (i * PIECE) as usize;
+        assert!(got[s..s + PIECE as usize] == data(seed, offset, PIECE)[..], "piece at {offset} differs");
+    }
+}
+
+#[test]
+fn a_queue_pair_forced_into_error_is_replaced_without_failing_io() {
+    let t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(30)), None));
+    let mut lane = e.lane(8, PIECE as usize).unwrap();
+    // The next two work requests on the lane's queue pair fail as if the peer stopped answering.
+    rblk_fabric::mem::fail_next(lane.qp_num(), 2, WcStatus::RETRY_EXC_ERR);
+    submit_writes(&mut lane, 1, 0, 16);
+    for r in finish(&mut lane, 16) {
+        r.expect("a write across a replaced queue pair");
+    }
+    assert_eq!(e.reconnects(), 1, "the session reconnected once");
+    check(&e, 1, 0, 16);
+    e.flush().expect("flush after the reconnect");
+}
+
+#[test]
+fn a_severed_connection_is_replaced_without_failing_io() {
+    let t = Target::new(false, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(30)), None));
+    let mut lane = e.lane(8, PIECE as usize).unwrap();
+    // Both ends of the lane's queue pair go to error, and the target sees the disconnect.
+    rblk_fabric::mem::sever(lane.qp_num());
+    submit_writes(&mut lane, 11, 0, 16);
+    for r in finish(&mut lane, 16) {
+        r.expect("a write across a severed connection");
+    }
+    assert_eq!(e.reconnects(), 1);
+    check(&e, 11, 0, 16);
+}
+
+#[test]
+fn a_graceful_restart_is_invisible_to_io() {
+    let mut t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(30)), None));
+    let mut lane = e.lane(8, PIECE as usize).unwrap();
+    submit_writes(&mut lane, 2, 0, 8);
+    finish(&mut lane, 8).into_iter().for_each(|r| r.unwrap());
+    t.stop();
+    // Submitted while the target is down: parked, not failed.
+    submit_writes(&mut lane, 3, MIB, 8);
+    let restart = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        t.start();
+        t
+    });
+    let started = Instant::now();
+    for r in finish(&mut lane, 8) {
+        r.expect("a write submitted while the target was down");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(400), "the writes waited for the target");
+    let _t = restart.join().unwrap();
+    assert_eq!(e.reconnects(), 1);
+    check(&e, 2, 0, 8);
+    check(&e, 3, MIB, 8);
+    e.flush().expect("nothing was lost");
+}
+
+#[test]
+fn a_restarted_ram_volume_fails_with_contents_lost() {
+    let mut t = Target::new(false, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(30)), None));
+    e.write_at(&data(4, 0, PIECE), 0).unwrap();
+    t.stop();
+    t.start();
+    let mut back = vec![0xee; PIECE as usize];
+    let err = e.read_at(&mut back, 0).expect_err("a read of a volume whose contents are gone");
+    assert!(err.to_string().contains("volume contents lost"), "{err}");
+    assert_eq!(err.errno(), 5, "EIO");
+    assert!(back.iter().all(|&b| b == 0xee), "nothing of the new, empty volume was served");
+    assert_eq!(e.reconnects(), 0);
+}
+
+#[test]
+fn a_crash_fails_the_next_flush_once() {
+    let mut t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(30)), None));
+    e.write_at(&data(5, 0, PIECE), 0).unwrap();
+    e.flush().unwrap();
+    e.write_at(&data(6, MIB, 2 * PIECE), MIB).unwrap();
+    t.stop();
+    t.forget_identity();
+    t.start();
+    // The next I/O reconnects to a new instance: the unflushed 32 KiB are gone.
+    let mut back = vec![0; PIECE as usize];
+    e.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, data(5, 0, PIECE));
+    let err = e.flush().expect_err("the flush that promised the lost writes");
+    assert!(matches!(err, Error::WritesLost { bytes: Some(b), .. } if b == 2 * PIECE), "{err}");
+    assert_eq!(err.errno(), 5, "EIO");
+    e.flush().expect("the loss is reported once");
+    assert_eq!(e.unflushed_bytes(), Some(0));
+}
+
+#[test]
+fn fast_io_fail_fails_io_and_the_device_comes_back() {
+    let mut t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(60)), Some(Duration::from_secs(1))));
+    e.write_at(&data(7, 0, PIECE), 0).unwrap();
+    t.stop();
+    t.forget_identity();
+    let started = Instant::now();
+    let mut back = vec![0; PIECE as usize];
+    let err = e.read_at(&mut back, 0).expect_err("I/O fails after fast_io_fail_tmo");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(10), "failed after {took:?}");
+    assert!(err.to_string().contains("fast_io_fail_tmo"), "{err}");
+    assert_eq!(err.errno(), 5);
+    // Failing now is immediate.
+    let again = Instant::now();
+    e.read_at(&mut back, 0).expect_err("still no target");
+    assert!(again.elapsed() < Duration::from_millis(500));
+    t.start();
+    // The same engine works again once the session is back (a due reconnect runs on the call).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.read_at(&mut back, 0).is_err() {
+        assert!(Instant::now() < deadline, "the session did not come back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(back, data(7, 0, PIECE));
+    assert_eq!(e.reconnects(), 1);
+    // The write lost in the "crash" was already reported by failed I/O (md re-adds the leg).
+    e.flush().expect("a loss already reported by fast_io_fail does not fail the flush");
+}
+
+#[test]
+fn ctrl_loss_tmo_fails_waiting_io_after_the_timeout_not_before() {
+    let mut t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(2)), None));
+    e.write_at(&data(8, 0, PIECE), 0).unwrap();
+    t.stop();
+    let started = Instant::now();
+    let mut back = vec![0; PIECE as usize];
+    let err = e.read_at(&mut back, 0).expect_err("the session gives up");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(10), "gave up after {took:?}");
+    assert!(err.to_string().contains("ctrl_loss_tmo"), "{err}");
+    t.start();
+    std::thread::sleep(Duration::from_millis(300));
+    e.read_at(&mut back, 0).expect_err("a session that gave up stays gone");
+    // Closing does not hang on a gone session.
+    let closing = Instant::now();
+    let _ = e.close();
+    assert!(closing.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn ctrl_loss_tmo_0_fails_at_once() {
+    let mut t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let opts = Options { fabric: Fabric::Mem, reconnect: Reconnect::NEVER, ..Options::default() };
+    let vol = Session::connect(&t.uri(), &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+    assert!(!vol.can_reconnect());
+    let e = Engine::new(vol, 1).unwrap();
+    t.stop();
+    t.start();
+    let started = Instant::now();
+    let mut back = vec![0; PIECE as usize];
+    e.read_at(&mut back, 0).expect_err("no reconnect");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(e.reconnects(), 0);
+}
+
+#[test]
+fn an_idle_session_keeps_its_connections() {
+    let t = Target::new(false, Duration::from_secs(3));
+    let e = engine(&t, policy(Some(Duration::from_secs(30)), None));
+    let mut lane = e.lane(4, PIECE as usize).unwrap();
+    e.write_at(&data(9, 0, PIECE), 0).unwrap();
+    // Idle for more than twice the target's keepalive timeout, with the housekeeping a front
+    // end runs (a tick a second on each lane and on the engine).
+    let until = Instant::now() + Duration::from_secs(7);
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(500));
+        lane.tick().unwrap();
+        e.tick().unwrap();
+    }
+    assert_eq!(e.reconnects(), 0, "the target kept every connection of the idle session");
+    let mut back = vec![0; PIECE as usize];
+    lane.read_at(&mut back, 0).unwrap();
+    e.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, data(9, 0, PIECE));
+}
+
+#[test]
+fn a_dead_first_address_is_skipped() {
+    let t = Target::new(false, rblk_proto::KEEPALIVE_TIMEOUT);
+    // Nothing listens on port 1 of the in-memory fabric.
+    let uri = format!("rblk://127.0.0.1:1,{}/v", t.cfg.listen);
+    let opts = Options { fabric: Fabric::Mem, ..Options::default() };
+    let vol = Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+    assert_eq!(vol.addr(), t.cfg.listen);
+    let e = Engine::new(vol, 2).unwrap();
+    let mut lane = e.lane(4, PIECE as usize).unwrap();
+    lane.write_at(&data(10, 0, PIECE), 0, false).unwrap();
+    let mut back = vec![0; PIECE as usize];
+    e.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, data(10, 0, PIECE));
+}
