@@ -58,6 +58,8 @@ impl Dirty {
 #[derive(Debug, Default)]
 pub(crate) struct State {
     dirty: Mutex<Dirty>,
+    /// What the FLUSH in progress covers (taken from `dirty`; back there if it fails).
+    flushing: Mutex<Dirty>,
     failed: AtomicBool,
     /// Every lane's writes and read-modify-writes hold their blocks here.
     pub(crate) locks: crate::engine::RangeLocks,
@@ -85,14 +87,32 @@ pub(crate) fn pending_bytes(shared: &Shared) -> Option<u64> {
     }
 }
 
-/// Takes what is recorded, leaving it empty.
-pub(crate) fn take(shared: &Shared) -> Dirty {
-    std::mem::take(&mut *shared.dirty.lock().unwrap_or_else(|p| p.into_inner()))
+/// Takes what is recorded for a FLUSH, leaving it empty; [`flush_done`] says how it went.
+pub(crate) fn take_for_flush(shared: &Shared) -> Dirty {
+    let taken = std::mem::take(&mut *shared.dirty.lock().unwrap_or_else(|p| p.into_inner()));
+    *shared.flushing.lock().unwrap_or_else(|p| p.into_inner()) = taken.clone();
+    taken
 }
 
-/// Puts back what a failed FLUSH did not cover.
-pub(crate) fn restore(shared: &Shared, pending: Dirty) {
-    shared.dirty.lock().unwrap_or_else(|p| p.into_inner()).merge(pending);
+/// The FLUSH of [`take_for_flush`] ended: on failure its ranges go back, so that the next
+/// flush covers them again.
+pub(crate) fn flush_done(shared: &Shared, ok: bool) {
+    let taken = std::mem::take(&mut *shared.flushing.lock().unwrap_or_else(|p| p.into_inner()));
+    if !ok {
+        shared.dirty.lock().unwrap_or_else(|p| p.into_inner()).merge(taken);
+    }
+}
+
+/// The target lost every write not yet flushed (a durable volume's crash): forgets them, the
+/// ranges of a FLUSH in progress included, and returns how many bytes they were (None: too
+/// many ranges to count).
+pub(crate) fn lose_all(shared: &Shared) -> Option<u64> {
+    let mut dirty = std::mem::take(&mut *shared.dirty.lock().unwrap_or_else(|p| p.into_inner()));
+    dirty.merge(std::mem::take(&mut *shared.flushing.lock().unwrap_or_else(|p| p.into_inner())));
+    match dirty {
+        Dirty::Ranges(v) => Some(v.iter().map(|&(s, e)| e - s).sum()),
+        Dirty::All => None,
+    }
 }
 
 /// Marks the volume failed.

@@ -56,9 +56,27 @@
 //!
 //! Dropping a volume or queue disconnects its QP (the target then drops the connection, and the
 //! session's registration with the last one); [`Volume::close`] asks the target to revoke the
-//! session's access first. After any failed RDMA completion, failed control exchange or timeout
-//! the connection is unusable: every later call reports [`Error::ConnectionLost`]. Buffers a
-//! failed connection had posted are not reused until the NIC has let go of them.
+//! session's access first. Buffers a failed connection had posted are not reused until the NIC
+//! has let go of them.
+//!
+//! # Faults
+//!
+//! A session notices a lost target from any queue pair's error completion, from keepalives
+//! stopping (every QP sends KEEPALIVE every [`KEEPALIVE_INTERVAL`] and expects the target's;
+//! silence for `KEEPALIVE_TIMEOUT` is loss), or from a failed control exchange. It then
+//! reconnects every [`Reconnect::delay`] through the URI's addresses in turn: a new session
+//! whose OPEN names the old one, which the target tears down first (its QPs, its registration,
+//! its open) so that no late write of an old QP can land after a replayed one. Operations in
+//! flight and submitted meanwhile are parked and posted again on new queue pairs; nothing fails
+//! until [`Reconnect::fast_io_fail_tmo`] (EIO while reconnecting goes on) or
+//! [`Reconnect::ctrl_loss_tmo`] (the session gives up). The volume instance's identity in
+//! OPENED decides what may continue: a RAM volume that restarted fails ("volume contents lost");
+//! a durable volume that crashed lost the unflushed writes, and the next flush fails with
+//! [`Error::WritesLost`]. Threads that own idle queues call [`Queue::tick`] (or
+//! [`Lane::tick`], [`Engine::tick`], [`Volume::keepalive`]) every second or so, so that
+//! keepalives go out and a lost session is noticed and reconnected while nobody does I/O.
+//! Targets without `FEATURE_RECONNECT`, and `ctrl_loss_tmo` 0, get the old behaviour: a failed
+//! connection is final ([`Error::ConnectionLost`]).
 //!
 //! Durability: a completed write is in target memory; [`Volume::flush`] (after reaping every
 //! queue's writes it should cover) makes it durable, and returns whether the volume is RAM only.

@@ -126,6 +126,9 @@ fn is_final(e: &Error) -> bool {
     }
 }
 
+/// The longest one step of a reconnect attempt (resolve, connect, HELLO, AUTH) may take.
+const ATTEMPT_STEP: Duration = Duration::from_secs(3);
+
 fn secs(d: Duration) -> String {
     format!("{} s", d.as_secs_f64().round())
 }
@@ -451,15 +454,19 @@ impl Link {
         self.changed.notify_all();
     }
 
-    /// A new first queue pair to `dest`: HELLO, AUTH, OPEN naming the old session.
+    /// A new first queue pair to `dest`: HELLO, AUTH, OPEN naming the old session. Each step
+    /// has at most [`ATTEMPT_STEP`]: an address that went away must not hold the attempt (and
+    /// the other addresses) for a whole control timeout.
     fn reopen(&self, dest: &Dest, resume: Resume) -> Result<(Conn, Opened)> {
-        let (mut conn, features, _) = crate::session::handshake(dest, Some(&self.pd), &self.opts)?;
+        let opts = Options { timeout: self.opts.timeout.min(ATTEMPT_STEP), ..self.opts.clone() };
+        let (mut conn, features, _) = crate::session::handshake(dest, Some(&self.pd), &opts)?;
         if features & FEATURE_RECONNECT == 0 {
             return Err(Error::Auth {
                 addr: dest.addr,
                 reason: "the target no longer supports reconnecting (FEATURE_RECONNECT)".into(),
             });
         }
+        // OPEN may wait for the target to tear the old session down: the whole control timeout.
         let opened = crate::session::open_on(&mut conn, self.mode, &self.name, Some(resume), self.opts.timeout)?;
         Ok((conn, opened))
     }
@@ -493,8 +500,7 @@ impl Link {
         if opened.instance != old.instance {
             // A durable volume that crashed (or whose store was replaced): every write not yet
             // flushed is gone.
-            let lost = dirty::pending_bytes(&self.shared);
-            dirty::take(&self.shared);
+            let lost = dirty::lose_all(&self.shared);
             let amount = lost.map_or("an unknown number of".to_owned(), |b| b.to_string());
             if lost == Some(0) {
                 tracing::warn!(

@@ -204,7 +204,7 @@ impl Volume {
             self.dirty.counters.skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(self.is_volatile());
         }
-        let pending = dirty::take(&self.dirty);
+        let pending = dirty::take_for_flush(&self.dirty);
         let ranges: Vec<Range> = match &pending {
             Dirty::Ranges(v) => v.iter().map(|&(s, e)| Range::new(s, e - s)).collect(),
             Dirty::All => Vec::new(),
@@ -214,20 +214,17 @@ impl Volume {
             _ => Flush::All,
         };
         let result = self.flush_with(flush);
-        if result.is_err() {
-            // Not durable: the next flush must cover these again.
-            dirty::restore(&self.dirty, pending);
-        }
+        // Not durable: the next flush must cover these again (a loss found by a reconnect
+        // meanwhile has forgotten them already).
+        dirty::flush_done(&self.dirty, result.is_ok());
         result
     }
 
     /// Makes everything written so far durable, tracked or not: a FLUSH of the whole volume.
     pub fn flush_all(&mut self) -> Result<bool> {
-        let pending = dirty::take(&self.dirty);
+        dirty::take_for_flush(&self.dirty);
         let result = self.flush_with(Flush::All);
-        if result.is_err() {
-            dirty::restore(&self.dirty, pending);
-        }
+        dirty::flush_done(&self.dirty, result.is_ok());
         result
     }
 
@@ -245,6 +242,12 @@ impl Volume {
 
     fn flush_with(&mut self, flush: Flush<'_>) -> Result<bool> {
         self.dirty.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        match &flush {
+            Flush::All => tracing::debug!("FLUSH of the whole volume"),
+            Flush::Ranges(r) => {
+                tracing::debug!(ranges = r.len(), bytes = r.iter().map(|r| r.len()).sum::<u64>(), "FLUSH")
+            }
+        }
         let timeout = self.link.opts().timeout;
         let flags = self
             .link

@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod blockdev;
 pub mod daemon;
 pub mod raw;
 pub mod rxe;

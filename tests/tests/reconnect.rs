@@ -13,7 +13,8 @@
 //! - `a_restarted_ram_volume_fails_with_contents_lost`: the identity check; without it the new
 //!   instance's zeros would be served as the old data.
 //! - `a_crash_fails_the_next_flush_once`: the loss of unflushed writes on a new durable instance
-//!   reaches the FLUSH that promised them, once.
+//!   reaches the FLUSH that promised them, once; `a_crash_found_by_the_flush_itself_fails_it`
+//!   when that FLUSH is what finds the crash (its own ranges are the loss).
 //! - `fast_io_fail_fails_io_and_the_device_comes_back`: fast_io_fail_tmo fails I/O after its
 //!   time (not before), reconnecting goes on, and a loss found after that is not reported again.
 //! - `ctrl_loss_tmo_fails_waiting_io_after_the_timeout_not_before` and
@@ -242,6 +243,22 @@ fn a_crash_fails_the_next_flush_once() {
     assert_eq!(err.errno(), 5, "EIO");
     e.flush().expect("the loss is reported once");
     assert_eq!(e.unflushed_bytes(), Some(0));
+}
+
+#[test]
+fn a_crash_found_by_the_flush_itself_fails_it() {
+    // The FLUSH is the first I/O after the crash: it has already taken the dirty ranges when its
+    // reconnect finds the new instance, and those ranges are the loss.
+    let mut t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(30)), None));
+    e.write_at(&data(12, 0, PIECE), 0).unwrap();
+    t.stop();
+    t.forget_identity();
+    t.start();
+    let err = e.flush().expect_err("the flush that finds the crash");
+    assert!(matches!(err, Error::WritesLost { bytes: Some(b), .. } if b == PIECE), "{err}");
+    assert_eq!(e.unflushed_bytes(), Some(0), "the lost ranges are forgotten, not flushed again");
+    e.flush().expect("reported once");
 }
 
 #[test]

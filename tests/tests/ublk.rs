@@ -11,55 +11,19 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::Fabric;
 use rblk_initiator::{Options, Session};
-use rblk_tests::daemon::bin;
+use rblk_tests::blockdev::{attach, detach, fio_errors, rblk, ublk_drv};
 use rblk_tests::sh;
 use rblk_tests::target::{Spec, Target};
 
 const MIB: u64 = 1 << 20;
-
-fn rblk() -> String {
-    bin("rblk").display().to_string()
-}
 
 fn target(volumes: &[(&'static str, u64)]) -> Target {
     ublk_drv();
     Target::start(Fabric::Verbs, &Spec { volumes: volumes.to_vec(), key: None })
 }
 
-/// Loads ublk_drv; fails the test when the kernel has none.
-fn ublk_drv() {
-    let ok = Command::new("modprobe").arg("ublk_drv").status().is_ok_and(|s| s.success());
-    assert!(
-        ok && Path::new("/dev/ublk-control").exists(),
-        "the guest kernel must have ublk_drv (Debian's 6.12 from bookworm-backports has it; 6.1 does not)"
-    );
-}
-
 fn uri(t: &Target, vol: &str) -> String {
     format!("rblk://{}/{vol}", t.addr())
-}
-
-/// An attachment made with `rblk attach --daemon`.
-struct Attached {
-    dev: String,
-    pid: u32,
-}
-
-/// `rblk attach URI --daemon EXTRA...`: the device and the serving process's pid.
-fn attach(uri: &str, extra: &str) -> Attached {
-    let out = sh(&format!("{} attach {uri} --daemon {extra}", rblk()));
-    let dev = out.lines().find(|l| l.starts_with("/dev/ublkb")).unwrap_or_else(|| panic!("no device in {out:?}"));
-    let pid = out
-        .lines()
-        .find_map(|l| l.strip_prefix("pid "))
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {out:?}"));
-    assert!(Path::new(dev).exists(), "{dev} exists after attach");
-    Attached { dev: dev.to_owned(), pid }
-}
-
-fn detach(dev: &str) -> String {
-    sh(&format!("{} detach {dev}", rblk()))
 }
 
 fn ublk_devices() -> usize {
@@ -115,10 +79,7 @@ fn fio_verifies_with_4_jobs_and_data_crosses_to_rblk_read_and_write() {
          --do_verify=1 --group_reporting --output-format=terse --terse-version=3",
         dev = a.dev
     ));
-    // Terse v3: field 5 is the error count.
-    let err: u64 =
-        fio.lines().last().and_then(|l| l.split(';').nth(4)).and_then(|e| e.parse().ok()).expect("fio terse output");
-    assert_eq!(err, 0, "fio reported errors: {fio}");
+    assert_eq!(fio_errors(&fio), 0, "fio reported errors: {fio}");
     // The device's writes are in the volume: rblk read sees them. And rblk write's are on the device.
     let r = rblk();
     sh(&format!(

@@ -1,0 +1,60 @@
+//! Block devices made by `rblk attach` (ublk), for the guest tests: attach and detach through the
+//! real binary, and fio's verdict.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::daemon::bin;
+use crate::sh;
+
+/// The `rblk` binary's path.
+pub fn rblk() -> String {
+    bin("rblk").display().to_string()
+}
+
+/// Loads ublk_drv; fails the test when the kernel has none.
+pub fn ublk_drv() {
+    let ok = Command::new("modprobe").arg("ublk_drv").status().is_ok_and(|s| s.success());
+    assert!(
+        ok && Path::new("/dev/ublk-control").exists(),
+        "the guest kernel must have ublk_drv (Debian's 6.12 from bookworm-backports has it; 6.1 does not)"
+    );
+}
+
+/// An attachment made with `rblk attach --daemon`.
+#[derive(Debug)]
+pub struct Attached {
+    /// `/dev/ublkbN`.
+    pub dev: String,
+    /// The serving process.
+    pub pid: u32,
+}
+
+/// `rblk attach URI --daemon EXTRA...`: the device and the serving process's pid.
+pub fn attach(uri: &str, extra: &str) -> Attached {
+    let out = sh(&format!("{} attach {uri} --daemon {extra}", rblk()));
+    let dev = out.lines().find(|l| l.starts_with("/dev/ublkb")).unwrap_or_else(|| panic!("no device in {out:?}"));
+    let pid = out
+        .lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {out:?}"));
+    assert!(Path::new(dev).exists(), "{dev} exists after attach");
+    Attached { dev: dev.to_owned(), pid }
+}
+
+/// `rblk detach DEV`; its output.
+pub fn detach(dev: &str) -> String {
+    sh(&format!("{} detach {dev}", rblk()))
+}
+
+/// The error count of fio's terse (v3) output: field 5 of its last line.
+pub fn fio_errors(terse: &str) -> u64 {
+    terse
+        .lines()
+        .rev()
+        .find(|l| l.split(';').count() > 5)
+        .and_then(|l| l.split(';').nth(4))
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no fio terse output in {terse:?}"))
+}
