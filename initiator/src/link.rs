@@ -94,6 +94,8 @@ pub(crate) struct Link {
     pd: Pd,
     features: u64,
     volatile: bool,
+    /// See [`Link::reconnects`]; fixed at the start (queues ask at every commit).
+    reconnects: bool,
     shared: Shared,
     state: Mutex<State>,
     changed: Condvar,
@@ -105,7 +107,7 @@ pub(crate) struct Link {
     /// Mirrors `Health::Up` (queues look at every commit).
     up: AtomicBool,
     next_queue: AtomicUsize,
-    reconnects: AtomicU64,
+    reconnected: AtomicU64,
 }
 
 /// Target refusals that a retry will not change: the session ends at once.
@@ -148,6 +150,9 @@ impl Link {
     ) -> Link {
         let pd = control.ep.pd();
         let volatile = opened.flags.contains(rblk_proto::VolumeFlags::VOLATILE);
+        let reconnects = features & FEATURE_RECONNECT != 0
+            && opened.instance.is_some()
+            && opts.reconnect.ctrl_loss_tmo != Some(Duration::ZERO);
         Link {
             opts,
             dests,
@@ -156,6 +161,7 @@ impl Link {
             pd,
             features,
             volatile,
+            reconnects,
             shared,
             state: Mutex::new(State { gen: 0, opened, at, health: Health::Up, lost_writes: None, closing: false }),
             changed: Condvar::new(),
@@ -164,22 +170,19 @@ impl Link {
             gen: AtomicU64::new(0),
             up: AtomicBool::new(true),
             next_queue: AtomicUsize::new(at + 1),
-            reconnects: AtomicU64::new(0),
+            reconnected: AtomicU64::new(0),
         }
     }
 
     /// Whether a lost session is reconnected at all: the target can (FEATURE_RECONNECT and a
     /// volume identity to check) and ctrl_loss_tmo is not 0.
     pub(crate) fn reconnects(&self) -> bool {
-        let r = &self.opts.reconnect;
-        self.features & FEATURE_RECONNECT != 0
-            && lock(&self.state).opened.instance.is_some()
-            && r.ctrl_loss_tmo != Some(Duration::ZERO)
+        self.reconnects
     }
 
     /// Successful reconnects so far.
     pub(crate) fn reconnect_count(&self) -> u64 {
-        self.reconnects.load(Ordering::Relaxed)
+        self.reconnected.load(Ordering::Relaxed)
     }
 
     pub(crate) fn pd(&self) -> &Pd {
@@ -538,7 +541,7 @@ impl Link {
         }
         self.gen.store(st.gen, Ordering::Release);
         drop(st);
-        self.reconnects.fetch_add(1, Ordering::Relaxed);
+        self.reconnected.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             volume = self.name,
             %addr,
