@@ -93,6 +93,23 @@ impl Reader {
         self.done.lock().unwrap().iter().find(|&&d| d > t).map(|&d| d - t)
     }
 
+    /// The longest gap between reads completed after `t` (and from `t` to the first).
+    fn longest_gap_after(&self, t: Instant) -> Duration {
+        let done = self.done.lock().unwrap();
+        let mut last = t;
+        let mut gap = Duration::ZERO;
+        for &d in done.iter().filter(|&&d| d > t) {
+            gap = gap.max(d - last);
+            last = d;
+        }
+        gap
+    }
+
+    /// From `t` (a kill) to the first read that completed after `up` (the new target listens).
+    fn stall_across(&self, t: Instant, up: Instant) -> Option<Duration> {
+        self.done.lock().unwrap().iter().find(|&&d| d > up).map(|&d| d - t)
+    }
+
     fn reads(&self) -> usize {
         self.done.lock().unwrap().len()
     }
@@ -231,10 +248,10 @@ fn fio_verify_on_ublk_survives_three_graceful_restarts() {
         let t0 = Instant::now();
         assert!(d.stop().success(), "a graceful stop exits 0");
         d = Daemon::start_at(addr, &args(&a_));
-        std::thread::sleep(Duration::from_secs(1));
+        let up = Instant::now();
         let deadline = Instant::now() + Duration::from_secs(60);
         let stall = loop {
-            if let Some(s) = probe.stall_after(t0) {
+            if let Some(s) = probe.stall_across(t0, up) {
                 break s;
             }
             assert!(Instant::now() < deadline, "no I/O completed within 60 s of restart {round}");
@@ -248,7 +265,9 @@ fn fio_verify_on_ublk_survives_three_graceful_restarts() {
     assert_eq!(fio_errors(&terse), 0, "fio reported errors: {terse}");
     let (reads, errors) = probe.finish();
     assert_eq!(errors, 0, "the probe's reads failed or differed ({reads} good)");
-    eprintln!("recovery: I/O stall across a graceful restart (stop to first completed read): {stalls:?}");
+    eprintln!(
+        "recovery: I/O stall across a graceful restart (SIGTERM to the first read through the new target): {stalls:?}"
+    );
     assert!(count_in(&log, "reconnected after") >= 3, "three reconnects logged in {log}");
     detach(&a.dev);
     drop(d);
@@ -272,17 +291,18 @@ fn flushed_data_reads_back_across_three_sigkills() {
         let t0 = Instant::now();
         assert!(!d.kill().success());
         d = Daemon::start_at(addr, &args(&a_));
+        let up = Instant::now();
         let deadline = Instant::now() + Duration::from_secs(60);
-        while reader.reads() <= before || reader.stall_after(t0).is_none() {
+        while reader.reads() <= before || reader.stall_across(t0, up).is_none() {
             assert!(Instant::now() < deadline, "no read completed within 60 s of SIGKILL {round}");
             std::thread::sleep(Duration::from_millis(100));
         }
-        stalls.push(reader.stall_after(t0).unwrap());
+        stalls.push(reader.stall_across(t0, up).unwrap());
     }
     std::thread::sleep(Duration::from_secs(2));
     let (reads, errors) = reader.finish();
     assert_eq!(errors, 0, "reads of flushed data failed or differed across SIGKILLs ({reads} good)");
-    eprintln!("recovery: I/O stall across a SIGKILL and restart (kill to first completed read): {stalls:?}");
+    eprintln!("recovery: I/O stall across a SIGKILL and restart (SIGKILL to the first read through the new target): {stalls:?}");
     assert!(count_in(&log, "reconnected after") >= 3, "three reconnects logged in {log}");
     detach(&a.dev);
     drop(d);
@@ -507,9 +527,11 @@ fn a_failed_path_moves_to_the_other_address() {
         assert!(Instant::now() < deadline, "no read completed within 60 s of the path failing");
         std::thread::sleep(Duration::from_millis(100));
     }
+    let gap = reader.longest_gap_after(t0);
     let (reads, errors) = reader.finish();
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(errors, 0, "reads failed when a path went away ({reads} good): {text}");
+    eprintln!("recovery: I/O stall when a path went away (longest gap between reads): {gap:?}");
     assert!(text.contains("reconnected after"), "the session moved to the other address: {text}");
     detach(&a.dev);
     drop(d);

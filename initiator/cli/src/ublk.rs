@@ -267,7 +267,9 @@ async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
         let timeout = q.ublk_submit_sqe(opcode::LinkTimeout::new(&ts).build());
         let revents = polled.await;
         let _ = timeout.await;
-        if revents < 0 && ![-libc::EINTR, -libc::ECANCELED, -libc::ETIME].contains(&revents) {
+        // EBADF: a reconnect replaced the queue pair (and closed its channel) before the kernel
+        // took the poll; the next pass polls the new channel.
+        if revents < 0 && ![-libc::EINTR, -libc::ECANCELED, -libc::ETIME, -libc::EBADF].contains(&revents) {
             tracing::error!(errno = -revents, "polling the completion channel failed");
             st.broken.set(true);
             return;
