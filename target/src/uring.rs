@@ -24,6 +24,9 @@ pub enum Dir {
 pub struct Ring {
     ring: IoUring,
     depth: usize,
+    /// Tests: make this many waits fail as if io_uring_enter had.
+    #[cfg(test)]
+    fail_waits: u32,
 }
 
 impl std::fmt::Debug for Ring {
@@ -40,7 +43,12 @@ struct Pending {
 impl Ring {
     /// Sets up a ring for `depth` I/Os in flight.
     pub fn new(depth: u32) -> io::Result<Ring> {
-        Ok(Ring { ring: IoUring::new(depth.next_power_of_two())?, depth: depth as usize })
+        Ok(Ring {
+            ring: IoUring::new(depth.next_power_of_two())?,
+            depth: depth as usize,
+            #[cfg(test)]
+            fail_waits: 0,
+        })
     }
 
     /// Moves every `(offset, len)` range (byte offsets valid both in `memory` and in the file
@@ -106,7 +114,11 @@ impl Ring {
             if in_flight == 0 {
                 break;
             }
-            self.wait_one()?;
+            if let Err(e) = self.wait_one() {
+                // Never return with I/O in flight into `memory`: stop submitting, keep reaping.
+                first_err.get_or_insert(e);
+                self.wait_drain();
+            }
             let completed: Vec<(u64, i32)> = self.ring.completion().map(|c| (c.user_data(), c.result())).collect();
             for (slot, res) in completed {
                 let Some(p) = slots.get_mut(slot as usize).and_then(Option::take) else { continue };
@@ -140,8 +152,36 @@ impl Ring {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// After a failed wait, with entries still in flight: waits until one completes however
+    /// io_uring_enter behaves, backing off between tries. It may wait for ever, but returning
+    /// with the kernel still writing into the caller's memory is not an option.
+    fn wait_drain(&mut self) {
+        let mut pause = std::time::Duration::from_micros(100);
+        let mut warned = false;
+        while self.ring.completion().is_empty() {
+            match self.wait_one() {
+                Ok(()) => return,
+                Err(e) => {
+                    if !warned {
+                        tracing::error!(error = %e, "io_uring wait failed with I/O in flight; waiting for it to drain");
+                        warned = true;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
     /// Submits and waits for at least one completion, retrying interruptions.
     fn wait_one(&mut self) -> io::Result<()> {
+        #[cfg(test)]
+        if self.fail_waits > 0 {
+            self.fail_waits -= 1;
+            // Submit what is queued, as a failing io_uring_enter may have, then fail.
+            self.ring.submit()?;
+            return Err(io::Error::from_raw_os_error(libc::EFAULT));
+        }
         loop {
             match self.ring.submit_and_wait(1) {
                 Ok(_) => return Ok(()),
@@ -158,7 +198,11 @@ impl Ring {
         unsafe { self.ring.submission().push(&entry) }
             .map_err(|_| io::Error::other("io_uring submission queue full"))?;
         loop {
-            self.wait_one()?;
+            if self.wait_one().is_err() {
+                // The fsync's own completion says how it went; it must not be left behind for
+                // the next transfer to take.
+                self.wait_drain();
+            }
             if let Some(c) = self.ring.completion().find(|c| c.user_data() == u64::MAX) {
                 return if c.result() < 0 { Err(io::Error::from_raw_os_error(-c.result())) } else { Ok(()) };
             }
@@ -202,6 +246,21 @@ mod tests {
         let mut got = vec![0u8; 1 << 20];
         back.read_at(0, &mut got).unwrap();
         assert_eq!(got, data);
+
+        // A wait that fails after a submit: the error comes back only once every submitted
+        // entry completed (the data of every piece is in the file), never with I/O in flight.
+        let mut ring = Ring::new(4).unwrap();
+        ring.fail_waits = 1;
+        let err = ring
+            .transfer(file.as_raw_fd(), &mem, &[(0, 1 << 20)], Dir::Store, 64 << 10, |_| {})
+            .expect_err("the injected wait failure");
+        assert_eq!(err.raw_os_error(), Some(libc::EFAULT));
+        assert!(ring.ring.submission().is_empty(), "nothing left to submit");
+        // Had transfer returned with entries in flight, their completions would show up now.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        ring.ring.submit().unwrap();
+        assert!(ring.ring.completion().is_empty(), "every completion was reaped before the error returned");
+        let mut ring = Ring::new(4).unwrap();
 
         // Reading past the end of the file is an error, not silence.
         let big = Memory::anonymous(2 << 20).unwrap();
