@@ -68,15 +68,6 @@ impl Session {
         Volume::new(self.conn, self.uri, self.dests, self.at, self.opts, self.features, mode, opened)
     }
 
-    /// The target's counters (allowed before OPEN).
-    pub fn stats(&mut self) -> Result<rblk_proto::StatsReply> {
-        let deadline = Instant::now() + self.opts.timeout;
-        self.conn.expect(&Message::Stats, deadline, "STATS_REPLY", |r| match r {
-            Reply::Stats(s) => Some(s),
-            _ => None,
-        })
-    }
-
     /// The URI connected to.
     pub fn uri(&self) -> &Uri {
         &self.uri

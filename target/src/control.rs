@@ -71,8 +71,10 @@ pub enum Reply {
 pub enum After {
     /// Keep serving.
     Continue,
-    /// Count a malformed message (the loop disconnects after too many).
-    Malformed,
+    /// A malformed or refused request: counts towards the limit after which the connection is
+    /// cut (its ERROR still goes out first). Refusals caused by the target's own state (a failed
+    /// FLUSH, no resources) do not count.
+    Refused,
     /// Send the reply, then end the connection.
     Close,
 }
@@ -87,10 +89,10 @@ pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (R
                     ErrorCode::VersionMismatch,
                     format!("protocol version {got} is not supported; this target speaks version {supported}"),
                 ),
-                After::Malformed,
+                After::Refused,
             );
         }
-        Err(e) => return (Reply::Error(ErrorCode::Malformed, format!("malformed message: {e}")), After::Malformed),
+        Err(e) => return (Reply::Error(ErrorCode::Malformed, format!("malformed message: {e}")), After::Refused),
     };
     match (msg, &*state) {
         (Message::Keepalive, _) => (Reply::None, After::Continue),
@@ -102,12 +104,20 @@ pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (R
         }
         (Message::Auth { mac }, State::Challenged { pd, nonce, features }) => match &shared.key {
             Some(key) if !session::verify(key, nonce, &mac) => {
-                (Reply::Error(ErrorCode::AuthFailed, "authentication failed: wrong key".into()), After::Malformed)
+                (Reply::Error(ErrorCode::AuthFailed, "authentication failed: wrong key".into()), After::Refused)
             }
-            _ => {
+            Some(_) => {
                 *state = State::Ready { pd: pd.clone(), features: *features };
                 (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
             }
+            // Acknowledging it would tell a client its key was checked.
+            None => (
+                Reply::Error(
+                    ErrorCode::Unexpected,
+                    "this target has no key: AUTH is not expected (CHALLENGE said so)".into(),
+                ),
+                After::Refused,
+            ),
         },
         (Message::Open { .. }, State::Challenged { pd, features, .. }) if shared.key.is_none() => {
             // No key configured: HELLO was enough.
@@ -116,13 +126,13 @@ pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (R
         }
         (Message::Open { .. }, State::Challenged { .. }) => (
             Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before OPEN".into()),
-            After::Malformed,
+            After::Refused,
         ),
         (Message::Open { resume: Some(_), .. }, State::Ready { features, .. })
             if features & rblk_proto::FEATURE_RECONNECT == 0 =>
         {
             let text = "OPEN resumes a session, but HELLO did not announce the reconnect feature".into();
-            (Reply::Error(ErrorCode::Unexpected, text), After::Malformed)
+            (Reply::Error(ErrorCode::Unexpected, text), After::Refused)
         }
         (Message::Open { mode, name, resume }, State::Ready { pd, features }) => {
             let opener = Opener { conn, pd: pd.clone(), features: *features };
@@ -136,10 +146,9 @@ pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (R
             *state = State::Open { session };
             (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Join }), After::Continue)
         }
-        (Message::Stats, State::Ready { .. } | State::Open { .. }) => (Reply::Msg(stats(shared)), After::Continue),
-        (Message::Stats, State::Challenged { .. }) if shared.key.is_none() => {
-            (Reply::Msg(stats(shared)), After::Continue)
-        }
+        // Counters only for peers that opened something.
+        (Message::Stats, State::Open { .. }) => (Reply::Msg(stats(shared)), After::Continue),
+        (Message::Stats, _) => (Reply::Error(ErrorCode::NotOpen, "STATS before OPEN".into()), After::Refused),
         (Message::Flush(flush), State::Open { session }) => {
             let session = Arc::clone(session);
             (flush_volume(shared, &session, flush), After::Continue)
@@ -153,13 +162,13 @@ pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (R
             *state = State::Closed { session: state.session().cloned() };
             (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Close }), After::Close)
         }
-        (Message::Flush(_), _) => (Reply::Error(ErrorCode::NotOpen, "FLUSH before OPEN".into()), After::Continue),
+        (Message::Flush(_), _) => (Reply::Error(ErrorCode::NotOpen, "FLUSH before OPEN".into()), After::Refused),
         (msg, state) => (
             Reply::Error(
                 ErrorCode::Unexpected,
                 format!("{:?} is not expected in state {}", msg.opcode(), state.name()),
             ),
-            After::Malformed,
+            After::Refused,
         ),
     }
 }
@@ -218,7 +227,7 @@ fn open(
     if let Some(reason) = shared.refused.get(name) {
         return (
             Reply::Error(ErrorCode::VolumeFailed, format!("volume {name} is unavailable: {reason}")),
-            After::Continue,
+            After::Refused,
         );
     }
     let Some(volume) = shared.volumes.get(name) else {
@@ -229,16 +238,16 @@ fn open(
                 ErrorCode::NoSuchVolume,
                 format!("no volume named {name:?} (this target has: {})", names.join(", ")),
             ),
-            After::Continue,
+            After::Refused,
         );
     };
     if volume.failed() && mode != OpenMode::ReadOnly {
         let text = format!("volume {name} failed (its backing store could not be written): read-only opens only");
-        return (Reply::Error(ErrorCode::VolumeFailed, text), After::Continue);
+        return (Reply::Error(ErrorCode::VolumeFailed, text), After::Refused);
     }
     let id = shared.next_session_id();
     if let Err(busy) = volume.acquire(id, mode) {
-        return (Reply::Error(ErrorCode::Busy, busy.0), After::Continue);
+        return (Reply::Error(ErrorCode::Busy, busy.0), After::Refused);
     }
     let access = if mode == OpenMode::ReadOnly { Access::REMOTE_READ } else { Access::REMOTE_READ_WRITE };
     let mr = match pd.register(&volume.memory, access) {
@@ -310,6 +319,11 @@ impl State {
             State::Open { .. } => "open",
             State::Closed { .. } => "closed",
         }
+    }
+
+    /// Whether the connection belongs to an open session (opened or joined), or is closing.
+    pub fn is_open(&self) -> bool {
+        matches!(self, State::Open { .. } | State::Closed { .. })
     }
 
     /// Features negotiated in HELLO: the connection's own, or its session's (JOINed

@@ -44,7 +44,14 @@ pub struct Config {
     /// [`rblk_proto::FEATURE_KEEPALIVE`]), or when one of our keepalives stayed uncompleted
     /// for this long (always); with a session's last connection its registration goes.
     pub keepalive_timeout: Duration,
+    /// A connection that has not opened (or joined) a session this long after its connect
+    /// request is cut: unauthenticated and half-open connections hold a QP, a thread and
+    /// registered buffers each.
+    pub auth_timeout: Duration,
 }
+
+/// Default [`Config::auth_timeout`].
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for Config {
     fn default() -> Self {
@@ -58,6 +65,7 @@ impl Default for Config {
             block_size: 4096,
             state_dir: None,
             keepalive_timeout: rblk_proto::KEEPALIVE_TIMEOUT,
+            auth_timeout: AUTH_TIMEOUT,
         }
     }
 }
@@ -110,6 +118,7 @@ pub struct Shared {
     pub counters: Arc<Counters>,
     identity: identity::Store,
     keepalive_timeout: Duration,
+    auth_timeout: Duration,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     conns: Mutex<HashMap<u64, Waker>>,
     next_id: AtomicU64,
@@ -262,6 +271,7 @@ impl Server {
             counters: Arc::default(),
             identity,
             keepalive_timeout: cfg.keepalive_timeout,
+            auth_timeout: cfg.auth_timeout,
             sessions: Mutex::default(),
             conns: Mutex::default(),
             // Ids of sessions from before a restart rarely name a live one (their tokens would
@@ -467,6 +477,8 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
     let _enter = span.enter();
     info!("connected");
     let timeout = shared.keepalive_timeout;
+    // The connection was admitted at its connect request, just now.
+    let open_by = Instant::now() + shared.auth_timeout;
     let mut out = [Completion::EMPTY; 16];
     let mut buf = [0u8; MSG_SIZE];
     let mut malformed = 0u32;
@@ -477,6 +489,10 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
     let (mut sends_posted, mut sends_done) = (0u64, 0u64);
     let mut keepalive: Option<(u64, Instant)> = None;
     let mut closing = false;
+    // Set when the connection ends after its last reply: why, and the latest it waits for the
+    // reply's SEND to complete (so that the ERROR it carries is not lost to the disconnect).
+    let mut ending: Option<Cow<'static, str>> = None;
+    let mut closing_by: Option<Instant> = None;
     let mut tag = 0u32;
     let reason: Cow<'static, str> = 'conn: loop {
         if shared.shutdown.load(Ordering::SeqCst) {
@@ -488,6 +504,8 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
             Some(keepalive_due),
             hears_keepalives.then(|| last_heard + timeout),
             keepalive.map(|(_, posted)| posted + timeout),
+            (!state.is_open()).then_some(open_by),
+            closing_by,
         ]
         .into_iter()
         .flatten()
@@ -517,7 +535,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                         keepalive = None;
                     }
                     if closing && channel.free_sends() == rblk_proto::SEND_COUNT {
-                        break 'conn "closed by the initiator".into();
+                        break 'conn ending.take().unwrap_or_else(|| "closed by the initiator".into());
                     }
                 }
                 Ok(Event::Received(len)) => {
@@ -541,10 +559,13 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     }
                     match after {
                         After::Continue => {}
-                        After::Malformed => {
+                        After::Refused => {
                             malformed += 1;
-                            if malformed > rblk_proto::MAX_MALFORMED {
-                                break 'conn "too many malformed or refused messages".into();
+                            if malformed > rblk_proto::MAX_MALFORMED && !closing {
+                                // Once the ERROR just posted is out (or a second at most).
+                                closing = true;
+                                ending = Some("too many malformed or refused messages".into());
+                                closing_by = Some(Instant::now() + Duration::from_secs(1));
                             }
                         }
                         After::Close => closing = true,
@@ -555,6 +576,13 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     break 'conn "connection lost".into();
                 }
             }
+        }
+        let now = Instant::now();
+        if closing_by.is_some_and(|by| now >= by) {
+            break ending.take().unwrap_or_else(|| "closed".into());
+        }
+        if !state.is_open() && now >= open_by {
+            break format!("no session opened within {} s of connecting", shared.auth_timeout.as_secs()).into();
         }
         // Loss detection that does not rely on the transport's retry budget (rxe retries for
         // ever with a retry count of 7; a peer without RECVs posted stalls a SEND for ever).

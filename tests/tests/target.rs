@@ -196,28 +196,29 @@ fn settle(d: &Target, probe: &mut Raw, base: &StatsReply, pin_kb: Option<u64>, p
 
 fn registrations_are_released_after_close_and_disconnect(fabric: Fabric) {
     let d = Target::start(fabric, &volume("v", 16 * MIB));
+    // STATS needs an open session: the probe's own read-only one is the baseline.
     let mut probe = raw(&d);
-    probe.request(&Message::Hello { features: 0 });
+    probe.open("v", OpenMode::ReadOnly);
     let base = stats(&mut probe);
     let pin_base = d.vm_pin_kb();
     let pd_base = d.pd_count();
     if let Some(n) = pd_base {
         assert!(n >= 2, "the probe's session PD and librdmacm's own are visible in `rdma res show pd` ({n})");
     }
-    assert_eq!((base.registrations, base.pinned_bytes), (0, 0));
+    assert_eq!((base.registrations, base.pinned_bytes), (1, 16 * MIB as u64));
 
     // CLOSE.
     let mut c = raw(&d);
     c.open("v", OpenMode::ReadWrite);
     let during = stats(&mut probe);
-    assert_eq!((during.registrations, during.pinned_bytes), (1, 16 * MIB as u64));
+    assert_eq!((during.registrations, during.pinned_bytes), (2, 2 * 16 * MIB as u64));
     if let (Some(now), Some(base)) = (d.vm_pin_kb(), pin_base) {
         assert!(now >= base + 16 * 1024, "VmPin shows the registration: {now} kB, baseline {base} kB");
     }
     let ok = c.request(&Message::Close);
     assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))));
     let after = settle(&d, &mut probe, &base, pin_base, pd_base);
-    assert_eq!((after.registrations, after.pinned_bytes), (0, 0), "after CLOSE");
+    assert_eq!((after.registrations, after.pinned_bytes), (1, 16 * MIB as u64), "after CLOSE");
     assert_eq!(after.sessions, base.sessions, "the closed session is forgotten");
     assert_eq!(d.pd_count(), pd_base, "its protection domain is gone");
     assert_eq!(d.vm_pin_kb(), pin_base, "VmPin back to baseline after CLOSE");
@@ -226,10 +227,10 @@ fn registrations_are_released_after_close_and_disconnect(fabric: Fabric) {
     // Disconnect without CLOSE.
     let mut c = raw(&d);
     c.open("v", OpenMode::ReadOnly);
-    assert_eq!(stats(&mut probe).registrations, 1);
+    assert_eq!(stats(&mut probe).registrations, 2);
     drop(c);
     let after = settle(&d, &mut probe, &base, pin_base, pd_base);
-    assert_eq!((after.registrations, after.pinned_bytes), (0, 0), "after a disconnect");
+    assert_eq!((after.registrations, after.pinned_bytes), (1, 16 * MIB as u64), "after a disconnect");
     assert_eq!(after.sessions, base.sessions, "the disconnected session is forgotten");
     assert_eq!(d.pd_count(), pd_base, "its protection domain is gone");
     assert_eq!(d.vm_pin_kb(), pin_base, "VmPin back to baseline after a disconnect");

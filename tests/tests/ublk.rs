@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rblk_fabric::Fabric;
-use rblk_initiator::{Options, Session};
+use rblk_initiator::{OpenMode, Options, Session};
 use rblk_tests::blockdev::{attach, detach, fio_errors, rblk, ublk_drv};
 use rblk_tests::sh;
 use rblk_tests::target::{Spec, Target};
@@ -32,7 +32,11 @@ fn ublk_devices() -> usize {
 
 fn target_sessions(t: &Target) -> u64 {
     let opts = Options { fabric: Fabric::Verbs, ..Options::default() };
-    Session::connect(&uri(t, "v"), &opts).expect("connect").stats().expect("STATS").sessions
+    // STATS needs an open session: this one, which it then does not count.
+    let mut vol = Session::connect(&uri(t, "v"), &opts).expect("connect").open(OpenMode::ReadOnly).expect("open");
+    let sessions = vol.stats().expect("STATS").sessions - 1;
+    vol.close().expect("close");
+    sessions
 }
 
 #[test]
