@@ -48,10 +48,21 @@ pub struct Config {
     /// request is cut: unauthenticated and half-open connections hold a QP, a thread and
     /// registered buffers each.
     pub auth_timeout: Duration,
+    /// Connections that have not opened (or joined) a session yet, at most, in all and per
+    /// peer address. A new connection past either cap evicts the oldest such connection (of
+    /// that address, for the per-address cap), as sshd's MaxStartups does, so that a peer
+    /// holding its cap cannot lock others out.
+    pub max_unopened: usize,
+    /// See [`Config::max_unopened`].
+    pub max_unopened_per_addr: usize,
 }
 
 /// Default [`Config::auth_timeout`].
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default [`Config::max_unopened`].
+pub const MAX_UNOPENED: usize = 64;
+/// Default [`Config::max_unopened_per_addr`].
+pub const MAX_UNOPENED_PER_ADDR: usize = 16;
 
 impl Default for Config {
     fn default() -> Self {
@@ -66,6 +77,8 @@ impl Default for Config {
             state_dir: None,
             keepalive_timeout: rblk_proto::KEEPALIVE_TIMEOUT,
             auth_timeout: AUTH_TIMEOUT,
+            max_unopened: MAX_UNOPENED,
+            max_unopened_per_addr: MAX_UNOPENED_PER_ADDR,
         }
     }
 }
@@ -121,6 +134,12 @@ pub struct Shared {
     auth_timeout: Duration,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     conns: Mutex<HashMap<u64, Waker>>,
+    /// Connections not yet in a session, oldest first, with their peer's address.
+    unopened: Mutex<std::collections::VecDeque<(u64, Option<IpAddr>)>>,
+    /// Connections told to end to make room (see [`Config::max_unopened`]).
+    evicted: Mutex<std::collections::HashSet<u64>>,
+    max_unopened: usize,
+    max_unopened_per_addr: usize,
     next_id: AtomicU64,
     shutdown: AtomicBool,
 }
@@ -134,6 +153,34 @@ impl Shared {
     pub fn add_session(&self, s: Arc<Session>) {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(s.id, s);
     }
+    /// Records connection `conn` from `ip` as not yet in a session, first evicting the oldest
+    /// such connections past the caps.
+    fn admit_unopened(&self, conn: u64, ip: Option<IpAddr>) {
+        let mut unopened = self.unopened.lock().unwrap_or_else(|p| p.into_inner());
+        let mut evict = Vec::new();
+        while unopened.iter().filter(|(_, a)| *a == ip).count() >= self.max_unopened_per_addr {
+            let Some(i) = unopened.iter().position(|(_, a)| *a == ip) else { break };
+            evict.extend(unopened.remove(i));
+        }
+        while unopened.len() >= self.max_unopened {
+            evict.extend(unopened.pop_front());
+        }
+        unopened.push_back((conn, ip));
+        drop(unopened);
+        for (old, addr) in evict {
+            warn!(conn = old, peer = ?addr, "evicting a connection that opened nothing, to make room for conn {conn}");
+            self.evicted.lock().unwrap_or_else(|p| p.into_inner()).insert(old);
+            if let Some(w) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&old) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Connection `conn` is in a session now, or gone.
+    fn opened_or_gone(&self, conn: u64) {
+        self.unopened.lock().unwrap_or_else(|p| p.into_inner()).retain(|(c, _)| *c != conn);
+    }
+
     /// Open sessions.
     pub fn session_count(&self) -> usize {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -272,6 +319,10 @@ impl Server {
             identity,
             keepalive_timeout: cfg.keepalive_timeout,
             auth_timeout: cfg.auth_timeout,
+            unopened: Mutex::default(),
+            evicted: Mutex::default(),
+            max_unopened: cfg.max_unopened.max(1),
+            max_unopened_per_addr: cfg.max_unopened_per_addr.max(1),
             sessions: Mutex::default(),
             conns: Mutex::default(),
             // Ids of sessions from before a restart rarely name a live one (their tokens would
@@ -457,6 +508,9 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
     ep.accept().map_err(|e| e.to_string())?;
     // The waker first: a reconnect that replaces the session after the join below wakes it.
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, ep.waker());
+    if state.session().is_none() {
+        shared.admit_unopened(conn, peer.map(|p| p.ip()));
+    }
     if let Some(s) = state.session() {
         if !s.join(conn) {
             shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
@@ -493,6 +547,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
     // reply's SEND to complete (so that the ERROR it carries is not lost to the disconnect).
     let mut ending: Option<Cow<'static, str>> = None;
     let mut closing_by: Option<Instant> = None;
+    let mut counted_open = false;
     let mut tag = 0u32;
     let reason: Cow<'static, str> = 'conn: loop {
         if shared.shutdown.load(Ordering::SeqCst) {
@@ -519,6 +574,9 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
             }
         };
         if ep.take_wake() && !shared.shutdown.load(Ordering::SeqCst) {
+            if shared.evicted.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn) {
+                break "evicted: too many connections that opened nothing (the oldest go first)".into();
+            }
             if state.session().is_some_and(|s| s.is_replaced()) {
                 break "session replaced by a reconnect".into();
             }
@@ -577,6 +635,10 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                 }
             }
         }
+        if !counted_open && state.is_open() {
+            counted_open = true;
+            shared.opened_or_gone(conn);
+        }
         let now = Instant::now();
         if closing_by.is_some_and(|by| now >= by) {
             break ending.take().unwrap_or_else(|| "closed".into());
@@ -613,6 +675,8 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
     drop(ep);
     drop(channel);
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
+    shared.opened_or_gone(conn);
+    shared.evicted.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
     if let Some(session) = state.session() {
         if session.leave(conn) && !session.is_replaced() {
             info!(session = session.id, "last connection gone: deregistering");

@@ -4,6 +4,9 @@
 //! What each would catch:
 //! - `a_connection_that_opens_nothing_is_cut`: the open timeout. Without it a connection that
 //!   never sends HELLO (or stops after it) holds a QP, a thread and buffers for ever.
+//! - `past_the_cap_the_oldest_idle_connection_makes_room`: the caps on connections that opened
+//!   nothing, with MaxStartups-style eviction; without eviction the honest client is locked out
+//!   (or without a cap, the idle ones pile up).
 //! - `stats_and_a_needless_auth_are_refused`: STATS answered before OPEN (counters for anyone
 //!   who can connect), and AUTH acknowledged by a target without a key.
 //! - `refusals_count_and_the_last_error_arrives`: refusals that were unlimited (FLUSH before
@@ -22,12 +25,15 @@ use rblk_tests::target::{Spec, Target};
 const MIB: u64 = 1 << 20;
 
 fn serve(auth_timeout: Duration) -> Running {
+    serve_with(Config { auth_timeout, ..Config::default() })
+}
+
+fn serve_with(cfg: Config) -> Running {
     Server::start(Config {
         listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
         fabric: Fabric::Mem,
         volumes: vec![VolumeSpec { name: "v".into(), size: 4 * MIB, path: None }],
-        auth_timeout,
-        ..Config::default()
+        ..cfg
     })
     .expect("start the in-process target")
 }
@@ -78,6 +84,26 @@ fn a_connection_that_opens_nothing_is_cut() {
     // The probe, which opened within the timeout, is still served long after it.
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(stats(&mut probe).sessions, 1);
+}
+
+#[test]
+fn past_the_cap_the_oldest_idle_connection_makes_room() {
+    // Two idle connections per address at most (the in-memory fabric's peers share one).
+    let r = serve_with(Config { max_unopened_per_addr: 2, max_unopened: 8, ..Config::default() });
+    let mut probe = raw(&r);
+    probe.open("v", OpenMode::ReadOnly);
+    let (_a, _b, _c) = (raw(&r), raw(&r), raw(&r));
+    // The third idle one evicted the first: probe + two.
+    connections_become(&mut probe, 3, Duration::from_secs(5)).expect("the oldest idle connection was evicted");
+    // An honest client still gets in while the "attacker" holds its cap (it evicts the next
+    // oldest idle one), and once open it is not idle any more: further idle connections do not
+    // evict it.
+    let mut honest = raw(&r);
+    honest.open("v", OpenMode::ReadOnly);
+    let (_d, _e) = (raw(&r), raw(&r));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(stats(&mut honest).sessions, 2, "the probe's and the honest client's sessions");
+    assert_eq!(stats(&mut probe).connections, 4, "probe, honest client and two idle ones");
 }
 
 #[test]
