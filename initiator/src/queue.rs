@@ -216,7 +216,36 @@ impl Queue {
                 Status::FastFail(e) | Status::Failed(e) => return Err(e),
             }
         };
-        let conn = join(&link, &cur, depth)?;
+        let conn = match join(&link, &cur, depth) {
+            Ok(conn) => conn,
+            // The target no longer knows the session (it reaped it: its first queue pair went
+            // silent, say): a reconnecting session gets a new one, and the queue joins that.
+            Err(e) if link.reconnects() => {
+                link.lost(cur.gen, &format!("joining a queue failed: {e}"));
+                match link.wait_change(cur.gen, Instant::now() + link.opts().timeout) {
+                    Status::Newer(now) => {
+                        let conn = join(&link, &now, depth)?;
+                        return Queue::finish_connect(link, geo, dirty, conn, now, depth, buf_size);
+                    }
+                    Status::FastFail(e) | Status::Failed(e) => return Err(e),
+                    Status::Up | Status::Waiting => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        Queue::finish_connect(link, geo, dirty, conn, cur, depth, buf_size)
+    }
+
+    fn finish_connect(
+        link: Arc<Link>,
+        geo: Geometry,
+        dirty: dirty::Shared,
+        conn: Conn,
+        cur: Current,
+        depth: u32,
+        buf_size: usize,
+    ) -> Result<Queue> {
+        let size = buf_size as u64;
         let addr = conn.addr;
         let pool = BufferPool::new(link.pd(), depth as usize, buf_size).map_err(|source| Error::Fabric {
             op: "registering the queue's buffer pool",

@@ -21,6 +21,8 @@
 //!   `ctrl_loss_tmo_0_fails_at_once`: giving up.
 //! - `an_idle_session_keeps_its_connections`: initiator keepalives; without them the target
 //!   (keepalive timeout 3 s) ends the idle connections and the session reconnects.
+//! - `a_queue_of_a_session_the_target_reaped_reconnects_it`: a join refused because the target
+//!   reaped the session (its idle first queue pair went silent) reconnects instead of failing.
 //! - `a_dead_first_address_is_skipped`: multi-address URIs, for the session and its queues.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -348,6 +350,24 @@ fn an_idle_session_keeps_its_connections() {
     lane.read_at(&mut back, 0).unwrap();
     e.read_at(&mut back, 0).unwrap();
     assert_eq!(back, data(9, 0, PIECE));
+}
+
+#[test]
+fn a_queue_of_a_session_the_target_reaped_reconnects_it() {
+    // Nobody ticks the volume: its first queue pair goes silent, the target (keepalive timeout
+    // 3 s) cuts it and, with no other connection, reaps the session. Opening a queue then finds
+    // the session gone; it must reconnect rather than fail (the join is refused otherwise).
+    let t = Target::new(false, Duration::from_secs(3));
+    let opts = Options { fabric: Fabric::Mem, timeout: Duration::from_secs(2), ..Options::default() };
+    let vol = Session::connect(&t.uri(), &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    let mut q = vol.queue_with(4, PIECE as usize).expect("a queue of a reaped session");
+    q.submit_write(0, &data(13, 0, PIECE), 1).unwrap();
+    let mut done: Vec<rblk_initiator::Done> = std::iter::repeat_with(Default::default).take(4).collect();
+    let n = q.wait(&mut done, Instant::now() + Duration::from_secs(10)).unwrap();
+    assert_eq!(n, 1);
+    done[0].result.as_ref().expect("the write on the new session");
+    assert_eq!(vol.reconnects(), 1);
 }
 
 #[test]
