@@ -192,15 +192,6 @@ struct OpenBody {
 }
 const _: () = assert!(size_of::<OpenBody>() == 72);
 
-/// Follows [`OpenBody`] in a reconnecting OPEN.
-#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
-#[repr(C)]
-struct ResumeBody {
-    session_id: U64,
-    token: [u8; TOKEN_LEN],
-}
-const _: () = assert!(size_of::<ResumeBody>() == 24);
-
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct OpenedBody {
@@ -223,6 +214,8 @@ struct InstanceBody {
 }
 const _: () = assert!(size_of::<InstanceBody>() == 16);
 
+/// JOIN's body, and the tail of a reconnecting OPEN (after [`OpenBody`]): a session's id and
+/// token.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct JoinBody {
@@ -308,7 +301,7 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
         }
         Opcode::Auth => Message::Auth { mac: fixed::<AuthBody>(opcode, body)?.mac },
         Opcode::Open => {
-            let (b, resume) = with_tail::<OpenBody, ResumeBody>(opcode, body)?;
+            let (b, resume) = with_tail::<OpenBody, JoinBody>(opcode, body)?;
             zero(b.reserved == [0; 6], "open.reserved")?;
             let mode = OpenMode::try_from(b.mode)?;
             let (name, padding) = b.name.split_at_checked(b.name_len.into()).ok_or(ParseError::BadCount {
@@ -553,7 +546,7 @@ impl Message<'_> {
                 match resume {
                     None => frame(&[body.as_bytes()]),
                     Some(r) => {
-                        let tail = ResumeBody { session_id: U64::new(r.session_id), token: r.token };
+                        let tail = JoinBody { session_id: U64::new(r.session_id), token: r.token };
                         frame(&[body.as_bytes(), tail.as_bytes()])
                     }
                 }
