@@ -67,9 +67,14 @@ pub struct Args {
     /// Seed for offsets and the read/write mix: the same seed repeats the same I/Os.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub seed: u64,
-    /// Pre-shared key file, for targets started with --key-file.
+    /// Key file, for targets that require one: the target's shared key, or this host's own.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     pub key_file: Option<PathBuf>,
+    /// This host's identity for the target's access lists and per-host keys [default: the
+    /// machine's hostname].
+    #[arg(long, env = "RBLK_HOST_ID", value_name = "NAME",
+          value_parser = |t: &str| rblk_initiator::check_host_id(t).map(|()| t.to_owned()))]
+    pub host_id: Option<String>,
     /// Only use this RDMA device (e.g. mlx5_0, rxe0); the target's address picks the device.
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
@@ -123,6 +128,7 @@ impl Args {
         Ok(Options {
             device: self.device.clone(),
             key,
+            host_id: self.host_id.clone(),
             timeout: Duration::from_secs(self.timeout),
             spin: self.spin.unwrap_or(defaults.spin),
             reconnect: self.reconnect.reconnect(),

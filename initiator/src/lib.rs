@@ -105,7 +105,8 @@ pub use error::{describe, Direction, Error, InvalidReason, Result};
 #[cfg(feature = "clap")]
 pub use options::ReconnectArgs;
 pub use options::{
-    Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY, DEFAULT_TIMEOUT,
+    check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,
+    DEFAULT_TIMEOUT,
 };
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;

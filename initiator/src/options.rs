@@ -119,8 +119,14 @@ pub struct Options {
     pub fabric: Fabric,
     /// Only use this RDMA device (the address decides the device; this only checks it).
     pub device: Option<String>,
-    /// The pre-shared key, when the target requires one (see [`Options::key_from_file`]).
+    /// The pre-shared key, when the target requires one (see [`Options::key_from_file`]): the
+    /// target's shared key, or this host's own.
     pub key: Option<Vec<u8>>,
+    /// The host identity sent to targets with host identities (their access lists and
+    /// per-host caps go by it): a hostname or an NVMe-style NQN, 1 to
+    /// [`MAX_HOST_ID`](rblk_proto::MAX_HOST_ID) printable ASCII characters. None: the machine's
+    /// hostname (and no identity if it has none).
+    pub host_id: Option<String>,
     /// Deadline for each control exchange.
     pub timeout: Duration,
     /// Deadline for each synchronous data operation.
@@ -139,6 +145,7 @@ impl Default for Options {
             fabric: Fabric::default(),
             device: None,
             key: None,
+            host_id: None,
             timeout: DEFAULT_TIMEOUT,
             io_timeout: DEFAULT_IO_TIMEOUT,
             spin: rblk_fabric::policy::SPIN,
@@ -154,6 +161,7 @@ impl fmt::Debug for Options {
             .field("fabric", &self.fabric)
             .field("device", &self.device)
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("host_id", &self.host_id)
             .field("timeout", &self.timeout)
             .field("io_timeout", &self.io_timeout)
             .field("spin", &self.spin)
@@ -162,7 +170,27 @@ impl fmt::Debug for Options {
     }
 }
 
+/// Checks a host identity (see [`Options::host_id`]); `--host-id`'s parser.
+pub fn check_host_id(id: &str) -> std::result::Result<(), String> {
+    if rblk_proto::is_valid_host_id(id) {
+        Ok(())
+    } else {
+        Err(format!("host id {id:?}: 1-{} printable ASCII characters without spaces", rblk_proto::MAX_HOST_ID))
+    }
+}
+
 impl Options {
+    /// The host identity to send: [`Options::host_id`], or the machine's hostname.
+    pub fn host_id(&self) -> std::result::Result<Option<String>, String> {
+        match &self.host_id {
+            Some(id) => check_host_id(id).map(|()| Some(id.clone())),
+            None => Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+                .filter(|h| rblk_proto::is_valid_host_id(h))),
+        }
+    }
+
     /// Reads a key file: its bytes, without trailing whitespace (the newline an editor adds),
     /// exactly as rblk-target reads its `--key-file`. An empty key is an error.
     pub fn key_from_file(path: impl AsRef<Path>) -> Result<Vec<u8>> {

@@ -3,10 +3,10 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use hmac::{Hmac, Mac as _};
 use rblk_fabric::Pd;
 use rblk_proto::{
-    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, FEATURES, FEATURE_KEEPALIVE, MAC_LEN,
+    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, FEATURES, FEATURE_HOST_ID,
+    FEATURE_KEEPALIVE, MAC_LEN,
 };
 
 use crate::conn::{self, Conn, Dest, Reply};
@@ -106,14 +106,24 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
     let features = FEATURES & features;
     conn.send_keepalives(features & FEATURE_KEEPALIVE != 0);
     let authenticated = flags.contains(ChallengeFlags::AUTH_REQUIRED);
-    if authenticated {
-        let key = opts
-            .key
-            .as_deref()
-            .ok_or_else(|| Error::Auth { addr, reason: "target requires a key (--key-file)".into() })?;
-        let mac = mac(key, &nonce).map_err(|reason| Error::Auth { addr, reason })?;
+    // With host identities the initiator always names its host (access lists and caps use
+    // it), MACing it with its key, or with zeros to a target that wants no key.
+    let host = if features & FEATURE_HOST_ID != 0 {
+        opts.host_id().map_err(|reason| Error::Auth { addr, reason })?
+    } else {
+        None
+    };
+    if authenticated || host.is_some() {
+        let mac = match (opts.key.as_deref(), authenticated) {
+            (Some(key), _) => rblk_proto::auth_mac(key, &nonce, host.as_deref())
+                .ok_or_else(|| Error::Auth { addr, reason: "unusable key".into() })?,
+            (None, false) => [0; MAC_LEN],
+            (None, true) => {
+                return Err(Error::Auth { addr, reason: "target requires a key (--key-file)".into() });
+            }
+        };
         let deadline = Instant::now() + opts.timeout;
-        let acked = conn.expect(&Message::Auth { mac }, deadline, "OK(AUTH)", |r| match r {
+        let acked = conn.expect(&Message::Auth { mac, host: host.as_deref() }, deadline, "OK(AUTH)", |r| match r {
             Reply::Ok(Opcode::Auth) => Some(()),
             _ => None,
         });
@@ -121,11 +131,12 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
             Ok(()) => {}
             Err(Error::Target { code, text, .. }) => {
                 let why = if text.is_empty() { code.to_string() } else { text };
-                return Err(Error::Auth { addr, reason: format!("the target refused the key ({why})") });
+                return Err(Error::Auth { addr, reason: format!("the target refused authentication ({why})") });
             }
             Err(e) => return Err(e),
         }
-    } else if opts.key.is_some() {
+    }
+    if !authenticated && opts.key.is_some() {
         tracing::warn!(%addr, "the target does not require a key: it serves anyone");
     }
     tracing::debug!(authenticated, features, "session started");
@@ -146,23 +157,4 @@ pub(crate) fn open_on(
         Reply::Opened(o) => Some(o),
         _ => None,
     })
-}
-
-/// HMAC-SHA256 of the target's nonce under the pre-shared key: AUTH's proof.
-pub(crate) fn mac(key: &[u8], nonce: &[u8]) -> Result<[u8; MAC_LEN], String> {
-    let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).map_err(|e| format!("unusable key: {e}"))?;
-    m.update(nonce);
-    Ok(m.finalize().into_bytes().into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hmac_sha256_rfc4231_case_2() {
-        let mac = mac(b"Jefe", b"what do ya want for nothing?").unwrap();
-        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
-    }
 }

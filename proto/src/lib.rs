@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! first QP of a session    ConnectData::NewSession, then
-//!                          HELLO -> CHALLENGE [-> AUTH -> OK(AUTH)] -> OPEN -> OPENED
+//!                          HELLO -> CHALLENGE [-> AUTH(host) -> OK(AUTH)] -> OPEN -> OPENED
 //! further QPs              ConnectData::Join { session_id, token }, then JOIN -> OK(JOIN)
 //! any QP, once open        FLUSH -> FLUSHED, STATS -> STATS_REPLY, CLOSE -> OK(CLOSE)
 //! both ways                KEEPALIVE every KEEPALIVE_INTERVAL on every QP, not answered
@@ -48,17 +48,19 @@
 
 use core::time::Duration;
 
+mod auth;
 mod connect;
 mod error;
 mod fields;
 mod header;
 mod messages;
 
+pub use auth::{auth_mac, verify_auth_mac};
 pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN};
 pub use error::{EncodeError, ParseError};
 pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, OpenMode, Range, VolumeFlags};
 pub use header::{peek_tag, Opcode, HEADER_LEN};
-pub use messages::{parse, Message, Opened, Resume, StatsReply, VolumeId};
+pub use messages::{is_valid_host_id, parse, Message, Opened, Resume, StatsReply, VolumeId};
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian
 /// u32.
@@ -83,9 +85,17 @@ pub const FEATURE_KEEPALIVE: u64 = 2;
 /// and an initiator does not reconnect.
 pub const FEATURE_RECONNECT: u64 = 4;
 
+/// Feature bit: host identities. The initiator always sends AUTH, naming its host
+/// ([`Message::Auth`]'s `host`) and MACing the nonce and that name under the host's own key (or
+/// the shared key); a target without keys takes the name as claimed. The target's per-volume
+/// access lists and per-host session caps use the name. Without it AUTH is the base message (the
+/// nonce under the shared key), sent only when CHALLENGE requires it, and the peer counts as an
+/// anonymous host.
+pub const FEATURE_HOST_ID: u64 = 8;
+
 /// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
 /// intersection of both sets.
-pub const FEATURES: u64 = FEATURE_FLUSH_RANGES | FEATURE_KEEPALIVE | FEATURE_RECONNECT;
+pub const FEATURES: u64 = FEATURE_FLUSH_RANGES | FEATURE_KEEPALIVE | FEATURE_RECONNECT | FEATURE_HOST_ID;
 
 /// TCP-style port the target listens on through rdma_cm.
 pub const DEFAULT_PORT: u16 = 7420;
@@ -121,6 +131,9 @@ pub const MAX_MALFORMED: u32 = 4;
 
 /// Longest volume name in bytes.
 pub const MAX_VOLUME_NAME: usize = 64;
+
+/// Longest host identity in bytes (NVMe's longest NQN).
+pub const MAX_HOST_ID: usize = 223;
 
 /// Longest ERROR text in bytes: as much as fits in [`MSG_SIZE`].
 pub const MAX_ERROR_TEXT: usize = MSG_SIZE - HEADER_LEN - size_of::<messages::ErrorHead>();

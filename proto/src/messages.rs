@@ -6,7 +6,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::header::{split, write_frame, HEADER_LEN};
 use crate::{
     ChallengeFlags, EncodeError, ErrorCode, Flush, FlushedFlags, Opcode, OpenMode, ParseError, Range, VolumeFlags,
-    MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_VOLUME_NAME, NONCE_LEN, TOKEN_LEN,
+    MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_VOLUME_NAME, NONCE_LEN, TOKEN_LEN,
 };
 
 #[cfg(test)]
@@ -33,10 +33,18 @@ pub enum Message<'a> {
         /// Fresh random bytes the initiator's AUTH must MAC.
         nonce: [u8; NONCE_LEN],
     },
-    /// Initiator → target: HMAC-SHA256 of CHALLENGE's nonce under the pre-shared key.
+    /// Initiator → target: proof of a key. Without a host, HMAC-SHA256 of CHALLENGE's nonce
+    /// under the target's shared key (the base message). With a host (only to a target that
+    /// announced [`FEATURE_HOST_ID`](crate::FEATURE_HOST_ID)), HMAC-SHA256 of the nonce followed
+    /// by the host's name, under that host's key (or the shared key), so that a MAC proves both
+    /// the key and the identity and cannot be replayed on another connection.
     Auth {
-        /// The MAC.
+        /// The MAC (zeros from a host without a key, to a target without keys: it only names
+        /// itself).
         mac: [u8; MAC_LEN],
+        /// The initiator's host identity: 1 to [`MAX_HOST_ID`] printable ASCII bytes (a
+        /// hostname or an NVMe-style NQN).
+        host: Option<&'a str>,
     },
     /// Initiator → target: open a volume.
     Open {
@@ -181,6 +189,19 @@ struct AuthBody {
 }
 const _: () = assert!(size_of::<AuthBody>() == 32);
 
+/// Follows [`AuthBody`] from an initiator with [`FEATURE_HOST_ID`](crate::FEATURE_HOST_ID).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct HostBody {
+    host_len: u8,
+    reserved: [u8; 7],
+    /// `host_len` bytes of printable ASCII, then zeros.
+    host: [u8; HOST_FIELD],
+}
+/// [`MAX_HOST_ID`] rounded up to a multiple of 8.
+const HOST_FIELD: usize = MAX_HOST_ID.next_multiple_of(8);
+const _: () = assert!(size_of::<HostBody>() == 232);
+
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct OpenBody {
@@ -299,7 +320,23 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
                 nonce: b.nonce,
             }
         }
-        Opcode::Auth => Message::Auth { mac: fixed::<AuthBody>(opcode, body)?.mac },
+        Opcode::Auth => {
+            let (b, host) = with_tail::<AuthBody, HostBody>(opcode, body)?;
+            let host = match host {
+                None => None,
+                Some(h) => {
+                    zero(h.reserved == [0; 7], "auth.reserved")?;
+                    let (name, padding) = h.host.split_at_checked(h.host_len.into()).ok_or(ParseError::BadCount {
+                        field: "auth.host_len",
+                        count: h.host_len.into(),
+                        max: MAX_HOST_ID as u64,
+                    })?;
+                    zero(padding.iter().all(|&byte| byte == 0), "auth.host padding")?;
+                    Some(check_host(name)?)
+                }
+            };
+            Message::Auth { mac: b.mac, host }
+        }
         Opcode::Open => {
             let (b, resume) = with_tail::<OpenBody, JoinBody>(opcode, body)?;
             zero(b.reserved == [0; 6], "open.reserved")?;
@@ -457,6 +494,22 @@ fn check_name(name: &[u8]) -> Result<&str, ParseError> {
     core::str::from_utf8(name).map_err(|_| ParseError::BadUtf8 { field: "open.name" })
 }
 
+/// A host identity: 1 to [`MAX_HOST_ID`] bytes of printable ASCII without spaces.
+fn check_host(host: &[u8]) -> Result<&str, ParseError> {
+    if host.is_empty() || host.len() > MAX_HOST_ID {
+        return Err(ParseError::BadCount { field: "auth.host_len", count: host.len() as u64, max: MAX_HOST_ID as u64 });
+    }
+    if !host.iter().all(u8::is_ascii_graphic) {
+        return Err(ParseError::BadUtf8 { field: "auth.host" });
+    }
+    core::str::from_utf8(host).map_err(|_| ParseError::BadUtf8 { field: "auth.host" })
+}
+
+/// Whether `host` is a valid host identity (see [`Message::Auth`]).
+pub fn is_valid_host_id(host: &str) -> bool {
+    check_host(host.as_bytes()).is_ok()
+}
+
 fn check_ranges(ranges: &[Range]) -> Result<(), ParseError> {
     if ranges.len() > MAX_FLUSH_RANGES {
         return Err(ParseError::BadCount {
@@ -534,7 +587,16 @@ impl Message<'_> {
                 nonce,
             }
             .as_bytes()]),
-            Self::Auth { mac } => frame(&[AuthBody { mac }.as_bytes()]),
+            Self::Auth { mac, host: None } => frame(&[AuthBody { mac }.as_bytes()]),
+            Self::Auth { mac, host: Some(host) } => {
+                let host = check_host(host.as_bytes())?;
+                let mut tail = HostBody { host_len: 0, reserved: [0; 7], host: [0; HOST_FIELD] };
+                // check_host bounded the length by MAX_HOST_ID, which fits a u8.
+                tail.host_len = u8::try_from(host.len()).unwrap_or(u8::MAX);
+                let (dst, _) = tail.host.split_at_mut(host.len());
+                dst.copy_from_slice(host.as_bytes());
+                frame(&[AuthBody { mac }.as_bytes(), tail.as_bytes()])
+            }
             Self::Open { mode, name, resume } => {
                 let name = check_name(name.as_bytes())?;
                 let mut body =

@@ -3,22 +3,36 @@
 //! ```toml
 //! listen = "10.0.0.1:7420"       # ADDR[:PORT]; default: every address, port 7420
 //! device = "mlx5_0"              # accept connections on this RDMA device only
-//! key_file = "/etc/rblk/key"     # pre-shared key
+//! key_file = "/etc/rblk/key"     # shared key: any host that holds it may connect
 //! state_dir = "/var/lib/rblk"    # durable volumes' identities across clean shutdowns (default)
+//! open_timeout = 10              # seconds a connection may take to open a session (default)
+//! keepalive_timeout = 15         # seconds of silence (or a stuck keepalive) that end one
+//! max_unopened = 64              # connections that have not opened a session yet, in all
+//! max_unopened_per_addr = 16     # ... and per peer address
+//! max_sessions = 1024            # open sessions, in all
+//! max_sessions_per_host = 64     # ... and per host (per address without host identities)
+//!
+//! [[host]]
+//! name = "db1.example.com"       # what the initiator sends (rblk --host-id; default hostname)
+//! key_file = "/etc/rblk/hosts/db1.key"   # its own key (without: it proves the shared key)
 //!
 //! [[volume]]
 //! name = "vol0"
-//! size = "1G"
+//! size = "1G"                    # no allow list: open to every host that got in
 //!
 //! [[volume]]
 //! name = "db"
 //! size = "64G"
 //! path = "/dev/nvme0n1"          # durable: backed by this file or block device
+//! allow = { "db1.example.com" = "exclusive", "*" = "ro" }   # ro, rw or exclusive per host
 //! ```
 //!
 //! Flags override the file; `--volume` flags replace its volume list.
 
 use std::net::SocketAddr;
+
+use crate::access::{Acl, HostSpec};
+use crate::server::Config;
 
 /// Where durable volumes keep their instance identity across a clean shutdown, unless
 /// `--state-dir` or the config's `state_dir` says otherwise.
@@ -115,13 +129,34 @@ pub struct File {
     /// State directory (durable volumes' identities).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<std::path::PathBuf>,
+    /// Seconds a connection may take to open (or join) a session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_timeout: Option<u64>,
+    /// Seconds of initiator silence, or of an uncompleted keepalive, that end a connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keepalive_timeout: Option<u64>,
+    /// Connections that have not opened a session yet, at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_unopened: Option<usize>,
+    /// ... per peer address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_unopened_per_addr: Option<usize>,
+    /// Open sessions at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<usize>,
+    /// ... per host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_sessions_per_host: Option<usize>,
+    /// Known hosts.
+    #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<FileHost>,
     /// Volumes.
     #[serde(default, rename = "volume", skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<FileVolume>,
 }
 
 /// One `[[volume]]` of the config file.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileVolume {
     /// Name.
@@ -131,6 +166,20 @@ pub struct FileVolume {
     /// Backing store of a durable volume.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<std::path::PathBuf>,
+    /// Who may open it, and how; empty: every host that got in.
+    #[serde(default, skip_serializing_if = "Acl::is_empty")]
+    pub allow: Acl,
+}
+
+/// One `[[host]]` of the config file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHost {
+    /// Its identity.
+    pub name: String,
+    /// Its own key file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 impl File {
@@ -150,6 +199,68 @@ impl File {
                 Ok(spec)
             })
             .collect()
+    }
+
+    /// Refuses limits that cannot work: zero counts or timeouts, and a keepalive timeout that
+    /// two keepalive intervals do not fit in (peers would be cut between keepalives).
+    pub fn check_limits(&self) -> Result<(), String> {
+        let counts = [
+            ("max_unopened", self.max_unopened),
+            ("max_unopened_per_addr", self.max_unopened_per_addr),
+            ("max_sessions", self.max_sessions),
+            ("max_sessions_per_host", self.max_sessions_per_host),
+        ];
+        if let Some((key, _)) = counts.iter().find(|(_, n)| *n == Some(0)) {
+            return Err(format!("{key} = 0: it must be at least 1"));
+        }
+        if self.open_timeout == Some(0) {
+            return Err("open_timeout = 0: it must be at least 1 (seconds)".into());
+        }
+        let min = 2 * rblk_proto::KEEPALIVE_INTERVAL.as_secs() + 1;
+        match self.keepalive_timeout {
+            Some(t) if t < min => Err(format!("keepalive_timeout = {t}: it must be at least {min} (seconds)")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The hosts, with their key files read.
+    pub fn host_specs(&self) -> Result<Vec<HostSpec>, String> {
+        self.hosts
+            .iter()
+            .map(|h| {
+                let key = h.key_file.as_deref().map(read_key_file).transpose()?;
+                Ok(HostSpec { name: h.name.clone(), key })
+            })
+            .collect()
+    }
+
+    /// The volumes' access lists (volumes with one only).
+    pub fn acls(&self) -> std::collections::HashMap<String, Acl> {
+        self.volumes.iter().filter(|v| !v.allow.is_empty()).map(|v| (v.name.clone(), v.allow.clone())).collect()
+    }
+
+    /// The daemon's configuration from this file (key files read, everything checked);
+    /// anything the file leaves out has [`Config::default`]'s value, the state dir too.
+    pub fn server_config(&self) -> Result<Config, String> {
+        self.check_limits()?;
+        let defaults = Config::default();
+        let secs = |s: Option<u64>, default| s.map_or(default, std::time::Duration::from_secs);
+        Ok(Config {
+            listen: self.listen.as_deref().map_or(Ok(defaults.listen), parse_listen)?,
+            device: self.device.clone(),
+            volumes: self.volume_specs()?,
+            key: self.key_file.as_deref().map(read_key_file).transpose()?,
+            hosts: self.host_specs()?,
+            acls: self.acls(),
+            state_dir: self.state_dir.clone(),
+            auth_timeout: secs(self.open_timeout, defaults.auth_timeout),
+            keepalive_timeout: secs(self.keepalive_timeout, defaults.keepalive_timeout),
+            max_unopened: self.max_unopened.unwrap_or(defaults.max_unopened),
+            max_unopened_per_addr: self.max_unopened_per_addr.unwrap_or(defaults.max_unopened_per_addr),
+            max_sessions: self.max_sessions.unwrap_or(defaults.max_sessions),
+            max_sessions_per_host: self.max_sessions_per_host.unwrap_or(defaults.max_sessions_per_host),
+            ..defaults
+        })
     }
 
     /// The effective configuration as TOML (`--print-config`).
@@ -176,6 +287,25 @@ mod tests {
         assert!(toml::from_str::<File>("lisen = \"x\"").is_err(), "unknown keys are refused");
         let bad: File = toml::from_str("[[volume]]\nname = \"a\"\nsize = \"12345\"").unwrap();
         assert!(bad.volume_specs().is_err());
+    }
+
+    #[test]
+    fn hosts_access_lists_and_limits() {
+        let text = "max_sessions_per_host = 2\nopen_timeout = 3\n[[host]]\nname = \"db1\"\n[[volume]]\nname = \"a\"\nsize = \"4k\"\nallow = { db1 = \"exclusive\", \"*\" = \"ro\" }\n[[volume]]\nname = \"b\"\nsize = \"4k\"\n";
+        let f: File = toml::from_str(text).unwrap();
+        assert_eq!((f.max_sessions_per_host, f.open_timeout), (Some(2), Some(3)));
+        assert_eq!(f.host_specs().unwrap(), vec![HostSpec { name: "db1".into(), key: None }]);
+        let acls = f.acls();
+        assert_eq!(acls.len(), 1, "only volumes with a list");
+        assert_eq!(acls["a"]["db1"], crate::access::Grant::Exclusive);
+        assert_eq!(toml::from_str::<File>(&f.to_toml()).unwrap(), f);
+        let bad = toml::from_str::<File>("[[volume]]\nname = \"a\"\nsize = \"4k\"\nallow = { db1 = \"write\" }");
+        assert!(bad.unwrap_err().to_string().contains("use ro, rw or exclusive"));
+        assert!(toml::from_str::<File>("max_sessions = 0").unwrap().check_limits().is_err());
+        assert!(toml::from_str::<File>("keepalive_timeout = 4").unwrap().check_limits().is_err());
+        assert!(toml::from_str::<File>("keepalive_timeout = 5").unwrap().check_limits().is_ok());
+        let missing: File = toml::from_str("[[host]]\nname = \"h\"\nkey_file = \"/nonexistent/k\"").unwrap();
+        assert!(missing.host_specs().unwrap_err().contains("/nonexistent/k"));
     }
 
     #[test]

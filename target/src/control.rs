@@ -10,9 +10,8 @@ use rblk_proto::{
 };
 
 use crate::server::Shared;
-use crate::session::{self, Session};
+use crate::session::{self, Owner, Session};
 
-/// The features this target implements and announces in CHALLENGE: the protocol's
 /// Where a connection is in the protocol.
 #[derive(Debug)]
 pub enum State {
@@ -36,6 +35,8 @@ pub enum State {
         pd: Pd,
         /// Negotiated features.
         features: u64,
+        /// The host AUTH named (None: anonymous).
+        host: Option<Arc<str>>,
     },
     /// A further QP, admitted by its connect data, waiting for JOIN.
     Joining {
@@ -75,12 +76,24 @@ pub enum After {
     /// cut (its ERROR still goes out first). Refusals caused by the target's own state (a failed
     /// FLUSH, no resources) do not count.
     Refused,
+    /// AUTH failed: counts like [`After::Refused`], and the connection holds the ERROR back
+    /// for as long as [`Shared::auth_failed`] says.
+    AuthFailed,
     /// Send the reply, then end the connection.
     Close,
 }
 
+/// The connection a message arrived on.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// The connection's id.
+    pub conn: u64,
+    /// The initiator's address, where the fabric knows it.
+    pub ip: Option<std::net::IpAddr>,
+}
+
 /// Handles one received message (raw bytes, parsed here) in `state`, on connection `conn`.
-pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (Reply, After) {
+pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> (Reply, After) {
     let msg = match rblk_proto::parse(bytes) {
         Ok((_, msg)) => msg,
         Err(ParseError::Version { got, supported }) => {
@@ -98,31 +111,42 @@ pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (R
         (Message::Keepalive, _) => (Reply::None, After::Continue),
         (Message::Hello { features }, State::Fresh { pd }) => {
             let nonce = session::nonce();
-            let flags = if shared.key.is_some() { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
+            let auth = shared.policy.auth_required();
+            let flags = if auth { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
             *state = State::Challenged { pd: pd.clone(), nonce, features: features & rblk_proto::FEATURES };
             (Reply::Msg(Message::Challenge { flags, features: rblk_proto::FEATURES, nonce }), After::Continue)
         }
-        (Message::Auth { mac }, State::Challenged { pd, nonce, features }) => match &shared.key {
-            Some(key) if !session::verify(key, nonce, &mac) => {
-                (Reply::Error(ErrorCode::AuthFailed, "authentication failed: wrong key".into()), After::Refused)
-            }
-            Some(_) => {
-                *state = State::Ready { pd: pd.clone(), features: *features };
-                (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
-            }
-            // Acknowledging it would tell a client its key was checked.
-            None => (
-                Reply::Error(
-                    ErrorCode::Unexpected,
-                    "this target has no key: AUTH is not expected (CHALLENGE said so)".into(),
-                ),
-                After::Refused,
+        (Message::Auth { host: Some(_), .. }, State::Challenged { features, .. })
+            if features & rblk_proto::FEATURE_HOST_ID == 0 =>
+        {
+            let text = "AUTH names a host, but HELLO did not announce host identities".into();
+            (Reply::Error(ErrorCode::Unexpected, text), After::Refused)
+        }
+        // Acknowledging it would tell a client its key was checked.
+        (Message::Auth { host: None, .. }, State::Challenged { .. }) if !shared.policy.auth_required() => (
+            Reply::Error(
+                ErrorCode::Unexpected,
+                "this target has no key: AUTH is not expected (CHALLENGE said so)".into(),
             ),
-        },
-        (Message::Open { .. }, State::Challenged { pd, features, .. }) if shared.key.is_none() => {
-            // No key configured: HELLO was enough.
-            *state = State::Ready { pd: pd.clone(), features: *features };
-            handle(shared, conn, state, bytes)
+            After::Refused,
+        ),
+        (Message::Auth { mac, host }, State::Challenged { pd, nonce, features }) => {
+            match shared.policy.authenticate(nonce, &mac, host) {
+                Ok(()) => {
+                    shared.auth_succeeded(peer.ip);
+                    *state = State::Ready { pd: pd.clone(), features: *features, host: host.map(Arc::from) };
+                    (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
+                }
+                Err(e) => {
+                    tracing::warn!(peer = ?peer.ip, host, "{e}");
+                    (Reply::Error(ErrorCode::AuthFailed, e.to_string()), After::AuthFailed)
+                }
+            }
+        }
+        (Message::Open { .. }, State::Challenged { pd, features, .. }) if !shared.policy.auth_required() => {
+            // No key configured and no host named: HELLO was enough, for an anonymous host.
+            *state = State::Ready { pd: pd.clone(), features: *features, host: None };
+            handle(shared, peer, state, bytes)
         }
         (Message::Open { .. }, State::Challenged { .. }) => (
             Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before OPEN".into()),
@@ -134,9 +158,19 @@ pub fn handle(shared: &Shared, conn: u64, state: &mut State, bytes: &[u8]) -> (R
             let text = "OPEN resumes a session, but HELLO did not announce the reconnect feature".into();
             (Reply::Error(ErrorCode::Unexpected, text), After::Refused)
         }
-        (Message::Open { mode, name, resume }, State::Ready { pd, features }) => {
-            let opener = Opener { conn, pd: pd.clone(), features: *features };
-            open(shared, state, opener, mode, name, resume)
+        (Message::Open { mode, name, resume }, State::Ready { pd, features, host }) => {
+            let host = host.clone();
+            let owner = match &host {
+                Some(h) => Owner::Host(Arc::clone(h)),
+                None => Owner::Anonymous(peer.ip),
+            };
+            let opener = Opener { conn: peer.conn, pd: pd.clone(), features: *features, owner };
+            let (reply, after) = open(shared, state, opener, mode, name, resume);
+            if let Reply::Error(code, text) = &reply {
+                shared.counters.refused_opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(peer = ?peer.ip, host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {text}");
+            }
+            (reply, after)
         }
         (Message::Join { session_id, token }, State::Joining { session }) => {
             if session.id != session_id || !session.token_matches(&token) {
@@ -209,6 +243,7 @@ struct Opener {
     conn: u64,
     pd: Pd,
     features: u64,
+    owner: Owner,
 }
 
 fn open(
@@ -219,7 +254,7 @@ fn open(
     name: &str,
     resume: Option<Resume>,
 ) -> (Reply, After) {
-    let Opener { conn, pd, features } = opener;
+    let Opener { conn, pd, features, owner } = opener;
     // Before anything else: the old session's exclusive open must not make this one Busy.
     if let Some(resume) = &resume {
         shared.replace_session(resume);
@@ -241,6 +276,16 @@ fn open(
             After::Refused,
         );
     };
+    let host = match &owner {
+        Owner::Host(h) => Some(&**h),
+        Owner::Anonymous(_) => None,
+    };
+    if let Err(text) = shared.policy.may_open(name, host, mode) {
+        return (Reply::Error(ErrorCode::BadMode, text), After::Refused);
+    }
+    if let Some(full) = shared.session_cap_reached(&owner) {
+        return (Reply::Error(ErrorCode::NoResources, full), After::Continue);
+    }
     if volume.failed() && mode != OpenMode::ReadOnly {
         let text = format!("volume {name} failed (its backing store could not be written): read-only opens only");
         return (Reply::Error(ErrorCode::VolumeFailed, text), After::Refused);
@@ -258,7 +303,8 @@ fn open(
             return (Reply::Error(ErrorCode::NoResources, e.to_string()), After::Continue);
         }
     };
-    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, Arc::clone(&shared.counters), features));
+    let counters = Arc::clone(&shared.counters);
+    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, counters, features, owner));
     let (remote_addr, rkey) = session.remote().unwrap_or_default();
     let mut flags = if volume.is_volatile() { VolumeFlags::VOLATILE } else { VolumeFlags::empty() };
     if mode == OpenMode::ReadOnly {
@@ -279,9 +325,12 @@ fn open(
         // Only a peer that knows the tail gets it: older ones parse the base body.
         instance: (features & rblk_proto::FEATURE_RECONNECT != 0).then_some(volume.instance),
     };
-    tracing::info!(volume = name, ?mode, session = id, "opened");
+    // Checked again atomically: another connection may have opened one meanwhile.
+    if let Err(full) = shared.add_session(Arc::clone(&session)) {
+        return (Reply::Error(ErrorCode::NoResources, full), After::Continue);
+    }
+    tracing::info!(volume = name, ?mode, session = id, owner = %session.owner, "opened");
     session.join(conn);
-    shared.add_session(Arc::clone(&session));
     *state = State::Open { session };
     (Reply::Msg(Message::Opened(opened)), After::Continue)
 }

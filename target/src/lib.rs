@@ -6,7 +6,8 @@
 //! Layout: [`config`] (command line), [`volume`] (the volume store: memory and open modes),
 //! [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and write-back),
 //! [`identity`] (volume instance identities, kept across clean shutdowns in the state dir),
-//! [`session`] (per-session protection domain and registration, authentication), [`control`]
+//! [`access`] (keys, host identities and volume access lists), [`session`] (per-session
+//! protection domain and registration), [`control`]
 //! (one connection's control protocol), [`server`] (the rdma_cm listener and connection threads).
 //!
 //! ```no_run
@@ -30,6 +31,7 @@
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
+pub mod access;
 pub mod config;
 pub mod control;
 pub mod identity;

@@ -1,13 +1,13 @@
 //! `rblk-target`: serve volumes in registered memory over RDMA.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use rblk_target::config::{parse_listen, read_key_file, File as ConfigFile, FileVolume, VolumeSpec, DEFAULT_STATE_DIR};
-use rblk_target::server::{Config, Server, StartError};
+use rblk_target::config::{parse_listen, File as ConfigFile, FileVolume, VolumeSpec, DEFAULT_STATE_DIR};
+use rblk_target::server::{Server, StartError};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
 ///
@@ -29,8 +29,9 @@ struct Args {
     /// at start, written back on FLUSH, flushed on shutdown. Default: one 1 GiB RAM volume vol0.
     #[arg(long = "volume", value_name = "NAME:SIZE[:PATH]")]
     volumes: Vec<VolumeSpec>,
-    /// Pre-shared key file: initiators must prove they hold the same key (HMAC-SHA256 over a
-    /// nonce) before they may open anything. Without it the daemon serves anyone.
+    /// Shared key file: initiators must prove they hold the same key (HMAC-SHA256 over a nonce
+    /// and their host name) before they may open anything. Hosts with their own keys are set in
+    /// the config file. Without any key the daemon serves anyone.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     key_file: Option<PathBuf>,
     /// Directory where durable volumes keep their instance identity across a clean shutdown
@@ -39,8 +40,34 @@ struct Args {
     /// unflushed writes as lost). Default: /var/lib/rblk.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// A TOML config file (keys listen, device, key_file, state_dir and [[volume]] tables with
-    /// name, size and optional path). Flags override it; --volume flags replace its volumes.
+    /// A connection that has not opened (or joined) a session this many seconds after its
+    /// connect request is cut (unauthenticated and half-open ones too). Default: 10.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    open_timeout: Option<u64>,
+    /// End a connection when an initiator that promised keepalives sent nothing for this many
+    /// seconds, or when one of the target's keepalives stayed uncompleted that long; a session
+    /// goes with its last connection. Default: 15.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(5..))]
+    keepalive_timeout: Option<u64>,
+    /// Connections that have not opened a session yet, at most (past it, a new one evicts the
+    /// oldest, as sshd's MaxStartups). Default: 64.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_unopened: Option<u64>,
+    /// The same, per peer address. Default: 16.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_unopened_per_addr: Option<u64>,
+    /// Open sessions at most; past it OPEN is refused (out of resources). Default: 1024.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_sessions: Option<u64>,
+    /// Open sessions at most per host (per address for initiators that send no host identity).
+    /// Default: 64.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_sessions_per_host: Option<u64>,
+    /// A TOML config file: keys listen, device, key_file, state_dir, the limits above
+    /// (open_timeout, keepalive_timeout, max_unopened, ...), [[host]] tables (name, key_file)
+    /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
+    /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
+    /// --volume flags replace its volumes.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Print the effective configuration (file plus flags) as TOML and exit.
@@ -85,6 +112,23 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.state_dir.is_some() {
         file.state_dir.clone_from(&args.state_dir);
     }
+    let limits = [
+        (&mut file.max_unopened, args.max_unopened),
+        (&mut file.max_unopened_per_addr, args.max_unopened_per_addr),
+        (&mut file.max_sessions, args.max_sessions),
+        (&mut file.max_sessions_per_host, args.max_sessions_per_host),
+    ];
+    for (field, flag) in limits {
+        if let Some(n) = flag {
+            *field = Some(usize::try_from(n).unwrap_or(usize::MAX));
+        }
+    }
+    if args.open_timeout.is_some() {
+        file.open_timeout = args.open_timeout;
+    }
+    if args.keepalive_timeout.is_some() {
+        file.keepalive_timeout = args.keepalive_timeout;
+    }
     if file.state_dir.is_none() {
         file.state_dir = Some(DEFAULT_STATE_DIR.into());
     }
@@ -92,32 +136,24 @@ fn run(args: Args) -> anyhow::Result<()> {
         file.volumes = args
             .volumes
             .iter()
-            .map(|v| FileVolume { name: v.name.clone(), size: v.size.to_string(), path: v.path.clone() })
+            .map(|v| FileVolume {
+                name: v.name.clone(),
+                size: v.size.to_string(),
+                path: v.path.clone(),
+                ..FileVolume::default()
+            })
             .collect();
     }
     if file.volumes.is_empty() {
-        file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), path: None }];
+        file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), ..FileVolume::default() }];
     }
     if args.print_config {
+        // Checked like a start would, so that a bad file does not print and exit 0.
+        file.server_config().map_err(anyhow::Error::msg)?;
         print!("{}", file.to_toml());
         return Ok(());
     }
-    let listen = match &file.listen {
-        Some(text) => parse_listen(text).map_err(anyhow::Error::msg)?,
-        None => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), rblk_proto::DEFAULT_PORT),
-    };
-    let key = match &file.key_file {
-        Some(path) => Some(read_key_file(path).map_err(anyhow::Error::msg)?),
-        None => None,
-    };
-    let cfg = Config {
-        listen,
-        device: file.device.clone(),
-        volumes: file.volume_specs().map_err(anyhow::Error::msg)?,
-        key,
-        state_dir: file.state_dir.clone(),
-        ..Config::default()
-    };
+    let cfg = file.server_config().map_err(anyhow::Error::msg)?;
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
         .context("installing signal handlers")?;
     let running = Server::start(cfg)?;

@@ -13,11 +13,12 @@ use rblk_fabric::{Completion, Endpoint, Fabric, Listener, ListenerEvent, QpConfi
 use rblk_proto::{ConnectData, Message, Resume, MSG_SIZE};
 use tracing::{debug, info, info_span, warn};
 
+use crate::access::{Acl, HostSpec, Policy};
 use crate::config::VolumeSpec;
 use crate::control::{self, After, Reply, State};
 use crate::identity;
 use crate::persist::Backing;
-use crate::session::{self, Counters, Session};
+use crate::session::{self, Counters, Owner, Session};
 use crate::volume::Volume;
 
 /// The daemon's configuration.
@@ -29,8 +30,17 @@ pub struct Config {
     pub device: Option<String>,
     /// Volumes to serve.
     pub volumes: Vec<VolumeSpec>,
-    /// Pre-shared key; None serves anyone.
+    /// Shared key: any host that proves it may connect. Without it and without host keys the
+    /// target serves anyone.
     pub key: Option<Vec<u8>>,
+    /// Known hosts and their own keys (see [`access`]).
+    pub hosts: Vec<HostSpec>,
+    /// Access lists by volume name; a volume without one is open to every host that got in.
+    pub acls: HashMap<String, Acl>,
+    /// Open sessions at most, in all.
+    pub max_sessions: usize,
+    /// Open sessions at most per host (per address for initiators without host identities).
+    pub max_sessions_per_host: usize,
     /// Fabric to serve on.
     pub fabric: Fabric,
     /// Largest single I/O initiators may post.
@@ -63,6 +73,12 @@ pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_UNOPENED: usize = 64;
 /// Default [`Config::max_unopened_per_addr`].
 pub const MAX_UNOPENED_PER_ADDR: usize = 16;
+/// Default [`Config::max_sessions`].
+pub const MAX_SESSIONS: usize = 1024;
+/// Default [`Config::max_sessions_per_host`].
+pub const MAX_SESSIONS_PER_HOST: usize = 64;
+/// The longest an AUTH failure's ERROR is held back (see [`Shared::auth_failed`]).
+pub const MAX_AUTH_DELAY: Duration = Duration::from_secs(2);
 
 impl Default for Config {
     fn default() -> Self {
@@ -71,6 +87,10 @@ impl Default for Config {
             device: None,
             volumes: vec![VolumeSpec { name: "vol0".into(), size: 1 << 30, path: None }],
             key: None,
+            hosts: Vec::new(),
+            acls: HashMap::new(),
+            max_sessions: MAX_SESSIONS,
+            max_sessions_per_host: MAX_SESSIONS_PER_HOST,
             fabric: Fabric::Verbs,
             max_io: 1 << 20,
             block_size: 4096,
@@ -102,6 +122,9 @@ pub enum StartError {
     /// The same volume name twice.
     #[error("volume {0} is configured twice")]
     DuplicateVolume(String),
+    /// Hosts or access lists do not make sense.
+    #[error("access configuration: {0}")]
+    Access(String),
     /// Every volume was refused.
     #[error("no volume to serve: {0}")]
     NoVolumes(String),
@@ -123,8 +146,8 @@ pub struct Shared {
     pub volumes: HashMap<String, Arc<Volume>>,
     /// Volumes refused at start, with the reason (OPEN reports it).
     pub refused: HashMap<String, String>,
-    /// Pre-shared key.
-    pub key: Option<Vec<u8>>,
+    /// Keys and access lists.
+    pub policy: Policy,
     /// Largest I/O.
     pub max_io: u32,
     /// Registration counters.
@@ -140,6 +163,10 @@ pub struct Shared {
     evicted: Mutex<std::collections::HashSet<u64>>,
     max_unopened: usize,
     max_unopened_per_addr: usize,
+    max_sessions: usize,
+    max_sessions_per_host: usize,
+    /// Recent AUTH failures by peer address: how many, and the last one's time.
+    auth_failures: Mutex<HashMap<Option<IpAddr>, (u32, Instant)>>,
     next_id: AtomicU64,
     shutdown: AtomicBool,
 }
@@ -149,9 +176,55 @@ impl Shared {
     pub fn next_session_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
-    /// Records an opened session so further QPs can join it.
-    pub fn add_session(&self, s: Arc<Session>) {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(s.id, s);
+    /// Records an opened session so further QPs can join it, unless that would pass a session
+    /// cap (then the reason).
+    pub fn add_session(&self, s: Arc<Session>) -> Result<(), String> {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(full) = self.session_cap(&sessions, &s.owner) {
+            return Err(full);
+        }
+        sessions.insert(s.id, s);
+        Ok(())
+    }
+
+    /// Whether a new session of `owner` would pass a cap: the reason, if so. OPEN asks before
+    /// it registers anything; [`Shared::add_session`] asks again, atomically.
+    pub fn session_cap_reached(&self, owner: &Owner) -> Option<String> {
+        self.session_cap(&self.sessions.lock().unwrap_or_else(|p| p.into_inner()), owner)
+    }
+
+    fn session_cap(&self, sessions: &HashMap<u64, Arc<Session>>, owner: &Owner) -> Option<String> {
+        if sessions.len() >= self.max_sessions {
+            return Some(format!("the target has {} sessions open, its maximum (max_sessions)", sessions.len()));
+        }
+        let mine = sessions.values().filter(|s| s.owner == *owner).count();
+        (mine >= self.max_sessions_per_host)
+            .then(|| format!("{owner} have {mine} sessions open, the most one host may (max_sessions_per_host)"))
+    }
+
+    /// An AUTH from `ip` failed: how long to hold its ERROR back. The first failure is answered
+    /// at once; each further one within [`AUTH_FAILURE_MEMORY`] of the last doubles the delay,
+    /// from 250 ms up to [`MAX_AUTH_DELAY`]. Nothing is refused for it, so an honest host that
+    /// mistyped its key gets in once it has the right one.
+    pub fn auth_failed(&self, ip: Option<IpAddr>) -> Duration {
+        self.counters.auth_failures.fetch_add(1, Ordering::Relaxed);
+        let mut failures = self.auth_failures.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        failures.retain(|_, (_, last)| now.duration_since(*last) < AUTH_FAILURE_MEMORY);
+        let (count, last) = failures.entry(ip).or_insert((0, now));
+        *count = count.saturating_add(1);
+        *last = now;
+        let doublings = count.saturating_sub(2).min(8);
+        if *count == 1 {
+            Duration::ZERO
+        } else {
+            (Duration::from_millis(250) * (1 << doublings)).min(MAX_AUTH_DELAY)
+        }
+    }
+
+    /// An AUTH from `ip` succeeded: its failures are forgotten.
+    pub fn auth_succeeded(&self, ip: Option<IpAddr>) {
+        self.auth_failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&ip);
     }
     /// Records connection `conn` from `ip` as not yet in a session, first evicting the oldest
     /// such connections past the caps.
@@ -273,6 +346,8 @@ impl Server {
                 return Err(StartError::NoDevice(rblk_fabric::Error::NoDevice { filter: cfg.device.clone() }));
             }
         }
+        let names: Vec<&str> = cfg.volumes.iter().map(|v| v.name.as_str()).collect();
+        let policy = Policy::new(cfg.key.clone(), &cfg.hosts, cfg.acls.clone(), &names).map_err(StartError::Access)?;
         let identity = identity::Store::new(cfg.state_dir.clone());
         let mut volumes = HashMap::new();
         let mut refused = HashMap::new();
@@ -313,7 +388,7 @@ impl Server {
         let shared = Arc::new(Shared {
             volumes,
             refused,
-            key: cfg.key.clone(),
+            policy,
             max_io: cfg.max_io,
             counters: Arc::default(),
             identity,
@@ -323,6 +398,9 @@ impl Server {
             evicted: Mutex::default(),
             max_unopened: cfg.max_unopened.max(1),
             max_unopened_per_addr: cfg.max_unopened_per_addr.max(1),
+            max_sessions: cfg.max_sessions.max(1),
+            max_sessions_per_host: cfg.max_sessions_per_host.max(1),
+            auth_failures: Mutex::default(),
             sessions: Mutex::default(),
             conns: Mutex::default(),
             // Ids of sessions from before a restart rarely name a live one (their tokens would
@@ -330,8 +408,8 @@ impl Server {
             next_id: AtomicU64::new((u64::from_le_bytes(session::random()) >> 1).max(1)),
             shutdown: AtomicBool::new(false),
         });
-        if shared.key.is_none() {
-            warn!("no --key-file: this target serves ANY initiator that can reach {addr}");
+        if !shared.policy.auth_required() {
+            warn!("no --key-file and no host keys: this target serves ANY initiator that can reach {addr}");
         }
         for v in shared.volumes.values() {
             match &v.backing {
@@ -400,6 +478,9 @@ fn warn_memlock(shared: &Shared) {
         }
     }
 }
+
+/// How long an address's AUTH failures are remembered after its last one.
+pub const AUTH_FAILURE_MEMORY: Duration = Duration::from_secs(60);
 
 /// The longest a reconnecting OPEN waits for the replaced session's connections to end.
 pub const REPLACE_WAIT: Duration = Duration::from_secs(5);
@@ -528,6 +609,7 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
 /// and end the connection when the initiator is lost (see [`Config::keepalive_timeout`]).
 fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel, mut state: State) {
     let span = info_span!("conn", conn, peer = ?ep.peer(), qpn = ep.qp_num());
+    let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()) };
     let _enter = span.enter();
     info!("connected");
     let timeout = shared.keepalive_timeout;
@@ -598,7 +680,15 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                 }
                 Ok(Event::Received(len)) => {
                     last_heard = Instant::now();
-                    let (reply, after) = control::handle(shared, conn, &mut state, &buf[..len]);
+                    let (reply, after) = control::handle(shared, &peer, &mut state, &buf[..len]);
+                    if after == After::AuthFailed {
+                        // Slows down key guessing; the connection's own thread is the one held.
+                        let delay = shared.auth_failed(peer.ip);
+                        if !delay.is_zero() {
+                            debug!(?delay, "holding back the AUTH failure");
+                            thread::sleep(delay);
+                        }
+                    }
                     let reply_tag = rblk_proto::peek_tag(&buf[..len]).unwrap_or(0);
                     let sent = match reply {
                         Reply::None => Ok(false),
@@ -617,7 +707,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     }
                     match after {
                         After::Continue => {}
-                        After::Refused => {
+                        After::Refused | After::AuthFailed => {
                             malformed += 1;
                             if malformed > rblk_proto::MAX_MALFORMED && !closing {
                                 // Once the ERROR just posted is out (or a second at most).

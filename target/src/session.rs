@@ -1,24 +1,47 @@
 //! Sessions: a protection domain shared by the session's QPs, and (after OPEN) the session's one
-//! registration of its volume. Also the pre-shared-key authentication.
+//! registration of its volume, and the random values (nonces, tokens) of the control protocol.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use hmac::{Hmac, Mac};
 use rblk_fabric::{Mr, Pd};
 use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
 use subtle::ConstantTimeEq;
 
 use crate::volume::Volume;
 
-/// Registration counters, for STATS.
+/// Registration counters (for STATS), and refusal counters.
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Live volume registrations.
     pub registrations: AtomicU64,
     /// Bytes they pin.
     pub pinned_bytes: AtomicU64,
+    /// AUTHs refused (wrong key, unknown host).
+    pub auth_failures: AtomicU64,
+    /// OPENs refused (access lists, caps, no such volume, busy, ...).
+    pub refused_opens: AtomicU64,
+}
+
+/// Whom a session counts against for the per-host session cap: the host it named in AUTH, or,
+/// for an initiator without host identities, its address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// A named host.
+    Host(Arc<str>),
+    /// An anonymous initiator at this address.
+    Anonymous(Option<std::net::IpAddr>),
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Owner::Host(h) => write!(f, "host {h}"),
+            Owner::Anonymous(Some(ip)) => write!(f, "anonymous initiators at {ip}"),
+            Owner::Anonymous(None) => f.write_str("anonymous initiators"),
+        }
+    }
 }
 
 /// An open session.
@@ -36,6 +59,8 @@ pub struct Session {
     pub mode: OpenMode,
     /// Features the opening connection negotiated; they hold for the connections that join.
     pub features: u64,
+    /// Whom it counts against.
+    pub owner: Owner,
     members: Mutex<Members>,
     /// Signalled when a member leaves.
     left: Condvar,
@@ -53,6 +78,7 @@ struct Members {
 
 impl Session {
     /// Wraps a fresh registration of `volume` in `pd`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: u64,
         pd: Pd,
@@ -61,6 +87,7 @@ impl Session {
         mr: Mr,
         counters: Arc<Counters>,
         features: u64,
+        owner: Owner,
     ) -> Session {
         counters.registrations.fetch_add(1, Ordering::SeqCst);
         counters.pinned_bytes.fetch_add(mr.len() as u64, Ordering::SeqCst);
@@ -71,6 +98,7 @@ impl Session {
             volume,
             mode,
             features,
+            owner,
             members: Mutex::default(),
             left: Condvar::new(),
             registration: Mutex::new(Some(mr)),
@@ -174,26 +202,12 @@ pub fn nonce() -> [u8; NONCE_LEN] {
     random()
 }
 
-/// True if `mac` is HMAC-SHA256 of `nonce` under `key` (constant-time comparison).
-pub fn verify(key: &[u8], nonce: &[u8], mac: &[u8]) -> bool {
-    let Ok(mut m) = Hmac::<sha2::Sha256>::new_from_slice(key) else { return false };
-    m.update(nonce);
-    m.verify_slice(mac).is_ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn hmac_proof() {
-        let n = nonce();
-        let mut m = Hmac::<sha2::Sha256>::new_from_slice(b"key").unwrap();
-        m.update(&n);
-        let mac = m.finalize().into_bytes();
-        assert!(verify(b"key", &n, &mac));
-        assert!(!verify(b"other", &n, &mac));
-        assert!(!verify(b"key", &nonce(), &mac));
+    fn nonces_differ() {
         assert_ne!(nonce(), nonce());
     }
 }

@@ -89,6 +89,32 @@ impl Raw {
         }
     }
 
+    /// HELLO announcing `features`; returns CHALLENGE's nonce.
+    pub fn challenge(&mut self, features: u64) -> [u8; rblk_proto::NONCE_LEN] {
+        let challenge = self.request(&Message::Hello { features });
+        match rblk_proto::parse(&challenge) {
+            Ok((_, Message::Challenge { nonce, .. })) => nonce,
+            other => panic!("HELLO answered with {other:?}"),
+        }
+    }
+
+    /// AUTH with `mac` and `host` (after HELLO): Ok, or the ERROR's code and text.
+    pub fn auth_with(&mut self, mac: [u8; rblk_proto::MAC_LEN], host: Option<&str>) -> Result<(), (ErrorCode, String)> {
+        let reply = self.request(&Message::Auth { mac, host });
+        match rblk_proto::parse(&reply) {
+            Ok((_, Message::Ok { .. })) => Ok(()),
+            Ok((_, Message::Error { code, text })) => Err((code, text.to_owned())),
+            other => panic!("AUTH answered with {other:?}"),
+        }
+    }
+
+    /// HELLO (every feature but keepalive) and AUTH as `host` with `key` (zeros without one).
+    pub fn login(&mut self, key: Option<&[u8]>, host: Option<&str>) -> Result<(), (ErrorCode, String)> {
+        let nonce = self.challenge(rblk_proto::FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+        let mac = key.map_or([0; rblk_proto::MAC_LEN], |k| rblk_proto::auth_mac(k, &nonce, host).expect("mac"));
+        self.auth_with(mac, host)
+    }
+
     /// OPEN `name` with `mode`, replacing the session `resume` names (after HELLO): OPENED, or
     /// the ERROR's code and text.
     pub fn open_with(

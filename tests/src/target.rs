@@ -67,6 +67,33 @@ impl Target {
         }
     }
 
+    /// Starts a target on `fabric` from a config file's text (hosts, access lists, limits,
+    /// volumes): over verbs the daemon with `--config`, in memory the server built from the
+    /// same file by the same code ([`rblk_target::config::File::server_config`]).
+    pub fn start_with_config(fabric: Fabric, toml: &str) -> Target {
+        match fabric {
+            Fabric::Verbs => {
+                let rdma = rxe::rdma();
+                let path =
+                    std::env::temp_dir().join(format!("rblk-config-{}-{}.toml", std::process::id(), next_port()));
+                std::fs::write(&path, toml).expect("write config file");
+                let path = path.display().to_string();
+                Target::Process(Daemon::start(&rdma, &["--config", &path, "--state-dir", "/tmp"]))
+            }
+            Fabric::Mem => {
+                let file: rblk_target::config::File = toml::from_str(toml).expect("test config parses");
+                let cfg = file.server_config().expect("test config is valid");
+                let cfg = Config {
+                    listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), next_port()),
+                    fabric: Fabric::Mem,
+                    state_dir: None,
+                    ..cfg
+                };
+                Target::InProcess(Server::start(cfg).expect("start in-process target"))
+            }
+        }
+    }
+
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         match self {

@@ -113,7 +113,7 @@ fn stats_and_a_needless_auth_are_refused() {
     c.hello_with(rblk_proto::FEATURE_FLUSH_RANGES);
     assert_eq!(error_code(&c.request(&Message::Stats)), ErrorCode::NotOpen, "STATS before OPEN");
     // No key configured: CHALLENGE said AUTH is not required, so one is refused, not OK'd.
-    assert_eq!(error_code(&c.request(&Message::Auth { mac: [0; MAC_LEN] })), ErrorCode::Unexpected);
+    assert_eq!(error_code(&c.request(&Message::Auth { mac: [0; MAC_LEN], host: None })), ErrorCode::Unexpected);
     // The connection still opens (two refusals are below the limit), and then STATS works.
     c.open_with("v", OpenMode::ReadOnly, None).expect("OPEN after the refusals");
     assert_eq!(stats(&mut c).sessions, 1);

@@ -163,14 +163,14 @@ fn with_a_key_wrong_and_missing_proofs_get_no_rkey(fabric: Fabric) {
 
     let mut wrong = raw(&d);
     let nonce = challenge(&mut wrong);
-    let (code, _) = error_of(&wrong.request(&Message::Auth { mac: mac(b"wrong key", &nonce) }));
+    let (code, _) = error_of(&wrong.request(&Message::Auth { mac: mac(b"wrong key", &nonce), host: None }));
     assert_eq!(code, ErrorCode::AuthFailed);
     let (code, _) = error_of(&wrong.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume: None }));
     assert_eq!(code, ErrorCode::AuthRequired, "no rkey after a failed proof");
 
     let mut right = raw(&d);
     let nonce = challenge(&mut right);
-    let ok = right.request(&Message::Auth { mac: mac(b"correct horse battery staple", &nonce) });
+    let ok = right.request(&Message::Auth { mac: mac(b"correct horse battery staple", &nonce), host: None });
     assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))), "{ok:?}");
     let opened = right.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume: None });
     assert!(matches!(rblk_proto::parse(&opened), Ok((_, Message::Opened(_)))), "{opened:?}");

@@ -27,9 +27,14 @@ pub struct Args {
 /// How to reach the target; shared by every subcommand that connects.
 #[derive(Debug, clap::Args)]
 pub struct Connection {
-    /// Pre-shared key file, for targets started with --key-file: the same key, one line.
+    /// Key file, for targets that require one: the target's shared key (its --key-file), or
+    /// this host's own key from the target's [[host]] entry. One line.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     pub key_file: Option<PathBuf>,
+    /// This host's identity for the target's access lists and per-host keys (like an NVMe host
+    /// NQN): printable ASCII, no spaces. Default: the machine's hostname.
+    #[arg(long, env = "RBLK_HOST_ID", value_name = "NAME", value_parser = host_id_arg)]
+    pub host_id: Option<String>,
     /// Only use this RDMA device (e.g. mlx5_0, rxe0). The target's address picks the device;
     /// this checks that it is the one expected.
     #[arg(long, value_name = "NAME")]
@@ -163,6 +168,10 @@ fn devices() -> anyhow::Result<()> {
     Ok(())
 }
 
+fn host_id_arg(text: &str) -> Result<String, String> {
+    rblk_initiator::check_host_id(text).map(|()| text.to_owned())
+}
+
 /// The open mode for a front end's `--read-only` and `--exclusive` (clap makes them exclusive).
 pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
     match (read_only, exclusive) {
@@ -179,6 +188,7 @@ impl Connection {
         Ok(Options {
             device: self.device.clone(),
             key,
+            host_id: self.host_id.clone(),
             timeout: Duration::from_secs(self.timeout),
             reconnect,
             ..Options::default()

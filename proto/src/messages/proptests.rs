@@ -48,7 +48,8 @@ fn arb_message() -> impl Strategy<Value = Message<'static>> {
             let flags = if auth { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
             Message::Challenge { flags, features, nonce }
         }),
-        any::<[u8; MAC_LEN]>().prop_map(|mac| Message::Auth { mac }),
+        (any::<[u8; MAC_LEN]>(), proptest::option::of("[!-~]{1,223}"))
+            .prop_map(|(mac, host)| Message::Auth { mac, host: host.map(|h| &*h.leak()) }),
         // At most 16 chars of at most 4 bytes: within MAX_VOLUME_NAME.
         (select(OpenMode::ALL), "\\PC{1,16}", proptest::option::of(any::<(u64, [u8; TOKEN_LEN])>())).prop_map(
             |(mode, name, resume)| Message::Open {

@@ -65,13 +65,16 @@ pub(super) fn samples() -> &'static [Message<'static>] {
 
 fn make_samples() -> Vec<Message<'static>> {
     let long_name = "n".repeat(MAX_VOLUME_NAME).leak();
+    let long_host = "h".repeat(MAX_HOST_ID).leak();
     let max_text = "e".repeat(MAX_ERROR_TEXT).leak();
     let mut all = vec![
         Message::Hello { features: FEATURES },
         Message::Hello { features: u64::MAX },
         Message::Challenge { flags: ChallengeFlags::AUTH_REQUIRED, features: FEATURES, nonce: [0xa5; NONCE_LEN] },
         Message::Challenge { flags: ChallengeFlags::empty(), features: 0, nonce: [0; NONCE_LEN] },
-        Message::Auth { mac: [7; MAC_LEN] },
+        Message::Auth { mac: [7; MAC_LEN], host: None },
+        Message::Auth { mac: [8; MAC_LEN], host: Some("nqn.2014-08.org.nvmexpress:uuid:1b4e28ba-2fa1-11d2-883f") },
+        Message::Auth { mac: [0; MAC_LEN], host: Some(long_host) },
         Message::Open { mode: OpenMode::ReadOnly, name: "v", resume: None },
         Message::Open {
             mode: OpenMode::ReadWrite,
@@ -197,6 +200,9 @@ fn fixed_bodies_of_the_wrong_size() {
     bad(Opcode::Hello, 15, 16);
     bad(Opcode::Hello, 17, 16);
     bad(Opcode::Auth, 0, 32);
+    // With FEATURE_HOST_ID's tail: the base or base + tail.
+    bad(Opcode::Auth, 32 + 231, 32);
+    bad(Opcode::Auth, 32 + 233, 32);
     bad(Opcode::Open, 73, 72);
     // With FEATURE_RECONNECT's tails: exactly the base or base + tail, nothing between or past.
     bad(Opcode::Open, 72 + 23, 72);
@@ -284,6 +290,37 @@ fn reconnect_tails_are_optional() {
     let reopen = encode_vec(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume }, TAG);
     assert_eq!(reopen.len(), HEADER_LEN + 72 + 24);
     assert_eq!(VolumeId([0xab; 16]).to_string(), "ab".repeat(16));
+}
+
+fn auth_raw(host_len: u8, host: &[u8], reserved: [u8; 7]) -> Vec<u8> {
+    let mut tail = HostBody { host_len, reserved, host: [0; HOST_FIELD] };
+    tail.host[..host.len()].copy_from_slice(host);
+    raw(Opcode::Auth.into(), &[AuthBody { mac: [1; MAC_LEN] }.as_bytes(), tail.as_bytes()].concat())
+}
+
+#[test]
+fn host_identities() {
+    // A peer without FEATURE_HOST_ID sends the base AUTH: 32 bytes, as before.
+    let base = encode_vec(&Message::Auth { mac: [1; MAC_LEN], host: None }, TAG);
+    assert_eq!(base.len(), HEADER_LEN + 32);
+    let with = encode_vec(&Message::Auth { mac: [1; MAC_LEN], host: Some("db1") }, TAG);
+    assert_eq!(with.len(), HEADER_LEN + 32 + 232);
+    assert_eq!(&with[HEADER_LEN..HEADER_LEN + 32], &base[HEADER_LEN..]);
+    assert_eq!(parse(&auth_raw(3, b"db1", [0; 7])).unwrap().1, Message::Auth { mac: [1; MAC_LEN], host: Some("db1") });
+    let count = |count: u64| ParseError::BadCount { field: "auth.host_len", count, max: MAX_HOST_ID as u64 };
+    assert_eq!(parse(&auth_raw(0, b"", [0; 7])), Err(count(0)));
+    assert_eq!(parse(&auth_raw(224, &[b'h'; 224], [0; 7])), Err(count(224)));
+    assert_eq!(parse(&auth_raw(255, b"x", [0; 7])), Err(count(255)));
+    assert_eq!(parse(&auth_raw(3, b"a b", [0; 7])), Err(ParseError::BadUtf8 { field: "auth.host" }));
+    assert_eq!(parse(&auth_raw(2, "ü".as_bytes(), [0; 7])), Err(ParseError::BadUtf8 { field: "auth.host" }));
+    assert_eq!(parse(&auth_raw(2, b"abc", [0; 7])), Err(ParseError::Reserved { field: "auth.host padding" }));
+    assert_eq!(
+        parse(&auth_raw(3, b"abc", [0, 0, 0, 1, 0, 0, 0])),
+        Err(ParseError::Reserved { field: "auth.reserved" })
+    );
+    let enc = |host| Message::Auth { mac: [0; MAC_LEN], host: Some(host) }.encode(0, &mut [0; MSG_SIZE]);
+    assert!(enc("").is_err() && enc("a\tb").is_err() && enc(&"h".repeat(MAX_HOST_ID + 1)).is_err());
+    assert!(is_valid_host_id("db1.example.com") && !is_valid_host_id("db 1"));
 }
 
 fn open_raw(mode: u8, name_len: u8, name: &[u8]) -> Vec<u8> {

@@ -1,0 +1,327 @@
+//! Who may do what: the keys initiators prove (a shared key, and hosts' own keys) and each
+//! volume's access list, as NVMe-oF's DH-HMAC-CHAP host keys and a subsystem's allowed hosts.
+//!
+//! - A host with its own key must prove that key (a shared key does not stand in for it).
+//! - Any other host, and an initiator without host identities (anonymous), proves the shared
+//!   key, when there is one.
+//! - A target with no key at all takes a host's name as claimed (as NVMe-oF without
+//!   authentication takes a host NQN): access lists then sort out honest hosts, not attackers.
+//! - A volume with an access list may be opened only by the hosts it names (or `*`), in the
+//!   modes granted; a volume without one by any host that got in.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use rblk_proto::{OpenMode, MAC_LEN, NONCE_LEN};
+
+/// What a host may do with a volume. Each grant includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Grant {
+    /// Read-only opens (`ro`).
+    ReadOnly,
+    /// Read-only and read-write opens (`rw`).
+    ReadWrite,
+    /// Any open, exclusive ones too (`exclusive`).
+    Exclusive,
+}
+
+impl Grant {
+    /// Whether an open in `mode` is within the grant.
+    pub fn permits(self, mode: OpenMode) -> bool {
+        let needs = match mode {
+            OpenMode::ReadOnly => Grant::ReadOnly,
+            OpenMode::ReadWrite => Grant::ReadWrite,
+            OpenMode::Exclusive => Grant::Exclusive,
+        };
+        self >= needs
+    }
+}
+
+impl std::str::FromStr for Grant {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Grant, String> {
+        match s {
+            "ro" | "read-only" => Ok(Grant::ReadOnly),
+            "rw" | "read-write" => Ok(Grant::ReadWrite),
+            "exclusive" => Ok(Grant::Exclusive),
+            _ => Err(format!("{s:?} is not an access mode (use ro, rw or exclusive)")),
+        }
+    }
+}
+
+impl TryFrom<String> for Grant {
+    type Error = String;
+    fn try_from(s: String) -> Result<Grant, String> {
+        s.parse()
+    }
+}
+
+impl From<Grant> for String {
+    fn from(g: Grant) -> String {
+        g.to_string()
+    }
+}
+
+impl fmt::Display for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Grant::ReadOnly => "ro",
+            Grant::ReadWrite => "rw",
+            Grant::Exclusive => "exclusive",
+        })
+    }
+}
+
+/// A volume's access list: host name (or `*`, any host) to grant.
+pub type Acl = BTreeMap<String, Grant>;
+
+/// The access-list entry that stands for every host.
+pub const ANY_HOST: &str = "*";
+
+/// A known host.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HostSpec {
+    /// Its identity, as the initiator presents it (`rblk --host-id`, default its hostname).
+    pub name: String,
+    /// Its own key; None: it proves the shared key, if any.
+    pub key: Option<Vec<u8>>,
+}
+
+// Never print a key.
+impl fmt::Debug for HostSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostSpec")
+            .field("name", &self.name)
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Why AUTH failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthError {
+    /// The MAC does not prove the key it must.
+    WrongKey {
+        /// The host, if it named one.
+        host: Option<String>,
+    },
+    /// Only known hosts (with their own keys) may connect, and this one is not known.
+    UnknownHost(String),
+    /// Only hosts' own keys are configured, and the initiator named no host.
+    NoHostId,
+    /// A known host without a key of its own, on a target without a shared key.
+    NoKey(String),
+}
+
+impl fmt::Display for AuthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AuthError::WrongKey { host: Some(h) } => write!(f, "authentication failed: wrong key for host {h}"),
+            AuthError::WrongKey { host: None } => f.write_str("authentication failed: wrong key"),
+            AuthError::UnknownHost(h) => {
+                write!(f, "authentication failed: unknown host {h} (not in the target's hosts)")
+            }
+            AuthError::NoKey(h) => {
+                write!(f, "authentication failed: host {h} has no key of its own and the target has no shared key")
+            }
+            AuthError::NoHostId => f.write_str(
+                "authentication failed: this target knows hosts by name and key only, and the initiator sent no host \
+                 identity (it predates host identities)",
+            ),
+        }
+    }
+}
+
+/// Keys and access lists (see the module docs).
+#[derive(Default)]
+pub struct Policy {
+    shared_key: Option<Vec<u8>>,
+    hosts: HashMap<String, Option<Vec<u8>>>,
+    acls: HashMap<String, Acl>,
+}
+
+// Never print a key.
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("shared_key", &self.shared_key.as_ref().map(|_| "<redacted>"))
+            .field("hosts", &self.hosts.keys().collect::<Vec<_>>())
+            .field("acls", &self.acls)
+            .finish()
+    }
+}
+
+impl Policy {
+    /// Checks and builds the policy: host names valid and unique, access lists only for
+    /// `volumes`, naming valid hosts.
+    pub fn new(
+        shared_key: Option<Vec<u8>>,
+        hosts: &[HostSpec],
+        acls: HashMap<String, Acl>,
+        volumes: &[&str],
+    ) -> Result<Policy, String> {
+        let mut known = HashMap::new();
+        for h in hosts {
+            if !rblk_proto::is_valid_host_id(&h.name) {
+                return Err(format!(
+                    "host {:?}: a host name is 1-{} printable ASCII characters without spaces",
+                    h.name,
+                    rblk_proto::MAX_HOST_ID
+                ));
+            }
+            if known.insert(h.name.clone(), h.key.clone()).is_some() {
+                return Err(format!("host {} is configured twice", h.name));
+            }
+        }
+        for (volume, acl) in &acls {
+            if !volumes.contains(&volume.as_str()) {
+                return Err(format!("access list for volume {volume:?}, which is not configured"));
+            }
+            if let Some(bad) = acl.keys().find(|h| *h != ANY_HOST && !rblk_proto::is_valid_host_id(h)) {
+                return Err(format!("volume {volume}: {bad:?} is not a host name"));
+            }
+        }
+        Ok(Policy { shared_key, hosts: known, acls })
+    }
+
+    /// Whether initiators must AUTH (some key is configured).
+    pub fn auth_required(&self) -> bool {
+        self.shared_key.is_some() || self.hosts.values().any(Option::is_some)
+    }
+
+    /// Checks AUTH: `mac` over `nonce` (and `host`, if the initiator named one).
+    pub fn authenticate(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        mac: &[u8; MAC_LEN],
+        host: Option<&str>,
+    ) -> Result<(), AuthError> {
+        let key = match host {
+            Some(h) => match (self.hosts.get(h), &self.shared_key) {
+                (Some(Some(own)), _) => Some(own),
+                (_, Some(shared)) => Some(shared),
+                // No key anywhere: the name is taken as claimed.
+                _ if !self.auth_required() => return Ok(()),
+                (Some(None), None) => return Err(AuthError::NoKey(h.to_owned())),
+                (None, None) => return Err(AuthError::UnknownHost(h.to_owned())),
+            },
+            None => match &self.shared_key {
+                Some(shared) => Some(shared),
+                None => return Err(AuthError::NoHostId),
+            },
+        };
+        match key {
+            Some(key) if rblk_proto::verify_auth_mac(key, nonce, host, mac) => Ok(()),
+            _ => Err(AuthError::WrongKey { host: host.map(str::to_owned) }),
+        }
+    }
+
+    /// Whether `host` (None: anonymous) may open `volume` in `mode`; the refusal's text if not.
+    pub fn may_open(&self, volume: &str, host: Option<&str>, mode: OpenMode) -> Result<(), String> {
+        let Some(acl) = self.acls.get(volume) else { return Ok(()) };
+        let who = host.unwrap_or("(anonymous: the initiator sent no host identity)");
+        let grant = host.and_then(|h| acl.get(h)).or_else(|| acl.get(ANY_HOST));
+        match grant {
+            Some(g) if g.permits(mode) => Ok(()),
+            Some(g) => {
+                Err(format!("host {who} may not open volume {volume} {} (its access list grants {g})", mode_name(mode)))
+            }
+            None => Err(format!("host {who} is not on volume {volume}'s access list")),
+        }
+    }
+}
+
+fn mode_name(mode: OpenMode) -> &'static str {
+    match mode {
+        OpenMode::ReadOnly => "read-only",
+        OpenMode::ReadWrite => "read-write",
+        OpenMode::Exclusive => "exclusively",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NONCE: [u8; NONCE_LEN] = [9; NONCE_LEN];
+
+    fn mac(key: &[u8], host: Option<&str>) -> [u8; MAC_LEN] {
+        rblk_proto::auth_mac(key, &NONCE, host).unwrap()
+    }
+
+    fn policy(shared: Option<&[u8]>) -> Policy {
+        let hosts = [
+            HostSpec { name: "db1".into(), key: Some(b"db1-key".to_vec()) },
+            HostSpec { name: "web".into(), key: None },
+        ];
+        let acl: Acl = [("db1".to_owned(), Grant::Exclusive), ("web".to_owned(), Grant::ReadOnly)].into();
+        let open: Acl = [("*".to_owned(), Grant::ReadWrite)].into();
+        let acls = [("db".to_owned(), acl), ("scratch".to_owned(), open)].into();
+        Policy::new(shared.map(<[u8]>::to_vec), &hosts, acls, &["db", "scratch", "free"]).unwrap()
+    }
+
+    #[test]
+    fn keys() {
+        let p = policy(Some(b"shared"));
+        assert!(p.auth_required());
+        assert_eq!(p.authenticate(&NONCE, &mac(b"db1-key", Some("db1")), Some("db1")), Ok(()));
+        // A host with its own key may not use the shared one.
+        assert!(p.authenticate(&NONCE, &mac(b"shared", Some("db1")), Some("db1")).is_err());
+        // Others (known without a key, or unknown) and anonymous initiators use the shared key.
+        assert_eq!(p.authenticate(&NONCE, &mac(b"shared", Some("web")), Some("web")), Ok(()));
+        assert_eq!(p.authenticate(&NONCE, &mac(b"shared", Some("other")), Some("other")), Ok(()));
+        assert_eq!(p.authenticate(&NONCE, &mac(b"shared", None), None), Ok(()));
+        // The MAC binds the name: db1's proof does not pass for web.
+        assert!(p.authenticate(&NONCE, &mac(b"db1-key", Some("db1")), Some("web")).is_err());
+        // Or the nonce: a replay from another connection fails.
+        let other = rblk_proto::auth_mac(b"db1-key", &[1; NONCE_LEN], Some("db1")).unwrap();
+        assert!(p.authenticate(&NONCE, &other, Some("db1")).is_err());
+
+        let hosts_only = policy(None);
+        assert!(hosts_only.auth_required());
+        assert_eq!(
+            hosts_only.authenticate(&NONCE, &mac(b"x", Some("new")), Some("new")),
+            Err(AuthError::UnknownHost("new".into()))
+        );
+        assert_eq!(hosts_only.authenticate(&NONCE, &mac(b"x", None), None), Err(AuthError::NoHostId));
+        assert_eq!(hosts_only.authenticate(&NONCE, &[0; MAC_LEN], Some("web")), Err(AuthError::NoKey("web".into())));
+        assert!(matches!(hosts_only.authenticate(&NONCE, &[0; MAC_LEN], Some("db1")), Err(AuthError::WrongKey { .. })));
+
+        let open = Policy::new(None, &[], HashMap::new(), &[]).unwrap();
+        assert!(!open.auth_required());
+        assert_eq!(open.authenticate(&NONCE, &[0; MAC_LEN], Some("anyone")), Ok(()), "claimed");
+    }
+
+    #[test]
+    fn access_lists() {
+        let p = policy(None);
+        assert_eq!(p.may_open("db", Some("db1"), OpenMode::Exclusive), Ok(()));
+        assert_eq!(p.may_open("db", Some("web"), OpenMode::ReadOnly), Ok(()));
+        let e = p.may_open("db", Some("web"), OpenMode::Exclusive).unwrap_err();
+        assert!(e.contains("may not open volume db exclusively") && e.contains("grants ro"), "{e}");
+        assert!(p.may_open("db", Some("web"), OpenMode::ReadWrite).is_err());
+        assert!(p
+            .may_open("db", Some("other"), OpenMode::ReadOnly)
+            .unwrap_err()
+            .contains("not on volume db's access list"));
+        assert!(p.may_open("db", None, OpenMode::ReadOnly).unwrap_err().contains("anonymous"));
+        assert_eq!(p.may_open("scratch", Some("anyone"), OpenMode::ReadWrite), Ok(()), "*");
+        assert!(p.may_open("scratch", None, OpenMode::Exclusive).is_err());
+        assert_eq!(p.may_open("free", None, OpenMode::Exclusive), Ok(()), "no list: open to all");
+    }
+
+    #[test]
+    fn bad_policies() {
+        let h = |n: &str| HostSpec { name: n.into(), key: None };
+        assert!(Policy::new(None, &[h("a b")], HashMap::new(), &[]).is_err());
+        assert!(Policy::new(None, &[h("a"), h("a")], HashMap::new(), &[]).is_err());
+        let acl: Acl = [("a".to_owned(), Grant::ReadOnly)].into();
+        assert!(Policy::new(None, &[], [("nope".to_owned(), acl.clone())].into(), &["v"]).is_err());
+        let bad: Acl = [("x y".to_owned(), Grant::ReadOnly)].into();
+        assert!(Policy::new(None, &[], [("v".to_owned(), bad)].into(), &["v"]).is_err());
+        assert_eq!("rw".parse(), Ok(Grant::ReadWrite));
+        assert!("write".parse::<Grant>().is_err());
+        assert!(format!("{:?}", HostSpec { name: "a".into(), key: Some(b"s3cret".to_vec()) }).contains("redacted"));
+    }
+}

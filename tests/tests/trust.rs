@@ -1,0 +1,221 @@
+//! Host identities, per-volume access lists, per-host session caps and slowed-down AUTH
+//! failures (issue 11), against a target configured by a config file (the daemon with
+//! `--config` over rxe, the same file in-process over the in-memory fabric). Hand-made control
+//! messages where the library would never send them, the initiator library where it would.
+//!
+//! What each would catch:
+//! - `hosts_prove_their_own_keys_and_a_mac_binds_host_and_nonce`: a host with its own key let
+//!   in with the shared key; a MAC that does not bind the host name (db1's proof passing for web)
+//!   or the nonce (a MAC replayed from another connection); a today's-version peer (no host
+//!   identity, base AUTH) refused by the new target; a host tail accepted from a peer that did
+//!   not announce the feature.
+//! - `without_a_shared_key_only_known_hosts_get_in`: unknown hosts, anonymous peers or known
+//!   hosts without keys let in when only host keys are configured; refusals that do not name
+//!   the reason.
+//! - `access_lists_refuse_with_the_reason`: volumes' access lists not enforced (a read-only host
+//!   taking an exclusive open and so locking every writer out), or `*` and unlisted volumes
+//!   handled wrongly.
+//! - `session_caps_per_host_and_in_all`: a host opening sessions without bound, or a cap that
+//!   does not give room back when a session ends.
+//! - `repeated_auth_failures_are_slowed_not_refused`: key guessing at full speed, or an address
+//!   locked out for its failures (an honest host that mistyped its key must get in).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rblk_fabric::Fabric;
+use rblk_initiator::{Error, Options, Session};
+use rblk_proto::{ConnectData, ErrorCode, OpenMode, FEATURE_FLUSH_RANGES};
+use rblk_tests::raw::Raw;
+use rblk_tests::target::Target;
+
+const SHARED: &[u8] = b"the shared secret";
+const DB1: &[u8] = b"db1's own secret";
+
+rblk_tests::on_both_fabrics!(
+    hosts_prove_their_own_keys_and_a_mac_binds_host_and_nonce,
+    without_a_shared_key_only_known_hosts_get_in,
+    access_lists_refuse_with_the_reason,
+    session_caps_per_host_and_in_all,
+    repeated_auth_failures_are_slowed_not_refused,
+);
+
+/// Writes `key` to a fresh file and returns its path.
+fn key_file(key: &[u8]) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("rblk-trust-{}-{n}.key", std::process::id()));
+    std::fs::write(&path, key).expect("write key file");
+    path
+}
+
+/// Hosts db1 (its own key) and web (no key of its own), a volume `v`, and the shared key if
+/// `shared`.
+fn hosts_config(shared: bool) -> String {
+    let shared = if shared { format!("key_file = {:?}\n", key_file(SHARED)) } else { String::new() };
+    format!(
+        "{shared}[[host]]\nname = \"db1\"\nkey_file = {:?}\n[[host]]\nname = \"web\"\n[[volume]]\nname = \"v\"\nsize = \"4M\"\n",
+        key_file(DB1)
+    )
+}
+
+fn raw(t: &Target) -> Raw {
+    Raw::connect(t.fabric(), t.addr(), ConnectData::NewSession).expect("connect")
+}
+
+/// The library's options for `host` with `key`.
+fn opts(t: &Target, host: &str, key: Option<&[u8]>) -> Options {
+    Options { fabric: t.fabric(), host_id: Some(host.into()), key: key.map(<[u8]>::to_vec), ..Options::default() }
+}
+
+fn uri(t: &Target, volume: &str) -> String {
+    format!("rblk://{}/{volume}", t.addr())
+}
+
+fn refused(r: Result<(), (ErrorCode, String)>, code: ErrorCode, words: &str) {
+    match r {
+        Err((c, text)) => {
+            assert!(c == code && text.contains(words), "refused with {c:?} {text:?}, not {code:?} {words:?}")
+        }
+        Ok(()) => panic!("accepted, but should be refused with {code:?} ({words})"),
+    }
+}
+
+fn hosts_prove_their_own_keys_and_a_mac_binds_host_and_nonce(fabric: Fabric) {
+    let t = Target::start_with_config(fabric, &hosts_config(true));
+    raw(&t).login(Some(DB1), Some("db1")).expect("db1 with its own key");
+    refused(raw(&t).login(Some(SHARED), Some("db1")), ErrorCode::AuthFailed, "wrong key for host db1");
+    raw(&t).login(Some(SHARED), Some("web")).expect("a host without its own key proves the shared key");
+    raw(&t).login(Some(SHARED), Some("elsewhere")).expect("the shared key admits any host");
+
+    // A MAC from another connection's nonce (a replay), or db1's MAC offered for web.
+    let (mut victim, mut attacker) = (raw(&t), raw(&t));
+    let features = rblk_proto::FEATURES & !rblk_proto::FEATURE_KEEPALIVE;
+    let seen = victim.challenge(features);
+    attacker.challenge(features);
+    let replayed = rblk_proto::auth_mac(DB1, &seen, Some("db1")).unwrap();
+    refused(attacker.auth_with(replayed, Some("db1")), ErrorCode::AuthFailed, "wrong key");
+    refused(victim.auth_with(replayed, Some("web")), ErrorCode::AuthFailed, "wrong key");
+
+    // A today's-version peer: no host identity, the base AUTH under the shared key, OPENED's
+    // base body.
+    let mut old = raw(&t);
+    let nonce = old.challenge(FEATURE_FLUSH_RANGES);
+    old.auth_with(rblk_proto::auth_mac(SHARED, &nonce, None).unwrap(), None).expect("base AUTH");
+    let o = old.open_with("v", OpenMode::ReadWrite, None).expect("a today's peer opens");
+    assert_eq!(o.instance, None, "base OPENED");
+    // Such a peer may not send the tail it did not announce.
+    let mut sneaky = raw(&t);
+    let nonce = sneaky.challenge(FEATURE_FLUSH_RANGES);
+    let mac = rblk_proto::auth_mac(DB1, &nonce, Some("db1")).unwrap();
+    refused(sneaky.auth_with(mac, Some("db1")), ErrorCode::Unexpected, "did not announce host identities");
+
+    // The library, end to end.
+    let vol = Session::connect(&uri(&t, "v"), &opts(&t, "db1", Some(DB1))).unwrap().open(OpenMode::ReadOnly);
+    vol.expect("the library authenticates db1 with its own key");
+    match Session::connect(&uri(&t, "v"), &opts(&t, "db1", Some(SHARED))) {
+        Err(Error::Auth { reason, .. }) => assert!(reason.contains("wrong key for host db1"), "{reason}"),
+        other => panic!("db1 with the shared key: {other:?}"),
+    }
+}
+
+fn without_a_shared_key_only_known_hosts_get_in(fabric: Fabric) {
+    let t = Target::start_with_config(fabric, &hosts_config(false));
+    refused(raw(&t).login(Some(b"guess"), Some("intruder")), ErrorCode::AuthFailed, "unknown host intruder");
+    refused(raw(&t).login(None, Some("web")), ErrorCode::AuthFailed, "no key of its own");
+    let mut old = raw(&t);
+    let nonce = old.challenge(FEATURE_FLUSH_RANGES);
+    let mac = rblk_proto::auth_mac(SHARED, &nonce, None).unwrap();
+    refused(old.auth_with(mac, None), ErrorCode::AuthFailed, "sent no host identity");
+    let mut db1 = raw(&t);
+    db1.login(Some(DB1), Some("db1")).expect("db1 with its own key");
+    db1.open_with("v", OpenMode::Exclusive, None).expect("and it opens");
+}
+
+fn access_lists_refuse_with_the_reason(fabric: Fabric) {
+    // No keys: names are taken as claimed (as NVMe-oF's allowed hosts without DH-HMAC-CHAP).
+    let t = Target::start_with_config(
+        fabric,
+        "[[volume]]\nname = \"db\"\nsize = \"4M\"\nallow = { db1 = \"exclusive\", web = \"ro\" }\n\
+         [[volume]]\nname = \"pub\"\nsize = \"4M\"\nallow = { \"*\" = \"ro\" }\n\
+         [[volume]]\nname = \"free\"\nsize = \"4M\"\n",
+    );
+    let open = |host: &str, volume: &str, mode| Session::connect(&uri(&t, volume), &opts(&t, host, None))?.open(mode);
+    let denied = |r: Result<rblk_initiator::Volume, Error>, words: &str| match r {
+        Err(Error::Target { code: ErrorCode::BadMode, text, .. }) => assert!(text.contains(words), "{text}"),
+        other => panic!("expected a refusal naming {words:?}, got {other:?}"),
+    };
+    let web = open("web", "db", OpenMode::ReadOnly).expect("web may read db");
+    denied(open("web", "db", OpenMode::Exclusive), "host web may not open volume db exclusively");
+    denied(open("web", "db", OpenMode::ReadWrite), "may not open volume db read-write");
+    denied(open("stranger", "db", OpenMode::ReadOnly), "host stranger is not on volume db's access list");
+    drop(web);
+    let db1 = open("db1", "db", OpenMode::Exclusive).expect("db1 may open db exclusively");
+    drop(db1);
+    // An initiator without host identities is anonymous: not on any list.
+    let mut old = raw(&t);
+    old.hello_with(FEATURE_FLUSH_RANGES);
+    let (code, text) = old.open_with("db", OpenMode::ReadOnly, None).unwrap_err();
+    assert!(code == ErrorCode::BadMode && text.contains("anonymous"), "{code:?} {text}");
+    old.open_with("free", OpenMode::Exclusive, None).expect("a volume without a list is open to all");
+    open("anyone", "pub", OpenMode::ReadOnly).expect("* grants read-only to any host");
+    denied(open("anyone", "pub", OpenMode::ReadWrite), "grants ro");
+}
+
+fn session_caps_per_host_and_in_all(fabric: Fabric) {
+    let t = Target::start_with_config(
+        fabric,
+        "max_sessions_per_host = 2\nmax_sessions = 3\n[[volume]]\nname = \"v\"\nsize = \"4M\"\n",
+    );
+    let open = |host: &str| Session::connect(&uri(&t, "v"), &opts(&t, host, None))?.open(OpenMode::ReadOnly);
+    let full = |r: Result<rblk_initiator::Volume, Error>, words: &str| match r {
+        Err(Error::Target { code: ErrorCode::NoResources, text, .. }) => assert!(text.contains(words), "{text}"),
+        other => panic!("expected a refusal naming {words:?}, got {other:?}"),
+    };
+    let a1 = open("a").expect("a's first session");
+    let _a2 = open("a").expect("a's second session");
+    full(open("a"), "host a have 2 sessions open, the most one host may (max_sessions_per_host)");
+    let _b = open("b").expect("another host still gets in");
+    full(open("c"), "the target has 3 sessions open, its maximum (max_sessions)");
+    // A session that ends gives its room back (its connection's teardown is asynchronous).
+    drop(a1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match open("c") {
+            Ok(_) => break,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("trust: not yet: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("room did not come back after a session ended: {e}"),
+        }
+    }
+}
+
+fn repeated_auth_failures_are_slowed_not_refused(fabric: Fabric) {
+    let t = Target::start_with_config(
+        fabric,
+        &format!("key_file = {:?}\n[[volume]]\nname = \"v\"\nsize = \"4M\"\n", key_file(SHARED)),
+    );
+    // Each failure on a fresh connection, as a guesser would (one connection's refusals are
+    // capped anyway). All come from one address.
+    let mut took = Vec::new();
+    for _ in 0..6 {
+        let mut c = raw(&t);
+        let nonce = c.challenge(rblk_proto::FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+        let mac = rblk_proto::auth_mac(b"a guess", &nonce, Some("guesser")).unwrap();
+        let start = Instant::now();
+        refused(c.auth_with(mac, Some("guesser")), ErrorCode::AuthFailed, "wrong key");
+        took.push(start.elapsed());
+    }
+    eprintln!("trust: AUTH failure replies took {took:?}");
+    assert!(took[0] < Duration::from_millis(200), "the first failure is answered at once: {:?}", took[0]);
+    assert!(took[2] >= Duration::from_millis(450), "the third waits (500 ms): {:?}", took[2]);
+    assert!(took[5] >= Duration::from_millis(1900), "the sixth waits the most (2 s): {:?}", took[5]);
+    assert!(took.iter().all(|d| *d < Duration::from_millis(2600)), "at most 2 s: {took:?}");
+    // Nothing is refused for it: the right key gets in.
+    let mut honest = raw(&t);
+    honest.login(Some(SHARED), Some("guesser")).expect("the right key still works");
+    honest.open_with("v", OpenMode::ReadOnly, None).expect("and opens");
+}
