@@ -61,6 +61,16 @@ impl Channel {
     pub fn send(&mut self, ep: &mut Endpoint, tag: u32, msg: &Message<'_>) -> Result<()> {
         let mut bytes = [0u8; MSG_SIZE];
         let len = msg.encode(tag, &mut bytes).map_err(|e| Error::Mismatch(format!("encoding {msg:?}: {e}")))?;
+        self.send_bytes(ep, &bytes[..len])
+    }
+
+    /// SENDs `bytes` (at most [`MSG_SIZE`]) as they are: [`Channel::send`] after encoding, and
+    /// tests that must send what no encoder would.
+    pub fn send_bytes(&mut self, ep: &mut Endpoint, bytes: &[u8]) -> Result<()> {
+        let len = bytes.len();
+        if len > MSG_SIZE {
+            return Err(Error::Mismatch(format!("a {len}-byte message is larger than {MSG_SIZE} bytes")));
+        }
         let slot = self.free_sends.pop().ok_or(Error::QueueFull { queue: "control send", depth: SEND_COUNT as u32 })?;
         let wr_id = CONTROL_BIT | SEND_BIT | slot as u64;
         let local = if len <= INLINE_MAX {

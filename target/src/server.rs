@@ -41,6 +41,8 @@ pub struct Config {
     pub max_sessions: usize,
     /// Open sessions at most per host (per address for initiators without host identities).
     pub max_sessions_per_host: usize,
+    /// The longest an AUTH failure's ERROR is held back (see [`Shared::auth_failed`]).
+    pub max_auth_delay: Duration,
     /// Fabric to serve on.
     pub fabric: Fabric,
     /// Largest single I/O initiators may post.
@@ -77,7 +79,7 @@ pub const MAX_UNOPENED_PER_ADDR: usize = 16;
 pub const MAX_SESSIONS: usize = 1024;
 /// Default [`Config::max_sessions_per_host`].
 pub const MAX_SESSIONS_PER_HOST: usize = 64;
-/// The longest an AUTH failure's ERROR is held back (see [`Shared::auth_failed`]).
+/// Default [`Config::max_auth_delay`].
 pub const MAX_AUTH_DELAY: Duration = Duration::from_secs(2);
 
 impl Default for Config {
@@ -91,6 +93,7 @@ impl Default for Config {
             acls: HashMap::new(),
             max_sessions: MAX_SESSIONS,
             max_sessions_per_host: MAX_SESSIONS_PER_HOST,
+            max_auth_delay: MAX_AUTH_DELAY,
             fabric: Fabric::Verbs,
             max_io: 1 << 20,
             block_size: 4096,
@@ -165,6 +168,7 @@ pub struct Shared {
     max_unopened_per_addr: usize,
     max_sessions: usize,
     max_sessions_per_host: usize,
+    max_auth_delay: Duration,
     /// Recent AUTH failures by peer address: how many, and the last one's time.
     auth_failures: Mutex<HashMap<Option<IpAddr>, (u32, Instant)>>,
     next_id: AtomicU64,
@@ -204,7 +208,7 @@ impl Shared {
 
     /// An AUTH from `ip` failed: how long to hold its ERROR back. The first failure is answered
     /// at once; each further one within [`AUTH_FAILURE_MEMORY`] of the last doubles the delay,
-    /// from 250 ms up to [`MAX_AUTH_DELAY`]. Nothing is refused for it, so an honest host that
+    /// from 250 ms up to [`Config::max_auth_delay`]. Nothing is refused for it, so an honest host that
     /// mistyped its key gets in once it has the right one.
     pub fn auth_failed(&self, ip: Option<IpAddr>) -> Duration {
         self.counters.auth_failures.fetch_add(1, Ordering::Relaxed);
@@ -218,7 +222,7 @@ impl Shared {
         if *count == 1 {
             Duration::ZERO
         } else {
-            (Duration::from_millis(250) * (1 << doublings)).min(MAX_AUTH_DELAY)
+            (Duration::from_millis(250) * (1 << doublings)).min(self.max_auth_delay)
         }
     }
 
@@ -400,6 +404,7 @@ impl Server {
             max_unopened_per_addr: cfg.max_unopened_per_addr.max(1),
             max_sessions: cfg.max_sessions.max(1),
             max_sessions_per_host: cfg.max_sessions_per_host.max(1),
+            max_auth_delay: cfg.max_auth_delay,
             auth_failures: Mutex::default(),
             sessions: Mutex::default(),
             conns: Mutex::default(),

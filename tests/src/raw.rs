@@ -23,11 +23,17 @@ const STEP: Duration = Duration::from_secs(30);
 impl Raw {
     /// Connects with `connect` data on `fabric`.
     pub fn connect(fabric: Fabric, addr: SocketAddr, connect: ConnectData) -> rblk_fabric::Result<Raw> {
-        let deadline = Instant::now() + STEP;
+        Raw::connect_bytes(fabric, addr, &connect.to_bytes(), STEP)
+    }
+
+    /// Connects with any private data (connect data no initiator would send), giving up after
+    /// `within`.
+    pub fn connect_bytes(fabric: Fabric, addr: SocketAddr, data: &[u8], within: Duration) -> rblk_fabric::Result<Raw> {
+        let deadline = Instant::now() + within;
         let mut ep = Endpoint::resolve(fabric, addr, None, None, &QpConfig::default(), deadline)?;
         let mut channel = Channel::new(&ep.pd())?;
         channel.post_recvs(&mut ep)?;
-        ep.connect(&connect.to_bytes(), deadline)?;
+        ep.connect(data, deadline)?;
         Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
     }
 
@@ -73,6 +79,49 @@ impl Raw {
                         let bytes = self.buf[..len].to_vec();
                         if !matches!(rblk_proto::parse(&bytes), Ok((_, Message::Keepalive))) {
                             return bytes;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// SENDs `bytes` (any content, at most MSG_SIZE) through the control channel; false if the
+    /// connection is gone or its send queue stays full.
+    pub fn try_send_bytes(&mut self, bytes: &[u8]) -> bool {
+        for _ in 0..2 {
+            match self.channel.send_bytes(&mut self.ep, bytes) {
+                Ok(()) => return true,
+                Err(rblk_fabric::Error::QueueFull { .. }) => {
+                    // Reap the completed SENDs (and drop whatever arrived meanwhile).
+                    let _ = self.try_reply(Duration::from_millis(10));
+                }
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// The next received message other than KEEPALIVE within `within`, as bytes; None on a
+    /// timeout or once the connection failed.
+    pub fn try_reply(&mut self, within: Duration) -> Option<Vec<u8>> {
+        let deadline = Instant::now() + within;
+        let mut out = [Completion::EMPTY; 8];
+        loop {
+            let n = self.ep.wait(&mut out, Duration::from_micros(20), deadline).ok()?;
+            if n == 0 && Instant::now() >= deadline {
+                return None;
+            }
+            for c in &out[..n] {
+                if !channel::is_control(c.wr_id) {
+                    continue;
+                }
+                match self.channel.on_completion(&mut self.ep, c, &mut self.buf).ok()? {
+                    Event::Sent => {}
+                    Event::Received(len) => {
+                        let bytes = self.buf[..len].to_vec();
+                        if !matches!(rblk_proto::parse(&bytes), Ok((_, Message::Keepalive))) {
+                            return Some(bytes);
                         }
                     }
                 }
