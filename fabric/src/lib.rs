@@ -694,6 +694,18 @@ impl Endpoint {
         dispatch!(EndpointInner, &self.inner, e => e.attributes())
     }
 
+    /// Over verbs: moves the QP to the error state and sends no disconnect request, so the
+    /// peer hears nothing more, as from a host that died (the cm_id stays until the endpoint is
+    /// dropped). For tests of a peer's loss detection; on the in-memory fabric it does
+    /// nothing (its fault injection is `mem::fail_next` and `mem::sever`).
+    pub fn vanish(&mut self) {
+        match &mut self.inner {
+            EndpointInner::Verbs(e) => e.vanish(),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => {}
+        }
+    }
+
     /// Disconnects and moves the QP to the error state: everything posted completes with
     /// `WR_FLUSH_ERR`.
     pub fn disconnect(&mut self) {

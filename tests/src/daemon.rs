@@ -100,7 +100,18 @@ impl Daemon {
     /// Protection domains the daemon holds (`rdma res show pd`): one per live session, plus one
     /// per connection still negotiating.
     pub fn pd_count(&self) -> usize {
-        let out = Command::new("rdma").args(["res", "show", "pd"]).output().expect("rdma res show pd");
+        self.rdma_res("pd")
+    }
+
+    /// Threads of the daemon (`Threads:` of /proc/PID/status).
+    pub fn threads(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("daemon status");
+        status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok()).expect("Threads")
+    }
+
+    /// The daemon's RDMA resources of `kind` (`rdma res show KIND`: pd, mr, qp, cq).
+    pub fn rdma_res(&self, kind: &str) -> usize {
+        let out = Command::new("rdma").args(["res", "show", kind]).output().expect("rdma res show");
         // The kernel names the allocating thread, so match any of the daemon's threads.
         let tids: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", self.pid()))
             .expect("daemon threads")

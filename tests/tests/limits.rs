@@ -19,6 +19,7 @@ use rblk_fabric::Fabric;
 use rblk_proto::{ConnectData, ErrorCode, Flush, Message, OpenMode, StatsReply, MAC_LEN, MAX_MALFORMED};
 use rblk_target::config::VolumeSpec;
 use rblk_target::server::{Config, Running, Server};
+use rblk_tests::daemon::Daemon;
 use rblk_tests::raw::Raw;
 use rblk_tests::target::{Spec, Target};
 
@@ -135,4 +136,178 @@ fn refusals_count_and_the_last_error_arrives(fabric: Fabric) {
         assert_eq!(error_code(&c.request(&Message::Flush(Flush::All))), ErrorCode::NotOpen, "FLUSH {i} before OPEN");
     }
     connections_become(&mut probe, 1, Duration::from_secs(10)).expect("the connection ends after too many refusals");
+}
+
+// ----- Over rxe, against the daemon process: resources return, whatever the peer does -----
+
+/// What the daemon holds: its threads, RDMA resources and pinned memory, and its sessions and
+/// connections as STATS reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    threads: u64,
+    pds: usize,
+    mrs: usize,
+    qps: usize,
+    pin_kb: u64,
+    sessions: u64,
+    connections: u64,
+}
+
+fn held(d: &Daemon, probe: &mut Raw) -> Held {
+    let s = stats(probe);
+    Held {
+        threads: d.threads(),
+        pds: d.pd_count(),
+        mrs: d.rdma_res("mr"),
+        qps: d.rdma_res("qp"),
+        pin_kb: d.vm_pin_kb(),
+        sessions: s.sessions,
+        connections: s.connections,
+    }
+}
+
+/// Polls until the daemon holds `want`, at most `within`: how long it took, or what it held.
+fn until_held(d: &Daemon, probe: &mut Raw, want: Held, within: Duration) -> Result<Duration, Held> {
+    let start = Instant::now();
+    loop {
+        let now = held(d, probe);
+        if now == want {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > within {
+            return Err(now);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A daemon with a 1 MiB volume `v` and `args`, and a probe holding a read-only session (the
+/// baseline everything returns to).
+fn daemon_with_probe(args: &[&str]) -> (Daemon, Raw, Held) {
+    let mut all = vec!["--volume", "v:1M"];
+    all.extend_from_slice(args);
+    let d = Daemon::start(&rblk_tests::rxe::rdma(), &all);
+    let mut probe = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect the probe");
+    probe.open("v", OpenMode::ReadOnly);
+    let base = held(&d, &mut probe);
+    eprintln!("limits: baseline {base:?}");
+    (d, probe, base)
+}
+
+/// Catches idle connections (no HELLO, or no OPEN) held for as long as the peer likes, and a
+/// cap that locks honest clients out: before, 50 such connections were all held indefinitely,
+/// each with a thread, a QP, a PD and registered buffers.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn rxe_idle_connections_are_capped_and_cut_and_honest_clients_get_in() {
+    let (d, mut probe, base) = daemon_with_probe(&["--open-timeout", "3"]);
+    let (mut idle, mut peak, mut refused) = (Vec::new(), 0, 0);
+    for i in 0..200 {
+        match Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession) {
+            Ok(r) => idle.push(r),
+            Err(_) => refused += 1,
+        }
+        if i % 10 == 9 {
+            peak = peak.max(stats(&mut probe).connections);
+        }
+    }
+    let last_connect = Instant::now();
+    eprintln!("limits: 200 idle connects ({refused} failed); at most {peak} connections held (probe included)");
+    assert!(peak <= 1 + rblk_target::server::MAX_UNOPENED_PER_ADDR as u64, "the per-address cap holds: {peak}");
+    // While the "attacker" holds its cap, an honest client from the same address gets in.
+    let opts = rblk_initiator::Options { fabric: Fabric::Verbs, ..rblk_initiator::Options::default() };
+    let honest = rblk_initiator::Session::connect(&format!("rblk://{}/v", d.addr), &opts)
+        .and_then(|s| s.open(OpenMode::ReadOnly))
+        .expect("an honest client gets in past the idle connections");
+    drop(honest);
+    until_held(&d, &mut probe, base, Duration::from_secs(20))
+        .unwrap_or_else(|h| panic!("not back to the baseline: {h:?} (baseline {base:?})"));
+    eprintln!(
+        "limits: back to the baseline {:?} after the last idle connect (open timeout 3 s)",
+        last_connect.elapsed()
+    );
+    drop(idle);
+}
+
+/// Catches sessions kept by a target that only reaps on a goodbye: before, 200 connections
+/// dropped after OPEN, 100 of them keeping their cm_ids, left 100 sessions, +100 threads and
+/// 1.6 GB VmPin 60 s later. Half of these vanish (QP to error, no disconnect request, cm_id
+/// kept): only the target's own loss detection can reap them.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn rxe_dropped_and_vanished_sessions_return_to_the_baseline() {
+    let (d, mut probe, base) = daemon_with_probe(&[]);
+    let mut vanished = Vec::new();
+    for i in 0..60 {
+        let mut r = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect");
+        r.open("v", OpenMode::ReadWrite);
+        if i % 2 == 0 {
+            drop(r);
+        } else {
+            r.ep.vanish();
+            vanished.push(r);
+        }
+    }
+    let peak = held(&d, &mut probe);
+    let start = Instant::now();
+    eprintln!("limits: after 60 sessions (30 dropped, 30 vanished): {peak:?}");
+    let within = rblk_proto::KEEPALIVE_TIMEOUT + Duration::from_secs(5);
+    let took = until_held(&d, &mut probe, base, within + Duration::from_secs(10))
+        .unwrap_or_else(|h| panic!("not back to the baseline: {h:?} (baseline {base:?})"));
+    eprintln!("limits: back to the baseline {took:?} later (KEEPALIVE_TIMEOUT {:?})", rblk_proto::KEEPALIVE_TIMEOUT);
+    assert!(start.elapsed() <= within, "reaped within KEEPALIVE_TIMEOUT and a margin: {:?}", start.elapsed());
+    // Their opens went with them: an exclusive open gets in.
+    let mut next = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect");
+    next.hello_with(rblk_proto::FEATURE_FLUSH_RANGES);
+    next.open_with("v", OpenMode::Exclusive, None).expect("no writer was left behind");
+    drop(vanished);
+}
+
+/// The SEND-timeout rule alone: a peer that posts no receives gets an endless RNR (the retry
+/// policy's RNR retry 7 is "for ever"), so only the target's limit on an uncompleted keepalive
+/// ends it. The open timeout is set far out of the way.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn rxe_a_peer_that_posts_no_receives_is_cut_by_the_keepalive_send_timeout() {
+    let (d, mut probe, base) = daemon_with_probe(&["--keepalive-timeout", "5", "--open-timeout", "120"]);
+    let deaf = Raw::connect_without_recvs(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect");
+    let start = Instant::now();
+    let took = until_held(&d, &mut probe, base, Duration::from_secs(30))
+        .unwrap_or_else(|h| panic!("the deaf peer was not cut: {h:?} (baseline {base:?})"));
+    eprintln!("limits: a peer without receives was cut {:?} after connecting (keepalive timeout 5 s)", start.elapsed());
+    assert!(took >= Duration::from_secs(5), "not before the timeout: {took:?}");
+    drop(deaf);
+}
+
+/// The silence rule alone: a SIGSTOPped initiator that promised keepalives. Its kernel QP
+/// still acknowledges everything (its 16 posted receives take the target's keepalives for
+/// 32 s), so only the target's silence limit ends the session within 5 s.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn rxe_a_stopped_initiator_is_reaped_by_its_silence() {
+    use std::process::{Command, Stdio};
+    let (d, mut probe, base) = daemon_with_probe(&["--keepalive-timeout", "5"]);
+    let mut client = Command::new(rblk_tests::daemon::bin("rblk-test-client"))
+        .args(["hammer", &format!("rblk://{}/v", d.addr), "--region", "0:65536:7"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn rblk-test-client");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(client.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "hammering");
+    assert_eq!(stats(&mut probe).sessions, 2);
+    Command::new("kill").args(["-STOP", &client.id().to_string()]).status().unwrap();
+    let start = Instant::now();
+    let gone = (0..300).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        (stats(&mut probe).sessions == 1).then(|| start.elapsed())
+    });
+    Command::new("kill").args(["-KILL", &client.id().to_string()]).status().unwrap();
+    let _ = client.wait();
+    let took = gone.expect("the stopped initiator's session was reaped");
+    eprintln!("limits: a SIGSTOPped initiator's session was reaped {took:?} after the stop (keepalive timeout 5 s)");
+    assert!(took >= Duration::from_secs(3) && took <= Duration::from_secs(12), "{took:?}");
+    until_held(&d, &mut probe, base, Duration::from_secs(20))
+        .unwrap_or_else(|h| panic!("not back to the baseline: {h:?} (baseline {base:?})"));
 }

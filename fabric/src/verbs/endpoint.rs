@@ -623,6 +623,21 @@ impl Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Moves the QP to the error state without a disconnect request: the peer's packets go
+    /// unanswered, as to a host that died (tests of the peer's loss detection).
+    pub(crate) fn vanish(&mut self) {
+        self.state = State::Closed;
+        // SAFETY: zeroed attributes with only the state set are a valid modify request.
+        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: the QP is live.
+        let _ = unsafe {
+            sys::ibv_modify_qp(self.qp.qp().as_ptr(), &mut attr, sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32)
+        };
+    }
+}
+
 impl Drop for Endpoint {
     fn drop(&mut self) {
         // Drain any CQ event still queued, then acknowledge all: ibv_destroy_cq waits for them.
