@@ -289,6 +289,18 @@ mod tests {
         assert!(bad.volume_specs().is_err());
     }
 
+    /// The README's example parses (paths aside) and means what it says.
+    #[test]
+    fn the_readme_example() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("# /etc/rblk/target.toml").expect("the README's config example");
+        let text = &readme[start..start + readme[start..].find("```").expect("its end")];
+        let f: File = toml::from_str(text).expect("the README's example parses");
+        assert_eq!(f.hosts.len(), 2);
+        assert_eq!(f.acls()["db"]["backup"], crate::access::Grant::ReadOnly);
+        assert!(!f.acls().contains_key("scratch"));
+    }
+
     #[test]
     fn hosts_access_lists_and_limits() {
         let text = "max_sessions_per_host = 2\nopen_timeout = 3\n[[host]]\nname = \"db1\"\n[[volume]]\nname = \"a\"\nsize = \"4k\"\nallow = { db1 = \"exclusive\", \"*\" = \"ro\" }\n[[volume]]\nname = \"b\"\nsize = \"4k\"\n";
