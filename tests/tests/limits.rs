@@ -213,7 +213,9 @@ fn rxe_idle_connections_are_capped_and_cut_and_honest_clients_get_in() {
     }
     let last_connect = Instant::now();
     eprintln!("limits: 200 idle connects ({refused} failed); at most {peak} connections held (probe included)");
-    assert!(peak <= 1 + rblk_target::server::MAX_UNOPENED_PER_ADDR as u64, "the per-address cap holds: {peak}");
+    // The probe, the cap, and the connection just evicted, which STATS counts until its thread
+    // has torn it down. Without the cap some 100 would be held (3 s at ~30 ms per connect).
+    assert!(peak <= 2 + rblk_target::server::MAX_UNOPENED_PER_ADDR as u64, "the per-address cap holds: {peak}");
     // While the "attacker" holds its cap, an honest client from the same address gets in.
     let opts = rblk_initiator::Options { fabric: Fabric::Verbs, ..rblk_initiator::Options::default() };
     let honest = rblk_initiator::Session::connect(&format!("rblk://{}/v", d.addr), &opts)

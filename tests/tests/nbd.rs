@@ -152,6 +152,11 @@ impl Drop for Server {
 
 /// Attaches the kernel's NBD client to `server` as /dev/nbd0 with `block_size`.
 fn attach(server: &Server, block_size: u32) {
+    // A test that failed earlier may have left nbd0 attached: one failure, not a cascade.
+    if Path::new("/sys/block/nbd0/pid").exists() {
+        eprintln!("{NBD} is still attached from an earlier test: detaching it");
+        detach();
+    }
     sh(&format!("nbd-client -unix {} {NBD} -block-size {block_size}", server.socket().display()));
     let size_file = "/sys/block/nbd0/size";
     let deadline = Instant::now() + Duration::from_secs(30);
