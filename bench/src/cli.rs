@@ -61,7 +61,8 @@ pub struct Args {
     /// a fresh one (microseconds since the epoch), reads accept any].
     #[arg(long, value_name = "N", requires = "verify")]
     pub generation: Option<u64>,
-    /// Also write the report as JSON to FILE (fields in --help).
+    /// Also write the report as JSON to FILE (fields in --help), created before the run starts.
+    /// `-` writes the JSON to stdout and the text report to stderr.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Seed for offsets and the read/write mix: the same seed repeats the same I/Os.

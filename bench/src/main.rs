@@ -1,6 +1,8 @@
 //! `rblk-bench`: load-test an rblk volume.
 
-use std::io;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -38,12 +40,23 @@ fn run(args: &Args) -> anyhow::Result<bool> {
     // Refuse bad arguments before connecting (the volume's limits are checked after opening).
     spec.check()?;
     let options = args.options()?;
+    // Created before the run, so that a bad path is found before minutes of load, not after.
+    // `-` is stdout: the JSON goes there alone, the text report to stderr.
+    let mut json: Option<Box<dyn Write>> = match args.json.as_deref() {
+        None => None,
+        Some(p) if p == Path::new("-") => Some(Box::new(io::stdout())),
+        Some(p) => Some(Box::new(File::create(p).with_context(|| format!("creating {}", p.display()))?)),
+    };
     let run = Run { progress: !args.quiet, command_line: std::env::args().collect() };
     let report = run.run(&args.uri, &options, &spec)?;
-    print!("{}", report.text());
-    if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report).context("encoding the JSON report")?;
-        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    if args.json.as_deref() == Some(Path::new("-")) {
+        eprint!("{}", report.text());
+    } else {
+        print!("{}", report.text());
+    }
+    if let Some(out) = &mut json {
+        let text = serde_json::to_string_pretty(&report).context("encoding the JSON report")?;
+        out.write_all((text + "\n").as_bytes()).and_then(|()| out.flush()).context("writing the JSON report")?;
     }
     Ok(report.passed())
 }

@@ -83,6 +83,13 @@ impl Uri {
             None => return Err(bad("it does not start with rblk://")),
         };
         let (authority, volume) = rest.split_once('/').ok_or_else(|| bad("no /VOLUME after the host"))?;
+        // Not part of the volume's name; and a key has no place in a URI (shell history, ps).
+        if volume.contains(['?', '#']) {
+            return Err(bad(
+                "rblk URIs take no ?query or #fragment (pass a key with --key-file or RBLK_KEY_FILE, a host \
+                 identity with --host-id)",
+            ));
+        }
         let hosts = authority.split(',').map(|a| parse_host(a, &bad)).collect::<Result<Vec<_>>>()?;
         if hosts.len() > MAX_HOSTS {
             return Err(bad(&format!("more than {MAX_HOSTS} addresses")));
@@ -221,6 +228,8 @@ mod tests {
     fn refuses_with_reasons() {
         assert!(err("http://h/v").contains("does not start with rblk://"));
         assert!(err("rblk://h").contains("no /VOLUME"));
+        assert!(err("rblk://h/vol0?key=x").contains("no ?query"), "not a volume named vol0?key=x");
+        assert!(err("rblk://h/vol0#frag").contains("no ?query"));
         assert!(err("rblk://h/").contains("volume name is empty"));
         assert!(err("rblk:///v").contains("host is empty"));
         assert!(err("rblk://h:/v").contains("port is not a number"));

@@ -47,7 +47,10 @@ pub struct Connection {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List RDMA devices, their ports and the IP addresses that reach them.
-    Devices,
+    Devices {
+        #[command(flatten)]
+        format: Format,
+    },
     /// Show a volume's size, block size, largest I/O, durability and open mode. Opens it
     /// read-only.
     Info {
@@ -55,6 +58,19 @@ pub enum Command {
         uri: String,
         #[command(flatten)]
         conn: Connection,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Show the target's counters: registrations, pinned bytes, sessions, connections and its
+    /// CPU time (which shows the data path does not use it). Opens the volume read-only, since
+    /// the target answers STATS only on an open session.
+    Stats {
+        /// A volume of the target: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+        uri: String,
+        #[command(flatten)]
+        conn: Connection,
+        #[command(flatten)]
+        format: Format,
     },
     /// Read LENGTH bytes at OFFSET of a volume to a file or stdout. Opens it read-only.
     Read {
@@ -83,7 +99,10 @@ pub enum Command {
         /// that nothing is overwritten by accident.
         #[arg(long, value_parser = size_arg, value_name = "N")]
         offset: u64,
-        /// Read the data from this file instead of stdin (stdin is read completely first).
+        /// Read the data from this file or block device instead of stdin. Any input streams in
+        /// bounded memory; the length of a file or block device is checked before anything is
+        /// written, a pipe's (past the end, or a partial last block without --pad) when the
+        /// data gets there.
         #[arg(long, short, value_name = "FILE")]
         input: Option<PathBuf>,
         /// Zero-fill the last block when the input's length is not a multiple of the block size.
@@ -141,8 +160,9 @@ pub fn error_text(e: &anyhow::Error) -> String {
 
 fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Devices => devices(),
-        Command::Info { uri, conn } => info(&uri, &conn),
+        Command::Devices { format } => devices(&format),
+        Command::Info { uri, conn, format } => info(&uri, &conn, &format),
+        Command::Stats { uri, conn, format } => stats(&uri, &conn, &format),
         Command::Read { uri, offset, length, output, conn } => read(&uri, &conn, offset, length, output),
         Command::Write { uri, offset, input, pad, no_flush, conn } => write(&uri, &conn, offset, input, pad, !no_flush),
         Command::Nbd(args) => nbd::run(args),
@@ -154,10 +174,50 @@ fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-fn devices() -> anyhow::Result<()> {
+/// `--json`, or `-o json` / `--output-format json` as nvme-cli spells it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Format {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Output format, as nvme-cli spells it: normal (text) or json.
+    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = ["normal", "json"])]
+    pub output_format: Option<String>,
+}
+
+impl Format {
+    /// Whether JSON was asked for.
+    pub fn json(&self) -> bool {
+        self.json || self.output_format.as_deref() == Some("json")
+    }
+}
+
+fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn devices(format: &Format) -> anyhow::Result<()> {
     let devs = rblk_initiator::list_devices()?;
+    if format.json() {
+        let all: Vec<serde_json::Value> = devs
+            .iter()
+            .map(|d| {
+                let ports: Vec<serde_json::Value> = d
+                    .ports
+                    .iter()
+                    .map(|p| serde_json::json!({ "port": p.port, "active": p.active, "state": p.state, "addrs": p.addrs }))
+                    .collect();
+                serde_json::json!({ "name": d.name, "ports": ports })
+            })
+            .collect();
+        print_json(&serde_json::Value::Array(all))?;
+    }
     if devs.is_empty() {
         bail!("no RDMA device found");
+    }
+    if format.json() {
+        return Ok(());
     }
     for d in devs {
         for p in d.ports {
@@ -202,8 +262,13 @@ pub fn open(uri: &str, conn: &Connection, mode: OpenMode, reconnect: Reconnect) 
     Ok(session.open(mode)?)
 }
 
-fn info(uri: &str, conn: &Connection) -> anyhow::Result<()> {
+fn info(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     let vol = open(uri, conn, OpenMode::ReadOnly, Reconnect::default())?;
+    if format.json() {
+        print_json(&info_json(&vol))?;
+        vol.close()?;
+        return Ok(());
+    }
     println!("volume      {}", vol.uri());
     println!("size        {} ({})", vol.size(), human(vol.size()));
     println!("block size  {}", vol.block_size());
@@ -211,6 +276,49 @@ fn info(uri: &str, conn: &Connection) -> anyhow::Result<()> {
     println!("storage     {}", if vol.is_volatile() { "volatile (RAM only)" } else { "durable" });
     println!("mode        {}", mode_name(vol.mode(), vol.is_read_only()));
     vol.close()?;
+    Ok(())
+}
+
+/// `rblk info --json`: uri, size, block_size, max_io, volatile, mode.
+fn info_json(vol: &Volume) -> serde_json::Value {
+    serde_json::json!({
+        "uri": vol.uri().to_string(),
+        "size": vol.size(),
+        "block_size": vol.block_size(),
+        "max_io": vol.max_io(),
+        "volatile": vol.is_volatile(),
+        "mode": mode_name(vol.mode(), vol.is_read_only()),
+    })
+}
+
+/// `rblk stats --json`: target, then STATS_REPLY's fields by their names.
+fn stats_json(target: &str, s: &rblk_initiator::StatsReply) -> serde_json::Value {
+    serde_json::json!({
+        "target": target,
+        "registrations": s.registrations,
+        "pinned_bytes": s.pinned_bytes,
+        "sessions": s.sessions,
+        "connections": s.connections,
+        "cpu_user_us": s.cpu_user_us,
+        "cpu_system_us": s.cpu_system_us,
+    })
+}
+
+fn stats(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
+    let mut vol = open(uri, conn, OpenMode::ReadOnly, Reconnect::default())?;
+    let s = vol.stats()?;
+    let target = vol.uri().to_string();
+    vol.close()?;
+    if format.json() {
+        return print_json(&stats_json(&target, &s));
+    }
+    println!("target         {target}");
+    println!("registrations  {} (this query's own included)", s.registrations);
+    println!("pinned         {} ({})", s.pinned_bytes, human(s.pinned_bytes));
+    println!("sessions       {}", s.sessions);
+    println!("connections    {}", s.connections);
+    let secs = |us: u64| us as f64 / 1e6;
+    println!("cpu            {:.3} s user, {:.3} s system", secs(s.cpu_user_us), secs(s.cpu_system_us));
     Ok(())
 }
 
@@ -252,38 +360,23 @@ fn write(
     pad: bool,
     flush: bool,
 ) -> anyhow::Result<()> {
-    // Know the input's length up front, so a bad one is refused before anything is written.
-    let (mut reader, len): (Box<dyn Read>, u64) = match &input {
-        Some(path) => {
-            let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-            let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
-            if meta.is_file() {
-                (Box::new(file), meta.len())
-            } else {
-                slurp(file).with_context(|| format!("reading {}", path.display()))?
-            }
-        }
-        None => slurp(io::stdin().lock()).context("reading stdin")?,
-    };
-    if len == 0 {
+    let (mut reader, len) = open_input(input.as_deref())?;
+    if len == Some(0) {
         bail!("the input is empty: nothing to write");
     }
     let mut vol = open(uri, conn, OpenMode::ReadWrite, Reconnect::default())?;
     let bs = u64::from(vol.block_size());
-    let total = padded_len(len, bs, pad)?;
-    vol.check_range(Direction::Write, offset, total)?;
-    let step = step(&vol);
-    let mut buf = vec![0u8; step.min(total) as usize];
-    let mut done = 0;
-    while done < total {
-        let n = step.min(total - done) as usize;
-        let got = read_full(&mut reader, &mut buf[..n]).context("reading the input")?;
-        if (got as u64) < n as u64 && done + (got as u64) < len {
-            bail!("the input ended after {} bytes, {len} were expected", done + got as u64);
-        }
-        buf[got..n].fill(0);
-        vol.write_at(&buf[..n], offset + done)?;
-        done += n as u64;
+    // With a known length (files, block devices) a bad one is refused before anything is
+    // written; a stream's is found when it gets there.
+    if let Some(len) = len {
+        vol.check_range(Direction::Write, offset, padded_len(len, bs, pad)?)?;
+    }
+    let (read, written) = write_stream(&mut vol, &mut *reader, offset, pad)?;
+    if read == 0 {
+        bail!("the input is empty: nothing to write");
+    }
+    if let Some(len) = len.filter(|&len| len != read) {
+        bail!("the input ended after {read} bytes, {len} were expected");
     }
     let note = match flush.then(|| vol.flush()).transpose()? {
         None => "not flushed (--no-flush)",
@@ -291,9 +384,61 @@ fn write(
         Some(false) => "flushed to durable storage",
     };
     vol.close()?;
-    let padded = if total > len { format!(" ({} bytes of zero padding)", total - len) } else { String::new() };
-    eprintln!("rblk: wrote {total} bytes at offset {offset}{padded}; {note}");
+    let padded = if written > read { format!(" ({} bytes of zero padding)", written - read) } else { String::new() };
+    eprintln!("rblk: wrote {written} bytes at offset {offset}{padded}; {note}");
     Ok(())
+}
+
+/// The input and its length where it can be known without reading it: a file's size, a block
+/// device's (by seeking to its end); None for stdin, pipes and character devices.
+fn open_input(path: Option<&std::path::Path>) -> anyhow::Result<(Box<dyn Read>, Option<u64>)> {
+    use std::io::{Seek, SeekFrom};
+    let Some(path) = path else { return Ok((Box::new(io::stdin().lock()), None)) };
+    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
+    let len = if meta.is_file() {
+        Some(meta.len())
+    } else if std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type()) {
+        let len = file.seek(SeekFrom::End(0)).with_context(|| format!("sizing {}", path.display()))?;
+        file.seek(SeekFrom::Start(0)).with_context(|| format!("rewinding {}", path.display()))?;
+        Some(len)
+    } else {
+        None
+    };
+    Ok((Box::new(file), len))
+}
+
+/// Copies `reader` to the volume from `offset` on, one [`STEP`] at a time, so any input streams
+/// in bounded memory. The last block is zero-filled if `pad`, refused otherwise (after what came
+/// before it was written). Returns the bytes read and written.
+fn write_stream(vol: &mut Volume, reader: &mut dyn Read, offset: u64, pad: bool) -> anyhow::Result<(u64, u64)> {
+    let bs = u64::from(vol.block_size());
+    let step = step(vol);
+    let mut buf = vec![0u8; step as usize];
+    let (mut read, mut written) = (0u64, 0u64);
+    loop {
+        let got = read_full(reader, &mut buf).context("reading the input")?;
+        if got == 0 {
+            break;
+        }
+        read += got as u64;
+        let n = if (got as u64) % bs == 0 {
+            got
+        } else {
+            let n = padded_len(read, bs, pad).with_context(|| format!("after {written} bytes were written"))?
+                - (read - got as u64);
+            buf[got..n as usize].fill(0);
+            n as usize
+        };
+        vol.check_range(Direction::Write, offset + written, n as u64)
+            .with_context(|| format!("the input goes past the end of the volume after {written} bytes"))?;
+        vol.write_at(&buf[..n], offset + written)?;
+        written += n as u64;
+        if got < buf.len() {
+            break;
+        }
+    }
+    Ok((read, written))
 }
 
 /// Bytes to write for an input of `len` bytes: refuses a partial last block unless `pad`.
@@ -312,14 +457,6 @@ fn padded_len(len: u64, block_size: u64, pad: bool) -> anyhow::Result<u64> {
 fn step(vol: &Volume) -> u64 {
     let bs = u64::from(vol.block_size());
     (STEP / bs).max(1) * bs
-}
-
-/// Reads all of a stream of unknown length.
-fn slurp(mut r: impl Read) -> io::Result<(Box<dyn Read>, u64)> {
-    let mut data = Vec::new();
-    r.read_to_end(&mut data)?;
-    let len = data.len() as u64;
-    Ok((Box::new(io::Cursor::new(data)), len))
 }
 
 /// Fills `buf` unless the input ends first; returns the bytes read.
@@ -408,5 +545,99 @@ mod tests {
         let mut buf = [9u8; 5];
         assert_eq!(read_full(&mut r, &mut buf).unwrap(), 3);
         assert_eq!(buf, [1, 2, 3, 9, 9]);
+    }
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+
+    use rblk_initiator::Fabric;
+    use rblk_target::config::VolumeSpec;
+    use rblk_target::server::{Config, Server};
+
+    use super::*;
+
+    /// A stream of unknown length (a pipe): `len` bytes of a pattern, handed out as asked. It
+    /// records the largest read asked of it.
+    struct Pipe {
+        len: u64,
+        pos: u64,
+        largest: usize,
+    }
+
+    fn byte(i: u64) -> u8 {
+        (i.wrapping_mul(31) >> 3) as u8
+    }
+
+    impl Read for Pipe {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.largest = self.largest.max(buf.len());
+            let n = (buf.len() as u64).min(self.len - self.pos) as usize;
+            for (k, b) in buf[..n].iter_mut().enumerate() {
+                *b = byte(self.pos + k as u64);
+            }
+            self.pos += n as u64;
+            Ok(n)
+        }
+    }
+
+    fn volume(size: u64) -> (rblk_target::server::Running, Volume) {
+        let r = Server::start(Config {
+            listen: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0),
+            fabric: Fabric::Mem,
+            volumes: vec![VolumeSpec { name: "v".into(), size, path: None }],
+            ..Config::default()
+        })
+        .unwrap();
+        let opts = Options { fabric: Fabric::Mem, ..Options::default() };
+        let vol = Session::connect(&format!("rblk://{}/v", r.local_addr()), &opts).unwrap().open(OpenMode::ReadWrite);
+        (r, vol.unwrap())
+    }
+
+    /// Catches an input buffered whole before it is written (512 MiB of stdin once took 529 MB of
+    /// RSS): reading to the end asks for ever larger reads, the stream asks for at most a step.
+    #[test]
+    fn a_stream_is_written_a_step_at_a_time_and_padded() {
+        let (_r, mut vol) = volume(64 << 20);
+        let len = 40 * (1 << 20) + 100;
+        let mut pipe = Pipe { len, pos: 0, largest: 0 };
+        let (read, written) = write_stream(&mut vol, &mut pipe, 8192, true).unwrap();
+        assert_eq!((read, written), (len, len - 100 + 4096));
+        assert!(pipe.largest as u64 <= STEP, "reads of at most a step: {}", pipe.largest);
+        let mut back = vec![0u8; 8192];
+        vol.read_at(&mut back, 8192 + len - 100 - 4096).unwrap();
+        let want: Vec<u8> = (len - 100 - 4096..len).map(byte).chain(std::iter::repeat_n(0, 4096 - 100)).collect();
+        assert_eq!(back, want, "the tail, then zero padding");
+    }
+
+    /// Catches JSON fields that are missing or do not say what the text says.
+    #[test]
+    fn info_and_stats_as_json() {
+        let (_r, mut vol) = volume(8 << 20);
+        let info = info_json(&vol);
+        assert_eq!(info["size"], 8 << 20);
+        assert_eq!(info["block_size"], 4096);
+        assert_eq!(info["volatile"], true);
+        assert_eq!(info["mode"], "read-write");
+        assert!(info["uri"].as_str().unwrap().ends_with("/v"));
+        let s = vol.stats().unwrap();
+        let stats = stats_json("rblk://t/v", &s);
+        assert_eq!((stats["sessions"].as_u64(), stats["registrations"].as_u64()), (Some(1), Some(1)));
+        assert_eq!(stats["pinned_bytes"], 8 << 20);
+        let parsed = Args::try_parse_from(["rblk", "stats", "rblk://h/v", "-o", "json"]).unwrap();
+        assert!(matches!(parsed.command, Command::Stats { format, .. } if format.json()));
+        assert!(Args::try_parse_from(["rblk", "info", "rblk://h/v", "-o", "yaml"]).is_err());
+    }
+
+    /// Catches a stream's length errors going unnoticed or unexplained.
+    #[test]
+    fn a_streams_bad_length_is_refused_when_it_gets_there() {
+        let (_r, mut vol) = volume(8 << 20);
+        let e = write_stream(&mut vol, &mut Pipe { len: 5000, pos: 0, largest: 0 }, 0, false).unwrap_err();
+        assert!(format!("{e:#}").contains("not a multiple of the volume's block size"), "{e:#}");
+        let e = write_stream(&mut vol, &mut Pipe { len: 12 << 20, pos: 0, largest: 0 }, 0, false).unwrap_err();
+        assert!(format!("{e:#}").contains("past the end of the volume after 8388608 bytes"), "{e:#}");
+        assert_eq!(write_stream(&mut vol, &mut Pipe { len: 0, pos: 0, largest: 0 }, 0, false).unwrap(), (0, 0));
     }
 }

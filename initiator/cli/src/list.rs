@@ -179,15 +179,14 @@ pub fn entries() -> Vec<(PathBuf, Entry)> {
 /// of objects with the fields kind, uri, device, mountpoint, listen, dev_id, pid, state.
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    format: crate::cli::Format,
 }
 
 /// `rblk list`.
 pub fn list(args: ListArgs) -> anyhow::Result<()> {
     let all: Vec<Entry> = entries().into_iter().map(|(_, e)| e).collect();
-    if args.json {
+    if args.format.json() {
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
     }
