@@ -101,12 +101,26 @@ pub struct PortInfo {
     pub state: String,
     /// IP addresses in the port's GID table (RoCE).
     pub addrs: Vec<IpAddr>,
+    /// `Ethernet` (RoCE) or `InfiniBand`.
+    pub link_layer: String,
+    /// The port's active MTU in bytes (256 to 4096).
+    pub active_mtu: u32,
+    /// The network devices behind its GIDs (RoCE), e.g. `eth0`.
+    pub netdevs: Vec<String>,
+    /// The kinds of its GIDs: `RoCE v2`, `RoCE v1`, `IB`.
+    pub gid_types: Vec<String>,
 }
 
 /// Lists RDMA devices. An empty list (not an error) when the machine has none or lacks the
-/// RDMA libraries.
+/// RDMA libraries: [`why_no_device`] then says which.
 pub fn list_devices() -> Result<Vec<DeviceInfo>> {
     verbs::device::list()
+}
+
+/// Why [`list_devices`] finds nothing here, for a user: no RDMA driver loaded, a driver but no
+/// device, or devices whose verbs files this user may not open.
+pub fn why_no_device() -> String {
+    verbs::device::why_none(std::path::Path::new("/sys/class/infiniband"), std::path::Path::new("/dev/infiniband"))
 }
 
 /// Remote access granted by a registration (local write is always granted).

@@ -29,8 +29,22 @@ pub(crate) fn list() -> Result<Vec<DeviceInfo>> {
         for port in 1..=port_count {
             let Ok(attr) = ctx.query_port(port) else { continue };
             let mut addrs = Vec::new();
+            let (mut netdevs, mut gid_types) = (Vec::new(), Vec::new());
             if let Ok(table) = ctx.query_gid_table() {
                 for entry in table.iter().filter(|e| e.port_num() == u32::from(port)) {
+                    let kind = match entry.gid_type() {
+                        sideway::ibverbs::address::GidType::InfiniBand => "IB",
+                        sideway::ibverbs::address::GidType::RoceV1 => "RoCE v1",
+                        sideway::ibverbs::address::GidType::RoceV2 => "RoCE v2",
+                    };
+                    if !gid_types.iter().any(|k| k == kind) {
+                        gid_types.push(kind.to_owned());
+                    }
+                    if let Ok(nd) = entry.netdev_name() {
+                        if !nd.is_empty() && !netdevs.contains(&nd) {
+                            netdevs.push(nd);
+                        }
+                    }
                     let gid = entry.gid();
                     let raw: [u8; 16] = gid.raw;
                     if raw == [0; 16] {
@@ -48,11 +62,60 @@ pub(crate) fn list() -> Result<Vec<DeviceInfo>> {
                 active: attr.port_state() == sideway::ibverbs::device_context::PortState::Active,
                 state: format!("{:?}", attr.port_state()),
                 addrs,
+                link_layer: match attr.link_layer() {
+                    sideway::ibverbs::device_context::LinkLayer::Ethernet => "Ethernet".into(),
+                    sideway::ibverbs::device_context::LinkLayer::InfiniBand => "InfiniBand".into(),
+                    sideway::ibverbs::device_context::LinkLayer::Unspecified => "unspecified".into(),
+                },
+                active_mtu: 128 << (attr.active_mtu() as u32),
+                netdevs,
+                gid_types,
             });
         }
         out.push(DeviceInfo { name, ports });
     }
     Ok(out)
+}
+
+/// Why no device is listed, judged from the kernel's view: `sys` is /sys/class/infiniband,
+/// `dev` /dev/infiniband (parameters, so tests can point them elsewhere).
+pub(crate) fn why_none(sys: &std::path::Path, dev: &std::path::Path) -> String {
+    let devices: Vec<String> = std::fs::read_dir(sys)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    if !sys.exists() {
+        return "no RDMA driver is loaded (no /sys/class/infiniband): load your NIC's (mlx5_ib, irdma, ...) or, \
+                for Soft-RoCE, `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev ETH`"
+            .into();
+    }
+    if devices.is_empty() {
+        return "the RDMA core is loaded but there is no RDMA device: for Soft-RoCE, \
+                `rdma link add rxe0 type rxe netdev ETH`"
+            .into();
+    }
+    let verbs: Vec<std::path::PathBuf> = std::fs::read_dir(dev)
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.to_string_lossy().contains("uverbs")).collect())
+        .unwrap_or_default();
+    if verbs.is_empty() {
+        return format!(
+            "devices {} exist, but {} has no uverbs files: load ib_uverbs (`modprobe ib_uverbs`)",
+            devices.join(", "),
+            dev.display()
+        );
+    }
+    if let Some(p) = verbs.iter().find(|p| std::fs::OpenOptions::new().read(true).write(true).open(p).is_err()) {
+        return format!(
+            "devices {} exist, but {} cannot be opened by this user: run as root, or give the user access \
+             (the rdma group, or a udev rule)",
+            devices.join(", "),
+            p.display()
+        );
+    }
+    format!(
+        "devices {} exist and their verbs files open, but libibverbs lists none: is the provider library \
+         (rdma-core's ibverbs-providers) installed?",
+        devices.join(", ")
+    )
 }
 
 /// The process-wide context of device `name`, opened on first use.
@@ -68,4 +131,25 @@ pub(crate) fn context(name: &str) -> Result<Arc<DeviceContext>> {
     let ctx = dev.open().map_err(|e| verbs_err("ibv_open_device", name, e))?;
     map.insert(name.to_owned(), Arc::clone(&ctx));
     Ok(ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::why_none;
+
+    /// Catches a "no device" that does not say which step is missing.
+    #[test]
+    fn says_why_there_is_no_device() {
+        let root = std::env::temp_dir().join(format!("rblk-why-none-{}", std::process::id()));
+        let (sys, dev) = (root.join("sys"), root.join("dev"));
+        assert!(why_none(&sys, &dev).contains("no RDMA driver is loaded"));
+        std::fs::create_dir_all(&sys).unwrap();
+        assert!(why_none(&sys, &dev).contains("there is no RDMA device"));
+        std::fs::create_dir_all(sys.join("rxe0")).unwrap();
+        assert!(why_none(&sys, &dev).contains("load ib_uverbs"));
+        std::fs::create_dir_all(&dev).unwrap();
+        std::fs::write(dev.join("uverbs0"), b"").unwrap();
+        assert!(why_none(&sys, &dev).contains("libibverbs lists none"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

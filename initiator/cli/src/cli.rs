@@ -206,7 +206,13 @@ fn devices(format: &Format) -> anyhow::Result<()> {
                 let ports: Vec<serde_json::Value> = d
                     .ports
                     .iter()
-                    .map(|p| serde_json::json!({ "port": p.port, "active": p.active, "state": p.state, "addrs": p.addrs }))
+                    .map(|p| {
+                        serde_json::json!({
+                            "port": p.port, "active": p.active, "state": p.state, "addrs": p.addrs,
+                            "link_layer": p.link_layer, "active_mtu": p.active_mtu,
+                            "netdevs": p.netdevs, "gid_types": p.gid_types,
+                        })
+                    })
                     .collect();
                 serde_json::json!({ "name": d.name, "ports": ports })
             })
@@ -214,15 +220,30 @@ fn devices(format: &Format) -> anyhow::Result<()> {
         print_json(&serde_json::Value::Array(all))?;
     }
     if devs.is_empty() {
-        bail!("no RDMA device found");
+        bail!("no RDMA device found: {}", rblk_initiator::why_no_device());
     }
     if format.json() {
         return Ok(());
     }
+    println!(
+        "{:<10} {:>4}  {:<7} {:<10} {:>5}  {:<14} {:<10} ADDRESSES",
+        "DEVICE", "PORT", "STATE", "LINK", "MTU", "GID TYPES", "NETDEV"
+    );
     for d in devs {
         for p in d.ports {
             let addrs: Vec<String> = p.addrs.iter().map(ToString::to_string).collect();
-            println!("{} port {} {} {}", d.name, p.port, p.state, addrs.join(","));
+            let or_dash = |v: &[String]| if v.is_empty() { "-".to_owned() } else { v.join(",") };
+            println!(
+                "{:<10} {:>4}  {:<7} {:<10} {:>5}  {:<14} {:<10} {}",
+                d.name,
+                p.port,
+                p.state,
+                p.link_layer,
+                p.active_mtu,
+                or_dash(&p.gid_types),
+                or_dash(&p.netdevs),
+                or_dash(&addrs)
+            );
         }
     }
     Ok(())

@@ -1,0 +1,111 @@
+//! The `rblk` client binary over rxe, as a user runs it: device listing, JSON output, and a large
+//! write from a pipe in bounded memory.
+//!
+//! What each would catch:
+//! - `devices_name_the_rxe_port_its_link_and_gid_types`: `rblk devices` without the link
+//!   layer, MTU, GID types or netdev a RoCE user needs, or JSON that does not parse.
+//! - `info_and_stats_speak_json`: `--json` / `-o json` outputs that are not JSON or miss
+//!   fields, and `rblk stats` not reporting the target's counters.
+//! - `a_512_mib_pipe_is_written_in_bounded_memory`: `rblk write` reading its whole input
+//!   before writing (512 MiB of stdin once took 529 MB of RSS), or a streamed write whose data
+//!   does not land where it should.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rblk_tests::blockdev::rblk;
+use rblk_tests::daemon::Daemon;
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(rblk()).args(args).output().expect("run rblk");
+    assert!(out.status.success(), "rblk {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("rblk {args:?} printed no JSON ({e})"))
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn devices_name_the_rxe_port_its_link_and_gid_types() {
+    let rdma = rblk_tests::rxe::rdma();
+    let out = Command::new(rblk()).arg("devices").output().expect("run rblk devices");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(out.status.success());
+    let line = text.lines().find(|l| l.starts_with(&rdma.device)).expect("a line for the rxe device");
+    assert!(line.contains("Ethernet") && line.contains("RoCE v2"), "{line}");
+    assert!(line.contains(&rdma.addr.to_string()), "{line}");
+    let all = json(&["devices", "--json"]);
+    let dev = all.as_array().unwrap().iter().find(|d| d["name"] == rdma.device.as_str()).expect("the device");
+    let port = &dev["ports"][0];
+    assert_eq!(port["link_layer"], "Ethernet");
+    assert!(port["active_mtu"].as_u64().is_some_and(|m| (256..=4096).contains(&m)), "{port}");
+    assert!(port["netdevs"].as_array().is_some_and(|n| !n.is_empty()), "{port}");
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn info_and_stats_speak_json() {
+    let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "v:8M"]);
+    let uri = format!("rblk://{}/v", d.addr);
+    let info = json(&["info", &uri, "--json"]);
+    assert_eq!((info["size"].as_u64(), info["block_size"].as_u64()), (Some(8 << 20), Some(4096)));
+    assert_eq!(info["volatile"], true);
+    let stats = json(&["stats", &uri, "-o", "json"]);
+    assert_eq!(stats["sessions"], 1, "the query's own session: {stats}");
+    assert_eq!(stats["pinned_bytes"], 8 << 20);
+    assert!(stats["cpu_user_us"].as_u64().is_some());
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_512_mib_pipe_is_written_in_bounded_memory() {
+    const LEN: u64 = 512 << 20;
+    let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "v:520M"]);
+    let uri = format!("rblk://{}/v", d.addr);
+    let byte = |i: u64| (i.wrapping_mul(0x9e37_79b9) >> 13) as u8;
+    let mut child = Command::new(rblk())
+        .args(["write", &uri, "--offset", "4096"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run rblk write");
+    let pid = child.id();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let mut chunk = vec![0u8; 1 << 20];
+        for mb in 0..LEN >> 20 {
+            for (k, b) in chunk.iter_mut().enumerate() {
+                *b = byte((mb << 20) + k as u64);
+            }
+            stdin.write_all(&chunk).expect("feed rblk write");
+        }
+    });
+    // VmHWM is the process's peak RSS so far: the last reading before it exits bounds it.
+    let (mut peak_kb, start) = (0u64, Instant::now());
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            let hwm = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+            peak_kb = peak_kb.max(hwm.unwrap_or(0));
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "rblk write of 512 MiB took over 5 minutes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    feeder.join().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("wrote {LEN} bytes at offset 4096")), "{stderr}");
+    eprintln!("client: 512 MiB from a pipe in {:?}, peak RSS {} MiB", start.elapsed(), peak_kb >> 10);
+    assert!(peak_kb > 0 && peak_kb < 64 << 10, "peak RSS {peak_kb} kB: not bounded");
+    // The last MiB landed where it belongs.
+    let back = Command::new(rblk())
+        .args(["read", &uri, "--offset", &(4096 + LEN - (1 << 20)).to_string(), "--length", "1M"])
+        .output()
+        .unwrap();
+    assert!(back.status.success());
+    let want: Vec<u8> = (LEN - (1 << 20)..LEN).map(byte).collect();
+    assert!(back.stdout == want, "the last MiB read back differs");
+}
