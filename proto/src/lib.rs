@@ -54,6 +54,7 @@ mod error;
 mod fields;
 mod header;
 mod messages;
+mod size;
 
 pub use auth::{auth_mac, verify_auth_mac};
 pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN};
@@ -61,6 +62,7 @@ pub use error::{EncodeError, ParseError};
 pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, OpenMode, Range, VolumeFlags};
 pub use header::{peek_tag, Opcode, HEADER_LEN};
 pub use messages::{is_valid_host_id, parse, Message, Opened, Resume, StatsReply, VolumeId};
+pub use size::parse_size;
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian
 /// u32.
