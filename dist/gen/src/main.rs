@@ -1,0 +1,88 @@
+//! `rblk-dist OUTDIR`: writes shell completions (bash, zsh, fish) and man pages (section 1, one
+//! per command and subcommand) for rblk and rblk-bench, generated from their clap definitions,
+//! so they always match `--help`. `scripts/install.sh` runs it.
+//!
+//! Layout: OUTDIR/completions/{bash/NAME.bash, zsh/_NAME, fish/NAME.fish} (install bash's as
+//! `bash-completion/completions/NAME`), OUTDIR/man/NAME[-SUB].1.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::CommandFactory as _;
+use clap_complete::Shell;
+
+fn main() -> ExitCode {
+    let Some(out) = std::env::args_os().nth(1) else {
+        eprintln!("usage: rblk-dist OUTDIR");
+        return ExitCode::FAILURE;
+    };
+    match generate(Path::new(&out)) {
+        Ok(n) => {
+            eprintln!("rblk-dist: wrote {n} files under {}", Path::new(&out).display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rblk-dist: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Writes everything under `out`; returns how many files.
+fn generate(out: &Path) -> std::io::Result<usize> {
+    let mut n = 0;
+    for cmd in [rblk::cli::Args::command(), rblk_bench::Args::command()] {
+        n += completions(cmd.clone(), out)?;
+        n += man_pages(cmd, &out.join("man"))?;
+    }
+    Ok(n)
+}
+
+fn completions(mut cmd: clap::Command, out: &Path) -> std::io::Result<usize> {
+    let name = cmd.get_name().to_owned();
+    for (shell, dir) in [(Shell::Bash, "bash"), (Shell::Zsh, "zsh"), (Shell::Fish, "fish")] {
+        let dir = out.join("completions").join(dir);
+        std::fs::create_dir_all(&dir)?;
+        clap_complete::generate_to(shell, &mut cmd, &name, &dir)?;
+    }
+    Ok(3)
+}
+
+/// A page for the command and one for each subcommand (`rblk-attach.1`, as git does).
+fn man_pages(cmd: clap::Command, dir: &Path) -> std::io::Result<usize> {
+    std::fs::create_dir_all(dir)?;
+    let mut cmd = cmd;
+    cmd.build();
+    let mut n = 0;
+    let mut todo = vec![(cmd.get_name().to_owned(), cmd)];
+    while let Some((name, cmd)) = todo.pop() {
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            todo.push((format!("{name}-{}", sub.get_name()), sub.clone().name(format!("{name}-{}", sub.get_name()))));
+        }
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd).render(&mut page)?;
+        std::fs::write(dir.join(format!("{name}.1")), page)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Catches completions or man pages that are not generated (or are empty) for a command a
+    /// user runs: every binary's page and its subcommands' pages exist and name their flags.
+    #[test]
+    fn writes_completions_and_man_pages() {
+        let out = std::env::temp_dir().join(format!("rblk-dist-{}", std::process::id()));
+        let n = super::generate(&out).unwrap();
+        let read = |p: &str| std::fs::read_to_string(out.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+        assert!(read("completions/bash/rblk.bash").contains("--host-id"));
+        assert!(read("completions/zsh/_rblk-bench").contains("--iodepth"));
+        assert!(read("completions/fish/rblk.fish").contains("attach"));
+        assert!(read("man/rblk.1").contains(".TH rblk"));
+        assert!(read("man/rblk-attach.1").contains("fast\\-io\\-fail\\-tmo"), "the attach page lists its flags");
+        assert!(read("man/rblk-bench.1").contains("iodepth"));
+        assert!(n > 10, "{n} files");
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
