@@ -708,6 +708,18 @@ impl Endpoint {
         dispatch!(EndpointInner, &self.inner, e => e.attributes())
     }
 
+    /// Whether the peer has disconnected, as rdma_cm reports it (the active side only; cheap,
+    /// never waits). A QP does not notice the peer's disconnect request by itself: its work
+    /// fails only when the transport's retries run out (seconds), so a connection's owner asks
+    /// this on its ticks. On the in-memory fabric a disconnect flushes the QP at once: false.
+    pub fn peer_disconnected(&mut self) -> bool {
+        match &mut self.inner {
+            EndpointInner::Verbs(e) => e.peer_disconnected(),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => false,
+        }
+    }
+
     /// Over verbs: moves the QP to the error state and sends no disconnect request, so the
     /// peer hears nothing more, as from a host that died (the cm_id stays until the endpoint is
     /// dropped). For tests of a peer's loss detection; on the in-memory fabric it does

@@ -8,12 +8,13 @@
 /// Outstanding RDMA READs the initiator may have in flight per QP (`max_rd_atomic`), and the
 /// responder resources the target grants (`max_dest_rd_atomic`). Clamped to the device's limits.
 pub const READ_DEPTH: u8 = 16;
-/// Local ACK timeout exponent: 4.096 us * 2^18 = 1.07 s per try. At 2^14 (67 ms, so 0.5 s of
-/// retries in all) a busy rxe guest under TCG failed healthy connections with RETRY_EXC_ERR in
-/// CI; a vanished peer is found by the keepalive rules anyway.
-pub const TIMEOUT: u8 = 18;
-/// Transport retries before a QP errors out (about 7 x 1.07 s = 7.5 s, below
-/// `rblk_proto::KEEPALIVE_TIMEOUT`, to notice a vanished peer with work outstanding). Not 7: rxe's completer decrements the count only when it is not 7, so 7
+/// Local ACK timeout exponent: 4.096 us * 2^16 = 268 ms per try. At 2^14 (67 ms, so 0.5 s of
+/// retries in all) a busy rxe guest under TCG failed a healthy connection with RETRY_EXC_ERR in
+/// CI. Longer makes every access to a dead peer hang that much longer before it fails (a peer
+/// that disconnected is noticed sooner, from rdma_cm: `Endpoint::peer_disconnected`).
+pub const TIMEOUT: u8 = 16;
+/// Transport retries before a QP errors out (about 7 x 268 ms = 1.9 s, to notice a vanished peer
+/// with work outstanding). Not 7: rxe's completer decrements the count only when it is not 7, so 7
 /// means "retry forever" there and a SEND to a vanished peer never fails (the IB spec says 7
 /// retries). Loss detection never relies on this alone: see `rblk_proto::KEEPALIVE_TIMEOUT`.
 pub const RETRY_COUNT: u8 = 6;

@@ -134,6 +134,13 @@ impl Conn {
     /// SEND of ours stopped completing for KEEPALIVE_TIMEOUT.
     pub(crate) fn check_liveness(&mut self) -> Result<()> {
         self.alive()?;
+        // A target that went away cleanly (or whose process died: the kernel disconnects for
+        // it) said so; its QP would only fail once the retries run out.
+        if self.ep.peer_disconnected() {
+            let reason = "the target disconnected".to_owned();
+            self.break_with(reason.clone());
+            return Err(Error::ConnectionLost { addr: self.addr, reason });
+        }
         let now = Instant::now();
         if now < self.next_keepalive {
             return Ok(());

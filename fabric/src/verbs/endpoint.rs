@@ -201,6 +201,8 @@ pub(crate) struct Endpoint {
     read_depth: u8,
     send_depth: u32,
     state: State,
+    /// rdma_cm reported the peer's disconnect (see [`Endpoint::peer_disconnected`]).
+    peer_gone: bool,
     peer: Option<SocketAddr>,
 }
 
@@ -305,6 +307,7 @@ impl Endpoint {
             read_depth: policy::READ_DEPTH.min(dev_max),
             send_depth: cfg.send_depth,
             state: State::Created,
+            peer_gone: false,
             peer,
         })
     }
@@ -624,6 +627,23 @@ impl Endpoint {
 }
 
 impl Endpoint {
+    /// Whether the peer disconnected (or the connection failed) as far as rdma_cm knows: takes
+    /// the active side's pending CM events without waiting. The passive side's events go to its
+    /// listener, so it always says false. The QP itself does not notice a peer's DREQ: its work
+    /// only fails once the transport's retries run out.
+    pub(crate) fn peer_disconnected(&mut self) -> bool {
+        if self.peer_gone {
+            return true;
+        }
+        let Some(channel) = &self.channel else { return false };
+        while let Ok(Some(ev)) = channel.next_event(Some(Instant::now())) {
+            if matches!(ev.kind, CmEventKind::Disconnected | CmEventKind::TimewaitExit | CmEventKind::Failure(_)) {
+                self.peer_gone = true;
+            }
+        }
+        self.peer_gone
+    }
+
     /// Moves the QP to the error state without a disconnect request: the peer's packets go
     /// unanswered, as to a host that died (tests of the peer's loss detection).
     pub(crate) fn vanish(&mut self) {
