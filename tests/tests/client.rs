@@ -6,7 +6,7 @@
 //!   layer, MTU, GID types or netdev a RoCE user needs, or JSON that does not parse.
 //! - `info_and_stats_speak_json`: `--json` / `-o json` outputs that are not JSON or miss
 //!   fields, and `rblk stats` not reporting the target's counters.
-//! - `a_512_mib_pipe_is_written_in_bounded_memory`: `rblk write` reading its whole input
+//! - `a_128_mib_pipe_is_written_in_bounded_memory`: `rblk write` reading its whole input
 //!   before writing (512 MiB of stdin once took 529 MB of RSS), or a streamed write whose data
 //!   does not land where it should.
 
@@ -58,9 +58,12 @@ fn info_and_stats_speak_json() {
 
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn a_512_mib_pipe_is_written_in_bounded_memory() {
-    const LEN: u64 = 512 << 20;
-    let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "v:520M"]);
+fn a_128_mib_pipe_is_written_in_bounded_memory() {
+    // 128 MiB, not the 512 of the finding, to keep CI's guest time down (512 MiB took 124 s
+    // here, debug build under TCG, with a peak RSS of 22 MiB): buffering it whole would still
+    // take twice the bound.
+    const LEN: u64 = 128 << 20;
+    let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "v:132M"]);
     let uri = format!("rblk://{}/v", d.addr);
     let byte = |i: u64| (i.wrapping_mul(0x9e37_79b9) >> 13) as u8;
     let mut child = Command::new(rblk())
@@ -90,7 +93,7 @@ fn a_512_mib_pipe_is_written_in_bounded_memory() {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
             peak_kb = peak_kb.max(hwm.unwrap_or(0));
         }
-        assert!(start.elapsed() < Duration::from_secs(300), "rblk write of 512 MiB took over 5 minutes");
+        assert!(start.elapsed() < Duration::from_secs(300), "rblk write of 128 MiB took over 5 minutes");
         std::thread::sleep(Duration::from_millis(20));
     }
     feeder.join().unwrap();
@@ -98,7 +101,7 @@ fn a_512_mib_pipe_is_written_in_bounded_memory() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains(&format!("wrote {LEN} bytes at offset 4096")), "{stderr}");
-    eprintln!("client: 512 MiB from a pipe in {:?}, peak RSS {} MiB", start.elapsed(), peak_kb >> 10);
+    eprintln!("client: 128 MiB from a pipe in {:?}, peak RSS {} MiB", start.elapsed(), peak_kb >> 10);
     assert!(peak_kb > 0 && peak_kb < 64 << 10, "peak RSS {peak_kb} kB: not bounded");
     // The last MiB landed where it belongs.
     let back = Command::new(rblk())
