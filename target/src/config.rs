@@ -459,6 +459,61 @@ mod tests {
         assert!(missing.host_specs().unwrap_err().contains("/nonexistent/k"));
     }
 
+    /// Would catch: integer sizes refused (only strings parsed), or printed back as strings.
+    #[test]
+    fn integer_and_text_sizes() {
+        let f: File =
+            toml::from_str("[[volume]]\nname = \"a\"\nsize = 1073741824\n[[volume]]\nname = \"b\"\nsize = \"1G\"\n")
+                .unwrap();
+        let v = f.volume_specs().unwrap();
+        assert_eq!((v[0].size, v[1].size), (1 << 30, 1 << 30));
+        assert!(f.to_toml().contains("size = 1073741824") && f.to_toml().contains("size = \"1G\""), "{}", f.to_toml());
+        assert_eq!(toml::from_str::<File>(&f.to_toml()).unwrap(), f);
+        let negative = toml::from_str::<File>("[[volume]]\nname = \"a\"\nsize = -4096").unwrap_err().to_string();
+        assert!(negative.contains("negative"), "{negative}");
+        let float = toml::from_str::<File>("[[volume]]\nname = \"a\"\nsize = 1.5").unwrap_err().to_string();
+        assert!(float.contains("a size"), "{float}");
+        let odd: File = toml::from_str("[[volume]]\nname = \"a\"\nsize = 12345").unwrap();
+        assert!(odd.volume_specs().unwrap_err().contains("multiple of 4096"));
+    }
+
+    /// Would catch: a check that only a start (after the RDMA device probe) makes, so that
+    /// --check-config and --print-config pass a configuration the daemon refuses.
+    #[test]
+    fn server_config_checks_everything_without_hardware() {
+        let dir = std::env::temp_dir().join(format!("rblk-config-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let check = |text: &str| toml::from_str::<File>(text).unwrap().server_config().map(|_| ());
+        let vol = |name: &str, extra: &str| format!("[[volume]]\nname = \"{name}\"\nsize = \"4k\"\n{extra}\n");
+        assert_eq!(check(&(vol("a", "") + &vol("a", ""))), Err("volume a is configured twice".into()));
+        let key = dir.join("no-such.key");
+        let err = check(&format!("key_file = \"{}\"\n{}", key.display(), vol("a", ""))).unwrap_err();
+        assert!(err.contains("no-such.key"), "the missing key file is named: {err}");
+        let empty = dir.join("empty.key");
+        std::fs::write(&empty, "\n").unwrap();
+        let err = check(&format!("key_file = \"{}\"\n{}", empty.display(), vol("a", ""))).unwrap_err();
+        assert!(err.contains("empty"), "{err}");
+        let err = check(&format!("listen = \"10.0.0.1:abc\"\n{}", vol("a", ""))).unwrap_err();
+        assert!(err.contains("10.0.0.1:abc"), "{err}");
+        let err = check(&vol("a", "path = \"/nonexistent-rblk/dir/a.img\"")).unwrap_err();
+        assert!(err.contains("/nonexistent-rblk/dir"), "a backing file in a missing directory: {err}");
+        let err = check(&vol("a", &format!("path = \"{}\"", dir.display()))).unwrap_err();
+        assert!(err.contains("neither a regular file nor a block device"), "{err}");
+        let img = format!("path = \"{}\"", dir.join("a.img").display());
+        assert_eq!(check(&vol("a", &img)), Ok(()), "a new file in an existing directory");
+        let err = check(&(vol("a", &img) + &vol("b", &img))).unwrap_err();
+        assert!(err.contains("volume a's too"), "two volumes on one backing store: {err}");
+        let err = check(&format!("[[host]]\nname = \"a b\"\n{}", vol("a", ""))).unwrap_err();
+        assert!(err.contains("host name"), "{err}");
+        // Access lists name configured volumes (the file can only put them on volumes; a
+        // Config built by hand can name any).
+        let acls = [("gone".to_owned(), Acl::from([("h".to_owned(), crate::access::Grant::ReadOnly)]))].into();
+        let cfg = Config { acls, ..Config::default() };
+        assert!(cfg.check().unwrap_err().to_string().contains("\"gone\", which is not configured"));
+        assert!(Config { volumes: Vec::new(), ..Config::default() }.check().is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_size("4096"), Ok(4096));

@@ -137,7 +137,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!(signal, "signal received: shutting down");
         break;
     }
-    notify::stopping();
+    notify::stopping(running.durable_bytes());
     running.shutdown();
     Ok(())
 }

@@ -59,9 +59,17 @@ pub fn reloading() {
     send(&states);
 }
 
-/// Shutdown begins (disconnecting everyone, flushing durable volumes).
-pub fn stopping() {
-    send(&[NotifyState::Stopping, NotifyState::Status("stopping: disconnecting peers and flushing volumes")]);
+/// Shutdown begins (disconnecting everyone, then the final flush of `durable_bytes` of durable
+/// volumes): the stop timeout is extended by [`load_allowance`] of them, as writing them back
+/// takes about as long as loading them.
+pub fn stopping(durable_bytes: u64) {
+    let status = NotifyState::Status("stopping: disconnecting peers and flushing volumes");
+    if durable_bytes == 0 {
+        send(&[NotifyState::Stopping, status]);
+    } else {
+        let extend = format!("EXTEND_TIMEOUT_USEC={}", load_allowance(durable_bytes).as_micros());
+        send(&[NotifyState::Stopping, status, NotifyState::Custom(&extend)]);
+    }
 }
 
 /// The `STATUS=` of a serving daemon.

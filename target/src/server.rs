@@ -599,6 +599,16 @@ impl Running {
         self.shared.session_count()
     }
 
+    /// Live connections.
+    pub fn connection_count(&self) -> usize {
+        self.shared.connection_count()
+    }
+
+    /// Bytes of the durable volumes served (what a shutdown writes back).
+    pub fn durable_bytes(&self) -> u64 {
+        self.shared.catalog().volumes.values().filter(|v| v.backing.is_some()).map(|v| v.size()).sum()
+    }
+
     /// Current registrations and pinned bytes.
     pub fn registrations(&self) -> (u64, u64) {
         let c = &self.shared.counters;
