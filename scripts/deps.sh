@@ -21,6 +21,8 @@ set -euo pipefail
 #                                                       losetup, mkfs.ext4 and e2fsck from above
 #   nvme-cli                                            scripts/compare-rxe.sh: `nvme connect` to the
 #                                                       guest's Linux NVMe-oF/RDMA target (nvmet-rdma)
+#   systemd                                             systemd-analyze verify of the unit files in
+#                                                       dist/systemd (tests/tests/systemd.rs)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
@@ -29,6 +31,7 @@ PACKAGES=(
     qemu-utils nbd-client fio
     fuse3
     nvme-cli
+    systemd
 )
 
 # Print the packages of PACKAGES that are not fully installed.

@@ -185,6 +185,20 @@ impl Policy {
         Ok(Policy { shared_key, hosts: known, acls })
     }
 
+    /// The access list of `volume`, if it has one.
+    pub fn acl(&self, volume: &str) -> Option<&Acl> {
+        self.acls.get(volume)
+    }
+
+    /// Gives `volume` (served, though no longer configured: a reload keeps it while it is
+    /// open) the access list it had, so that keeping it opens it to nobody new.
+    pub fn keep_acl(&mut self, volume: &str, acl: Option<Acl>) {
+        match acl {
+            Some(acl) => self.acls.insert(volume.to_owned(), acl),
+            None => self.acls.remove(volume),
+        };
+    }
+
     /// Whether initiators must AUTH (some key is configured).
     pub fn auth_required(&self) -> bool {
         self.shared_key.is_some() || self.hosts.values().any(Option::is_some)

@@ -31,8 +31,8 @@
 
 use std::net::SocketAddr;
 
-use crate::access::{Acl, HostSpec};
-use crate::server::Config;
+use crate::access::{Acl, HostSpec, Policy};
+use crate::server::{Config, StartError};
 
 /// Where durable volumes keep their instance identity across a clean shutdown, unless
 /// `--state-dir` or the config's `state_dir` says otherwise.
@@ -67,6 +67,20 @@ pub struct VolumeSpec {
     pub path: Option<std::path::PathBuf>,
 }
 
+impl VolumeSpec {
+    /// A checked spec: the name 1-64 characters of `A-Z a-z 0-9 - _ .`, the size a non-zero
+    /// multiple of 4096.
+    pub fn new(name: &str, size: u64, path: Option<std::path::PathBuf>) -> Result<VolumeSpec, String> {
+        if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(format!("{name:?}: a volume name is 1-64 characters of A-Z a-z 0-9 - _ ."));
+        }
+        if size == 0 || size % 4096 != 0 {
+            return Err(format!("the size ({size}) must be a non-zero multiple of 4096"));
+        }
+        Ok(VolumeSpec { name: name.to_owned(), size, path })
+    }
+}
+
 impl std::str::FromStr for VolumeSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -78,14 +92,69 @@ impl std::str::FromStr for VolumeSpec {
             Some((size, path)) => (size, Some(std::path::PathBuf::from(path))),
             None => (rest, None),
         };
-        if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-            return Err(format!("{name:?}: a volume name is 1-64 characters of A-Z a-z 0-9 - _ ."));
+        VolumeSpec::new(name, parse_size(size)?, path).map_err(|e| format!("{s:?}: {e}"))
+    }
+}
+
+/// A volume's size in the config file: bytes as an integer (`size = 1073741824`) or a string
+/// with an optional suffix (`size = "1G"`, see [`parse_size`]). Printed back as it was given.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Size {
+    /// `size = 1073741824`.
+    Bytes(u64),
+    /// `size = "1G"`.
+    Text(String),
+}
+
+impl Size {
+    /// In bytes.
+    pub fn bytes(&self) -> Result<u64, String> {
+        match self {
+            Size::Bytes(n) => Ok(*n),
+            Size::Text(s) => parse_size(s),
         }
-        let size = parse_size(size)?;
-        if size == 0 || size % 4096 != 0 {
-            return Err(format!("{s:?}: the size must be a non-zero multiple of 4096"));
+    }
+}
+
+impl Default for Size {
+    fn default() -> Size {
+        Size::Bytes(0)
+    }
+}
+
+impl From<u64> for Size {
+    fn from(n: u64) -> Size {
+        Size::Bytes(n)
+    }
+}
+
+impl From<&str> for Size {
+    fn from(s: &str) -> Size {
+        Size::Text(s.to_owned())
+    }
+}
+
+// By hand rather than `#[serde(untagged)]`: an untagged enum's error names no value.
+impl<'de> serde::Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Size, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Size;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a size: bytes as an integer (1073741824) or a string like \"64M\" or \"1G\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Size, E> {
+                Ok(Size::Bytes(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Size, E> {
+                u64::try_from(n).map(Size::Bytes).map_err(|_| E::custom(format!("size {n} is negative")))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Size, E> {
+                Ok(Size::Text(s.to_owned()))
+            }
         }
-        Ok(VolumeSpec { name: name.to_owned(), size, path })
+        d.deserialize_any(Visitor)
     }
 }
 
@@ -161,8 +230,8 @@ pub struct File {
 pub struct FileVolume {
     /// Name.
     pub name: String,
-    /// Size, e.g. `"1G"`.
-    pub size: String,
+    /// Size: `"1G"`, or bytes as an integer.
+    pub size: Size,
     /// Backing store of a durable volume.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<std::path::PathBuf>,
@@ -194,9 +263,8 @@ impl File {
         self.volumes
             .iter()
             .map(|v| {
-                let mut spec: VolumeSpec = format!("{}:{}", v.name, v.size).parse()?;
-                spec.path.clone_from(&v.path);
-                Ok(spec)
+                let size = v.size.bytes().map_err(|e| format!("volume {}: {e}", v.name))?;
+                VolumeSpec::new(&v.name, size, v.path.clone()).map_err(|e| format!("volume {}: {e}", v.name))
             })
             .collect()
     }
@@ -239,13 +307,14 @@ impl File {
         self.volumes.iter().filter(|v| !v.allow.is_empty()).map(|v| (v.name.clone(), v.allow.clone())).collect()
     }
 
-    /// The daemon's configuration from this file (key files read, everything checked);
-    /// anything the file leaves out has [`Config::default`]'s value, the state dir too.
+    /// The daemon's configuration from this file (key files read, everything checked, with
+    /// [`Config::check`] too); anything the file leaves out has [`Config::default`]'s value,
+    /// the state dir too.
     pub fn server_config(&self) -> Result<Config, String> {
         self.check_limits()?;
         let defaults = Config::default();
         let secs = |s: Option<u64>, default| s.map_or(default, std::time::Duration::from_secs);
-        Ok(Config {
+        let cfg = Config {
             listen: self.listen.as_deref().map_or(Ok(defaults.listen), parse_listen)?,
             device: self.device.clone(),
             volumes: self.volume_specs()?,
@@ -260,12 +329,82 @@ impl File {
             max_sessions: self.max_sessions.unwrap_or(defaults.max_sessions),
             max_sessions_per_host: self.max_sessions_per_host.unwrap_or(defaults.max_sessions_per_host),
             ..defaults
-        })
+        };
+        cfg.check().map_err(|e| e.to_string())?;
+        Ok(cfg)
     }
 
     /// The effective configuration as TOML (`--print-config`).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
+    }
+}
+
+impl Config {
+    /// Every check of the configuration that needs no hardware, so that `--check-config` on a
+    /// host without RDMA finds what a start would refuse: at least one volume; valid names and
+    /// sizes (multiples of the block size); no volume twice; backing paths that can work (an
+    /// existing file or block device, or a missing file in an existing directory) and no
+    /// backing store shared by two volumes; a non-empty shared key; host names and access
+    /// lists (of configured volumes only). [`crate::server::Server::start`] and
+    /// [`crate::server::Running::reload`] run it first; returns the checked access policy.
+    ///
+    /// A backing store that exists but cannot be opened or is too small is found only when
+    /// the volume is loaded, and refuses that volume, not the daemon.
+    pub fn check(&self) -> Result<Policy, StartError> {
+        if self.volumes.is_empty() {
+            return Err(StartError::NoVolumes("none is configured".into()));
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut backings: std::collections::HashMap<std::path::PathBuf, &str> = std::collections::HashMap::new();
+        for v in &self.volumes {
+            let invalid = |reason: String| StartError::InvalidVolume { name: v.name.clone(), reason };
+            VolumeSpec::new(&v.name, v.size, None).map_err(invalid)?;
+            if self.block_size == 0 || v.size % u64::from(self.block_size) != 0 {
+                return Err(invalid(format!(
+                    "size {} is not a multiple of the block size {}",
+                    v.size, self.block_size
+                )));
+            }
+            if !names.insert(v.name.as_str()) {
+                return Err(StartError::DuplicateVolume(v.name.clone()));
+            }
+            if let Some(path) = &v.path {
+                check_backing_path(path).map_err(invalid)?;
+                let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+                if let Some(other) = backings.insert(key, &v.name) {
+                    return Err(invalid(format!("backing store {} is volume {other}'s too", path.display())));
+                }
+            }
+        }
+        if self.key.as_ref().is_some_and(Vec::is_empty) {
+            return Err(StartError::Access("the shared key is empty".into()));
+        }
+        let names: Vec<&str> = self.volumes.iter().map(|v| v.name.as_str()).collect();
+        Policy::new(self.key.clone(), &self.hosts, self.acls.clone(), &names).map_err(StartError::Access)
+    }
+}
+
+/// A backing path that can work: an existing regular file or block device, or a file to be
+/// created in an existing directory.
+fn check_backing_path(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt as _;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() || m.file_type().is_block_device() => Ok(()),
+        Ok(_) => Err(format!("backing store {} is neither a regular file nor a block device", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            match std::fs::metadata(parent) {
+                Ok(m) if m.is_dir() => Ok(()),
+                Ok(_) => Err(format!("backing store {}: {} is not a directory", path.display(), parent.display())),
+                Err(e) => Err(format!(
+                    "backing store {} does not exist, and its directory {} cannot be used to create it: {e}",
+                    path.display(),
+                    parent.display()
+                )),
+            }
+        }
+        Err(e) => Err(format!("backing store {}: {e}", path.display())),
     }
 }
 
@@ -318,6 +457,61 @@ mod tests {
         assert!(toml::from_str::<File>("keepalive_timeout = 5").unwrap().check_limits().is_ok());
         let missing: File = toml::from_str("[[host]]\nname = \"h\"\nkey_file = \"/nonexistent/k\"").unwrap();
         assert!(missing.host_specs().unwrap_err().contains("/nonexistent/k"));
+    }
+
+    /// Would catch: integer sizes refused (only strings parsed), or printed back as strings.
+    #[test]
+    fn integer_and_text_sizes() {
+        let f: File =
+            toml::from_str("[[volume]]\nname = \"a\"\nsize = 1073741824\n[[volume]]\nname = \"b\"\nsize = \"1G\"\n")
+                .unwrap();
+        let v = f.volume_specs().unwrap();
+        assert_eq!((v[0].size, v[1].size), (1 << 30, 1 << 30));
+        assert!(f.to_toml().contains("size = 1073741824") && f.to_toml().contains("size = \"1G\""), "{}", f.to_toml());
+        assert_eq!(toml::from_str::<File>(&f.to_toml()).unwrap(), f);
+        let negative = toml::from_str::<File>("[[volume]]\nname = \"a\"\nsize = -4096").unwrap_err().to_string();
+        assert!(negative.contains("negative"), "{negative}");
+        let float = toml::from_str::<File>("[[volume]]\nname = \"a\"\nsize = 1.5").unwrap_err().to_string();
+        assert!(float.contains("a size"), "{float}");
+        let odd: File = toml::from_str("[[volume]]\nname = \"a\"\nsize = 12345").unwrap();
+        assert!(odd.volume_specs().unwrap_err().contains("multiple of 4096"));
+    }
+
+    /// Would catch: a check that only a start (after the RDMA device probe) makes, so that
+    /// --check-config and --print-config pass a configuration the daemon refuses.
+    #[test]
+    fn server_config_checks_everything_without_hardware() {
+        let dir = std::env::temp_dir().join(format!("rblk-config-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let check = |text: &str| toml::from_str::<File>(text).unwrap().server_config().map(|_| ());
+        let vol = |name: &str, extra: &str| format!("[[volume]]\nname = \"{name}\"\nsize = \"4k\"\n{extra}\n");
+        assert_eq!(check(&(vol("a", "") + &vol("a", ""))), Err("volume a is configured twice".into()));
+        let key = dir.join("no-such.key");
+        let err = check(&format!("key_file = \"{}\"\n{}", key.display(), vol("a", ""))).unwrap_err();
+        assert!(err.contains("no-such.key"), "the missing key file is named: {err}");
+        let empty = dir.join("empty.key");
+        std::fs::write(&empty, "\n").unwrap();
+        let err = check(&format!("key_file = \"{}\"\n{}", empty.display(), vol("a", ""))).unwrap_err();
+        assert!(err.contains("empty"), "{err}");
+        let err = check(&format!("listen = \"10.0.0.1:abc\"\n{}", vol("a", ""))).unwrap_err();
+        assert!(err.contains("10.0.0.1:abc"), "{err}");
+        let err = check(&vol("a", "path = \"/nonexistent-rblk/dir/a.img\"")).unwrap_err();
+        assert!(err.contains("/nonexistent-rblk/dir"), "a backing file in a missing directory: {err}");
+        let err = check(&vol("a", &format!("path = \"{}\"", dir.display()))).unwrap_err();
+        assert!(err.contains("neither a regular file nor a block device"), "{err}");
+        let img = format!("path = \"{}\"", dir.join("a.img").display());
+        assert_eq!(check(&vol("a", &img)), Ok(()), "a new file in an existing directory");
+        let err = check(&(vol("a", &img) + &vol("b", &img))).unwrap_err();
+        assert!(err.contains("volume a's too"), "two volumes on one backing store: {err}");
+        let err = check(&format!("[[host]]\nname = \"a b\"\n{}", vol("a", ""))).unwrap_err();
+        assert!(err.contains("host name"), "{err}");
+        // Access lists name configured volumes (the file can only put them on volumes; a
+        // Config built by hand can name any).
+        let acls = [("gone".to_owned(), Acl::from([("h".to_owned(), crate::access::Grant::ReadOnly)]))].into();
+        let cfg = Config { acls, ..Config::default() };
+        assert!(cfg.check().unwrap_err().to_string().contains("\"gone\", which is not configured"));
+        assert!(Config { volumes: Vec::new(), ..Config::default() }.check().is_err());
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

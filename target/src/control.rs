@@ -111,7 +111,7 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
         (Message::Keepalive, _) => (Reply::None, After::Continue),
         (Message::Hello { features }, State::Fresh { pd }) => {
             let nonce = session::nonce();
-            let auth = shared.policy.auth_required();
+            let auth = shared.auth_required();
             let flags = if auth { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
             *state = State::Challenged { pd: pd.clone(), nonce, features: features & rblk_proto::FEATURES };
             (Reply::Msg(Message::Challenge { flags, features: rblk_proto::FEATURES, nonce }), After::Continue)
@@ -123,7 +123,7 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
             (Reply::Error(ErrorCode::Unexpected, text), After::Refused)
         }
         // Acknowledging it would tell a client its key was checked.
-        (Message::Auth { host: None, .. }, State::Challenged { .. }) if !shared.policy.auth_required() => (
+        (Message::Auth { host: None, .. }, State::Challenged { .. }) if !shared.auth_required() => (
             Reply::Error(
                 ErrorCode::Unexpected,
                 "this target has no key: AUTH is not expected (CHALLENGE said so)".into(),
@@ -131,7 +131,8 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
             After::Refused,
         ),
         (Message::Auth { mac, host }, State::Challenged { pd, nonce, features }) => {
-            match shared.policy.authenticate(nonce, &mac, host) {
+            let authenticated = shared.catalog().policy.authenticate(nonce, &mac, host);
+            match authenticated {
                 Ok(()) => {
                     shared.auth_succeeded(peer.ip);
                     *state = State::Ready { pd: pd.clone(), features: *features, host: host.map(Arc::from) };
@@ -143,7 +144,7 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
                 }
             }
         }
-        (Message::Open { .. }, State::Challenged { pd, features, .. }) if !shared.policy.auth_required() => {
+        (Message::Open { .. }, State::Challenged { pd, features, .. }) if !shared.auth_required() => {
             // No key configured and no host named: HELLO was enough, for an anonymous host.
             *state = State::Ready { pd: pd.clone(), features: *features, host: None };
             handle(shared, peer, state, bytes)
@@ -259,14 +260,16 @@ fn open(
     if let Some(resume) = &resume {
         shared.replace_session(resume);
     }
-    if let Some(reason) = shared.refused.get(name) {
+    // Held until the session is recorded: a reload removes no volume under an OPEN.
+    let catalog = shared.catalog();
+    if let Some(reason) = catalog.refused.get(name) {
         return (
             Reply::Error(ErrorCode::VolumeFailed, format!("volume {name} is unavailable: {reason}")),
             After::Refused,
         );
     }
-    let Some(volume) = shared.volumes.get(name) else {
-        let mut names: Vec<&str> = shared.volumes.keys().map(String::as_str).collect();
+    let Some(volume) = catalog.volumes.get(name) else {
+        let mut names: Vec<&str> = catalog.volumes.keys().map(String::as_str).collect();
         names.sort_unstable();
         return (
             Reply::Error(
@@ -280,7 +283,7 @@ fn open(
         Owner::Host(h) => Some(&**h),
         Owner::Anonymous(_) => None,
     };
-    if let Err(text) = shared.policy.may_open(name, host, mode) {
+    if let Err(text) = catalog.policy.may_open(name, host, mode) {
         return (Reply::Error(ErrorCode::BadMode, text), After::Refused);
     }
     if let Some(full) = shared.session_cap_reached(&owner) {

@@ -3,12 +3,13 @@
 //! the small control channel (hello, authentication, open, join, flush, stats, close) and never
 //! touches the data path.
 //!
-//! Layout: [`config`] (command line), [`volume`] (the volume store: memory and open modes),
-//! [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and write-back),
-//! [`identity`] (volume instance identities, kept across clean shutdowns in the state dir),
-//! [`access`] (keys, host identities and volume access lists), [`session`] (per-session
-//! protection domain and registration), [`control`]
-//! (one connection's control protocol), [`server`] (the rdma_cm listener and connection threads).
+//! Layout: [`config`] (command line, config file and its checks), [`volume`] (the volume
+//! store: memory and open modes), [`persist`] and [`uring`] (durable volumes: backing store,
+//! io_uring load and write-back), [`identity`] (volume instance identities, kept across clean
+//! shutdowns in the state dir), [`access`] (keys, host identities and volume access lists),
+//! [`session`] (per-session protection domain and registration), [`control`] (one connection's
+//! control protocol), [`server`] (the rdma_cm listener and connection threads), [`reload`]
+//! (configuration changes at run time: SIGHUP), [`notify`] (systemd readiness, for the binary).
 //!
 //! ```no_run
 //! use rblk_target::server::{Config, Server};
@@ -25,7 +26,9 @@
 //! its initiator vanishes: a keepalive of ours fails or stays uncompleted, or an initiator that
 //! negotiated keepalives sends nothing, for [`server::Config::keepalive_timeout`].
 //! [`server::Running::shutdown`] disconnects everyone, deregisters everything, flushes durable
-//! volumes and then records their identities in the state dir.
+//! volumes and then records their identities in the state dir. [`server::Running::reload`]
+//! (callable from any thread, one at a time) removes only volumes nobody has open, flushing
+//! durable ones the same way first.
 
 // Only the io_uring module may use `unsafe` (the kernel writes our memory asynchronously).
 #![deny(unsafe_code)]
@@ -35,7 +38,9 @@ pub mod access;
 pub mod config;
 pub mod control;
 pub mod identity;
+pub mod notify;
 pub mod persist;
+pub mod reload;
 pub mod server;
 pub mod session;
 #[allow(unsafe_code)]

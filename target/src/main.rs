@@ -7,13 +7,20 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser;
 use rblk_target::config::{parse_listen, File as ConfigFile, FileVolume, VolumeSpec, DEFAULT_STATE_DIR};
-use rblk_target::server::{Server, StartError};
+use rblk_target::notify;
+use rblk_target::server::{Running, Server, StartError};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
 ///
 /// Initiators connect with rdma_cm, authenticate, open a volume and then read and write it with
 /// one-sided RDMA READ and WRITE: the daemon's CPU never touches the data path. Stop it with
-/// SIGINT or SIGTERM: it disconnects its peers, deregisters its memory and exits 0.
+/// SIGINT or SIGTERM: it disconnects its peers, deregisters its memory, flushes durable volumes
+/// and exits 0. SIGHUP reloads the configuration (the --config file again, with the same
+/// flags on top): volumes added and removed (a removed volume that is still open stays until
+/// a later reload finds it idle), hosts, keys, access lists and limits; a configuration that
+/// does not check changes nothing. Under systemd (Type=notify) it reports readiness once it
+/// accepts connections, and its progress while it loads volumes.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 struct Args {
@@ -70,9 +77,16 @@ struct Args {
     /// --volume flags replace its volumes.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Print the effective configuration (file plus flags) as TOML and exit.
+    /// Print the effective configuration (file plus flags) as TOML and exit; exits non-zero,
+    /// printing nothing, if it does not pass the checks of --check-config.
     #[arg(long)]
     print_config: bool,
+    /// Check the effective configuration (file plus flags) without RDMA hardware and exit:
+    /// addresses, sizes, duplicate volumes, key files (readable, non-empty), backing paths
+    /// (the file or device exists, or its directory does), host names and access lists.
+    /// Prints "configuration OK" and exits 0, or prints the reason and exits non-zero.
+    #[arg(long, conflicts_with = "print_config")]
+    check_config: bool,
 }
 
 fn main() -> ExitCode {
@@ -95,7 +109,66 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    // The file, then the flags on top.
+    let file = effective(&args)?;
+    if args.print_config || args.check_config {
+        // Checked like a start would, so that a bad file does not print and exit 0.
+        file.server_config().map_err(anyhow::Error::msg)?;
+        if args.check_config {
+            println!("configuration OK");
+        } else {
+            print!("{}", file.to_toml());
+        }
+        return Ok(());
+    }
+    let cfg = file.server_config().map_err(anyhow::Error::msg)?;
+    // Before the start: a signal during a long volume load waits instead of killing us, and
+    // SIGHUP no longer ends the daemon.
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
+    let running = Server::start_with(cfg, &mut notify::progress)?;
+    eprintln!("rblk-target: listening on {}", running.local_addr());
+    notify::ready(&notify::serving(running.volumes().len(), running.local_addr()));
+    // Sleeps until a signal arrives: an idle daemon uses no CPU.
+    for signal in signals.forever() {
+        if signal == SIGHUP {
+            reload(&args, &running);
+            continue;
+        }
+        tracing::info!(signal, "signal received: shutting down");
+        break;
+    }
+    notify::stopping(running.durable_bytes());
+    running.shutdown();
+    Ok(())
+}
+
+/// SIGHUP: the configuration again, from the file and the same flags, applied to `running`.
+fn reload(args: &Args, running: &Running) {
+    tracing::info!("SIGHUP: reloading the configuration");
+    notify::reloading();
+    let result = effective(args)
+        .and_then(|file| file.server_config().map_err(anyhow::Error::msg))
+        .and_then(|cfg| running.reload_with(cfg, &mut notify::progress).map_err(anyhow::Error::from));
+    let mut status = notify::serving(running.volumes().len(), running.local_addr());
+    match result {
+        Ok(report) => {
+            eprintln!("rblk-target: configuration reloaded: {report}");
+            if !report.busy.is_empty() {
+                let busy: Vec<&str> = report.busy.iter().map(|(name, _)| name.as_str()).collect();
+                status.push_str(&format!(" (removal waits for open sessions: {})", busy.join(", ")));
+            }
+        }
+        Err(e) => {
+            tracing::error!("reload refused, nothing changed: {e:#}");
+            eprintln!("rblk-target: reload refused, nothing changed: {e:#}");
+            status.push_str(&format!(" (last reload refused: {e:#})"));
+        }
+    }
+    notify::ready(&status);
+}
+
+/// The effective configuration: the file, then the flags on top (at start and at each reload).
+fn effective(args: &Args) -> anyhow::Result<ConfigFile> {
     let mut file = match &args.config {
         Some(path) => ConfigFile::read(path).map_err(anyhow::Error::msg)?,
         None => ConfigFile::default(),
@@ -138,7 +211,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .map(|v| FileVolume {
                 name: v.name.clone(),
-                size: v.size.to_string(),
+                size: v.size.into(),
                 path: v.path.clone(),
                 ..FileVolume::default()
             })
@@ -147,20 +220,5 @@ fn run(args: Args) -> anyhow::Result<()> {
     if file.volumes.is_empty() {
         file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), ..FileVolume::default() }];
     }
-    if args.print_config {
-        // Checked like a start would, so that a bad file does not print and exit 0.
-        file.server_config().map_err(anyhow::Error::msg)?;
-        print!("{}", file.to_toml());
-        return Ok(());
-    }
-    let cfg = file.server_config().map_err(anyhow::Error::msg)?;
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-        .context("installing signal handlers")?;
-    let running = Server::start(cfg)?;
-    eprintln!("rblk-target: listening on {}", running.local_addr());
-    // Sleeps until a signal arrives: an idle daemon uses no CPU.
-    let signal = signals.forever().next();
-    tracing::info!(?signal, "signal received: shutting down");
-    running.shutdown();
-    Ok(())
+    Ok(file)
 }

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -125,6 +125,14 @@ pub enum StartError {
     /// The same volume name twice.
     #[error("volume {0} is configured twice")]
     DuplicateVolume(String),
+    /// A volume's name, size or backing path cannot work.
+    #[error("volume {name}: {reason}")]
+    InvalidVolume {
+        /// Which.
+        name: String,
+        /// Why.
+        reason: String,
+    },
     /// Hosts or access lists do not make sense.
     #[error("access configuration: {0}")]
     Access(String),
@@ -142,33 +150,64 @@ pub enum StartError {
     },
 }
 
-/// State shared by the listener and the connection threads.
+/// What a reload changes: the volumes served and who may open them, replaced together.
 #[derive(Debug)]
-pub struct Shared {
+pub struct Catalog {
     /// Volumes by name.
     pub volumes: HashMap<String, Arc<Volume>>,
-    /// Volumes refused at start, with the reason (OPEN reports it).
+    /// Volumes that could not be loaded, with the reason (OPEN reports it).
     pub refused: HashMap<String, String>,
     /// Keys and access lists.
     pub policy: Policy,
+    /// How each served volume was configured (a reload compares).
+    pub(crate) specs: HashMap<String, VolumeSpec>,
+}
+
+/// The limits a reload changes; connections take the timeouts when they are admitted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) keepalive_timeout: Duration,
+    pub(crate) auth_timeout: Duration,
+    pub(crate) max_unopened: usize,
+    pub(crate) max_unopened_per_addr: usize,
+    pub(crate) max_sessions: usize,
+    pub(crate) max_sessions_per_host: usize,
+    pub(crate) max_auth_delay: Duration,
+}
+
+impl Limits {
+    pub(crate) fn of(cfg: &Config) -> Limits {
+        Limits {
+            keepalive_timeout: cfg.keepalive_timeout,
+            auth_timeout: cfg.auth_timeout,
+            max_unopened: cfg.max_unopened.max(1),
+            max_unopened_per_addr: cfg.max_unopened_per_addr.max(1),
+            max_sessions: cfg.max_sessions.max(1),
+            max_sessions_per_host: cfg.max_sessions_per_host.max(1),
+            max_auth_delay: cfg.max_auth_delay,
+        }
+    }
+}
+
+/// State shared by the listener and the connection threads.
+#[derive(Debug)]
+pub struct Shared {
+    /// Behind a lock rather than swapped atomically (arc-swap): an OPEN holds it for reading
+    /// from its look-up until its session is recorded, so a reload that takes it for writing
+    /// sees every session of a volume it is about to remove, and no OPEN finds one removed.
+    pub(crate) catalog: RwLock<Catalog>,
+    pub(crate) limits: RwLock<Limits>,
     /// Largest I/O.
     pub max_io: u32,
     /// Registration counters.
     pub counters: Arc<Counters>,
-    identity: identity::Store,
-    keepalive_timeout: Duration,
-    auth_timeout: Duration,
+    pub(crate) identity: identity::Store,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     conns: Mutex<HashMap<u64, Waker>>,
     /// Connections not yet in a session, oldest first, with their peer's address.
     unopened: Mutex<std::collections::VecDeque<(u64, Option<IpAddr>)>>,
     /// Connections told to end to make room (see [`Config::max_unopened`]).
     evicted: Mutex<std::collections::HashSet<u64>>,
-    max_unopened: usize,
-    max_unopened_per_addr: usize,
-    max_sessions: usize,
-    max_sessions_per_host: usize,
-    max_auth_delay: Duration,
     /// Recent AUTH failures by peer address: how many, and the last one's time.
     auth_failures: Mutex<HashMap<Option<IpAddr>, (u32, Instant)>>,
     next_id: AtomicU64,
@@ -176,6 +215,21 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The volumes and the access policy, for reading (do not hold it across waits: a reload
+    /// waits for it).
+    pub fn catalog(&self) -> RwLockReadGuard<'_, Catalog> {
+        self.catalog.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn limits(&self) -> Limits {
+        *self.limits.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether initiators must AUTH (see [`Policy::auth_required`]).
+    pub fn auth_required(&self) -> bool {
+        self.catalog().policy.auth_required()
+    }
+
     /// A fresh session id.
     pub fn next_session_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
@@ -198,11 +252,12 @@ impl Shared {
     }
 
     fn session_cap(&self, sessions: &HashMap<u64, Arc<Session>>, owner: &Owner) -> Option<String> {
-        if sessions.len() >= self.max_sessions {
+        let limits = self.limits();
+        if sessions.len() >= limits.max_sessions {
             return Some(format!("the target has {} sessions open, its maximum (max_sessions)", sessions.len()));
         }
         let mine = sessions.values().filter(|s| s.owner == *owner).count();
-        (mine >= self.max_sessions_per_host)
+        (mine >= limits.max_sessions_per_host)
             .then(|| format!("{owner} have {mine} sessions open, the most one host may (max_sessions_per_host)"))
     }
 
@@ -222,7 +277,7 @@ impl Shared {
         if *count == 1 {
             Duration::ZERO
         } else {
-            (Duration::from_millis(250) * (1 << doublings)).min(self.max_auth_delay)
+            (Duration::from_millis(250) * (1 << doublings)).min(self.limits().max_auth_delay)
         }
     }
 
@@ -233,13 +288,14 @@ impl Shared {
     /// Records connection `conn` from `ip` as not yet in a session, first evicting the oldest
     /// such connections past the caps.
     fn admit_unopened(&self, conn: u64, ip: Option<IpAddr>) {
+        let limits = self.limits();
         let mut unopened = self.unopened.lock().unwrap_or_else(|p| p.into_inner());
         let mut evict = Vec::new();
-        while unopened.iter().filter(|(_, a)| *a == ip).count() >= self.max_unopened_per_addr {
+        while unopened.iter().filter(|(_, a)| *a == ip).count() >= limits.max_unopened_per_addr {
             let Some(i) = unopened.iter().position(|(_, a)| *a == ip) else { break };
             evict.extend(unopened.remove(i));
         }
-        while unopened.len() >= self.max_unopened {
+        while unopened.len() >= limits.max_unopened {
             evict.extend(unopened.pop_front());
         }
         unopened.push_back((conn, ip));
@@ -336,51 +392,146 @@ pub struct Server;
 #[derive(Debug)]
 pub struct Running {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     listener: Option<thread::JoinHandle<()>>,
     wake_listener: Waker,
+    /// What it started with that only a restart changes.
+    pub(crate) fixed: Fixed,
+    /// One reload at a time.
+    pub(crate) reloading: Mutex<()>,
+}
+
+/// The settings a reload cannot change (see [`crate::reload`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Fixed {
+    pub(crate) listen: SocketAddr,
+    pub(crate) device: Option<String>,
+    pub(crate) state_dir: Option<std::path::PathBuf>,
+    pub(crate) block_size: u32,
+    pub(crate) max_io: u32,
+}
+
+/// What the server is doing while it starts or reloads, for a caller that reports progress
+/// (the daemon tells systemd: see [`crate::notify`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Progress<'a> {
+    /// About to create (RAM) or load (durable) volume `name`, number `index` (from 1) of
+    /// `count`, before it is served.
+    Loading {
+        /// Its name.
+        name: &'a str,
+        /// Which one, from 1.
+        index: usize,
+        /// Of how many.
+        count: usize,
+        /// Its size in bytes.
+        size: u64,
+        /// Loaded from a backing store (takes as long as reading `size` bytes).
+        durable: bool,
+    },
+}
+
+/// Why a volume could not be created or loaded.
+#[derive(Debug)]
+pub(crate) enum LoadError {
+    /// Its memory could not be mapped.
+    Memory(rblk_fabric::Error),
+    /// Its backing store could not be opened or read.
+    Backing(String),
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Memory(e) => write!(f, "{e}"),
+            LoadError::Backing(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Creates a RAM volume, or opens and loads a durable one (taking its kept identity), before
+/// it is served.
+pub(crate) fn load_volume(v: &VolumeSpec, block_size: u32, identity: &identity::Store) -> Result<Volume, LoadError> {
+    match &v.path {
+        None => Volume::new(&v.name, v.size, block_size).map_err(LoadError::Memory),
+        Some(path) => Backing::open(path, v.size)
+            .and_then(|b| {
+                // Taken (and its record removed) before anything is served.
+                let instance = identity.take(&v.name, b.fingerprint().ok().as_ref());
+                let mut vol = Volume::durable(&v.name, v.size, block_size, b)?;
+                vol.instance = instance;
+                Ok(vol)
+            })
+            .map_err(LoadError::Backing),
+    }
+}
+
+/// Logs that `v` is served now.
+pub(crate) fn log_serving(v: &Volume) {
+    match &v.backing {
+        None => info!(volume = %v.name, size = v.size(), "serving RAM volume (volatile)"),
+        Some(b) => info!(volume = %v.name, size = v.size(), path = %b.path().display(), "serving durable volume"),
+    }
+}
+
+/// The final flush of a durable volume nobody can write any more (shutdown, or removal at a
+/// reload): everything to its backing store, then its identity kept in the state dir, so the
+/// next start (or re-add) may present the same instance.
+pub(crate) fn final_flush(identity: &identity::Store, v: &Volume) {
+    let Some(b) = v.backing.as_ref().filter(|b| !b.failed()) else { return };
+    match b.flush(&v.memory, &[(0, v.size())]) {
+        Ok(()) => {
+            info!(volume = %v.name, "flushed to {}", b.path().display());
+            match b.fingerprint() {
+                Ok(fp) => {
+                    identity.save(&v.name, &fp, v.instance);
+                }
+                Err(e) => {
+                    warn!(volume = %v.name, error = %e, "cannot examine the backing store: its identity is not kept")
+                }
+            }
+        }
+        Err(e) => tracing::error!(volume = %v.name, error = %e, "final flush failed"),
+    }
 }
 
 impl Server {
-    /// Creates the volumes, binds the listener and starts serving.
+    /// Checks the configuration ([`Config::check`]), creates the volumes, binds the listener
+    /// and starts serving. When it returns, the listener accepts connections.
     pub fn start(cfg: Config) -> Result<Running, StartError> {
+        Server::start_with(cfg, &mut |_| {})
+    }
+
+    /// [`Server::start`], telling `progress` about each volume before it is created or loaded.
+    pub fn start_with(cfg: Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Running, StartError> {
+        // Configuration mistakes first: a host without RDMA reports them as such.
+        let policy = cfg.check()?;
         if cfg.fabric == Fabric::Verbs {
             let devices = rblk_fabric::list_devices().map_err(StartError::NoDevice)?;
             if !devices.iter().any(|d| cfg.device.as_ref().is_none_or(|want| *want == d.name)) {
                 return Err(StartError::NoDevice(rblk_fabric::Error::NoDevice { filter: cfg.device.clone() }));
             }
         }
-        let names: Vec<&str> = cfg.volumes.iter().map(|v| v.name.as_str()).collect();
-        let policy = Policy::new(cfg.key.clone(), &cfg.hosts, cfg.acls.clone(), &names).map_err(StartError::Access)?;
         let identity = identity::Store::new(cfg.state_dir.clone());
         let mut volumes = HashMap::new();
         let mut refused = HashMap::new();
-        for v in &cfg.volumes {
-            if volumes.contains_key(&v.name) || refused.contains_key(&v.name) {
-                return Err(StartError::DuplicateVolume(v.name.clone()));
-            }
-            match &v.path {
-                None => {
-                    let vol = Volume::new(&v.name, v.size, cfg.block_size)
-                        .map_err(|source| StartError::Volume { name: v.name.clone(), source })?;
+        let mut specs = HashMap::new();
+        let count = cfg.volumes.len();
+        for (i, v) in cfg.volumes.iter().enumerate() {
+            let durable = v.path.is_some();
+            progress(Progress::Loading { name: &v.name, index: i + 1, count, size: v.size, durable });
+            match load_volume(v, cfg.block_size, &identity) {
+                Ok(vol) => {
                     volumes.insert(v.name.clone(), Arc::new(vol));
+                    specs.insert(v.name.clone(), v.clone());
                 }
+                Err(LoadError::Memory(source)) => return Err(StartError::Volume { name: v.name.clone(), source }),
                 // A bad backing store refuses that volume, not the daemon.
-                Some(path) => match Backing::open(path, v.size).and_then(|b| {
-                    // Taken (and its record removed) before anything is served.
-                    let instance = identity.take(&v.name, b.fingerprint().ok().as_ref());
-                    let mut vol = Volume::durable(&v.name, v.size, cfg.block_size, b)?;
-                    vol.instance = instance;
-                    Ok(vol)
-                }) {
-                    Ok(vol) => {
-                        volumes.insert(v.name.clone(), Arc::new(vol));
-                    }
-                    Err(reason) => {
-                        tracing::error!(volume = %v.name, "refusing the volume: {reason}");
-                        refused.insert(v.name.clone(), reason);
-                    }
-                },
+                Err(LoadError::Backing(reason)) => {
+                    tracing::error!(volume = %v.name, "refusing the volume: {reason}");
+                    refused.insert(v.name.clone(), reason);
+                }
             }
         }
         if volumes.is_empty() {
@@ -390,21 +541,13 @@ impl Server {
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().unwrap_or(cfg.listen);
         let shared = Arc::new(Shared {
-            volumes,
-            refused,
-            policy,
+            catalog: RwLock::new(Catalog { volumes, refused, policy, specs }),
+            limits: RwLock::new(Limits::of(&cfg)),
             max_io: cfg.max_io,
             counters: Arc::default(),
             identity,
-            keepalive_timeout: cfg.keepalive_timeout,
-            auth_timeout: cfg.auth_timeout,
             unopened: Mutex::default(),
             evicted: Mutex::default(),
-            max_unopened: cfg.max_unopened.max(1),
-            max_unopened_per_addr: cfg.max_unopened_per_addr.max(1),
-            max_sessions: cfg.max_sessions.max(1),
-            max_sessions_per_host: cfg.max_sessions_per_host.max(1),
-            max_auth_delay: cfg.max_auth_delay,
             auth_failures: Mutex::default(),
             sessions: Mutex::default(),
             conns: Mutex::default(),
@@ -413,16 +556,11 @@ impl Server {
             next_id: AtomicU64::new((u64::from_le_bytes(session::random()) >> 1).max(1)),
             shutdown: AtomicBool::new(false),
         });
-        if !shared.policy.auth_required() {
+        if !shared.auth_required() {
             warn!("no --key-file and no host keys: this target serves ANY initiator that can reach {addr}");
         }
-        for v in shared.volumes.values() {
-            match &v.backing {
-                None => info!(volume = %v.name, size = v.size(), "serving RAM volume (volatile)"),
-                Some(b) => {
-                    info!(volume = %v.name, size = v.size(), path = %b.path().display(), "serving durable volume")
-                }
-            }
+        for v in shared.catalog().volumes.values() {
+            log_serving(v);
         }
         warn_memlock(&shared);
         let s = Arc::clone(&shared);
@@ -432,7 +570,14 @@ impl Server {
             .spawn(move || listen(&s, &listener))
             .expect("spawning the listener thread");
         info!(%addr, "listening");
-        Ok(Running { addr, shared, listener: Some(listener), wake_listener })
+        let fixed = Fixed {
+            listen: cfg.listen,
+            device: cfg.device.clone(),
+            state_dir: cfg.state_dir.clone(),
+            block_size: cfg.block_size,
+            max_io: cfg.max_io,
+        };
+        Ok(Running { addr, shared, listener: Some(listener), wake_listener, fixed, reloading: Mutex::new(()) })
     }
 }
 
@@ -440,6 +585,28 @@ impl Running {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The names of the volumes served, sorted.
+    pub fn volumes(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.shared.catalog().volumes.keys().cloned().collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Open sessions.
+    pub fn session_count(&self) -> usize {
+        self.shared.session_count()
+    }
+
+    /// Live connections.
+    pub fn connection_count(&self) -> usize {
+        self.shared.connection_count()
+    }
+
+    /// Bytes of the durable volumes served (what a shutdown writes back).
+    pub fn durable_bytes(&self) -> u64 {
+        self.shared.catalog().volumes.values().filter(|v| v.backing.is_some()).map(|v| v.size()).sum()
     }
 
     /// Current registrations and pinned bytes.
@@ -470,8 +637,8 @@ impl Drop for Running {
 
 /// Registrations pin memory and count against RLIMIT_MEMLOCK (root is exempt): say so up front
 /// rather than at the first OPEN.
-fn warn_memlock(shared: &Shared) {
-    let largest = shared.volumes.values().map(|v| v.size()).max().unwrap_or(0);
+pub(crate) fn warn_memlock(shared: &Shared) {
+    let largest = shared.catalog().volumes.values().map(|v| v.size()).max().unwrap_or(0);
     if let Some(limit) = rblk_fabric::memlock_limit() {
         if !nix::unistd::Uid::effective().is_root() && limit < largest {
             warn!(
@@ -540,25 +707,9 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
         s.release();
     }
     // Graceful shutdown keeps everything written, flushed or not.
-    for v in shared.volumes.values() {
-        if let Some(b) = v.backing.as_ref().filter(|b| !b.failed()) {
-            match b.flush(&v.memory, &[(0, v.size())]) {
-                Ok(()) => {
-                    info!(volume = %v.name, "flushed to {}", b.path().display());
-                    // Nobody can write it any more and it is all on the backing store: the next
-                    // start may present the same instance.
-                    match b.fingerprint() {
-                        Ok(fp) => {
-                            shared.identity.save(&v.name, &fp, v.instance);
-                        }
-                        Err(e) => {
-                            warn!(volume = %v.name, error = %e, "cannot examine the backing store: its identity is not kept")
-                        }
-                    }
-                }
-                Err(e) => tracing::error!(volume = %v.name, error = %e, "final flush failed"),
-            }
-        }
+    let volumes: Vec<Arc<Volume>> = shared.catalog().volumes.values().cloned().collect();
+    for v in volumes {
+        final_flush(&shared.identity, &v);
     }
     info!("shut down");
 }
@@ -617,9 +768,11 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
     let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()) };
     let _enter = span.enter();
     info!("connected");
-    let timeout = shared.keepalive_timeout;
+    // Taken now: a reload's new limits apply to connections admitted after it.
+    let limits = shared.limits();
+    let timeout = limits.keepalive_timeout;
     // The connection was admitted at its connect request, just now.
-    let open_by = Instant::now() + shared.auth_timeout;
+    let open_by = Instant::now() + limits.auth_timeout;
     let mut out = [Completion::EMPTY; 16];
     let mut buf = [0u8; MSG_SIZE];
     let mut malformed = 0u32;
@@ -739,7 +892,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
             break ending.take().unwrap_or_else(|| "closed".into());
         }
         if !state.is_open() && now >= open_by {
-            break format!("no session opened within {} s of connecting", shared.auth_timeout.as_secs()).into();
+            break format!("no session opened within {} s of connecting", limits.auth_timeout.as_secs()).into();
         }
         // Loss detection that does not rely on the transport's retry budget (rxe retries for
         // ever with a retry count of 7; a peer without RECVs posted stalls a SEND for ever).

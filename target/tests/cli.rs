@@ -27,7 +27,9 @@ fn help_explains_each_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_rblk-target")).arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--listen", "--device", "--volume", "--key-file", "--state-dir"] {
+    for flag in
+        ["--listen", "--device", "--volume", "--key-file", "--state-dir", "--config", "--check-config", "SIGHUP"]
+    {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
 }
@@ -41,4 +43,77 @@ fn print_config_shows_the_state_dir() {
     };
     assert!(print(&[]).contains("state_dir = \"/var/lib/rblk\""), "the default is shown");
     assert!(print(&["--state-dir", "/srv/rblk-state"]).contains("state_dir = \"/srv/rblk-state\""));
+}
+
+/// A config file in a fresh temp dir.
+fn config_file(tag: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("rblk-cli-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("target.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn target(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rblk-target")).args(args).output().unwrap()
+}
+
+/// Would catch: --check-config missing, or not saying so (a unit's ExecStartPre and the
+/// install script rely on the exit status and the line).
+#[test]
+fn check_config_says_ok() {
+    let path = config_file("ok", "[[volume]]\nname = \"v\"\nsize = 1048576\n");
+    let out = target(&["--check-config", "--config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "configuration OK\n");
+    // The integer size is printed back as given.
+    let out = target(&["--print-config", "--config", path.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("size = 1048576"), "{out:?}");
+}
+
+/// Would catch: a listen address in the file that only the start (after the RDMA probe)
+/// parses: --check-config and --print-config would pass it.
+#[test]
+fn check_and_print_config_refuse_a_bad_listen_address() {
+    let path = config_file("listen", "listen = \"10.0.0.1:abc\"\n");
+    for flag in ["--check-config", "--print-config"] {
+        let out = target(&[flag, "--config", path.to_str().unwrap()]);
+        assert!(!out.status.success(), "{flag}: {out:?}");
+        assert!(out.stdout.is_empty(), "{flag} printed something: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("10.0.0.1:abc"), "{flag}: {stderr}");
+    }
+}
+
+/// Would catch: key files read only at start, or a missing one not named.
+#[test]
+fn check_config_names_a_missing_key_file() {
+    let path = config_file("key", "[[host]]\nname = \"db1\"\nkey_file = \"/nonexistent/rblk/db1.key\"\n");
+    let out = target(&["--check-config", "--config", path.to_str().unwrap()]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/rblk/db1.key"), "{out:?}");
+}
+
+/// Would catch: the duplicate check made after the RDMA device probe, so a host without RDMA
+/// reports "no RDMA device" for a configuration that could never start anywhere.
+#[test]
+fn a_duplicate_volume_is_reported_as_such_without_rdma() {
+    for flag in [None, Some("--check-config")] {
+        let mut args = vec!["--volume", "a:1M", "--volume", "a:2M"];
+        args.extend(flag);
+        let out = target(&args);
+        assert!(!out.status.success(), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("volume a is configured twice"), "{flag:?}: {stderr}");
+        assert!(!stderr.contains("no RDMA device"), "{flag:?}: {stderr}");
+    }
+}
+
+/// Would catch: a backing path that cannot work passing the checks (found only at the first
+/// start on the real host).
+#[test]
+fn check_config_refuses_a_backing_file_in_a_missing_directory() {
+    let out = target(&["--check-config", "--volume", "d:1M:/nonexistent/rblk/d.img"]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/rblk"), "{out:?}");
 }

@@ -76,6 +76,52 @@ impl Daemon {
         Daemon { child, addr, _log: log, lines }
     }
 
+    /// Starts `rblk-target --listen ADDR:PORT` with `args` and extra environment `env` (e.g.
+    /// NOTIFY_SOCKET), and returns at once, before it listens: for tests that watch the
+    /// start themselves.
+    pub fn spawn_with_env(rdma: &Rdma, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Daemon {
+        let addr = SocketAddr::new(rdma.addr, port());
+        let mut child = Command::new(bin("rblk-target"))
+            .arg("--listen")
+            .arg(addr.to_string())
+            .args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rblk-target (is RBLK_BIN_DIR right?)");
+        let stderr = child.stderr.take().expect("stderr");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = std::sync::Arc::clone(&lines);
+        let log = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[rblk-target] {line}");
+                kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
+            }
+        });
+        Daemon { child, addr, _log: log, lines }
+    }
+
+    /// Waits until a log line contains all of `words`, at most `within`; false if none did.
+    pub fn wait_log(&self, words: &[&str], within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if !self.log_lines(words).is_empty() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Sends `signal` (a name for kill(1): HUP, TERM, ...).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -{signal} {}", self.child.id());
+    }
+
     /// Its log lines so far that contain all of `words`.
     pub fn log_lines(&self, words: &[&str]) -> Vec<String> {
         let lines = self.lines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
