@@ -91,8 +91,24 @@ else
     install -m 0644 "$REPO_ROOT/dist/rblk-target.toml" "$confdir/target.toml"
 fi
 
-# Shell completions and man pages: not generated yet (a later change adds them here, into
-# $DESTDIR$PREFIX/share/bash-completion/completions and $DESTDIR$PREFIX/share/man/man1).
+# Shell completions and man pages, generated from the CLI definitions by rblk-dist (built with
+# the other binaries by `cargo build --release --workspace --bins`).
+if [[ -x $BIN_DIR/rblk-dist ]]; then
+    gen=$(mktemp -d)
+    "$BIN_DIR/rblk-dist" "$gen"
+    share=$DESTDIR$PREFIX/share
+    install -d "$share/bash-completion/completions" "$share/zsh/site-functions" \
+        "$share/fish/vendor_completions.d" "$share/man/man1"
+    for f in "$gen"/completions/bash/*.bash; do
+        install -m 0644 "$f" "$share/bash-completion/completions/$(basename "$f" .bash)"
+    done
+    install -m 0644 "$gen"/completions/zsh/_* "$share/zsh/site-functions/"
+    install -m 0644 "$gen"/completions/fish/*.fish "$share/fish/vendor_completions.d/"
+    install -m 0644 "$gen"/man/*.1 "$share/man/man1/"
+    rm -rf "$gen"
+else
+    echo "install.sh: no $BIN_DIR/rblk-dist: completions and man pages not installed (cargo build --release -p rblk-dist)" >&2
+fi
 
 echo "install.sh: installed ${BINARIES[*]} into $bindir, units into $unitdir, configuration in $confdir" >&2
 if [[ -z $DESTDIR ]]; then

@@ -38,21 +38,10 @@ use crate::server::{Config, StartError};
 /// `--state-dir` or the config's `state_dir` says otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/rblk";
 
-/// A size with an optional binary suffix: `4096`, `64k`, `64M`, `1G`, `1T` (powers of 1024).
+/// A size with an optional binary suffix: `4096`, `64k`, `64M`, `1G`, `1T` (powers of 1024): the
+/// project's one size parser, [`rblk_proto::parse_size`], with a message that quotes the input.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, suffix) = s.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size (examples: 4096, 64k, 64M, 1G)"))?;
-    let shift = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(format!("{s:?}: unknown size suffix {suffix:?} (use k, M, G or T)")),
-    };
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
+    rblk_proto::parse_size(s).map_err(|reason| format!("{s:?} is not a size: {reason} (examples: 4096, 64k, 64M, 1G)"))
 }
 
 /// `--volume NAME:SIZE[:PATH]`: a RAM volume, or a durable one backed by the file or block

@@ -101,7 +101,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("rblk-target: {e:#}");
             if e.downcast_ref::<StartError>().is_some_and(|e| matches!(e, StartError::NoDevice(_))) {
-                eprintln!("rblk-target: on a host without an RDMA NIC, run it in the rxe guest (scripts/rxe-guest.sh)");
+                eprintln!("rblk-target: {}", rblk_fabric::why_no_device());
             }
             ExitCode::FAILURE
         }
