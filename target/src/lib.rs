@@ -35,6 +35,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod access;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod identity;

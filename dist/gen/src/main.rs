@@ -1,5 +1,5 @@
 //! `rblk-dist OUTDIR`: writes shell completions (bash, zsh, fish) and man pages (section 1, one
-//! per command and subcommand) for rblk and rblk-bench, generated from their clap definitions,
+//! per command and subcommand) for rblk, rblk-bench and rblk-target, generated from their clap definitions,
 //! so they always match `--help`. `scripts/install.sh` runs it.
 //!
 //! Layout: OUTDIR/completions/{bash/NAME.bash, zsh/_NAME, fish/NAME.fish} (install bash's as
@@ -31,7 +31,7 @@ fn main() -> ExitCode {
 /// Writes everything under `out`; returns how many files.
 fn generate(out: &Path) -> std::io::Result<usize> {
     let mut n = 0;
-    for cmd in [rblk::cli::Args::command(), rblk_bench::Args::command()] {
+    for cmd in [rblk::cli::Args::command(), rblk_bench::Args::command(), rblk_target::cli::Args::command()] {
         n += completions(cmd.clone(), out)?;
         n += man_pages(cmd, &out.join("man"))?;
     }
@@ -82,6 +82,8 @@ mod tests {
         assert!(read("man/rblk.1").contains(".TH rblk"));
         assert!(read("man/rblk-attach.1").contains("fast\\-io\\-fail\\-tmo"), "the attach page lists its flags");
         assert!(read("man/rblk-bench.1").contains("iodepth"));
+        assert!(read("man/rblk-target.1").contains("check\\-config"));
+        assert!(read("completions/bash/rblk-target.bash").contains("--max-sessions-per-host"));
         assert!(n > 10, "{n} files");
         std::fs::remove_dir_all(&out).unwrap();
     }
