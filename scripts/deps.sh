@@ -23,6 +23,8 @@ set -euo pipefail
 #                                                       guest's Linux NVMe-oF/RDMA target (nvmet-rdma)
 #   systemd                                             systemd-analyze verify of the unit files in
 #                                                       dist/systemd (tests/tests/systemd.rs)
+#   curl                                                scraping rblk-target --metrics in the guest
+#                                                       (tests/tests/metrics.rs)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
@@ -32,6 +34,7 @@ PACKAGES=(
     fuse3
     nvme-cli
     systemd
+    curl
 )
 
 # Print the packages of PACKAGES that are not fully installed.

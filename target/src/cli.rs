@@ -24,6 +24,10 @@ pub struct Args {
     /// Address to listen on, ADDR[:PORT] (IPv6 in brackets). Default: every address, port 7420.
     #[arg(long, value_parser = parse_listen, value_name = "ADDR[:PORT]")]
     pub listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics (rblk_target_*) over HTTP at http://ADDR:PORT/metrics. Bind
+    /// it to a management address: the endpoint has no authentication. Default: none.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = |s: &str| s.parse::<SocketAddr>().map_err(|e| format!("{s:?}: {e} (e.g. 127.0.0.1:9442)")))]
+    pub metrics: Option<SocketAddr>,
     /// Only accept connections arriving on this RDMA device (e.g. mlx5_0, rxe0).
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
@@ -67,7 +71,7 @@ pub struct Args {
     /// Default: 64.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sessions_per_host: Option<u64>,
-    /// A TOML config file: keys listen, device, key_file, state_dir, the limits above
+    /// A TOML config file: keys listen, metrics, device, key_file, state_dir, the limits above
     /// (open_timeout, keepalive_timeout, max_unopened, ...), [[host]] tables (name, key_file)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;

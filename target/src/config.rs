@@ -2,6 +2,7 @@
 //!
 //! ```toml
 //! listen = "10.0.0.1:7420"       # ADDR[:PORT]; default: every address, port 7420
+//! metrics = "127.0.0.1:9442"     # Prometheus endpoint (GET /metrics); default: none
 //! device = "mlx5_0"              # accept connections on this RDMA device only
 //! key_file = "/etc/rblk/key"     # shared key: any host that holds it may connect
 //! state_dir = "/var/lib/rblk"    # durable volumes' identities across clean shutdowns (default)
@@ -178,6 +179,9 @@ pub struct File {
     /// `ADDR[:PORT]`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    /// `ADDR:PORT` of the Prometheus endpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
     /// RDMA device filter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
@@ -305,6 +309,13 @@ impl File {
         let secs = |s: Option<u64>, default| s.map_or(default, std::time::Duration::from_secs);
         let cfg = Config {
             listen: self.listen.as_deref().map_or(Ok(defaults.listen), parse_listen)?,
+            metrics: self
+                .metrics
+                .as_deref()
+                .map(|m| {
+                    m.parse().map_err(|e| format!("metrics = {m:?}: {e} (expected ADDR:PORT, e.g. 127.0.0.1:9442)"))
+                })
+                .transpose()?,
             device: self.device.clone(),
             volumes: self.volume_specs()?,
             key: self.key_file.as_deref().map(read_key_file).transpose()?,

@@ -211,6 +211,15 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
 /// FLUSH: RAM volumes answer at once (an ordering point, flagged volatile); durable ones write
 /// the ranges back and fdatasync first. A failed write-back fails the volume for good.
 fn flush_volume(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Reply {
+    let start = std::time::Instant::now();
+    let reply = write_back(shared, session, flush);
+    let c = &shared.counters;
+    c.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    c.flush_seconds.observe(start.elapsed().as_secs_f64());
+    reply
+}
+
+fn write_back(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Reply {
     let volume = &session.volume;
     let size = volume.size();
     let ranges: Vec<(u64, u64)> = match flush {
@@ -231,8 +240,13 @@ fn flush_volume(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Re
         return Reply::Error(ErrorCode::VolumeFailed, text);
     }
     match backing.flush(&volume.memory, &ranges) {
-        Ok(()) => Reply::Msg(Message::Flushed { flags: FlushedFlags::empty() }),
+        Ok(()) => {
+            let bytes: u64 = ranges.iter().map(|(_, len)| len).sum();
+            shared.counters.written_back_bytes.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+            Reply::Msg(Message::Flushed { flags: FlushedFlags::empty() })
+        }
         Err(e) => {
+            shared.counters.writeback_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             shared.fail_volume(volume);
             Reply::Error(ErrorCode::VolumeFailed, format!("volume {} failed: {e}", volume.name))
         }
@@ -332,6 +346,7 @@ fn open(
     if let Err(full) = shared.add_session(Arc::clone(&session)) {
         return (Reply::Error(ErrorCode::NoResources, full), After::Continue);
     }
+    shared.counters.sessions_opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(volume = name, ?mode, session = id, owner = %session.owner, "opened");
     session.join(conn);
     *state = State::Open { session };

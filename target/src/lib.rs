@@ -39,6 +39,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod identity;
+pub mod metrics;
 pub mod notify;
 pub mod persist;
 pub mod reload;

@@ -98,6 +98,9 @@ fn effective(args: &Args) -> anyhow::Result<ConfigFile> {
     if let Some(listen) = args.listen {
         file.listen = Some(listen.to_string());
     }
+    if let Some(metrics) = args.metrics {
+        file.metrics = Some(metrics.to_string());
+    }
     if args.device.is_some() {
         file.device.clone_from(&args.device);
     }

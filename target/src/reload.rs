@@ -94,6 +94,7 @@ impl Running {
         let fixed = &self.fixed;
         let differs = [
             ("listen", new.listen != fixed.listen),
+            ("metrics", new.metrics != fixed.metrics),
             ("device", new.device != fixed.device),
             ("state_dir", new.state_dir != fixed.state_dir),
             ("block_size", new.block_size != fixed.block_size),

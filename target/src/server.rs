@@ -26,6 +26,8 @@ use crate::volume::Volume;
 pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// Where to serve Prometheus metrics over HTTP (`GET /metrics`); None serves none.
+    pub metrics: Option<SocketAddr>,
     /// Accept only connections arriving on this device.
     pub device: Option<String>,
     /// Volumes to serve.
@@ -86,6 +88,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), rblk_proto::DEFAULT_PORT),
+            metrics: None,
             device: None,
             volumes: vec![VolumeSpec { name: "vol0".into(), size: 1 << 30, path: None }],
             key: None,
@@ -139,6 +142,15 @@ pub enum StartError {
     /// Every volume was refused.
     #[error("no volume to serve: {0}")]
     NoVolumes(String),
+    /// The metrics endpoint could not listen.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        /// Address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Listening failed.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -228,6 +240,11 @@ impl Shared {
     /// Whether initiators must AUTH (see [`Policy::auth_required`]).
     pub fn auth_required(&self) -> bool {
         self.catalog().policy.auth_required()
+    }
+
+    /// Whether the target is shutting down.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::SeqCst)
     }
 
     /// A fresh session id.
@@ -399,12 +416,15 @@ pub struct Running {
     pub(crate) fixed: Fixed,
     /// One reload at a time.
     pub(crate) reloading: Mutex<()>,
+    /// The metrics endpoint's address and thread.
+    metrics: Option<(SocketAddr, thread::JoinHandle<()>)>,
 }
 
 /// The settings a reload cannot change (see [`crate::reload`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Fixed {
     pub(crate) listen: SocketAddr,
+    pub(crate) metrics: Option<SocketAddr>,
     pub(crate) device: Option<String>,
     pub(crate) state_dir: Option<std::path::PathBuf>,
     pub(crate) block_size: u32,
@@ -563,6 +583,15 @@ impl Server {
             log_serving(v);
         }
         warn_memlock(&shared);
+        let metrics = match cfg.metrics {
+            Some(at) => {
+                let (bound, thread) = crate::metrics::serve(at, Arc::clone(&shared))
+                    .map_err(|source| StartError::Metrics { addr: at, source })?;
+                info!(%bound, "serving metrics at http://{bound}/metrics");
+                Some((bound, thread))
+            }
+            None => None,
+        };
         let s = Arc::clone(&shared);
         let wake_listener = listener.waker();
         let listener = thread::Builder::new()
@@ -572,12 +601,13 @@ impl Server {
         info!(%addr, "listening");
         let fixed = Fixed {
             listen: cfg.listen,
+            metrics: cfg.metrics,
             device: cfg.device.clone(),
             state_dir: cfg.state_dir.clone(),
             block_size: cfg.block_size,
             max_io: cfg.max_io,
         };
-        Ok(Running { addr, shared, listener: Some(listener), wake_listener, fixed, reloading: Mutex::new(()) })
+        Ok(Running { addr, shared, listener: Some(listener), wake_listener, fixed, reloading: Mutex::new(()), metrics })
     }
 }
 
@@ -585,6 +615,11 @@ impl Running {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the metrics endpoint listens, if there is one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|(a, _)| *a)
     }
 
     /// The names of the volumes served, sorted.
@@ -624,6 +659,9 @@ impl Running {
         self.shared.shutdown.store(true, Ordering::SeqCst);
         self.wake_listener.wake();
         if let Some(t) = self.listener.take() {
+            let _ = t.join();
+        }
+        if let Some((_, t)) = self.metrics.take() {
             let _ = t.join();
         }
     }
@@ -745,6 +783,7 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
     ep.accept().map_err(|e| e.to_string())?;
     // The waker first: a reconnect that replaces the session after the join below wakes it.
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, ep.waker());
+    shared.counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
     if state.session().is_none() {
         shared.admit_unopened(conn, peer.map(|p| p.ip()));
     }
@@ -866,6 +905,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     match after {
                         After::Continue => {}
                         After::Refused | After::AuthFailed => {
+                            shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
                             malformed += 1;
                             if malformed > rblk_proto::MAX_MALFORMED && !closing {
                                 // Once the ERROR just posted is out (or a second at most).

@@ -11,8 +11,9 @@ use subtle::ConstantTimeEq;
 
 use crate::volume::Volume;
 
-/// Registration counters (for STATS), and refusal counters.
-#[derive(Debug, Default)]
+/// The target's counters: registrations (for STATS), and what the metrics endpoint reports
+/// ([`crate::metrics`]).
+#[derive(Debug)]
 pub struct Counters {
     /// Live volume registrations.
     pub registrations: AtomicU64,
@@ -22,6 +23,38 @@ pub struct Counters {
     pub auth_failures: AtomicU64,
     /// OPENs refused (access lists, caps, no such volume, busy, ...).
     pub refused_opens: AtomicU64,
+    /// Connections accepted.
+    pub connections_accepted: AtomicU64,
+    /// Sessions opened.
+    pub sessions_opened: AtomicU64,
+    /// Malformed or refused control messages.
+    pub malformed: AtomicU64,
+    /// FLUSHes answered (successfully or not).
+    pub flushes: AtomicU64,
+    /// Bytes written back to durable volumes' backing stores by FLUSHes.
+    pub written_back_bytes: AtomicU64,
+    /// Write-backs that failed.
+    pub writeback_failures: AtomicU64,
+    /// FLUSH latency in seconds.
+    pub flush_seconds: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            registrations: AtomicU64::new(0),
+            pinned_bytes: AtomicU64::new(0),
+            auth_failures: AtomicU64::new(0),
+            refused_opens: AtomicU64::new(0),
+            connections_accepted: AtomicU64::new(0),
+            sessions_opened: AtomicU64::new(0),
+            malformed: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            written_back_bytes: AtomicU64::new(0),
+            writeback_failures: AtomicU64::new(0),
+            flush_seconds: prometheus_client::metrics::histogram::Histogram::new(crate::metrics::flush_buckets()),
+        }
+    }
 }
 
 /// Whom a session counts against for the per-host session cap: the host it named in AUTH, or,
