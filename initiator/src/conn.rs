@@ -14,13 +14,14 @@ use rblk_proto::{
 use crate::{Error, Result};
 
 /// A reply, copied out of the receive buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reply {
     Challenge { flags: ChallengeFlags, features: u64, nonce: [u8; NONCE_LEN] },
     Opened(Opened),
     Ok(Opcode),
     Flushed(FlushedFlags),
     Stats(StatsReply),
+    List { total: u32, entries: Vec<rblk_proto::ListEntry> },
 }
 
 impl Reply {
@@ -31,6 +32,7 @@ impl Reply {
             Reply::Ok(op) => format!("OK({op:?})"),
             Reply::Flushed(_) => "FLUSHED".into(),
             Reply::Stats(_) => "STATS_REPLY".into(),
+            Reply::List { .. } => "LIST_REPLY".into(),
         }
     }
 }
@@ -321,6 +323,7 @@ impl Conn {
             Message::Ok { answers } => Ok(Reply::Ok(answers)),
             Message::Flushed { flags } => Ok(Reply::Flushed(flags)),
             Message::StatsReply(stats) => Ok(Reply::Stats(stats)),
+            Message::ListReply { total, entries } => Ok(Reply::List { total, entries: entries.to_vec() }),
             Message::Error { code, text } => Err(Error::Target {
                 addr: self.addr,
                 // Filled in with the request by `expect`, which knows it.

@@ -111,7 +111,7 @@ pub use options::{
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, why_no_device, DeviceInfo, Fabric};
-pub use rblk_proto::{ErrorCode, OpenMode, StatsReply, VolumeFlags, KEEPALIVE_INTERVAL};
+pub use rblk_proto::{ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, KEEPALIVE_INTERVAL};
 pub use session::Session;
 pub use size::parse_size;
 pub use uri::{ToUri, Uri};

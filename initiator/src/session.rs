@@ -68,6 +68,34 @@ impl Session {
         Volume::new(self.conn, self.uri, self.dests, self.at, self.opts, self.features, mode, opened)
     }
 
+    /// The volumes this host may open on the target (LIST: `nvme discover`'s counterpart),
+    /// sorted by name, each with its size, whether it is volatile or failed, and the most this
+    /// host may open it for. Registers and opens nothing. Fails with [`Error::Protocol`] on a
+    /// target that predates LIST.
+    pub fn list(&mut self) -> Result<Vec<crate::ListEntry>> {
+        if self.features & rblk_proto::FEATURE_LIST == 0 {
+            return Err(Error::Protocol {
+                addr: self.addr(),
+                expected: "a target with LIST",
+                got: "a target without it (an older rblk-target)".into(),
+            });
+        }
+        let mut all = Vec::new();
+        loop {
+            let start = u32::try_from(all.len()).unwrap_or(u32::MAX);
+            let deadline = Instant::now() + self.opts.timeout;
+            let (total, entries) = self.conn.expect(&Message::List { start }, deadline, "LIST_REPLY", |r| match r {
+                Reply::List { total, entries } => Some((total, entries)),
+                _ => None,
+            })?;
+            let done = entries.is_empty();
+            all.extend(entries);
+            if done || all.len() >= total as usize {
+                return Ok(all);
+            }
+        }
+    }
+
     /// The URI connected to.
     pub fn uri(&self) -> &Uri {
         &self.uri

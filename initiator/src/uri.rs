@@ -106,6 +106,25 @@ impl Uri {
         Ok(Uri { hosts, volume: volume.to_owned() })
     }
 
+    /// Parses a target without a volume, `rblk://HOST[:PORT][,HOST[:PORT]...][/]`, for listing
+    /// its volumes ([`crate::Session::list`]). A URI with a volume is accepted too (the volume
+    /// is then ignored). [`Uri::volume`] is empty when none was given.
+    pub fn parse_target(text: &str) -> Result<Uri> {
+        let full = if text.trim_end_matches('/').matches('/').count() <= 2 {
+            format!("{}/-", text.trim_end_matches('/'))
+        } else {
+            text.to_owned()
+        };
+        let mut uri = Uri::parse(&full).map_err(|e| match e {
+            Error::Uri { reason, .. } => Error::Uri { uri: text.to_owned(), reason },
+            other => other,
+        })?;
+        if full != text {
+            uri.volume.clear();
+        }
+        Ok(uri)
+    }
+
     /// The (first) host: a name or an IP address (IPv6 without brackets).
     pub fn host(&self) -> &str {
         &self.hosts[0].0
@@ -222,6 +241,17 @@ mod tests {
         assert_eq!(ok("rblk://[fe80::1]:1/v"), ("fe80::1".into(), 1, "v".into()));
         let longest = "v".repeat(MAX_VOLUME_NAME);
         assert_eq!(ok(&format!("rblk://h/{longest}")).2, longest);
+    }
+
+    #[test]
+    fn targets_without_a_volume() {
+        for text in ["rblk://10.0.0.1", "rblk://10.0.0.1/", "rblk://[::1]:7000"] {
+            let u = Uri::parse_target(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(u.volume(), "", "{text}");
+        }
+        assert_eq!(Uri::parse_target("rblk://h:1/v").unwrap().volume(), "v");
+        assert!(Uri::parse_target("http://h").is_err());
+        assert!(Uri::parse_target("rblk://h:x").is_err());
     }
 
     #[test]

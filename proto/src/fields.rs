@@ -290,3 +290,106 @@ pub enum Flush<'a> {
     /// point.
     Ranges(&'a [Range]),
 }
+
+/// One volume of a LIST_REPLY, as it lies on the wire: its size, flags (bit 0 volatile, bit 1
+/// failed), the most the asking host may open it for (1 read-only, 2 read-write, 3 exclusive)
+/// and its name (1 to [`MAX_VOLUME_NAME`](crate::MAX_VOLUME_NAME) bytes of UTF-8, then zeros).
+///
+/// Parsed LIST_REPLY messages borrow their entries in place from the receive buffer.
+#[derive(Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct ListEntry {
+    size: U64,
+    flags: u8,
+    grant: u8,
+    name_len: u8,
+    reserved: [u8; 5],
+    name: [u8; crate::MAX_VOLUME_NAME],
+}
+const _: () = assert!(size_of::<ListEntry>() == 80);
+
+impl ListEntry {
+    /// Flag: the volume is RAM only.
+    pub const VOLATILE: u8 = 1;
+    /// Flag: the volume failed (its backing store could not be written): read-only opens only.
+    pub const FAILED: u8 = 2;
+
+    /// An entry; None if the name is empty or longer than MAX_VOLUME_NAME bytes, or `grant`
+    /// is not an open mode.
+    pub fn new(name: &str, size: u64, flags: u8, grant: OpenMode) -> Option<Self> {
+        if name.is_empty() || name.len() > crate::MAX_VOLUME_NAME || flags & !(Self::VOLATILE | Self::FAILED) != 0 {
+            return None;
+        }
+        let mut e = ListEntry {
+            size: U64::new(size),
+            flags,
+            grant: grant.into(),
+            name_len: u8::try_from(name.len()).ok()?,
+            reserved: [0; 5],
+            name: [0; crate::MAX_VOLUME_NAME],
+        };
+        e.name[..name.len()].copy_from_slice(name.as_bytes());
+        Some(e)
+    }
+
+    /// The volume's name.
+    pub fn name(&self) -> &str {
+        // Checked when parsed or built: a valid length and UTF-8.
+        core::str::from_utf8(&self.name[..usize::from(self.name_len).min(crate::MAX_VOLUME_NAME)]).unwrap_or("")
+    }
+
+    /// Size in bytes.
+    pub const fn size(&self) -> u64 {
+        self.size.get()
+    }
+
+    /// RAM only.
+    pub const fn is_volatile(&self) -> bool {
+        self.flags & Self::VOLATILE != 0
+    }
+
+    /// Failed (read-only opens only).
+    pub const fn is_failed(&self) -> bool {
+        self.flags & Self::FAILED != 0
+    }
+
+    /// The most the asking host may open it for.
+    pub fn grant(&self) -> OpenMode {
+        OpenMode::try_from(self.grant).unwrap_or(OpenMode::ReadOnly)
+    }
+
+    pub(crate) fn check(&self) -> Result<(), ParseError> {
+        if self.flags & !(Self::VOLATILE | Self::FAILED) != 0 {
+            return Err(ParseError::UnknownFlags { field: "list.flags", bits: u64::from(self.flags & !3) });
+        }
+        OpenMode::try_from(self.grant)?;
+        let len = usize::from(self.name_len);
+        if len == 0 {
+            return Err(ParseError::EmptyName);
+        }
+        let (name, padding) = self.name.split_at_checked(len).ok_or(ParseError::BadCount {
+            field: "list.name_len",
+            count: len as u64,
+            max: crate::MAX_VOLUME_NAME as u64,
+        })?;
+        if self.reserved != [0; 5] {
+            return Err(ParseError::Reserved { field: "list.reserved" });
+        }
+        if padding.iter().any(|&b| b != 0) {
+            return Err(ParseError::Reserved { field: "list.name padding" });
+        }
+        core::str::from_utf8(name).map_err(|_| ParseError::BadUtf8 { field: "list.name" })?;
+        Ok(())
+    }
+}
+
+impl core::fmt::Debug for ListEntry {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ListEntry")
+            .field("name", &self.name())
+            .field("size", &self.size())
+            .field("flags", &self.flags)
+            .field("grant", &self.grant)
+            .finish()
+    }
+}

@@ -38,11 +38,13 @@ wire_enum! {
     /// | `Stats` | `0x0006` | initiator | 0 | `StatsReply` |
     /// | `Close` | `0x0007` | initiator | 0 | `Ok` |
     /// | `Keepalive` | `0x0008` | either | 0 | nothing |
+    /// | `List` | `0x0009` | initiator | 8 | `ListReply` (only with [`FEATURE_LIST`](crate::FEATURE_LIST)) |
     /// | `Ok` | `0x8000` | target | 8 | |
     /// | `Challenge` | `0x8001` | target | 48 | |
     /// | `Opened` | `0x8003` | target | 56 | |
     /// | `Flushed` | `0x8005` | target | 8 | |
     /// | `StatsReply` | `0x8006` | target | 48 | |
+    /// | `ListReply` | `0x8009` | target | 8 + 80 per volume | |
     /// | `Error` | `0x80ff` | target | 8 + text | |
     ///
     /// Any request may instead be answered by `Error`.
@@ -63,6 +65,8 @@ wire_enum! {
     Close = 0x0007,
     /// Liveness, sent by both sides every [`KEEPALIVE_INTERVAL`](crate::KEEPALIVE_INTERVAL).
     Keepalive = 0x0008,
+    /// Ask which volumes this host may open (after AUTH; registers nothing).
+    List = 0x0009,
     /// Acknowledges AUTH, JOIN or CLOSE.
     Ok = 0x8000,
     /// Answers HELLO.
@@ -73,6 +77,8 @@ wire_enum! {
     Flushed = 0x8005,
     /// Answers STATS.
     StatsReply = 0x8006,
+    /// Answers LIST.
+    ListReply = 0x8009,
     /// Refuses a request.
     Error = 0x80ff,
 }

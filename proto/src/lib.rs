@@ -15,6 +15,7 @@
 //!                          HELLO -> CHALLENGE [-> AUTH(host) -> OK(AUTH)] -> OPEN -> OPENED
 //! further QPs              ConnectData::Join { session_id, token }, then JOIN -> OK(JOIN)
 //! any QP, once open        FLUSH -> FLUSHED, STATS -> STATS_REPLY, CLOSE -> OK(CLOSE)
+//! after AUTH (discovery)   LIST(start) -> LIST_REPLY(total, entries) ... then CLOSE
 //! both ways                KEEPALIVE every KEEPALIVE_INTERVAL on every QP, not answered
 //! reconnect                HELLO -> ... -> OPEN(resume: old id + token) -> OPENED(instance)
 //! any request              -> ERROR (ErrorCode + text) instead of its reply
@@ -59,9 +60,9 @@ mod size;
 pub use auth::{auth_mac, verify_auth_mac};
 pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN};
 pub use error::{EncodeError, ParseError};
-pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, OpenMode, Range, VolumeFlags};
+pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, ListEntry, OpenMode, Range, VolumeFlags};
 pub use header::{peek_tag, Opcode, HEADER_LEN};
-pub use messages::{is_valid_host_id, parse, Message, Opened, Resume, StatsReply, VolumeId};
+pub use messages::{is_valid_host_id, parse, Message, Opened, Resume, StatsReply, VolumeId, MAX_LIST_ENTRIES};
 pub use size::parse_size;
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian
@@ -95,9 +96,14 @@ pub const FEATURE_RECONNECT: u64 = 4;
 /// anonymous host.
 pub const FEATURE_HOST_ID: u64 = 8;
 
+/// Feature bit: LIST. After AUTH (or HELLO, without keys) the initiator may ask which volumes
+/// its host may open ([`Message::List`]); nothing is registered or opened. Without it the
+/// target refuses LIST as unexpected.
+pub const FEATURE_LIST: u64 = 16;
+
 /// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
 /// intersection of both sets.
-pub const FEATURES: u64 = FEATURE_FLUSH_RANGES | FEATURE_KEEPALIVE | FEATURE_RECONNECT | FEATURE_HOST_ID;
+pub const FEATURES: u64 = FEATURE_FLUSH_RANGES | FEATURE_KEEPALIVE | FEATURE_RECONNECT | FEATURE_HOST_ID | FEATURE_LIST;
 
 /// TCP-style port the target listens on through rdma_cm.
 pub const DEFAULT_PORT: u16 = 7420;

@@ -5,8 +5,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::header::{split, write_frame, HEADER_LEN};
 use crate::{
-    ChallengeFlags, EncodeError, ErrorCode, Flush, FlushedFlags, Opcode, OpenMode, ParseError, Range, VolumeFlags,
-    MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_VOLUME_NAME, NONCE_LEN, TOKEN_LEN,
+    ChallengeFlags, EncodeError, ErrorCode, Flush, FlushedFlags, ListEntry, Opcode, OpenMode, ParseError, Range,
+    VolumeFlags, MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_VOLUME_NAME, NONCE_LEN, TOKEN_LEN,
 };
 
 #[cfg(test)]
@@ -82,6 +82,19 @@ pub enum Message<'a> {
     Close,
     /// Either way, every [`KEEPALIVE_INTERVAL`](crate::KEEPALIVE_INTERVAL); not answered.
     Keepalive,
+    /// Initiator → target (with [`FEATURE_LIST`](crate::FEATURE_LIST), after AUTH): the volumes
+    /// this host may open, sorted by name, from the `start`th on.
+    List {
+        /// Index of the first volume wanted (0, then the count received so far).
+        start: u32,
+    },
+    /// Target → initiator, answers LIST: as many entries from `start` as fit in a message.
+    ListReply {
+        /// Volumes the host may open in all.
+        total: u32,
+        /// Some of them, from `start` on.
+        entries: &'a [ListEntry],
+    },
     /// Target → initiator: success of AUTH, JOIN or CLOSE.
     Ok {
         /// The request acknowledged.
@@ -285,6 +298,26 @@ struct OkBody {
 }
 const _: () = assert!(size_of::<OkBody>() == 8);
 
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct ListBody {
+    start: U32,
+    reserved: U32,
+}
+const _: () = assert!(size_of::<ListBody>() == 8);
+
+/// Followed by `count` [`ListEntry`]s.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub(crate) struct ListHead {
+    total: U32,
+    count: U32,
+}
+const _: () = assert!(size_of::<ListHead>() == 8);
+
+/// Most entries one LIST_REPLY carries.
+pub const MAX_LIST_ENTRIES: usize = (crate::MSG_SIZE - HEADER_LEN - size_of::<ListHead>()) / size_of::<ListEntry>();
+
 /// Followed by `text_len` bytes of UTF-8.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
@@ -409,6 +442,25 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
                 cpu_user_us: b.cpu_user_us.get(),
                 cpu_system_us: b.cpu_system_us.get(),
             })
+        }
+        Opcode::List => {
+            let b: &ListBody = fixed(opcode, body)?;
+            zero(b.reserved.get() == 0, "list.reserved")?;
+            Message::List { start: b.start.get() }
+        }
+        Opcode::ListReply => {
+            let (head, rest) =
+                ListHead::ref_from_prefix(body).map_err(|_| bad_length(opcode, size_of::<ListHead>(), body.len()))?;
+            let count = head.count.get();
+            let elems = usize::try_from(count).ok().filter(|&n| n <= MAX_LIST_ENTRIES).ok_or(ParseError::BadCount {
+                field: "list.count",
+                count: count.into(),
+                max: MAX_LIST_ENTRIES as u64,
+            })?;
+            let entries = <[ListEntry]>::ref_from_bytes_with_elems(rest, elems)
+                .map_err(|_| bad_length(opcode, size_of::<ListHead>() + elems * size_of::<ListEntry>(), body.len()))?;
+            entries.iter().try_for_each(ListEntry::check)?;
+            Message::ListReply { total: head.total.get(), entries }
         }
         Opcode::Close => empty(opcode, body, Message::Close)?,
         Opcode::Keepalive => empty(opcode, body, Message::Keepalive)?,
@@ -562,6 +614,8 @@ impl Message<'_> {
             Self::StatsReply(_) => Opcode::StatsReply,
             Self::Close => Opcode::Close,
             Self::Keepalive => Opcode::Keepalive,
+            Self::List { .. } => Opcode::List,
+            Self::ListReply { .. } => Opcode::ListReply,
             Self::Ok { .. } => Opcode::Ok,
             Self::Error { .. } => Opcode::Error,
         }
@@ -644,6 +698,20 @@ impl Message<'_> {
                 frame(&[FlushedBody { flags: U32::new(flags.bits()), reserved: U32::ZERO }.as_bytes()])
             }
             Self::Stats | Self::Close | Self::Keepalive => frame(&[]),
+            Self::List { start } => frame(&[ListBody { start: U32::new(start), reserved: U32::ZERO }.as_bytes()]),
+            Self::ListReply { total, entries } => {
+                if entries.len() > MAX_LIST_ENTRIES {
+                    return Err(ParseError::BadCount {
+                        field: "list.count",
+                        count: entries.len() as u64,
+                        max: MAX_LIST_ENTRIES as u64,
+                    }
+                    .into());
+                }
+                entries.iter().try_for_each(ListEntry::check)?;
+                let count = U32::new(u32::try_from(entries.len()).unwrap_or(u32::MAX));
+                frame(&[ListHead { total: U32::new(total), count }.as_bytes(), entries.as_bytes()])
+            }
             Self::StatsReply(s) => frame(&[StatsReplyBody {
                 registrations: U64::new(s.registrations),
                 pinned_bytes: U64::new(s.pinned_bytes),

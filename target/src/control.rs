@@ -65,6 +65,13 @@ pub enum Reply {
     Msg(Message<'static>),
     /// An ERROR.
     Error(ErrorCode, String),
+    /// A LIST_REPLY.
+    List {
+        /// Volumes the host may open.
+        total: u32,
+        /// Those from the requested start on, as many as fit.
+        entries: Vec<rblk_proto::ListEntry>,
+    },
 }
 
 /// What the connection loop should do after a message.
@@ -181,6 +188,27 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
             *state = State::Open { session };
             (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Join }), After::Continue)
         }
+        (Message::List { .. }, state) if state.features() & rblk_proto::FEATURE_LIST == 0 && !state.is_fresh() => (
+            Reply::Error(ErrorCode::Unexpected, "LIST, but HELLO did not announce the list feature".into()),
+            After::Refused,
+        ),
+        (Message::List { .. }, State::Challenged { pd, features, .. }) if !shared.auth_required() => {
+            // No key configured and no host named: HELLO was enough, for an anonymous host.
+            *state = State::Ready { pd: pd.clone(), features: *features, host: None };
+            handle(shared, peer, state, bytes)
+        }
+        (Message::List { start }, State::Ready { host, .. }) => (list(shared, host.as_deref(), start), After::Continue),
+        (Message::List { start }, State::Open { session }) => {
+            let host = match &session.owner {
+                Owner::Host(h) => Some(Arc::clone(h)),
+                Owner::Anonymous(_) => None,
+            };
+            (list(shared, host.as_deref(), start), After::Continue)
+        }
+        (Message::List { .. }, State::Challenged { .. }) => (
+            Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before LIST".into()),
+            After::Refused,
+        ),
         // Counters only for peers that opened something.
         (Message::Stats, State::Open { .. }) => (Reply::Msg(stats(shared)), After::Continue),
         (Message::Stats, _) => (Reply::Error(ErrorCode::NotOpen, "STATS before OPEN".into()), After::Refused),
@@ -353,6 +381,31 @@ fn open(
     (Reply::Msg(Message::Opened(opened)), After::Continue)
 }
 
+/// LIST: the volumes `host` may open in some mode, sorted by name, with the most it may open
+/// each for; from the `start`th on, as many as fit in one reply. Registers and opens nothing.
+fn list(shared: &Shared, host: Option<&str>, start: u32) -> Reply {
+    let catalog = shared.catalog();
+    let mut names: Vec<&String> = catalog.volumes.keys().collect();
+    names.sort_unstable();
+    let mut visible = Vec::new();
+    for name in names {
+        let volume = &catalog.volumes[name];
+        let grant = [OpenMode::Exclusive, OpenMode::ReadWrite, OpenMode::ReadOnly]
+            .into_iter()
+            .find(|&m| catalog.policy.may_open(name, host, m).is_ok());
+        let Some(mut grant) = grant else { continue };
+        let mut flags = if volume.is_volatile() { rblk_proto::ListEntry::VOLATILE } else { 0 };
+        if volume.failed() {
+            flags |= rblk_proto::ListEntry::FAILED;
+            grant = OpenMode::ReadOnly;
+        }
+        visible.extend(rblk_proto::ListEntry::new(name, volume.size(), flags, grant));
+    }
+    let total = u32::try_from(visible.len()).unwrap_or(u32::MAX);
+    let entries = visible.into_iter().skip(start as usize).take(rblk_proto::MAX_LIST_ENTRIES).collect();
+    Reply::List { total, entries }
+}
+
 fn stats(shared: &Shared) -> Message<'static> {
     let (user, system) = cpu_time_us();
     Message::StatsReply(StatsReply {
@@ -386,6 +439,11 @@ impl State {
             State::Open { .. } => "open",
             State::Closed { .. } => "closed",
         }
+    }
+
+    /// Before HELLO.
+    pub fn is_fresh(&self) -> bool {
+        matches!(self, State::Fresh { .. })
     }
 
     /// Whether the connection belongs to an open session (opened or joined), or is closing.

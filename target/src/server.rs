@@ -890,6 +890,9 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     let sent = match reply {
                         Reply::None => Ok(false),
                         Reply::Msg(m) => channel.send(&mut ep, reply_tag, &m).map(|()| true),
+                        Reply::List { total, entries } => channel
+                            .send(&mut ep, reply_tag, &Message::ListReply { total, entries: &entries })
+                            .map(|()| true),
                         Reply::Error(code, text) => {
                             debug!(?code, %text, "error reply");
                             channel.send(&mut ep, reply_tag, &Message::Error { code, text: &text }).map(|()| true)

@@ -205,6 +205,8 @@ enum Msg {
     Stats,
     Close,
     Keepalive,
+    /// LIST from this index.
+    List(u32),
     /// A target-to-initiator message sent as a request: 0 CHALLENGE, 1 OPENED, 2 OK, 3 ERROR,
     /// 4 STATS_REPLY, 5 FLUSHED.
     Reply(u8),
@@ -242,6 +244,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         1 => Just(Msg::Stats),
         1 => Just(Msg::Close),
         1 => Just(Msg::Keepalive),
+        1 => prop_oneof![Just(0u32), any::<u32>()].prop_map(Msg::List),
         1 => (0u8..6).prop_map(Msg::Reply),
     ]
 }
@@ -354,6 +357,7 @@ fn encode(msg: &Msg, keyed: bool, conn: usize, known: &Known, buf: &mut [u8]) ->
         Msg::Stats => Message::Stats,
         Msg::Close => Message::Close,
         Msg::Keepalive => Message::Keepalive,
+        Msg::List(start) => Message::List { start: *start },
         Msg::Reply(k) => match k {
             0 => Message::Challenge { flags: ChallengeFlags::empty(), features: 0, nonce: [0; NONCE_LEN] },
             1 => Message::Opened(OPENED),

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::Fabric;
 use rblk_initiator::{Error, Options, Session};
-use rblk_proto::{ConnectData, ErrorCode, OpenMode, FEATURE_FLUSH_RANGES};
+use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, FEATURE_FLUSH_RANGES};
 use rblk_tests::raw::Raw;
 use rblk_tests::target::Target;
 
@@ -38,6 +38,7 @@ rblk_tests::on_both_fabrics!(
     access_lists_refuse_with_the_reason,
     session_caps_per_host_and_in_all,
     repeated_auth_failures_are_slowed_not_refused,
+    list_needs_authentication_and_the_feature,
 );
 
 /// Writes `key` to a fresh file and returns its path.
@@ -218,4 +219,27 @@ fn repeated_auth_failures_are_slowed_not_refused(fabric: Fabric) {
     let mut honest = raw(&t);
     honest.login(Some(SHARED), Some("guesser")).expect("the right key still works");
     honest.open_with("v", OpenMode::ReadOnly, None).expect("and opens");
+}
+
+/// Catches LIST answered before AUTH on a keyed target (volume names to anyone), or to a peer
+/// that did not announce the feature (which could not parse the reply).
+fn list_needs_authentication_and_the_feature(fabric: Fabric) {
+    let t = Target::start_with_config(fabric, &hosts_config(true));
+    let list = |r: &mut Raw| match rblk_proto::parse(&r.request(&Message::List { start: 0 })) {
+        Ok((_, Message::ListReply { total, entries })) => {
+            Ok((total, entries.iter().map(|e| e.name().to_owned()).collect::<Vec<_>>()))
+        }
+        Ok((_, Message::Error { code, text })) => Err((code, text.to_owned())),
+        other => panic!("LIST answered with {other:?}"),
+    };
+    let mut early = raw(&t);
+    early.challenge(rblk_proto::FEATURES);
+    assert_eq!(list(&mut early).unwrap_err().0, ErrorCode::AuthRequired);
+    let mut old = raw(&t);
+    let nonce = old.challenge(FEATURE_FLUSH_RANGES);
+    old.auth_with(rblk_proto::auth_mac(SHARED, &nonce, None).unwrap(), None).unwrap();
+    assert_eq!(list(&mut old).unwrap_err().0, ErrorCode::Unexpected);
+    let mut db1 = raw(&t);
+    db1.login(Some(DB1), Some("db1")).unwrap();
+    assert_eq!(list(&mut db1).unwrap(), (1, vec!["v".to_owned()]));
 }

@@ -61,6 +61,18 @@ pub enum Command {
         #[command(flatten)]
         format: Format,
     },
+    /// List the volumes a target lets this host open (as `nvme discover` does for NVMe-oF): name,
+    /// size, volatile or durable, and the most this host may open it for. Opens and registers
+    /// nothing.
+    Ls {
+        /// The target: rblk://HOST or rblk://HOST:PORT (several addresses: the first that
+        /// answers).
+        uri: String,
+        #[command(flatten)]
+        conn: Connection,
+        #[command(flatten)]
+        format: Format,
+    },
     /// Show the target's counters: registrations, pinned bytes, sessions, connections and its
     /// CPU time (which shows the data path does not use it). Opens the volume read-only, since
     /// the target answers STATS only on an open session.
@@ -163,6 +175,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Devices { format } => devices(&format),
         Command::Info { uri, conn, format } => info(&uri, &conn, &format),
         Command::Stats { uri, conn, format } => stats(&uri, &conn, &format),
+        Command::Ls { uri, conn, format } => ls(&uri, &conn, &format),
         Command::Read { uri, offset, length, output, conn } => read(&uri, &conn, offset, length, output),
         Command::Write { uri, offset, input, pad, no_flush, conn } => write(&uri, &conn, offset, input, pad, !no_flush),
         Command::Nbd(args) => nbd::run(args),
@@ -298,6 +311,45 @@ fn info(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     println!("mode        {}", mode_name(vol.mode(), vol.is_read_only()));
     vol.close()?;
     Ok(())
+}
+
+fn ls(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
+    let target = rblk_initiator::Uri::parse_target(uri)?;
+    let mut session = Session::connect(&target, &conn.options(Reconnect::default())?)?;
+    let volumes = session.list()?;
+    drop(session);
+    if format.json() {
+        return print_json(&ls_json(&volumes));
+    }
+    if volumes.is_empty() {
+        eprintln!("rblk: the target has no volume this host may open");
+        return Ok(());
+    }
+    println!("{:<24} {:>14}  {:<9} ACCESS", "VOLUME", "SIZE", "STORAGE");
+    for v in &volumes {
+        let storage = if v.is_failed() {
+            "failed"
+        } else if v.is_volatile() {
+            "volatile"
+        } else {
+            "durable"
+        };
+        println!("{:<24} {:>14}  {:<9} {}", v.name(), human(v.size()), storage, mode_name(v.grant(), false));
+    }
+    Ok(())
+}
+
+/// `rblk ls --json`: an array of name, size, volatile, failed, access.
+fn ls_json(volumes: &[rblk_initiator::ListEntry]) -> serde_json::Value {
+    volumes
+        .iter()
+        .map(|v| {
+            serde_json::json!({
+                "name": v.name(), "size": v.size(), "volatile": v.is_volatile(), "failed": v.is_failed(),
+                "access": mode_name(v.grant(), false),
+            })
+        })
+        .collect()
 }
 
 /// `rblk info --json`: uri, size, block_size, max_io, volatile, mode.
@@ -649,6 +701,46 @@ mod stream_tests {
         let parsed = Args::try_parse_from(["rblk", "stats", "rblk://h/v", "-o", "json"]).unwrap();
         assert!(matches!(parsed.command, Command::Stats { format, .. } if format.json()));
         assert!(Args::try_parse_from(["rblk", "info", "rblk://h/v", "-o", "yaml"]).is_err());
+    }
+
+    /// Catches LIST not listing what the host may open, listing what it may not (an access
+    /// list), or the wrong grant: over the in-memory fabric against an in-process target.
+    #[test]
+    fn ls_lists_what_this_host_may_open() {
+        use rblk_target::access::Grant;
+        let volume = |name: &str, size| VolumeSpec { name: name.into(), size, path: None };
+        let r = Server::start(Config {
+            listen: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0),
+            fabric: Fabric::Mem,
+            volumes: vec![volume("b", 8 << 20), volume("a", 4 << 20), volume("secret", 4096)],
+            acls: [
+                ("secret".to_owned(), [("db1".to_owned(), Grant::Exclusive)].into()),
+                ("b".to_owned(), [("*".to_owned(), Grant::ReadOnly)].into()),
+            ]
+            .into(),
+            ..Config::default()
+        })
+        .unwrap();
+        let target = rblk_initiator::Uri::parse_target(&format!("rblk://{}", r.local_addr())).unwrap();
+        let list = |host: &str| {
+            let opts = Options { fabric: Fabric::Mem, host_id: Some(host.into()), ..Options::default() };
+            ls_json(&Session::connect(&target, &opts).unwrap().list().unwrap())
+        };
+        let web = list("web");
+        assert_eq!(web.as_array().unwrap().len(), 2, "secret is not listed: {web}");
+        assert_eq!((web[0]["name"].as_str(), web[0]["access"].as_str()), (Some("a"), Some("exclusive")));
+        assert_eq!((web[1]["name"].as_str(), web[1]["access"].as_str()), (Some("b"), Some("read-only")));
+        assert_eq!(web[1]["size"], 8 << 20);
+        let db1 = list("db1");
+        assert_eq!(db1.as_array().unwrap().len(), 3);
+        assert_eq!((db1[2]["name"].as_str(), db1[2]["access"].as_str()), (Some("secret"), Some("exclusive")));
+        // Nothing was registered or left open by listing.
+        let opts = Options { fabric: Fabric::Mem, ..Options::default() };
+        let mut vol = Session::connect(&format!("rblk://{}/a", r.local_addr()), &opts)
+            .unwrap()
+            .open(OpenMode::Exclusive)
+            .unwrap();
+        assert_eq!(vol.stats().unwrap().registrations, 1);
     }
 
     /// Catches a stream's length errors going unnoticed or unexplained.

@@ -76,6 +76,13 @@ fn arb_message() -> impl Strategy<Value = Message<'static>> {
         })),
         Just(Message::Close),
         Just(Message::Keepalive),
+        any::<u32>().prop_map(|start| Message::List { start }),
+        (any::<u32>(), vec(("[a-z0-9]{1,16}", any::<u64>(), 0u8..4, select(OpenMode::ALL)), 0..8)).prop_map(
+            |(total, e)| Message::ListReply {
+                total,
+                entries: leak(e.iter().map(|(n, s, f, g)| ListEntry::new(n, *s, *f, *g).unwrap()).collect()),
+            }
+        ),
         select(&[Opcode::Auth, Opcode::Join, Opcode::Close][..]).prop_map(|answers| Message::Ok { answers }),
         (select(ErrorCode::ALL), ".{0,200}").prop_map(|(code, text)| Message::Error { code, text: text.leak() }),
     ]
@@ -95,6 +102,8 @@ fn fixed_len(opcode: Opcode) -> usize {
         Opcode::StatsReply => size_of::<StatsReplyBody>(),
         Opcode::Ok => size_of::<OkBody>(),
         Opcode::Error => size_of::<ErrorHead>(),
+        Opcode::List => size_of::<ListBody>(),
+        Opcode::ListReply => size_of::<ListHead>(),
         Opcode::Stats | Opcode::Close | Opcode::Keepalive => 0,
     }
 }

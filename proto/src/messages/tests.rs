@@ -63,6 +63,19 @@ pub(super) fn samples() -> &'static [Message<'static>] {
     &SAMPLES
 }
 
+fn list_entries() -> &'static [ListEntry] {
+    static ENTRIES: LazyLock<Vec<ListEntry>> = LazyLock::new(|| {
+        let long = "l".repeat(MAX_VOLUME_NAME);
+        (0..MAX_LIST_ENTRIES)
+            .map(|i| {
+                let name = if i == 0 { long.clone() } else { format!("vol-ü{i}") };
+                ListEntry::new(&name, (i as u64) << 30, (i % 4) as u8, OpenMode::ALL[i % 3]).unwrap()
+            })
+            .collect()
+    });
+    &ENTRIES
+}
+
 fn make_samples() -> Vec<Message<'static>> {
     let long_name = "n".repeat(MAX_VOLUME_NAME).leak();
     let long_host = "h".repeat(MAX_HOST_ID).leak();
@@ -104,6 +117,10 @@ fn make_samples() -> Vec<Message<'static>> {
         }),
         Message::Close,
         Message::Keepalive,
+        Message::List { start: 0 },
+        Message::List { start: u32::MAX },
+        Message::ListReply { total: 0, entries: &[] },
+        Message::ListReply { total: 9, entries: list_entries() },
         Message::Error { code: ErrorCode::Malformed, text: "" },
         Message::Error { code: ErrorCode::Busy, text: max_text },
     ];
@@ -185,7 +202,7 @@ fn wrong_version_names_both() {
 
 #[test]
 fn unknown_opcodes() {
-    for op in [0, 9, 0x0100, 0x8002, 0x8008, 0xffff] {
+    for op in [0, 0x000a, 0x0100, 0x8002, 0x8008, 0xffff] {
         assert_eq!(parse(&raw(op, &[])), Err(ParseError::UnknownOpcode(op)));
     }
 }
@@ -296,6 +313,35 @@ fn auth_raw(host_len: u8, host: &[u8], reserved: [u8; 7]) -> Vec<u8> {
     let mut tail = HostBody { host_len, reserved, host: [0; HOST_FIELD] };
     tail.host[..host.len()].copy_from_slice(host);
     raw(Opcode::Auth.into(), &[AuthBody { mac: [1; MAC_LEN] }.as_bytes(), tail.as_bytes()].concat())
+}
+
+#[test]
+fn list_entries_are_checked() {
+    let entry = ListEntry::new("vol0", 1 << 30, ListEntry::VOLATILE, OpenMode::ReadWrite).unwrap();
+    assert_eq!(
+        (entry.name(), entry.size(), entry.is_volatile(), entry.grant()),
+        ("vol0", 1 << 30, true, OpenMode::ReadWrite)
+    );
+    assert!(ListEntry::new("", 1, 0, OpenMode::ReadOnly).is_none());
+    assert!(ListEntry::new(&"n".repeat(MAX_VOLUME_NAME + 1), 1, 0, OpenMode::ReadOnly).is_none());
+    assert!(ListEntry::new("v", 1, 4, OpenMode::ReadOnly).is_none(), "unknown flag");
+    let reply = |e: &ListEntry| {
+        let head = ListHead { total: U32::new(1), count: U32::new(1) };
+        raw(Opcode::ListReply.into(), &[head.as_bytes(), e.as_bytes()].concat())
+    };
+    assert!(parse(&reply(&entry)).is_ok());
+    let mut bytes = entry.as_bytes().to_vec();
+    bytes[9] = 4; // grant
+    assert!(parse(&reply(&ListEntry::read_from_bytes(&bytes).unwrap())).is_err(), "bad grant");
+    let mut bytes = entry.as_bytes().to_vec();
+    bytes[10] = 0; // name_len
+    assert_eq!(parse(&reply(&ListEntry::read_from_bytes(&bytes).unwrap())), Err(ParseError::EmptyName));
+    let mut bytes = entry.as_bytes().to_vec();
+    bytes[10] = 3; // name_len shorter than the name: padding not zero
+    assert!(parse(&reply(&ListEntry::read_from_bytes(&bytes).unwrap())).is_err());
+    let too_many = ListHead { total: U32::new(99), count: U32::new(MAX_LIST_ENTRIES as u32 + 1) };
+    assert!(parse(&raw(Opcode::ListReply.into(), too_many.as_bytes())).is_err());
+    assert_eq!(encode_vec(&Message::List { start: 3 }, TAG).len(), HEADER_LEN + 8);
 }
 
 #[test]
