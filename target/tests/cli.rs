@@ -117,3 +117,12 @@ fn check_config_refuses_a_backing_file_in_a_missing_directory() {
     assert!(!out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/rblk"), "{out:?}");
 }
+
+/// Would catch: an example config shipped in dist/ (installed as /etc/rblk/target.toml) that
+/// the daemon it ships with refuses.
+#[test]
+fn the_shipped_example_config_checks() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../dist/rblk-target.toml");
+    let out = target(&["--check-config", "--config", path]);
+    assert!(out.status.success(), "{out:?}");
+}
