@@ -151,15 +151,22 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
                 }
             }
         }
-        (Message::Open { .. }, State::Challenged { pd, features, .. }) if !shared.auth_required() => {
+        (Message::List { .. }, state) if state.features() & rblk_proto::FEATURE_LIST == 0 && !state.is_fresh() => (
+            Reply::Error(ErrorCode::Unexpected, "LIST, but HELLO did not announce the list feature".into()),
+            After::Refused,
+        ),
+        (Message::Open { .. } | Message::List { .. }, State::Challenged { pd, features, .. })
+            if !shared.auth_required() =>
+        {
             // No key configured and no host named: HELLO was enough, for an anonymous host.
             *state = State::Ready { pd: pd.clone(), features: *features, host: None };
             handle(shared, peer, state, bytes)
         }
-        (Message::Open { .. }, State::Challenged { .. }) => (
-            Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before OPEN".into()),
-            After::Refused,
-        ),
+        (msg @ (Message::Open { .. } | Message::List { .. }), State::Challenged { .. }) => {
+            let what = if matches!(msg, Message::Open { .. }) { "OPEN" } else { "LIST" };
+            let text = format!("this target requires authentication (AUTH) before {what}");
+            (Reply::Error(ErrorCode::AuthRequired, text), After::Refused)
+        }
         (Message::Open { resume: Some(_), .. }, State::Ready { features, .. })
             if features & rblk_proto::FEATURE_RECONNECT == 0 =>
         {
@@ -188,27 +195,10 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
             *state = State::Open { session };
             (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Join }), After::Continue)
         }
-        (Message::List { .. }, state) if state.features() & rblk_proto::FEATURE_LIST == 0 && !state.is_fresh() => (
-            Reply::Error(ErrorCode::Unexpected, "LIST, but HELLO did not announce the list feature".into()),
-            After::Refused,
-        ),
-        (Message::List { .. }, State::Challenged { pd, features, .. }) if !shared.auth_required() => {
-            // No key configured and no host named: HELLO was enough, for an anonymous host.
-            *state = State::Ready { pd: pd.clone(), features: *features, host: None };
-            handle(shared, peer, state, bytes)
-        }
         (Message::List { start }, State::Ready { host, .. }) => (list(shared, host.as_deref(), start), After::Continue),
         (Message::List { start }, State::Open { session }) => {
-            let host = match &session.owner {
-                Owner::Host(h) => Some(Arc::clone(h)),
-                Owner::Anonymous(_) => None,
-            };
-            (list(shared, host.as_deref(), start), After::Continue)
+            (list(shared, session.owner.host(), start), After::Continue)
         }
-        (Message::List { .. }, State::Challenged { .. }) => (
-            Reply::Error(ErrorCode::AuthRequired, "this target requires authentication (AUTH) before LIST".into()),
-            After::Refused,
-        ),
         // Counters only for peers that opened something.
         (Message::Stats, State::Open { .. }) => (Reply::Msg(stats(shared)), After::Continue),
         (Message::Stats, _) => (Reply::Error(ErrorCode::NotOpen, "STATS before OPEN".into()), After::Refused),
@@ -321,10 +311,7 @@ fn open(
             After::Refused,
         );
     };
-    let host = match &owner {
-        Owner::Host(h) => Some(&**h),
-        Owner::Anonymous(_) => None,
-    };
+    let host = owner.host();
     if let Err(text) = catalog.policy.may_open(name, host, mode) {
         return (Reply::Error(ErrorCode::BadMode, text), After::Refused);
     }

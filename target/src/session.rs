@@ -67,6 +67,16 @@ pub enum Owner {
     Anonymous(Option<std::net::IpAddr>),
 }
 
+impl Owner {
+    /// The host's name; None for an anonymous initiator.
+    pub fn host(&self) -> Option<&str> {
+        match self {
+            Owner::Host(h) => Some(h),
+            Owner::Anonymous(_) => None,
+        }
+    }
+}
+
 impl std::fmt::Display for Owner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

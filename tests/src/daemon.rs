@@ -135,12 +135,17 @@ impl Daemon {
 
     /// `VmPin` of the daemon, in kB (pages pinned by registrations).
     pub fn vm_pin_kb(&self) -> u64 {
+        self.status("VmPin")
+    }
+
+    /// The number in field `name` of the daemon's /proc/PID/status (a `kB` unit dropped).
+    fn status(&self, name: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("daemon status");
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmPin:"))
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmPin in /proc/PID/status")
+            .unwrap_or_else(|| panic!("{name} in /proc/PID/status"))
     }
 
     /// Protection domains the daemon holds (`rdma res show pd`): one per live session, plus one
@@ -151,8 +156,7 @@ impl Daemon {
 
     /// Threads of the daemon (`Threads:` of /proc/PID/status).
     pub fn threads(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).expect("daemon status");
-        status.lines().find_map(|l| l.strip_prefix("Threads:")).and_then(|v| v.trim().parse().ok()).expect("Threads")
+        self.status("Threads")
     }
 
     /// The daemon's RDMA resources of `kind` (`rdma res show KIND`: pd, mr, qp, cq).

@@ -616,13 +616,7 @@ impl Endpoint {
             let _ = self.id.disconnect();
         }
         self.state = State::Closed;
-        // SAFETY: zeroed attributes with only the state set are a valid modify request.
-        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
-        // SAFETY: the QP is live.
-        let _ = unsafe {
-            sys::ibv_modify_qp(self.qp.qp().as_ptr(), &mut attr, sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32)
-        };
+        self.to_error_state();
     }
 }
 
@@ -644,10 +638,9 @@ impl Endpoint {
         self.peer_gone
     }
 
-    /// Moves the QP to the error state without a disconnect request: the peer's packets go
-    /// unanswered, as to a host that died (tests of the peer's loss detection).
-    pub(crate) fn vanish(&mut self) {
-        self.state = State::Closed;
+    /// Moves the QP to the error state: everything posted flushes (errors are ignored: a QP
+    /// that is already in error stays there).
+    fn to_error_state(&self) {
         // SAFETY: zeroed attributes with only the state set are a valid modify request.
         let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
@@ -655,6 +648,13 @@ impl Endpoint {
         let _ = unsafe {
             sys::ibv_modify_qp(self.qp.qp().as_ptr(), &mut attr, sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32)
         };
+    }
+
+    /// Moves the QP to the error state without a disconnect request: the peer's packets go
+    /// unanswered, as to a host that died (tests of the peer's loss detection).
+    pub(crate) fn vanish(&mut self) {
+        self.state = State::Closed;
+        self.to_error_state();
     }
 }
 
