@@ -12,7 +12,7 @@ pub enum Error {
     #[error("{0}")]
     Invalid(String),
     /// Connecting, opening, a queue or the control channel failed.
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Initiator {
         /// What the bench was doing.
         what: String,
@@ -21,7 +21,7 @@ pub enum Error {
         source: Box<rblk_initiator::Error>,
     },
     /// An I/O of a job failed (a failed completion, a lost connection, a timeout).
-    #[error("job {job}: {what}: {source}")]
+    #[error("job {job}: {what}")]
     Job {
         /// The job (0-based).
         job: u32,

@@ -31,7 +31,7 @@ fn main() -> ExitCode {
 
 /// The error and its causes, each once.
 fn error_text(e: &anyhow::Error) -> String {
-    rblk_initiator::describe(e.as_ref())
+    format!("{e:#}")
 }
 
 /// Runs the benchmark; `Ok(false)` when verification found bad blocks.

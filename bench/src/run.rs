@@ -1,6 +1,7 @@
 //! A whole run: connect, open, plan, one queue per job, start the jobs together, print progress,
 //! take the target's STATS around the measured window, and gather the report.
 
+use rblk_initiator::Chain;
 use std::io::Write as _;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -36,7 +37,7 @@ fn stats(vol: &mut Volume) -> Option<(StatsReply, Instant)> {
     match vol.stats() {
         Ok(s) => Some((s, Instant::now())),
         Err(e) => {
-            eprintln!("rblk-bench: warning: STATS failed, target CPU unknown: {e}");
+            eprintln!("rblk-bench: warning: STATS failed, target CPU unknown: {}", Chain(&e));
             None
         }
     }
@@ -88,7 +89,7 @@ impl Run {
         let outputs = outputs.into_iter().collect::<Result<Vec<_>>>()?;
         let report = self.report(options, &plan, &vol, &outputs, cpu, generation);
         if let Err(e) = vol.close() {
-            eprintln!("rblk-bench: warning: closing the volume: {e}");
+            eprintln!("rblk-bench: warning: closing the volume: {}", Chain(&e));
         }
         Ok(report)
     }
@@ -155,7 +156,7 @@ impl Run {
             if now >= next_keepalive {
                 next_keepalive += KEEPALIVE;
                 if let Err(e) = vol.keepalive() {
-                    eprintln!("rblk-bench: warning: keepalive on the volume's connection failed: {e}");
+                    eprintln!("rblk-bench: warning: keepalive on the volume's connection failed: {}", Chain(&e));
                 }
             }
         }

@@ -60,7 +60,7 @@ impl Channel {
     /// buffer is in flight (reap completions first).
     pub fn send(&mut self, ep: &mut Endpoint, tag: u32, msg: &Message<'_>) -> Result<()> {
         let mut bytes = [0u8; MSG_SIZE];
-        let len = msg.encode(tag, &mut bytes).map_err(|e| Error::Mismatch(format!("encoding {msg:?}: {e}")))?;
+        let len = msg.encode(tag, &mut bytes).map_err(|source| Error::Encode { opcode: msg.opcode(), source })?;
         self.send_bytes(ep, &bytes[..len])
     }
 
@@ -69,7 +69,7 @@ impl Channel {
     pub fn send_bytes(&mut self, ep: &mut Endpoint, bytes: &[u8]) -> Result<()> {
         let len = bytes.len();
         if len > MSG_SIZE {
-            return Err(Error::Mismatch(format!("a {len}-byte message is larger than {MSG_SIZE} bytes")));
+            return Err(Error::MessageTooLarge { len, max: MSG_SIZE });
         }
         let slot = self.free_sends.pop().ok_or(Error::QueueFull { queue: "control send", depth: SEND_COUNT as u32 })?;
         let wr_id = CONTROL_BIT | SEND_BIT | slot as u64;
@@ -100,7 +100,7 @@ impl Channel {
         }
         c.ok()?;
         if slot >= RECV_COUNT || c.opcode != WcOpcode::Recv {
-            return Err(Error::Mismatch(format!("unexpected control completion {c:?}")));
+            return Err(Error::UnexpectedCompletion { wr_id: c.wr_id, opcode: c.opcode });
         }
         let len = (c.byte_len as usize).min(MSG_SIZE);
         self.bufs.memory().read_at(slot * MSG_SIZE, &mut buf[..len])?;

@@ -20,7 +20,7 @@ pub enum Error {
         filter: Option<String>,
     },
     /// A verbs call failed.
-    #[error("{op} failed on {device}: {source}")]
+    #[error("{op} failed on {device}")]
     Verbs {
         /// The verb, e.g. `ibv_create_qp`.
         op: &'static str,
@@ -31,7 +31,7 @@ pub enum Error {
         source: io::Error,
     },
     /// An rdma_cm call failed.
-    #[error("{op} ({addr}) failed: {source}")]
+    #[error("{op} ({addr}) failed")]
     Cm {
         /// The call, e.g. `rdma_resolve_addr`.
         op: &'static str,
@@ -63,9 +63,8 @@ pub enum Error {
     },
     /// Memory registration failed.
     #[error(
-        "registering {len} bytes on {device} failed: {source} \
-         (RLIMIT_MEMLOCK is {memlock}; raise it with `ulimit -l unlimited`, LimitMEMLOCK=infinity in a \
-         systemd unit, or run as root)"
+        "registering {len} bytes on {device} failed (RLIMIT_MEMLOCK is {memlock}; raise it with \
+         `ulimit -l unlimited`, LimitMEMLOCK=infinity in a systemd unit, or run as root)"
     )]
     Register {
         /// Bytes to register.
@@ -79,7 +78,7 @@ pub enum Error {
         source: io::Error,
     },
     /// Mapping memory failed.
-    #[error("mapping {len} bytes of memory failed: {source}")]
+    #[error("mapping {len} bytes of memory failed")]
     Map {
         /// Bytes to map.
         len: usize,
@@ -125,9 +124,67 @@ pub enum Error {
         /// Limit.
         max: usize,
     },
-    /// Objects from two different devices or fabrics were mixed.
-    #[error("{0}")]
-    Mismatch(String),
+    /// An operating-system call outside verbs and rdma_cm failed (a socket pair for a waker,
+    /// polling descriptors).
+    #[error("{op} failed")]
+    Os {
+        /// The call and what it was for.
+        op: &'static str,
+        /// The OS error it returned.
+        #[source]
+        source: io::Error,
+    },
+    /// A control message could not be encoded (a bug in the caller: a field out of range).
+    #[error("encoding a {opcode:?} message failed")]
+    Encode {
+        /// The message's opcode.
+        opcode: rblk_proto::Opcode,
+        /// Why.
+        #[source]
+        source: rblk_proto::EncodeError,
+    },
+    /// A control message is larger than a control buffer.
+    #[error("a {len}-byte control message is larger than the {max}-byte control buffers")]
+    MessageTooLarge {
+        /// Its length.
+        len: usize,
+        /// The buffers' size.
+        max: usize,
+    },
+    /// A completion arrived that no posted work request of this kind can produce.
+    #[error("unexpected control completion (work request {wr_id:#x}, opcode {opcode:?})")]
+    UnexpectedCompletion {
+        /// Its work request id.
+        wr_id: u64,
+        /// Its opcode.
+        opcode: crate::completion::WcOpcode,
+    },
+    /// The address is served by another RDMA device than the one asked for (`--device`).
+    #[error("{addr} is reached through RDMA device {found}, not {wanted}")]
+    WrongDevice {
+        /// The local (listening) or remote address.
+        addr: SocketAddr,
+        /// The device rdma_cm chose for it.
+        found: Box<str>,
+        /// The device asked for.
+        wanted: Box<str>,
+    },
+    /// A connection and a protection domain are on different RDMA devices.
+    #[error("{what} is on RDMA device {found}, but the protection domain is on {pd}")]
+    PdDevice {
+        /// The connection, e.g. `the connect request` or `the route to 10.0.0.1:4791`.
+        what: Box<str>,
+        /// Its device.
+        found: Box<str>,
+        /// The protection domain's device.
+        pd: Box<str>,
+    },
+    /// Objects of the verbs fabric and the in-memory fabric were mixed.
+    #[error("{what} and the protection domain are on different fabrics (verbs and in-memory)")]
+    OtherFabric {
+        /// The other object.
+        what: &'static str,
+    },
     /// The endpoint is not in a state that allows the call.
     #[error("endpoint to {peer} is {state}")]
     State {
@@ -172,5 +229,47 @@ pub(crate) fn memlock_text() -> String {
     match memlock_limit() {
         Some(bytes) => format!("{} KiB", bytes / 1024),
         None => "unlimited".into(),
+    }
+}
+
+/// An error and its causes as one line, `error: cause: root cause`, for log lines and messages
+/// that must say everything. rblk's errors follow the standard rule that Display does not repeat
+/// the source's text (the source is reachable through [`std::error::Error::source`]), so a
+/// message built from `{e}` alone says only the outermost step; `{}` of a `Chain` says all of
+/// them, once each. Binaries print `anyhow::Error` with `{:#}`, which is the same.
+#[derive(Clone, Copy)]
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each cause is said once: Display leaves the source out, Chain adds it.
+    #[test]
+    fn chain_says_each_cause_once() {
+        let e = Error::Verbs { op: "ibv_create_qp", device: "rxe0".into(), source: io::Error::from_raw_os_error(12) };
+        assert_eq!(e.to_string(), "ibv_create_qp failed on rxe0");
+        let text = Chain(&e).to_string();
+        let os = io::Error::from_raw_os_error(12).to_string();
+        assert_eq!(text, format!("ibv_create_qp failed on rxe0: {os}"));
+        assert_eq!(text.matches(&os).count(), 1);
     }
 }

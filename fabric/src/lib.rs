@@ -67,7 +67,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use completion::{Completion, WcOpcode, WcStatus};
-pub use error::{memlock_limit, AddrDisplay, Error, Result};
+pub use error::{memlock_limit, AddrDisplay, Chain, Error, Result};
 pub use memory::Memory;
 
 /// Which fabric to use.
@@ -435,11 +435,8 @@ impl Listener {
             let Some(deadline) = deadline else { return Ok(None) };
             // Sleep until the listener's descriptor or the waker is readable, or the deadline.
             let fds = [self.fd(), self.wake.rx.as_raw_fd()];
-            let ready = verbs::cm::wait_any_readable(&fds, Some(deadline)).map_err(|source| Error::Verbs {
-                op: "poll on the listener",
-                device: String::new(),
-                source,
-            })?;
+            let ready = verbs::cm::wait_any_readable(&fds, Some(deadline))
+                .map_err(|source| Error::Os { op: "poll on the listener", source })?;
             match ready {
                 Some(0) => continue,
                 Some(_) => {
@@ -516,7 +513,7 @@ impl Request {
             #[cfg(feature = "mem")]
             (RequestInner::Mem(r), PdInner::Mem(p)) => EndpointInner::Mem(r.into_endpoint(p, cfg, conn)?),
             #[cfg(feature = "mem")]
-            _ => return Err(Error::Mismatch("request and protection domain are on different fabrics".into())),
+            _ => return Err(Error::OtherFabric { what: "the connect request" }),
         };
         Endpoint::new(inner)
     }
@@ -549,7 +546,7 @@ struct WakePair {
 
 impl WakePair {
     fn new() -> Result<WakePair> {
-        let err = |source| Error::Verbs { op: "socketpair for a waker", device: String::new(), source };
+        let err = |source| Error::Os { op: "socketpair for a waker", source };
         let (tx, rx) = UnixStream::pair().map_err(err)?;
         for s in [&tx, &rx] {
             s.set_nonblocking(true).map_err(err)?;
@@ -615,7 +612,7 @@ impl Endpoint {
                 EndpointInner::Mem(mem::Endpoint::resolve(dst, Some(p), device, cfg, deadline)?)
             }
             #[cfg(feature = "mem")]
-            _ => return Err(Error::Mismatch("protection domain is on another fabric".into())),
+            _ => return Err(Error::OtherFabric { what: "the fabric to connect on" }),
         };
         Endpoint::new(inner)
     }

@@ -93,7 +93,7 @@ fn is_remote(status: WcStatus) -> bool {
 }
 
 fn sock_err(op: &'static str, source: io::Error) -> Error {
-    Error::Verbs { op, device: DEFAULT_DEVICE.into(), source }
+    Error::Os { op, source }
 }
 
 fn check_private_data(data: &[u8]) -> Result<()> {
@@ -301,11 +301,11 @@ impl Request {
 
     pub(crate) fn into_endpoint(mut self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
         if pd.device() != self.device {
-            return Err(Error::Mismatch(format!(
-                "request arrived on {} but the protection domain is on {}",
-                self.device,
-                pd.device()
-            )));
+            return Err(Error::PdDevice {
+                what: "the connect request".into(),
+                found: self.device.as_str().into(),
+                pd: pd.device().into(),
+            });
         }
         let (qpn, (bell, tx), local, peer) = (NEXT_QPN.fetch_add(1, Relaxed), bell()?, self.local, self.peer);
         let shared = self.shared.take().expect("a request holds its connection until it is consumed");
@@ -603,15 +603,20 @@ impl Endpoint {
         })?;
         let dev = listener.device.as_deref().unwrap_or(DEFAULT_DEVICE);
         if device.is_some_and(|want| want != dev) {
-            return Err(Error::Mismatch(format!("{dst} is reached through {dev}, not {}", device.unwrap_or(""))));
+            return Err(Error::WrongDevice {
+                addr: dst,
+                found: dev.into(),
+                wanted: device.unwrap_or_default().into(),
+            });
         }
         let pd = match pd {
             Some(pd) if pd.device() == dev => pd.clone(),
             Some(pd) => {
-                return Err(Error::Mismatch(format!(
-                    "{dst} is reached through {dev}, but the session's PD is on {}",
-                    pd.device()
-                )))
+                return Err(Error::PdDevice {
+                    what: format!("the route to {dst}").into(),
+                    found: dev.into(),
+                    pd: pd.device().into(),
+                })
             }
             None => Pd::alloc(dev)?,
         };

@@ -1,6 +1,7 @@
 //! Registered I/O buffers: a queue's pool, carved out of one registration, and the [`Buffer`]
 //! handles that lend its pieces to callers and to in-flight operations.
 
+use rblk_fabric::Chain;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rblk_fabric::{Access, Memory, Mr, Pd};
@@ -149,7 +150,7 @@ impl Buffer {
             offset: 0,
             len: self.len() as u64,
             reason: {
-                tracing::error!(error = %e, "buffer access outside its registration");
+                tracing::error!(error = %Chain(&e), "buffer access outside its registration");
                 InvalidReason::BufferTooSmall { size: self.len() as u64 }
             },
         })

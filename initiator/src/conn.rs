@@ -1,6 +1,7 @@
 //! One queue pair to the target: its endpoint, its control channel, and request/reply with tags.
 //! Both the session's first QP and every [`Queue`](crate::Queue) are one of these.
 
+use rblk_fabric::Chain;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -166,7 +167,7 @@ impl Conn {
                 // Control messages are in flight anyway: the target hears from us.
                 Ok(()) | Err(rblk_fabric::Error::QueueFull { .. }) => {}
                 Err(source) => {
-                    self.break_with(format!("sending KEEPALIVE failed: {source}"));
+                    self.break_with(format!("sending KEEPALIVE failed: {}", Chain(&source)));
                     return Err(Error::Fabric { op: "sending KEEPALIVE", addr: self.addr, source });
                 }
             }
@@ -233,7 +234,7 @@ impl Conn {
                     self.wait_one(deadline, started, request)?;
                 }
                 Err(source) => {
-                    self.break_with(format!("sending {request:?} failed: {source}"));
+                    self.break_with(format!("sending {request:?} failed: {}", Chain(&source)));
                     return Err(Error::Fabric { op: "sending a control message", addr: self.addr, source });
                 }
             }
@@ -259,7 +260,7 @@ impl Conn {
         let n = match self.ep.wait(&mut out, self.spin, deadline) {
             Ok(n) => n,
             Err(source) => {
-                self.break_with(format!("waiting for completions failed: {source}"));
+                self.break_with(format!("waiting for completions failed: {}", Chain(&source)));
                 return Err(Error::Fabric { op: "waiting for a control reply", addr: self.addr, source });
             }
         };
@@ -303,7 +304,7 @@ impl Conn {
                 len
             }
             Err(source) => {
-                let reason = format!("control channel failed: {source}");
+                let reason = format!("control channel failed: {}", Chain(&source));
                 self.break_with(reason.clone());
                 return Err(Error::ConnectionLost { addr: self.addr, reason });
             }
@@ -349,7 +350,7 @@ impl Conn {
             let n = match self.ep.poll(&mut out) {
                 Ok(n) => n,
                 Err(source) => {
-                    self.break_with(format!("polling failed: {source}"));
+                    self.break_with(format!("polling failed: {}", Chain(&source)));
                     return Err(Error::Fabric { op: "polling completions", addr: self.addr, source });
                 }
             };

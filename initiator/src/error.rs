@@ -103,7 +103,7 @@ pub enum Error {
         reason: String,
     },
     /// The URI's host name did not resolve.
-    #[error("resolving {host}: {source}")]
+    #[error("resolving {host}")]
     Resolve {
         /// The host name.
         host: String,
@@ -120,7 +120,7 @@ pub enum Error {
         reason: &'static str,
     },
     /// The key file could not be read, or is empty.
-    #[error("key file {}: {source}", path.display())]
+    #[error("key file {}", path.display())]
     KeyFile {
         /// The file.
         path: PathBuf,
@@ -130,7 +130,7 @@ pub enum Error {
     },
     /// Resolving, creating or connecting a queue pair to the target failed (includes the
     /// target refusing a join's connect request).
-    #[error("connecting to {addr}: {source}")]
+    #[error("connecting to {addr}")]
     Connect {
         /// The target.
         addr: SocketAddr,
@@ -139,7 +139,7 @@ pub enum Error {
         source: rblk_fabric::Error,
     },
     /// A fabric call on an established connection failed (registration, posting, polling).
-    #[error("{op} (target {addr}): {source}")]
+    #[error("{op} (target {addr})")]
     Fabric {
         /// What we did.
         op: &'static str,
@@ -180,7 +180,7 @@ pub enum Error {
         reason: String,
     },
     /// An RDMA READ or WRITE completed with an error.
-    #[error("{op} of {len} bytes at offset {offset} failed: {source}")]
+    #[error("{op} of {len} bytes at offset {offset} failed")]
     Io {
         /// Read or write.
         op: Direction,
@@ -342,21 +342,6 @@ impl Error {
     }
 }
 
-/// An error and its causes as one line, each cause once: rblk's errors already include their
-/// source's text, so printing a chain naively repeats it. For binaries' error messages.
-pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text = format!("{text}: {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use rblk_fabric::{Completion, WcStatus};
@@ -373,7 +358,9 @@ mod tests {
 
         let c = Completion { status: WcStatus::RETRY_EXC_ERR, ..Completion::EMPTY };
         let e = Error::completion(Direction::Read, 0, 4096, &c);
-        assert!(e.to_string().contains("RETRY_EXC_ERR"), "{e}");
+        assert_eq!(e.to_string(), "read of 4096 bytes at offset 0 failed");
+        let text = rblk_fabric::Chain(&e).to_string();
+        assert!(text.contains("RETRY_EXC_ERR") && text.starts_with("read of 4096"), "{text}");
     }
 
     #[test]

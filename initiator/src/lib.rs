@@ -101,7 +101,7 @@ mod volume;
 pub use buffer::{Buffer, BufferPool};
 pub use dirty::Dirty;
 pub use engine::{Engine, EngineStats, Lane};
-pub use error::{describe, Direction, Error, InvalidReason, Result};
+pub use error::{Direction, Error, InvalidReason, Result};
 #[cfg(feature = "clap")]
 pub use options::ReconnectArgs;
 pub use options::{
@@ -110,7 +110,7 @@ pub use options::{
 };
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
-pub use rblk_fabric::{list_devices, why_no_device, DeviceInfo, Fabric};
+pub use rblk_fabric::{list_devices, why_no_device, Chain, DeviceInfo, Fabric};
 pub use rblk_proto::{ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, KEEPALIVE_INTERVAL};
 pub use session::Session;
 pub use size::parse_size;

@@ -13,6 +13,7 @@
 //! instance of a durable volume lost the writes not yet flushed, so the next FLUSH fails
 //! ([`Link::take_lost_writes`]) unless I/O has already failed since the loss.
 
+use rblk_fabric::Chain;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
@@ -425,14 +426,14 @@ impl Link {
                     return;
                 }
                 Err(e) if is_final(&e) => {
-                    let reason = format!("the target refused the reconnect: {e}");
+                    let reason = format!("the target refused the reconnect: {}", Chain(&e));
                     tracing::error!(volume = self.name, addr = %dest.addr, "{reason}");
                     lock(&self.state).health = Health::Failed(reason);
                     self.changed.notify_all();
                     return;
                 }
                 Err(e) => {
-                    tracing::debug!(volume = self.name, addr = %dest.addr, error = %e, "reconnect attempt failed");
+                    tracing::debug!(volume = self.name, addr = %dest.addr, error = %Chain(&e), "reconnect attempt failed");
                     last = Some(e);
                 }
             }
@@ -442,7 +443,7 @@ impl Link {
             o.attempts += 1;
             o.next_attempt = Instant::now() + self.opts.reconnect.delay;
             if let Some(e) = last {
-                o.reason = e.to_string();
+                o.reason = Chain(&e).to_string();
             }
             tracing::warn!(
                 volume = self.name,

@@ -227,7 +227,8 @@ mod tests {
         assert_eq!(Options::key_from_file(&path).unwrap(), b"a b");
         std::fs::write(&path, b"\n").unwrap();
         let e = Options::key_from_file(&path).unwrap_err();
-        assert!(e.to_string().contains("empty"), "{e}");
+        let text = rblk_fabric::Chain(&e).to_string();
+        assert!(text.contains("empty") && text.matches("key file").count() == 1, "{text}");
         let e = Options::key_from_file(dir.join("missing")).unwrap_err();
         assert!(matches!(e, Error::KeyFile { .. }) && e.to_string().contains("missing"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1,5 +1,6 @@
 //! A further queue pair of a session, for asynchronous I/O: submit, then reap or wait.
 
+use rblk_fabric::Chain;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -170,7 +171,7 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<Conn> {
                 return Ok(conn);
             }
             Err(e) => {
-                tracing::debug!(addr = %dest.addr, error = %e, "joining the session failed");
+                tracing::debug!(addr = %dest.addr, error = %Chain(&e), "joining the session failed");
                 first.get_or_insert(e);
             }
         }
@@ -221,7 +222,7 @@ impl Queue {
             // The target no longer knows the session (it reaped it: its first queue pair went
             // silent, say): a reconnecting session gets a new one, and the queue joins that.
             Err(e) if link.reconnects() => {
-                link.lost(cur.gen, &format!("joining a queue failed: {e}"));
+                link.lost(cur.gen, &format!("joining a queue failed: {}", Chain(&e)));
                 match link.wait_change(cur.gen, Instant::now() + link.opts().timeout) {
                     Status::Newer(now) => {
                         let conn = join(&link, &now, depth)?;
@@ -511,7 +512,7 @@ impl Queue {
                 Status::Newer(cur) => match self.rejoin(cur) {
                     Ok(()) => return,
                     Err(e) => {
-                        self.link.lost(cur.gen, &format!("joining the new session failed: {e}"));
+                        self.link.lost(cur.gen, &format!("joining the new session failed: {}", Chain(&e)));
                         if until.is_none() {
                             return;
                         }
@@ -519,7 +520,7 @@ impl Queue {
                 },
                 // Our generation is current, so the link has not seen our loss yet.
                 Status::Up => {
-                    let reason = self.conn.alive().err().map(|e| e.to_string()).unwrap_or_default();
+                    let reason = self.conn.alive().err().map(|e| Chain(&e).to_string()).unwrap_or_default();
                     self.link.lost(self.gen, &reason);
                     if until.is_none() {
                         return;
@@ -593,7 +594,7 @@ impl Queue {
                     self.in_flight += chunk.len() as u32;
                     self.parked.extend_from_slice(chunk);
                 } else {
-                    fail_all(&mut self.slots, &mut self.failed, chunk, self.conn.addr, &e.to_string());
+                    fail_all(&mut self.slots, &mut self.failed, chunk, self.conn.addr, &Chain(&e).to_string());
                 }
                 continue;
             }
@@ -626,7 +627,7 @@ impl Queue {
                     }
                 }
                 Err(source) => {
-                    let reason = format!("posting RDMA work requests failed: {source}");
+                    let reason = format!("posting RDMA work requests failed: {}", Chain(&source));
                     if self.link.reconnects() {
                         self.lose(&reason);
                         self.in_flight += chunk.len() as u32;
@@ -754,7 +755,7 @@ impl Queue {
         }
         if let Err(e) = self.conn.check_liveness() {
             if self.link.reconnects() {
-                self.lose(&e.to_string());
+                self.lose(&Chain(&e).to_string());
             }
             // Otherwise the QP is in error now: its operations complete flushed and fail.
         }
@@ -770,7 +771,7 @@ impl Queue {
                 // A failure breaks the connection; the data completions then report it.
                 if let Err(e) = self.conn.on_control_completion(c) {
                     if self.link.reconnects() {
-                        self.lose(&e.to_string());
+                        self.lose(&Chain(&e).to_string());
                     }
                 }
                 continue;
@@ -788,7 +789,7 @@ impl Queue {
                 // next queue pair.
                 let s = self.slots[index].as_ref().expect("checked above");
                 let e = Error::completion(s.dir, s.offset, s.len.into(), c);
-                self.lose(&e.to_string());
+                self.lose(&Chain(&e).to_string());
                 return;
             }
             let slot = self.slots[index].take().expect("checked above");
@@ -804,7 +805,7 @@ impl Queue {
                 self.conn.alive()
             } else {
                 let e = Error::completion(slot.dir, slot.offset, slot.len.into(), c);
-                self.conn.break_with(e.to_string());
+                self.conn.break_with(Chain(&e).to_string());
                 Err(e)
             };
             // `k` < done.len(): callers poll at most as many completions as there is room.
@@ -824,7 +825,7 @@ impl Queue {
                 if channel::is_control(c.wr_id) {
                     if let Err(e) = self.conn.on_control_completion(c) {
                         if self.link.reconnects() {
-                            self.lose(&e.to_string());
+                            self.lose(&Chain(&e).to_string());
                         }
                         return;
                     }
@@ -839,7 +840,7 @@ impl Queue {
     /// Polling itself failed: the QP is moved to error (so the NIC lets go of every buffer) and
     /// every operation in flight fails, or with reconnecting, waits for the next queue pair.
     fn poll_failed(&mut self, source: rblk_fabric::Error) {
-        let reason = format!("polling completions failed: {source}");
+        let reason = format!("polling completions failed: {}", Chain(&source));
         if self.link.reconnects() {
             self.lose(&reason);
             return;

@@ -1,5 +1,6 @@
 //! A session's first QP: connect, HELLO, CHALLENGE/AUTH, then OPEN into a [`Volume`].
 
+use rblk_fabric::Chain;
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -50,7 +51,7 @@ impl Session {
                 Err(e @ (Error::Auth { .. } | Error::Target { .. })) => return Err(e),
                 Err(e) => {
                     if dests.len() > 1 {
-                        tracing::warn!(addr = %dest.addr, error = %e, "path failed; trying the next address");
+                        tracing::warn!(addr = %dest.addr, error = %Chain(&e), "path failed; trying the next address");
                     }
                     first_err.get_or_insert(e);
                 }

@@ -125,6 +125,6 @@ pub enum EncodeError {
     /// The message holds a value the receiver would reject (an empty or too long volume name, too
     /// many or empty flush ranges, ...). The encoder runs the parser's own checks, so whatever it
     /// encodes parses back to the same message.
-    #[error("message would not parse: {0}")]
+    #[error("the message would not parse")]
     Invalid(#[from] ParseError),
 }

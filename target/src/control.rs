@@ -1,6 +1,7 @@
 //! One connection's control protocol: a small state machine fed by received messages. It never
 //! touches the data path; it hands out (and takes back) access to volume memory.
 
+use rblk_fabric::Chain;
 use std::sync::Arc;
 
 use rblk_fabric::{Access, Pd};
@@ -331,8 +332,8 @@ fn open(
         Ok(mr) => mr,
         Err(e) => {
             volume.release(id, mode);
-            tracing::warn!(volume = name, error = %e, "registration failed");
-            return (Reply::Error(ErrorCode::NoResources, e.to_string()), After::Continue);
+            tracing::warn!(volume = name, error = %Chain(&e), "registration failed");
+            return (Reply::Error(ErrorCode::NoResources, Chain(&e).to_string()), After::Continue);
         }
     };
     let counters = Arc::clone(&shared.counters);

@@ -14,6 +14,7 @@
 //!   sessions from now on. `listen`, `device`, `state_dir`, block size and max I/O need a
 //!   restart (reported).
 
+use rblk_fabric::Chain;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -186,7 +187,7 @@ impl Running {
                 Ok(vol) => loaded.push((v.clone(), Arc::new(vol))),
                 Err(e) => {
                     let why = match e {
-                        LoadError::Memory(e) => format!("cannot map its memory: {e}"),
+                        LoadError::Memory(e) => format!("cannot map its memory: {}", Chain(&e)),
                         LoadError::Backing(e) => e,
                     };
                     tracing::error!(volume = %v.name, "reload: refusing the volume: {why}");

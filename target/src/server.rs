@@ -1,5 +1,6 @@
 //! The rdma_cm listener and the connection threads.
 
+use rblk_fabric::Chain;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -117,7 +118,7 @@ pub enum StartError {
     #[error(transparent)]
     NoDevice(rblk_fabric::Error),
     /// A volume could not be created.
-    #[error("volume {name}: {source}")]
+    #[error("volume {name}")]
     Volume {
         /// Which.
         name: String,
@@ -143,7 +144,7 @@ pub enum StartError {
     #[error("no volume to serve: {0}")]
     NoVolumes(String),
     /// The metrics endpoint could not listen.
-    #[error("cannot serve metrics on {addr}: {source}")]
+    #[error("cannot serve metrics on {addr}")]
     Metrics {
         /// Address.
         addr: SocketAddr,
@@ -152,7 +153,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// Listening failed.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         /// Address.
         addr: SocketAddr,
@@ -464,7 +465,7 @@ pub(crate) enum LoadError {
 impl std::fmt::Display for LoadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LoadError::Memory(e) => write!(f, "{e}"),
+            LoadError::Memory(e) => write!(f, "{}", Chain(e)),
             LoadError::Backing(e) => f.write_str(e),
         }
     }
@@ -512,7 +513,7 @@ pub(crate) fn final_flush(identity: &identity::Store, v: &Volume) {
                 }
             }
         }
-        Err(e) => tracing::error!(volume = %v.name, error = %e, "final flush failed"),
+        Err(e) => tracing::error!(volume = %v.name, error = %Chain(&e), "final flush failed"),
     }
 }
 
@@ -709,7 +710,7 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
             Ok(Some(e)) => e,
             Ok(None) => continue,
             Err(e) => {
-                warn!(error = %e, "listener event failed");
+                warn!(error = %Chain(&e), "listener event failed");
                 thread::sleep(BACKOFF);
                 continue;
             }
@@ -757,7 +758,7 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
     let peer = req.peer();
     let (pd, state) = match rblk_proto::parse_connect_data(req.private_data()) {
         Ok(ConnectData::NewSession) => {
-            let pd = req.alloc_pd().map_err(|e| e.to_string())?;
+            let pd = req.alloc_pd().map_err(|e| Chain(&e).to_string())?;
             (pd.clone(), State::Fresh { pd })
         }
         Ok(ConnectData::Join { session_id, token }) => match shared.session(session_id) {
@@ -777,10 +778,10 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
         recv_depth: rblk_proto::RECV_COUNT as u32,
         max_inline: 128,
     };
-    let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(|e| e.to_string())?;
-    let mut channel = Channel::new(&pd).map_err(|e| e.to_string())?;
-    channel.post_recvs(&mut ep).map_err(|e| e.to_string())?;
-    ep.accept().map_err(|e| e.to_string())?;
+    let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(|e| Chain(&e).to_string())?;
+    let mut channel = Channel::new(&pd).map_err(|e| Chain(&e).to_string())?;
+    channel.post_recvs(&mut ep).map_err(|e| Chain(&e).to_string())?;
+    ep.accept().map_err(|e| Chain(&e).to_string())?;
     // The waker first: a reconnect that replaces the session after the join below wakes it.
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, ep.waker());
     shared.counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
@@ -797,7 +798,7 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
     thread::Builder::new()
         .name(format!("rblk-conn-{conn}"))
         .spawn(move || serve(&s, conn, ep, channel, state))
-        .map_err(|e| e.to_string())
+        .map_err(|e| Chain(&e).to_string())
 }
 
 /// One connection: sleep on the completion channel, answer control messages, send keepalives,
@@ -848,7 +849,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
         let n = match ep.wait(&mut out, Duration::ZERO, deadline) {
             Ok(n) => n,
             Err(e) => {
-                warn!(error = %e, "completion wait failed");
+                warn!(error = %Chain(&e), "completion wait failed");
                 break "completion error".into();
             }
         };
@@ -901,7 +902,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     match sent {
                         Ok(posted) => sends_posted += u64::from(posted),
                         Err(e) => {
-                            warn!(error = %e, "reply failed");
+                            warn!(error = %Chain(&e), "reply failed");
                             break 'conn "reply failed".into();
                         }
                     }
@@ -921,7 +922,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     }
                 }
                 Err(e) => {
-                    debug!(error = %e, "control completion failed");
+                    debug!(error = %Chain(&e), "control completion failed");
                     break 'conn "connection lost".into();
                 }
             }

@@ -1,6 +1,7 @@
 //! The volume store: each volume's bytes live in one anonymous mapping, registered once per
 //! session that opens it; a durable volume also has a [`Backing`] store.
 
+use rblk_fabric::Chain;
 use std::sync::{Arc, Mutex};
 
 use rblk_fabric::Memory;
@@ -52,7 +53,7 @@ impl Volume {
 
     /// A durable volume: maps it and loads it from `backing`.
     pub fn durable(name: &str, size: u64, block_size: u32, backing: Backing) -> Result<Volume, String> {
-        let memory = Memory::anonymous(size as usize).map_err(|e| e.to_string())?;
+        let memory = Memory::anonymous(size as usize).map_err(|e| Chain(&e).to_string())?;
         let took = backing
             .load(&memory, name)
             .map_err(|e| format!("loading volume {name} from {}: {e}", backing.path().display()))?;

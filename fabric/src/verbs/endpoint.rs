@@ -98,7 +98,7 @@ impl Listener {
         id.bind(addr)?;
         if let (Some(want), Some(have)) = (device, id.device_name()) {
             if want != have {
-                return Err(Error::Mismatch(format!("{addr} belongs to RDMA device {have}, not {want}")));
+                return Err(Error::WrongDevice { addr, found: have.into(), wanted: want.into() });
             }
         }
         id.listen(128)?;
@@ -163,11 +163,11 @@ impl Request {
     /// Creates the QP in `pd`, moves it to RTS, tags the id with `conn` for later events.
     pub(crate) fn into_endpoint(self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
         if pd.device() != self.device {
-            return Err(Error::Mismatch(format!(
-                "request arrived on {} but the protection domain is on {}",
-                self.device,
-                pd.device()
-            )));
+            return Err(Error::PdDevice {
+                what: "the connect request".into(),
+                found: self.device.as_str().into(),
+                pd: pd.device().into(),
+            });
         }
         self.id.set_context(conn);
         let mut ep = Endpoint::create(self.id, None, pd.clone(), cfg)?;
@@ -248,18 +248,16 @@ impl Endpoint {
         expect(&channel, CmEventKind::RouteResolved, "route resolution", dst, deadline, started)?;
         let dev = id.device_name().ok_or(Error::NoDevice { filter: device.map(str::to_owned) })?;
         if device.is_some_and(|want| want != dev) {
-            return Err(Error::Mismatch(format!(
-                "{dst} is reached through RDMA device {dev}, not {}",
-                device.unwrap_or("")
-            )));
+            return Err(Error::WrongDevice { addr: dst, found: dev.into(), wanted: device.unwrap_or_default().into() });
         }
         let pd = match pd {
             Some(pd) if pd.device() == dev => pd.clone(),
             Some(pd) => {
-                return Err(Error::Mismatch(format!(
-                    "{dst} is reached through {dev}, but the session's PD is on {}",
-                    pd.device()
-                )))
+                return Err(Error::PdDevice {
+                    what: format!("the route to {dst}").into(),
+                    found: dev.into(),
+                    pd: pd.device().into(),
+                })
             }
             None => Pd::alloc(&dev)?,
         };

@@ -155,9 +155,8 @@ pub fn main() -> ExitCode {
     match run(args.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let text = error_text(&e);
-            eprintln!("rblk: {text}");
-            if text.contains("No such device") {
+            eprintln!("rblk: {}", error_text(&e));
+            if no_device(&e) {
                 eprintln!("rblk: no RDMA device reaches that address here (`rblk devices` lists them)");
             }
             ExitCode::FAILURE
@@ -165,9 +164,15 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The error and its causes, each once.
+/// The error and its causes, each once: rblk's errors do not repeat their sources' text, so the
+/// chain reads `what failed: why: root cause`.
 pub fn error_text(e: &anyhow::Error) -> String {
-    rblk_initiator::describe(e.as_ref())
+    format!("{e:#}")
+}
+
+/// True when rdma_cm found no RDMA device for the address (ENODEV somewhere in the chain).
+fn no_device(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<io::Error>().and_then(io::Error::raw_os_error) == Some(libc::ENODEV))
 }
 
 fn run(command: Command) -> anyhow::Result<()> {
@@ -596,12 +601,27 @@ mod tests {
     }
 
     #[test]
-    fn error_text_skips_repeated_causes() {
+    fn error_text_says_each_cause_once() {
         let io = std::io::Error::other("disk on fire");
         let e = anyhow::Error::new(rblk_initiator::Error::KeyFile { path: "/k".into(), source: io });
         assert_eq!(error_text(&e), "key file /k: disk on fire");
         let e = anyhow::anyhow!("inner").context("outer");
         assert_eq!(error_text(&e), "outer: inner");
+    }
+
+    /// The no-device hint follows the errno, not the message's wording.
+    #[test]
+    fn no_device_hint_follows_enodev() {
+        let cm = |errno| rblk_fabric::Error::Cm {
+            op: "rdma_resolve_addr",
+            addr: rblk_fabric::AddrDisplay(None),
+            source: io::Error::from_raw_os_error(errno),
+        };
+        let addr = "10.0.0.1:4791".parse().unwrap();
+        let e = anyhow::Error::new(rblk_initiator::Error::Connect { addr, source: cm(libc::ENODEV) });
+        assert!(no_device(&e));
+        let e = anyhow::Error::new(rblk_initiator::Error::Connect { addr, source: cm(libc::ETIMEDOUT) });
+        assert!(!no_device(&e));
     }
 
     #[test]

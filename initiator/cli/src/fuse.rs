@@ -3,6 +3,7 @@
 //!
 //! `--daemon` works as in `daemon.rs`: the binary runs again, detached, and says when it is ready.
 
+use rblk_initiator::Chain;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
@@ -184,7 +185,7 @@ fn watch_signals(mountpoint: &Path) -> anyhow::Result<signal_hook::iterator::Han
                 tracing::info!(signal = sig, "unmounting");
                 match mount::unmount(&mountpoint) {
                     Ok(_) => break,
-                    Err(e) => eprintln!("rblk: cannot unmount yet, still serving: {e}"),
+                    Err(e) => eprintln!("rblk: cannot unmount yet, still serving: {}", Chain(&e)),
                 }
             }
         })

@@ -18,6 +18,7 @@
 //! then a FLUSH of their range. WRITE_ZEROES is advertised (RDMA WRITEs from a zeroed
 //! registration); DISCARD is not, since the target has nothing to discard.
 
+use rblk_initiator::Chain;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io::Write as _;
@@ -175,7 +176,7 @@ impl QueueState {
         let mut lane = self.lane.borrow_mut();
         if let Err(e) = lane.progress() {
             if !self.broken.replace(true) {
-                tracing::error!(error = %e, "the queue pair failed: requests fail with EIO");
+                tracing::error!(error = %Chain(&e), "the queue pair failed: requests fail with EIO");
             }
         }
         let mut woke = false;
@@ -254,7 +255,7 @@ async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
         let armed = st.lane.borrow_mut().arm();
         if let Err(e) = armed {
             if !st.broken.replace(true) {
-                tracing::error!(error = %e, "arming the completion channel failed: requests fail with EIO");
+                tracing::error!(error = %Chain(&e), "arming the completion channel failed: requests fail with EIO");
             }
             return;
         }
@@ -285,7 +286,7 @@ async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState) {
     loop {
         let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
         if let Err(e) = st.lane.borrow_mut().tick() {
-            tracing::debug!(error = %e, "queue housekeeping failed");
+            tracing::debug!(error = %Chain(&e), "queue housekeeping failed");
         }
         st.deliver();
     }
@@ -497,7 +498,7 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
             let bytes = unflushed.map_or_else(|| "an unknown number of".to_owned(), |b| b.to_string());
             if let Some(reg) = registered.as_mut() {
                 reg.update(|en| {
-                    en.state = format!("failed: the final flush failed: {e}");
+                    en.state = format!("failed: the final flush failed: {}", Chain(&e));
                     en.unflushed_bytes = unflushed;
                 });
                 reg.keep();

@@ -1,5 +1,6 @@
 //! The FUSE filesystem: a root directory with one file, the volume.
 
+use rblk_initiator::Chain;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -156,7 +157,7 @@ fn housekeeping(vf: &Engine, stop: &(Mutex<bool>, Condvar)) {
         match vf.tick() {
             Ok(()) => warned = false,
             Err(e) if !warned => {
-                tracing::error!(error = %e, "the rblk session failed: requests fail with EIO");
+                tracing::error!(error = %Chain(&e), "the rblk session failed: requests fail with EIO");
                 warned = true;
             }
             Err(_) => {}
@@ -312,7 +313,7 @@ impl Fs {
         let errno = Errno::from_i32(e.errno());
         let n = self.errors.fetch_add(1, Ordering::Relaxed);
         if n < 10 || n % 1000 == 0 {
-            tracing::warn!(op, offset, len, error = %e, errors = n + 1, "request failed");
+            tracing::warn!(op, offset, len, error = %Chain(e), errors = n + 1, "request failed");
         }
         errno
     }

@@ -66,7 +66,7 @@ pub enum Error {
     },
     /// Mounting the FUSE filesystem failed (no /dev/fuse, no permission, no fusermount3 for a
     /// non-root user, ...).
-    #[error("mounting FUSE at {}: {source}{}", path.display(), fuse_hint(source))]
+    #[error("mounting FUSE at {}{}", path.display(), fuse_hint(source))]
     Fuse {
         /// The mount point.
         path: PathBuf,
@@ -75,7 +75,7 @@ pub enum Error {
         source: io::Error,
     },
     /// The FUSE session ended with an error (it is unmounted).
-    #[error("serving FUSE at {}: {source}", path.display())]
+    #[error("serving FUSE at {}", path.display())]
     Session {
         /// The mount point.
         path: PathBuf,
@@ -118,7 +118,7 @@ pub enum Error {
         reason: String,
     },
     /// Reading /proc or /sys failed.
-    #[error("reading {}: {source}", path.display())]
+    #[error("reading {}", path.display())]
     System {
         /// The file.
         path: PathBuf,

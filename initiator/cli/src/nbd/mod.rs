@@ -24,6 +24,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+use rblk_initiator::Chain;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs as _};
@@ -354,8 +355,8 @@ impl Export for RblkExport {
             Some(slot)
         };
         let unavailable = |e: rblk_initiator::Error| {
-            tracing::error!(error = %e, "opening {} for an NBD client failed", self.uri);
-            Refusal::Unavailable(format!("opening {}: {e}", self.uri))
+            tracing::error!(error = %Chain(&e), "opening {} for an NBD client failed", self.uri);
+            Refusal::Unavailable(format!("opening {}: {}", self.uri, Chain(&e)))
         };
         let vol = Session::connect(&self.uri, &self.opts).and_then(|s| s.open(self.mode)).map_err(unavailable)?;
         let dev = Device::open(vol).map_err(unavailable)?;

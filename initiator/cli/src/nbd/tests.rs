@@ -4,6 +4,7 @@
 //! operations, flushes that send nothing when nothing was written, and read-modify-write of
 //! unaligned requests against a model.
 
+use rblk_initiator::Chain;
 use std::io::{Cursor, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::net::UnixStream;
@@ -143,8 +144,9 @@ impl Export for TestExport {
         let mode = if self.geo.read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
         let opts = Options { reconnect: self.reconnect, ..options() };
         let vol = Session::connect(&self.target().uri, &opts).and_then(|s| s.open(mode));
-        let mut dev =
-            vol.and_then(|v| Device::open_with(v, DEPTH, PIECE)).map_err(|e| Refusal::Unavailable(e.to_string()))?;
+        let mut dev = vol
+            .and_then(|v| Device::open_with(v, DEPTH, PIECE))
+            .map_err(|e| Refusal::Unavailable(Chain(&e).to_string()))?;
         self.opened.fetch_add(1, Ordering::SeqCst);
         *self.qp_num.lock().unwrap() = Some(dev.lane().qp_num());
         Ok(dev)

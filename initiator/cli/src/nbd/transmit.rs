@@ -8,6 +8,7 @@
 //! of the whole session), FUA as write then FLUSH of its range, zeroes, and FLUSH of exactly the
 //! ranges written since the last one (every write replied to so far; nothing sent when clean).
 
+use rblk_initiator::Chain;
 use std::io::{self, Read, Write};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::thread;
@@ -52,7 +53,7 @@ impl std::fmt::Display for End {
             End::ReadFailed(e) => write!(f, "reading a request failed: {e}"),
             End::Violation(why) => write!(f, "protocol violation: {why}"),
             End::WriteFailed(e) => write!(f, "writing a reply failed: {e}"),
-            End::DeviceFailed(e) => write!(f, "the volume stopped answering: {e}"),
+            End::DeviceFailed(e) => write!(f, "the volume stopped answering: {}", Chain(e)),
         }
     }
 }
@@ -273,12 +274,12 @@ impl<W: Write> Exec<W> {
         drop(rx);
         self.flush_replies();
         if let End::DeviceFailed(e) = &end {
-            tracing::error!(error = %e, "the volume stopped completing I/O: closing the connection");
+            tracing::error!(error = %Chain(e), "the volume stopped completing I/O: closing the connection");
         }
         let Exec { dev, errors, .. } = self;
         let stats = dev.stats();
         if let Err(e) = dev.close() {
-            tracing::warn!(error = %e, "closing the rblk session failed");
+            tracing::warn!(error = %Chain(&e), "closing the rblk session failed");
         }
         Summary { end, stats, errors }
     }
@@ -287,7 +288,7 @@ impl<W: Write> Exec<W> {
     fn maybe_tick(&mut self) {
         if Instant::now() >= self.next_tick {
             if let Err(e) = self.dev.lane().tick() {
-                tracing::debug!(error = %e, "volume housekeeping failed");
+                tracing::debug!(error = %Chain(&e), "volume housekeeping failed");
             }
             self.next_tick = Instant::now() + TICK;
         }
@@ -338,9 +339,9 @@ impl<W: Write> Exec<W> {
             (Err(e), _) => {
                 self.errors += 1;
                 if self.errors == 1 {
-                    tracing::warn!(error = %e, "volume I/O failed: replying with errors");
+                    tracing::warn!(error = %Chain(&e), "volume I/O failed: replying with errors");
                 } else {
-                    tracing::debug!(error = %e, "volume I/O failed");
+                    tracing::debug!(error = %Chain(&e), "volume I/O failed");
                 }
                 self.reply(req.handle, Some(Errno::from_errno(e.errno())), None);
             }
