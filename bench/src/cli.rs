@@ -76,9 +76,9 @@ pub struct Args {
     #[arg(long, env = "RBLK_HOST_ID", value_name = "NAME",
           value_parser = |t: &str| rblk_initiator::check_host_id(t).map(|()| t.to_owned()))]
     pub host_id: Option<String>,
-    /// Only use this RDMA device (e.g. mlx5_0, rxe0); the target's address picks the device.
-    #[arg(long, value_name = "NAME")]
-    pub device: Option<String>,
+    /// Device, source address and type of service.
+    #[command(flatten)]
+    pub route: rblk_initiator::RouteArgs,
     /// How long a job polls its completion queue before sleeping on its completion channel.
     /// Longer spins cut latency at low depth and burn a core [default: the library's, 20us].
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
@@ -126,15 +126,16 @@ impl Args {
             None => None,
         };
         let defaults = Options::default();
-        Ok(Options {
-            device: self.device.clone(),
+        let mut options = Options {
             key,
             host_id: self.host_id.clone(),
             timeout: Duration::from_secs(self.timeout),
             spin: self.spin.unwrap_or(defaults.spin),
             reconnect: self.reconnect.reconnect(),
             ..defaults
-        })
+        };
+        self.route.apply(&mut options);
+        Ok(options)
     }
 }
 

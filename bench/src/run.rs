@@ -1,14 +1,13 @@
 //! A whole run: connect, open, plan, one queue per job, start the jobs together, print progress,
 //! take the target's STATS around the measured window, and gather the report.
 
-use rblk_initiator::Chain;
 use std::io::Write as _;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rblk_initiator::{OpenMode, Options, Session, StatsReply, Volume};
+use rblk_initiator::{Chain, OpenMode, Options, Session, StatsReply, Volume};
 
 use crate::job::{Event, Job, Output, Shared, Tally};
 use crate::report::{

@@ -179,6 +179,14 @@ pub enum Error {
         /// The protection domain's device.
         pd: Box<str>,
     },
+    /// The source address given to connect from is not of the destination's address family.
+    #[error("cannot connect from {source_addr} to {dst}: the addresses are of different families")]
+    SourceFamily {
+        /// The source address asked for.
+        source_addr: std::net::IpAddr,
+        /// The destination.
+        dst: SocketAddr,
+    },
     /// Objects of the verbs fabric and the in-memory fabric were mixed.
     #[error("{what} and the protection domain are on different fabrics (verbs and in-memory)")]
     OtherFabric {

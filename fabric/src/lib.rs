@@ -19,12 +19,12 @@
 //!
 //! ```no_run
 //! use std::time::{Duration, Instant};
-//! use rblk_fabric::{Access, Endpoint, Fabric, Local, Memory, Op, QpConfig, WorkRequest};
+//! use rblk_fabric::{Access, Endpoint, Fabric, Local, Memory, Op, QpConfig, Route, WorkRequest};
 //!
 //! # fn main() -> rblk_fabric::Result<()> {
 //! let deadline = Instant::now() + Duration::from_secs(5);
-//! let mut ep = Endpoint::resolve(Fabric::Verbs, "10.0.0.1:7420".parse().unwrap(), None, None,
-//!                                &QpConfig::default(), deadline)?;
+//! let mut ep = Endpoint::resolve(Fabric::Verbs, "10.0.0.1:7420".parse().unwrap(), None,
+//!                                &Route::default(), &QpConfig::default(), deadline)?;
 //! ep.connect(&[], deadline)?;
 //! let buf = ep.pd().register(&Memory::anonymous(4096)?, Access::LOCAL)?;
 //! // Read 4 KiB at the peer's address 0x1000 with its rkey 0x1234 into `buf`.
@@ -158,6 +158,22 @@ impl Default for QpConfig {
     }
 }
 
+/// How the active side reaches a target, besides its address: the device to insist on, the local
+/// address to connect from, and the type of service. For RoCE users these are perftest's `-d`,
+/// `-x` (by address rather than GID index) and `-T`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Route {
+    /// Only use this RDMA device; the address decides the device, this checks it.
+    pub device: Option<String>,
+    /// Connect from this local address (`rdma_resolve_addr`'s source): it picks the device,
+    /// port and GID. None lets routing choose.
+    pub source: Option<std::net::IpAddr>,
+    /// Type of service (`rdma_set_option` RDMA_OPTION_ID_TOS) of the connection: on RoCEv2
+    /// the IP header's DSCP and ECN bits (the QP's traffic class), on InfiniBand it selects the
+    /// service level. None keeps the kernel's default (0, or the rdma_cm default_roce_tos).
+    pub tos: Option<u8>,
+}
+
 /// QP attributes as the device reports them (`ibv_query_qp`), for checks and diagnostics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QpAttributes {
@@ -177,6 +193,8 @@ pub struct QpAttributes {
     pub min_rnr_timer: u8,
     /// Inline data capacity.
     pub max_inline_data: u32,
+    /// The traffic class of the QP's address vector (RoCE: the IP TOS byte its packets carry).
+    pub traffic_class: u8,
 }
 
 macro_rules! dispatch {
@@ -590,26 +608,30 @@ impl Endpoint {
         Ok(Endpoint { inner, wake: WakePair::new()? })
     }
 
-    /// Active side, step 1: resolves `dst`, creates a QP (in `pd`, or in a new PD on the device
-    /// that reaches `dst`) and readies it for RECVs. Step 2 is [`Endpoint::connect`].
+    /// Active side, step 1: resolves `dst` (along `route`), creates a QP (in `pd`, or in a new
+    /// PD on the device that reaches `dst`) and readies it for RECVs. Step 2 is
+    /// [`Endpoint::connect`].
     pub fn resolve(
         fabric: Fabric,
         dst: SocketAddr,
         pd: Option<&Pd>,
-        device: Option<&str>,
+        route: &Route,
         cfg: &QpConfig,
         deadline: Instant,
     ) -> Result<Endpoint> {
+        if route.source.is_some_and(|s| s.is_ipv4() != dst.is_ipv4()) {
+            return Err(Error::SourceFamily { source_addr: route.source.unwrap_or(dst.ip()), dst });
+        }
         let inner = match (fabric, pd.map(|p| &p.inner)) {
-            (Fabric::Verbs, None) => EndpointInner::Verbs(verbs::Endpoint::resolve(dst, None, device, cfg, deadline)?),
+            (Fabric::Verbs, None) => EndpointInner::Verbs(verbs::Endpoint::resolve(dst, None, route, cfg, deadline)?),
             (Fabric::Verbs, Some(PdInner::Verbs(p))) => {
-                EndpointInner::Verbs(verbs::Endpoint::resolve(dst, Some(p), device, cfg, deadline)?)
+                EndpointInner::Verbs(verbs::Endpoint::resolve(dst, Some(p), route, cfg, deadline)?)
             }
             #[cfg(feature = "mem")]
-            (Fabric::Mem, None) => EndpointInner::Mem(mem::Endpoint::resolve(dst, None, device, cfg, deadline)?),
+            (Fabric::Mem, None) => EndpointInner::Mem(mem::Endpoint::resolve(dst, None, route, cfg, deadline)?),
             #[cfg(feature = "mem")]
             (Fabric::Mem, Some(PdInner::Mem(p))) => {
-                EndpointInner::Mem(mem::Endpoint::resolve(dst, Some(p), device, cfg, deadline)?)
+                EndpointInner::Mem(mem::Endpoint::resolve(dst, Some(p), route, cfg, deadline)?)
             }
             #[cfg(feature = "mem")]
             _ => return Err(Error::OtherFabric { what: "the fabric to connect on" }),

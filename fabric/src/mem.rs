@@ -38,7 +38,9 @@ use std::time::{Duration, Instant};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::error::AddrDisplay;
 use crate::verbs::cm;
-use crate::{policy, Access, Error, ListenerEvent, Local, Memory, Op, QpAttributes, QpConfig, Result, WorkRequest};
+use crate::{
+    policy, Access, Error, ListenerEvent, Local, Memory, Op, QpAttributes, QpConfig, Result, Route, WorkRequest,
+};
 
 const DEFAULT_DEVICE: &str = "mem0";
 /// lkeys differ from rkeys, so using one for the other fails as on hardware.
@@ -318,7 +320,7 @@ impl Request {
             c.listener = Some((self.listener.clone(), conn));
         }
         lock(&QPS).insert(qpn, Arc::downgrade(&shared));
-        Ok(Endpoint { shared, side: 1, qpn, pd: pd.clone(), cfg: *cfg, local, peer, bell, closed: false })
+        Ok(Endpoint { shared, side: 1, qpn, pd: pd.clone(), cfg: *cfg, tos: 0, local, peer, bell, closed: false })
     }
 }
 
@@ -580,6 +582,8 @@ pub(crate) struct Endpoint {
     qpn: u32,
     pd: Pd,
     cfg: QpConfig,
+    // The traffic class, as rdma_cm would put it in the address vector.
+    tos: u8,
     local: SocketAddr,
     peer: SocketAddr,
     // Readable when a completion was queued since the last drain.
@@ -591,10 +595,11 @@ impl Endpoint {
     pub(crate) fn resolve(
         dst: SocketAddr,
         pd: Option<&Pd>,
-        device: Option<&str>,
+        route: &Route,
         cfg: &QpConfig,
         _deadline: Instant,
     ) -> Result<Endpoint> {
+        let device = route.device.as_deref();
         let listener = find_listener(dst).ok_or(Error::Connect {
             addr: dst,
             event: "UNREACHABLE",
@@ -603,11 +608,7 @@ impl Endpoint {
         })?;
         let dev = listener.device.as_deref().unwrap_or(DEFAULT_DEVICE);
         if device.is_some_and(|want| want != dev) {
-            return Err(Error::WrongDevice {
-                addr: dst,
-                found: dev.into(),
-                wanted: device.unwrap_or_default().into(),
-            });
+            return Err(Error::WrongDevice { addr: dst, found: dev.into(), wanted: device.unwrap_or_default().into() });
         }
         let pd = match pd {
             Some(pd) if pd.device() == dev => pd.clone(),
@@ -620,7 +621,9 @@ impl Endpoint {
             }
             None => Pd::alloc(dev)?,
         };
-        let ip = if dst.is_ipv4() { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { IpAddr::V6(Ipv6Addr::LOCALHOST) };
+        // Loopback unless a source is asked for: every in-memory address is local.
+        let loopback = if dst.is_ipv4() { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { IpAddr::V6(Ipv6Addr::LOCALHOST) };
+        let ip = route.source.unwrap_or(loopback);
         let qpn = NEXT_QPN.fetch_add(1, Relaxed);
         let (rx, tx) = bell()?;
         let qp = Qp { num: qpn, pd: pd.id, bell: Some(tx), ..Qp::default() };
@@ -628,7 +631,8 @@ impl Endpoint {
         let shared = Arc::new(Shared { conn: Mutex::new(conn), handshake: Condvar::new() });
         lock(&QPS).insert(qpn, Arc::downgrade(&shared));
         let local = SocketAddr::new(ip, ephemeral_port());
-        Ok(Endpoint { shared, side: 0, qpn, pd, cfg: *cfg, local, peer: dst, bell: rx, closed: false })
+        let tos = route.tos.unwrap_or(0);
+        Ok(Endpoint { shared, side: 0, qpn, pd, cfg: *cfg, tos, local, peer: dst, bell: rx, closed: false })
     }
 
     fn state_err(&self, state: &'static str) -> Error {
@@ -844,6 +848,7 @@ impl Endpoint {
             rnr_retry: policy::RNR_RETRY,
             min_rnr_timer: policy::MIN_RNR_TIMER,
             max_inline_data: self.cfg.max_inline,
+            traffic_class: self.tos,
         })
     }
 
@@ -884,7 +889,7 @@ mod tests {
         let l = bind();
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
-            let mut ep = Ep::resolve(Fabric::Mem, addr, None, None, &cfg(), soon()).unwrap();
+            let mut ep = Ep::resolve(Fabric::Mem, addr, None, &Route::default(), &cfg(), soon()).unwrap();
             ep.connect(b"hello", soon()).map(|()| ep)
         });
         let Some(ListenerEvent::Request(req)) = l.next_event(Some(soon())).unwrap() else { panic!("no request") };
@@ -1085,7 +1090,7 @@ mod tests {
         assert!(matches!(L::bind(Fabric::Mem, addr, None), Err(Error::Cm { .. })));
         for drop_it in [false, true] {
             let t = std::thread::spawn(move || {
-                let mut ep = Ep::resolve(Fabric::Mem, addr, None, None, &cfg(), soon()).unwrap();
+                let mut ep = Ep::resolve(Fabric::Mem, addr, None, &Route::default(), &cfg(), soon()).unwrap();
                 ep.connect(&[], soon())
             });
             let Some(ListenerEvent::Request(req)) = l.next_event(Some(soon())).unwrap() else { panic!() };
@@ -1097,14 +1102,43 @@ mod tests {
             assert!(matches!(t.join().unwrap(), Err(Error::Connect { event: "REJECTED", .. })));
         }
         drop(l);
-        let err = Ep::resolve(Fabric::Mem, addr, None, None, &cfg(), soon()).unwrap_err();
+        let err = Ep::resolve(Fabric::Mem, addr, None, &Route::default(), &cfg(), soon()).unwrap_err();
         assert!(matches!(err, Error::Connect { event: "UNREACHABLE", .. }), "{err}");
+    }
+
+    /// The route's source address is the one the passive side sees the connection come from,
+    /// and its TOS is the QP's traffic class; a source of the other family is refused before
+    /// anything is resolved.
+    #[test]
+    fn route_source_and_tos() {
+        let l = bind();
+        let addr = l.local_addr().unwrap();
+        let source: IpAddr = "127.0.0.9".parse().unwrap();
+        let route = Route { source: Some(source), tos: Some(106), ..Route::default() };
+        let t = std::thread::spawn(move || {
+            let mut ep = Ep::resolve(Fabric::Mem, addr, None, &route, &cfg(), soon()).unwrap();
+            ep.connect(&[], soon()).unwrap();
+            ep
+        });
+        let Some(ListenerEvent::Request(req)) = l.next_event(Some(soon())).unwrap() else { panic!() };
+        assert_eq!(req.peer().map(|a| a.ip()), Some(source));
+        let pd = req.alloc_pd().unwrap();
+        let mut b = req.into_endpoint(&pd, &cfg(), 1).unwrap();
+        b.accept().unwrap();
+        let a = t.join().unwrap();
+        assert_eq!(a.attributes().unwrap().traffic_class, 106);
+        assert_eq!(b.peer().map(|a| a.ip()), Some(source));
+
+        let v6 = Route { source: Some("::1".parse().unwrap()), ..Route::default() };
+        let err = Ep::resolve(Fabric::Mem, addr, None, &v6, &cfg(), soon()).unwrap_err();
+        assert!(matches!(err, Error::SourceFamily { .. }), "{err}");
     }
 
     #[test]
     fn connect_times_out_without_answer() {
         let l = bind();
-        let mut ep = Ep::resolve(Fabric::Mem, l.local_addr().unwrap(), None, None, &cfg(), soon()).unwrap();
+        let mut ep =
+            Ep::resolve(Fabric::Mem, l.local_addr().unwrap(), None, &Route::default(), &cfg(), soon()).unwrap();
         let err = ep.connect(&[], Instant::now() + Duration::from_millis(20)).unwrap_err();
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
         let Some(ListenerEvent::Request(req)) = l.next_event(None).unwrap() else { panic!() };

@@ -1,10 +1,9 @@
 //! Registered I/O buffers: a queue's pool, carved out of one registration, and the [`Buffer`]
 //! handles that lend its pieces to callers and to in-flight operations.
 
-use rblk_fabric::Chain;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rblk_fabric::{Access, Memory, Mr, Pd};
+use rblk_fabric::{Access, Chain, Memory, Mr, Pd};
 
 use crate::{Error, InvalidReason, Result};
 

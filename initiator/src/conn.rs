@@ -1,12 +1,11 @@
 //! One queue pair to the target: its endpoint, its control channel, and request/reply with tags.
 //! Both the session's first QP and every [`Queue`](crate::Queue) are one of these.
 
-use rblk_fabric::Chain;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
-use rblk_fabric::{Completion, Endpoint, Fabric, Pd, QpConfig};
+use rblk_fabric::{Chain, Completion, Endpoint, Fabric, Pd, QpConfig, Route};
 use rblk_proto::{
     ChallengeFlags, ConnectData, FlushedFlags, Message, Opcode, Opened, StatsReply, KEEPALIVE_INTERVAL,
     KEEPALIVE_TIMEOUT, MSG_SIZE, NONCE_LEN, RECV_COUNT, SEND_COUNT,
@@ -52,7 +51,7 @@ enum Received {
 pub(crate) struct Dest {
     pub(crate) fabric: Fabric,
     pub(crate) addr: SocketAddr,
-    pub(crate) device: Option<String>,
+    pub(crate) route: Route,
     pub(crate) spin: Duration,
 }
 
@@ -102,9 +101,9 @@ impl Conn {
         data: ConnectData,
         deadline: Instant,
     ) -> Result<Conn> {
-        let Dest { fabric, addr, ref device, spin } = *dest;
+        let Dest { fabric, addr, ref route, spin } = *dest;
         let connect_err = |source| Error::Connect { addr, source };
-        let mut ep = Endpoint::resolve(fabric, addr, pd, device.as_deref(), cfg, deadline).map_err(connect_err)?;
+        let mut ep = Endpoint::resolve(fabric, addr, pd, route, cfg, deadline).map_err(connect_err)?;
         let mut chan = Channel::new(&ep.pd()).map_err(connect_err)?;
         // RECVs first: the target may SEND (a keepalive) as soon as it accepts.
         chan.post_recvs(&mut ep).map_err(connect_err)?;

@@ -102,12 +102,12 @@ pub use buffer::{Buffer, BufferPool};
 pub use dirty::Dirty;
 pub use engine::{Engine, EngineStats, Lane};
 pub use error::{Direction, Error, InvalidReason, Result};
-#[cfg(feature = "clap")]
-pub use options::ReconnectArgs;
 pub use options::{
     check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,
     DEFAULT_TIMEOUT,
 };
+#[cfg(feature = "clap")]
+pub use options::{ReconnectArgs, RouteArgs};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, why_no_device, Chain, DeviceInfo, Fabric};

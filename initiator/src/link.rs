@@ -13,13 +13,12 @@
 //! instance of a durable volume lost the writes not yet flushed, so the next FLUSH fails
 //! ([`Link::take_lost_writes`]) unless I/O has already failed since the loss.
 
-use rblk_fabric::Chain;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::Pd;
+use rblk_fabric::{Chain, Pd};
 use rblk_proto::{ErrorCode, OpenMode, Opened, Resume, FEATURE_RECONNECT};
 
 use crate::conn::{Conn, Dest};

@@ -1,10 +1,11 @@
 //! How to reach a target: fabric, device, key and timeouts.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use rblk_fabric::Fabric;
+use rblk_fabric::{Fabric, Route};
 
 use crate::{Error, Result};
 
@@ -59,6 +60,37 @@ impl Reconnect {
                 .map(|s| Some(Duration::from_secs(s)))
                 .map_err(|_| format!("{text:?} is not a number of seconds (a whole number, or -1 for forever)")),
         }
+    }
+}
+
+/// The path flags of rblk's programs (`--device`, `--source-addr`, `--tos`), for
+/// `#[command(flatten)]`: how to reach the target besides its address. Feature `clap`.
+#[cfg(feature = "clap")]
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RouteArgs {
+    /// Only use this RDMA device (e.g. mlx5_0, rxe0). The target's address picks the device;
+    /// this checks that it is the one expected.
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
+    /// Connect from this local IP address: it picks the RDMA device, port and GID (RoCE: the
+    /// netdev and GID that carry the address), as perftest's -x picks a GID [default: routing
+    /// chooses].
+    #[arg(long, value_name = "ADDR")]
+    pub source_addr: Option<IpAddr>,
+    /// Type of service of the connections, 0-255 (RDMA_OPTION_ID_TOS; RoCEv2: the IP header's
+    /// DSCP and ECN bits, e.g. 106 for DSCP 26 with ECN capable), as perftest's -T
+    /// [default: the kernel's, 0 unless rdma_cm's default_roce_tos is set].
+    #[arg(long, value_name = "TOS")]
+    pub tos: Option<u8>,
+}
+
+#[cfg(feature = "clap")]
+impl RouteArgs {
+    /// Sets `options`' device, source address and type of service from the flags.
+    pub fn apply(&self, options: &mut Options) {
+        options.device = self.device.clone();
+        options.source_addr = self.source_addr;
+        options.tos = self.tos;
     }
 }
 
@@ -119,6 +151,12 @@ pub struct Options {
     pub fabric: Fabric,
     /// Only use this RDMA device (the address decides the device; this only checks it).
     pub device: Option<String>,
+    /// Connect from this local address: it picks the RDMA device, port and GID (perftest's `-x`
+    /// picks a GID by index; rdma_cm picks it by address). None lets routing choose.
+    pub source_addr: Option<IpAddr>,
+    /// Type of service of every connection (RDMA_OPTION_ID_TOS: on RoCEv2 the DSCP and ECN bits
+    /// of the packets, as perftest's `-T`). None keeps the kernel's default.
+    pub tos: Option<u8>,
     /// The pre-shared key, when the target requires one (see [`Options::key_from_file`]): the
     /// target's shared key, or this host's own.
     pub key: Option<Vec<u8>>,
@@ -144,6 +182,8 @@ impl Default for Options {
         Options {
             fabric: Fabric::default(),
             device: None,
+            source_addr: None,
+            tos: None,
             key: None,
             host_id: None,
             timeout: DEFAULT_TIMEOUT,
@@ -154,12 +194,21 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// How the fabric is to reach targets: device, source address and type of service.
+    pub fn route(&self) -> Route {
+        Route { device: self.device.clone(), source: self.source_addr, tos: self.tos }
+    }
+}
+
 // Never print the key.
 impl fmt::Debug for Options {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Options")
             .field("fabric", &self.fabric)
             .field("device", &self.device)
+            .field("source_addr", &self.source_addr)
+            .field("tos", &self.tos)
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
             .field("host_id", &self.host_id)
             .field("timeout", &self.timeout)

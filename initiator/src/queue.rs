@@ -1,12 +1,11 @@
 //! A further queue pair of a session, for asynchronous I/O: submit, then reap or wait.
 
-use rblk_fabric::Chain;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rblk_fabric::channel;
 use rblk_fabric::policy::POLL_BATCH;
+use rblk_fabric::{channel, Chain};
 use rblk_fabric::{Access, Completion, Endpoint, Local, Memory, Mr, Op, Pd, WcStatus, WorkRequest};
 use rblk_proto::{ConnectData, Message, Opcode, FEATURE_KEEPALIVE};
 

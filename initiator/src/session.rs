@@ -1,10 +1,9 @@
 //! A session's first QP: connect, HELLO, CHALLENGE/AUTH, then OPEN into a [`Volume`].
 
-use rblk_fabric::Chain;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use rblk_fabric::Pd;
+use rblk_fabric::{Chain, Pd};
 use rblk_proto::{
     ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, FEATURES, FEATURE_HOST_ID,
     FEATURE_KEEPALIVE, MAC_LEN,
@@ -37,7 +36,7 @@ impl Session {
         let dests: Vec<Dest> = uri
             .resolve_all()?
             .into_iter()
-            .map(|addr| Dest { fabric: opts.fabric, addr, device: opts.device.clone(), spin: opts.spin })
+            .map(|addr| Dest { fabric: opts.fabric, addr, route: opts.route(), spin: opts.spin })
             .collect();
         let mut first_err = None;
         for (at, dest) in dests.iter().enumerate() {

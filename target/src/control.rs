@@ -1,10 +1,9 @@
 //! One connection's control protocol: a small state machine fed by received messages. It never
 //! touches the data path; it hands out (and takes back) access to volume memory.
 
-use rblk_fabric::Chain;
 use std::sync::Arc;
 
-use rblk_fabric::{Access, Pd};
+use rblk_fabric::{Access, Chain, Pd};
 use rblk_proto::{
     ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, Resume, StatsReply,
     VolumeFlags, NONCE_LEN,

@@ -14,11 +14,11 @@
 //!   sessions from now on. `listen`, `device`, `state_dir`, block size and max I/O need a
 //!   restart (reported).
 
-use rblk_fabric::Chain;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use rblk_fabric::Chain;
 use tracing::{info, warn};
 
 use crate::server::{self, Config, Limits, LoadError, Progress, Running, StartError};

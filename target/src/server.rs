@@ -1,6 +1,5 @@
 //! The rdma_cm listener and the connection threads.
 
-use rblk_fabric::Chain;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -10,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
-use rblk_fabric::{Completion, Endpoint, Fabric, Listener, ListenerEvent, QpConfig, Request, Waker};
+use rblk_fabric::{Chain, Completion, Endpoint, Fabric, Listener, ListenerEvent, QpConfig, Request, Waker};
 use rblk_proto::{ConnectData, Message, Resume, MSG_SIZE};
 use tracing::{debug, info, info_span, warn};
 

@@ -1,10 +1,9 @@
 //! The volume store: each volume's bytes live in one anonymous mapping, registered once per
 //! session that opens it; a durable volume also has a [`Backing`] store.
 
-use rblk_fabric::Chain;
 use std::sync::{Arc, Mutex};
 
-use rblk_fabric::Memory;
+use rblk_fabric::{Chain, Memory};
 use rblk_proto::{OpenMode, VolumeId};
 
 use crate::persist::Backing;

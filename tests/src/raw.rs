@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
-use rblk_fabric::{Completion, Endpoint, Fabric, Local, Op, QpConfig, WorkRequest};
+use rblk_fabric::{Completion, Endpoint, Fabric, Local, Op, QpConfig, Route, WorkRequest};
 use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, Opened, Resume, MSG_SIZE};
 
 /// One QP speaking the control protocol by hand.
@@ -30,7 +30,7 @@ impl Raw {
     /// `within`.
     pub fn connect_bytes(fabric: Fabric, addr: SocketAddr, data: &[u8], within: Duration) -> rblk_fabric::Result<Raw> {
         let deadline = Instant::now() + within;
-        let mut ep = Endpoint::resolve(fabric, addr, None, None, &QpConfig::default(), deadline)?;
+        let mut ep = Endpoint::resolve(fabric, addr, None, &Route::default(), &QpConfig::default(), deadline)?;
         let mut channel = Channel::new(&ep.pd())?;
         channel.post_recvs(&mut ep)?;
         ep.connect(data, deadline)?;
@@ -41,7 +41,7 @@ impl Raw {
     /// as to a peer that stopped reposting its receives.
     pub fn connect_without_recvs(fabric: Fabric, addr: SocketAddr, connect: ConnectData) -> rblk_fabric::Result<Raw> {
         let deadline = Instant::now() + STEP;
-        let mut ep = Endpoint::resolve(fabric, addr, None, None, &QpConfig::default(), deadline)?;
+        let mut ep = Endpoint::resolve(fabric, addr, None, &Route::default(), &QpConfig::default(), deadline)?;
         let channel = Channel::new(&ep.pd())?;
         ep.connect(&connect.to_bytes(), deadline)?;
         Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })

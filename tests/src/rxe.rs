@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rblk_fabric::{Access, Completion, Endpoint, Fabric, ListenerEvent, Memory, QpAttributes, QpConfig};
+use rblk_fabric::{Access, Completion, Endpoint, Fabric, ListenerEvent, Memory, QpAttributes, QpConfig, Route};
 
 /// The device and address to test on.
 #[derive(Debug, Clone)]
@@ -41,6 +41,7 @@ pub const STEP: Duration = Duration::from_secs(30);
 /// Requests to the passive peer's thread.
 enum Cmd {
     Attributes(mpsc::Sender<QpAttributes>),
+    From(mpsc::Sender<Option<SocketAddr>>),
     Recv(mpsc::Sender<(Completion, Vec<u8>)>),
 }
 
@@ -97,6 +98,9 @@ impl Peer {
                     Cmd::Attributes(tx) => {
                         let _ = tx.send(ep.attributes().expect("query target QP"));
                     }
+                    Cmd::From(tx) => {
+                        let _ = tx.send(ep.peer());
+                    }
                     Cmd::Recv(tx) => {
                         let c = wait_one(&mut ep);
                         let mut data = vec![0u8; (c.byte_len as usize).min(RECV_LEN)];
@@ -120,6 +124,13 @@ impl Peer {
     pub fn attributes(&self) -> QpAttributes {
         let (tx, rx) = mpsc::channel();
         self.cmds.as_ref().expect("peer running").send(Cmd::Attributes(tx)).expect("peer alive");
+        rx.recv_timeout(STEP).expect("peer answered")
+    }
+
+    /// The address the accepted connection came from, as the passive side sees it.
+    pub fn connected_from(&self) -> Option<SocketAddr> {
+        let (tx, rx) = mpsc::channel();
+        self.cmds.as_ref().expect("peer running").send(Cmd::From(tx)).expect("peer alive");
         rx.recv_timeout(STEP).expect("peer answered")
     }
 
@@ -156,8 +167,13 @@ pub fn wait_one(ep: &mut Endpoint) -> Completion {
 
 /// Connects an active endpoint to `peer`.
 pub fn connect(rdma: &Rdma, peer: &Peer) -> Endpoint {
+    connect_along(peer, &Route { device: Some(rdma.device.clone()), ..Route::default() })
+}
+
+/// Connects an active endpoint to `peer` along `route` (device, source address, TOS).
+pub fn connect_along(peer: &Peer, route: &Route) -> Endpoint {
     let deadline = Instant::now() + STEP;
-    let mut ep = Endpoint::resolve(Fabric::Verbs, peer.addr, None, Some(&rdma.device), &QpConfig::default(), deadline)
+    let mut ep = Endpoint::resolve(Fabric::Verbs, peer.addr, None, route, &QpConfig::default(), deadline)
         .expect("resolve and create QP");
     ep.connect(&[], deadline).expect("connect");
     ep

@@ -2,10 +2,14 @@
 //! completions, no phantom completions, and the QP attribute policy in force on both ends.
 
 use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rblk_fabric::{policy, Access, Completion, Local, Memory, Op, WcStatus, WorkRequest};
-use rblk_tests::rxe::{connect, rdma, wait_one, Peer, STEP};
+use rblk_fabric::{
+    policy, Access, Completion, Endpoint, Fabric, Local, Memory, Op, QpConfig, Route, WcStatus, WorkRequest,
+};
+use rblk_tests::rxe::{connect, connect_along, rdma, wait_one, Peer, STEP};
 
 const MIB: usize = 1 << 20;
 
@@ -215,4 +219,93 @@ fn read_depth_and_retry_policy_are_in_force_on_both_ends() {
         assert!(done.insert(c.wr_id));
     }
     assert_eq!(done.len(), 64);
+}
+
+/// `Route::tos` reaches the wire: rdma_cm turns the type of service set with
+/// `rdma_set_option(RDMA_OPTION_ID_TOS)` into the QP's traffic class, which rxe writes into every
+/// RoCEv2 packet's IP TOS byte. Without the `set_tos` call the initiator's QP reports 0.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn tos_becomes_the_qps_traffic_class() {
+    let rdma = rdma();
+    for tos in [None, Some(106u8)] {
+        let peer = Peer::start(&rdma, MIB);
+        let route = Route { device: Some(rdma.device.clone()), tos, ..Route::default() };
+        let ep = connect_along(&peer, &route);
+        let got = ep.attributes().unwrap().traffic_class;
+        eprintln!("tos {tos:?}: initiator QP traffic class {got}");
+        assert_eq!(got, tos.unwrap_or(0), "tos {tos:?}");
+    }
+}
+
+/// An IP address added to the device's netdev for one test, removed again on drop.
+struct ExtraAddr {
+    addr: IpAddr,
+    netdev: String,
+}
+
+impl ExtraAddr {
+    fn add(rdma: &rblk_tests::rxe::Rdma) -> ExtraAddr {
+        let IpAddr::V4(v4) = rdma.addr else { panic!("this test needs an IPv4 RBLK_ADDR, not {}", rdma.addr) };
+        let [a, b, c, d] = v4.octets();
+        let addr = IpAddr::V4(Ipv4Addr::new(a, b, c, if d == 77 { 78 } else { 77 }));
+        let devices = rblk_fabric::list_devices().unwrap();
+        let dev = devices.iter().find(|d| d.name == rdma.device).expect("the test device is listed");
+        let netdev = dev.ports.iter().flat_map(|p| &p.netdevs).next().expect("an rxe device has a netdev").clone();
+        let out = Command::new("ip").args(["addr", "add", &format!("{addr}/32"), "dev", &netdev]).output().unwrap();
+        assert!(out.status.success(), "ip addr add: {}", String::from_utf8_lossy(&out.stderr));
+        ExtraAddr { addr, netdev }
+    }
+}
+
+impl Drop for ExtraAddr {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["addr", "del", &format!("{}/32", self.addr), "dev", &self.netdev]).status();
+    }
+}
+
+/// `Route::source` is rdma_resolve_addr's source: with a second address on the netdev, the
+/// passive side sees the connection come from the address asked for, and from the primary one
+/// without it (so the test fails if the source were ignored). A source on no RDMA device is
+/// refused with an error naming rdma_resolve_addr.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn source_addr_picks_the_local_address() {
+    let rdma = rdma();
+    let extra = ExtraAddr::add(&rdma);
+    // rxe adds the GID for a new address asynchronously: retry the first connection briefly.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let route = Route { device: Some(rdma.device.clone()), source: Some(extra.addr), ..Route::default() };
+    let from = loop {
+        let peer = Peer::start(&rdma, 4096);
+        let qdeadline = Instant::now() + STEP;
+        match Endpoint::resolve(Fabric::Verbs, peer.addr, None, &route, &QpConfig::default(), qdeadline)
+            .and_then(|mut ep| ep.connect(&[], qdeadline).map(|()| ep))
+        {
+            Ok(_ep) => break peer.connected_from(),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not yet: {}", rblk_fabric::Chain(&e));
+                std::thread::sleep(Duration::from_millis(500));
+                // The peer waits STEP for a request: let it go by connecting normally.
+                let _ = connect(&rdma, &peer);
+            }
+            Err(e) => panic!("connecting from {}: {}", extra.addr, rblk_fabric::Chain(&e)),
+        }
+    };
+    assert_eq!(from.map(|a| a.ip()), Some(extra.addr), "the passive side sees the source address");
+
+    let peer = Peer::start(&rdma, 4096);
+    let _ep = connect(&rdma, &peer);
+    assert_eq!(peer.connected_from().map(|a| a.ip()), Some(rdma.addr), "without a source, the primary address");
+
+    // 192.0.2.1 (TEST-NET-1) is on no interface here.
+    let bad = Route { source: Some("192.0.2.1".parse().unwrap()), ..Route::default() };
+    let peer = Peer::start(&rdma, 4096);
+    let err = Endpoint::resolve(Fabric::Verbs, peer.addr, None, &bad, &QpConfig::default(), Instant::now() + STEP)
+        .map(drop)
+        .unwrap_err();
+    let text = rblk_fabric::Chain(&err).to_string();
+    eprintln!("source on no device: {text}");
+    assert!(text.contains("rdma_resolve_addr") || text.contains("address resolution"), "{text}");
+    let _ = connect(&rdma, &peer);
 }

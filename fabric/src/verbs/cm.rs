@@ -258,13 +258,34 @@ impl CmId {
         check(unsafe { sys::rdma_listen(self.raw.as_ptr(), backlog) }, "rdma_listen", self.local_addr())
     }
 
-    pub(crate) fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> Result<()> {
+    /// Starts resolving `dst`, from `src` (port 0) when given: the source picks the device and
+    /// GID; a null source lets routing choose.
+    pub(crate) fn resolve_addr(&self, src: Option<std::net::IpAddr>, dst: SocketAddr, timeout_ms: i32) -> Result<()> {
         let (sa, _len) = to_sockaddr(dst);
-        // SAFETY: `sa` is valid for the call; a null source lets routing choose.
-        let rc = unsafe {
-            sys::rdma_resolve_addr(self.raw.as_ptr(), ptr::null_mut(), sa.as_ptr().cast_mut().cast(), timeout_ms)
-        };
+        let mut src = src.map(|ip| to_sockaddr(SocketAddr::new(ip, 0)).0);
+        let src_ptr = src.as_mut().map_or(ptr::null_mut(), |s| ptr::from_mut(&mut **s).cast());
+        // SAFETY: `sa` and `src` (when not null) are valid sockaddr_storage boxes that outlive the
+        // call, which copies them.
+        let rc =
+            unsafe { sys::rdma_resolve_addr(self.raw.as_ptr(), src_ptr, sa.as_ptr().cast_mut().cast(), timeout_ms) };
         check(rc, "rdma_resolve_addr", Some(dst))
+    }
+
+    /// Sets the type of service of the connection (RDMA_OPTION_ID_TOS); before resolving the
+    /// route, which takes it into the path record and so into the QP's traffic class.
+    pub(crate) fn set_tos(&self, tos: u8, dst: SocketAddr) -> Result<()> {
+        let mut value = tos;
+        // SAFETY: the id is live; `value` is the one byte RDMA_OPTION_ID_TOS reads, live for the call.
+        let rc = unsafe {
+            sys::rdma_set_option(
+                self.raw.as_ptr(),
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_TOS,
+                ptr::from_mut(&mut value).cast(),
+                size_of::<u8>(),
+            )
+        };
+        check(rc, "rdma_set_option(RDMA_OPTION_ID_TOS)", Some(dst))
     }
 
     pub(crate) fn resolve_route(&self, timeout_ms: i32) -> Result<()> {
@@ -356,6 +377,10 @@ fn check(rc: i32, op: &'static str, addr: Option<SocketAddr>) -> Result<()> {
 }
 
 /// A sockaddr in a buffer big enough for IPv6.
+/// rdma_cma.h's option level and name for the type of service (an enum bindgen does not carry).
+const RDMA_OPTION_ID: i32 = 0;
+const RDMA_OPTION_ID_TOS: i32 = 0;
+
 fn to_sockaddr(addr: SocketAddr) -> (Box<libc::sockaddr_storage>, usize) {
     // SAFETY: sockaddr_storage is plain old data; zero is valid.
     let mut ss: Box<libc::sockaddr_storage> = Box::new(unsafe { std::mem::zeroed() });

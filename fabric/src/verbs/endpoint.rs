@@ -19,7 +19,9 @@ use super::cm::{self, CmChannel, CmEventKind, CmId, ConnParam};
 use super::device;
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::error::AddrDisplay;
-use crate::{policy, Access, Error, ListenerEvent, Local, Memory, Op, QpAttributes, QpConfig, Result, WorkRequest};
+use crate::{
+    policy, Access, Error, ListenerEvent, Local, Memory, Op, QpAttributes, QpConfig, Result, Route, WorkRequest,
+};
 
 fn verbs_err(op: &'static str, device: &str, source: std::io::Error) -> Error {
     Error::Verbs { op, device: device.to_owned(), source }
@@ -235,14 +237,18 @@ impl Endpoint {
     pub(crate) fn resolve(
         dst: SocketAddr,
         pd: Option<&Pd>,
-        device: Option<&str>,
+        route: &Route,
         cfg: &QpConfig,
         deadline: Instant,
     ) -> Result<Endpoint> {
         let started = Instant::now();
+        let device = route.device.as_deref();
         let channel = CmChannel::new()?;
         let id = CmId::new(&channel)?;
-        id.resolve_addr(dst, timeout_ms(deadline))?;
+        if let Some(tos) = route.tos {
+            id.set_tos(tos, dst)?;
+        }
+        id.resolve_addr(route.source, dst, timeout_ms(deadline))?;
         expect(&channel, CmEventKind::AddrResolved, "address resolution", dst, deadline, started)?;
         id.resolve_route(timeout_ms(deadline))?;
         expect(&channel, CmEventKind::RouteResolved, "route resolution", dst, deadline, started)?;
@@ -588,7 +594,8 @@ impl Endpoint {
             | sys::ibv_qp_attr_mask::IBV_QP_RETRY_CNT
             | sys::ibv_qp_attr_mask::IBV_QP_RNR_RETRY
             | sys::ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER
-            | sys::ibv_qp_attr_mask::IBV_QP_CAP)
+            | sys::ibv_qp_attr_mask::IBV_QP_CAP
+            | sys::ibv_qp_attr_mask::IBV_QP_AV)
             .0 as i32;
         // SAFETY: the QP is live and both out-parameters are valid for writes.
         let rc = unsafe { sys::ibv_query_qp(self.qp.qp().as_ptr(), &mut attr, mask, &mut init) };
@@ -604,6 +611,7 @@ impl Endpoint {
             rnr_retry: attr.rnr_retry,
             min_rnr_timer: attr.min_rnr_timer,
             max_inline_data: init.cap.max_inline_data,
+            traffic_class: attr.ah_attr.grh.traffic_class,
         })
     }
 

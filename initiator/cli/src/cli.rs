@@ -35,10 +35,8 @@ pub struct Connection {
     /// NQN): printable ASCII, no spaces. Default: the machine's hostname.
     #[arg(long, env = "RBLK_HOST_ID", value_name = "NAME", value_parser = host_id_arg)]
     pub host_id: Option<String>,
-    /// Only use this RDMA device (e.g. mlx5_0, rxe0). The target's address picks the device;
-    /// this checks that it is the one expected.
-    #[arg(long, value_name = "NAME")]
-    pub device: Option<String>,
+    #[command(flatten)]
+    pub route: rblk_initiator::RouteArgs,
     /// Give up on each control exchange (connect, open, flush) after this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     pub timeout: u64,
@@ -284,14 +282,15 @@ impl Connection {
     /// The library's options for these flags, with `reconnect` as the reconnect policy.
     pub fn options(&self, reconnect: Reconnect) -> anyhow::Result<Options> {
         let key = self.key_file.as_ref().map(Options::key_from_file).transpose()?;
-        Ok(Options {
-            device: self.device.clone(),
+        let mut options = Options {
             key,
             host_id: self.host_id.clone(),
             timeout: Duration::from_secs(self.timeout),
             reconnect,
             ..Options::default()
-        })
+        };
+        self.route.apply(&mut options);
+        Ok(options)
     }
 }
 
@@ -622,6 +621,23 @@ mod tests {
         assert!(no_device(&e));
         let e = anyhow::Error::new(rblk_initiator::Error::Connect { addr, source: cm(libc::ETIMEDOUT) });
         assert!(!no_device(&e));
+    }
+
+    /// --source-addr and --tos reach the connection options; a TOS past 255 or a source that is
+    /// not an IP address is refused by the parser.
+    #[test]
+    fn route_flags() {
+        use clap::Parser as _;
+        let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--source-addr", "10.0.0.2", "--tos", "106"]).unwrap();
+        let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
+        let o = conn.options(Reconnect::default()).unwrap();
+        assert_eq!((o.source_addr, o.tos), (Some("10.0.0.2".parse().unwrap()), Some(106)));
+        assert_eq!(o.route().source, o.source_addr);
+        for bad in [["--tos", "256"], ["--source-addr", "eth0"]] {
+            let mut argv = vec!["rblk", "info", "rblk://h/v"];
+            argv.extend(bad);
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

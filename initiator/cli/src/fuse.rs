@@ -3,11 +3,11 @@
 //!
 //! `--daemon` works as in `daemon.rs`: the binary runs again, detached, and says when it is ready.
 
-use rblk_initiator::Chain;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use rblk_initiator::Chain;
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};

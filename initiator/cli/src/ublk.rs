@@ -18,7 +18,6 @@
 //! then a FLUSH of their range. WRITE_ZEROES is advertised (RDMA WRITEs from a zeroed
 //! registration); DISCARD is not, since the target has nothing to discard.
 
-use rblk_initiator::Chain;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io::Write as _;
@@ -34,7 +33,7 @@ use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, BufDesc, UblkError, UblkFlags};
 use rblk_initiator::engine::{Data, Finished, IoOp, Request};
-use rblk_initiator::{Buffer, Engine, Lane};
+use rblk_initiator::{Buffer, Chain, Engine, Lane};
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};

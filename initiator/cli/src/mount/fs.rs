@@ -1,6 +1,5 @@
 //! The FUSE filesystem: a root directory with one file, the volume.
 
-use rblk_initiator::Chain;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,7 +13,7 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, WriteFlags,
 };
 
-use rblk_initiator::{Engine, EngineStats, InvalidReason, Volume};
+use rblk_initiator::{Chain, Engine, EngineStats, InvalidReason, Volume};
 
 use super::{Error, Result};
 

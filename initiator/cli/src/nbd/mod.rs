@@ -24,7 +24,6 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-use rblk_initiator::Chain;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs as _};
@@ -37,7 +36,7 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use rblk_initiator::{OpenMode, Options, Session, Uri};
+use rblk_initiator::{Chain, OpenMode, Options, Session, Uri};
 
 use self::device::Device;
 use self::handshake::{Export, Outcome, Refusal};

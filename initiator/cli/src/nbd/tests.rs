@@ -4,7 +4,6 @@
 //! operations, flushes that send nothing when nothing was written, and read-modify-write of
 //! unaligned requests against a model.
 
-use rblk_initiator::Chain;
 use std::io::{Cursor, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::net::UnixStream;
@@ -12,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rblk_fabric::WcStatus;
-use rblk_initiator::{Engine, Fabric, OpenMode, Options, Reconnect, Session};
+use rblk_initiator::{Chain, Engine, Fabric, OpenMode, Options, Reconnect, Session};
 use rblk_target::config::VolumeSpec;
 use rblk_target::server::{Config, Running, Server};
 use zerocopy::IntoBytes as _;
@@ -762,7 +761,7 @@ fn listen_addresses_and_the_command_line() {
                 (a.uri.as_str(), a.listen, a.read_only, a.shared),
                 ("rblk://h/v", Listen::Unix("/run/v.sock".into()), true, true)
             );
-            assert_eq!(a.conn.device.as_deref(), Some("rxe0"));
+            assert_eq!(a.conn.route.device.as_deref(), Some("rxe0"));
         }
         other => panic!("{other:?}"),
     }

@@ -8,7 +8,6 @@
 //! of the whole session), FUA as write then FLUSH of its range, zeroes, and FLUSH of exactly the
 //! ranges written since the last one (every write replied to so far; nothing sent when clean).
 
-use rblk_initiator::Chain;
 use std::io::{self, Read, Write};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::thread;
@@ -17,6 +16,7 @@ use std::time::{Duration, Instant};
 use zerocopy::IntoBytes as _;
 
 use rblk_initiator::engine::{Data, EngineStats, Finished, IoOp, Request};
+use rblk_initiator::Chain;
 
 use super::device::Device;
 use super::wire::{self, Errno, ExportGeometry, Op, RequestHeader};
