@@ -26,6 +26,81 @@ const DEPTH: u32 = 16;
 /// Alignment that O_DIRECT accepts on every device we meet (logical blocks of 512 or 4096).
 const ALIGN: u64 = 4096;
 
+/// Why a backing store cannot serve a volume. Each variant names the path; the OS error is the
+/// source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackingError {
+    /// A missing backing file could not be created.
+    #[error("cannot create backing file {}", path.display())]
+    Create {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A new backing file could not be given the volume's size.
+    #[error("cannot size backing file {} to {size} bytes", path.display())]
+    Resize {
+        /// The file.
+        path: PathBuf,
+        /// The volume's size.
+        size: u64,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The backing store could not be opened for reading and writing.
+    #[error("cannot open backing store {} for reading and writing", path.display())]
+    Open {
+        /// The file or device.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Its size could not be read.
+    #[error("cannot size backing store {}", path.display())]
+    Size {
+        /// The file or device.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// It is smaller than the volume.
+    #[error("backing store {} holds {have} bytes, less than the volume's {size}", path.display())]
+    TooSmall {
+        /// The file or device.
+        path: PathBuf,
+        /// Its size.
+        have: u64,
+        /// The volume's size.
+        size: u64,
+    },
+    /// No io_uring for it (an old kernel, or io_uring disabled by sysctl or seccomp).
+    #[error("cannot set up io_uring for {}", path.display())]
+    Ring {
+        /// The file or device.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading it into the volume's memory failed.
+    #[error("loading volume {name} from {}", path.display())]
+    Load {
+        /// The volume.
+        name: String,
+        /// The file or device.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
 /// A volume's backing store.
 #[derive(Debug)]
 pub struct Backing {
@@ -39,11 +114,11 @@ pub struct Backing {
 impl Backing {
     /// Opens (creating and sizing a missing file) the backing store at `path` for a volume of
     /// `size` bytes. Refuses one that is too small, unreadable or not writable, naming the path.
-    pub fn open(path: &Path, size: u64) -> Result<Backing, String> {
-        let name = path.display();
+    pub fn open(path: &Path, size: u64) -> Result<Backing, BackingError> {
+        let at = || path.to_owned();
         if !path.exists() {
-            let f = File::create_new(path).map_err(|e| format!("cannot create backing file {name}: {e}"))?;
-            f.set_len(size).map_err(|e| format!("cannot size backing file {name} to {size} bytes: {e}"))?;
+            let f = File::create_new(path).map_err(|source| BackingError::Create { path: at(), source })?;
+            f.set_len(size).map_err(|source| BackingError::Resize { path: at(), size, source })?;
         }
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
@@ -57,18 +132,17 @@ impl Backing {
         // aligned in memory, offset and length.
         let (mut file, direct) = match open(true) {
             Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (
-                open(false).map_err(|e| format!("cannot open backing store {name} for reading and writing: {e}"))?,
-                false,
-            ),
-            Err(e) => return Err(format!("cannot open backing store {name} for reading and writing: {e}")),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                (open(false).map_err(|source| BackingError::Open { path: at(), source })?, false)
+            }
+            Err(source) => return Err(BackingError::Open { path: at(), source }),
         };
         // Seeking to the end sizes regular files and block devices alike.
-        let have = file.seek(SeekFrom::End(0)).map_err(|e| format!("cannot size backing store {name}: {e}"))?;
+        let have = file.seek(SeekFrom::End(0)).map_err(|source| BackingError::Size { path: at(), source })?;
         if have < size {
-            return Err(format!("backing store {name} holds {have} bytes, less than the volume's {size}"));
+            return Err(BackingError::TooSmall { path: at(), have, size });
         }
-        let ring = Ring::new(DEPTH).map_err(|e| format!("cannot set up io_uring for {name}: {e}"))?;
+        let ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: at(), source })?;
         Ok(Backing { path: path.to_owned(), file, direct, ring: Mutex::new(ring), failed: AtomicBool::new(false) })
     }
 
@@ -180,9 +254,11 @@ mod tests {
         assert_eq!(&got, b"durable");
         drop(b);
         let err = Backing::open(&path, 2 << 20).unwrap_err();
-        assert!(err.contains("v.img") && err.contains("less than"), "{err}");
+        assert!(matches!(err, BackingError::TooSmall { have: 1048576, size: 2097152, .. }), "{err}");
+        assert!(err.to_string().contains("v.img"), "{err}");
         let err = Backing::open(&dir.join("no/such/dir/x"), 4096).unwrap_err();
-        assert!(err.contains("no/such/dir/x"), "{err}");
+        let BackingError::Create { path, source } = &err else { panic!("{err}") };
+        assert!(path.ends_with("no/such/dir/x") && source.kind() == io::ErrorKind::NotFound, "{err}");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use rblk_fabric::Chain;
 use tracing::{info, warn};
 
-use crate::server::{self, Config, Limits, LoadError, Progress, Running, StartError};
+use crate::server::{self, Config, Limits, Progress, Running, StartError};
+use crate::volume::LoadError;
 use crate::volume::Volume;
 
 /// What a reload did.
@@ -188,7 +189,7 @@ impl Running {
                 Err(e) => {
                     let why = match e {
                         LoadError::Memory(e) => format!("cannot map its memory: {}", Chain(&e)),
-                        LoadError::Backing(e) => e,
+                        LoadError::Backing(e) => Chain(&e).to_string(),
                     };
                     tracing::error!(volume = %v.name, "reload: refusing the volume: {why}");
                     report.refused.push((v.name.clone(), why));

@@ -19,7 +19,7 @@ use crate::control::{self, After, Reply, State};
 use crate::identity;
 use crate::persist::Backing;
 use crate::session::{self, Counters, Owner, Session};
-use crate::volume::Volume;
+use crate::volume::{LoadError, Volume};
 
 /// The daemon's configuration.
 #[derive(Debug, Clone)]
@@ -452,38 +452,19 @@ pub enum Progress<'a> {
     },
 }
 
-/// Why a volume could not be created or loaded.
-#[derive(Debug)]
-pub(crate) enum LoadError {
-    /// Its memory could not be mapped.
-    Memory(rblk_fabric::Error),
-    /// Its backing store could not be opened or read.
-    Backing(String),
-}
-
-impl std::fmt::Display for LoadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LoadError::Memory(e) => write!(f, "{}", Chain(e)),
-            LoadError::Backing(e) => f.write_str(e),
-        }
-    }
-}
-
 /// Creates a RAM volume, or opens and loads a durable one (taking its kept identity), before
 /// it is served.
 pub(crate) fn load_volume(v: &VolumeSpec, block_size: u32, identity: &identity::Store) -> Result<Volume, LoadError> {
     match &v.path {
         None => Volume::new(&v.name, v.size, block_size).map_err(LoadError::Memory),
-        Some(path) => Backing::open(path, v.size)
-            .and_then(|b| {
-                // Taken (and its record removed) before anything is served.
-                let instance = identity.take(&v.name, b.fingerprint().ok().as_ref());
-                let mut vol = Volume::durable(&v.name, v.size, block_size, b)?;
-                vol.instance = instance;
-                Ok(vol)
-            })
-            .map_err(LoadError::Backing),
+        Some(path) => {
+            let b = Backing::open(path, v.size)?;
+            // Taken (and its record removed) before anything is served.
+            let instance = identity.take(&v.name, b.fingerprint().ok().as_ref());
+            let mut vol = Volume::durable(&v.name, v.size, block_size, b)?;
+            vol.instance = instance;
+            Ok(vol)
+        }
     }
 }
 
@@ -548,7 +529,8 @@ impl Server {
                 }
                 Err(LoadError::Memory(source)) => return Err(StartError::Volume { name: v.name.clone(), source }),
                 // A bad backing store refuses that volume, not the daemon.
-                Err(LoadError::Backing(reason)) => {
+                Err(LoadError::Backing(e)) => {
+                    let reason = Chain(&e).to_string();
                     tracing::error!(volume = %v.name, "refusing the volume: {reason}");
                     refused.insert(v.name.clone(), reason);
                 }

@@ -3,10 +3,22 @@
 
 use std::sync::{Arc, Mutex};
 
-use rblk_fabric::{Chain, Memory};
+use rblk_fabric::Memory;
 use rblk_proto::{OpenMode, VolumeId};
 
-use crate::persist::Backing;
+use crate::persist::{Backing, BackingError};
+
+/// Why a volume could not be created or loaded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// Its memory could not be mapped.
+    #[error("cannot map the volume's memory")]
+    Memory(#[source] rblk_fabric::Error),
+    /// Its backing store could not be opened or read.
+    #[error(transparent)]
+    Backing(#[from] BackingError),
+}
 
 /// One RAM volume.
 #[derive(Debug)]
@@ -51,11 +63,13 @@ impl Volume {
     }
 
     /// A durable volume: maps it and loads it from `backing`.
-    pub fn durable(name: &str, size: u64, block_size: u32, backing: Backing) -> Result<Volume, String> {
-        let memory = Memory::anonymous(size as usize).map_err(|e| Chain(&e).to_string())?;
-        let took = backing
-            .load(&memory, name)
-            .map_err(|e| format!("loading volume {name} from {}: {e}", backing.path().display()))?;
+    pub fn durable(name: &str, size: u64, block_size: u32, backing: Backing) -> Result<Volume, LoadError> {
+        let memory = Memory::anonymous(size as usize).map_err(LoadError::Memory)?;
+        let took = backing.load(&memory, name).map_err(|source| BackingError::Load {
+            name: name.to_owned(),
+            path: backing.path().to_owned(),
+            source,
+        })?;
         tracing::info!(
             volume = name,
             path = %backing.path().display(),

@@ -628,7 +628,8 @@ mod tests {
     #[test]
     fn route_flags() {
         use clap::Parser as _;
-        let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--source-addr", "10.0.0.2", "--tos", "106"]).unwrap();
+        let a =
+            Args::try_parse_from(["rblk", "info", "rblk://h/v", "--source-addr", "10.0.0.2", "--tos", "106"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
         let o = conn.options(Reconnect::default()).unwrap();
         assert_eq!((o.source_addr, o.tos), (Some("10.0.0.2".parse().unwrap()), Some(106)));
