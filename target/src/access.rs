@@ -38,21 +38,26 @@ impl Grant {
     }
 }
 
+/// A grant that is not `ro`, `rw` or `exclusive`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an access mode (use ro, rw or exclusive)")]
+pub struct BadGrant(pub String);
+
 impl std::str::FromStr for Grant {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Grant, String> {
+    type Err = BadGrant;
+    fn from_str(s: &str) -> Result<Grant, BadGrant> {
         match s {
             "ro" | "read-only" => Ok(Grant::ReadOnly),
             "rw" | "read-write" => Ok(Grant::ReadWrite),
             "exclusive" => Ok(Grant::Exclusive),
-            _ => Err(format!("{s:?} is not an access mode (use ro, rw or exclusive)")),
+            _ => Err(BadGrant(s.to_owned())),
         }
     }
 }
 
 impl TryFrom<String> for Grant {
-    type Error = String;
-    fn try_from(s: String) -> Result<Grant, String> {
+    type Error = BadGrant;
+    fn try_from(s: String) -> Result<Grant, BadGrant> {
         s.parse()
     }
 }
@@ -96,6 +101,62 @@ impl fmt::Debug for HostSpec {
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
             .finish()
     }
+}
+
+/// Why hosts or access lists cannot be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A host name that an initiator could not send.
+    #[error("host {0:?}: a host name is 1-{max} printable ASCII characters without spaces", max = rblk_proto::MAX_HOST_ID)]
+    BadHostName(String),
+    /// A shared key of zero bytes (it would prove nothing).
+    #[error("the shared key is empty")]
+    EmptySharedKey,
+    /// The same host twice.
+    #[error("host {0} is configured twice")]
+    DuplicateHost(String),
+    /// An access list for a volume that is not served.
+    #[error("access list for volume {0:?}, which is not configured")]
+    UnknownVolume(String),
+    /// An access list naming something that is not a host name.
+    #[error("volume {volume}: {entry:?} is not a host name")]
+    BadAclEntry {
+        /// The volume.
+        volume: String,
+        /// The entry.
+        entry: String,
+    },
+}
+
+/// Why a host may not open a volume; sent to the initiator as the refusal's text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AccessError {
+    /// The host's grant does not cover the mode.
+    #[error("host {} may not open volume {volume} {} (its access list grants {grant})", who(host), mode_name(*mode))]
+    Mode {
+        /// The host (None: anonymous).
+        host: Option<String>,
+        /// The volume.
+        volume: String,
+        /// The mode asked for.
+        mode: OpenMode,
+        /// What the list grants it.
+        grant: Grant,
+    },
+    /// The host is not on the list (and the list has no `*`).
+    #[error("host {} is not on volume {volume}'s access list", who(host))]
+    NotListed {
+        /// The host (None: anonymous).
+        host: Option<String>,
+        /// The volume.
+        volume: String,
+    },
+}
+
+fn who(host: &Option<String>) -> &str {
+    host.as_deref().unwrap_or("(anonymous: the initiator sent no host identity)")
 }
 
 /// Why AUTH failed.
@@ -160,26 +221,22 @@ impl Policy {
         hosts: &[HostSpec],
         acls: HashMap<String, Acl>,
         volumes: &[&str],
-    ) -> Result<Policy, String> {
+    ) -> Result<Policy, PolicyError> {
         let mut known = HashMap::new();
         for h in hosts {
             if !rblk_proto::is_valid_host_id(&h.name) {
-                return Err(format!(
-                    "host {:?}: a host name is 1-{} printable ASCII characters without spaces",
-                    h.name,
-                    rblk_proto::MAX_HOST_ID
-                ));
+                return Err(PolicyError::BadHostName(h.name.clone()));
             }
             if known.insert(h.name.clone(), h.key.clone()).is_some() {
-                return Err(format!("host {} is configured twice", h.name));
+                return Err(PolicyError::DuplicateHost(h.name.clone()));
             }
         }
         for (volume, acl) in &acls {
             if !volumes.contains(&volume.as_str()) {
-                return Err(format!("access list for volume {volume:?}, which is not configured"));
+                return Err(PolicyError::UnknownVolume(volume.clone()));
             }
             if let Some(bad) = acl.keys().find(|h| *h != ANY_HOST && !rblk_proto::is_valid_host_id(h)) {
-                return Err(format!("volume {volume}: {bad:?} is not a host name"));
+                return Err(PolicyError::BadAclEntry { volume: volume.clone(), entry: bad.clone() });
             }
         }
         Ok(Policy { shared_key, hosts: known, acls })
@@ -231,17 +288,15 @@ impl Policy {
         }
     }
 
-    /// Whether `host` (None: anonymous) may open `volume` in `mode`; the refusal's text if not.
-    pub fn may_open(&self, volume: &str, host: Option<&str>, mode: OpenMode) -> Result<(), String> {
+    /// Whether `host` (None: anonymous) may open `volume` in `mode`.
+    pub fn may_open(&self, volume: &str, host: Option<&str>, mode: OpenMode) -> Result<(), AccessError> {
         let Some(acl) = self.acls.get(volume) else { return Ok(()) };
-        let who = host.unwrap_or("(anonymous: the initiator sent no host identity)");
         let grant = host.and_then(|h| acl.get(h)).or_else(|| acl.get(ANY_HOST));
+        let (host, volume) = (host.map(str::to_owned), volume.to_owned());
         match grant {
             Some(g) if g.permits(mode) => Ok(()),
-            Some(g) => {
-                Err(format!("host {who} may not open volume {volume} {} (its access list grants {g})", mode_name(mode)))
-            }
-            None => Err(format!("host {who} is not on volume {volume}'s access list")),
+            Some(&grant) => Err(AccessError::Mode { host, volume, mode, grant }),
+            None => Err(AccessError::NotListed { host, volume }),
         }
     }
 }
@@ -312,14 +367,15 @@ mod tests {
         let p = policy(None);
         assert_eq!(p.may_open("db", Some("db1"), OpenMode::Exclusive), Ok(()));
         assert_eq!(p.may_open("db", Some("web"), OpenMode::ReadOnly), Ok(()));
-        let e = p.may_open("db", Some("web"), OpenMode::Exclusive).unwrap_err();
+        let e = p.may_open("db", Some("web"), OpenMode::Exclusive).unwrap_err().to_string();
         assert!(e.contains("may not open volume db exclusively") && e.contains("grants ro"), "{e}");
         assert!(p.may_open("db", Some("web"), OpenMode::ReadWrite).is_err());
         assert!(p
             .may_open("db", Some("other"), OpenMode::ReadOnly)
             .unwrap_err()
+            .to_string()
             .contains("not on volume db's access list"));
-        assert!(p.may_open("db", None, OpenMode::ReadOnly).unwrap_err().contains("anonymous"));
+        assert!(p.may_open("db", None, OpenMode::ReadOnly).unwrap_err().to_string().contains("anonymous"));
         assert_eq!(p.may_open("scratch", Some("anyone"), OpenMode::ReadWrite), Ok(()), "*");
         assert!(p.may_open("scratch", None, OpenMode::Exclusive).is_err());
         assert_eq!(p.may_open("free", None, OpenMode::Exclusive), Ok(()), "no list: open to all");
@@ -328,14 +384,20 @@ mod tests {
     #[test]
     fn bad_policies() {
         let h = |n: &str| HostSpec { name: n.into(), key: None };
-        assert!(Policy::new(None, &[h("a b")], HashMap::new(), &[]).is_err());
-        assert!(Policy::new(None, &[h("a"), h("a")], HashMap::new(), &[]).is_err());
+        let err = |r: Result<Policy, PolicyError>| r.map(drop).unwrap_err();
+        assert_eq!(err(Policy::new(None, &[h("a b")], HashMap::new(), &[])), PolicyError::BadHostName("a b".into()));
+        assert_eq!(
+            err(Policy::new(None, &[h("a"), h("a")], HashMap::new(), &[])),
+            PolicyError::DuplicateHost("a".into())
+        );
         let acl: Acl = [("a".to_owned(), Grant::ReadOnly)].into();
-        assert!(Policy::new(None, &[], [("nope".to_owned(), acl.clone())].into(), &["v"]).is_err());
+        let e = err(Policy::new(None, &[], [("nope".to_owned(), acl.clone())].into(), &["v"]));
+        assert_eq!(e, PolicyError::UnknownVolume("nope".into()));
         let bad: Acl = [("x y".to_owned(), Grant::ReadOnly)].into();
-        assert!(Policy::new(None, &[], [("v".to_owned(), bad)].into(), &["v"]).is_err());
+        let e = err(Policy::new(None, &[], [("v".to_owned(), bad)].into(), &["v"]));
+        assert_eq!(e, PolicyError::BadAclEntry { volume: "v".into(), entry: "x y".into() });
         assert_eq!("rw".parse(), Ok(Grant::ReadWrite));
-        assert!("write".parse::<Grant>().is_err());
+        assert_eq!("write".parse::<Grant>(), Err(BadGrant("write".into())));
         assert!(format!("{:?}", HostSpec { name: "a".into(), key: Some(b"s3cret".to_vec()) }).contains("redacted"));
     }
 }

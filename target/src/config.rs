@@ -330,7 +330,7 @@ impl File {
             max_sessions_per_host: self.max_sessions_per_host.unwrap_or(defaults.max_sessions_per_host),
             ..defaults
         };
-        cfg.check().map_err(|e| e.to_string())?;
+        cfg.check().map_err(|e| rblk_fabric::Chain(&e).to_string())?;
         Ok(cfg)
     }
 
@@ -378,7 +378,7 @@ impl Config {
             }
         }
         if self.key.as_ref().is_some_and(Vec::is_empty) {
-            return Err(StartError::Access("the shared key is empty".into()));
+            return Err(StartError::Access(crate::access::PolicyError::EmptySharedKey));
         }
         let names: Vec<&str> = self.volumes.iter().map(|v| v.name.as_str()).collect();
         Policy::new(self.key.clone(), &self.hosts, self.acls.clone(), &names).map_err(StartError::Access)
@@ -509,7 +509,9 @@ mod tests {
         // Config built by hand can name any).
         let acls = [("gone".to_owned(), Acl::from([("h".to_owned(), crate::access::Grant::ReadOnly)]))].into();
         let cfg = Config { acls, ..Config::default() };
-        assert!(cfg.check().unwrap_err().to_string().contains("\"gone\", which is not configured"));
+        assert!(rblk_fabric::Chain(&cfg.check().unwrap_err())
+            .to_string()
+            .contains("\"gone\", which is not configured"));
         assert!(Config { volumes: Vec::new(), ..Config::default() }.check().is_err());
         let _ = std::fs::remove_dir_all(dir);
     }

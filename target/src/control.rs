@@ -312,8 +312,8 @@ fn open(
         );
     };
     let host = owner.host();
-    if let Err(text) = catalog.policy.may_open(name, host, mode) {
-        return (Reply::Error(ErrorCode::BadMode, text), After::Refused);
+    if let Err(e) = catalog.policy.may_open(name, host, mode) {
+        return (Reply::Error(ErrorCode::BadMode, e.to_string()), After::Refused);
     }
     if let Some(full) = shared.session_cap_reached(&owner) {
         return (Reply::Error(ErrorCode::NoResources, full), After::Continue);

@@ -137,8 +137,8 @@ pub enum StartError {
         reason: String,
     },
     /// Hosts or access lists do not make sense.
-    #[error("access configuration: {0}")]
-    Access(String),
+    #[error("access configuration")]
+    Access(#[source] crate::access::PolicyError),
     /// Every volume was refused.
     #[error("no volume to serve: {0}")]
     NoVolumes(String),
