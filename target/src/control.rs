@@ -316,7 +316,7 @@ fn open(
         return (Reply::Error(ErrorCode::BadMode, e.to_string()), After::Refused);
     }
     if let Some(full) = shared.session_cap_reached(&owner) {
-        return (Reply::Error(ErrorCode::NoResources, full), After::Continue);
+        return (Reply::Error(ErrorCode::NoResources, full.to_string()), After::Continue);
     }
     if volume.failed() && mode != OpenMode::ReadOnly {
         let text = format!("volume {name} failed (its backing store could not be written): read-only opens only");
@@ -359,7 +359,7 @@ fn open(
     };
     // Checked again atomically: another connection may have opened one meanwhile.
     if let Err(full) = shared.add_session(Arc::clone(&session)) {
-        return (Reply::Error(ErrorCode::NoResources, full), After::Continue);
+        return (Reply::Error(ErrorCode::NoResources, full.to_string()), After::Continue);
     }
     shared.counters.sessions_opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(volume = name, ?mode, session = id, owner = %session.owner, "opened");

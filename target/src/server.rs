@@ -109,6 +109,26 @@ impl Default for Config {
     }
 }
 
+/// A session cap that a new session would pass; the refusal's text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CapReached {
+    /// `max_sessions`.
+    #[error("the target has {open} sessions open, its maximum (max_sessions)")]
+    Target {
+        /// Sessions open.
+        open: usize,
+    },
+    /// `max_sessions_per_host`.
+    #[error("{owner} have {open} sessions open, the most one host may (max_sessions_per_host)")]
+    Host {
+        /// The host (or the anonymous initiators of one address).
+        owner: String,
+        /// Its sessions open.
+        open: usize,
+    },
+}
+
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -253,7 +273,7 @@ impl Shared {
     }
     /// Records an opened session so further QPs can join it, unless that would pass a session
     /// cap (then the reason).
-    pub fn add_session(&self, s: Arc<Session>) -> Result<(), String> {
+    pub fn add_session(&self, s: Arc<Session>) -> Result<(), CapReached> {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(full) = self.session_cap(&sessions, &s.owner) {
             return Err(full);
@@ -264,18 +284,17 @@ impl Shared {
 
     /// Whether a new session of `owner` would pass a cap: the reason, if so. OPEN asks before
     /// it registers anything; [`Shared::add_session`] asks again, atomically.
-    pub fn session_cap_reached(&self, owner: &Owner) -> Option<String> {
+    pub fn session_cap_reached(&self, owner: &Owner) -> Option<CapReached> {
         self.session_cap(&self.sessions.lock().unwrap_or_else(|p| p.into_inner()), owner)
     }
 
-    fn session_cap(&self, sessions: &HashMap<u64, Arc<Session>>, owner: &Owner) -> Option<String> {
+    fn session_cap(&self, sessions: &HashMap<u64, Arc<Session>>, owner: &Owner) -> Option<CapReached> {
         let limits = self.limits();
         if sessions.len() >= limits.max_sessions {
-            return Some(format!("the target has {} sessions open, its maximum (max_sessions)", sessions.len()));
+            return Some(CapReached::Target { open: sessions.len() });
         }
         let mine = sessions.values().filter(|s| s.owner == *owner).count();
-        (mine >= limits.max_sessions_per_host)
-            .then(|| format!("{owner} have {mine} sessions open, the most one host may (max_sessions_per_host)"))
+        (mine >= limits.max_sessions_per_host).then(|| CapReached::Host { owner: owner.to_string(), open: mine })
     }
 
     /// An AUTH from `ip` failed: how long to hold its ERROR back. The first failure is answered
@@ -702,7 +721,7 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
                 next_conn += 1;
                 match admit(shared, req, conn) {
                     Ok(t) => threads.push(t),
-                    Err(e) => warn!(conn, error = %e, "connection refused"),
+                    Err(e) => warn!(conn, error = %Chain(&e), "connection refused"),
                 }
             }
             ListenerEvent::Disconnected { conn } => {
@@ -734,24 +753,49 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
     info!("shut down");
 }
 
+/// Why a connect request was refused.
+#[derive(Debug, thiserror::Error)]
+enum AdmitError {
+    #[error("{}: bad connect data", rblk_fabric::AddrDisplay(*peer))]
+    ConnectData {
+        peer: Option<SocketAddr>,
+        #[source]
+        source: rblk_proto::ParseError,
+    },
+    #[error("{}: join of unknown session {session_id} or bad token", rblk_fabric::AddrDisplay(*peer))]
+    UnknownSession { peer: Option<SocketAddr>, session_id: u64 },
+    #[error("{}: join of session {session_id} that a reconnect replaced", rblk_fabric::AddrDisplay(*peer))]
+    Replaced { peer: Option<SocketAddr>, session_id: u64 },
+    #[error("{}: {step}", rblk_fabric::AddrDisplay(*peer))]
+    Fabric {
+        peer: Option<SocketAddr>,
+        step: &'static str,
+        #[source]
+        source: rblk_fabric::Error,
+    },
+    #[error("no thread for the connection")]
+    Thread(#[source] std::io::Error),
+}
+
 /// Checks the connect data, creates the QP in the right PD, accepts, and starts the thread.
-fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHandle<()>, String> {
+fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHandle<()>, AdmitError> {
     let peer = req.peer();
+    let fabric = |step| move |source| AdmitError::Fabric { peer, step, source };
     let (pd, state) = match rblk_proto::parse_connect_data(req.private_data()) {
         Ok(ConnectData::NewSession) => {
-            let pd = req.alloc_pd().map_err(|e| Chain(&e).to_string())?;
+            let pd = req.alloc_pd().map_err(fabric("allocating a protection domain"))?;
             (pd.clone(), State::Fresh { pd })
         }
         Ok(ConnectData::Join { session_id, token }) => match shared.session(session_id) {
             Some(s) if s.token_matches(&token) => (s.pd.clone(), State::Joining { session: s }),
             _ => {
                 let _ = req.reject();
-                return Err(format!("{peer:?}: join of unknown session {session_id} or bad token"));
+                return Err(AdmitError::UnknownSession { peer, session_id });
             }
         },
-        Err(e) => {
+        Err(source) => {
             let _ = req.reject();
-            return Err(format!("{peer:?}: bad connect data: {e}"));
+            return Err(AdmitError::ConnectData { peer, source });
         }
     };
     let cfg = QpConfig {
@@ -759,10 +803,10 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
         recv_depth: rblk_proto::RECV_COUNT as u32,
         max_inline: 128,
     };
-    let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(|e| Chain(&e).to_string())?;
-    let mut channel = Channel::new(&pd).map_err(|e| Chain(&e).to_string())?;
-    channel.post_recvs(&mut ep).map_err(|e| Chain(&e).to_string())?;
-    ep.accept().map_err(|e| Chain(&e).to_string())?;
+    let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(fabric("creating the queue pair"))?;
+    let mut channel = Channel::new(&pd).map_err(fabric("setting up the control channel"))?;
+    channel.post_recvs(&mut ep).map_err(fabric("posting receives"))?;
+    ep.accept().map_err(fabric("accepting"))?;
     // The waker first: a reconnect that replaces the session after the join below wakes it.
     shared.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, ep.waker());
     shared.counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
@@ -772,14 +816,14 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
     if let Some(s) = state.session() {
         if !s.join(conn) {
             shared.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
-            return Err(format!("{peer:?}: join of session {} that a reconnect replaced", s.id));
+            return Err(AdmitError::Replaced { peer, session_id: s.id });
         }
     }
     let s = Arc::clone(shared);
     thread::Builder::new()
         .name(format!("rblk-conn-{conn}"))
         .spawn(move || serve(&s, conn, ep, channel, state))
-        .map_err(|e| Chain(&e).to_string())
+        .map_err(AdmitError::Thread)
 }
 
 /// One connection: sleep on the completion channel, answer control messages, send keepalives,
