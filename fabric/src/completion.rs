@@ -57,6 +57,10 @@ pub enum WcOpcode {
     Read,
     /// A RECV that received a SEND.
     Recv,
+    /// A memory window bind.
+    BindMw,
+    /// A local invalidate.
+    LocalInv,
     /// Anything else, with its raw value.
     Unknown(u32),
 }
@@ -68,6 +72,8 @@ impl WcOpcode {
             0 => WcOpcode::Send,
             1 => WcOpcode::Write,
             2 => WcOpcode::Read,
+            5 => WcOpcode::BindMw,
+            6 => WcOpcode::LocalInv,
             128 => WcOpcode::Recv,
             other => WcOpcode::Unknown(other),
         }

@@ -187,6 +187,14 @@ pub enum Error {
         /// The destination.
         dst: SocketAddr,
     },
+    /// The device (or fabric) does not have a feature asked for.
+    #[error("{device} does not support {what}")]
+    Unsupported {
+        /// The feature.
+        what: &'static str,
+        /// The device.
+        device: String,
+    },
     /// Objects of the verbs fabric and the in-memory fabric were mixed.
     #[error("{what} and the protection domain are on different fabrics (verbs and in-memory)")]
     OtherFabric {

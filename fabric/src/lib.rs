@@ -130,15 +130,21 @@ pub struct Access {
     pub remote_read: bool,
     /// Peers may RDMA WRITE it.
     pub remote_write: bool,
+    /// Memory windows may be bound to it (`IBV_ACCESS_MW_BIND`): remote access then goes
+    /// through the windows' rkeys, which can be narrower than the registration's.
+    pub mw_bind: bool,
 }
 
 impl Access {
     /// Local buffers only.
-    pub const LOCAL: Access = Access { remote_read: false, remote_write: false };
+    pub const LOCAL: Access = Access { remote_read: false, remote_write: false, mw_bind: false };
     /// Peers may read.
-    pub const REMOTE_READ: Access = Access { remote_read: true, remote_write: false };
+    pub const REMOTE_READ: Access = Access { remote_read: true, remote_write: false, mw_bind: false };
     /// Peers may read and write.
-    pub const REMOTE_READ_WRITE: Access = Access { remote_read: true, remote_write: true };
+    pub const REMOTE_READ_WRITE: Access = Access { remote_read: true, remote_write: true, mw_bind: false };
+    /// No remote access of its own, but memory windows may be bound to it: the registration
+    /// under type 2 windows, so that only a window's rkey (bound to one QP) reaches it.
+    pub const BIND_ONLY: Access = Access { remote_read: false, remote_write: false, mw_bind: true };
 }
 
 /// Queue pair sizing.
@@ -242,6 +248,27 @@ impl Pd {
         dispatch!(PdInner, &self.inner, p => p.device())
     }
 
+    /// Whether the device has type 2B memory windows (rkeys bound to one QP, see [`Mw`]). The
+    /// in-memory fabric has none.
+    pub fn type2_windows(&self) -> bool {
+        match &self.inner {
+            PdInner::Verbs(p) => p.type2_windows(),
+            #[cfg(feature = "mem")]
+            PdInner::Mem(_) => false,
+        }
+    }
+
+    /// Allocates a type 2 memory window in this PD; it grants nothing until an endpoint of the
+    /// PD binds it ([`Endpoint::bind_mw`]). Fails with [`Error::Unsupported`] where
+    /// [`Pd::type2_windows`] is false.
+    pub fn alloc_mw(&self) -> Result<Mw> {
+        match &self.inner {
+            PdInner::Verbs(p) => Ok(Mw { inner: p.alloc_mw()? }),
+            #[cfg(feature = "mem")]
+            PdInner::Mem(p) => Err(Error::Unsupported { what: "memory windows", device: p.device().to_owned() }),
+        }
+    }
+
     /// Registers all of `memory` with `access`.
     pub fn register(&self, memory: &Arc<Memory>, access: Access) -> Result<Mr> {
         let inner = match &self.inner {
@@ -250,6 +277,27 @@ impl Pd {
             PdInner::Mem(p) => MrInner::Mem(p.register(memory, access)?),
         };
         Ok(Mr { inner, memory: Arc::clone(memory), access })
+    }
+}
+
+/// A type 2 memory window: an rkey over part of a registration (made with
+/// [`Access::BIND_ONLY`]) that works only on the QP that bound it, until it is invalidated
+/// ([`Endpoint::invalidate`]), rebound, or dropped (deallocated). Granting a peer access this way
+/// costs one work request, whatever the size of the memory, and revoking it is deterministic.
+pub struct Mw {
+    inner: verbs::Mw,
+}
+
+impl std::fmt::Debug for Mw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mw").field("rkey", &self.rkey()).finish()
+    }
+}
+
+impl Mw {
+    /// The rkey of the last bind (peers use it with the bound range's addresses).
+    pub fn rkey(&self) -> u32 {
+        self.inner.rkey()
     }
 }
 
@@ -678,6 +726,28 @@ impl Endpoint {
     /// Posts work requests with one doorbell. Registrations must belong to this endpoint's PD.
     pub fn post(&mut self, wrs: &[WorkRequest<'_>]) -> Result<()> {
         dispatch!(EndpointInner, &mut self.inner, e => e.post(wrs))
+    }
+
+    /// Binds `mw` to `len` bytes at `offset` of `mr` for `access` (remote read, and write if
+    /// asked), usable only through this endpoint's QP (type 2B), as signaled work request
+    /// `wr_id`: the window works once that completes ([`WcOpcode::BindMw`]). Returns the rkey;
+    /// an earlier bind's rkey of the same window stops working.
+    pub fn bind_mw(&mut self, wr_id: u64, mw: &mut Mw, mr: &Mr, offset: u64, len: u64, access: Access) -> Result<u32> {
+        match &mut self.inner {
+            EndpointInner::Verbs(e) => e.bind_mw(wr_id, &mut mw.inner, mr, offset, len, access),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => Err(Error::OtherFabric { what: "a memory window" }),
+        }
+    }
+
+    /// Invalidates `rkey`, a window bound through this endpoint, as signaled work request
+    /// `wr_id` ([`WcOpcode::LocalInv`]): from its completion on, no QP can use it.
+    pub fn invalidate(&mut self, wr_id: u64, rkey: u32) -> Result<()> {
+        match &mut self.inner {
+            EndpointInner::Verbs(e) => e.invalidate(wr_id, rkey),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => Err(Error::OtherFabric { what: "a memory window" }),
+        }
     }
 
     /// Posts one RECV into `len` bytes at `offset` of `mr`.

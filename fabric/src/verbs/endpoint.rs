@@ -1,17 +1,18 @@
 //! Protection domains, registrations, the listener and RC endpoints over real verbs.
 
 use std::net::SocketAddr;
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue as _};
-use sideway::ibverbs::device_context::DeviceContext;
+use sideway::ibverbs::device_context::{DeviceCapabilityFlags, DeviceContext};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
-    ExtendedQueuePair, PostSendGuard as _, QueuePair as _, SetInlineData as _, SetScatterGatherEntry as _,
-    WorkRequestFlags,
+    ExtendedQueuePair, PostSendGuard as _, QueuePair as _, SendOperationFlags, SetInlineData as _,
+    SetScatterGatherEntry as _, WorkRequestFlags,
 };
 use sideway::ibverbs::AccessFlags;
 
@@ -37,13 +38,35 @@ pub(crate) struct Pd {
     pd: Arc<ProtectionDomain>,
     ctx: Arc<DeviceContext>,
     device: Arc<str>,
+    /// The device has type 2B memory windows (QP-bound rkeys).
+    windows: bool,
 }
 
 impl Pd {
     pub(crate) fn alloc(device: &str) -> Result<Pd> {
         let ctx = device::context(device)?;
         let pd = ctx.alloc_pd().map_err(|e| other_err("ibv_alloc_pd", device, e))?;
-        Ok(Pd { pd, ctx, device: device.into() })
+        let attr = ctx.query_device().map_err(|e| other_err("ibv_query_device", device, e))?;
+        let windows = attr.device_cap_flags().contains(DeviceCapabilityFlags::MemoryWindowType2B);
+        Ok(Pd { pd, ctx, device: device.into(), windows })
+    }
+
+    pub(crate) fn type2_windows(&self) -> bool {
+        self.windows
+    }
+
+    /// Allocates a type 2 memory window: unbound (no rkey works) until a QP binds it.
+    pub(crate) fn alloc_mw(&self) -> Result<Mw> {
+        if !self.windows {
+            return Err(Error::Unsupported { what: "type 2B memory windows", device: self.device.to_string() });
+        }
+        // SAFETY: the PD is live (we hold its Arc); a null return is handled below.
+        let mw = unsafe { sys::ibv_alloc_mw(self.pd.pd().as_ptr(), sys::ibv_mw_type::IBV_MW_TYPE_2) };
+        let mw =
+            NonNull::new(mw).ok_or_else(|| verbs_err("ibv_alloc_mw", &self.device, std::io::Error::last_os_error()))?;
+        // SAFETY: `mw` was just returned by ibv_alloc_mw and is live.
+        let rkey = unsafe { mw.as_ref().rkey };
+        Ok(Mw { mw, rkey, _pd: self.clone() })
     }
 
     pub(crate) fn device(&self) -> &str {
@@ -57,6 +80,9 @@ impl Pd {
         }
         if access.remote_write {
             flags |= AccessFlags::RemoteWrite;
+        }
+        if access.mw_bind {
+            flags |= AccessFlags::MemoryWindowBind;
         }
         // SAFETY: `memory` is a live anonymous mapping of `len()` bytes that we own; the returned
         // `Mr` is stored beside an `Arc<Memory>` (see crate::Mr), and the registration is dropped
@@ -75,6 +101,35 @@ impl Pd {
 /// One registration.
 pub(crate) struct Mr {
     mr: Arc<MemoryRegion>,
+}
+
+/// A type 2 memory window. Its rkey works only while it is bound, and only on the QP that bound
+/// it; deallocating it (drop) invalidates it.
+pub(crate) struct Mw {
+    mw: NonNull<sys::ibv_mw>,
+    /// The rkey of the last bind (the allocation's before any).
+    rkey: u32,
+    // Holds the PD (and its device context) alive while the window exists.
+    _pd: Pd,
+}
+
+// SAFETY: an ibv_mw may be used and deallocated from any thread; the Mw has one owner.
+unsafe impl Send for Mw {}
+// SAFETY: shared references only read `rkey`, a plain copy; binding takes `&mut`.
+unsafe impl Sync for Mw {}
+
+impl Mw {
+    pub(crate) fn rkey(&self) -> u32 {
+        self.rkey
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        // SAFETY: `mw` came from ibv_alloc_mw, is deallocated only here, and its PD is alive (held).
+        // A window still bound is invalidated by deallocation; a QP in error cannot use it either way.
+        let _ = unsafe { sys::ibv_dealloc_mw(self.mw.as_ptr()) };
+    }
 }
 
 impl Mr {
@@ -227,6 +282,17 @@ fn expect(
     }
 }
 
+/// The work requests a QP may post: SEND, WRITE, READ, and on devices with type 2 windows the
+/// window bind and local invalidate.
+fn send_ops(windows: bool) -> SendOperationFlags {
+    let base = SendOperationFlags::Send | SendOperationFlags::Write | SendOperationFlags::Read;
+    if windows {
+        base | SendOperationFlags::BindMemoryWindow | SendOperationFlags::LocalInvalidate
+    } else {
+        base
+    }
+}
+
 fn timeout_ms(deadline: Instant) -> i32 {
     i32::try_from(deadline.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(i32::MAX).max(1)
 }
@@ -293,6 +359,7 @@ impl Endpoint {
             .setup_max_inline_data(cfg.max_inline)
             .setup_send_cq(Arc::clone(&cq))
             .setup_recv_cq(Arc::clone(&cq))
+            .setup_send_ops_flags(send_ops(pd.windows))
             .build_ex()
             .map_err(|e| other_err("ibv_create_qp_ex", &dev, e))?;
         let attr = pd.ctx.query_device().map_err(|e| other_err("ibv_query_device", &dev, e))?;
@@ -441,6 +508,76 @@ impl Endpoint {
             }
             e => other_err("ibv_wr_complete", &self.pd.device, e),
         })
+    }
+
+    /// Posts a bind of `mw` to `len` bytes at `offset` of `mr` (registered with MW bind access)
+    /// with `access`, usable through this QP only, as work request `wr_id` (signaled). The
+    /// window's new rkey (its key byte stepped, so an earlier bind's rkey no longer matches).
+    pub(crate) fn bind_mw(
+        &mut self,
+        wr_id: u64,
+        mw: &mut Mw,
+        mr: &crate::Mr,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<u32> {
+        #[allow(irrefutable_let_patterns)] // without feature `mem`, Verbs is the only variant
+        let crate::MrInner::Verbs(m) = &mr.inner
+        else {
+            return Err(Error::OtherFabric { what: "the memory region to bind" });
+        };
+        mr.memory.check("memory window", offset as usize, len as usize)?;
+        let mut flags = 0u32;
+        if access.remote_read {
+            flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+        }
+        if access.remote_write {
+            flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        // SAFETY: the window, the registration (held by `mr`) and the QP are live; `info` lives
+        // for the call, which copies it into the work request.
+        let rc = unsafe {
+            let rkey = sys::ibv_inc_rkey(mw.rkey);
+            let info = sys::ibv_mw_bind_info {
+                mr: m.mr.mr().as_ptr(),
+                addr: mr.addr() + offset,
+                length: len,
+                mw_access_flags: flags,
+            };
+            let qpx = sys::ibv_qp_to_qp_ex(self.qp.qp().as_ptr());
+            sys::ibv_wr_start(qpx);
+            (*qpx).wr_id = wr_id;
+            (*qpx).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            sys::ibv_wr_bind_mw(qpx, mw.mw.as_ptr(), rkey, &info);
+            let rc = sys::ibv_wr_complete(qpx);
+            if rc == 0 {
+                mw.rkey = rkey;
+            }
+            rc
+        };
+        if rc != 0 {
+            return Err(verbs_err("ibv_wr_bind_mw", &self.pd.device, std::io::Error::from_raw_os_error(rc)));
+        }
+        Ok(mw.rkey)
+    }
+
+    /// Posts a local invalidate of `rkey` (a window bound through this QP) as work request
+    /// `wr_id` (signaled): once it completes, the rkey is dead on every QP.
+    pub(crate) fn invalidate(&mut self, wr_id: u64, rkey: u32) -> Result<()> {
+        // SAFETY: the QP is live; the work request holds only the rkey value.
+        let rc = unsafe {
+            let qpx = sys::ibv_qp_to_qp_ex(self.qp.qp().as_ptr());
+            sys::ibv_wr_start(qpx);
+            (*qpx).wr_id = wr_id;
+            (*qpx).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            sys::ibv_wr_local_inv(qpx, rkey);
+            sys::ibv_wr_complete(qpx)
+        };
+        if rc != 0 {
+            return Err(verbs_err("ibv_wr_local_inv", &self.pd.device, std::io::Error::from_raw_os_error(rc)));
+        }
+        Ok(())
     }
 
     pub(crate) fn post_recv(&mut self, wr_id: u64, mr: &crate::Mr, offset: usize, len: u32) -> Result<()> {

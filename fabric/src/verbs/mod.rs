@@ -5,4 +5,4 @@ pub(crate) mod cm;
 pub(crate) mod device;
 pub(crate) mod endpoint;
 
-pub(crate) use endpoint::{Endpoint, Listener, Mr, Pd, Request};
+pub(crate) use endpoint::{Endpoint, Listener, Mr, Mw, Pd, Request};
