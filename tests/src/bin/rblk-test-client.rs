@@ -6,7 +6,13 @@
 //!     (files in DIR), then verify both regions
 //! rblk-test-client hammer URI --region OFF:LEN:SEED
 //!     write the region over and over until killed; prints "hammering" once I/O runs
+//! rblk-test-client open-time URI --count N
+//!     connect, OPEN (read-only) and close N sessions one after the other; prints
+//!     "open_ms p50 P min MIN max MAX rate R" (R: sessions opened and closed per second)
+//! rblk-test-client hold URI --sessions N
+//!     open N read-only sessions, print "held N", and keep them until stdin closes
 //! ```
+//! (`open-time` and `hold` are scripts/scale-rxe.sh's drivers.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,7 +29,9 @@ fn main() -> ExitCode {
     let result = match args.get(1).map(String::as_str) {
         Some("pair") => pair(&args),
         Some("hammer") => hammer(&args),
-        _ => Err("usage: rblk-test-client pair|hammer URI ...".into()),
+        Some("open-time") => open_time(&args),
+        Some("hold") => hold(&args),
+        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold URI ...".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -58,4 +66,40 @@ fn hammer(args: &[String]) -> Result<(), String> {
     loop {
         workload::run(workload::queues(&vol, 2, 16), region, false)?;
     }
+}
+
+fn count(args: &[String], name: &str) -> Result<usize, String> {
+    let text = arg(args, name)?;
+    text.parse().ok().filter(|&n| n > 0).ok_or(format!("{name} {text:?}: expected a positive number"))
+}
+
+fn open_ro(uri: &str) -> Result<rblk_initiator::Volume, String> {
+    let session = Session::connect(uri, &Options::default()).map_err(|e| format!("connect {uri}: {e}"))?;
+    session.open(OpenMode::ReadOnly).map_err(|e| format!("open: {e}"))
+}
+
+fn open_time(args: &[String]) -> Result<(), String> {
+    let uri = args.get(2).ok_or("missing URI")?;
+    let n = count(args, "--count")?;
+    let started = std::time::Instant::now();
+    let mut ms = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = std::time::Instant::now();
+        let vol = open_ro(uri)?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        vol.close().map_err(|e| format!("close: {e}"))?;
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    ms.sort_by(f64::total_cmp);
+    println!("open_ms p50 {:.1} min {:.1} max {:.1} rate {rate:.2}", ms[n / 2], ms[0], ms[n - 1]);
+    Ok(())
+}
+
+fn hold(args: &[String]) -> Result<(), String> {
+    let uri = args.get(2).ok_or("missing URI")?;
+    let n = count(args, "--sessions")?;
+    let held = (0..n).map(|_| open_ro(uri)).collect::<Result<Vec<_>, _>>()?;
+    println!("held {}", held.len());
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+    Ok(())
 }

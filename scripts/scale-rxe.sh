@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# How the one-sided path's cost of granting access scales, measured in ONE rxe guest boot:
+#
+#   scripts/scale-rxe.sh
+#
+# Builds the binaries on the host (debug; RBLK_BIN_DIR=DIR takes them from DIR instead), boots
+# the rxe guest (scripts/rxe-guest.sh, RXE_GUEST_MEM default 8G here: the volumes are RAM) and
+# there starts one rblk-target with three RAM volumes, s64m (64 MiB), s1g (1 GiB) and s4g (4 GiB).
+# Then it prints three tables:
+#
+#   1. OPEN time by volume size: `rblk-test-client open-time URI --count SCALE_OPENS` connects,
+#      OPENs (read-only) and closes sessions one after the other; median, min and max of the
+#      connect + OPEN time. With a registration per session, OPEN pins and maps the whole
+#      volume, so it grows with the size; with one registration per volume and a memory window
+#      per QP it should not (issue 14's goal: within 20% of each other).
+#   2. The target's VmPin (/proc/PID/status) and STATS registrations with 1, 4 and 8 sessions
+#      held open on s4g (`rblk-test-client hold`): per-session registrations pin sessions x 4 GiB
+#      of accounting; the goal is flat.
+#   3. Connection setup rate: sessions opened and closed per second on s64m, from table 1's run.
+#
+# Environment: SCALE_OPENS (default 10), RBLK_BIN_DIR, RXE_GUEST_MEM. Raw output:
+# build/scale/guest.log; the tables: build/scale/table.txt. TCG makes absolute times meaningless:
+# compare rows of one run. It fails only when a tool fails, never on the figures.
+set -euo pipefail
+shopt -s inherit_errexit
+
+REPO_ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+if [[ -n ${RBLK_BIN_DIR:-} && $RBLK_BIN_DIR != /* ]]; then
+    RBLK_BIN_DIR=$PWD/$RBLK_BIN_DIR
+fi
+cd "$REPO_ROOT"
+OUT=build/scale
+PORT=7421
+
+log() { printf 'scale: %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+
+# In the guest.
+guest_main() {
+    local opens=$1 bin=${RBLK_BIN_DIR:?} addr=${RBLK_ADDR:?RBLK_ADDR: the rxe address}
+    local work tpid
+    work=$(mktemp -d /tmp/rblk-scale.XXXXXX)
+    # shellcheck source=lib/target.sh
+    source "$REPO_ROOT/scripts/lib/target.sh"
+    start_target "$work/target.log" "$bin" --listen "$addr:$PORT" --volume s64m:64M --volume s1g:1G \
+        --volume s4g:4G || die "rblk-target did not start"
+    tpid=$TARGET_PID
+    # shellcheck disable=SC2064 # expand now
+    trap "kill -TERM $tpid 2>/dev/null || true" EXIT
+    local base="rblk://$addr:$PORT"
+    vm_pin() { awk '/^VmPin:/ { print $2 }' "/proc/$tpid/status"; }
+
+    echo "== open time by volume size (connect + OPEN, $opens sessions each)"
+    printf '%-8s %10s %10s %10s %14s\n' volume p50_ms min_ms max_ms sessions_per_s
+    local v line
+    for v in s64m s1g s4g; do
+        line=$("$bin/rblk-test-client" open-time "$base/$v" --count "$opens")
+        read -r _ _ p50 _ min _ max _ rate <<<"$line"
+        printf '%-8s %10s %10s %10s %14s\n' "$v" "$p50" "$min" "$max" "$rate"
+    done
+
+    echo "== target VmPin with sessions held on s4g"
+    printf '%-9s %12s %14s\n' sessions vmpin_kb registrations
+    printf '%-9s %12s %14s\n' 0 "$(vm_pin)" -
+    local n fifo regs
+    for n in 1 4 8; do
+        fifo=$work/hold.$n
+        mkfifo "$fifo"
+        "$bin/rblk-test-client" hold "$base/s4g" --sessions "$n" <"$fifo" >"$work/hold.$n.out" &
+        local hpid=$!
+        exec 9>"$fifo" # holds the client's stdin open
+        for _ in $(seq 1 600); do
+            grep -q '^held' "$work/hold.$n.out" && break
+            kill -0 "$hpid" 2>/dev/null || die "rblk-test-client hold $n failed"
+            sleep 0.1
+        done
+        local pin
+        pin=$(vm_pin)
+        # STATS needs a session of its own (on s64m: one registration, not counted).
+        regs=$("$bin/rblk" stats "$base/s64m" --json | sed -n 's/.*"registrations": *\([0-9]*\).*/\1/p')
+        printf '%-9s %12s %14s\n' "$n" "$pin" "$((regs - 1))"
+        exec 9>&-
+        wait "$hpid"
+    done
+}
+
+host_main() {
+    local opens=${SCALE_OPENS:-10}
+    [[ $opens =~ ^[1-9][0-9]*$ ]] || die "SCALE_OPENS must be a positive number (got '$opens')"
+    scripts/deps.sh
+    local bin_dir=${RBLK_BIN_DIR:-}
+    if [[ -z $bin_dir ]]; then
+        cargo build --workspace --all-features --bins
+        bin_dir=${CARGO_TARGET_DIR:-$REPO_ROOT/build}/debug
+    fi
+    local b
+    for b in rblk-target rblk rblk-test-client; do
+        [[ -x $bin_dir/$b ]] || die "no $bin_dir/$b"
+    done
+    mkdir -p "$OUT"
+    RBLK_BIN_DIR=$bin_dir RXE_GUEST_MEM=${RXE_GUEST_MEM:-8G} \
+        scripts/rxe-guest.sh "$REPO_ROOT/scripts/scale-rxe.sh" --in-guest "$opens" >"$OUT/guest.log" ||
+        die "the guest run failed; see $OUT/guest.log"
+    sed -n '/^== /,$p' "$OUT/guest.log" | grep -v '^rxe-guest:' | tee "$OUT/table.txt"
+}
+
+case ${1:-} in
+    --in-guest) guest_main "${2:?}" ;;
+    -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
+    "") host_main ;;
+    *) die "unknown argument $1 (see --help)" ;;
+esac
