@@ -180,6 +180,24 @@ pub struct Route {
     pub tos: Option<u8>,
 }
 
+impl Route {
+    /// The checks of an active connection's resolution, once `dst` turned out to be reached
+    /// through device `found`: it must be the `device` asked for, and a PD given must be on it.
+    pub(crate) fn check_resolved(&self, dst: SocketAddr, found: &str, pd_device: Option<&str>) -> Result<()> {
+        if let Some(wanted) = self.device.as_deref().filter(|&want| want != found) {
+            return Err(Error::WrongDevice { addr: dst, found: found.into(), wanted: wanted.into() });
+        }
+        match pd_device {
+            Some(pd) if pd != found => Err(Error::PdDevice {
+                what: format!("the route to {dst}").into(),
+                found: found.into(),
+                pd: pd.into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// QP attributes as the device reports them (`ibv_query_qp`), for checks and diagnostics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QpAttributes {

@@ -599,7 +599,6 @@ impl Endpoint {
         cfg: &QpConfig,
         _deadline: Instant,
     ) -> Result<Endpoint> {
-        let device = route.device.as_deref();
         let listener = find_listener(dst).ok_or(Error::Connect {
             addr: dst,
             event: "UNREACHABLE",
@@ -607,18 +606,9 @@ impl Endpoint {
             expected: "address resolution",
         })?;
         let dev = listener.device.as_deref().unwrap_or(DEFAULT_DEVICE);
-        if device.is_some_and(|want| want != dev) {
-            return Err(Error::WrongDevice { addr: dst, found: dev.into(), wanted: device.unwrap_or_default().into() });
-        }
+        route.check_resolved(dst, dev, pd.map(Pd::device))?;
         let pd = match pd {
-            Some(pd) if pd.device() == dev => pd.clone(),
-            Some(pd) => {
-                return Err(Error::PdDevice {
-                    what: format!("the route to {dst}").into(),
-                    found: dev.into(),
-                    pd: pd.device().into(),
-                })
-            }
+            Some(pd) => pd.clone(),
             None => Pd::alloc(dev)?,
         };
         // Loopback unless a source is asked for: every in-memory address is local.

@@ -319,18 +319,9 @@ impl Endpoint {
         id.resolve_route(timeout_ms(deadline))?;
         expect(&channel, CmEventKind::RouteResolved, "route resolution", dst, deadline, started)?;
         let dev = id.device_name().ok_or(Error::NoDevice { filter: device.map(str::to_owned) })?;
-        if device.is_some_and(|want| want != dev) {
-            return Err(Error::WrongDevice { addr: dst, found: dev.into(), wanted: device.unwrap_or_default().into() });
-        }
+        route.check_resolved(dst, &dev, pd.map(Pd::device))?;
         let pd = match pd {
-            Some(pd) if pd.device() == dev => pd.clone(),
-            Some(pd) => {
-                return Err(Error::PdDevice {
-                    what: format!("the route to {dst}").into(),
-                    found: dev.into(),
-                    pd: pd.device().into(),
-                })
-            }
+            Some(pd) => pd.clone(),
             None => Pd::alloc(&dev)?,
         };
         let mut ep = Endpoint::create(id, Some(channel), pd, cfg)?;
