@@ -188,11 +188,9 @@ impl Route {
             return Err(Error::WrongDevice { addr: dst, found: found.into(), wanted: wanted.into() });
         }
         match pd_device {
-            Some(pd) if pd != found => Err(Error::PdDevice {
-                what: format!("the route to {dst}").into(),
-                found: found.into(),
-                pd: pd.into(),
-            }),
+            Some(pd) if pd != found => {
+                Err(Error::PdDevice { what: format!("the route to {dst}").into(), found: found.into(), pd: pd.into() })
+            }
             _ => Ok(()),
         }
     }
@@ -267,12 +265,12 @@ impl Pd {
     }
 
     /// Whether the device has type 2B memory windows (rkeys bound to one QP, see [`Mw`]). The
-    /// in-memory fabric has none.
+    /// in-memory fabric has them.
     pub fn type2_windows(&self) -> bool {
         match &self.inner {
             PdInner::Verbs(p) => p.type2_windows(),
             #[cfg(feature = "mem")]
-            PdInner::Mem(_) => false,
+            PdInner::Mem(_) => true,
         }
     }
 
@@ -281,9 +279,9 @@ impl Pd {
     /// [`Pd::type2_windows`] is false.
     pub fn alloc_mw(&self) -> Result<Mw> {
         match &self.inner {
-            PdInner::Verbs(p) => Ok(Mw { inner: p.alloc_mw()? }),
+            PdInner::Verbs(p) => Ok(Mw { inner: MwInner::Verbs(p.alloc_mw()?) }),
             #[cfg(feature = "mem")]
-            PdInner::Mem(p) => Err(Error::Unsupported { what: "memory windows", device: p.device().to_owned() }),
+            PdInner::Mem(p) => Ok(Mw { inner: MwInner::Mem(p.alloc_mw()) }),
         }
     }
 
@@ -303,7 +301,13 @@ impl Pd {
 /// ([`Endpoint::invalidate`]), rebound, or dropped (deallocated). Granting a peer access this way
 /// costs one work request, whatever the size of the memory, and revoking it is deterministic.
 pub struct Mw {
-    inner: verbs::Mw,
+    inner: MwInner,
+}
+
+enum MwInner {
+    Verbs(verbs::Mw),
+    #[cfg(feature = "mem")]
+    Mem(mem::Mw),
 }
 
 impl std::fmt::Debug for Mw {
@@ -315,7 +319,7 @@ impl std::fmt::Debug for Mw {
 impl Mw {
     /// The rkey of the last bind (peers use it with the bound range's addresses).
     pub fn rkey(&self) -> u32 {
-        self.inner.rkey()
+        dispatch!(MwInner, &self.inner, m => m.rkey())
     }
 }
 
@@ -751,21 +755,19 @@ impl Endpoint {
     /// `wr_id`: the window works once that completes ([`WcOpcode::BindMw`]). Returns the rkey;
     /// an earlier bind's rkey of the same window stops working.
     pub fn bind_mw(&mut self, wr_id: u64, mw: &mut Mw, mr: &Mr, offset: u64, len: u64, access: Access) -> Result<u32> {
-        match &mut self.inner {
-            EndpointInner::Verbs(e) => e.bind_mw(wr_id, &mut mw.inner, mr, offset, len, access),
+        match (&mut self.inner, &mut mw.inner) {
+            (EndpointInner::Verbs(e), MwInner::Verbs(w)) => e.bind_mw(wr_id, w, mr, offset, len, access),
             #[cfg(feature = "mem")]
-            EndpointInner::Mem(_) => Err(Error::OtherFabric { what: "a memory window" }),
+            (EndpointInner::Mem(e), MwInner::Mem(w)) => e.bind_mw(wr_id, w, mr, offset, len, access),
+            #[cfg(feature = "mem")]
+            _ => Err(Error::OtherFabric { what: "the memory window" }),
         }
     }
 
     /// Invalidates `rkey`, a window bound through this endpoint, as signaled work request
     /// `wr_id` ([`WcOpcode::LocalInv`]): from its completion on, no QP can use it.
     pub fn invalidate(&mut self, wr_id: u64, rkey: u32) -> Result<()> {
-        match &mut self.inner {
-            EndpointInner::Verbs(e) => e.invalidate(wr_id, rkey),
-            #[cfg(feature = "mem")]
-            EndpointInner::Mem(_) => Err(Error::OtherFabric { what: "a memory window" }),
-        }
+        dispatch!(EndpointInner, &mut self.inner, e => e.invalidate(wr_id, rkey))
     }
 
     /// Posts one RECV into `len` bytes at `offset` of `mr`.

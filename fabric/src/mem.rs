@@ -29,6 +29,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ops::Range;
 use std::os::fd::{AsRawFd as _, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -123,6 +124,8 @@ struct Reg {
     pd: u64,
     memory: Arc<Memory>,
     access: Access,
+    /// A memory window's: the QP it is bound to (type 2B), and the bytes of `memory` it covers.
+    window: Option<(u32, Range<u64>)>,
 }
 
 fn local_memory(lkey: u32, pd: u64) -> Option<Arc<Memory>> {
@@ -131,14 +134,29 @@ fn local_memory(lkey: u32, pd: u64) -> Option<Arc<Memory>> {
     Some(Arc::clone(&reg.memory))
 }
 
-/// The responder's check of an RDMA access; the memory and the offset of `addr` in it.
-fn remote_memory(rkey: u32, pd: u64, addr: u64, len: u32, write: bool) -> Option<(Arc<Memory>, usize)> {
+/// The responder's check of an RDMA access arriving on QP `qpn`; the memory and the offset of
+/// `addr` in it. A window's rkey works only on the QP it is bound to, within its range.
+fn remote_memory(rkey: u32, pd: u64, qpn: u32, addr: u64, len: u32, write: bool) -> Option<(Arc<Memory>, usize)> {
     let mrs = lock(&MRS);
     let reg =
         mrs.get(&rkey).filter(|r| r.pd == pd && if write { r.access.remote_write } else { r.access.remote_read })?;
     let offset = addr.checked_sub(reg.memory.addr())?;
-    let inside = offset.checked_add(u64::from(len))? <= reg.memory.len() as u64;
+    let end = offset.checked_add(u64::from(len))?;
+    let inside = match &reg.window {
+        Some((bound, range)) => *bound == qpn && range.start <= offset && end <= range.end,
+        None => end <= reg.memory.len() as u64,
+    };
     inside.then(|| (Arc::clone(&reg.memory), offset as usize))
+}
+
+/// A key no registration or window has.
+fn fresh_key(mrs: &BTreeMap<u32, Reg>) -> u32 {
+    loop {
+        let k = NEXT_KEY.fetch_add(1, Relaxed) & !LKEY_BIT;
+        if k != 0 && !mrs.contains_key(&k) {
+            return k;
+        }
+    }
 }
 
 /// A protection domain: a number that registrations and QPs are tagged with.
@@ -159,14 +177,35 @@ impl Pd {
 
     pub(crate) fn register(&self, memory: &Arc<Memory>, access: Access) -> Result<Mr> {
         let mut mrs = lock(&MRS);
-        let rkey = loop {
-            let k = NEXT_KEY.fetch_add(1, Relaxed) & !LKEY_BIT;
-            if k != 0 && !mrs.contains_key(&k) {
-                break k;
-            }
-        };
-        mrs.insert(rkey, Reg { pd: self.id, memory: Arc::clone(memory), access });
+        let rkey = fresh_key(&mrs);
+        mrs.insert(rkey, Reg { pd: self.id, memory: Arc::clone(memory), access, window: None });
         Ok(Mr { rkey })
+    }
+
+    /// A type 2 window: a key that works once an endpoint of this PD binds it.
+    pub(crate) fn alloc_mw(&self) -> Mw {
+        Mw { rkey: fresh_key(&lock(&MRS)), pd: self.id }
+    }
+}
+
+/// A memory window: `rkey` is in the table only while it is bound.
+pub(crate) struct Mw {
+    rkey: u32,
+    pd: u64,
+}
+
+impl Mw {
+    pub(crate) fn rkey(&self) -> u32 {
+        self.rkey
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        let mut mrs = lock(&MRS);
+        if mrs.get(&self.rkey).is_some_and(|r| r.window.is_some()) {
+            mrs.remove(&self.rkey);
+        }
     }
 }
 
@@ -500,15 +539,17 @@ impl Conn {
                 peer.complete_recv(&recv, WcStatus::SUCCESS, len);
                 copied
             }
-            Op::Write { remote_addr, rkey } => match remote_memory(rkey, peer.pd, remote_addr, len, true) {
+            Op::Write { remote_addr, rkey } => match remote_memory(rkey, peer.pd, peer.num, remote_addr, len, true) {
                 Some((dst, at)) => src.put(len, &dst, at),
                 None => return Step::Fail(WcStatus::REM_ACCESS_ERR),
             },
-            Op::Read { remote_addr, rkey } => match (remote_memory(rkey, peer.pd, remote_addr, len, false), &src) {
-                (Some((from, at)), Src::Mem(dst, offset)) => from.copy_to(at, dst, *offset, len as usize),
-                (None, _) => return Step::Fail(WcStatus::REM_ACCESS_ERR),
-                (_, Src::Bytes(_)) => return Step::Fail(WcStatus::LOC_QP_OP_ERR),
-            },
+            Op::Read { remote_addr, rkey } => {
+                match (remote_memory(rkey, peer.pd, peer.num, remote_addr, len, false), &src) {
+                    (Some((from, at)), Src::Mem(dst, offset)) => from.copy_to(at, dst, *offset, len as usize),
+                    (None, _) => return Step::Fail(WcStatus::REM_ACCESS_ERR),
+                    (_, Src::Bytes(_)) => return Step::Fail(WcStatus::LOC_QP_OP_ERR),
+                }
+            }
         };
         // Every range was checked against the same mappings, so a failed copy is a bug here.
         match copied {
@@ -753,6 +794,62 @@ impl Endpoint {
         qp.sq.extend(batch);
         c.progress(self.side);
         Ok(())
+    }
+
+    /// Binds `mw` to a range of `mr` on this QP. Done at once (not queued behind earlier work
+    /// requests, as a NIC would): the completion is queued like any other.
+    pub(crate) fn bind_mw(
+        &mut self,
+        wr_id: u64,
+        mw: &mut Mw,
+        mr: &crate::Mr,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<u32> {
+        let crate::MrInner::Mem(m) = &mr.inner else {
+            return Err(Error::OtherFabric { what: "the memory region to bind" });
+        };
+        mr.memory.check("memory window", offset as usize, len as usize)?;
+        let status = {
+            let mut mrs = lock(&MRS);
+            let bindable =
+                mrs.get(&m.rkey).is_some_and(|r| r.access.mw_bind && r.pd == self.pd.id && mw.pd == self.pd.id);
+            if bindable {
+                mrs.remove(&mw.rkey);
+                mw.rkey = fresh_key(&mrs);
+                let window = Some((self.qpn, offset..offset + len));
+                let access = Access { mw_bind: false, ..access };
+                mrs.insert(mw.rkey, Reg { pd: self.pd.id, memory: Arc::clone(mr.memory()), access, window });
+                WcStatus::SUCCESS
+            } else {
+                WcStatus::MW_BIND_ERR
+            }
+        };
+        self.complete_local(wr_id, status, WcOpcode::BindMw);
+        Ok(mw.rkey)
+    }
+
+    /// Invalidates a window bound through this QP, at once.
+    pub(crate) fn invalidate(&mut self, wr_id: u64, rkey: u32) -> Result<()> {
+        let status = {
+            let mut mrs = lock(&MRS);
+            match mrs.get(&rkey).and_then(|r| r.window.as_ref()) {
+                Some((qpn, _)) if *qpn == self.qpn => {
+                    mrs.remove(&rkey);
+                    WcStatus::SUCCESS
+                }
+                _ => WcStatus::LOC_PROT_ERR,
+            }
+        };
+        self.complete_local(wr_id, status, WcOpcode::LocalInv);
+        Ok(())
+    }
+
+    fn complete_local(&mut self, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
+        let mut c = lock(&self.shared.conn);
+        let wc = Completion { wr_id, status, opcode, byte_len: 0, vendor_err: 0 };
+        c.qp[self.side].push(Cqe { wc, sq: 0, rq: 0 });
     }
 
     pub(crate) fn post_recv(&mut self, wr_id: u64, mr: &crate::Mr, offset: usize, len: u32) -> Result<()> {

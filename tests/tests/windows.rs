@@ -1,7 +1,8 @@
 //! Type 2B memory windows over rxe (issue 14's fabric part): a region registered once with no
 //! remote access of its own, and per-QP windows over it in one protection domain.
 //!
-//! `windows_are_bound_to_their_qp_and_die_when_invalidated` would catch:
+//! The scenario runs over rxe in the guest and over the in-memory fabric on the host (whose
+//! windows the target's host tests will rely on). It would catch:
 //! - a window usable on another QP of the same PD (what a type 1 window or a shared MR rkey
 //!   allows: with one registration in one PD, QP B's READ with QP A's rkey would succeed);
 //! - a registration that grants remote access by itself (BIND_ONLY must not);
@@ -38,7 +39,16 @@ const GRANTS: [Option<Access>; 4] = [Some(Access::REMOTE_READ_WRITE), None, Some
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn windows_are_bound_to_their_qp_and_die_when_invalidated() {
     let rdma = rdma();
-    let listener = Listener::bind(Fabric::Verbs, SocketAddr::new(rdma.addr, 0), Some(&rdma.device)).unwrap();
+    scenario(Fabric::Verbs, rdma.addr, &rdma.device);
+}
+
+#[test]
+fn windows_in_memory() {
+    scenario(Fabric::Mem, "127.0.0.1".parse().unwrap(), "mem0");
+}
+
+fn scenario(fabric: Fabric, ip: std::net::IpAddr, device: &str) {
+    let listener = Listener::bind(fabric, SocketAddr::new(ip, 0), Some(device)).unwrap();
     let addr = listener.local_addr().unwrap();
     let (granted_tx, granted) = mpsc::channel::<Granted>();
     let (invalidate_tx, invalidate) = mpsc::channel::<u32>();
@@ -46,11 +56,11 @@ fn windows_are_bound_to_their_qp_and_die_when_invalidated() {
     let memory = Memory::anonymous(LEN).unwrap();
     memory.write_at(4096, b"window contents").unwrap();
     let target_memory = Arc::clone(&memory);
-    let device = rdma.device.clone();
+    let dev = device.to_owned();
     let target = thread::spawn(move || {
         // One PD for the region, the windows and every QP (the spec requires it; isolation
         // comes from the windows being bound to one QP each).
-        let pd = Pd::alloc(Fabric::Verbs, &device).unwrap();
+        let pd = Pd::alloc(fabric, &dev).unwrap();
         assert!(pd.type2_windows(), "rxe in 6.12 reports MEM_WINDOW_TYPE_2B");
         let mr = pd.register(&target_memory, Access::BIND_ONLY).unwrap();
         let mut eps = Vec::new();
@@ -90,8 +100,8 @@ fn windows_are_bound_to_their_qp_and_die_when_invalidated() {
 
     let connect = || {
         let deadline = Instant::now() + STEP;
-        let route = Route { device: Some(rdma.device.clone()), ..Route::default() };
-        let mut ep = Endpoint::resolve(Fabric::Verbs, addr, None, &route, &QpConfig::default(), deadline).unwrap();
+        let route = Route { device: Some(device.to_owned()), ..Route::default() };
+        let mut ep = Endpoint::resolve(fabric, addr, None, &route, &QpConfig::default(), deadline).unwrap();
         ep.connect(&[], deadline).unwrap();
         let g = granted.recv_timeout(STEP).expect("the target granted");
         (ep, g)
