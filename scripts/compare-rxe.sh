@@ -78,8 +78,20 @@
 # or null). Raw outputs: build/compare/guest.log. It fails only on errors (a tool that does not
 # run or whose output does not parse), never on the figures.
 #
+# Charts (scripts/plot.py, with /usr/bin/python3 and Debian's python3-matplotlib), in build/compare/:
+#   compare.png      summary.json as bar charts: each ratio with its goal (plot.py compare)
+#   iops.png         IOPS over time of one more rblk-bench run after the rounds, randread 4k QD32
+#                    for SECS with --log --log-interval 100 (plot.py series bench_iops.1.log); that
+#                    run's files are kept too: bench_iops.1.log, bench_bw.1.log, bench_lat.1.log,
+#                    bench.hlog (HdrHistogram interval log), bench.json
+#   latency-cdf.png  latency CDF and tail of the last round's rblk-bench reports of randread and
+#                    randwrite 4k QD1 (default spin, and --spin 1ms for randread) and QD32
+#                    (plot.py cdf), kept as rblk-WORKLOAD.json
+#
 # Options and environment:
 #   --quick            1 round of 2 s (a CI smoke test that the comparison works)
+#   --redraw           no guest: parse build/compare/guest.log of an earlier run again (give the
+#                      same COMPARE_SECS, COMPARE_ROUNDS as that run), rewrite the tables and charts
 #   COMPARE_SECS       measured seconds per run (default 5)
 #   COMPARE_ROUNDS     rounds of every pair (default 4)
 #   COMPARE_PERFTEST_BW_ARGS  extra perftest arguments for the bandwidth runs (default "-Q 1")
@@ -88,7 +100,8 @@
 #                      --workspace --bins, then ${CARGO_TARGET_DIR:-build}/release
 # Timing at 5 s: about 110 s per round for the perftest/rblk-bench pairs and about 130 s for the
 # block devices (12 fio runs of SECS + ~3 s each, plus making and removing the devices), plus ~15 s
-# of boot and a few seconds of NVMe-oF setup; --quick takes about 4 minutes. TCG makes absolute
+# of boot, a few seconds of NVMe-oF setup and SECS + ~3 s for the --log run; --quick takes about 4
+# minutes. TCG makes absolute
 # figures meaningless and boots vary by ~10% (far more when the host is busy, and the kernel's block
 # paths more than the verbs rows): compare ratios from the same boot, on an idle host.
 set -euo pipefail
@@ -102,6 +115,7 @@ cd "$REPO_ROOT"
 
 OUT=build/compare
 VOLUME_SIZE=256M
+LOG_INTERVAL_MS=100 # rblk-bench --log-interval of the picture run
 RBLK_PORT=7420
 
 log() { printf 'compare: %s\n' "$*" >&2; }
@@ -226,6 +240,11 @@ guest_main() {
         printf '@@begin %s %s %s %s\n' "$w" "$tool" "$r" "$*"
         cat "$file"
         printf '\n@@end %s %s %s\n' "$w" "$tool" "$r"
+    }
+    emit_file() { # NAME FILE: a file for the host to write into build/compare/NAME
+        printf '@@file %s\n' "$1"
+        cat "$2"
+        printf '@@endfile %s\n' "$1"
     }
     # One perftest run of workload $1 in round $2: the tool and its arguments follow.
     run_perftest() {
@@ -500,6 +519,17 @@ guest_main() {
     done
     nvmeof_teardown
 
+    # For the pictures: one more rblk-bench run with --log, sent to the host as files.
+    local -a pic=(--rw randread --bs 4k --iodepth 32 --log "$work/bench" --log-interval "$LOG_INTERVAL_MS")
+    log "rblk-bench ${pic[*]} (time series for build/compare/iops.png)"
+    "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" --json "$work/bench.json" "${pic[@]}" |
+        grep -E 'IOPS|percentiles' | sed 's/^ */    /' >&2 || die "rblk-bench ${pic[*]} failed"
+    local f
+    for f in "$work"/bench_iops.1.log "$work"/bench_bw.1.log "$work"/bench_lat.1.log "$work"/bench.hlog "$work"/bench.json; do
+        [[ -s $f ]] || die "rblk-bench --log wrote no $f"
+        emit_file "${f##*/}" "$f"
+    done
+
     kill -TERM "$tpid"
     local rc=0
     wait "$tpid" || rc=$?
@@ -607,10 +637,21 @@ def pick(figs, prefix):
 
 meta, runs, block = {}, [], None
 blk_cpu = {}  # block path -> [target CPU share per fio run]
+files, in_file = {}, None  # @@file NAME ... @@endfile NAME: written into the output directory
 with open(log_path, errors="replace") as f:
     for raw in f:
         line = raw.rstrip("\r\n").replace("\r", "")
-        if line.startswith("@@meta "):
+        if in_file is not None:
+            if line == f"@@endfile {in_file}":
+                in_file = None
+            else:
+                files[in_file].append(line)
+        elif line.startswith("@@file "):
+            in_file = line[len("@@file "):]
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", in_file):
+                fail(f"bad file name in the guest's output: {in_file!r}")
+            files[in_file] = []
+        elif line.startswith("@@meta "):
             parts = line.split(" ", 2)
             meta[parts[1]] = parts[2] if len(parts) > 2 else ""
         elif line.startswith("@@cpu "):
@@ -627,6 +668,8 @@ with open(log_path, errors="replace") as f:
             block = None
         elif block is not None:
             block["text"].append(line)
+if in_file is not None:
+    fail(f"the guest's file {in_file} has no @@endfile (see {log_path})")
 if meta.get("complete") != "yes":
     fail(f"the guest did not finish the comparison (see {log_path})")
 
@@ -853,15 +896,28 @@ with open(summary_path, "w") as f:
     f.write("\n")
 with open(table_path, "w") as f:
     f.write(table + "\n")
+# The files the guest sent, and each rblk-bench report of the last round (for the latency CDF).
+out_dir = os.path.dirname(summary_path)
+for name, lines in files.items():
+    with open(os.path.join(out_dir, name), "w") as f:
+        f.write("\n".join(lines) + "\n")
+for run in runs:
+    if run["tool"] == "rblk" and run["round"] == int(rounds):
+        with open(os.path.join(out_dir, f"rblk-{run['workload']}.json"), "w") as f:
+            f.write(run["text"].strip() + "\n")
 PY
 }
 
 host_main() {
     local secs=${COMPARE_SECS:-5} rounds=${COMPARE_ROUNDS:-4} bw_args=${COMPARE_PERFTEST_BW_ARGS:--Q 1}
+    local redraw=0
     while (($#)); do
         case $1 in
         --quick)
             secs=2 rounds=1
+            ;;
+        --redraw)
+            redraw=1
             ;;
         -h | --help)
             usage
@@ -878,6 +934,12 @@ host_main() {
     is_count "$rounds" || die "COMPARE_ROUNDS must be a positive whole number (got '$rounds')"
 
     scripts/deps.sh
+    if ((redraw)); then
+        [[ -s $OUT/guest.log ]] || die "no $OUT/guest.log to redraw from"
+        summarize "$OUT/guest.log" "$OUT/summary.json" "$OUT/table.txt" "$secs" "$rounds" "$bw_args"
+        draw
+        return 0
+    fi
     if pgrep -f '^qemu-system' >/dev/null; then
         log "warning: another qemu is running on this machine: the figures will be disturbed"
     fi
@@ -895,7 +957,7 @@ host_main() {
         [[ -x $bin_dir/$b ]] || die "no $bin_dir/$b"
     done
     mkdir -p "$OUT"
-    rm -f "$OUT/summary.json" "$OUT/table.txt"
+    rm -f "$OUT"/summary.json "$OUT"/table.txt "$OUT"/*.png "$OUT"/bench* "$OUT"/rblk-*.json
     local glog=$OUT/guest.log rc=0
     log "$rounds round(s) of ${secs}s per run in one guest boot; raw output in $glog"
     # Generous: about 110 s per round at 5 s for the verbs rows, plus the block devices, plus boot.
@@ -905,6 +967,24 @@ host_main() {
     ((rc == 0)) || die "the guest run failed (exit status $rc); see $glog"
     summarize "$glog" "$OUT/summary.json" "$OUT/table.txt" "$secs" "$rounds" "$bw_args"
     log "wrote $OUT/summary.json and $OUT/table.txt"
+    draw
+}
+
+# The charts, with scripts/plot.py (Debian's matplotlib, hence /usr/bin/python3).
+draw() {
+    local title
+    title="scripts/compare-rxe.sh, $(date -u +%F)"
+    plot() {
+        /usr/bin/python3 scripts/plot.py "$@" || die "scripts/plot.py $* failed"
+    }
+    plot compare -o "$OUT/compare.png" --title "$title: rblk vs perftest and Linux NVMe-oF/RDMA on rxe" \
+        "$OUT/summary.json"
+    plot series -o "$OUT/iops.png" --title "rblk-bench randread 4k QD32 over rxe, every ${LOG_INTERVAL_MS} ms" \
+        "$OUT/bench_iops.1.log"
+    plot cdf -o "$OUT/latency-cdf.png" --title "rblk-bench latency over rxe (last round)" \
+        "$OUT/rblk-randread_4k_qd1.json" "$OUT/rblk-randread_4k_qd1_spin.json" "$OUT/rblk-randread_4k_qd32.json" \
+        "$OUT/rblk-randwrite_4k_qd1.json" "$OUT/rblk-randwrite_4k_qd32.json"
+    log "wrote $OUT/compare.png, $OUT/iops.png and $OUT/latency-cdf.png"
 }
 
 case ${1:-} in

@@ -65,6 +65,17 @@ pub struct Args {
     /// `-` writes the JSON to stdout and the text report to stderr.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Write time series of the measured window under PREFIX, created before the run: per job N
+    /// (from 1) fio-format PREFIX_iops.N.log, PREFIX_bw.N.log and PREFIX_lat.N.log (lines "msec,
+    /// value, direction, blocksize, offset": IOPS, KiB/s, mean latency in ns per interval;
+    /// direction 0 read, 1 write), and a HdrHistogram interval log PREFIX.hlog (ns, tags read.N,
+    /// write.N). scripts/plot.py draws them.
+    #[arg(long, value_name = "PREFIX")]
+    pub log: Option<PathBuf>,
+    /// With --log: one line per this many milliseconds (10 to 3600000) [default: 1000].
+    /// Unlike fio's log_avg_msec there is no per-I/O logging: every line averages an interval.
+    #[arg(long, value_name = "MS", requires = "log", value_parser = log_interval_arg)]
+    pub log_interval: Option<Duration>,
     /// Seed for offsets and the read/write mix: the same seed repeats the same I/Os.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub seed: u64,
@@ -94,6 +105,13 @@ pub struct Args {
     pub reconnect: rblk_initiator::ReconnectArgs,
 }
 
+fn log_interval_arg(text: &str) -> std::result::Result<Duration, String> {
+    let ms: u64 = text.parse().map_err(|_| format!("not a whole number of milliseconds: {text:?}"))?;
+    let d = Duration::from_millis(ms);
+    crate::log::check_interval(d).map_err(|e| e.to_string())?;
+    Ok(d)
+}
+
 fn size_arg(text: &str) -> std::result::Result<u64, String> {
     rblk_initiator::parse_size(text).map_err(|e| e.to_string())
 }
@@ -117,6 +135,11 @@ impl Args {
             generation: self.generation,
             seed: self.seed,
         }
+    }
+
+    /// `--log`: the prefix and the interval.
+    pub fn log(&self) -> Option<(&std::path::Path, Duration)> {
+        Some((self.log.as_deref()?, self.log_interval.unwrap_or(crate::log::DEFAULT_LOG_INTERVAL)))
     }
 
     /// How to connect.
@@ -195,6 +218,11 @@ mod tests {
             (Stop::Size(1 << 30), Duration::from_millis(500), true, Some(9), 3)
         );
         assert_eq!(a.options().unwrap().spin, Duration::from_micros(50));
+        assert_eq!(a.log(), None);
+        let a = parse(&["rblk://h/v", "--log", "out/x"]).unwrap();
+        assert_eq!(a.log(), Some((std::path::Path::new("out/x"), Duration::from_secs(1))));
+        let a = parse(&["rblk://h/v", "--log", "x", "--log-interval", "250"]).unwrap();
+        assert_eq!(a.log(), Some((std::path::Path::new("x"), Duration::from_millis(250))));
         let a = parse(&["rblk://h/v", "--runtime", "2.5"]).unwrap();
         assert_eq!(a.spec().stop, Stop::Runtime(Duration::from_millis(2500)));
     }
@@ -209,6 +237,10 @@ mod tests {
             (&["rblk://h/v", "--iodepth", "-1"][..], "-1"),
             (&["rblk://h/v", "--runtime", "soon"][..], "bad duration"),
             (&[][..], "URI"),
+            (&["rblk://h/v", "--log-interval", "100"][..], "--log"),
+            (&["rblk://h/v", "--log", "p", "--log-interval", "0"][..], "10 to 3600000 ms (got 0 ms)"),
+            (&["rblk://h/v", "--log", "p", "--log-interval", "3600001"][..], "10 to 3600000 ms"),
+            (&["rblk://h/v", "--log", "p", "--log-interval", "1s"][..], "milliseconds"),
         ] {
             let e = parse(args).expect_err("refused").to_string();
             assert!(e.contains(needle), "{args:?}: {needle:?} not in {e}");

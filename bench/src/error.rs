@@ -31,6 +31,17 @@ pub enum Error {
         #[source]
         source: Box<rblk_initiator::Error>,
     },
+    /// A `--log` file could not be created or written.
+    #[error("{what} the log {}: {source}", path.display())]
+    Log {
+        /// "creating" or "writing".
+        what: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A job's thread panicked (a bug in the bench).
     #[error("job {job} panicked")]
     Panicked {

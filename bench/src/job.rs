@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use rblk_initiator::{Buffer, Direction, Done, Queue};
 
+use crate::log::Sample;
 use crate::pattern::{self, Mismatch};
 use crate::rng::Rng;
 use crate::spec::{Plan, Stop};
@@ -30,8 +31,10 @@ const WAIT_LIMIT: Duration = Duration::from_secs(60);
 pub(crate) const MISMATCHES_KEPT: usize = 10;
 
 /// What the main thread hears from jobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Event {
+    /// `--log`: the job's figures so far, at an interval boundary or the window's end.
+    Sample(Box<Sample>),
     /// The job's measured phase is over (the verify read-back may follow).
     Measured(u32),
     /// The job's thread ends (sent on drop, so also on errors and panics).
@@ -140,6 +143,8 @@ pub(crate) struct Job {
     scratch: Vec<u8>,
     stats: [DirStats; 2],
     tally: Tally,
+    /// `--log-interval`, with `--log`.
+    log_interval: Option<Duration>,
 }
 
 fn dir_index(dir: Direction) -> usize {
@@ -151,7 +156,14 @@ fn dir_index(dir: Direction) -> usize {
 
 impl Job {
     /// Prepares job `index` of `plan` on `q`: takes every buffer of its pool, sizes every table.
-    pub(crate) fn new(index: u32, q: Queue, plan: &Plan, generation: u64, expect: Option<u64>) -> Result<Job> {
+    pub(crate) fn new(
+        index: u32,
+        q: Queue,
+        plan: &Plan,
+        generation: u64,
+        expect: Option<u64>,
+        log_interval: Option<Duration>,
+    ) -> Result<Job> {
         let spec = &plan.spec;
         let depth = spec.iodepth;
         let bufs = (0..depth)
@@ -184,6 +196,7 @@ impl Job {
             scratch: if verify { vec![0; spec.bs as usize] } else { Vec::new() },
             stats: [DirStats::new(), DirStats::new()],
             tally: Tally::default(),
+            log_interval,
         })
     }
 
@@ -192,7 +205,7 @@ impl Job {
     pub(crate) fn run(mut self, plan: &Plan, shared: &Shared, events: &Sender<Event>) -> Result<Output> {
         let _finished = FinishGuard(self.index, events);
         shared.start.wait();
-        let result = self.measured(plan, shared).and_then(|window| {
+        let result = self.measured(plan, shared, events).and_then(|window| {
             let _ = events.send(Event::Measured(self.index));
             if self.written.is_some() {
                 self.read_back(shared)?;
@@ -212,8 +225,9 @@ impl Job {
     }
 
     /// The workload, until the runtime passed or the size is transferred. Returns the length of
-    /// the measured window (after the ramp).
-    fn measured(&mut self, plan: &Plan, shared: &Shared) -> Result<Duration> {
+    /// the measured window (after the ramp). With `--log`, sends a [`Sample`] after the first
+    /// reaped batch past each interval boundary and one at the window's end.
+    fn measured(&mut self, plan: &Plan, shared: &Shared, events: &Sender<Event>) -> Result<Duration> {
         let live = &shared.live[self.index as usize];
         let start = Instant::now();
         let ramp_end = start + plan.spec.ramp;
@@ -224,6 +238,7 @@ impl Job {
         // Completions in the measured window.
         let mut measured = 0u64;
         let mut last = ramp_end;
+        let mut next_sample = self.log_interval.map(|i| ramp_end + i);
         loop {
             let now = Instant::now();
             let ramping = now < ramp_end;
@@ -253,11 +268,29 @@ impl Job {
                 }
             }
             live.add(ios, bytes);
+            if let (Some(next), Some(interval)) = (next_sample, self.log_interval) {
+                if in_window && t >= next {
+                    self.sample(events, t - ramp_end);
+                    // A stall may have passed several boundaries: the next one is after `t`.
+                    let behind = (t - next).as_nanos() / interval.as_nanos();
+                    next_sample = Some(next + interval * (behind as u32 + 1));
+                }
+            }
         }
-        Ok(match end {
+        let window = match end {
             Some(e) => e - ramp_end,
             None => last - ramp_end,
-        })
+        };
+        if self.log_interval.is_some() {
+            self.sample(events, window);
+        }
+        Ok(window)
+    }
+
+    /// Sends the figures so far (a copy: once per interval, not per I/O).
+    fn sample(&self, events: &Sender<Event>, at: Duration) {
+        let stats = [self.stats[0].clone(), self.stats[1].clone()];
+        let _ = events.send(Event::Sample(Box::new(Sample { job: self.index, at, stats })));
     }
 
     /// Reads back every unit this job wrote and checks it.

@@ -47,6 +47,14 @@
 //! Any bad block (zeros, foreign data, torn, misplaced, or stale) is counted, the first ten per
 //! job are printed with their offsets, and [`Report::passed`] turns false (the binary exits 1).
 //!
+//! # Time series (`--log`)
+//!
+//! [`Logs`] writes fio-format IOPS, bandwidth and latency logs per job and a HdrHistogram
+//! interval log, one interval per `--log-interval`: each job sends a copy of its own
+//! histograms to the main thread at the first reaped batch past an interval boundary (the hot
+//! path only compares a timestamp it already took), and the main thread writes the difference
+//! to the job's previous copy. Use [`Run::run_with_logs`].
+//!
 //! # Threads and cleanup
 //!
 //! [`Run::run`] blocks: the calling thread starts the jobs, prints progress, takes the target's
@@ -64,6 +72,7 @@
 mod cli;
 mod error;
 mod job;
+mod log;
 pub mod pattern;
 mod report;
 mod rng;
@@ -73,6 +82,7 @@ mod stats;
 
 pub use cli::Args;
 pub use error::{Error, Result};
+pub use log::{check_interval, log_paths, Logs, DEFAULT_LOG_INTERVAL, MAX_LOG_INTERVAL, MIN_LOG_INTERVAL};
 pub use report::{DirReport, JobInfo, Latency, MismatchReport, Report, TargetCpu, Totals, VerifyReport, VolumeInfo};
 pub use run::Run;
 pub use spec::{parse_duration, Plan, Spec, Stop, Workload, MAX_JOBS};

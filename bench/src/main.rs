@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use rblk_bench::{Args, Run};
+use rblk_bench::{Args, Logs, Run};
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -47,8 +47,13 @@ fn run(args: &Args) -> anyhow::Result<bool> {
         Some(p) if p == Path::new("-") => Some(Box::new(io::stdout())),
         Some(p) => Some(Box::new(File::create(p).with_context(|| format!("creating {}", p.display()))?)),
     };
+    // The logs too.
+    let mut logs = match args.log() {
+        Some((prefix, interval)) => Some(Logs::create(prefix, interval, &spec)?),
+        None => None,
+    };
     let run = Run { progress: !args.quiet, command_line: std::env::args().collect() };
-    let report = run.run(&args.uri, &options, &spec)?;
+    let report = run.run_with_logs(&args.uri, &options, &spec, logs.as_mut())?;
     if args.json.as_deref() == Some(Path::new("-")) {
         eprint!("{}", report.text());
     } else {

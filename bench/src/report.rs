@@ -95,6 +95,10 @@ pub struct DirReport {
     pub bw_mb_s: f64,
     /// Latency from submission to reap, or `None` without I/Os.
     pub lat_us: Option<Latency>,
+    /// The latency distribution, for a CDF: `[latency_us, fraction of I/Os at or below it]`
+    /// pairs in increasing order, ending at `[max, 1.0]` (HdrHistogram's percentile
+    /// distribution, 5 steps per halving of the tail); empty without I/Os.
+    pub lat_cdf: Vec<[f64; 2]>,
 }
 
 /// Latency percentiles in microseconds.
@@ -284,7 +288,18 @@ pub(crate) fn dir_report(d: &DirStats, elapsed_s: f64) -> DirReport {
         p99_99: us(h.value_at_quantile(0.9999)),
         max: us(h.max()),
     });
+    let mut lat_cdf: Vec<[f64; 2]> = Vec::new();
+    if d.ios > 0 {
+        for v in h.iter_quantiles(5) {
+            let point = [us(h.highest_equivalent(v.value_iterated_to())), v.quantile()];
+            match lat_cdf.last_mut() {
+                Some(last) if last[0] == point[0] => *last = point,
+                _ => lat_cdf.push(point),
+            }
+        }
+    }
     DirReport {
+        lat_cdf,
         ios: d.ios,
         bytes: d.bytes,
         iops: rate(d.ios),
@@ -321,6 +336,25 @@ pub(crate) fn human_bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cdf_rises_to_the_maximum() {
+        let mut d = DirStats::new();
+        for us in 1..=1000u64 {
+            d.record(std::time::Duration::from_micros(us), 4096);
+        }
+        let r = dir_report(&d, 1.0);
+        let cdf = &r.lat_cdf;
+        assert!(cdf.len() > 20, "{cdf:?}");
+        assert!(cdf.windows(2).all(|w| w[0][0] < w[1][0] && w[0][1] <= w[1][1]), "{cdf:?}");
+        let [max, top] = *cdf.last().unwrap();
+        assert_eq!(top, 1.0);
+        assert!((max - r.lat_us.unwrap().max).abs() < 1e-9, "{max}");
+        // Half of the I/Os took at most 500 us (within the histogram's 3 digits).
+        let half = cdf.iter().find(|p| p[1] >= 0.5).unwrap();
+        assert!((499.0..=501.0).contains(&half[0]), "{half:?}");
+        assert!(dir_report(&DirStats::new(), 1.0).lat_cdf.is_empty());
+    }
 
     #[test]
     fn human_units() {

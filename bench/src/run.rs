@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rblk_initiator::{Chain, OpenMode, Options, Session, StatsReply, Volume};
 
 use crate::job::{Event, Job, Output, Shared, Tally};
+use crate::log::Logs;
 use crate::report::{
     dir_report, human_count, JobInfo, MismatchReport, Report, TargetCpu, Totals, VerifyReport, VolumeInfo,
 };
@@ -47,7 +48,22 @@ impl Run {
     /// against the volume before any I/O). Verification mismatches do not make this fail: see
     /// [`Report::passed`].
     pub fn run(&self, uri: &str, options: &Options, spec: &Spec) -> Result<Report> {
+        self.run_with_logs(uri, options, spec, None)
+    }
+
+    /// [`Run::run`], writing the time series of [`Logs`] (made for the same `spec`) as it goes.
+    /// A log that cannot be written fails the run at its end (the I/O is not stopped).
+    pub fn run_with_logs(
+        &self,
+        uri: &str,
+        options: &Options,
+        spec: &Spec,
+        mut logs: Option<&mut Logs>,
+    ) -> Result<Report> {
         spec.check()?;
+        if let Some(l) = logs.as_deref() {
+            l.check(spec)?;
+        }
         let session = Session::connect(uri, options).map_err(Error::initiator(format!("connecting to {uri}")))?;
         let mode = if spec.workload.writes() { OpenMode::ReadWrite } else { OpenMode::ReadOnly };
         let mut vol = session.open(mode).map_err(Error::initiator(format!("opening {uri}")))?;
@@ -59,7 +75,7 @@ impl Run {
             let q = vol
                 .queue_with(spec.iodepth, spec.bs as usize)
                 .map_err(Error::initiator(format!("opening the queue of job {j}")))?;
-            jobs.push(Job::new(j, q, &plan, generation, expect)?);
+            jobs.push(Job::new(j, q, &plan, generation, expect, logs.as_ref().map(|l| l.interval()))?);
         }
         let shared = Shared {
             start: Barrier::new(jobs.len() + 1),
@@ -77,7 +93,7 @@ impl Run {
                 })
                 .collect();
             drop(tx);
-            let cpu = self.watch(&mut vol, &plan, &shared, &rx, initial);
+            let cpu = self.watch(&mut vol, &plan, &shared, &rx, initial, logs.as_deref_mut());
             let outputs: Vec<Result<Output>> = handles
                 .into_iter()
                 .enumerate()
@@ -90,12 +106,15 @@ impl Run {
         if let Err(e) = vol.close() {
             eprintln!("rblk-bench: warning: closing the volume: {}", Chain(&e));
         }
+        if let Some(l) = logs {
+            l.finish()?;
+        }
         Ok(report)
     }
 
     /// The main thread while the jobs run: starts them, prints progress every second, keeps the
     /// volume's own connection alive and takes STATS at the start and the end of the measured
-    /// window. Returns the target's CPU over the window.
+    /// window, and writes the jobs' samples into `logs`. Returns the target's CPU over the window.
     fn watch(
         &self,
         vol: &mut Volume,
@@ -103,10 +122,20 @@ impl Run {
         shared: &Shared,
         rx: &mpsc::Receiver<Event>,
         initial: Option<(StatsReply, Instant)>,
+        mut logs: Option<&mut Logs>,
     ) -> Option<TargetCpu> {
         let jobs = plan.spec.jobs as usize;
         shared.start.wait();
         let start = Instant::now();
+        if let Some(l) = logs.as_deref_mut() {
+            let s = &plan.spec;
+            let mut comment =
+                format!("rblk-bench: rw={} bs={} iodepth={} jobs={}", s.workload, s.bs, s.iodepth, s.jobs);
+            if !self.command_line.is_empty() {
+                comment = format!("{}\n{comment}", self.command_line.join(" "));
+            }
+            l.begin(SystemTime::now() + s.ramp, &comment);
+        }
         let ramp_end = start + plan.spec.ramp;
         let mut before = if plan.spec.ramp.is_zero() { initial } else { None };
         let mut after = None;
@@ -121,6 +150,11 @@ impl Run {
                 wake = wake.min(ramp_end);
             }
             match rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+                Ok(Event::Sample(sample)) => {
+                    if let Some(l) = logs.as_deref_mut() {
+                        l.record(*sample);
+                    }
+                }
                 Ok(Event::Measured(j)) => measured[j as usize] = true,
                 Ok(Event::Finished(j)) => {
                     measured[j as usize] = true;

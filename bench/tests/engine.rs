@@ -1,12 +1,20 @@
 //! The bench's engine end to end against the real server, in-process over the in-memory fabric:
 //! figures add up, --verify passes on good data and names the offset of a bad block, and bad
-//! arguments are refused before any I/O.
+//! arguments are refused before any I/O; --log's time series add up to the report, and
+//! scripts/plot.py draws them.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
-use rblk_bench::{Error, Run, Spec, Stop, Workload};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+use hdrhistogram::serialization::Deserializer;
+use rblk_bench::{Error, Logs, Run, Spec, Stop, Workload};
 use rblk_initiator::{Fabric, OpenMode, Options, Session};
 use rblk_target::config::VolumeSpec;
 use rblk_target::server::{Config, Running, Server};
@@ -161,4 +169,192 @@ fn arguments_the_volume_cannot_take_are_refused_before_any_io() {
             other => panic!("{spec:?}: expected a refusal, got {other:?}"),
         }
     }
+}
+
+/// A fresh empty directory for a test's files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rblk-bench-engine-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A fio log line: msec, value, direction, blocksize, offset.
+fn fio_lines(path: &Path) -> Vec<[u64; 5]> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|l| {
+            let f: Vec<u64> = l.split(", ").map(|x| x.parse().unwrap_or_else(|_| panic!("{l:?}"))).collect();
+            f.try_into().unwrap_or_else(|_| panic!("not 5 fields: {l:?}"))
+        })
+        .collect()
+}
+
+/// `sum(value * interval)` per direction, checking that the times of each direction rise.
+fn integrate(path: &Path, bs: u64) -> [f64; 2] {
+    let mut sum = [0.0; 2];
+    let mut last = [0u64; 2];
+    for [ms, v, d, b, offset] in fio_lines(path) {
+        let d = d as usize;
+        assert!(d < 2 && b == bs && offset == 0, "{}: {ms}, {v}, {d}, {b}, {offset}", path.display());
+        assert!(ms > last[d], "{}: time {ms} after {}", path.display(), last[d]);
+        sum[d] += v as f64 * (ms - last[d]) as f64 / 1000.0;
+        last[d] = ms;
+    }
+    sum
+}
+
+/// A 1 s randrw run of 2 jobs after a 200 ms ramp, logged every 100 ms under `dir/run`.
+fn logged_run(dir: &Path) -> (rblk_bench::Report, PathBuf) {
+    let t = target(16 * MIB);
+    let spec = Spec {
+        jobs: 2,
+        ramp: Duration::from_millis(200),
+        stop: Stop::Runtime(Duration::from_secs(1)),
+        ..short(Workload::RandRw)
+    };
+    let prefix = dir.join("run");
+    let mut logs = Logs::create(&prefix, Duration::from_millis(100), &spec).unwrap();
+    let r = Run::default().run_with_logs(&t.uri, &options(), &spec, Some(&mut logs)).unwrap();
+    (r, prefix)
+}
+
+fn file(prefix: &Path, suffix: &str) -> PathBuf {
+    PathBuf::from(format!("{}{suffix}", prefix.display()))
+}
+
+#[test]
+fn logs_sample_the_measured_window_and_add_up_to_the_report() {
+    let dir = scratch("logs");
+    let (r, prefix) = logged_run(&dir);
+    assert!(r.read.ios > 0 && r.write.ios > 0, "{}", r.text());
+    let (mut ios, mut kib) = ([0.0; 2], [0.0; 2]);
+    for n in 1..=2 {
+        let iops = file(&prefix, &format!("_iops.{n}.log"));
+        let lines = fio_lines(&iops);
+        for d in 0..2 {
+            let times: Vec<u64> = lines.iter().filter(|l| l[2] == d).map(|l| l[0]).collect();
+            // About every 100 ms, and the last line at the window's end (1 s after the ramp).
+            assert!(times.len() >= 3, "{}: {lines:?}", iops.display());
+            assert_eq!(times.last(), Some(&1000), "{}: {lines:?}", iops.display());
+        }
+        let (a, b) = (integrate(&iops, 4096), integrate(&file(&prefix, &format!("_bw.{n}.log")), 4096));
+        for d in 0..2 {
+            ios[d] += a[d];
+            kib[d] += b[d];
+        }
+        let (lo, hi) = (r.read.lat_us.unwrap().min.min(r.write.lat_us.unwrap().min), r.total.ios);
+        for [ms, ns, ..] in fio_lines(&file(&prefix, &format!("_lat.{n}.log"))) {
+            assert!(ns as f64 >= lo * 1000.0 - 1.0 && ms <= 1000 && hi > 0, "{ms}, {ns}");
+        }
+    }
+    // Sum of IOPS x interval: the I/Os of the report, to the rounding of the logged integers.
+    for (d, dir_report) in [&r.read, &r.write].into_iter().enumerate() {
+        let want = dir_report.ios as f64;
+        assert!((ios[d] - want).abs() <= want * 0.02 + 40.0, "direction {d}: {} vs {want}", ios[d]);
+        let want = dir_report.bytes as f64 / 1024.0;
+        assert!((kib[d] - want).abs() <= want * 0.02 + 160.0, "direction {d}: {} KiB vs {want}", kib[d]);
+    }
+
+    // The HdrHistogram interval log holds every measured I/O exactly once.
+    let hlog = std::fs::read(file(&prefix, ".hlog")).unwrap();
+    let text = String::from_utf8_lossy(&hlog);
+    assert!(text.contains("#[StartTime: ") && text.contains("latencies in nanoseconds"), "{text}");
+    let mut counts = [0u64; 2];
+    let mut intervals = 0;
+    let mut de = Deserializer::new();
+    for entry in IntervalLogIterator::new(&hlog) {
+        let LogEntry::Interval(h) = entry.expect("a well-formed interval log") else { continue };
+        let tag = h.tag().expect("a tag").as_str().to_owned();
+        let d = if tag.starts_with("read.") { 0 } else { 1 };
+        assert!(["read.1", "read.2", "write.1", "write.2"].contains(&tag.as_str()), "{tag}");
+        let bytes = STANDARD.decode(h.encoded_histogram()).expect("base64");
+        let hist: hdrhistogram::Histogram<u64> = de.deserialize(&mut bytes.as_slice()).unwrap();
+        assert!(h.start_timestamp() + h.duration() <= Duration::from_millis(1001), "{tag}: {:?}", h.start_timestamp());
+        counts[d] += hist.len();
+        intervals += 1;
+    }
+    assert_eq!(counts, [r.read.ios, r.write.ios]);
+    assert!(intervals >= 4 * 3, "{intervals} intervals");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_log_prefix_that_cannot_be_created_is_refused_before_the_run() {
+    let spec = Spec { jobs: 2, ..Spec::default() };
+    match Logs::create(Path::new("/nonexistent-dir/run"), Duration::from_secs(1), &spec) {
+        Err(e @ Error::Log { .. }) => {
+            assert!(e.to_string().starts_with("creating the log /nonexistent-dir/run_iops.1.log: "), "{e}")
+        }
+        other => panic!("expected a log error, got {other:?}"),
+    }
+    for ms in [0, 9, 3_600_001] {
+        let e = Logs::create(Path::new("x"), Duration::from_millis(ms), &spec).unwrap_err();
+        assert!(e.to_string().contains("--log-interval must be 10 to 3600000 ms"), "{e}");
+    }
+}
+
+/// Runs /usr/bin/python3 scripts/plot.py (Debian's matplotlib: scripts/deps.sh installs it; a
+/// missing matplotlib fails this test).
+fn plot(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/plot.py");
+    let out = Command::new("/usr/bin/python3").arg(&script).args(args).output().expect("run /usr/bin/python3");
+    eprintln!("plot.py {args:?}: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn assert_png(path: &Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000, "{}: not a PNG", path.display());
+}
+
+#[test]
+fn plot_py_draws_the_logs_the_report_and_the_comparison_and_names_bad_input() {
+    let dir = scratch("plot");
+    let (r, prefix) = logged_run(&dir);
+    let json = dir.join("report.json");
+    std::fs::write(&json, serde_json::to_string(&r).unwrap()).unwrap();
+    let os = |p: &Path| p.as_os_str().to_owned();
+    let (iops1, iops2) = (file(&prefix, "_iops.1.log"), file(&prefix, "_iops.2.log"));
+
+    let png = dir.join("iops.png");
+    let out = plot(&["series".as_ref(), "-o".as_ref(), &os(&png), &os(&iops1), &os(&iops2)]);
+    assert!(out.status.success());
+    assert_png(&png);
+    let png = dir.join("cdf.png");
+    assert!(plot(&["cdf".as_ref(), "-o".as_ref(), &os(&png), &os(&json)]).status.success());
+    assert_png(&png);
+    // The comparison committed with the README (compare-rxe.sh's summary.json of that run).
+    let summary = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/compare-rxe.json");
+    let png = dir.join("compare.png");
+    assert!(plot(&["compare".as_ref(), "-o".as_ref(), &os(&png), &os(&summary)]).status.success());
+    assert_png(&png);
+
+    // Bad input: exit status 1 and a message naming the file and what is wrong.
+    let bad = dir.join("bad_iops.1.log");
+    std::fs::write(&bad, "100, 5, 0, 4096, 0\n200, five, 0, 4096, 0\n").unwrap();
+    let back = dir.join("back_iops.1.log");
+    std::fs::write(&back, "200, 5, 0, 4096, 0\n100, 5, 0, 4096, 0\n").unwrap();
+    let not_json = dir.join("not.json");
+    std::fs::write(&not_json, "{\"job\": ").unwrap();
+    let out_png = os(&dir.join("never.png"));
+    for (args, needle) in [
+        (vec!["series".into(), os(&dir.join("missing_iops.1.log"))], "cannot read".to_owned()),
+        (vec!["series".into(), os(&bad)], format!("{}: line 2: expected", bad.display())),
+        (vec!["series".into(), os(&back)], "line 2: time 100 ms goes back".into()),
+        (vec!["series".into(), os(&json)], "not a fio log name".into()),
+        (vec!["cdf".into(), os(&not_json)], format!("{}: not JSON", not_json.display())),
+        (vec!["cdf".into(), os(&iops1)], "not JSON".into()),
+        (vec!["compare".into(), os(&json)], "no workloads".into()),
+    ] {
+        let mut full: Vec<std::ffi::OsString> = vec![args[0].clone(), "-o".into(), out_png.clone()];
+        full.extend(args[1..].iter().cloned());
+        let refs: Vec<&std::ffi::OsStr> = full.iter().map(|a| a.as_os_str()).collect();
+        let out = plot(&refs);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(&needle), "{args:?}: {needle:?} not in {stderr}");
+    }
+    assert!(!dir.join("never.png").exists());
+    let _ = std::fs::remove_dir_all(&dir);
 }
