@@ -100,7 +100,7 @@ mod volume;
 
 pub use buffer::{Buffer, BufferPool};
 pub use dirty::Dirty;
-pub use engine::{Engine, EngineStats, Lane};
+pub use engine::{Engine, EngineCounters, EngineStats, Lane, Latency, LinkState};
 pub use error::{describe, Direction, Error, InvalidReason, Result};
 #[cfg(feature = "clap")]
 pub use options::ReconnectArgs;
