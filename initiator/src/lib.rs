@@ -100,7 +100,7 @@ mod volume;
 
 pub use buffer::{Buffer, BufferPool};
 pub use dirty::Dirty;
-pub use engine::{Engine, EngineStats, Lane};
+pub use engine::{Engine, EngineCounters, EngineStats, Lane, Latency, LinkState};
 pub use error::{Direction, Error, InvalidReason, Result};
 pub use options::{
     check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,

@@ -23,6 +23,7 @@ use rblk_proto::{ErrorCode, OpenMode, Opened, Resume, FEATURE_RECONNECT};
 
 use crate::conn::{Conn, Dest};
 use crate::dirty::{self, Shared};
+use crate::engine::LinkState;
 use crate::{Error, Options, Result};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,7 +108,6 @@ pub(crate) struct Link {
     /// Mirrors `Health::Up` (queues look at every commit).
     up: AtomicBool,
     next_queue: AtomicUsize,
-    reconnected: AtomicU64,
 }
 
 /// Target refusals that a retry will not change: the session ends at once.
@@ -170,8 +170,17 @@ impl Link {
             gen: AtomicU64::new(0),
             up: AtomicBool::new(true),
             next_queue: AtomicUsize::new(at + 1),
-            reconnected: AtomicU64::new(0),
         }
+    }
+
+    /// Sets the session's health, mirrored lock-free for the metrics ([`LinkState`]).
+    fn set_health(&self, st: &mut State, health: Health) {
+        self.shared.counters.set_link(match health {
+            Health::Up => LinkState::Connected,
+            Health::Down(_) => LinkState::Reconnecting,
+            Health::Failed(_) => LinkState::Failed,
+        });
+        st.health = health;
     }
 
     /// Whether a lost session is reconnected at all: the target can (FEATURE_RECONNECT and a
@@ -182,7 +191,7 @@ impl Link {
 
     /// Successful reconnects so far.
     pub(crate) fn reconnect_count(&self) -> u64 {
-        self.reconnected.load(Ordering::Relaxed)
+        self.shared.counters.reconnects.load(Ordering::Relaxed)
     }
 
     pub(crate) fn pd(&self) -> &Pd {
@@ -243,15 +252,18 @@ impl Link {
                 "the session to the target was lost ({reason}); reconnecting every {}",
                 secs(self.opts.reconnect.delay)
             );
-            st.health = Health::Down(Outage {
-                since: now,
-                reason: reason.to_owned(),
-                next_attempt: now,
-                attempts: 0,
-                io_failed: false,
-            });
+            self.set_health(
+                &mut st,
+                Health::Down(Outage {
+                    since: now,
+                    reason: reason.to_owned(),
+                    next_attempt: now,
+                    attempts: 0,
+                    io_failed: false,
+                }),
+            );
         } else {
-            st.health = Health::Failed(format!("the session to the target was lost: {reason}"));
+            self.set_health(&mut st, Health::Failed(format!("the session to the target was lost: {reason}")));
         }
         self.up.store(false, Ordering::Release);
         drop(st);
@@ -269,7 +281,7 @@ impl Link {
                 let reason =
                     format!("gave up reconnecting after {} (ctrl_loss_tmo); last error: {}", secs(down), o.reason);
                 tracing::error!(volume = self.name, %addr, "{reason}");
-                st.health = Health::Failed(reason);
+                self.set_health(&mut st, Health::Failed(reason));
                 self.changed.notify_all();
             } else if st.closing {
                 let reason = format!("the session is closing and the target is unreachable ({})", o.reason);
@@ -427,7 +439,7 @@ impl Link {
                 Err(e) if is_final(&e) => {
                     let reason = format!("the target refused the reconnect: {}", Chain(&e));
                     tracing::error!(volume = self.name, addr = %dest.addr, "{reason}");
-                    lock(&self.state).health = Health::Failed(reason);
+                    self.set_health(&mut lock(&self.state), Health::Failed(reason));
                     self.changed.notify_all();
                     return;
                 }
@@ -495,7 +507,7 @@ impl Link {
         };
         if let Some(reason) = refuse {
             tracing::error!(volume = self.name, %addr, "{reason}");
-            lock(&self.state).health = Health::Failed(reason);
+            self.set_health(&mut lock(&self.state), Health::Failed(reason));
             self.changed.notify_all();
             return;
         }
@@ -534,14 +546,14 @@ impl Link {
         st.gen += 1;
         st.opened = opened;
         st.at = at;
-        st.health = Health::Up;
+        self.set_health(&mut st, Health::Up);
         self.up.store(true, Ordering::Release);
         if lost_writes.is_some() {
             st.lost_writes = lost_writes;
         }
         self.gen.store(st.gen, Ordering::Release);
         drop(st);
-        self.reconnected.fetch_add(1, Ordering::Relaxed);
+        self.shared.counters.reconnects.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             volume = self.name,
             %addr,

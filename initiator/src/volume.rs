@@ -198,6 +198,7 @@ impl Volume {
         if let Some(lost) = self.link.take_lost_writes() {
             // The target crashed since these writes completed, and took them along: this is the
             // flush that promised them durability.
+            self.dirty.counters.errors.fetch_add(1, Ordering::Relaxed);
             return Err(Error::WritesLost { addr: self.link.addr(), bytes: lost });
         }
         if dirty::is_clean(&self.dirty) {
@@ -241,7 +242,18 @@ impl Volume {
     }
 
     fn flush_with(&mut self, flush: Flush<'_>) -> Result<bool> {
-        self.dirty.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let result = self.flush_sent(flush);
+        let counters = &self.dirty.counters;
+        counters.flushes.fetch_add(1, Ordering::Relaxed);
+        counters.flush_latency.record(started.elapsed());
+        if result.is_err() {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    fn flush_sent(&mut self, flush: Flush<'_>) -> Result<bool> {
         match &flush {
             Flush::All => tracing::debug!("FLUSH of the whole volume"),
             Flush::Ranges(r) => {

@@ -435,8 +435,8 @@ pub struct Running {
     pub(crate) fixed: Fixed,
     /// One reload at a time.
     pub(crate) reloading: Mutex<()>,
-    /// The metrics endpoint's address and thread.
-    metrics: Option<(SocketAddr, thread::JoinHandle<()>)>,
+    /// The metrics endpoint (stopped with the target).
+    metrics: Option<rblk_metrics::Endpoint>,
 }
 
 /// The settings a reload cannot change (see [`crate::reload`]).
@@ -586,10 +586,12 @@ impl Server {
         warn_memlock(&shared);
         let metrics = match cfg.metrics {
             Some(at) => {
-                let (bound, thread) = crate::metrics::serve(at, Arc::clone(&shared))
+                let s = Arc::clone(&shared);
+                let endpoint = rblk_metrics::Endpoint::serve(at, move || crate::metrics::render(&s))
                     .map_err(|source| StartError::Metrics { addr: at, source })?;
+                let bound = endpoint.local_addr();
                 info!(%bound, "serving metrics at http://{bound}/metrics");
-                Some((bound, thread))
+                Some(endpoint)
             }
             None => None,
         };
@@ -620,7 +622,7 @@ impl Running {
 
     /// Where the metrics endpoint listens, if there is one.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics.as_ref().map(|(a, _)| *a)
+        self.metrics.as_ref().map(rblk_metrics::Endpoint::local_addr)
     }
 
     /// The names of the volumes served, sorted.
@@ -662,9 +664,8 @@ impl Running {
         if let Some(t) = self.listener.take() {
             let _ = t.join();
         }
-        if let Some((_, t)) = self.metrics.take() {
-            let _ = t.join();
-        }
+        // Wakes its accept and joins its thread.
+        self.metrics.take();
     }
 }
 

@@ -7,6 +7,10 @@
 //!   their latency, malformed messages, AUTH failures), and an endpoint that answers any path.
 //! - `rxe_curl_sees_the_counters_move`: the same through the real daemon and flag, as an
 //!   operator's scraper sees it.
+//! - `rxe_attach_metrics_count_io_and_a_reconnect`: `rblk attach --metrics` whose counters do
+//!   not move with I/O through the device (reads, writes, bytes, latency histograms), a reconnect
+//!   after the target was killed and restarted that is not counted, or a connection state that
+//!   does not say connected again afterwards.
 
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
@@ -108,4 +112,80 @@ fn rxe_curl_sees_the_counters_move() {
         assert!(std::time::Instant::now() < deadline, "sessions of gone clients still counted");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+}
+
+/// The value of the sample `name` whose labels contain `labels` (`""` for any) in a scrape.
+fn labelled(body: &str, name: &str, labels: &str) -> f64 {
+    body.lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+            let (set, v) = rest.split_once("} ")?;
+            set.contains(labels).then(|| v.trim().parse().ok()).flatten()
+        })
+        .unwrap_or_else(|| panic!("no sample {name}{{{labels}}} in:\n{body}"))
+}
+
+#[test]
+#[ignore = "needs rxe and ublk_drv: run in the guest by scripts/test.sh"]
+fn rxe_attach_metrics_count_io_and_a_reconnect() {
+    use rblk_tests::blockdev::{attach, detach, ublk_drv};
+    use rblk_tests::daemon::Daemon;
+    use std::time::{Duration, Instant};
+    ublk_drv();
+    let dir = rblk_tests::scratch::dir();
+    let image = dir.join("metrics-attach.img");
+    let _ = std::fs::remove_file(&image);
+    // Durable: a restarted target serves the same volume again, so the session reconnects.
+    let spec = format!("v:16M:{}", image.display());
+    let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", &spec]);
+    let addr = d.addr;
+    let port = 9900 + (std::process::id() % 90) as u16;
+    let metrics = format!("127.0.0.1:{port}");
+    let a = attach(&format!("rblk://{addr}/v"), &format!("--metrics {metrics} --reconnect-delay 1"));
+    let curl = || {
+        let out = Command::new("curl").args(["-sf", &format!("http://{metrics}/metrics")]).output().expect("run curl");
+        assert!(out.status.success(), "curl failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let get = |body: &str, name: &str| labelled(body, name, "volume=\"v\"");
+    let before = curl();
+    assert_eq!(get(&before, "rblk_initiator_reconnects_total"), 0.0);
+    assert_eq!(labelled(&before, "rblk_initiator_connection_state", "state=\"connected\""), 1.0);
+    let dev = &a.dev;
+    rblk_tests::sh(&format!("dd if=/dev/urandom of={dev} bs=64k count=16 oflag=direct conv=fsync status=none"));
+    rblk_tests::sh(&format!("dd if={dev} of=/dev/null bs=64k count=16 iflag=direct status=none"));
+    let io = curl();
+    eprintln!("metrics after I/O:\n{io}");
+    for name in ["rblk_initiator_writes_total", "rblk_initiator_reads_total", "rblk_initiator_flushes_total"] {
+        assert!(get(&io, name) > get(&before, name), "{name} did not move");
+    }
+    assert!(get(&io, "rblk_initiator_written_bytes_total") >= f64::from(1u32 << 20));
+    assert!(get(&io, "rblk_initiator_read_bytes_total") >= f64::from(1u32 << 20));
+    assert!(get(&io, "rblk_initiator_write_seconds_count") > 0.0);
+    assert_eq!(get(&io, "rblk_initiator_errors_total"), 0.0);
+
+    // Everything is flushed (conv=fsync): a killed durable target loses nothing, and the
+    // session reconnects to the restarted one.
+    assert!(!d.kill().success());
+    std::thread::sleep(Duration::from_secs(1));
+    let d = Daemon::start_at(addr, &["--volume", &spec]);
+    // I/O after the restart waits for the reconnect and then succeeds.
+    rblk_tests::sh(&format!("dd if={dev} of=/dev/null bs=64k count=4 iflag=direct status=none"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let m = curl();
+        if get(&m, "rblk_initiator_reconnects_total") >= 1.0 || Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    eprintln!("metrics after the restart:\n{after}");
+    assert_eq!(get(&after, "rblk_initiator_reconnects_total"), 1.0);
+    assert_eq!(labelled(&after, "rblk_initiator_connection_state", "state=\"connected\""), 1.0);
+    assert_eq!(labelled(&after, "rblk_initiator_connection_state", "state=\"reconnecting\""), 0.0);
+    assert!(get(&after, "rblk_initiator_reads_total") > get(&io, "rblk_initiator_reads_total"));
+    let out = detach(dev);
+    assert!(!out.contains("not flushed"), "{out}");
+    drop(d);
+    let _ = std::fs::remove_file(&image);
 }

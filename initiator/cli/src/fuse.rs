@@ -57,6 +57,8 @@ pub struct MountArgs {
     #[arg(long = "loop")]
     loop_device: bool,
     #[command(flatten)]
+    metrics: crate::metrics::MetricsArgs,
+    #[command(flatten)]
     run: crate::daemon::DaemonArgs,
     #[command(flatten)]
     conn: crate::cli::Connection,
@@ -114,7 +116,11 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
         if vol.is_volatile() { "volatile" } else { "durable" },
     );
     let opts = MountOptions { queues: args.queues, ..MountOptions::default() };
+    // Listening before the mount: a port in use fails here, with nothing to undo.
+    let metrics = crate::metrics::Metrics::new(vol.uri());
+    let _endpoint = args.metrics.serve(&metrics)?;
     let mounted = mount::mount(vol, &args.mountpoint, &opts)?;
+    let _counted = metrics.add(mounted.volume_file().counters());
     let mountpoint = mounted.mountpoint().to_owned();
     let file = mounted.file().to_owned();
 

@@ -7,6 +7,7 @@
 //! - [`nbd`]: `rblk nbd`, a volume as an NBD export (TCP or a Unix socket).
 //! - [`mount`]: `rblk mount`, a volume as one file in a FUSE filesystem, optionally behind a loop
 //!   device.
+//! - [`metrics`]: `--metrics ADDR:PORT` of those three, `rblk_initiator_*` in Prometheus' format.
 //! - [`list`]: the attachments, mounts and exports on this host (`rblk list`).
 //!
 //! The library ([`rblk_initiator`]) compiles none of this crate's dependencies (fuser, libublk,
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod daemon;
 pub mod fuse;
 pub mod list;
+pub mod metrics;
 pub mod mount;
 pub mod nbd;
 pub mod ublk;

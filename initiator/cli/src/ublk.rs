@@ -88,6 +88,8 @@ pub struct AttachArgs {
     #[arg(long)]
     exclusive: bool,
     #[command(flatten)]
+    metrics: crate::metrics::MetricsArgs,
+    #[command(flatten)]
     run: crate::daemon::DaemonArgs,
     #[command(flatten)]
     conn: crate::cli::Connection,
@@ -398,6 +400,9 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
     );
     // No shared lanes: every queue thread has its own.
     let engine = Arc::new(Engine::new(vol, 0)?);
+    let metrics = crate::metrics::Metrics::new(engine.uri());
+    let _counted = metrics.add(engine.counters());
+    let _endpoint = args.metrics.serve(&metrics)?;
     let lanes = (0..args.queues)
         .map(|_| engine.lane(args.depth, io_buf as usize).map(Some))
         .collect::<Result<Vec<_>, _>>()

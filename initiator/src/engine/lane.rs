@@ -94,6 +94,8 @@ struct Req {
     registered: bool,
     /// Submission order (0 for the parts of a read-modify-write, which run as soon as they can).
     seq: u64,
+    /// When the caller submitted it (its latency is measured from here).
+    started: Instant,
 }
 
 /// One piece of a request on the queue.
@@ -253,11 +255,13 @@ impl Lane {
 
     /// Starts a request. Requests that fail their checks finish at once with the reason.
     pub fn submit(&mut self, r: Request) {
+        let started = Instant::now();
         if let Err(e) = self.check(&r) {
-            self.finished.push_back(Finished { tag: r.tag, op: r.op, result: Err(e), data: r.data });
+            self.finish(Finished { tag: r.tag, op: r.op, result: Err(e), data: r.data }, 0, None);
             return;
         }
         if r.op == IoOp::Flush {
+            // The control path counts and times FLUSHes, of every front end.
             let result = self.flush_now(None);
             self.finished.push_back(Finished { tag: r.tag, op: r.op, result, data: r.data });
             return;
@@ -265,11 +269,6 @@ impl Lane {
         let bs = bs(&self.geo);
         let (start, end) = (r.offset / bs * bs, (r.offset + r.len).div_ceil(bs) * bs);
         let aligned = start == r.offset && end == r.offset + r.len;
-        let counters = &self.shared.counters;
-        match r.op {
-            IoOp::Read => counters.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            _ => counters.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        };
         let registered = matches!(r.data, Data::Registered(_));
         let mut req = Req {
             tag: r.tag,
@@ -287,6 +286,7 @@ impl Lane {
             want: r.len as usize,
             registered,
             seq: self.next_seq,
+            started,
         };
         self.next_seq += 1;
         if r.op == IoOp::Read {
@@ -532,7 +532,31 @@ impl Lane {
             v.copy_within(skip..skip + req.want, 0);
             v.truncate(req.want);
         }
-        self.finished.push_back(Finished { tag: req.tag, op: req.op, result, data: req.data });
+        self.finish(Finished { tag: req.tag, op: req.op, result, data: req.data }, req.want as u64, Some(req.started));
+    }
+
+    /// Hands a caller's request back, counted: completed, bytes, errors, latency (lock-free).
+    fn finish(&mut self, f: Finished, bytes: u64, started: Option<Instant>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &self.shared.counters;
+        let (count, moved, latency) = match f.op {
+            IoOp::Read => (&c.reads, &c.read_bytes, &c.read_latency),
+            _ => (&c.writes, &c.written_bytes, &c.write_latency),
+        };
+        match &f.result {
+            Ok(()) => {
+                moved.fetch_add(bytes, Relaxed);
+            }
+            Err(_) => {
+                c.errors.fetch_add(1, Relaxed);
+            }
+        }
+        // Refused at submission: an error, not a request that ran.
+        if let Some(started) = started {
+            count.fetch_add(1, Relaxed);
+            latency.record(started.elapsed());
+        }
+        self.finished.push_back(f);
     }
 
     fn flush_now(&mut self, range: Option<(u64, u64)>) -> Result<()> {
@@ -572,7 +596,8 @@ impl Lane {
             if let Err(e) = &result {
                 if matches!(e, Error::Timeout { .. }) {
                     // The queue stopped completing: the lane is unusable; say so to the caller.
-                    self.finished.push_back(Finished { tag: req.tag, op: req.op, result, data: req.data });
+                    let f = Finished { tag: req.tag, op: req.op, result, data: req.data };
+                    self.finish(f, req.len, Some(req.started));
                     return Err(Error::ConnectionLost {
                         addr: self.q.addr(),
                         reason: "a read-modify-write timed out".into(),
@@ -580,7 +605,7 @@ impl Lane {
                 }
             }
             let data = std::mem::take(&mut req.data);
-            self.finished.push_back(Finished { tag: req.tag, op: req.op, result, data });
+            self.finish(Finished { tag: req.tag, op: req.op, result, data }, req.len, Some(req.started));
         }
     }
 
@@ -642,6 +667,7 @@ impl Lane {
             want: len as usize,
             registered: false,
             seq: 0,
+            started: Instant::now(),
         };
         let index = self.insert(req);
         // First in line: requests held back behind a later read-modify-write must not hold back

@@ -40,7 +40,7 @@ mod lane;
 mod locks;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -62,9 +62,143 @@ pub struct EngineStats {
     pub flushes: u64,
     /// Flushes that had nothing to flush (no write since the last FLUSH): nothing was sent.
     pub flushes_skipped: u64,
+    /// Bytes read by requests that succeeded.
+    pub read_bytes: u64,
+    /// Bytes written (zeroes included) by requests that succeeded.
+    pub written_bytes: u64,
+    /// Requests that failed (reads, writes, flushes; refused ones included).
+    pub errors: u64,
+    /// Successful reconnects of the session.
+    pub reconnects: u64,
 }
 
-/// The session-wide counters behind [`EngineStats`].
+impl std::ops::AddAssign for EngineStats {
+    fn add_assign(&mut self, o: EngineStats) {
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.read_modify_writes += o.read_modify_writes;
+        self.flushes += o.flushes;
+        self.flushes_skipped += o.flushes_skipped;
+        self.read_bytes += o.read_bytes;
+        self.written_bytes += o.written_bytes;
+        self.errors += o.errors;
+        self.reconnects += o.reconnects;
+    }
+}
+
+/// Whether a session is connected to its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Up.
+    Connected,
+    /// Lost; reconnecting (I/O waits, or fails after fast_io_fail_tmo).
+    Reconnecting,
+    /// Gone for good: every I/O fails.
+    Failed,
+}
+
+impl LinkState {
+    /// Every state, in the order of their names.
+    pub const ALL: [LinkState; 3] = [LinkState::Connected, LinkState::Reconnecting, LinkState::Failed];
+
+    /// `connected`, `reconnecting` or `failed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkState::Connected => "connected",
+            LinkState::Reconnecting => "reconnecting",
+            LinkState::Failed => "failed",
+        }
+    }
+}
+
+/// Upper bounds of the latency buckets, in microseconds: 1 us, 2 us, 4 us ... 2^25 us (about
+/// 34 s); slower requests count in the last, unbounded bucket only.
+pub const LATENCY_BUCKETS_US: [u64; 26] = {
+    let mut b = [0u64; 26];
+    let mut i = 0;
+    while i < b.len() {
+        b[i] = 1 << i;
+        i += 1;
+    }
+    b
+};
+
+/// A latency histogram of lock-free counters: a request's completion is one atomic add on its
+/// bucket, the sum and the count, no lock and no allocation.
+#[derive(Debug)]
+pub(crate) struct AtomicLatency {
+    /// Per bucket of [`LATENCY_BUCKETS_US`] (not cumulative), and one more for slower ones.
+    buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Default for AtomicLatency {
+    fn default() -> Self {
+        AtomicLatency { buckets: std::array::from_fn(|_| AtomicU64::new(0)), sum_ns: AtomicU64::new(0) }
+    }
+}
+
+impl AtomicLatency {
+    pub(crate) fn record(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        // The first bucket whose bound (2^i us) is at least the latency, rounded up to a us.
+        let us = ns.div_ceil(1000).max(1);
+        let i = (64 - (us - 1).leading_zeros()) as usize;
+        self.buckets[i.min(LATENCY_BUCKETS_US.len())].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> Latency {
+        Latency {
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            sum_ns: self.sum_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A snapshot of one operation's latency histogram ([`EngineCounters::latency`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Latency {
+    buckets: [u64; LATENCY_BUCKETS_US.len() + 1],
+    sum_ns: u64,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency { buckets: [0; LATENCY_BUCKETS_US.len() + 1], sum_ns: 0 }
+    }
+}
+
+impl Latency {
+    /// Requests measured.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// Their latencies added up.
+    pub fn sum(&self) -> Duration {
+        Duration::from_nanos(self.sum_ns)
+    }
+
+    /// `(upper bound in seconds, requests in this bucket)` for each of [`LATENCY_BUCKETS_US`]
+    /// (not cumulative: a request counts in the first bucket it fits), then `(f64::INFINITY,
+    /// slower ones)`.
+    pub fn buckets(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
+        let bounds = LATENCY_BUCKETS_US.iter().map(|&us| us as f64 / 1e6).chain([f64::INFINITY]);
+        bounds.zip(self.buckets.iter().copied())
+    }
+}
+
+impl std::ops::AddAssign for Latency {
+    fn add_assign(&mut self, o: Latency) {
+        for (a, b) in self.buckets.iter_mut().zip(o.buckets) {
+            *a += b;
+        }
+        self.sum_ns += o.sum_ns;
+    }
+}
+
+/// The session-wide counters behind [`EngineStats`]: lock-free, updated on the I/O path.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub reads: AtomicU64,
@@ -72,17 +206,69 @@ pub(crate) struct Counters {
     pub rmw: AtomicU64,
     pub flushes: AtomicU64,
     pub skipped: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub written_bytes: AtomicU64,
+    pub errors: AtomicU64,
+    /// Successful reconnects (the link counts them here).
+    pub reconnects: AtomicU64,
+    /// The link's [`LinkState`], as its index in [`LinkState::ALL`].
+    pub link: AtomicU8,
+    pub read_latency: AtomicLatency,
+    pub write_latency: AtomicLatency,
+    /// FLUSHes sent (skipped ones take no time worth measuring).
+    pub flush_latency: AtomicLatency,
 }
 
 impl Counters {
     pub(crate) fn snapshot(&self) -> EngineStats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         EngineStats {
-            reads: self.reads.load(Ordering::Relaxed),
-            writes: self.writes.load(Ordering::Relaxed),
-            read_modify_writes: self.rmw.load(Ordering::Relaxed),
-            flushes: self.flushes.load(Ordering::Relaxed),
-            flushes_skipped: self.skipped.load(Ordering::Relaxed),
+            reads: load(&self.reads),
+            writes: load(&self.writes),
+            read_modify_writes: load(&self.rmw),
+            flushes: load(&self.flushes),
+            flushes_skipped: load(&self.skipped),
+            read_bytes: load(&self.read_bytes),
+            written_bytes: load(&self.written_bytes),
+            errors: load(&self.errors),
+            reconnects: load(&self.reconnects),
         }
+    }
+
+    pub(crate) fn set_link(&self, state: LinkState) {
+        self.link.store(state as u8, Ordering::Relaxed);
+    }
+}
+
+/// A handle on a session's counters ([`Engine::counters`]) that does not keep the session or
+/// its connections alive: a metrics endpoint reads it while the session runs, and once more
+/// after it closed.
+#[derive(Debug, Clone)]
+pub struct EngineCounters(crate::dirty::Shared);
+
+impl EngineCounters {
+    /// The counters now.
+    pub fn stats(&self) -> EngineStats {
+        self.0.counters.snapshot()
+    }
+
+    /// The latency histogram of `op`'s requests (reads; writes and writes of zeroes; FLUSHes
+    /// sent), from submission to completion.
+    pub fn latency(&self, op: IoOp) -> Latency {
+        let c = &self.0.counters;
+        match op {
+            IoOp::Read => c.read_latency.snapshot(),
+            IoOp::Write | IoOp::WriteZeroes => c.write_latency.snapshot(),
+            IoOp::Flush => c.flush_latency.snapshot(),
+        }
+    }
+
+    /// Whether the session is connected, reconnecting or gone.
+    pub fn link_state(&self) -> LinkState {
+        LinkState::ALL
+            .get(usize::from(self.0.counters.link.load(Ordering::Relaxed)))
+            .copied()
+            .unwrap_or(LinkState::Failed)
     }
 }
 
@@ -247,12 +433,18 @@ impl Engine {
 
     /// How often the session reconnected after losing its target.
     pub fn reconnects(&self) -> u64 {
-        lock(&self.control.vol).as_ref().map_or(0, Volume::reconnects)
+        self.shared.counters.reconnects.load(Ordering::Relaxed)
     }
 
     /// Counters of the whole session.
     pub fn stats(&self) -> EngineStats {
         self.shared.counters.snapshot()
+    }
+
+    /// A handle on the session's counters, for a metrics endpoint: lock-free to read, and it
+    /// keeps nothing of the session alive.
+    pub fn counters(&self) -> EngineCounters {
+        EngineCounters(Arc::clone(&self.shared))
     }
 
     /// Bytes written and not yet flushed (a FLUSH would cover them), as tracked: an upper

@@ -17,6 +17,8 @@ pub struct Device {
     geo: ExportGeometry,
     /// Held while this client is the export's only one (released when it is done).
     slot: Option<super::Slot>,
+    /// The session in the export's `--metrics`, until it closed.
+    counted: Option<crate::metrics::Counted>,
 }
 
 impl Device {
@@ -40,12 +42,18 @@ impl Device {
         let g = engine.geometry();
         let lane = engine.lane(depth, piece_size(&g, piece))?;
         let geo = ExportGeometry { size: g.size, block_size: g.block_size, read_only: g.read_only };
-        Ok(Device { lane, engine, geo, slot: None })
+        Ok(Device { lane, engine, geo, slot: None, counted: None })
     }
 
     /// Keeps `slot` until the client is done.
     pub fn with_slot(mut self, slot: Option<super::Slot>) -> Device {
         self.slot = slot;
+        self
+    }
+
+    /// Counts the session in `metrics` (its final numbers stay there once it closed).
+    pub fn counted_in(mut self, metrics: &std::sync::Arc<crate::metrics::Metrics>) -> Device {
+        self.counted = Some(metrics.add(self.engine.counters()));
         self
     }
 
@@ -72,10 +80,13 @@ impl Device {
     /// Ends the session: the lane goes (anything still in flight is abandoned), then the
     /// engine flushes what was written since the last flush (nothing when clean) and closes.
     pub fn close(self) -> rblk_initiator::Result<()> {
-        let Device { lane, engine, slot, .. } = self;
+        let Device { lane, engine, slot, counted, .. } = self;
         // The client is done: the next one may start while this session says goodbye.
         drop(slot);
         drop(lane);
-        engine.close().map(|_| ())
+        let closed = engine.close().map(|_| ());
+        // After the close, so that its last FLUSH counts.
+        drop(counted);
+        closed
     }
 }

@@ -90,6 +90,8 @@ pub struct Args {
     #[arg(long)]
     shared: bool,
     #[command(flatten)]
+    metrics: crate::metrics::MetricsArgs,
+    #[command(flatten)]
     conn: crate::cli::Connection,
     #[command(flatten, next_help_heading = "Reconnect")]
     reconnect: rblk_initiator::ReconnectArgs,
@@ -317,6 +319,8 @@ struct RblkExport {
     geo: ExportGeometry,
     shared: bool,
     busy: Arc<AtomicBool>,
+    /// Every client's session, counted for `--metrics`.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Export for RblkExport {
@@ -359,7 +363,7 @@ impl Export for RblkExport {
         };
         let vol = Session::connect(&self.uri, &self.opts).and_then(|s| s.open(self.mode)).map_err(unavailable)?;
         let dev = Device::open(vol).map_err(unavailable)?;
-        Ok(dev.with_slot(slot))
+        Ok(dev.with_slot(slot).counted_in(&self.metrics))
     }
 }
 
@@ -374,10 +378,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let volatile = vol.is_volatile();
     vol.close()?;
 
+    // Before the NBD socket: a metrics port in use fails with nothing to clean up.
+    let metrics = crate::metrics::Metrics::new(&uri);
+    let _endpoint = args.metrics.serve(&metrics)?;
     let listener = Arc::new(Listener::bind(&args.listen)?);
     let stop = Arc::new(AtomicBool::new(false));
     watch_signals(&listener, &stop)?;
-    let export = Arc::new(RblkExport { uri, opts, mode, geo, shared: args.shared, busy: Arc::default() });
+    let export = Arc::new(RblkExport { uri, opts, mode, geo, shared: args.shared, busy: Arc::default(), metrics });
 
     println!(
         "rblk nbd: serving {} as {} ({} bytes, block size {}{}{}{})",

@@ -75,6 +75,8 @@ struct TestExport {
     qp_num: Mutex<Option<u32>>,
     /// The clients' sessions' reconnect policy.
     reconnect: Reconnect,
+    /// Every client's session, as `--metrics` counts them.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl TestExport {
@@ -86,6 +88,7 @@ impl TestExport {
             opened: AtomicU32::new(0),
             qp_num: Mutex::new(None),
             reconnect: Reconnect::default(),
+            metrics: crate::metrics::Metrics::new(&rblk_initiator::Uri::parse("rblk://127.0.0.1/v").unwrap()),
         }
     }
 
@@ -145,7 +148,8 @@ impl Export for TestExport {
         let vol = Session::connect(&self.target().uri, &opts).and_then(|s| s.open(mode));
         let mut dev = vol
             .and_then(|v| Device::open_with(v, DEPTH, PIECE))
-            .map_err(|e| Refusal::Unavailable(Chain(&e).to_string()))?;
+            .map_err(|e| Refusal::Unavailable(Chain(&e).to_string()))?
+            .counted_in(&self.metrics);
         self.opened.fetch_add(1, Ordering::SeqCst);
         *self.qp_num.lock().unwrap() = Some(dev.lane().qp_num());
         Ok(dev)
@@ -500,6 +504,71 @@ fn a_failed_rdma_operation_is_replayed_on_a_new_session() {
     let summary = c.disconnect();
     assert_eq!(summary.errors, 0, "{summary:?}");
     assert_eq!(export.data(MIB - 4096, 8192), vec![4; 8192]);
+}
+
+/// The value of `name` (labels as a Metrics of volume `v` puts them, plus `extra`) in a scrape.
+fn sample(body: &str, name: &str, extra: &str) -> f64 {
+    let labels = format!("{{volume=\"v\",target=\"rblk://127.0.0.1:7420/v\"{extra}}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(labels.as_str())?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name}{labels} in:\n{body}"))
+}
+
+/// `--metrics` over HTTP while a client does I/O. Catches counters that do not move with the
+/// client's requests (reads, writes, bytes, errors, latency), a reconnect that is not counted or
+/// leaves the state reconnecting, and a closed session whose counts vanish from the totals.
+#[test]
+fn metrics_count_io_a_reconnect_and_closed_sessions() {
+    let export = Arc::new(TestExport::new(GEO));
+    let args = crate::metrics::MetricsArgs { metrics: Some((Ipv4Addr::LOCALHOST, 0).into()) };
+    let endpoint = args.serve(&export.metrics).unwrap().expect("an endpoint");
+    let at = endpoint.local_addr();
+    let scrape = || {
+        let mut s = std::net::TcpStream::connect(at).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        body.to_owned()
+    };
+    let m = scrape();
+    assert_eq!(sample(&m, "rblk_initiator_sessions", ""), 0.0);
+    let mut c = Client::start(Arc::clone(&export));
+    assert_eq!(c.write(0, &[1; 8192]), 0);
+    assert_eq!(c.read(0, 8192), Ok(vec![1; 8192]));
+    assert_eq!(c.read(GEO.size, 4096), Err(22), "refused: an error, not a read");
+    let m = scrape();
+    assert_eq!(sample(&m, "rblk_initiator_sessions", ""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_connection_state", ",state=\"connected\""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_writes_total", ""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_reads_total", ""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_written_bytes_total", ""), 8192.0);
+    assert_eq!(sample(&m, "rblk_initiator_read_bytes_total", ""), 8192.0);
+    assert_eq!(sample(&m, "rblk_initiator_read_seconds_count", ""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_read_seconds_bucket", ",le=\"+Inf\""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_reconnects_total", ""), 0.0);
+    assert!(sample(&m, "rblk_initiator_read_seconds_sum", "") > 0.0);
+
+    export.fail_next(1);
+    assert_eq!(c.read(0, 4096), Ok(vec![1; 4096]), "replayed on a new session");
+    let m = scrape();
+    assert_eq!(sample(&m, "rblk_initiator_reconnects_total", ""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_connection_state", ",state=\"connected\""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_connection_state", ",state=\"reconnecting\""), 0.0);
+    assert_eq!(sample(&m, "rblk_initiator_reads_total", ""), 2.0);
+    assert_eq!(sample(&m, "rblk_initiator_errors_total", ""), 0.0, "the replayed read did not fail");
+
+    assert_eq!(c.cmd(wire::CMD_FLUSH, 0, 0, 0, &[]), 0);
+    c.disconnect();
+    let m = scrape();
+    assert_eq!(sample(&m, "rblk_initiator_sessions", ""), 0.0);
+    assert_eq!(sample(&m, "rblk_initiator_reads_total", ""), 2.0, "a closed session's counts stay");
+    assert_eq!(sample(&m, "rblk_initiator_writes_total", ""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_flushes_total", ""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_flush_seconds_count", ""), 1.0);
+    assert_eq!(sample(&m, "rblk_initiator_reconnects_total", ""), 1.0);
+    endpoint.stop();
 }
 
 #[test]
