@@ -25,6 +25,8 @@ set -euo pipefail
 #                                                       dist/systemd (tests/tests/systemd.rs)
 #   curl                                                scraping rblk-target --metrics in the guest
 #                                                       (tests/tests/metrics.rs)
+#   mdadm                                               md mirrors and stripes over rblk attach
+#                                                       devices in the guest (tests/tests/md.rs)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
@@ -35,6 +37,7 @@ PACKAGES=(
     nvme-cli
     systemd
     curl
+    mdadm
 )
 
 # Print the packages of PACKAGES that are not fully installed.
