@@ -27,6 +27,8 @@ set -euo pipefail
 #                                                       (tests/tests/metrics.rs)
 #   python3-matplotlib                                  scripts/plot.py (charts of rblk-bench --log
 #                                                       and compare-rxe.sh; bench/tests/engine.rs)
+#   mdadm                                               md mirrors and stripes over rblk attach
+#                                                       devices in the guest (tests/tests/md.rs)
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
@@ -38,6 +40,7 @@ PACKAGES=(
     systemd
     curl
     python3-matplotlib
+    mdadm
 )
 
 # Print the packages of PACKAGES that are not fully installed.

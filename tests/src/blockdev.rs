@@ -1,8 +1,9 @@
 //! Block devices made by `rblk attach` (ublk), for the guest tests: attach and detach through the
-//! real binary, and fio's verdict.
+//! real binary, fio runs and fio's verdict.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::daemon::bin;
 use crate::sh;
@@ -57,4 +58,33 @@ pub fn fio_errors(terse: &str) -> u64 {
         .and_then(|l| l.split(';').nth(4))
         .and_then(|e| e.parse().ok())
         .unwrap_or_else(|| panic!("no fio terse output in {terse:?}"))
+}
+
+/// fio on `dev` (a device or a file) with O_DIRECT and terse (v3) output on its piped stdout,
+/// plus `extra` arguments; started, not waited for (see [`wait_child`]).
+pub fn fio(dev: &str, extra: &[&str]) -> Child {
+    Command::new("fio")
+        .args(["--name=r", &format!("--filename={dev}"), "--ioengine=libaio", "--direct=1"])
+        .args(["--group_reporting", "--output-format=terse", "--terse-version=3"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn fio")
+}
+
+/// Waits for `child` at most `limit` (the test fails after that, naming `what`); its exit status
+/// and stdout.
+pub fn wait_child(child: &mut Child, limit: Duration, what: &str) -> std::process::Output {
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(started.elapsed() < limit, "{what} still runs after {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut out = String::new();
+    if let Some(mut s) = child.stdout.take() {
+        std::io::Read::read_to_string(&mut s, &mut out).unwrap();
+    }
+    let status = child.wait().unwrap();
+    std::process::Output { status, stdout: out.into_bytes(), stderr: Vec::new() }
 }

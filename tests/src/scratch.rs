@@ -36,6 +36,22 @@ pub fn dir() -> PathBuf {
     PathBuf::from(MOUNT)
 }
 
+/// A fresh durable volume `name` of `size` bytes, backed by `{file}.img` on the scratch disk with
+/// its state directory `{file}.state` (both removed first): rblk-target's arguments.
+pub fn durable(name: &str, size: u64, file: &str) -> Vec<String> {
+    let dir = dir();
+    let path = dir.join(format!("{file}.img"));
+    let state = dir.join(format!("{file}.state"));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&state);
+    vec![
+        "--volume".into(),
+        format!("{name}:{size}:{}", path.display()),
+        "--state-dir".into(),
+        state.display().to_string(),
+    ]
+}
+
 /// A tmpfs of `size` at a fresh directory under the scratch mount: a tiny file system to fill up.
 #[derive(Debug)]
 pub struct Tiny {

@@ -26,13 +26,13 @@
 use std::fs::{File, OpenOptions};
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rblk_tests::blockdev::{attach, detach, fio_errors, rblk, ublk_drv};
+use rblk_tests::blockdev::{attach, detach, fio, fio_errors, rblk, ublk_drv, wait_child};
 use rblk_tests::daemon::{bin, Daemon};
 use rblk_tests::rxe::rdma;
 use rblk_tests::scratch;
@@ -44,12 +44,7 @@ const NETDEV: &str = "rxe-veth0";
 
 /// A durable volume `v` on the scratch disk, with its state directory: the target's arguments.
 fn durable(tag: &str, size: u64) -> Vec<String> {
-    let dir = scratch::dir();
-    let path = dir.join(format!("recovery-{tag}.img"));
-    let state = dir.join(format!("recovery-{tag}.state"));
-    let _ = std::fs::remove_file(&path);
-    let _ = std::fs::remove_dir_all(&state);
-    vec!["--volume".into(), format!("v:{size}:{}", path.display()), "--state-dir".into(), state.display().to_string()]
+    scratch::durable("v", size, &format!("recovery-{tag}"))
 }
 
 fn args(v: &[String]) -> Vec<&str> {
@@ -185,31 +180,6 @@ fn read_direct(dev: &str, offset: u64, len: usize) -> Vec<u8> {
     let file = OpenOptions::new().read(true).custom_flags(O_DIRECT).open(dev).unwrap();
     file.read_exact_at(&mut raw[skew..skew + len], offset).unwrap();
     raw[skew..skew + len].to_vec()
-}
-
-fn wait_child(child: &mut Child, limit: Duration, what: &str) -> std::process::Output {
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        assert!(started.elapsed() < limit, "{what} still runs after {limit:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let mut out = String::new();
-    if let Some(mut s) = child.stdout.take() {
-        std::io::Read::read_to_string(&mut s, &mut out).unwrap();
-    }
-    let status = child.wait().unwrap();
-    std::process::Output { status, stdout: out.into_bytes(), stderr: Vec::new() }
-}
-
-fn fio(dev: &str, extra: &[&str]) -> Child {
-    Command::new("fio")
-        .args(["--name=r", &format!("--filename={dev}"), "--ioengine=libaio", "--direct=1"])
-        .args(["--group_reporting", "--output-format=terse", "--terse-version=3"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn fio")
 }
 
 #[test]
