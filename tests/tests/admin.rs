@@ -291,13 +291,15 @@ fn admin_adds_a_volume_rblk_uses_and_removes_it() {
     assert!(ls.contains("live"), "rblk ls shows the added volume: {ls}");
     let uri = format!("rblk://{}/live", d.addr);
     let data = temp_dir("guest-data").join("in");
-    std::fs::write(&data, b"written through a volume added at run time").unwrap();
+    let block: Vec<u8> = b"written through a volume added at run time ".iter().copied().cycle().take(4096).collect();
+    std::fs::write(&data, &block).unwrap();
     rblk(&["write", &uri, "--offset", "4096", "--input", data.to_str().unwrap()]);
-    let back = rblk(&["read", &uri, "--offset", "4096", "--length", "43"]);
-    assert_eq!(back.stdout, std::fs::read(&data).unwrap());
+    let back = rblk(&["read", &uri, "--offset", "4096", "--length", "4096"]);
+    assert!(back.stdout == block, "read back differs");
 
     // An open session (a real initiator) holds it: remove is refused, with the reason.
     let holder = rblk_initiator::Session::connect(uri.as_str(), &rblk_initiator::Options::default())
+        .and_then(|s| s.open(OpenMode::ReadWrite))
         .expect("open the live volume");
     let out = admin_cli(&socket, &["remove", "live"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
