@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use crate::access::{BadGrant, Grant};
 use crate::config::{parse_listen, VolumeSpec};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
@@ -18,9 +19,17 @@ use crate::config::{parse_listen, VolumeSpec};
 /// a later reload finds it idle), hosts, keys, access lists and limits; a configuration that
 /// does not check changes nothing. Under systemd (Type=notify) it reports readiness once it
 /// accepts connections, and its progress while it loads volumes.
+///
+/// Live volumes: `rblk-target admin add|remove|list` talks to the running daemon over its
+/// admin socket (--admin-socket, root only). Those changes are not written to the config file:
+/// a later SIGHUP applies the file again, removing volumes added that way (once idle) and
+/// adding back those removed. Put a volume in the file to keep it.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(version, about, long_about, args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// Talk to a running daemon instead of being one.
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Address to listen on, ADDR[:PORT] (IPv6 in brackets). Default: every address, port 7420.
     #[arg(long, value_parser = parse_listen, value_name = "ADDR[:PORT]")]
     pub listen: Option<SocketAddr>,
@@ -28,6 +37,11 @@ pub struct Args {
     /// it to a management address: the endpoint has no authentication. Default: none.
     #[arg(long, value_name = "ADDR:PORT", value_parser = |s: &str| s.parse::<SocketAddr>().map_err(|e| format!("{s:?}: {e} (e.g. 127.0.0.1:9442)")))]
     pub metrics: Option<SocketAddr>,
+    /// The admin socket (a unix socket, mode 0600: root only) through which `rblk-target admin`
+    /// adds, removes and lists volumes at run time; "none" serves none. Refused if another
+    /// daemon serves the path; a stale socket is replaced. Default: /run/rblk-target/admin.sock.
+    #[arg(long, value_name = "PATH|none")]
+    pub admin_socket: Option<PathBuf>,
     /// Only accept connections arriving on this RDMA device (e.g. mlx5_0, rxe0).
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
@@ -71,7 +85,7 @@ pub struct Args {
     /// Default: 64.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sessions_per_host: Option<u64>,
-    /// A TOML config file: keys listen, metrics, device, key_file, state_dir, the limits above
+    /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, state_dir, the limits above
     /// (open_timeout, keepalive_timeout, max_unopened, ...), [[host]] tables (name, key_file)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
@@ -88,4 +102,60 @@ pub struct Args {
     /// Prints "configuration OK" and exits 0, or prints the reason and exits non-zero.
     #[arg(long, conflicts_with = "print_config")]
     pub check_config: bool,
+}
+
+/// `rblk-target` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Add, remove and list volumes of the running daemon, through its admin socket.
+    ///
+    /// Changes apply at once, by the same rules as a SIGHUP reload (a volume with open
+    /// sessions is not removed), and are not persisted: the next SIGHUP applies the config
+    /// file again, which removes volumes added here and adds back volumes removed here. Exits
+    /// non-zero with the daemon's reason when it refuses.
+    Admin(Admin),
+}
+
+/// `rblk-target admin`.
+#[derive(Debug, clap::Args)]
+pub struct Admin {
+    /// The daemon's admin socket.
+    #[arg(long, global = true, value_name = "PATH", env = "RBLK_ADMIN_SOCKET", default_value = crate::admin::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// What to do.
+    #[command(subcommand)]
+    pub op: AdminOp,
+}
+
+/// `rblk-target admin` operations.
+#[derive(Debug, clap::Subcommand)]
+pub enum AdminOp {
+    /// Serve a new volume: a RAM volume, or a durable one backed by PATH (loaded before
+    /// initiators can open it).
+    Add {
+        /// NAME:SIZE[:PATH], as --volume.
+        #[arg(value_name = "NAME:SIZE[:PATH]")]
+        volume: VolumeSpec,
+        /// Who may open it, HOST=ro|rw|exclusive (HOST * for any host); repeatable. Without
+        /// any: every host that got in, as a [[volume]] without allow.
+        #[arg(long = "allow", value_name = "HOST=MODE", value_parser = parse_allow)]
+        allow: Vec<(String, Grant)>,
+    },
+    /// Stop serving a volume (a durable one is flushed first); refused while sessions have it
+    /// open.
+    Remove {
+        /// Its name.
+        name: String,
+    },
+    /// The volumes served: size, open sessions, state.
+    List {
+        /// JSON (the daemon's list as it sent it), for scripts.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_allow(s: &str) -> Result<(String, Grant), String> {
+    let (host, mode) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected HOST=ro|rw|exclusive"))?;
+    Ok((host.to_owned(), mode.parse().map_err(|e: BadGrant| e.to_string())?))
 }

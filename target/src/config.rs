@@ -3,6 +3,7 @@
 //! ```toml
 //! listen = "10.0.0.1:7420"       # ADDR[:PORT]; default: every address, port 7420
 //! metrics = "127.0.0.1:9442"     # Prometheus endpoint (GET /metrics); default: none
+//! admin_socket = "/run/rblk-target/admin.sock"   # rblk-target admin (default); "none": off
 //! device = "mlx5_0"              # accept connections on this RDMA device only
 //! key_file = "/etc/rblk/key"     # shared key: any host that holds it may connect
 //! state_dir = "/var/lib/rblk"    # durable volumes' identities across clean shutdowns (default)
@@ -148,6 +149,11 @@ impl<'de> serde::Deserialize<'de> for Size {
     }
 }
 
+/// Whether an admin socket path means "serve none": `none`, `off` or empty.
+pub fn is_off(path: &std::path::Path) -> bool {
+    ["", "none", "off"].iter().any(|off| path.as_os_str() == *off)
+}
+
 /// `--listen ADDR[:PORT]`, IPv6 in brackets; the port defaults to the protocol's.
 pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {
@@ -182,6 +188,9 @@ pub struct File {
     /// `ADDR:PORT` of the Prometheus endpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<String>,
+    /// Path of the admin socket; `none` (or `off`, or empty) serves none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_socket: Option<std::path::PathBuf>,
     /// RDMA device filter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
@@ -316,6 +325,7 @@ impl File {
                     m.parse().map_err(|e| format!("metrics = {m:?}: {e} (expected ADDR:PORT, e.g. 127.0.0.1:9442)"))
                 })
                 .transpose()?,
+            admin_socket: self.admin_socket.clone().filter(|p| !is_off(p)),
             device: self.device.clone(),
             volumes: self.volume_specs()?,
             key: self.key_file.as_deref().map(read_key_file).transpose()?,
@@ -346,7 +356,8 @@ impl Config {
     /// sizes (multiples of the block size); no volume twice; backing paths that can work (an
     /// existing file or block device, or a missing file in an existing directory) and no
     /// backing store shared by two volumes; a non-empty shared key; host names and access
-    /// lists (of configured volumes only). [`crate::server::Server::start`] and
+    /// lists (of configured volumes only); an admin socket path that fits a socket address
+    /// and holds nothing but a socket. [`crate::server::Server::start`] and
     /// [`crate::server::Running::reload`] run it first; returns the checked access policy.
     ///
     /// A backing store that exists but cannot be opened or is too small is found only when
@@ -376,6 +387,9 @@ impl Config {
                     return Err(invalid(format!("backing store {} is volume {other}'s too", path.display())));
                 }
             }
+        }
+        if let Some(path) = &self.admin_socket {
+            crate::admin::check_path(path).map_err(StartError::Admin)?;
         }
         if self.key.as_ref().is_some_and(Vec::is_empty) {
             return Err(StartError::Access(crate::access::PolicyError::EmptySharedKey));

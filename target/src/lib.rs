@@ -9,7 +9,8 @@
 //! shutdowns in the state dir), [`access`] (keys, host identities and volume access lists),
 //! [`session`] (per-session protection domain and registration), [`control`] (one connection's
 //! control protocol), [`server`] (the rdma_cm listener and connection threads), [`reload`]
-//! (configuration changes at run time: SIGHUP), [`notify`] (systemd readiness, for the binary).
+//! (configuration changes at run time: SIGHUP), [`admin`] (the admin socket: volumes added,
+//! removed and listed at run time), [`notify`] (systemd readiness, for the binary).
 //!
 //! ```no_run
 //! use rblk_target::server::{Config, Server};
@@ -35,6 +36,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod access;
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -9,7 +9,8 @@ use rblk_target::notify;
 use rblk_target::server::{Running, Server, StartError};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
-use rblk_target::cli::Args;
+use rblk_target::admin::{self, Request};
+use rblk_target::cli::{Admin, AdminOp, Args, Command};
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -31,6 +32,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(Command::Admin(admin)) = &args.command {
+        return run_admin(admin);
+    }
     let file = effective(&args)?;
     if args.print_config || args.check_config {
         // Checked like a start would, so that a bad file does not print and exit 0.
@@ -101,6 +105,12 @@ fn effective(args: &Args) -> anyhow::Result<ConfigFile> {
     if let Some(metrics) = args.metrics {
         file.metrics = Some(metrics.to_string());
     }
+    if args.admin_socket.is_some() {
+        file.admin_socket.clone_from(&args.admin_socket);
+    }
+    if file.admin_socket.is_none() {
+        file.admin_socket = Some(admin::DEFAULT_SOCKET.into());
+    }
     if args.device.is_some() {
         file.device.clone_from(&args.device);
     }
@@ -146,4 +156,38 @@ fn effective(args: &Args) -> anyhow::Result<ConfigFile> {
         file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), ..FileVolume::default() }];
     }
     Ok(file)
+}
+
+/// `rblk-target admin ...`: one request to the running daemon.
+fn run_admin(admin: &Admin) -> anyhow::Result<()> {
+    let request = match &admin.op {
+        AdminOp::Add { volume, allow } => Request::Add {
+            volume: FileVolume {
+                name: volume.name.clone(),
+                size: volume.size.into(),
+                path: volume.path.clone(),
+                allow: allow.iter().cloned().collect(),
+            },
+        },
+        AdminOp::Remove { name } => Request::Remove { name: name.clone() },
+        AdminOp::List { .. } => Request::List,
+    };
+    let reply = admin::request(&admin.socket, &request)?;
+    match &admin.op {
+        AdminOp::List { json: true } => println!("{}", serde_json::to_string_pretty(&reply.volumes)?),
+        AdminOp::List { json: false } => {
+            println!("{:<24} {:>14} {:>8}  {:<8} BACKING", "NAME", "SIZE", "SESSIONS", "STATE");
+            for v in reply.volumes.unwrap_or_default() {
+                let backing = v.path.as_ref().map_or_else(|| "RAM".to_owned(), |p| p.display().to_string());
+                let mut state = v.state.clone();
+                if !v.configured {
+                    state.push_str(" (removal pending)");
+                }
+                let why = v.reason.map(|r| format!(" ({r})")).unwrap_or_default();
+                println!("{:<24} {:>14} {:>8}  {:<8} {backing}{why}", v.name, v.size, v.sessions, state);
+            }
+        }
+        _ => println!("{}", reply.message),
+    }
+    Ok(())
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use rblk_fabric::Chain;
 use tracing::{info, warn};
 
-use crate::server::{self, Config, Limits, Progress, Running, StartError};
+use crate::server::{self, Config, Limits, Progress, Running, Shared, StartError};
 use crate::volume::LoadError;
 use crate::volume::Volume;
 
@@ -89,14 +89,30 @@ impl Running {
 
     /// [`Running::reload`], telling `progress` about each volume before it is loaded.
     pub fn reload_with(&self, new: Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<ReloadReport, StartError> {
-        let _one = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = self.shared.current.lock().unwrap_or_else(|p| p.into_inner());
+        self.shared.apply(&mut current, new, progress)
+    }
+}
+
+impl Shared {
+    /// Applies `new` in place of `current` (the configuration applied last, locked by the
+    /// caller: [`Running::reload_with`], or an admin request that changed one volume of it),
+    /// which becomes `new` unless `new` does not pass [`Config::check`]. The one place volumes
+    /// are added and removed at run time.
+    pub(crate) fn apply(
+        &self,
+        current: &mut Config,
+        new: Config,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<ReloadReport, StartError> {
         let mut policy = new.check()?;
-        let shared = &self.shared;
+        let shared = self;
         let mut report = ReloadReport::default();
         let fixed = &self.fixed;
         let differs = [
             ("listen", new.listen != fixed.listen),
             ("metrics", new.metrics != fixed.metrics),
+            ("admin_socket", new.admin_socket != fixed.admin_socket),
             ("device", new.device != fixed.device),
             ("state_dir", new.state_dir != fixed.state_dir),
             ("block_size", new.block_size != fixed.block_size),
@@ -119,9 +135,7 @@ impl Running {
                 if wanted.contains_key(name.as_str()) {
                     continue;
                 }
-                // Every session (open or still closing) holds the volume: nothing else does
-                // but the catalog, and no OPEN is under way while this lock is held.
-                let sessions = Arc::strong_count(&catalog.volumes[&name]) - 1;
+                let sessions = catalog.sessions_of(&name);
                 if sessions > 0 {
                     warn!(
                         volume = %name,
@@ -211,6 +225,7 @@ impl Running {
         }
         server::warn_memlock(shared);
         info!(%report, "configuration reloaded");
+        *current = new;
         Ok(report)
     }
 }

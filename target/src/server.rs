@@ -28,6 +28,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Where to serve Prometheus metrics over HTTP (`GET /metrics`); None serves none.
     pub metrics: Option<SocketAddr>,
+    /// The admin socket's path (see [`crate::admin`]); None serves none.
+    pub admin_socket: Option<std::path::PathBuf>,
     /// Accept only connections arriving on this device.
     pub device: Option<String>,
     /// Volumes to serve.
@@ -89,6 +91,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), rblk_proto::DEFAULT_PORT),
             metrics: None,
+            admin_socket: None,
             device: None,
             volumes: vec![VolumeSpec { name: "vol0".into(), size: 1 << 30, path: None }],
             key: None,
@@ -171,6 +174,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The admin socket could not be served.
+    #[error(transparent)]
+    Admin(crate::admin::SocketError),
     /// Listening failed.
     #[error("cannot listen on {addr}")]
     Listen {
@@ -193,6 +199,14 @@ pub struct Catalog {
     pub policy: Policy,
     /// How each served volume was configured (a reload compares).
     pub(crate) specs: HashMap<String, VolumeSpec>,
+}
+
+impl Catalog {
+    /// Sessions (open or still closing) that hold volume `name`: nothing else holds it but the
+    /// catalog, and while the catalog is locked no OPEN is under way.
+    pub fn sessions_of(&self, name: &str) -> usize {
+        self.volumes.get(name).map_or(0, |v| Arc::strong_count(v) - 1)
+    }
 }
 
 /// The limits a reload changes; connections take the timeouts when they are admitted.
@@ -244,6 +258,11 @@ pub struct Shared {
     auth_failures: Mutex<HashMap<Option<IpAddr>, (u32, Instant)>>,
     next_id: AtomicU64,
     shutdown: AtomicBool,
+    /// What it started with that only a restart changes.
+    pub(crate) fixed: Fixed,
+    /// The configuration applied last (at start, by a reload or an admin request); held while
+    /// one of them applies another, so they take turns.
+    pub(crate) current: Mutex<Config>,
 }
 
 impl Shared {
@@ -431,12 +450,10 @@ pub struct Running {
     pub(crate) shared: Arc<Shared>,
     listener: Option<thread::JoinHandle<()>>,
     wake_listener: Waker,
-    /// What it started with that only a restart changes.
-    pub(crate) fixed: Fixed,
-    /// One reload at a time.
-    pub(crate) reloading: Mutex<()>,
     /// The metrics endpoint (stopped with the target).
     metrics: Option<rblk_metrics::Endpoint>,
+    /// The admin socket (see [`crate::admin`]).
+    admin: Option<crate::admin::Serving>,
 }
 
 /// The settings a reload cannot change (see [`crate::reload`]).
@@ -444,6 +461,7 @@ pub struct Running {
 pub(crate) struct Fixed {
     pub(crate) listen: SocketAddr,
     pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) admin_socket: Option<std::path::PathBuf>,
     pub(crate) device: Option<String>,
     pub(crate) state_dir: Option<std::path::PathBuf>,
     pub(crate) block_size: u32,
@@ -561,6 +579,15 @@ impl Server {
         let listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().unwrap_or(cfg.listen);
+        let fixed = Fixed {
+            listen: cfg.listen,
+            metrics: cfg.metrics,
+            admin_socket: cfg.admin_socket.clone(),
+            device: cfg.device.clone(),
+            state_dir: cfg.state_dir.clone(),
+            block_size: cfg.block_size,
+            max_io: cfg.max_io,
+        };
         let shared = Arc::new(Shared {
             catalog: RwLock::new(Catalog { volumes, refused, policy, specs }),
             limits: RwLock::new(Limits::of(&cfg)),
@@ -576,6 +603,8 @@ impl Server {
             // not match anyway): a resume from then is an ordinary OPEN.
             next_id: AtomicU64::new((u64::from_le_bytes(session::random()) >> 1).max(1)),
             shutdown: AtomicBool::new(false),
+            fixed,
+            current: Mutex::new(cfg.clone()),
         });
         if !shared.auth_required() {
             warn!("no --key-file and no host keys: this target serves ANY initiator that can reach {addr}");
@@ -595,6 +624,10 @@ impl Server {
             }
             None => None,
         };
+        let admin = match &cfg.admin_socket {
+            Some(path) => Some(crate::admin::serve(path, Arc::clone(&shared)).map_err(StartError::Admin)?),
+            None => None,
+        };
         let s = Arc::clone(&shared);
         let wake_listener = listener.waker();
         let listener = thread::Builder::new()
@@ -602,15 +635,7 @@ impl Server {
             .spawn(move || listen(&s, &listener))
             .expect("spawning the listener thread");
         info!(%addr, "listening");
-        let fixed = Fixed {
-            listen: cfg.listen,
-            metrics: cfg.metrics,
-            device: cfg.device.clone(),
-            state_dir: cfg.state_dir.clone(),
-            block_size: cfg.block_size,
-            max_io: cfg.max_io,
-        };
-        Ok(Running { addr, shared, listener: Some(listener), wake_listener, fixed, reloading: Mutex::new(()), metrics })
+        Ok(Running { addr, shared, listener: Some(listener), wake_listener, metrics, admin })
     }
 }
 
@@ -658,8 +683,16 @@ impl Running {
         self.stop();
     }
 
+    /// Where the admin socket is, if there is one.
+    pub fn admin_socket(&self) -> Option<&std::path::Path> {
+        self.admin.as_ref().map(crate::admin::Serving::path)
+    }
+
     fn stop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
+        if let Some(admin) = self.admin.take() {
+            admin.stop();
+        }
         self.wake_listener.wake();
         if let Some(t) = self.listener.take() {
             let _ = t.join();

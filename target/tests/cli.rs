@@ -126,3 +126,28 @@ fn the_shipped_example_config_checks() {
     let out = target(&["--check-config", "--config", path]);
     assert!(out.status.success(), "{out:?}");
 }
+
+/// Would catch: `rblk-target admin` without a daemon hanging, exiting 0, or not saying which
+/// socket it tried; a bad --allow taken; --admin-socket not checked by --check-config.
+#[test]
+fn admin_says_when_no_daemon_serves_the_socket() {
+    let dir = std::env::temp_dir().join(format!("rblk-cli-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("admin.sock");
+    let out = target(&["admin", "--socket", socket.to_str().unwrap(), "list"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no rblk-target is serving") && stderr.contains("admin.sock"), "{stderr}");
+    let out = target(&["admin", "--socket", socket.to_str().unwrap(), "add", "v:4M", "--allow", "h=write"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ro, rw or exclusive"), "{out:?}");
+    let file = dir.join("file");
+    std::fs::write(&file, "x").unwrap();
+    let out = target(&["--check-config", "--admin-socket", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a socket"), "{out:?}");
+    let out = target(&["--print-config"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("admin_socket = \"/run/rblk-target/admin.sock\""), "{out:?}");
+    let out = target(&["--check-config", "--admin-socket", "none"]);
+    assert!(out.status.success(), "{out:?}");
+}

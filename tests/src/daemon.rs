@@ -30,6 +30,16 @@ pub struct Daemon {
     lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
+/// `--admin-socket none` unless the test chose one: daemons of one test run side by side, and
+/// the default path is one per host.
+fn admin_socket(args: &[&str]) -> &'static [&'static str] {
+    if args.iter().any(|a| a.starts_with("--admin-socket")) {
+        &[]
+    } else {
+        &["--admin-socket", "none"]
+    }
+}
+
 /// A port unlikely to collide between tests of one run.
 fn port() -> u16 {
     use std::sync::atomic::{AtomicU16, Ordering};
@@ -49,6 +59,7 @@ impl Daemon {
         let mut child = Command::new(bin("rblk-target"))
             .arg("--listen")
             .arg(addr.to_string())
+            .args(admin_socket(args))
             .args(args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
@@ -84,6 +95,7 @@ impl Daemon {
         let mut child = Command::new(bin("rblk-target"))
             .arg("--listen")
             .arg(addr.to_string())
+            .args(admin_socket(args))
             .args(args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .envs(env.iter().copied())
