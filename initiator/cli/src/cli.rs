@@ -95,6 +95,9 @@ pub enum Command {
         /// Write the data to this file (created or truncated) instead of stdout.
         #[arg(long, short, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Show a progress bar on stderr (bytes, rate, time left), when stderr is a terminal.
+        #[arg(long)]
+        progress: bool,
         #[command(flatten)]
         conn: Connection,
     },
@@ -122,6 +125,10 @@ pub enum Command {
         /// volume may lose it if the target crashes before someone flushes.
         #[arg(long)]
         no_flush: bool,
+        /// Show a progress bar on stderr (bytes, rate, and time left when the input's length is
+        /// known; bytes and rate for a pipe), when stderr is a terminal.
+        #[arg(long)]
+        progress: bool,
         #[command(flatten)]
         conn: Connection,
     },
@@ -179,8 +186,12 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Info { uri, conn, format } => info(&uri, &conn, &format),
         Command::Stats { uri, conn, format } => stats(&uri, &conn, &format),
         Command::Ls { uri, conn, format } => ls(&uri, &conn, &format),
-        Command::Read { uri, offset, length, output, conn } => read(&uri, &conn, offset, length, output),
-        Command::Write { uri, offset, input, pad, no_flush, conn } => write(&uri, &conn, offset, input, pad, !no_flush),
+        Command::Read { uri, offset, length, output, progress, conn } => {
+            read(&uri, &conn, offset, length, output, progress)
+        }
+        Command::Write { uri, offset, input, pad, no_flush, progress, conn } => {
+            write(&uri, &conn, offset, input, pad, !no_flush, progress)
+        }
         Command::Nbd(args) => nbd::run(args),
         Command::Mount(args) => fuse::mount(args),
         Command::Umount(args) => fuse::umount(args),
@@ -408,7 +419,35 @@ fn mode_name(mode: OpenMode, read_only: bool) -> &'static str {
     }
 }
 
-fn read(uri: &str, conn: &Connection, offset: u64, length: u64, output: Option<PathBuf>) -> anyhow::Result<()> {
+/// A progress bar on stderr for `--progress` (indicatif draws nothing when stderr is not a
+/// terminal), or a hidden one: of `len` bytes when known, else a spinner with bytes and rate.
+fn progress_bar(shown: bool, len: Option<u64>) -> indicatif::ProgressBar {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    if !shown {
+        return ProgressBar::hidden();
+    }
+    let (bar, template) = match len {
+        Some(len) => (
+            ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr()),
+            "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        ),
+        None => (
+            ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr()),
+            "{spinner} {bytes} {binary_bytes_per_sec}",
+        ),
+    };
+    bar.set_style(ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()));
+    bar
+}
+
+fn read(
+    uri: &str,
+    conn: &Connection,
+    offset: u64,
+    length: u64,
+    output: Option<PathBuf>,
+    progress: bool,
+) -> anyhow::Result<()> {
     let mut vol = open(uri, conn, OpenMode::ReadOnly, Reconnect::default())?;
     vol.check_range(Direction::Read, offset, length)?;
     let mut out: Box<dyn Write> = match &output {
@@ -417,13 +456,16 @@ fn read(uri: &str, conn: &Connection, offset: u64, length: u64, output: Option<P
     };
     let step = step(&vol);
     let mut buf = vec![0u8; step.min(length) as usize];
+    let bar = progress_bar(progress, Some(length));
     let mut done = 0;
     while done < length {
         let n = step.min(length - done) as usize;
         vol.read_at(&mut buf[..n], offset + done)?;
         out.write_all(&buf[..n]).context("writing the output")?;
         done += n as u64;
+        bar.set_position(done);
     }
+    bar.finish_and_clear();
     out.flush().context("writing the output")?;
     vol.close()?;
     Ok(())
@@ -436,6 +478,7 @@ fn write(
     input: Option<PathBuf>,
     pad: bool,
     flush: bool,
+    progress: bool,
 ) -> anyhow::Result<()> {
     let (mut reader, len) = open_input(input.as_deref())?;
     if len == Some(0) {
@@ -448,7 +491,9 @@ fn write(
     if let Some(len) = len {
         vol.check_range(Direction::Write, offset, padded_len(len, bs, pad)?)?;
     }
-    let (read, written) = write_stream(&mut vol, &mut *reader, offset, pad)?;
+    let bar = progress_bar(progress, len);
+    let (read, written) = write_stream(&mut vol, &mut *reader, offset, pad, &bar)?;
+    bar.finish_and_clear();
     if read == 0 {
         bail!("the input is empty: nothing to write");
     }
@@ -487,8 +532,14 @@ fn open_input(path: Option<&std::path::Path>) -> anyhow::Result<(Box<dyn Read>, 
 
 /// Copies `reader` to the volume from `offset` on, one [`STEP`] at a time, so any input streams
 /// in bounded memory. The last block is zero-filled if `pad`, refused otherwise (after what came
-/// before it was written). Returns the bytes read and written.
-fn write_stream(vol: &mut Volume, reader: &mut dyn Read, offset: u64, pad: bool) -> anyhow::Result<(u64, u64)> {
+/// before it was written). `bar` follows the bytes read. Returns the bytes read and written.
+fn write_stream(
+    vol: &mut Volume,
+    reader: &mut dyn Read,
+    offset: u64,
+    pad: bool,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<(u64, u64)> {
     let bs = u64::from(vol.block_size());
     let step = step(vol);
     let mut buf = vec![0u8; step as usize];
@@ -511,6 +562,7 @@ fn write_stream(vol: &mut Volume, reader: &mut dyn Read, offset: u64, pad: bool)
             .with_context(|| format!("the input goes past the end of the volume after {written} bytes"))?;
         vol.write_at(&buf[..n], offset + written)?;
         written += n as u64;
+        bar.set_position(read);
         if got < buf.len() {
             break;
         }
@@ -712,8 +764,11 @@ mod stream_tests {
         let (_r, mut vol) = volume(64 << 20);
         let len = 40 * (1 << 20) + 100;
         let mut pipe = Pipe { len, pos: 0, largest: 0 };
-        let (read, written) = write_stream(&mut vol, &mut pipe, 8192, true).unwrap();
+        // --progress with stderr not a terminal: the bar draws nothing, but follows the input.
+        let bar = progress_bar(true, None);
+        let (read, written) = write_stream(&mut vol, &mut pipe, 8192, true, &bar).unwrap();
         assert_eq!((read, written), (len, len - 100 + 4096));
+        assert_eq!(bar.position(), len, "the progress bar counts the bytes read");
         assert!(pipe.largest as u64 <= STEP, "reads of at most a step: {}", pipe.largest);
         let mut back = vec![0u8; 8192];
         vol.read_at(&mut back, 8192 + len - 100 - 4096).unwrap();
@@ -783,11 +838,15 @@ mod stream_tests {
     /// Catches a stream's length errors going unnoticed or unexplained.
     #[test]
     fn a_streams_bad_length_is_refused_when_it_gets_there() {
+        let hidden = indicatif::ProgressBar::hidden();
         let (_r, mut vol) = volume(8 << 20);
-        let e = write_stream(&mut vol, &mut Pipe { len: 5000, pos: 0, largest: 0 }, 0, false).unwrap_err();
+        let e = write_stream(&mut vol, &mut Pipe { len: 5000, pos: 0, largest: 0 }, 0, false, &hidden).unwrap_err();
         assert!(format!("{e:#}").contains("not a multiple of the volume's block size"), "{e:#}");
-        let e = write_stream(&mut vol, &mut Pipe { len: 12 << 20, pos: 0, largest: 0 }, 0, false).unwrap_err();
+        let e = write_stream(&mut vol, &mut Pipe { len: 12 << 20, pos: 0, largest: 0 }, 0, false, &hidden).unwrap_err();
         assert!(format!("{e:#}").contains("past the end of the volume after 8388608 bytes"), "{e:#}");
-        assert_eq!(write_stream(&mut vol, &mut Pipe { len: 0, pos: 0, largest: 0 }, 0, false).unwrap(), (0, 0));
+        assert_eq!(
+            write_stream(&mut vol, &mut Pipe { len: 0, pos: 0, largest: 0 }, 0, false, &hidden).unwrap(),
+            (0, 0)
+        );
     }
 }
