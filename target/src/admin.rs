@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use crate::config::{FileVolume, VolumeSpec};
+use crate::config::FileVolume;
 use crate::server::{Shared, StartError};
 
 /// The protocol version, in every request and reply.
@@ -139,6 +139,9 @@ pub enum AdminError {
     /// The volume's entry, or the configuration with it, does not check.
     #[error(transparent)]
     Invalid(StartError),
+    /// The volume's entry does not check.
+    #[error(transparent)]
+    Config(crate::config::ConfigError),
     /// The volume could not be created or loaded.
     #[error("volume {name} not added: {reason}")]
     Refused {
@@ -163,7 +166,7 @@ impl AdminError {
             AdminError::Exists(_) => "exists",
             AdminError::UnknownVolume(_) => "unknown_volume",
             AdminError::Busy { .. } => "busy",
-            AdminError::Invalid(_) => "invalid",
+            AdminError::Invalid(_) | AdminError::Config(_) => "invalid",
             AdminError::Refused { .. } => "refused",
             AdminError::ShuttingDown => "shutting_down",
         }
@@ -321,7 +324,9 @@ fn client(shared: &Shared, stream: UnixStream) {
 }
 
 fn refusal(e: &AdminError) -> Reply {
-    Reply { version: VERSION, ok: false, error: Some(e.code().to_owned()), message: e.to_string(), volumes: None }
+    // The whole chain: the client prints the message alone.
+    let message = rblk_fabric::Chain(e).to_string();
+    Reply { version: VERSION, ok: false, error: Some(e.code().to_owned()), message, volumes: None }
 }
 
 /// Parses and carries out one request line.
@@ -408,9 +413,8 @@ pub(crate) fn list(shared: &Shared) -> Vec<VolumeInfo> {
 }
 
 fn add(shared: &Shared, v: &FileVolume) -> Result<String, AdminError> {
-    let invalid = |reason: String| AdminError::Invalid(StartError::InvalidVolume { name: v.name.clone(), reason });
-    let size = v.size.bytes().map_err(invalid)?;
-    let spec = VolumeSpec::new(&v.name, size, v.path.clone()).map_err(invalid)?;
+    let spec = v.spec().map_err(AdminError::Config)?;
+    let size = spec.size;
     let mut current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
     if shared.is_shutting_down() {
         return Err(AdminError::ShuttingDown);

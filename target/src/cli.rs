@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::Parser;
 
 use crate::access::{BadGrant, Grant};
+use rblk_fabric::Chain;
+
 use crate::config::{parse_listen, VolumeSpec};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
@@ -31,7 +33,7 @@ pub struct Args {
     #[command(subcommand)]
     pub command: Option<Command>,
     /// Address to listen on, ADDR[:PORT] (IPv6 in brackets). Default: every address, port 7420.
-    #[arg(long, value_parser = parse_listen, value_name = "ADDR[:PORT]")]
+    #[arg(long, value_parser = |s: &str| parse_listen(s).map_err(|e| Chain(&e).to_string()), value_name = "ADDR[:PORT]")]
     pub listen: Option<SocketAddr>,
     /// Serve Prometheus metrics (rblk_target_*) over HTTP at http://ADDR:PORT/metrics. Bind
     /// it to a management address: the endpoint has no authentication. Default: none.
@@ -49,7 +51,7 @@ pub struct Args {
     /// Without PATH a RAM volume (volatile). With PATH (everything after the second colon) a
     /// durable volume backed by that file (created and sized if missing) or block device: loaded
     /// at start, written back on FLUSH, flushed on shutdown. Default: one 1 GiB RAM volume vol0.
-    #[arg(long = "volume", value_name = "NAME:SIZE[:PATH]")]
+    #[arg(long = "volume", value_name = "NAME:SIZE[:PATH]", value_parser = volume_arg)]
     pub volumes: Vec<VolumeSpec>,
     /// Shared key file: initiators must prove they hold the same key (HMAC-SHA256 over a nonce
     /// and their host name) before they may open anything. Hosts with their own keys are set in
@@ -134,7 +136,7 @@ pub enum AdminOp {
     /// initiators can open it).
     Add {
         /// NAME:SIZE[:PATH], as --volume.
-        #[arg(value_name = "NAME:SIZE[:PATH]")]
+        #[arg(value_name = "NAME:SIZE[:PATH]", value_parser = volume_arg)]
         volume: VolumeSpec,
         /// Who may open it, HOST=ro|rw|exclusive (HOST * for any host); repeatable. Without
         /// any: every host that got in, as a [[volume]] without allow.
@@ -153,6 +155,11 @@ pub enum AdminOp {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--volume`, with the whole error chain in clap's message.
+fn volume_arg(s: &str) -> Result<VolumeSpec, String> {
+    s.parse::<VolumeSpec>().map_err(|e| Chain(&e).to_string())
 }
 
 fn parse_allow(s: &str) -> Result<(String, Grant), String> {

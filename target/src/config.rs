@@ -40,10 +40,161 @@ use crate::server::{Config, StartError};
 /// `--state-dir` or the config's `state_dir` says otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/rblk";
 
+/// What is wrong with a flag, a config file or a setting in it. Each variant names the value or
+/// the file; I/O and parse errors are the source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Not a size.
+    #[error("{input:?} is not a size: {reason} (examples: 4096, 64k, 64M, 1G)")]
+    Size {
+        /// The text.
+        input: String,
+        /// Why.
+        reason: String,
+    },
+    /// A volume name initiators could not send.
+    #[error("{0:?}: a volume name is 1-64 characters of A-Z a-z 0-9 - _ .")]
+    VolumeName(String),
+    /// A volume size that is zero or not a multiple of 4096.
+    #[error("the size ({0}) must be a non-zero multiple of 4096")]
+    VolumeSize(u64),
+    /// A volume size that is not a multiple of the target's block size.
+    #[error("size {size} is not a multiple of the block size {block_size}")]
+    BlockSize {
+        /// The size.
+        size: u64,
+        /// The block size.
+        block_size: u32,
+    },
+    /// `--volume` without a size.
+    #[error("{0:?}: expected NAME:SIZE[:PATH], e.g. vol0:1G or v:1G:/srv/v.img")]
+    VolumeSyntax(String),
+    /// `--volume NAME:SIZE:` with nothing after the second colon.
+    #[error("{0:?}: empty backing path after the second colon")]
+    EmptyBackingPath(String),
+    /// A `--volume` flag with a bad part.
+    #[error("{spec:?}")]
+    VolumeFlag {
+        /// The flag's value.
+        spec: String,
+        /// What is wrong.
+        #[source]
+        source: Box<ConfigError>,
+    },
+    /// A `[[volume]]` entry with a bad part.
+    #[error("volume {name}")]
+    Volume {
+        /// The volume.
+        name: String,
+        /// What is wrong.
+        #[source]
+        source: Box<ConfigError>,
+    },
+    /// Not a listening address.
+    #[error("{0:?}: expected ADDR or ADDR:PORT, e.g. 10.0.0.1, 10.0.0.1:7420, [fe80::1]:7420")]
+    Listen(String),
+    /// Not a metrics address.
+    #[error("metrics = {value:?}: expected ADDR:PORT, e.g. 127.0.0.1:9442")]
+    Metrics {
+        /// The value.
+        value: String,
+        /// Why.
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    /// A key file that cannot be read.
+    #[error("reading key file {}", path.display())]
+    KeyFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A key file with nothing but whitespace.
+    #[error("key file {} is empty", .0.display())]
+    EmptyKey(std::path::PathBuf),
+    /// The config file cannot be read.
+    #[error("reading config {}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML of the right shape.
+    #[error("config {}", path.display())]
+    Parse {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+    /// A count limit of zero.
+    #[error("{0} = 0: it must be at least 1")]
+    ZeroCount(&'static str),
+    /// `open_timeout = 0`.
+    #[error("open_timeout = 0: it must be at least 1 (seconds)")]
+    ZeroOpenTimeout,
+    /// A keepalive timeout two keepalive intervals do not fit in.
+    #[error("keepalive_timeout = {got}: it must be at least {min} (seconds)")]
+    KeepaliveTimeout {
+        /// The value.
+        got: u64,
+        /// The least that works.
+        min: u64,
+    },
+    /// A backing path that is a directory, a character device, ...
+    #[error("backing store {} is neither a regular file nor a block device", .0.display())]
+    BackingKind(std::path::PathBuf),
+    /// A missing backing file whose parent is not a directory.
+    #[error("backing store {}: {} is not a directory", path.display(), parent.display())]
+    BackingParent {
+        /// The backing path.
+        path: std::path::PathBuf,
+        /// Its parent.
+        parent: std::path::PathBuf,
+    },
+    /// A missing backing file whose directory cannot be used.
+    #[error("backing store {} does not exist, and its directory {} cannot be used to create it", path.display(), parent.display())]
+    BackingDir {
+        /// The backing path.
+        path: std::path::PathBuf,
+        /// Its parent.
+        parent: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A backing path that cannot be examined.
+    #[error("backing store {}", path.display())]
+    Backing {
+        /// The backing path.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Two volumes on one backing store.
+    #[error("backing store {} is volume {other}'s too", path.display())]
+    BackingShared {
+        /// The backing path.
+        path: std::path::PathBuf,
+        /// The other volume.
+        other: String,
+    },
+    /// The checks of the whole configuration ([`Config::check`]).
+    #[error(transparent)]
+    Check(StartError),
+}
+
 /// A size with an optional binary suffix: `4096`, `64k`, `64M`, `1G`, `1T` (powers of 1024): the
 /// project's one size parser, [`rblk_proto::parse_size`], with a message that quotes the input.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    rblk_proto::parse_size(s).map_err(|reason| format!("{s:?} is not a size: {reason} (examples: 4096, 64k, 64M, 1G)"))
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    rblk_proto::parse_size(s).map_err(|reason| ConfigError::Size { input: s.to_owned(), reason: reason.to_string() })
 }
 
 /// `--volume NAME:SIZE[:PATH]`: a RAM volume, or a durable one backed by the file or block
@@ -61,29 +212,28 @@ pub struct VolumeSpec {
 impl VolumeSpec {
     /// A checked spec: the name 1-64 characters of `A-Z a-z 0-9 - _ .`, the size a non-zero
     /// multiple of 4096.
-    pub fn new(name: &str, size: u64, path: Option<std::path::PathBuf>) -> Result<VolumeSpec, String> {
+    pub fn new(name: &str, size: u64, path: Option<std::path::PathBuf>) -> Result<VolumeSpec, ConfigError> {
         if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-            return Err(format!("{name:?}: a volume name is 1-64 characters of A-Z a-z 0-9 - _ ."));
+            return Err(ConfigError::VolumeName(name.to_owned()));
         }
         if size == 0 || size % 4096 != 0 {
-            return Err(format!("the size ({size}) must be a non-zero multiple of 4096"));
+            return Err(ConfigError::VolumeSize(size));
         }
         Ok(VolumeSpec { name: name.to_owned(), size, path })
     }
 }
 
 impl std::str::FromStr for VolumeSpec {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (name, rest) = s
-            .split_once(':')
-            .ok_or_else(|| format!("{s:?}: expected NAME:SIZE[:PATH], e.g. vol0:1G or v:1G:/srv/v.img"))?;
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let (name, rest) = s.split_once(':').ok_or_else(|| ConfigError::VolumeSyntax(s.to_owned()))?;
         let (size, path) = match rest.split_once(':') {
-            Some((_, "")) => return Err(format!("{s:?}: empty backing path after the second colon")),
+            Some((_, "")) => return Err(ConfigError::EmptyBackingPath(s.to_owned())),
             Some((size, path)) => (size, Some(std::path::PathBuf::from(path))),
             None => (rest, None),
         };
-        VolumeSpec::new(name, parse_size(size)?, path).map_err(|e| format!("{s:?}: {e}"))
+        let flag = |e: ConfigError| ConfigError::VolumeFlag { spec: s.to_owned(), source: Box::new(e) };
+        VolumeSpec::new(name, parse_size(size).map_err(flag)?, path).map_err(flag)
     }
 }
 
@@ -100,7 +250,7 @@ pub enum Size {
 
 impl Size {
     /// In bytes.
-    pub fn bytes(&self) -> Result<u64, String> {
+    pub fn bytes(&self) -> Result<u64, ConfigError> {
         match self {
             Size::Bytes(n) => Ok(*n),
             Size::Text(s) => parse_size(s),
@@ -155,21 +305,21 @@ pub fn is_off(path: &std::path::Path) -> bool {
 }
 
 /// `--listen ADDR[:PORT]`, IPv6 in brackets; the port defaults to the protocol's.
-pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_listen(s: &str) -> Result<SocketAddr, ConfigError> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(a);
     }
     let ip = s.trim_start_matches('[').trim_end_matches(']');
     ip.parse::<std::net::IpAddr>()
         .map(|ip| SocketAddr::new(ip, rblk_proto::DEFAULT_PORT))
-        .map_err(|_| format!("{s:?}: expected ADDR or ADDR:PORT, e.g. 10.0.0.1, 10.0.0.1:7420, [fe80::1]:7420"))
+        .map_err(|_| ConfigError::Listen(s.to_owned()))
 }
 
 /// Reads a pre-shared key file: its bytes without trailing whitespace (so `echo key > file`
 /// works); an empty key is refused.
-pub fn read_key_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("reading key file {}: {e}", path.display()))?;
-    key_from_bytes(&bytes).ok_or_else(|| format!("key file {} is empty", path.display()))
+pub fn read_key_file(path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::KeyFile { path: path.to_owned(), source })?;
+    key_from_bytes(&bytes).ok_or_else(|| ConfigError::EmptyKey(path.to_owned()))
 }
 
 /// A key from a key file's bytes: trailing whitespace removed; None when nothing is left.
@@ -242,6 +392,15 @@ pub struct FileVolume {
     pub allow: Acl,
 }
 
+impl FileVolume {
+    /// The entry as a checked volume; errors name the volume.
+    pub fn spec(&self) -> Result<VolumeSpec, ConfigError> {
+        let named = |e: ConfigError| ConfigError::Volume { name: self.name.clone(), source: Box::new(e) };
+        let size = self.size.bytes().map_err(named)?;
+        VolumeSpec::new(&self.name, size, self.path.clone()).map_err(named)
+    }
+}
+
 /// One `[[host]]` of the config file.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
@@ -255,25 +414,20 @@ pub struct FileHost {
 
 impl File {
     /// Reads and parses a config file.
-    pub fn read(path: &std::path::Path) -> Result<File, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("reading config {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    pub fn read(path: &std::path::Path) -> Result<File, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_owned(), source: Box::new(e) })
     }
 
     /// The volumes, checked like `--volume` flags.
-    pub fn volume_specs(&self) -> Result<Vec<VolumeSpec>, String> {
-        self.volumes
-            .iter()
-            .map(|v| {
-                let size = v.size.bytes().map_err(|e| format!("volume {}: {e}", v.name))?;
-                VolumeSpec::new(&v.name, size, v.path.clone()).map_err(|e| format!("volume {}: {e}", v.name))
-            })
-            .collect()
+    pub fn volume_specs(&self) -> Result<Vec<VolumeSpec>, ConfigError> {
+        self.volumes.iter().map(FileVolume::spec).collect()
     }
 
     /// Refuses limits that cannot work: zero counts or timeouts, and a keepalive timeout that
     /// two keepalive intervals do not fit in (peers would be cut between keepalives).
-    pub fn check_limits(&self) -> Result<(), String> {
+    pub fn check_limits(&self) -> Result<(), ConfigError> {
         let counts = [
             ("max_unopened", self.max_unopened),
             ("max_unopened_per_addr", self.max_unopened_per_addr),
@@ -281,20 +435,20 @@ impl File {
             ("max_sessions_per_host", self.max_sessions_per_host),
         ];
         if let Some((key, _)) = counts.iter().find(|(_, n)| *n == Some(0)) {
-            return Err(format!("{key} = 0: it must be at least 1"));
+            return Err(ConfigError::ZeroCount(key));
         }
         if self.open_timeout == Some(0) {
-            return Err("open_timeout = 0: it must be at least 1 (seconds)".into());
+            return Err(ConfigError::ZeroOpenTimeout);
         }
         let min = 2 * rblk_proto::KEEPALIVE_INTERVAL.as_secs() + 1;
         match self.keepalive_timeout {
-            Some(t) if t < min => Err(format!("keepalive_timeout = {t}: it must be at least {min} (seconds)")),
+            Some(got) if got < min => Err(ConfigError::KeepaliveTimeout { got, min }),
             _ => Ok(()),
         }
     }
 
     /// The hosts, with their key files read.
-    pub fn host_specs(&self) -> Result<Vec<HostSpec>, String> {
+    pub fn host_specs(&self) -> Result<Vec<HostSpec>, ConfigError> {
         self.hosts
             .iter()
             .map(|h| {
@@ -312,7 +466,7 @@ impl File {
     /// The daemon's configuration from this file (key files read, everything checked, with
     /// [`Config::check`] too); anything the file leaves out has [`Config::default`]'s value,
     /// the state dir too.
-    pub fn server_config(&self) -> Result<Config, String> {
+    pub fn server_config(&self) -> Result<Config, ConfigError> {
         self.check_limits()?;
         let defaults = Config::default();
         let secs = |s: Option<u64>, default| s.map_or(default, std::time::Duration::from_secs);
@@ -321,9 +475,7 @@ impl File {
             metrics: self
                 .metrics
                 .as_deref()
-                .map(|m| {
-                    m.parse().map_err(|e| format!("metrics = {m:?}: {e} (expected ADDR:PORT, e.g. 127.0.0.1:9442)"))
-                })
+                .map(|m| m.parse().map_err(|source| ConfigError::Metrics { value: m.to_owned(), source }))
                 .transpose()?,
             admin_socket: self.admin_socket.clone().filter(|p| !is_off(p)),
             device: self.device.clone(),
@@ -340,7 +492,7 @@ impl File {
             max_sessions_per_host: self.max_sessions_per_host.unwrap_or(defaults.max_sessions_per_host),
             ..defaults
         };
-        cfg.check().map_err(|e| rblk_fabric::Chain(&e).to_string())?;
+        cfg.check().map_err(ConfigError::Check)?;
         Ok(cfg)
     }
 
@@ -369,13 +521,10 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         let mut backings: std::collections::HashMap<std::path::PathBuf, &str> = std::collections::HashMap::new();
         for v in &self.volumes {
-            let invalid = |reason: String| StartError::InvalidVolume { name: v.name.clone(), reason };
+            let invalid = |e: ConfigError| StartError::InvalidVolume { name: v.name.clone(), source: Box::new(e) };
             VolumeSpec::new(&v.name, v.size, None).map_err(invalid)?;
             if self.block_size == 0 || v.size % u64::from(self.block_size) != 0 {
-                return Err(invalid(format!(
-                    "size {} is not a multiple of the block size {}",
-                    v.size, self.block_size
-                )));
+                return Err(invalid(ConfigError::BlockSize { size: v.size, block_size: self.block_size }));
             }
             if !names.insert(v.name.as_str()) {
                 return Err(StartError::DuplicateVolume(v.name.clone()));
@@ -384,7 +533,7 @@ impl Config {
                 check_backing_path(path).map_err(invalid)?;
                 let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
                 if let Some(other) = backings.insert(key, &v.name) {
-                    return Err(invalid(format!("backing store {} is volume {other}'s too", path.display())));
+                    return Err(invalid(ConfigError::BackingShared { path: path.clone(), other: other.to_owned() }));
                 }
             }
         }
@@ -401,29 +550,29 @@ impl Config {
 
 /// A backing path that can work: an existing regular file or block device, or a file to be
 /// created in an existing directory.
-fn check_backing_path(path: &std::path::Path) -> Result<(), String> {
+fn check_backing_path(path: &std::path::Path) -> Result<(), ConfigError> {
     use std::os::unix::fs::FileTypeExt as _;
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() || m.file_type().is_block_device() => Ok(()),
-        Ok(_) => Err(format!("backing store {} is neither a regular file nor a block device", path.display())),
+        Ok(_) => Err(ConfigError::BackingKind(path.to_owned())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
             match std::fs::metadata(parent) {
                 Ok(m) if m.is_dir() => Ok(()),
-                Ok(_) => Err(format!("backing store {}: {} is not a directory", path.display(), parent.display())),
-                Err(e) => Err(format!(
-                    "backing store {} does not exist, and its directory {} cannot be used to create it: {e}",
-                    path.display(),
-                    parent.display()
-                )),
+                Ok(_) => Err(ConfigError::BackingParent { path: path.to_owned(), parent: parent.to_owned() }),
+                Err(source) => {
+                    Err(ConfigError::BackingDir { path: path.to_owned(), parent: parent.to_owned(), source })
+                }
             }
         }
-        Err(e) => Err(format!("backing store {}: {e}", path.display())),
+        Err(source) => Err(ConfigError::Backing { path: path.to_owned(), source }),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use rblk_fabric::Chain;
+
     use super::*;
 
     #[test]
@@ -470,7 +619,7 @@ mod tests {
         assert!(toml::from_str::<File>("keepalive_timeout = 4").unwrap().check_limits().is_err());
         assert!(toml::from_str::<File>("keepalive_timeout = 5").unwrap().check_limits().is_ok());
         let missing: File = toml::from_str("[[host]]\nname = \"h\"\nkey_file = \"/nonexistent/k\"").unwrap();
-        assert!(missing.host_specs().unwrap_err().contains("/nonexistent/k"));
+        assert!(matches!(missing.host_specs().unwrap_err(), ConfigError::KeyFile { path, .. } if path.ends_with("k")));
     }
 
     /// Would catch: integer sizes refused (only strings parsed), or printed back as strings.
@@ -488,7 +637,7 @@ mod tests {
         let float = toml::from_str::<File>("[[volume]]\nname = \"a\"\nsize = 1.5").unwrap_err().to_string();
         assert!(float.contains("a size"), "{float}");
         let odd: File = toml::from_str("[[volume]]\nname = \"a\"\nsize = 12345").unwrap();
-        assert!(odd.volume_specs().unwrap_err().contains("multiple of 4096"));
+        assert!(Chain(&odd.volume_specs().unwrap_err()).to_string().contains("multiple of 4096"));
     }
 
     /// Would catch: a check that only a start (after the RDMA device probe) makes, so that
@@ -497,7 +646,9 @@ mod tests {
     fn server_config_checks_everything_without_hardware() {
         let dir = std::env::temp_dir().join(format!("rblk-config-check-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let check = |text: &str| toml::from_str::<File>(text).unwrap().server_config().map(|_| ());
+        let check = |text: &str| {
+            toml::from_str::<File>(text).unwrap().server_config().map(|_| ()).map_err(|e| Chain(&e).to_string())
+        };
         let vol = |name: &str, extra: &str| format!("[[volume]]\nname = \"{name}\"\nsize = \"4k\"\n{extra}\n");
         assert_eq!(check(&(vol("a", "") + &vol("a", ""))), Err("volume a is configured twice".into()));
         let key = dir.join("no-such.key");
@@ -532,23 +683,25 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64k"), Ok(64 << 10));
-        assert_eq!(parse_size("64M"), Ok(64 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        assert!(parse_size("1X").is_err());
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        let e = parse_size("1X").unwrap_err();
+        assert!(matches!(&e, ConfigError::Size { input, .. } if input == "1X"), "{e}");
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999T").is_err());
     }
 
     #[test]
     fn volumes_and_addresses() {
-        assert_eq!("v:64M".parse(), Ok(VolumeSpec { name: "v".into(), size: 64 << 20, path: None }));
+        assert_eq!("v:64M".parse::<VolumeSpec>().unwrap(), VolumeSpec { name: "v".into(), size: 64 << 20, path: None });
         let d: VolumeSpec = "d:1G:/srv/a:b.img".parse().unwrap();
         assert_eq!(d.path.as_deref(), Some(std::path::Path::new("/srv/a:b.img")));
         assert!("d:1G:".parse::<VolumeSpec>().is_err());
         assert!("v".parse::<VolumeSpec>().is_err());
-        assert!("v:100".parse::<VolumeSpec>().is_err());
+        let e = "v:100".parse::<VolumeSpec>().unwrap_err();
+        assert_eq!(Chain(&e).to_string(), "\"v:100\": the size (100) must be a non-zero multiple of 4096");
         assert!("a b:1G".parse::<VolumeSpec>().is_err());
         assert_eq!(parse_listen("10.0.0.1").unwrap().port(), rblk_proto::DEFAULT_PORT);
         assert_eq!(parse_listen("10.0.0.1:9").unwrap().port(), 9);

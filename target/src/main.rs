@@ -38,7 +38,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let file = effective(&args)?;
     if args.print_config || args.check_config {
         // Checked like a start would, so that a bad file does not print and exit 0.
-        file.server_config().map_err(anyhow::Error::msg)?;
+        file.server_config().map_err(anyhow::Error::from)?;
         if args.check_config {
             println!("configuration OK");
         } else {
@@ -46,7 +46,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let cfg = file.server_config().map_err(anyhow::Error::msg)?;
+    let cfg = file.server_config().map_err(anyhow::Error::from)?;
     // Before the start: a signal during a long volume load waits instead of killing us, and
     // SIGHUP no longer ends the daemon.
     let mut signals =
@@ -73,7 +73,7 @@ fn reload(args: &Args, running: &Running) {
     tracing::info!("SIGHUP: reloading the configuration");
     notify::reloading();
     let result = effective(args)
-        .and_then(|file| file.server_config().map_err(anyhow::Error::msg))
+        .and_then(|file| file.server_config().map_err(anyhow::Error::from))
         .and_then(|cfg| running.reload_with(cfg, &mut notify::progress).map_err(anyhow::Error::from));
     let mut status = notify::serving(running.volumes().len(), running.local_addr());
     match result {
@@ -96,7 +96,7 @@ fn reload(args: &Args, running: &Running) {
 /// The effective configuration: the file, then the flags on top (at start and at each reload).
 fn effective(args: &Args) -> anyhow::Result<ConfigFile> {
     let mut file = match &args.config {
-        Some(path) => ConfigFile::read(path).map_err(anyhow::Error::msg)?,
+        Some(path) => ConfigFile::read(path).map_err(anyhow::Error::from)?,
         None => ConfigFile::default(),
     };
     if let Some(listen) = args.listen {

@@ -152,12 +152,13 @@ pub enum StartError {
     #[error("volume {0} is configured twice")]
     DuplicateVolume(String),
     /// A volume's name, size or backing path cannot work.
-    #[error("volume {name}: {reason}")]
+    #[error("volume {name}")]
     InvalidVolume {
         /// Which.
         name: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: Box<crate::config::ConfigError>,
     },
     /// Hosts or access lists do not make sense.
     #[error("access configuration")]
