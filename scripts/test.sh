@@ -115,7 +115,7 @@ main() {
     rm -f "$disk"
     if ((${#exes[@]})); then
         RBLK_REQUIRE_RDMA=1 RBLK_BIN_DIR=$tdir/debug \
-            scripts/rxe-guest.sh --disk "$disk:1G" "$REPO_ROOT/scripts/guest-tests.sh" "${exes[@]}" | tee "$log" ||
+            scripts/rxe-guest.sh --disk "$disk:2G" "$REPO_ROOT/scripts/guest-tests.sh" "${exes[@]}" | tee "$log" ||
             guest_rc=$?
     else
         fail "cargo built no test executables"

@@ -126,6 +126,20 @@ fn target(tag: &str, size: u64) -> (Daemon, Vec<String>) {
     (Daemon::start(&rdma(), &args(&a)), a)
 }
 
+/// Removes the test's backing files and state directories from the scratch disk when the test
+/// ends (pass or fail): the disk is shared with the other durability tests of the boot.
+struct ScratchFiles(&'static [&'static str]);
+
+impl Drop for ScratchFiles {
+    fn drop(&mut self) {
+        let dir = scratch::dir();
+        for tag in self.0 {
+            let _ = std::fs::remove_file(dir.join(format!("md-{tag}.img")));
+            let _ = std::fs::remove_dir_all(dir.join(format!("md-{tag}.state")));
+        }
+    }
+}
+
 fn uri(d: &Daemon) -> String {
     format!("rblk://{}/v", d.addr)
 }
@@ -182,6 +196,7 @@ impl Drop for Mount {
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn a_mirror_degrades_on_a_killed_target_and_re_adds_with_a_bitmap_resync() {
     ublk_drv();
+    let _files = ScratchFiles(&["mirror-a", "mirror-b"]);
     let size = 128 * MIB;
     let (da, _) = target("mirror-a", size);
     let (db, b_args) = target("mirror-b", size);
@@ -297,6 +312,7 @@ fn a_mirror_degrades_on_a_killed_target_and_re_adds_with_a_bitmap_resync() {
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn a_stripe_puts_each_chunk_on_its_leg_at_md_s_offset() {
     ublk_drv();
+    let _files = ScratchFiles(&["stripe-a", "stripe-b"]);
     let (da, _) = target("stripe-a", 64 * MIB);
     let (db, _) = target("stripe-b", 64 * MIB);
     let legs = [Leg::attach(uri(&da), ""), Leg::attach(uri(&db), "")];
