@@ -689,8 +689,8 @@ impl Endpoint {
         cfg: &QpConfig,
         deadline: Instant,
     ) -> Result<Endpoint> {
-        if route.source.is_some_and(|s| s.is_ipv4() != dst.is_ipv4()) {
-            return Err(Error::SourceFamily { source_addr: route.source.unwrap_or(dst.ip()), dst });
+        if let Some(source_addr) = route.source.filter(|s| s.is_ipv4() != dst.is_ipv4()) {
+            return Err(Error::SourceFamily { source_addr, dst });
         }
         let inner = match (fabric, pd.map(|p| &p.inner)) {
             (Fabric::Verbs, None) => EndpointInner::Verbs(verbs::Endpoint::resolve(dst, None, route, cfg, deadline)?),

@@ -40,6 +40,8 @@ pub(crate) struct Pd {
     device: Arc<str>,
     /// The device has type 2B memory windows (QP-bound rkeys).
     windows: bool,
+    /// The most RDMA READs the device lets a QP have outstanding, as initiator and responder.
+    max_read_depth: u8,
 }
 
 impl Pd {
@@ -48,7 +50,8 @@ impl Pd {
         let pd = ctx.alloc_pd().map_err(|e| other_err("ibv_alloc_pd", device, e))?;
         let attr = ctx.query_device().map_err(|e| other_err("ibv_query_device", device, e))?;
         let windows = attr.device_cap_flags().contains(DeviceCapabilityFlags::MemoryWindowType2B);
-        Ok(Pd { pd, ctx, device: device.into(), windows })
+        let max_read_depth = attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom()).clamp(1, 255) as u8;
+        Ok(Pd { pd, ctx, device: device.into(), windows, max_read_depth })
     }
 
     pub(crate) fn type2_windows(&self) -> bool {
@@ -353,9 +356,8 @@ impl Endpoint {
             .setup_send_ops_flags(send_ops(pd.windows))
             .build_ex()
             .map_err(|e| other_err("ibv_create_qp_ex", &dev, e))?;
-        let attr = pd.ctx.query_device().map_err(|e| other_err("ibv_query_device", &dev, e))?;
-        let dev_max = attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom()).clamp(1, 255) as u8;
         let peer = id.peer_addr();
+        let read_depth = policy::READ_DEPTH.min(pd.max_read_depth);
         Ok(Endpoint {
             qp,
             cq,
@@ -366,7 +368,7 @@ impl Endpoint {
             wcs: Vec::with_capacity(policy::POLL_BATCH),
             unacked: 0,
             armed: false,
-            read_depth: policy::READ_DEPTH.min(dev_max),
+            read_depth,
             send_depth: cfg.send_depth,
             state: State::Created,
             peer_gone: false,
@@ -526,47 +528,47 @@ impl Endpoint {
         if access.remote_write {
             flags |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
         }
-        // SAFETY: the window, the registration (held by `mr`) and the QP are live; `info` lives
-        // for the call, which copies it into the work request.
-        let rc = unsafe {
-            let rkey = sys::ibv_inc_rkey(mw.rkey);
-            let info = sys::ibv_mw_bind_info {
-                mr: m.mr.mr().as_ptr(),
-                addr: mr.addr() + offset,
-                length: len,
-                mw_access_flags: flags,
-            };
-            let qpx = sys::ibv_qp_to_qp_ex(self.qp.qp().as_ptr());
-            sys::ibv_wr_start(qpx);
-            (*qpx).wr_id = wr_id;
-            (*qpx).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            sys::ibv_wr_bind_mw(qpx, mw.mw.as_ptr(), rkey, &info);
-            let rc = sys::ibv_wr_complete(qpx);
-            if rc == 0 {
-                mw.rkey = rkey;
-            }
-            rc
+        // SAFETY: ibv_inc_rkey only computes: the key with its low byte stepped.
+        let rkey = unsafe { sys::ibv_inc_rkey(mw.rkey) };
+        let info = sys::ibv_mw_bind_info {
+            // SAFETY: the registration is live (held by `mr`); the pointer is only read by the bind.
+            mr: unsafe { m.mr.mr().as_ptr() },
+            addr: mr.addr() + offset,
+            length: len,
+            mw_access_flags: flags,
         };
-        if rc != 0 {
-            return Err(verbs_err("ibv_wr_bind_mw", &self.pd.device, std::io::Error::from_raw_os_error(rc)));
-        }
-        Ok(mw.rkey)
+        let window = mw.mw.as_ptr();
+        // SAFETY: `qpx` is this QP's, between ibv_wr_start and ibv_wr_complete; the window is
+        // live (held by `mw`) and `info` outlives the call, which copies it.
+        self.post_raw(wr_id, "ibv_wr_bind_mw", |qpx| unsafe { sys::ibv_wr_bind_mw(qpx, window, rkey, &info) })?;
+        mw.rkey = rkey;
+        Ok(rkey)
     }
 
     /// Posts a local invalidate of `rkey` (a window bound through this QP) as work request
     /// `wr_id` (signaled): once it completes, the rkey is dead on every QP.
     pub(crate) fn invalidate(&mut self, wr_id: u64, rkey: u32) -> Result<()> {
-        // SAFETY: the QP is live; the work request holds only the rkey value.
+        // SAFETY: `qpx` is this QP's, between ibv_wr_start and ibv_wr_complete; the work request
+        // holds only the rkey value.
+        self.post_raw(wr_id, "ibv_wr_local_inv", |qpx| unsafe { sys::ibv_wr_local_inv(qpx, rkey) })
+    }
+
+    /// Posts one signaled work request that sideway's builder lacks (a window bind, a local
+    /// invalidate): `set` adds it between `ibv_wr_start` and `ibv_wr_complete`.
+    fn post_raw(&mut self, wr_id: u64, op: &'static str, set: impl FnOnce(*mut sys::ibv_qp_ex)) -> Result<()> {
+        // SAFETY: the QP is live and was created extended (build_ex), so ibv_qp_to_qp_ex is
+        // valid; `&mut self` makes this the only poster; ibv_wr_complete ends what ibv_wr_start
+        // began on every path.
         let rc = unsafe {
             let qpx = sys::ibv_qp_to_qp_ex(self.qp.qp().as_ptr());
             sys::ibv_wr_start(qpx);
             (*qpx).wr_id = wr_id;
             (*qpx).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            sys::ibv_wr_local_inv(qpx, rkey);
+            set(qpx);
             sys::ibv_wr_complete(qpx)
         };
         if rc != 0 {
-            return Err(verbs_err("ibv_wr_local_inv", &self.pd.device, std::io::Error::from_raw_os_error(rc)));
+            return Err(verbs_err(op, &self.pd.device, std::io::Error::from_raw_os_error(rc)));
         }
         Ok(())
     }
