@@ -154,19 +154,13 @@ guest_main() {
     printf '@@meta active_mtu %s\n' "$(ibv_devinfo -d "$dev" | awk '/active_mtu/ { print $2; exit }')"
 
     log "starting rblk-target --listen $addr:$RBLK_PORT --volume v:$VOLUME_SIZE"
-    "$bin/rblk-target" --listen "$addr:$RBLK_PORT" --volume "v:$VOLUME_SIZE" 2>"$work/target.log" &
-    tpid=$!
+    # shellcheck source=lib/target.sh
+    source "$REPO_ROOT/scripts/lib/target.sh"
+    start_target "$work/target.log" "$bin" 30 --listen "$addr:$RBLK_PORT" --volume "v:$VOLUME_SIZE" ||
+        die "rblk-target did not start"
+    tpid=$TARGET_PID
     # shellcheck disable=SC2064 # expand now: the trap must kill this target
     trap "kill -TERM $tpid 2>/dev/null || true" EXIT
-    for _ in $(seq 1 300); do
-        grep -q 'listening on' "$work/target.log" && break
-        kill -0 "$tpid" 2>/dev/null || {
-            cat "$work/target.log" >&2
-            die "rblk-target exited"
-        }
-        sleep 0.1
-    done
-    grep -q 'listening on' "$work/target.log" || die "rblk-target did not start listening"
 
     # The target's threads' CPU time so far, in ns (they all live as long as no session exists).
     target_ns() {

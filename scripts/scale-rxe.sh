@@ -45,7 +45,7 @@ guest_main() {
     work=$(mktemp -d /tmp/rblk-scale.XXXXXX)
     # shellcheck source=lib/target.sh
     source "$REPO_ROOT/scripts/lib/target.sh"
-    start_target "$work/target.log" "$bin" --listen "$addr:$PORT" --volume s64m:64M --volume s1g:1G \
+    start_target "$work/target.log" "$bin" 60 --listen "$addr:$PORT" --volume s64m:64M --volume s1g:1G \
         --volume s4g:4G || die "rblk-target did not start"
     tpid=$TARGET_PID
     # shellcheck disable=SC2064 # expand now
