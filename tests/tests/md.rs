@@ -63,15 +63,31 @@ impl Leg {
 }
 
 impl Drop for Leg {
+    /// Detaches, retrying while the device is still held (md releasing it): a leg left attached
+    /// would break the ublk tests that run after these in the same boot.
     fn drop(&mut self) {
-        quietly(&rblk(), &["detach", &self.a.dev]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = Command::new(rblk()).args(["detach", &self.a.dev]).stdin(Stdio::null()).output();
+            if !std::path::Path::new(&self.a.dev).exists() {
+                return;
+            }
+            if Instant::now() > deadline {
+                let why = out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
+                eprintln!("md.rs: {} is still attached after 20 s: {why}", self.a.dev);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 }
 
-/// An md array, stopped on drop.
+/// An md array, stopped on drop, its legs' superblocks wiped (nothing may assemble it again
+/// from them later in the boot).
 struct Md {
     dev: String,
     sys: String,
+    legs: Vec<String>,
 }
 
 impl Md {
@@ -84,7 +100,7 @@ impl Md {
             devs.len(),
             devs.join(" ")
         ));
-        Md { dev, sys: format!("/sys/block/{name}/md") }
+        Md { dev, sys: format!("/sys/block/{name}/md"), legs: devs.iter().map(|d| (*d).to_owned()).collect() }
     }
 
     fn attr(&self, name: &str) -> String {
@@ -113,6 +129,9 @@ impl Md {
 impl Drop for Md {
     fn drop(&mut self) {
         quietly("mdadm", &["--stop", &self.dev]);
+        for leg in &self.legs {
+            quietly("mdadm", &["--zero-superblock", leg]);
+        }
     }
 }
 
