@@ -16,12 +16,21 @@ use crate::{Error, Result};
 /// A reply, copied out of the receive buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reply {
-    Challenge { flags: ChallengeFlags, features: u64, nonce: [u8; NONCE_LEN] },
+    Challenge {
+        flags: ChallengeFlags,
+        features: u64,
+        nonce: [u8; NONCE_LEN],
+    },
     Opened(Opened),
     Ok(Opcode),
+    /// OK(JOIN) with the joining QP's window rkey.
+    Joined(u32),
     Flushed(FlushedFlags),
     Stats(StatsReply),
-    List { total: u32, entries: Vec<rblk_proto::ListEntry> },
+    List {
+        total: u32,
+        entries: Vec<rblk_proto::ListEntry>,
+    },
 }
 
 impl Reply {
@@ -30,6 +39,7 @@ impl Reply {
             Reply::Challenge { .. } => "CHALLENGE".into(),
             Reply::Opened(_) => "OPENED".into(),
             Reply::Ok(op) => format!("OK({op:?})"),
+            Reply::Joined(_) => "OK(JOIN) with an rkey".into(),
             Reply::Flushed(_) => "FLUSHED".into(),
             Reply::Stats(_) => "STATS_REPLY".into(),
             Reply::List { .. } => "LIST_REPLY".into(),
@@ -321,6 +331,7 @@ impl Conn {
             Message::Challenge { flags, features, nonce } => Ok(Reply::Challenge { flags, features, nonce }),
             Message::Opened(opened) => Ok(Reply::Opened(opened)),
             Message::Ok { answers } => Ok(Reply::Ok(answers)),
+            Message::Joined { rkey } => Ok(Reply::Joined(rkey)),
             Message::Flushed { flags } => Ok(Reply::Flushed(flags)),
             Message::StatsReply(stats) => Ok(Reply::Stats(stats)),
             Message::ListReply { total, entries } => Ok(Reply::List { total, entries: entries.to_vec() }),

@@ -82,6 +82,22 @@ pub struct RouteArgs {
     /// [default: the kernel's, 0 unless rdma_cm's default_roce_tos is set].
     #[arg(long, value_name = "TOS")]
     pub tos: Option<u8>,
+    /// Ask for per-QP memory windows (on, the default): where the target and its device have
+    /// them, each queue pair gets an rkey of its own that works on no other QP and dies when the
+    /// session closes, and the target registers a volume once for all sessions. Off, or with a
+    /// target or device without them: one registration and one rkey per session.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off)]
+    pub memory_windows: bool,
+}
+
+/// `on` or `off` (also true/false, yes/no, 1/0).
+#[cfg(feature = "clap")]
+fn on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
+    }
 }
 
 #[cfg(feature = "clap")]
@@ -91,6 +107,7 @@ impl RouteArgs {
         options.device = self.device.clone();
         options.source_addr = self.source_addr;
         options.tos = self.tos;
+        options.memory_windows = self.memory_windows;
     }
 }
 
@@ -175,6 +192,11 @@ pub struct Options {
     pub spin: Duration,
     /// What to do when the session loses its target.
     pub reconnect: Reconnect,
+    /// Ask for per-QP memory windows ([`rblk_proto::FEATURE_WINDOWS`]): each queue pair gets an
+    /// rkey of its own from a target whose device has type 2B windows. A target that predates
+    /// them refuses the connect request, and the session connects again without (one extra
+    /// round trip). False: one registration and one rkey per session, as before.
+    pub memory_windows: bool,
 }
 
 impl Default for Options {
@@ -190,6 +212,7 @@ impl Default for Options {
             io_timeout: DEFAULT_IO_TIMEOUT,
             spin: rblk_fabric::policy::SPIN,
             reconnect: Reconnect::default(),
+            memory_windows: true,
         }
     }
 }
@@ -215,6 +238,7 @@ impl fmt::Debug for Options {
             .field("io_timeout", &self.io_timeout)
             .field("spin", &self.spin)
             .field("reconnect", &self.reconnect)
+            .field("memory_windows", &self.memory_windows)
             .finish()
     }
 }

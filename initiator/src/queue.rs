@@ -144,8 +144,10 @@ pub struct Queue {
 }
 
 /// A further queue pair of the session `cur` through the next address of the link's round
-/// robin (the others in turn when it fails): connect with the join data, then JOIN.
-fn join(link: &Link, cur: &Current, depth: u32) -> Result<Conn> {
+/// robin (the others in turn when it fails): connect with the join data, then JOIN. Returns it
+/// with its rkey: its own window's (OK(JOIN) carries one in a session with memory windows), or
+/// the session's (OPENED's).
+fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
     let (id, token) = (cur.opened.session_id, cur.opened.token);
     let mut first = None;
     for attempt in 0..link.dest_count() {
@@ -160,14 +162,18 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<Conn> {
         )
         .and_then(|mut conn| {
             let msg = Message::Join { session_id: id, token };
-            conn.expect(&msg, deadline, "OK(JOIN)", |r| matches!(r, Reply::Ok(Opcode::Join)).then_some(()))?;
+            let rkey = conn.expect(&msg, deadline, "OK(JOIN)", |r| match r {
+                Reply::Ok(Opcode::Join) => Some(cur.opened.rkey),
+                Reply::Joined(rkey) => Some(rkey),
+                _ => None,
+            })?;
             conn.send_keepalives(link.features() & FEATURE_KEEPALIVE != 0);
-            Ok(conn)
+            Ok((conn, rkey))
         });
         match joined {
-            Ok(conn) => {
+            Ok(joined) => {
                 link.queue_joined();
-                return Ok(conn);
+                return Ok(joined);
             }
             Err(e) => {
                 tracing::debug!(addr = %dest.addr, error = %Chain(&e), "joining the session failed");
@@ -216,16 +222,16 @@ impl Queue {
                 Status::FastFail(e) | Status::Failed(e) => return Err(e),
             }
         };
-        let conn = match join(&link, &cur, depth) {
-            Ok(conn) => conn,
+        let joined = match join(&link, &cur, depth) {
+            Ok(joined) => joined,
             // The target no longer knows the session (it reaped it: its first queue pair went
             // silent, say): a reconnecting session gets a new one, and the queue joins that.
             Err(e) if link.reconnects() => {
                 link.lost(cur.gen, &format!("joining a queue failed: {}", Chain(&e)));
                 match link.wait_change(cur.gen, Instant::now() + link.opts().timeout) {
                     Status::Newer(now) => {
-                        let conn = join(&link, &now, depth)?;
-                        return Queue::finish_connect(link, geo, dirty, conn, now, depth, buf_size);
+                        let joined = join(&link, &now, depth)?;
+                        return Queue::finish_connect(link, geo, dirty, joined, now, depth, buf_size);
                     }
                     Status::FastFail(e) | Status::Failed(e) => return Err(e),
                     Status::Up | Status::Waiting => return Err(e),
@@ -233,14 +239,14 @@ impl Queue {
             }
             Err(e) => return Err(e),
         };
-        Queue::finish_connect(link, geo, dirty, conn, cur, depth, buf_size)
+        Queue::finish_connect(link, geo, dirty, joined, cur, depth, buf_size)
     }
 
     fn finish_connect(
         link: Arc<Link>,
         geo: Geometry,
         dirty: dirty::Shared,
-        conn: Conn,
+        (conn, rkey): (Conn, u32),
         cur: Current,
         depth: u32,
         buf_size: usize,
@@ -267,7 +273,7 @@ impl Queue {
             depth,
             geo,
             remote_addr: cur.opened.remote_addr,
-            rkey: cur.opened.rkey,
+            rkey,
             max_len: size,
             dirty,
             zeros: None,
@@ -554,7 +560,7 @@ impl Queue {
 
     /// A new queue pair in the session `cur`; the parked operations go out on it first.
     fn rejoin(&mut self, cur: Current) -> Result<()> {
-        let conn = join(&self.link, &cur, self.depth)?;
+        let (conn, rkey) = join(&self.link, &cur, self.depth)?;
         tracing::debug!(
             addr = %conn.addr,
             qpn = conn.ep.qp_num(),
@@ -565,7 +571,7 @@ impl Queue {
         self.conn = conn;
         self.gen = cur.gen;
         self.remote_addr = cur.opened.remote_addr;
-        self.rkey = cur.opened.rkey;
+        self.rkey = rkey;
         let parked = std::mem::take(&mut self.parked);
         self.in_flight -= parked.len() as u32;
         self.staged.splice(0..0, parked);

@@ -6,7 +6,7 @@ use std::time::Instant;
 use rblk_fabric::{Chain, Pd};
 use rblk_proto::{
     ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, FEATURES, FEATURE_HOST_ID,
-    FEATURE_KEEPALIVE, MAC_LEN,
+    FEATURE_KEEPALIVE, FEATURE_WINDOWS, MAC_LEN,
 };
 
 use crate::conn::{self, Conn, Dest, Reply};
@@ -123,15 +123,14 @@ impl Session {
 /// every reconnect.
 pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<(Conn, u64, bool)> {
     let addr = dest.addr;
-    let deadline = Instant::now() + opts.timeout;
-    let mut conn = Conn::connect(dest, pd, &conn::qp_config(Volume::SYNC_DEPTH), ConnectData::NewSession, deadline)?;
+    let (mut conn, ours) = connect_first(dest, pd, opts)?;
     let deadline = Instant::now() + opts.timeout;
     let (flags, features, nonce) =
-        conn.expect(&Message::Hello { features: FEATURES }, deadline, "CHALLENGE", |r| match r {
+        conn.expect(&Message::Hello { features: ours }, deadline, "CHALLENGE", |r| match r {
             Reply::Challenge { flags, features, nonce } => Some((flags, features, nonce)),
             _ => None,
         })?;
-    let features = FEATURES & features;
+    let features = ours & features;
     conn.send_keepalives(features & FEATURE_KEEPALIVE != 0);
     let authenticated = flags.contains(ChallengeFlags::AUTH_REQUIRED);
     // With host identities the initiator always names its host (access lists and caps use
@@ -169,6 +168,27 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
     }
     tracing::debug!(authenticated, features, "session started");
     Ok((conn, features, authenticated))
+}
+
+/// Connects a session's first queue pair, asking for memory windows if `opts` does, and returns
+/// it with the features to announce in HELLO. A target that predates windows refuses the
+/// connect data that asks for them (the kind does not parse there), so a refused request is
+/// tried once more the old way.
+fn connect_first(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<(Conn, u64)> {
+    let cfg = conn::qp_config(Volume::SYNC_DEPTH);
+    if opts.memory_windows {
+        let deadline = Instant::now() + opts.timeout;
+        match Conn::connect(dest, pd, &cfg, ConnectData::NewWindowSession, deadline) {
+            Ok(conn) => return Ok((conn, FEATURES)),
+            Err(Error::Connect { source: rblk_fabric::Error::Connect { event: "REJECTED", .. }, .. }) => {
+                tracing::debug!(addr = %dest.addr, "the target refused a windows connect request: connecting without");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let deadline = Instant::now() + opts.timeout;
+    let conn = Conn::connect(dest, pd, &cfg, ConnectData::NewSession, deadline)?;
+    Ok((conn, FEATURES & !FEATURE_WINDOWS))
 }
 
 /// OPEN of `name` on a session's first queue pair; `resume` names the session a reconnect

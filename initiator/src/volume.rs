@@ -91,6 +91,13 @@ impl Volume {
         self.opened.flags.contains(VolumeFlags::VOLATILE)
     }
 
+    /// True when each queue pair of the session has an rkey of its own, a type 2B memory window
+    /// bound to it ([`rblk_proto::FEATURE_WINDOWS`]); false when the session has one registration
+    /// and one rkey for all its queue pairs.
+    pub fn memory_windows(&self) -> bool {
+        self.link.features() & rblk_proto::FEATURE_WINDOWS != 0
+    }
+
     /// How it was opened.
     pub fn mode(&self) -> OpenMode {
         self.mode
@@ -137,8 +144,9 @@ impl Volume {
         self.link.reconnects()
     }
 
-    /// The volume's address and rkey in the session's registration, for tests that post raw
-    /// work requests. A bad raw access puts both ends' QPs into error.
+    /// The volume's address and the rkey OPENED gave, for tests that post raw work requests. With
+    /// [`memory_windows`](Self::memory_windows) that rkey works only on the session's first queue
+    /// pair. A bad raw access puts both ends' QPs into error.
     pub fn remote(&self) -> (u64, u32) {
         let now = self.link.current().opened;
         (now.remote_addr, now.rkey)

@@ -32,6 +32,10 @@ wire_enum! {
     NewSession = 1,
     /// A further QP of an existing session; JOIN follows.
     Join = 2,
+    /// The first QP of a new session that wants per-QP rkeys (memory windows); HELLO follows.
+    /// A target that predates it refuses the connect request (the kind does not parse), and the
+    /// initiator connects again with [`ConnectKind::NewSession`].
+    NewWindowSession = 3,
 }
 
 /// What a QP is for, sent as the rdma_cm connect request's private data (not a framed message).
@@ -39,6 +43,11 @@ wire_enum! {
 pub enum ConnectData {
     /// The first QP of a new session.
     NewSession,
+    /// The first QP of a new session, asking for per-QP rkeys through type 2B memory windows
+    /// ([`FEATURE_WINDOWS`](crate::FEATURE_WINDOWS)): the target puts the QP in its shared
+    /// protection domain where the device has them, and in a domain of the session's own
+    /// otherwise (then CHALLENGE does not offer the feature).
+    NewWindowSession,
     /// A further QP of the session OPENED named.
     Join {
         /// OPENED's session id.
@@ -64,11 +73,15 @@ pub fn parse_connect_data(buf: &[u8]) -> Result<ConnectData, ParseError> {
         return Err(ParseError::Reserved { field: "connect.padding" });
     }
     Ok(match ConnectKind::try_from(wire.kind.get())? {
-        ConnectKind::NewSession => {
+        kind @ (ConnectKind::NewSession | ConnectKind::NewWindowSession) => {
             if wire.session_id.get() != 0 || wire.token != [0; TOKEN_LEN] {
                 return Err(ParseError::Reserved { field: "connect.session_id/token" });
             }
-            ConnectData::NewSession
+            if kind == ConnectKind::NewSession {
+                ConnectData::NewSession
+            } else {
+                ConnectData::NewWindowSession
+            }
         }
         ConnectKind::Join => ConnectData::Join { session_id: wire.session_id.get(), token: wire.token },
     })
@@ -79,6 +92,7 @@ impl ConnectData {
     pub const fn kind(&self) -> ConnectKind {
         match self {
             Self::NewSession => ConnectKind::NewSession,
+            Self::NewWindowSession => ConnectKind::NewWindowSession,
             Self::Join { .. } => ConnectKind::Join,
         }
     }
@@ -86,7 +100,7 @@ impl ConnectData {
     /// The [`CONNECT_DATA_LEN`] bytes to pass as private data.
     pub fn to_bytes(&self) -> [u8; CONNECT_DATA_LEN] {
         let (session_id, token) = match *self {
-            Self::NewSession => (0, [0; TOKEN_LEN]),
+            Self::NewSession | Self::NewWindowSession => (0, [0; TOKEN_LEN]),
             Self::Join { session_id, token } => (session_id, token),
         };
         let wire = ConnectWire {
@@ -129,7 +143,7 @@ mod tests {
 
     #[test]
     fn round_trip_with_and_without_padding() {
-        for data in [ConnectData::NewSession, JOIN] {
+        for data in [ConnectData::NewSession, ConnectData::NewWindowSession, JOIN] {
             let bytes = data.to_bytes();
             assert_eq!(parse_connect_data(&bytes), Ok(data));
             // rdma_cm hands the target 56 bytes, zero padded.
@@ -160,10 +174,11 @@ mod tests {
             parse(ConnectWire { version: U16::new(2), ..wire(1, 0) }),
             Err(ParseError::Version { got: 2, supported: VERSION })
         );
-        for kind in [0, 3, u16::MAX] {
+        for kind in [0, 4, u16::MAX] {
             assert_eq!(parse(wire(kind, 0)), Err(ParseError::BadEnum { field: "connect.kind", value: kind.into() }));
         }
         assert_eq!(parse(wire(1, 5)), Err(ParseError::Reserved { field: "connect.session_id/token" }));
+        assert_eq!(parse(wire(3, 5)), Err(ParseError::Reserved { field: "connect.session_id/token" }));
         let mut padded = [0; 40];
         padded[..CONNECT_DATA_LEN].copy_from_slice(&JOIN.to_bytes());
         padded[39] = 1;

@@ -13,7 +13,9 @@
 //! ```text
 //! first QP of a session    ConnectData::NewSession, then
 //!                          HELLO -> CHALLENGE [-> AUTH(host) -> OK(AUTH)] -> OPEN -> OPENED
+//!                          (ConnectData::NewWindowSession asks for per-QP windows)
 //! further QPs              ConnectData::Join { session_id, token }, then JOIN -> OK(JOIN)
+//!                          (JOINED: OK(JOIN) with the QP's rkey, with FEATURE_WINDOWS)
 //! any QP, once open        FLUSH -> FLUSHED, STATS -> STATS_REPLY, CLOSE -> OK(CLOSE)
 //! after AUTH (discovery)   LIST(start) -> LIST_REPLY(total, entries) ... then CLOSE
 //! both ways                KEEPALIVE every KEEPALIVE_INTERVAL on every QP, not answered
@@ -101,9 +103,20 @@ pub const FEATURE_HOST_ID: u64 = 8;
 /// target refuses LIST as unexpected.
 pub const FEATURE_LIST: u64 = 16;
 
+/// Feature bit: per-QP rkeys through type 2B memory windows. The target offers it only on a
+/// connection that asked for it in its connect data ([`ConnectData::NewWindowSession`]) and
+/// whose device has type 2B windows; the connection's QP then lives in the target's shared
+/// protection domain, where a volume is registered once with no remote access of its own.
+/// OPENED's rkey is a window bound to the QP OPENED arrives on and works on no other QP; each
+/// JOIN is answered with [`Message::Joined`], the joining QP's own rkey; STATS_REPLY carries
+/// the target's window count ([`StatsReply::windows`]). Without it the session gets one
+/// registration in a protection domain of its own and one session-wide rkey.
+pub const FEATURE_WINDOWS: u64 = 32;
+
 /// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
 /// intersection of both sets.
-pub const FEATURES: u64 = FEATURE_FLUSH_RANGES | FEATURE_KEEPALIVE | FEATURE_RECONNECT | FEATURE_HOST_ID | FEATURE_LIST;
+pub const FEATURES: u64 =
+    FEATURE_FLUSH_RANGES | FEATURE_KEEPALIVE | FEATURE_RECONNECT | FEATURE_HOST_ID | FEATURE_LIST | FEATURE_WINDOWS;
 
 /// TCP-style port the target listens on through rdma_cm.
 pub const DEFAULT_PORT: u16 = 7420;

@@ -100,6 +100,13 @@ pub enum Message<'a> {
         /// The request acknowledged.
         answers: Opcode,
     },
+    /// Target → initiator: success of JOIN in a session with
+    /// [`FEATURE_WINDOWS`](crate::FEATURE_WINDOWS). On the wire it is OK(JOIN) with a tail: the
+    /// rkey of the window bound to the joining QP, which works on that QP only.
+    Joined {
+        /// The joining QP's rkey for the volume (at OPENED's `remote_addr`).
+        rkey: u32,
+    },
     /// Target → initiator: a request failed.
     Error {
         /// Why.
@@ -116,7 +123,8 @@ pub struct Opened {
     pub remote_addr: u64,
     /// Volume size in bytes, a multiple of `block_size`.
     pub size: u64,
-    /// Remote key of the registration.
+    /// Remote key of the registration; with [`FEATURE_WINDOWS`](crate::FEATURE_WINDOWS), of the
+    /// window bound to the QP OPENED arrived on (it works on no other QP).
     pub rkey: u32,
     /// I/O offsets and lengths are multiples of this power of two.
     pub block_size: u32,
@@ -175,6 +183,10 @@ pub struct StatsReply {
     pub cpu_user_us: u64,
     /// System CPU time of the target process, microseconds.
     pub cpu_system_us: u64,
+    /// Memory windows bound, target-wide: present when the asking session uses per-QP windows
+    /// ([`FEATURE_WINDOWS`](crate::FEATURE_WINDOWS)), absent for a session with a registration
+    /// of its own (and from targets that predate windows).
+    pub windows: Option<u64>,
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -290,6 +302,14 @@ struct StatsReplyBody {
 }
 const _: () = assert!(size_of::<StatsReplyBody>() == 48);
 
+/// Follows [`StatsReplyBody`] for a session with [`FEATURE_WINDOWS`](crate::FEATURE_WINDOWS).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct StatsWindowsBody {
+    windows: U64,
+}
+const _: () = assert!(size_of::<StatsWindowsBody>() == 8);
+
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct OkBody {
@@ -297,6 +317,16 @@ struct OkBody {
     reserved: [u8; 6],
 }
 const _: () = assert!(size_of::<OkBody>() == 8);
+
+/// Follows [`OkBody`] answering JOIN with [`FEATURE_WINDOWS`](crate::FEATURE_WINDOWS)
+/// ([`Message::Joined`]).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct JoinedBody {
+    rkey: U32,
+    reserved: U32,
+}
+const _: () = assert!(size_of::<JoinedBody>() == 8);
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
@@ -433,7 +463,7 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
         }
         Opcode::Stats => empty(opcode, body, Message::Stats)?,
         Opcode::StatsReply => {
-            let b: &StatsReplyBody = fixed(opcode, body)?;
+            let (b, windows) = with_tail::<StatsReplyBody, StatsWindowsBody>(opcode, body)?;
             Message::StatsReply(StatsReply {
                 registrations: b.registrations.get(),
                 pinned_bytes: b.pinned_bytes.get(),
@@ -441,6 +471,7 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
                 connections: b.connections.get(),
                 cpu_user_us: b.cpu_user_us.get(),
                 cpu_system_us: b.cpu_system_us.get(),
+                windows: windows.map(|w| w.windows.get()),
             })
         }
         Opcode::List => {
@@ -465,12 +496,22 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
         Opcode::Close => empty(opcode, body, Message::Close)?,
         Opcode::Keepalive => empty(opcode, body, Message::Keepalive)?,
         Opcode::Ok => {
-            let b: &OkBody = fixed(opcode, body)?;
+            let (b, joined) = with_tail::<OkBody, JoinedBody>(opcode, body)?;
             zero(b.reserved == [0; 6], "ok.reserved")?;
             let bad = ParseError::BadEnum { field: "ok.answers", value: b.answers.get().into() };
             let answers = Opcode::try_from(b.answers.get()).map_err(|_| bad)?;
             check_answers(answers)?;
-            Message::Ok { answers }
+            match joined {
+                None => Message::Ok { answers },
+                Some(j) => {
+                    // Only JOIN's answer carries an rkey.
+                    if answers != Opcode::Join {
+                        return Err(bad_length(opcode, size_of::<OkBody>(), body.len()));
+                    }
+                    zero(j.reserved.get() == 0, "joined.reserved")?;
+                    Message::Joined { rkey: j.rkey.get() }
+                }
+            }
         }
         Opcode::Error => {
             let (head, text) =
@@ -616,7 +657,7 @@ impl Message<'_> {
             Self::Keepalive => Opcode::Keepalive,
             Self::List { .. } => Opcode::List,
             Self::ListReply { .. } => Opcode::ListReply,
-            Self::Ok { .. } => Opcode::Ok,
+            Self::Ok { .. } | Self::Joined { .. } => Opcode::Ok,
             Self::Error { .. } => Opcode::Error,
         }
     }
@@ -712,19 +753,28 @@ impl Message<'_> {
                 let count = U32::new(u32::try_from(entries.len()).unwrap_or(u32::MAX));
                 frame(&[ListHead { total: U32::new(total), count }.as_bytes(), entries.as_bytes()])
             }
-            Self::StatsReply(s) => frame(&[StatsReplyBody {
-                registrations: U64::new(s.registrations),
-                pinned_bytes: U64::new(s.pinned_bytes),
-                sessions: U64::new(s.sessions),
-                connections: U64::new(s.connections),
-                cpu_user_us: U64::new(s.cpu_user_us),
-                cpu_system_us: U64::new(s.cpu_system_us),
+            Self::StatsReply(s) => {
+                let head = StatsReplyBody {
+                    registrations: U64::new(s.registrations),
+                    pinned_bytes: U64::new(s.pinned_bytes),
+                    sessions: U64::new(s.sessions),
+                    connections: U64::new(s.connections),
+                    cpu_user_us: U64::new(s.cpu_user_us),
+                    cpu_system_us: U64::new(s.cpu_system_us),
+                };
+                match s.windows {
+                    None => frame(&[head.as_bytes()]),
+                    Some(w) => frame(&[head.as_bytes(), StatsWindowsBody { windows: U64::new(w) }.as_bytes()]),
+                }
             }
-            .as_bytes()]),
             Self::Ok { answers } => {
                 check_answers(answers)?;
                 frame(&[OkBody { answers: U16::new(answers.into()), reserved: [0; 6] }.as_bytes()])
             }
+            Self::Joined { rkey } => frame(&[
+                OkBody { answers: U16::new(Opcode::Join.into()), reserved: [0; 6] }.as_bytes(),
+                JoinedBody { rkey: U32::new(rkey), reserved: U32::ZERO }.as_bytes(),
+            ]),
             Self::Error { code, text } => {
                 let text = truncate(text, MAX_ERROR_TEXT);
                 // MAX_ERROR_TEXT fits a u16.

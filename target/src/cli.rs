@@ -87,8 +87,16 @@ pub struct Args {
     /// Default: 64.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sessions_per_host: Option<u64>,
+    /// Memory windows (on, the default): where the RDMA device has type 2B windows and the
+    /// initiator asks for them, each volume is registered once (at its first such OPEN on the
+    /// device) and every QP of a session gets a window of its own over it, an rkey that works on
+    /// that QP only and dies at CLOSE. Off: every session registers its volume in a protection
+    /// domain of its own, as for devices and initiators without windows (pins the volume once
+    /// per session). Applies at start only.
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    pub memory_windows: Option<bool>,
     /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, state_dir, the limits above
-    /// (open_timeout, keepalive_timeout, max_unopened, ...), [[host]] tables (name, key_file)
+    /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, [[host]] tables (name, key_file)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
     /// --volume flags replace its volumes.
@@ -155,6 +163,15 @@ pub enum AdminOp {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `on` or `off` (also true/false, yes/no, 1/0).
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("{s:?}: expected on or off")),
+    }
 }
 
 /// `--volume`, with the whole error chain in clap's message.

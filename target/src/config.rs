@@ -13,6 +13,9 @@
 //! max_unopened_per_addr = 16     # ... and per peer address
 //! max_sessions = 1024            # open sessions, in all
 //! max_sessions_per_host = 64     # ... and per host (per address without host identities)
+//! memory_windows = true          # a window per QP over one registration per volume (default),
+//!                                # where device and initiator support it; false: every session
+//!                                # registers its volume in a protection domain of its own
 //!
 //! [[host]]
 //! name = "db1.example.com"       # what the initiator sends (rblk --host-id; default hostname)
@@ -368,6 +371,9 @@ pub struct File {
     /// ... per host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_sessions_per_host: Option<usize>,
+    /// Memory windows where the device and the initiator have them (default true).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_windows: Option<bool>,
     /// Known hosts.
     #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<FileHost>,
@@ -490,6 +496,7 @@ impl File {
             max_unopened_per_addr: self.max_unopened_per_addr.unwrap_or(defaults.max_unopened_per_addr),
             max_sessions: self.max_sessions.unwrap_or(defaults.max_sessions),
             max_sessions_per_host: self.max_sessions_per_host.unwrap_or(defaults.max_sessions_per_host),
+            memory_windows: self.memory_windows.unwrap_or(defaults.memory_windows),
             ..defaults
         };
         cfg.check().map_err(ConfigError::Check)?;

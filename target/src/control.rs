@@ -3,14 +3,14 @@
 
 use std::sync::Arc;
 
-use rblk_fabric::{Access, Chain, Pd};
+use rblk_fabric::{Access, Chain, Endpoint, Pd};
 use rblk_proto::{
     ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, Resume, StatsReply,
     VolumeFlags, NONCE_LEN,
 };
 
 use crate::server::Shared;
-use crate::session::{self, Owner, Session};
+use crate::session::{self, Grant, Owner, Registration, Session};
 
 /// Where a connection is in the protocol.
 #[derive(Debug)]
@@ -19,6 +19,10 @@ pub enum State {
     Fresh {
         /// The PD this session will use.
         pd: Pd,
+        /// The QP is in the target's window domain (the initiator asked for memory windows and
+        /// the device has them): HELLO must announce [`rblk_proto::FEATURE_WINDOWS`], and the
+        /// session gets a window per QP.
+        windows: bool,
     },
     /// CHALLENGE sent.
     Challenged {
@@ -99,8 +103,9 @@ pub struct Peer {
     pub ip: Option<std::net::IpAddr>,
 }
 
-/// Handles one received message (raw bytes, parsed here) in `state`, on connection `conn`.
-pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> (Reply, After) {
+/// Handles one received message (raw bytes, parsed here) in `state`, on connection `conn`,
+/// whose QP is `ep` (OPEN and JOIN bind memory windows to it).
+pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State, bytes: &[u8]) -> (Reply, After) {
     let msg = match rblk_proto::parse(bytes) {
         Ok((_, msg)) => msg,
         Err(ParseError::Version { got, supported }) => {
@@ -116,12 +121,20 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
     };
     match (msg, &*state) {
         (Message::Keepalive, _) => (Reply::None, After::Continue),
-        (Message::Hello { features }, State::Fresh { pd }) => {
+        (Message::Hello { features }, State::Fresh { pd, windows }) => {
+            // Windows only where the QP is in the window domain, and there they are a must: a
+            // registration of the session's own in the shared domain would work on every QP.
+            let offered =
+                if *windows { rblk_proto::FEATURES } else { rblk_proto::FEATURES & !rblk_proto::FEATURE_WINDOWS };
+            if *windows && features & rblk_proto::FEATURE_WINDOWS == 0 {
+                let text = "the connect request asked for memory windows, but HELLO does not announce them".into();
+                return (Reply::Error(ErrorCode::Unexpected, text), After::Close);
+            }
             let nonce = session::nonce();
             let auth = shared.auth_required();
             let flags = if auth { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
-            *state = State::Challenged { pd: pd.clone(), nonce, features: features & rblk_proto::FEATURES };
-            (Reply::Msg(Message::Challenge { flags, features: rblk_proto::FEATURES, nonce }), After::Continue)
+            *state = State::Challenged { pd: pd.clone(), nonce, features: features & offered };
+            (Reply::Msg(Message::Challenge { flags, features: offered, nonce }), After::Continue)
         }
         (Message::Auth { host: Some(_), .. }, State::Challenged { features, .. })
             if features & rblk_proto::FEATURE_HOST_ID == 0 =>
@@ -160,7 +173,7 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
         {
             // No key configured and no host named: HELLO was enough, for an anonymous host.
             *state = State::Ready { pd: pd.clone(), features: *features, host: None };
-            handle(shared, peer, state, bytes)
+            handle(shared, peer, ep, state, bytes)
         }
         (msg @ (Message::Open { .. } | Message::List { .. }), State::Challenged { .. }) => {
             let what = if matches!(msg, Message::Open { .. }) { "OPEN" } else { "LIST" };
@@ -180,7 +193,7 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
                 None => Owner::Anonymous(peer.ip),
             };
             let opener = Opener { conn: peer.conn, pd: pd.clone(), features: *features, owner };
-            let (reply, after) = open(shared, state, opener, mode, name, resume);
+            let (reply, after) = open(shared, ep, state, opener, mode, name, resume);
             if let Reply::Error(code, text) = &reply {
                 shared.counters.refused_opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(peer = ?peer.ip, host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {text}");
@@ -192,15 +205,26 @@ pub fn handle(shared: &Shared, peer: &Peer, state: &mut State, bytes: &[u8]) -> 
                 return (Reply::Error(ErrorCode::BadSession, "JOIN does not match the session".into()), After::Close);
             }
             let session = Arc::clone(session);
+            let reply = if session.uses_windows() {
+                match session.bind(ep, peer.conn) {
+                    Ok((_, rkey)) => Message::Joined { rkey },
+                    Err(e) => {
+                        tracing::warn!(session = session.id, error = %Chain(&e), "JOIN refused");
+                        return (Reply::Error(ErrorCode::NoResources, Chain(&e).to_string()), After::Close);
+                    }
+                }
+            } else {
+                Message::Ok { answers: rblk_proto::Opcode::Join }
+            };
             *state = State::Open { session };
-            (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Join }), After::Continue)
+            (Reply::Msg(reply), After::Continue)
         }
         (Message::List { start }, State::Ready { host, .. }) => (list(shared, host.as_deref(), start), After::Continue),
         (Message::List { start }, State::Open { session }) => {
             (list(shared, session.owner.host(), start), After::Continue)
         }
         // Counters only for peers that opened something.
-        (Message::Stats, State::Open { .. }) => (Reply::Msg(stats(shared)), After::Continue),
+        (Message::Stats, State::Open { session }) => (Reply::Msg(stats(shared, session)), After::Continue),
         (Message::Stats, _) => (Reply::Error(ErrorCode::NotOpen, "STATS before OPEN".into()), After::Refused),
         (Message::Flush(flush), State::Open { session }) => {
             let session = Arc::clone(session);
@@ -281,6 +305,7 @@ struct Opener {
 
 fn open(
     shared: &Shared,
+    ep: &mut Endpoint,
     state: &mut State,
     opener: Opener,
     mode: OpenMode,
@@ -326,18 +351,36 @@ fn open(
     if let Err(busy) = volume.acquire(id, mode) {
         return (Reply::Error(ErrorCode::Busy, busy.0), After::Refused);
     }
-    let access = if mode == OpenMode::ReadOnly { Access::REMOTE_READ } else { Access::REMOTE_READ_WRITE };
-    let mr = match pd.register(&volume.memory, access) {
-        Ok(mr) => mr,
+    let counters = Arc::clone(&shared.counters);
+    let windows = features & rblk_proto::FEATURE_WINDOWS != 0;
+    let grant = if windows {
+        volume.region(&pd, &counters).map(|region| Grant::Windows { region, bound: Vec::new() })
+    } else {
+        let access = if mode == OpenMode::ReadOnly { Access::REMOTE_READ } else { Access::REMOTE_READ_WRITE };
+        pd.register(&volume.memory, access).map(|mr| Grant::Own(Registration::new(mr, Arc::clone(&counters))))
+    };
+    let grant = match grant {
+        Ok(grant) => grant,
         Err(e) => {
             volume.release(id, mode);
             tracing::warn!(volume = name, error = %Chain(&e), "registration failed");
             return (Reply::Error(ErrorCode::NoResources, Chain(&e).to_string()), After::Continue);
         }
     };
-    let counters = Arc::clone(&shared.counters);
-    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, mr, counters, features, owner));
-    let (remote_addr, rkey) = session.remote().unwrap_or_default();
+    // From here on the session gives the open mode back when it is dropped.
+    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, grant, counters, features, owner));
+    let remote = if windows {
+        session.bind(ep, conn).map_err(|e| Chain(&e).to_string())
+    } else {
+        session.remote().ok_or_else(|| "the session's registration is gone".to_owned())
+    };
+    let (remote_addr, rkey) = match remote {
+        Ok(remote) => remote,
+        Err(text) => {
+            tracing::warn!(volume = name, "{text}");
+            return (Reply::Error(ErrorCode::NoResources, text), After::Continue);
+        }
+    };
     let mut flags = if volume.is_volatile() { VolumeFlags::VOLATILE } else { VolumeFlags::empty() };
     if mode == OpenMode::ReadOnly {
         flags = flags | VolumeFlags::READ_ONLY;
@@ -362,7 +405,8 @@ fn open(
         return (Reply::Error(ErrorCode::NoResources, full.to_string()), After::Continue);
     }
     shared.counters.sessions_opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    tracing::info!(volume = name, ?mode, session = id, owner = %session.owner, "opened");
+    let access = if windows { "a memory window per QP" } else { "a registration of its own" };
+    tracing::info!(volume = name, ?mode, session = id, owner = %session.owner, "opened, with {access}");
     session.join(conn);
     *state = State::Open { session };
     (Reply::Msg(Message::Opened(opened)), After::Continue)
@@ -393,7 +437,7 @@ fn list(shared: &Shared, host: Option<&str>, start: u32) -> Reply {
     Reply::List { total, entries }
 }
 
-fn stats(shared: &Shared) -> Message<'static> {
+fn stats(shared: &Shared, session: &Session) -> Message<'static> {
     let (user, system) = cpu_time_us();
     Message::StatsReply(StatsReply {
         registrations: shared.counters.registrations.load(std::sync::atomic::Ordering::SeqCst),
@@ -402,6 +446,7 @@ fn stats(shared: &Shared) -> Message<'static> {
         connections: shared.connection_count() as u64,
         cpu_user_us: user,
         cpu_system_us: system,
+        windows: session.uses_windows().then(|| shared.counters.windows.load(std::sync::atomic::Ordering::SeqCst)),
     })
 }
 

@@ -137,6 +137,9 @@ fn effective(args: &Args) -> anyhow::Result<ConfigFile> {
     if args.keepalive_timeout.is_some() {
         file.keepalive_timeout = args.keepalive_timeout;
     }
+    if args.memory_windows.is_some() {
+        file.memory_windows = args.memory_windows;
+    }
     if file.state_dir.is_none() {
         file.state_dir = Some(DEFAULT_STATE_DIR.into());
     }

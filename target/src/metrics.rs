@@ -35,6 +35,7 @@ pub fn render(shared: &Shared) -> String {
     gauge(&mut reg, "connections", "Live connections (queue pairs)", shared.connection_count() as u64);
     gauge(&mut reg, "registrations", "Memory registrations of volumes", load(&c.registrations));
     gauge(&mut reg, "pinned_bytes", "Bytes pinned by those registrations", load(&c.pinned_bytes));
+    gauge(&mut reg, "windows", "Memory windows bound (one per QP of sessions that use them)", load(&c.windows));
     counter(&mut reg, "connections_accepted", "Connections accepted", load(&c.connections_accepted));
     counter(&mut reg, "sessions_opened", "Sessions opened", load(&c.sessions_opened));
     counter(&mut reg, "auth_failures", "AUTHs refused (wrong key, unknown host)", load(&c.auth_failures));

@@ -117,6 +117,7 @@ impl Shared {
             ("state_dir", new.state_dir != fixed.state_dir),
             ("block_size", new.block_size != fixed.block_size),
             ("max_io", new.max_io != fixed.max_io),
+            ("memory_windows", new.memory_windows != fixed.memory_windows),
         ];
         for (setting, _) in differs.iter().filter(|(_, d)| *d) {
             warn!("reload: {setting} changed, which only a restart applies");

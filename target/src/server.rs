@@ -64,6 +64,11 @@ pub struct Config {
     /// request is cut: unauthenticated and half-open connections hold a QP, a thread and
     /// registered buffers each.
     pub auth_timeout: Duration,
+    /// Give each QP of a session its own type 2B memory window over one registration of the
+    /// volume per device, where the device has such windows and the initiator asks for them
+    /// ([`rblk_proto::FEATURE_WINDOWS`]); otherwise (and when false) each session registers the
+    /// volume in a protection domain of its own.
+    pub memory_windows: bool,
     /// Connections that have not opened (or joined) a session yet, at most, in all and per
     /// peer address. A new connection past either cap evicts the oldest such connection (of
     /// that address, for the per-address cap), as sshd's MaxStartups does, so that a peer
@@ -108,6 +113,7 @@ impl Default for Config {
             auth_timeout: AUTH_TIMEOUT,
             max_unopened: MAX_UNOPENED,
             max_unopened_per_addr: MAX_UNOPENED_PER_ADDR,
+            memory_windows: true,
         }
     }
 }
@@ -250,6 +256,12 @@ pub struct Shared {
     pub counters: Arc<Counters>,
     pub(crate) identity: identity::Store,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// The window domain of each device connections arrived on: the one protection domain of
+    /// the window sessions' QPs, windows and volume registrations there (the IB spec wants
+    /// window, registration and QP in one PD; isolation comes from the windows being bound to one
+    /// QP each, over registrations without remote access). None: the device has no type 2B
+    /// windows, or they are off.
+    domains: Mutex<HashMap<String, Option<rblk_fabric::Pd>>>,
     conns: Mutex<HashMap<u64, Waker>>,
     /// Connections not yet in a session, oldest first, with their peer's address.
     unopened: Mutex<std::collections::VecDeque<(u64, Option<IpAddr>)>>,
@@ -378,6 +390,31 @@ impl Shared {
     pub fn connection_count(&self) -> usize {
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
+    /// The window domain of `req`'s device (see [`Shared::domains`]), made at the first
+    /// connection that asks for windows on it; None where windows are off or the device has
+    /// none.
+    fn window_domain(&self, req: &Request) -> rblk_fabric::Result<Option<rblk_fabric::Pd>> {
+        if !self.fixed.memory_windows {
+            return Ok(None);
+        }
+        let mut domains = self.domains.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = domains.get(req.device()) {
+            return Ok(d.clone());
+        }
+        let pd = req.alloc_pd()?;
+        let domain = pd.type2_windows().then_some(pd);
+        if domain.is_some() {
+            info!(device = req.device(), "memory windows: one registration per volume, one window per QP");
+        } else {
+            info!(
+                device = req.device(),
+                "the device has no type 2B memory windows: each session registers its volume in a PD of its own"
+            );
+        }
+        domains.insert(req.device().to_owned(), domain.clone());
+        Ok(domain)
+    }
+
     fn session(&self, id: u64) -> Option<Arc<Session>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
@@ -467,6 +504,7 @@ pub(crate) struct Fixed {
     pub(crate) state_dir: Option<std::path::PathBuf>,
     pub(crate) block_size: u32,
     pub(crate) max_io: u32,
+    pub(crate) memory_windows: bool,
 }
 
 /// What the server is doing while it starts or reloads, for a caller that reports progress
@@ -588,6 +626,7 @@ impl Server {
             state_dir: cfg.state_dir.clone(),
             block_size: cfg.block_size,
             max_io: cfg.max_io,
+            memory_windows: cfg.memory_windows,
         };
         let shared = Arc::new(Shared {
             catalog: RwLock::new(Catalog { volumes, refused, policy, specs }),
@@ -599,6 +638,7 @@ impl Server {
             evicted: Mutex::default(),
             auth_failures: Mutex::default(),
             sessions: Mutex::default(),
+            domains: Mutex::default(),
             conns: Mutex::default(),
             // Ids of sessions from before a restart rarely name a live one (their tokens would
             // not match anyway): a resume from then is an ordinary OPEN.
@@ -817,9 +857,19 @@ fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHa
     let peer = req.peer();
     let fabric = |step| move |source| AdmitError::Fabric { peer, step, source };
     let (pd, state) = match rblk_proto::parse_connect_data(req.private_data()) {
-        Ok(ConnectData::NewSession) => {
-            let pd = req.alloc_pd().map_err(fabric("allocating a protection domain"))?;
-            (pd.clone(), State::Fresh { pd })
+        Ok(data @ (ConnectData::NewSession | ConnectData::NewWindowSession)) => {
+            let domain = match data {
+                ConnectData::NewWindowSession => {
+                    shared.window_domain(&req).map_err(fabric("allocating the window domain"))?
+                }
+                _ => None,
+            };
+            let windows = domain.is_some();
+            let pd = match domain {
+                Some(pd) => pd,
+                None => req.alloc_pd().map_err(fabric("allocating a protection domain"))?,
+            };
+            (pd.clone(), State::Fresh { pd, windows })
         }
         Ok(ConnectData::Join { session_id, token }) => match shared.session(session_id) {
             Some(s) if s.token_matches(&token) => (s.pd.clone(), State::Joining { session: s }),
@@ -924,6 +974,12 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
         }
         for c in &out[..n] {
             if !channel::is_control(c.wr_id) {
+                // A window bind (the only other work this side posts): a failed one failed the
+                // QP, and the reply behind it with the rkey is flushed.
+                if !c.status.is_success() {
+                    warn!(status = ?c.status, wr_id = c.wr_id, "binding a memory window failed");
+                    break 'conn "binding a memory window failed".into();
+                }
                 continue;
             }
             match channel.on_completion(&mut ep, c, &mut buf) {
@@ -938,7 +994,7 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                 }
                 Ok(Event::Received(len)) => {
                     last_heard = Instant::now();
-                    let (reply, after) = control::handle(shared, &peer, &mut state, &buf[..len]);
+                    let (reply, after) = control::handle(shared, &peer, &mut ep, &mut state, &buf[..len]);
                     if after == After::AuthFailed {
                         // Slows down key guessing; the connection's own thread is the one held.
                         let delay = shared.auth_failed(peer.ip);

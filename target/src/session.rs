@@ -1,11 +1,13 @@
-//! Sessions: a protection domain shared by the session's QPs, and (after OPEN) the session's one
-//! registration of its volume, and the random values (nonces, tokens) of the control protocol.
+//! Sessions: a protection domain shared by the session's QPs and, after OPEN, the session's
+//! access to its volume ([`Grant`]): either a registration of its own, or one type 2B memory
+//! window per QP over the volume's one shared registration; and the random values (nonces,
+//! tokens) of the control protocol.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::{Mr, Pd};
+use rblk_fabric::{Access, Endpoint, Mr, Mw, Pd};
 use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
 use subtle::ConstantTimeEq;
 
@@ -19,6 +21,8 @@ pub struct Counters {
     pub registrations: AtomicU64,
     /// Bytes they pin.
     pub pinned_bytes: AtomicU64,
+    /// Memory windows bound (one per QP of the sessions that use them).
+    pub windows: AtomicU64,
     /// AUTHs refused (wrong key, unknown host).
     pub auth_failures: AtomicU64,
     /// OPENs refused (access lists, caps, no such volume, busy, ...).
@@ -44,6 +48,7 @@ impl Default for Counters {
         Counters {
             registrations: AtomicU64::new(0),
             pinned_bytes: AtomicU64::new(0),
+            windows: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
             refused_opens: AtomicU64::new(0),
             connections_accepted: AtomicU64::new(0),
@@ -87,6 +92,89 @@ impl std::fmt::Display for Owner {
     }
 }
 
+/// A registration of volume memory, counted in [`Counters::registrations`] and
+/// [`Counters::pinned_bytes`] while it lives; dropping it deregisters.
+#[derive(Debug)]
+pub struct Registration {
+    mr: Mr,
+    counters: Arc<Counters>,
+}
+
+impl Registration {
+    /// Counts `mr` in.
+    pub fn new(mr: Mr, counters: Arc<Counters>) -> Registration {
+        counters.registrations.fetch_add(1, Ordering::SeqCst);
+        counters.pinned_bytes.fetch_add(mr.len() as u64, Ordering::SeqCst);
+        Registration { mr, counters }
+    }
+
+    /// The registration.
+    pub fn mr(&self) -> &Mr {
+        &self.mr
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.counters.registrations.fetch_sub(1, Ordering::SeqCst);
+        self.counters.pinned_bytes.fetch_sub(self.mr.len() as u64, Ordering::SeqCst);
+    }
+}
+
+/// A memory window bound to one connection's QP, counted in [`Counters::windows`]. Dropping it
+/// deallocates it (`ibv_dealloc_mw`), which kills its rkey at once, from any thread, whether the
+/// QP is alive or in error: that is how the target revokes a window (CLOSE, loss, replacement,
+/// a failed volume, a connection leaving).
+#[derive(Debug)]
+pub struct Window {
+    conn: u64,
+    mw: Mw,
+    counters: Arc<Counters>,
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        self.counters.windows.fetch_sub(1, Ordering::SeqCst);
+        tracing::debug!(conn = self.conn, rkey = format_args!("{:#x}", self.mw.rkey()), "window revoked");
+    }
+}
+
+/// How a session reaches its volume.
+#[derive(Debug)]
+pub enum Grant {
+    /// A registration of the volume in the session's own protection domain, with one rkey for
+    /// all its QPs (the fallback: devices without type 2B windows, initiators without
+    /// [`rblk_proto::FEATURE_WINDOWS`]).
+    Own(Registration),
+    /// Windows over the volume's shared registration (no remote access of its own, see
+    /// [`crate::volume::Volume::region`]), one bound to each of the session's QPs.
+    Windows {
+        /// The volume's registration on this device (shared by every window session).
+        region: Arc<Registration>,
+        /// One window per connection.
+        bound: Vec<Window>,
+    },
+}
+
+/// Why a window could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BindError {
+    /// The session was closed, replaced or its access revoked meanwhile.
+    #[error("the session's access to the volume was revoked")]
+    Revoked,
+    /// The session has a registration of its own, not windows.
+    #[error("the session does not use memory windows")]
+    NoWindows,
+    /// Allocating or binding the window failed.
+    #[error("binding a memory window failed")]
+    Fabric(#[source] rblk_fabric::Error),
+}
+
+/// The wr_id of a window bind on a connection's QP (not a control work request: the connection
+/// loop checks its completion apart).
+pub const BIND_WR_ID: u64 = 1;
+
 /// An open session.
 #[derive(Debug)]
 pub struct Session {
@@ -107,7 +195,10 @@ pub struct Session {
     members: Mutex<Members>,
     /// Signalled when a member leaves.
     left: Condvar,
-    registration: Mutex<Option<Mr>>,
+    /// None once released: no rkey of the session works any more.
+    grant: Mutex<Option<Grant>>,
+    /// Whether the grant is [`Grant::Windows`] (kept after release, for STATS).
+    windows: bool,
     counters: Arc<Counters>,
 }
 
@@ -120,20 +211,19 @@ struct Members {
 }
 
 impl Session {
-    /// Wraps a fresh registration of `volume` in `pd`.
+    /// A session of `volume` opened `mode`, reaching it through `grant` (its QPs in `pd`).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: u64,
         pd: Pd,
         volume: Arc<Volume>,
         mode: OpenMode,
-        mr: Mr,
+        grant: Grant,
         counters: Arc<Counters>,
         features: u64,
         owner: Owner,
     ) -> Session {
-        counters.registrations.fetch_add(1, Ordering::SeqCst);
-        counters.pinned_bytes.fetch_add(mr.len() as u64, Ordering::SeqCst);
+        let windows = matches!(grant, Grant::Windows { .. });
         Session {
             id,
             token: random(),
@@ -144,9 +234,15 @@ impl Session {
             owner,
             members: Mutex::default(),
             left: Condvar::new(),
-            registration: Mutex::new(Some(mr)),
+            grant: Mutex::new(Some(grant)),
+            windows,
             counters,
         }
+    }
+
+    /// Whether its QPs get a window each ([`Grant::Windows`]).
+    pub fn uses_windows(&self) -> bool {
+        self.windows
     }
 
     /// True if `token` is this session's (constant time).
@@ -154,9 +250,32 @@ impl Session {
         self.token.ct_eq(token).into()
     }
 
-    /// Remote address and rkey of the registration, while it exists.
+    /// Remote address and rkey of the session's own registration, while it exists (None for
+    /// a session with windows: see [`Session::bind`]).
     pub fn remote(&self) -> Option<(u64, u32)> {
-        self.registration.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|mr| (mr.addr(), mr.rkey()))
+        match &*self.grant.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(Grant::Own(r)) => Some((r.mr().addr(), r.mr().rkey())),
+            _ => None,
+        }
+    }
+
+    /// Binds a window over the whole volume to connection `conn`'s QP `ep` (read-only or
+    /// read-write as the session was opened), as work request [`BIND_WR_ID`], and returns the
+    /// volume's address and the window's rkey. The bind is posted before the reply that carries
+    /// the rkey, and a QP executes its send queue in order, so the rkey works by the time the
+    /// initiator has it; a failed bind fails the QP, and with it that reply.
+    pub fn bind(&self, ep: &mut Endpoint, conn: u64) -> Result<(u64, u32), BindError> {
+        let mut grant = self.grant.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(Grant::Windows { region, bound }) = &mut *grant else {
+            return Err(if grant.is_some() { BindError::NoWindows } else { BindError::Revoked });
+        };
+        let access = if self.mode == OpenMode::ReadOnly { Access::REMOTE_READ } else { Access::REMOTE_READ_WRITE };
+        let mr = region.mr();
+        let mut mw = self.pd.alloc_mw().map_err(BindError::Fabric)?;
+        let rkey = ep.bind_mw(BIND_WR_ID, &mut mw, mr, 0, mr.len() as u64, access).map_err(BindError::Fabric)?;
+        self.counters.windows.fetch_add(1, Ordering::SeqCst);
+        bound.push(Window { conn, mw, counters: Arc::clone(&self.counters) });
+        Ok((mr.addr(), rkey))
     }
 
     /// Counts connection `conn` in (the opener, or a joiner once admitted). False if the
@@ -169,8 +288,12 @@ impl Session {
         !m.replaced
     }
 
-    /// Counts connection `conn` out, once it has destroyed its QP. True if it was the last.
+    /// Counts connection `conn` out, once it has destroyed its QP, and revokes its window. True
+    /// if it was the last.
     pub fn leave(&self, conn: u64) -> bool {
+        if let Some(Grant::Windows { bound, .. }) = &mut *self.grant.lock().unwrap_or_else(|p| p.into_inner()) {
+            bound.retain(|w| w.conn != conn);
+        }
         let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
         m.conns.retain(|&c| c != conn);
         self.left.notify_all();
@@ -214,14 +337,12 @@ impl Session {
         true
     }
 
-    /// Deregisters the volume and gives up the open mode (idempotent). After this no rkey of the
-    /// session works.
+    /// Revokes the session's access (deregisters its own registration, or deallocates its
+    /// windows) and gives up the open mode (idempotent). After this no rkey of the session works.
     pub fn release(&self) {
-        let mr = self.registration.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(mr) = mr {
-            self.counters.registrations.fetch_sub(1, Ordering::SeqCst);
-            self.counters.pinned_bytes.fetch_sub(mr.len() as u64, Ordering::SeqCst);
-            drop(mr);
+        let grant = self.grant.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(grant) = grant {
+            drop(grant);
             self.volume.release(self.id, self.mode);
         }
     }

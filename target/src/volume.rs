@@ -1,12 +1,15 @@
 //! The volume store: each volume's bytes live in one anonymous mapping, registered once per
-//! session that opens it; a durable volume also has a [`Backing`] store.
+//! device for the sessions with memory windows ([`Volume::region`]) and once per session for the
+//! others; a durable volume also has a [`Backing`] store.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rblk_fabric::Memory;
+use rblk_fabric::{Access, Memory, Pd};
 use rblk_proto::{OpenMode, VolumeId};
 
 use crate::persist::{Backing, BackingError};
+use crate::session::{Counters, Registration};
 
 /// Why a volume could not be created or loaded.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +39,8 @@ pub struct Volume {
     pub instance: VolumeId,
     /// Open sessions by mode, for exclusivity.
     opens: Mutex<Opens>,
+    /// The registration memory windows are bound to, by device (see [`Volume::region`]).
+    regions: Mutex<HashMap<String, Arc<Registration>>>,
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +64,7 @@ impl Volume {
             backing: None,
             instance: VolumeId(crate::session::random()),
             opens: Mutex::default(),
+            regions: Mutex::default(),
         })
     }
 
@@ -86,7 +92,31 @@ impl Volume {
             backing: Some(backing),
             instance: VolumeId(crate::session::random()),
             opens: Mutex::default(),
+            regions: Mutex::default(),
         })
+    }
+
+    /// The volume's one registration in `pd` (the target's window domain of its device), with
+    /// no remote access of its own: windows bound to QPs grant that ([`Access::BIND_ONLY`]).
+    /// Registered at the first OPEN with windows on the device and kept while the volume is
+    /// served, so a session costs one window per QP, whatever the volume's size.
+    pub fn region(&self, pd: &Pd, counters: &Arc<Counters>) -> rblk_fabric::Result<Arc<Registration>> {
+        let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = regions.get(pd.device()) {
+            return Ok(Arc::clone(r));
+        }
+        let started = std::time::Instant::now();
+        let mr = pd.register(&self.memory, Access::BIND_ONLY)?;
+        tracing::info!(
+            volume = %self.name,
+            device = pd.device(),
+            "registered {} MiB for memory windows in {:.0} ms",
+            self.size() >> 20,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        let r = Arc::new(Registration::new(mr, Arc::clone(counters)));
+        regions.insert(pd.device().to_owned(), Arc::clone(&r));
+        Ok(r)
     }
 
     /// True for RAM volumes (FLUSH is only an ordering point).

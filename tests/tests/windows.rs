@@ -163,3 +163,199 @@ fn scenario(fabric: Fabric, ip: std::net::IpAddr, device: &str) {
     // Give rxe a moment to tear the QPs down before the next test reuses the device.
     thread::sleep(Duration::from_millis(100));
 }
+
+// The target's use of windows (issue 14): sessions opened with `ConnectData::NewWindowSession`
+// get one window per QP over the volume's one registration. Each scenario runs on both fabrics:
+// over the in-memory fabric on the host, against the real daemon over rxe in the guest.
+rblk_tests::on_both_fabrics!(
+    session_rkeys_work_only_on_their_own_qp_and_die_at_close,
+    windows_keep_one_registration_per_volume_and_refuse_a_hello_without_them,
+    a_target_with_windows_off_gives_todays_session_registration,
+);
+
+mod session {
+    use rblk_fabric::Local;
+    use rblk_fabric::{Access, Memory, Mr, Op, WcStatus, WorkRequest};
+    use rblk_proto::{ConnectData, Message, Opened, StatsReply};
+    use rblk_tests::raw::Raw;
+    use rblk_tests::rxe::wait_one;
+    use rblk_tests::target::Target;
+
+    pub const VOL: u64 = 4 << 20;
+
+    /// HELLO with every feature but keepalive (this client sends nothing unasked).
+    pub const FEATURES: u64 = rblk_proto::FEATURES & !rblk_proto::FEATURE_KEEPALIVE;
+
+    pub fn connect(t: &Target, data: ConnectData) -> Raw {
+        Raw::connect(t.fabric(), t.addr(), data).expect("connect to the target")
+    }
+
+    /// A QP that joins `o`'s session: the rkey JOIN's answer carries (None: a plain OK(JOIN)).
+    pub fn join(t: &Target, o: &Opened) -> (Raw, Option<u32>) {
+        let mut r = connect(t, ConnectData::Join { session_id: o.session_id, token: o.token });
+        let reply = r.request(&Message::Join { session_id: o.session_id, token: o.token });
+        let rkey = match rblk_proto::parse(&reply) {
+            Ok((_, Message::Joined { rkey })) => Some(rkey),
+            Ok((_, Message::Ok { answers: rblk_proto::Opcode::Join })) => None,
+            other => panic!("JOIN answered with {other:?}"),
+        };
+        (r, rkey)
+    }
+
+    pub fn stats(r: &mut Raw) -> StatsReply {
+        match rblk_proto::parse(&r.request(&Message::Stats)) {
+            Ok((_, Message::StatsReply(s))) => s,
+            other => panic!("STATS answered with {other:?}"),
+        }
+    }
+
+    fn buffer(r: &Raw, byte: u8) -> Mr {
+        let m = r.ep.pd().register(&Memory::anonymous(4096).unwrap(), Access::LOCAL).unwrap();
+        m.memory().write_at(0, &[byte; 4096]).unwrap();
+        m
+    }
+
+    /// One 4 KiB READ or WRITE through `r`'s QP with `rkey` at `offset` of the volume; the
+    /// completion status, and for a read the first byte read.
+    pub fn access(r: &mut Raw, o: &Opened, rkey: u32, write: Option<u8>, offset: u64) -> (WcStatus, u8) {
+        let buf = buffer(r, write.unwrap_or(0xee));
+        let remote_addr = o.remote_addr + offset;
+        let op = if write.is_some() { Op::Write { remote_addr, rkey } } else { Op::Read { remote_addr, rkey } };
+        r.ep.post(&[WorkRequest {
+            wr_id: 9,
+            op,
+            local: Local::Region { mr: &buf, offset: 0, len: 4096 },
+            signaled: true,
+        }])
+        .unwrap();
+        let status = wait_one(&mut r.ep).status;
+        let mut first = [0u8; 1];
+        buf.memory().read_at(0, &mut first).unwrap();
+        (status, first[0])
+    }
+}
+
+/// Would catch: a session-wide rkey (one registration for all QPs: A's rkey would work on B and
+/// C), a window not bound to its QP, windows shared across sessions, and windows that outlive
+/// CLOSE (B's own rkey still working on B's live QP after A closed the session: only the
+/// target's revocation at CLOSE kills it, since B's QP stays connected).
+fn session_rkeys_work_only_on_their_own_qp_and_die_at_close(fabric: Fabric) {
+    use rblk_proto::{ConnectData, Message, OpenMode};
+    use session::{access, connect, join, stats, FEATURES, VOL};
+    let t =
+        rblk_tests::target::Target::start(fabric, &rblk_tests::target::Spec { volumes: vec![("v", VOL)], key: None });
+    let mut a = connect(&t, ConnectData::NewWindowSession);
+    let features = a.hello_with(FEATURES);
+    assert_ne!(features & rblk_proto::FEATURE_WINDOWS, 0, "a windows connection is offered windows");
+    let oa = a.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
+    let (mut b, rb) = join(&t, &oa);
+    let rb = rb.expect("OK(JOIN) carries the joining QP's rkey");
+    let (mut c, rc) = join(&t, &oa);
+    let rc = rc.expect("OK(JOIN) carries the joining QP's rkey");
+    assert!(oa.rkey != rb && rb != rc && oa.rkey != rc, "three QPs, three rkeys: {:#x} {rb:#x} {rc:#x}", oa.rkey);
+
+    // Each QP's own rkey works on it: A writes, B reads A's data back.
+    assert_eq!(access(&mut a, &oa, oa.rkey, Some(0x5a), 8192).0, WcStatus::SUCCESS);
+    assert_eq!(access(&mut b, &oa, rb, None, 8192), (WcStatus::SUCCESS, 0x5a));
+    let s = stats(&mut a);
+    assert_eq!(s.windows, Some(3), "one window per QP of the session: {s:?}");
+    assert_eq!((s.registrations, s.pinned_bytes), (1, VOL), "one registration for the volume: {s:?}");
+
+    // A's rkey on C, a QP of the same session (and of the same PD on the target): refused.
+    assert_eq!(access(&mut c, &oa, oa.rkey, None, 8192).0, WcStatus::REM_ACCESS_ERR);
+
+    // Another session's QP with A's rkey: refused too; its own works.
+    let mut other = connect(&t, ConnectData::NewWindowSession);
+    other.hello_with(FEATURES);
+    let oo = other.open_with("v", OpenMode::ReadOnly, None).expect("OPEN");
+    assert_eq!(access(&mut other, &oo, oo.rkey, None, 8192), (WcStatus::SUCCESS, 0x5a));
+    // Its window is read-only, as its open.
+    assert_eq!(access(&mut other, &oo, oo.rkey, Some(1), 8192).0, WcStatus::REM_ACCESS_ERR);
+    let mut other2 = connect(&t, ConnectData::NewWindowSession);
+    other2.hello_with(FEATURES);
+    let oo2 = other2.open_with("v", OpenMode::ReadOnly, None).expect("OPEN");
+    assert_eq!(access(&mut other2, &oo2, oa.rkey, None, 8192).0, WcStatus::REM_ACCESS_ERR);
+
+    // CLOSE on A: B is still connected, and its own rkey, which worked a moment ago, dies.
+    assert_eq!(access(&mut b, &oa, rb, None, 0).0, WcStatus::SUCCESS);
+    let ok = a.request(&Message::Close);
+    assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))), "{ok:?}");
+    assert_eq!(access(&mut b, &oa, rb, None, 0).0, WcStatus::REM_ACCESS_ERR, "B's window outlived CLOSE");
+}
+
+/// Would catch: a registration per session creeping back in with windows (registrations and
+/// pinned bytes growing with sessions), windows not revoked when their QPs go, and a QP placed in
+/// the shared domain without windows (a HELLO that does not announce them must be refused: a
+/// session registration there would work on every QP of the domain).
+fn windows_keep_one_registration_per_volume_and_refuse_a_hello_without_them(fabric: Fabric) {
+    use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode};
+    use session::{connect, join, stats, FEATURES, VOL};
+    let t =
+        rblk_tests::target::Target::start(fabric, &rblk_tests::target::Spec { volumes: vec![("v", VOL)], key: None });
+    let mut probe = connect(&t, ConnectData::NewWindowSession);
+    probe.hello_with(FEATURES);
+    probe.open_with("v", OpenMode::ReadOnly, None).expect("OPEN");
+    let base = stats(&mut probe);
+    assert_eq!((base.registrations, base.windows), (1, Some(1)), "{base:?}");
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        let mut s = connect(&t, ConnectData::NewWindowSession);
+        s.hello_with(FEATURES);
+        let o = s.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
+        let joined = join(&t, &o);
+        sessions.push((s, joined));
+    }
+    let s = stats(&mut probe);
+    assert_eq!((s.registrations, s.pinned_bytes, s.windows), (1, VOL, Some(9)), "{s:?}");
+    drop(sessions);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut s = stats(&mut probe);
+    while s.windows != Some(1) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        s = stats(&mut probe);
+    }
+    assert_eq!((s.registrations, s.windows), (1, Some(1)), "the departed QPs' windows are revoked: {s:?}");
+
+    // Connected for windows, HELLO without them: refused, and the connection ends.
+    let mut bad = connect(&t, ConnectData::NewWindowSession);
+    let reply = bad.request(&Message::Hello { features: FEATURES & !rblk_proto::FEATURE_WINDOWS });
+    match rblk_proto::parse(&reply) {
+        Ok((_, Message::Error { code, text })) => {
+            assert_eq!(code, ErrorCode::Unexpected);
+            assert!(text.contains("memory windows"), "{text}");
+        }
+        other => panic!("HELLO without windows on a windows connection answered with {other:?}"),
+    }
+    assert!(bad.try_reply(std::time::Duration::from_secs(20)).is_none(), "the connection ends");
+
+    // A peer that predates windows (NewSession, HELLO without the bit) gets today's session:
+    // a registration of its own, a plain OK(JOIN), STATS without the window count.
+    let mut old = connect(&t, ConnectData::NewSession);
+    let offered = old.hello_with(FEATURES & !rblk_proto::FEATURE_WINDOWS);
+    assert_eq!(offered & rblk_proto::FEATURE_WINDOWS, 0, "windows are not offered without the connect kind");
+    let o = old.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
+    let (_j, rkey) = join(&t, &o);
+    assert_eq!(rkey, None, "a plain OK(JOIN)");
+    let s = stats(&mut old);
+    assert_eq!((s.registrations, s.windows), (2, None), "{s:?}");
+}
+
+/// Would catch: `memory_windows = false` not honoured (windows offered anyway), or a windows
+/// connect request refused instead of served the old way.
+fn a_target_with_windows_off_gives_todays_session_registration(fabric: Fabric) {
+    use rblk_proto::{ConnectData, OpenMode};
+    use session::{access, connect, join, stats, FEATURES};
+    let t = rblk_tests::target::Target::start_with_config(
+        fabric,
+        "memory_windows = false\n[[volume]]\nname = \"v\"\nsize = \"4M\"\n",
+    );
+    let mut a = connect(&t, ConnectData::NewWindowSession);
+    assert_eq!(a.hello_with(FEATURES) & rblk_proto::FEATURE_WINDOWS, 0);
+    let o = a.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
+    let (mut b, rkey) = join(&t, &o);
+    assert_eq!(rkey, None, "a plain OK(JOIN)");
+    // The session-wide rkey works on the joined QP, as before windows.
+    assert_eq!(access(&mut b, &o, o.rkey, None, 0).0, rblk_fabric::WcStatus::SUCCESS);
+    let s = stats(&mut a);
+    assert_eq!((s.registrations, s.windows), (1, None), "{s:?}");
+}

@@ -324,6 +324,7 @@ fn info(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     println!("max I/O     {} ({})", vol.max_io(), human(vol.max_io().into()));
     println!("storage     {}", if vol.is_volatile() { "volatile (RAM only)" } else { "durable" });
     println!("mode        {}", mode_name(vol.mode(), vol.is_read_only()));
+    println!("access      {}", access_name(vol.memory_windows()));
     vol.close()?;
     Ok(())
 }
@@ -367,7 +368,7 @@ fn ls_json(volumes: &[rblk_initiator::ListEntry]) -> serde_json::Value {
         .collect()
 }
 
-/// `rblk info --json`: uri, size, block_size, max_io, volatile, mode.
+/// `rblk info --json`: uri, size, block_size, max_io, volatile, mode, memory_windows.
 fn info_json(vol: &Volume) -> serde_json::Value {
     serde_json::json!({
         "uri": vol.uri().to_string(),
@@ -376,7 +377,17 @@ fn info_json(vol: &Volume) -> serde_json::Value {
         "max_io": vol.max_io(),
         "volatile": vol.is_volatile(),
         "mode": mode_name(vol.mode(), vol.is_read_only()),
+        "memory_windows": vol.memory_windows(),
     })
+}
+
+/// How the session reaches the volume, for `rblk info` and `rblk stats`.
+fn access_name(windows: bool) -> &'static str {
+    if windows {
+        "memory windows (an rkey per queue pair, bound to it)"
+    } else {
+        "registration per session (one rkey for all its queue pairs)"
+    }
 }
 
 /// `rblk stats --json`: target, then STATS_REPLY's fields by their names.
@@ -389,6 +400,7 @@ fn stats_json(target: &str, s: &rblk_initiator::StatsReply) -> serde_json::Value
         "connections": s.connections,
         "cpu_user_us": s.cpu_user_us,
         "cpu_system_us": s.cpu_system_us,
+        "windows": s.windows,
     })
 }
 
@@ -405,6 +417,10 @@ fn stats(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     println!("pinned         {} ({})", s.pinned_bytes, human(s.pinned_bytes));
     println!("sessions       {}", s.sessions);
     println!("connections    {}", s.connections);
+    match s.windows {
+        Some(n) => println!("windows        {n} bound; {}", access_name(true)),
+        None => println!("windows        none for this session: {}", access_name(false)),
+    }
     let secs = |us: u64| us as f64 / 1e6;
     println!("cpu            {:.3} s user, {:.3} s system", secs(s.cpu_user_us), secs(s.cpu_system_us));
     Ok(())
@@ -790,6 +806,9 @@ mod stream_tests {
         let stats = stats_json("rblk://t/v", &s);
         assert_eq!((stats["sessions"].as_u64(), stats["registrations"].as_u64()), (Some(1), Some(1)));
         assert_eq!(stats["pinned_bytes"], 8 << 20);
+        // The in-memory fabric has type 2B windows: the session has one, on its first QP.
+        assert_eq!(info["memory_windows"], true);
+        assert_eq!(stats["windows"], 1);
         let parsed = Args::try_parse_from(["rblk", "stats", "rblk://h/v", "-o", "json"]).unwrap();
         assert!(matches!(parsed.command, Command::Stats { format, .. } if format.json()));
         assert!(Args::try_parse_from(["rblk", "info", "rblk://h/v", "-o", "yaml"]).is_err());

@@ -66,14 +66,18 @@ fn arb_message() -> impl Strategy<Value = Message<'static>> {
             flags: if volatile { FlushedFlags::VOLATILE } else { FlushedFlags::empty() }
         }),
         Just(Message::Stats),
-        any::<[u64; 6]>().prop_map(|[a, b, c, d, e, f]| Message::StatsReply(StatsReply {
-            registrations: a,
-            pinned_bytes: b,
-            sessions: c,
-            connections: d,
-            cpu_user_us: e,
-            cpu_system_us: f,
-        })),
+        (any::<[u64; 6]>(), any::<Option<u64>>()).prop_map(|([a, b, c, d, e, f], windows)| Message::StatsReply(
+            StatsReply {
+                registrations: a,
+                pinned_bytes: b,
+                sessions: c,
+                connections: d,
+                cpu_user_us: e,
+                cpu_system_us: f,
+                windows,
+            }
+        )),
+        any::<u32>().prop_map(|rkey| Message::Joined { rkey }),
         Just(Message::Close),
         Just(Message::Keepalive),
         any::<u32>().prop_map(|start| Message::List { start }),

@@ -114,7 +114,12 @@ fn make_samples() -> Vec<Message<'static>> {
             connections: 9,
             cpu_user_us: 1,
             cpu_system_us: u64::MAX,
+            windows: None,
         }),
+        Message::StatsReply(StatsReply { registrations: 1, windows: Some(12), ..StatsReply::default() }),
+        Message::StatsReply(StatsReply { windows: Some(u64::MAX), ..StatsReply::default() }),
+        Message::Joined { rkey: 0 },
+        Message::Joined { rkey: u32::MAX },
         Message::Close,
         Message::Keepalive,
         Message::List { start: 0 },
@@ -493,6 +498,29 @@ fn ok_answers_only_auth_join_close() {
     }
     let err = Message::Ok { answers: Opcode::Open }.encode(0, &mut [0; MSG_SIZE]);
     assert_eq!(err, Err(EncodeError::Invalid(ParseError::BadEnum { field: "ok.answers", value: 3 })));
+}
+
+/// JOINED is OK(JOIN) with an rkey tail: the tail on another OK, a nonzero reserved word or a
+/// short tail must not parse (a peer would take a garbage rkey or misread an OK).
+#[test]
+fn joined_is_ok_join_with_an_rkey_tail() {
+    let ok = |answers: Opcode, tail: &[u8]| {
+        let mut body = OkBody { answers: U16::new(answers.into()), reserved: [0; 6] }.as_bytes().to_vec();
+        body.extend_from_slice(tail);
+        raw(Opcode::Ok.into(), &body)
+    };
+    let tail = |rkey: u32, reserved: u32| {
+        JoinedBody { rkey: U32::new(rkey), reserved: U32::new(reserved) }.as_bytes().to_vec()
+    };
+    assert_eq!(parse(&ok(Opcode::Join, &tail(0x1234, 0))), Ok((TAG, Message::Joined { rkey: 0x1234 })));
+    let mut buf = [0; MSG_SIZE];
+    let n = Message::Joined { rkey: 0x1234 }.encode(TAG, &mut buf).unwrap();
+    assert_eq!(&buf[..n], &ok(Opcode::Join, &tail(0x1234, 0))[..]);
+    assert_eq!(parse(&ok(Opcode::Join, &tail(1, 7))), Err(ParseError::Reserved { field: "joined.reserved" }));
+    for answers in [Opcode::Auth, Opcode::Close] {
+        assert!(matches!(parse(&ok(answers, &tail(1, 0))), Err(ParseError::BadLength { .. })), "{answers:?}");
+    }
+    assert!(matches!(parse(&ok(Opcode::Join, &[0; 4])), Err(ParseError::BadLength { .. })));
 }
 
 #[test]
