@@ -5,17 +5,18 @@
 #
 # Builds the binaries on the host (debug; RBLK_BIN_DIR=DIR takes them from DIR instead), boots
 # the rxe guest (scripts/rxe-guest.sh, RXE_GUEST_MEM default 8G here: the volumes are RAM) and
-# there starts one rblk-target with three RAM volumes, s64m (64 MiB), s1g (1 GiB) and s4g (4 GiB).
-# Then it prints three tables:
+# there starts rblk-target with three RAM volumes, s64m (64 MiB), s1g (1 GiB) and s4g (4 GiB),
+# twice, one after the other: with --memory-windows off (a registration per session: the
+# "before") and on (one registration per volume, a window per QP). For each it prints three tables:
 #
 #   1. OPEN time by volume size: `rblk-test-client open-time URI --count SCALE_OPENS` connects,
 #      OPENs (read-only) and closes sessions one after the other; median, min and max of the
 #      connect + OPEN time. With a registration per session, OPEN pins and maps the whole
 #      volume, so it grows with the size; with one registration per volume and a memory window
 #      per QP it should not (issue 14's goal: within 20% of each other).
-#   2. The target's VmPin (/proc/PID/status) and STATS registrations with 1, 4 and 8 sessions
-#      held open on s4g (`rblk-test-client hold`): per-session registrations pin sessions x 4 GiB
-#      of accounting; the goal is flat.
+#   2. The target's VmPin (/proc/PID/status) and STATS registrations and windows with 0, 1, 4
+#      and 8 sessions held open on s4g (`rblk-test-client hold`): per-session registrations pin
+#      sessions x 4 GiB of accounting; the goal is flat.
 #   3. Connection setup rate: sessions opened and closed per second on s64m, from table 1's run.
 #
 # Environment: SCALE_OPENS (default 10), RBLK_BIN_DIR, RXE_GUEST_MEM. Raw output:
@@ -38,22 +39,30 @@ die() {
     exit 1
 }
 
-# In the guest.
+# In the guest: both modes, one after the other, each with a target of its own.
 guest_main() {
-    local opens=$1 bin=${RBLK_BIN_DIR:?} addr=${RBLK_ADDR:?RBLK_ADDR: the rxe address}
+    local opens=$1 mode
+    for mode in off on; do
+        guest_mode "$opens" "$mode"
+    done
+}
+
+# One mode: rblk-target --memory-windows MODE, the three tables.
+guest_mode() {
+    local opens=$1 mode=$2 bin=${RBLK_BIN_DIR:?} addr=${RBLK_ADDR:?RBLK_ADDR: the rxe address}
     local work tpid
     work=$(mktemp -d /tmp/rblk-scale.XXXXXX)
     # shellcheck source=lib/target.sh
     source "$REPO_ROOT/scripts/lib/target.sh"
-    start_target "$work/target.log" "$bin" 60 --listen "$addr:$PORT" --volume s64m:64M --volume s1g:1G \
-        --volume s4g:4G || die "rblk-target did not start"
+    start_target "$work/target.log" "$bin" 60 --listen "$addr:$PORT" --memory-windows "$mode" \
+        --volume s64m:64M --volume s1g:1G --volume s4g:4G || die "rblk-target did not start"
     tpid=$TARGET_PID
-    # shellcheck disable=SC2064 # expand now
-    trap "kill -TERM $tpid 2>/dev/null || true" EXIT
     local base="rblk://$addr:$PORT"
     vm_pin() { awk '/^VmPin:/ { print $2 }' "/proc/$tpid/status"; }
+    # One STATS field (a session of its own on s64m asks).
+    stat() { "$bin/rblk" stats "$base/s64m" --json | sed -n "s/.*\"$1\": *\([0-9a-z]*\).*/\1/p"; }
 
-    echo "== open time by volume size (connect + OPEN, $opens sessions each)"
+    echo "== [memory windows $mode] open time by volume size (connect + OPEN, $opens sessions each)"
     printf '%-8s %10s %10s %10s %14s\n' volume p50_ms min_ms max_ms sessions_per_s
     local v line
     for v in s64m s1g s4g; do
@@ -62,10 +71,12 @@ guest_main() {
         printf '%-8s %10s %10s %10s %14s\n' "$v" "$p50" "$min" "$max" "$rate"
     done
 
-    echo "== target VmPin with sessions held on s4g"
-    printf '%-9s %12s %14s\n' sessions vmpin_kb registrations
-    printf '%-9s %12s %14s\n' 0 "$(vm_pin)" -
-    local n fifo regs
+    # registrations and windows are STATS' (target-wide, the asking session's own included);
+    # with windows each volume opened so far has its one registration, whatever the sessions.
+    echo "== [memory windows $mode] target VmPin with sessions held on s4g"
+    printf '%-9s %12s %14s %8s\n' sessions vmpin_kb registrations windows
+    printf '%-9s %12s %14s %8s\n' 0 "$(vm_pin)" "$(stat registrations)" "$(stat windows)"
+    local n fifo
     for n in 1 4 8; do
         fifo=$work/hold.$n
         mkfifo "$fifo"
@@ -79,12 +90,12 @@ guest_main() {
         done
         local pin
         pin=$(vm_pin)
-        # STATS needs a session of its own (on s64m: one registration, not counted).
-        regs=$("$bin/rblk" stats "$base/s64m" --json | sed -n 's/.*"registrations": *\([0-9]*\).*/\1/p')
-        printf '%-9s %12s %14s\n' "$n" "$pin" "$((regs - 1))"
+        printf '%-9s %12s %14s %8s\n' "$n" "$pin" "$(stat registrations)" "$(stat windows)"
         exec 9>&-
         wait "$hpid"
     done
+    kill -TERM "$tpid" 2>/dev/null || true
+    wait "$tpid" 2>/dev/null || true
 }
 
 host_main() {

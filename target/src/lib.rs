@@ -7,7 +7,8 @@
 //! store: memory and open modes), [`persist`] and [`uring`] (durable volumes: backing store,
 //! io_uring load and write-back), [`identity`] (volume instance identities, kept across clean
 //! shutdowns in the state dir), [`access`] (keys, host identities and volume access lists),
-//! [`session`] (per-session protection domain and registration), [`control`] (one connection's
+//! [`session`] (a session's protection domain and its access to the volume: a memory window per
+//! QP over the volume's one registration, or a registration of its own), [`control`] (one connection's
 //! control protocol), [`server`] (the rdma_cm listener and connection threads), [`reload`]
 //! (configuration changes at run time: SIGHUP), [`admin`] (the admin socket: volumes added,
 //! removed and listed at run time), [`notify`] (systemd readiness, for the binary).
@@ -22,8 +23,10 @@
 //!
 //! Threads: one listener thread, plus one thread per connection that sleeps on its completion
 //! channel between control messages (data transfers complete without it). Cleanup: a session's
-//! registration is dropped on CLOSE, when its last connection goes, or when a reconnecting OPEN
-//! replaces the session (before OPENED is sent, after its QPs are gone). A connection goes when
+//! windows (or its own registration) are dropped on CLOSE, when its last connection goes, or when
+//! a reconnecting OPEN replaces the session (before OPENED is sent, after its QPs are gone); a
+//! connection that leaves takes its own window along. A volume's registration for windows lives
+//! as long as the volume is served. A connection goes when
 //! its initiator vanishes: a keepalive of ours fails or stays uncompleted, or an initiator that
 //! negotiated keepalives sends nothing, for [`server::Config::keepalive_timeout`].
 //! [`server::Running::shutdown`] disconnects everyone, deregisters everything, flushes durable

@@ -759,7 +759,8 @@ pub(crate) fn warn_memlock(shared: &Shared) {
                 limit,
                 largest_volume = largest,
                 "RLIMIT_MEMLOCK is below the largest volume: OPEN will fail to register it; raise it with \
-                 `ulimit -l unlimited` or LimitMEMLOCK=infinity (each session pins its volume once)"
+                 `ulimit -l unlimited` or LimitMEMLOCK=infinity (with memory windows a volume is pinned once per \
+                 device; without, once per session)"
             );
         }
     }
@@ -1077,6 +1078,9 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
         }
     };
     info!(%reason, "disconnecting");
+    if let Some(session) = state.session() {
+        session.unbind(conn);
+    }
     ep.disconnect();
     // The QP is destroyed before the session counts this connection out: a reconnect that
     // waits for that knows no old QP is left.

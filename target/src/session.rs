@@ -288,12 +288,16 @@ impl Session {
         !m.replaced
     }
 
-    /// Counts connection `conn` out, once it has destroyed its QP, and revokes its window. True
-    /// if it was the last.
-    pub fn leave(&self, conn: u64) -> bool {
+    /// Revokes the window bound to connection `conn`'s QP, if any: before that QP is destroyed
+    /// (a bound window holds its QP; rxe's QP destroy waits for it).
+    pub fn unbind(&self, conn: u64) {
         if let Some(Grant::Windows { bound, .. }) = &mut *self.grant.lock().unwrap_or_else(|p| p.into_inner()) {
             bound.retain(|w| w.conn != conn);
         }
+    }
+
+    /// Counts connection `conn` out, once it has destroyed its QP. True if it was the last.
+    pub fn leave(&self, conn: u64) -> bool {
         let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
         m.conns.retain(|&c| c != conn);
         self.left.notify_all();

@@ -359,3 +359,110 @@ fn a_target_with_windows_off_gives_todays_session_registration(fabric: Fabric) {
     let s = stats(&mut a);
     assert_eq!((s.registrations, s.windows), (1, None), "{s:?}");
 }
+
+/// A target from before memory windows, as a windows-capable initiator meets it: it refuses
+/// connect data it cannot parse (the windows kind, 3), and serves HELLO (without
+/// FEATURE_WINDOWS), AUTH, OPEN (one read-write registration of its volume in the session's PD,
+/// one rkey), JOIN (a plain OK), FLUSH, STATS and CLOSE over the in-memory fabric, one session at
+/// a time. Returns its address and the connect kinds it saw, in order.
+fn old_target(size: usize) -> (SocketAddr, Arc<std::sync::Mutex<Vec<u16>>>) {
+    use rblk_fabric::channel::{self, Channel, Event};
+    use rblk_proto::{ChallengeFlags, ConnectData, FlushedFlags, Message, Opcode, Opened, StatsReply, VolumeFlags};
+    let listener = Listener::bind(Fabric::Mem, "127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let kinds = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&kinds);
+    thread::spawn(move || {
+        let memory = Memory::anonymous(size).unwrap();
+        let mut session: Option<(Pd, Arc<rblk_fabric::Mr>)> = None;
+        for conn in 0.. {
+            let req = match listener.next_event(Some(Instant::now() + STEP * 4)) {
+                Ok(Some(ListenerEvent::Request(r))) => r,
+                Ok(Some(_)) => continue,
+                _ => return,
+            };
+            let data = req.private_data();
+            seen.lock().unwrap().push(u16::from_le_bytes([data[6], data[7]]));
+            let (pd, mr) = match rblk_proto::parse_connect_data(data) {
+                Ok(ConnectData::NewSession) => {
+                    let pd = req.alloc_pd().unwrap();
+                    let mr = Arc::new(pd.register(&memory, Access::REMOTE_READ_WRITE).unwrap());
+                    session = Some((pd.clone(), Arc::clone(&mr)));
+                    (pd, mr)
+                }
+                Ok(ConnectData::Join { .. }) if session.is_some() => session.clone().unwrap(),
+                // What a target before windows does with kind 3: it does not parse.
+                _ => {
+                    req.reject().unwrap();
+                    continue;
+                }
+            };
+            let cfg = QpConfig { send_depth: 18, recv_depth: 16, max_inline: 128 };
+            let mut ep = req.into_endpoint(&pd, &cfg, conn).unwrap();
+            let mut chan = Channel::new(&pd).unwrap();
+            chan.post_recvs(&mut ep).unwrap();
+            ep.accept().unwrap();
+            thread::spawn(move || {
+                let mut out = [Completion::EMPTY; 8];
+                let mut buf = [0u8; rblk_proto::MSG_SIZE];
+                loop {
+                    let Ok(n) = ep.wait(&mut out, Duration::ZERO, Instant::now() + STEP * 4) else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    for c in out[..n].iter().filter(|c| channel::is_control(c.wr_id)) {
+                        let Ok(Event::Received(len)) = chan.on_completion(&mut ep, c, &mut buf) else { continue };
+                        let Ok((tag, msg)) = rblk_proto::parse(&buf[..len]) else { return };
+                        let reply = match msg {
+                            Message::Hello { .. } => Message::Challenge {
+                                flags: ChallengeFlags::empty(),
+                                features: rblk_proto::FEATURES & !rblk_proto::FEATURE_WINDOWS,
+                                nonce: [0; rblk_proto::NONCE_LEN],
+                            },
+                            Message::Auth { .. } => Message::Ok { answers: Opcode::Auth },
+                            Message::Open { .. } => Message::Opened(Opened {
+                                remote_addr: mr.addr(),
+                                size: size as u64,
+                                rkey: mr.rkey(),
+                                block_size: 4096,
+                                max_io: 1 << 20,
+                                flags: VolumeFlags::VOLATILE,
+                                session_id: 7,
+                                token: [7; rblk_proto::TOKEN_LEN],
+                                instance: Some(rblk_proto::VolumeId([1; 16])),
+                            }),
+                            Message::Join { .. } => Message::Ok { answers: Opcode::Join },
+                            Message::Flush(_) => Message::Flushed { flags: FlushedFlags::VOLATILE },
+                            Message::Stats => Message::StatsReply(StatsReply::default()),
+                            Message::Close => Message::Ok { answers: Opcode::Close },
+                            _ => continue,
+                        };
+                        if chan.send(&mut ep, tag, &reply).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, kinds)
+}
+
+/// Would catch: an initiator that gives up on a target from before windows (its connect request
+/// with the windows kind is refused), one that does not connect again the old way, or one that
+/// then expects per-QP rkeys (its joined queue would use a window rkey it never got).
+#[test]
+fn the_initiator_falls_back_to_a_session_registration_on_a_target_from_before_windows() {
+    let (addr, kinds) = old_target(1 << 20);
+    let opts = rblk_initiator::Options { fabric: Fabric::Mem, ..rblk_initiator::Options::default() };
+    let session = rblk_initiator::Session::connect(&format!("rblk://{addr}/v"), &opts).expect("connect");
+    assert_eq!(session.features() & rblk_proto::FEATURE_WINDOWS, 0);
+    let mut vol = session.open(rblk_proto::OpenMode::ReadWrite).expect("open");
+    assert!(!vol.memory_windows());
+    vol.write_at(&[0x3c; 8192], 4096).expect("write through a joined queue with the session's rkey");
+    let mut back = [0u8; 8192];
+    vol.read_at(&mut back, 4096).expect("read");
+    assert!(back.iter().all(|&b| b == 0x3c));
+    let kinds = kinds.lock().unwrap().clone();
+    assert_eq!(&kinds[..3], &[3, 1, 2], "windows kind refused, then the old kind, then a join: {kinds:?}");
+}
