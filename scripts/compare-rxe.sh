@@ -17,6 +17,12 @@
 #   write 64k QD32         ib_write_bw -s 65536 -t 32 -Q 1                  --rw write     --bs 64k --iodepth 32
 #   randread 4k QD1 p50    ib_read_lat -s 4096 (t_typical)                  --rw randread  --iodepth 1 [--spin 1ms]
 #   randwrite 4k QD1 p50   2 x ib_write_lat -s 4096 (t_typical)             --rw randwrite --iodepth 1 [--spin 1ms]
+#   randread 4k QD1 p50    (the same ib_read_lat)                           rblk-test-client raw-lat: one READ at a
+#                          time posted and busy-polled on a queue's endpoint (the fabric layer alone: what
+#                          rblk's queue, engine and bench add on top shows as the difference), no goal
+#   randread 4k p99, 2 jobs (no perftest: against rblk-bench's own 1 job at the same total depth)
+#                          rblk-bench --rw randread --bs 4k --iodepth 32 (its QD32 run above)
+#                          vs --rw randread --bs 4k --jobs 2 --iodepth 16; goal: p99 <= 2x
 #
 # 2. Block devices: the same fio jobs on four block devices, one path after the other (the paths'
 #    order rotates by one every round); each device is made, runs randwrite QD32 (first, so that
@@ -259,6 +265,14 @@ guest_main() {
         [[ -s $json ]] || die "rblk-bench $* wrote no JSON report"
         log "  rblk-bench $*: done"
         emit "$w" rblk "$r" "$json" rblk-bench "$@"
+    }
+
+    # rblk-test-client raw-lat (workload $1, round $2): about SECS seconds of QD1 READs.
+    run_raw() {
+        local w=$1 r=$2 json="$work/raw.json" count=$((secs * 20000))
+        "$bin/rblk-test-client" raw-lat "$uri" --count "$count" >"$json" || die "rblk-test-client raw-lat failed"
+        log "  rblk-test-client raw-lat: $(cat "$json")"
+        emit "$w" rblk "$r" "$json" rblk-test-client raw-lat "$uri" --count "$count"
     }
 
     # About SECS seconds each under TCG: a read round trip is ~50 us, a write ping-pong ~110 us.
@@ -506,9 +520,11 @@ guest_main() {
         pair "$r" randread_4k_qd1 "$order" ib_read_lat -s 4096 -n "$read_iters" -- \
             --rw randread --bs 4k --iodepth 1
         run_rblk randread_4k_qd1_spin "$r" --rw randread --bs 4k --iodepth 1 --spin 1ms
+        run_raw randread_4k_qd1_raw "$r"
         pair "$r" randwrite_4k_qd1 "$order" ib_write_lat -s 4096 -n "$write_iters" -- \
             --rw randwrite --bs 4k --iodepth 1
         run_rblk randwrite_4k_qd1_spin "$r" --rw randwrite --bs 4k --iodepth 1 --spin 1ms
+        run_rblk randread_4k_2x16 "$r" --rw randread --bs 4k --jobs 2 --iodepth 16
         block_round "$r"
     done
     nvmeof_teardown
@@ -558,9 +574,20 @@ WORKLOADS = [
      ("write", "p50"), None, None),
     ("randwrite_4k_qd1_p50_spin", "  same, rblk --spin 1ms", "us", "lat2", "randwrite_4k_qd1_spin",
      ("write", "p50"), None, None),
+    ("randread_4k_qd1_p50_raw", "  same, raw fabric (rblk-test-client raw-lat)", "us", "lat",
+     "randread_4k_qd1_raw", ("read", "p50"), None, None),
+    # Against rblk itself (the "perftest" column is rblk-bench's 1 job x QD32 p99, RBLK_REF_OF).
+    ("randread_4k_2jobs_p99", "randread 4k p99, 2 jobs x QD16 (vs rblk 1 x QD32)", "us", "rblkref",
+     "randread_4k_2x16", ("read", "p99"), "<=", 2.0),
 ]
 # Which perftest runs a row compares with (the spin variants share the default runs').
-PERFTEST_OF = {"randread_4k_qd1_spin": "randread_4k_qd1", "randwrite_4k_qd1_spin": "randwrite_4k_qd1"}
+# The rblk-bench workload an "rblkref" row compares with.
+RBLK_REF_OF = {"randread_4k_2x16": "randread_4k_qd32"}
+PERFTEST_OF = {
+    "randread_4k_qd1_raw": "randread_4k_qd1",
+    "randread_4k_qd1_spin": "randread_4k_qd1",
+    "randwrite_4k_qd1_spin": "randwrite_4k_qd1",
+}
 
 # Block devices through fio: the paths, what each is, and the workloads with the rblk-bench row
 # (and figure) each compares with, and its goals: (path, reference, op, factor).
@@ -709,7 +736,11 @@ def spread(xs):
 rows, summary = [], {}
 for key, label, unit, kind, rblk_w, (section, field), op, goal in WORKLOADS:
     pt_w = PERFTEST_OF.get(rblk_w, rblk_w)
-    pts = values.get((pt_w, "perftest"))
+    if kind == "rblkref":
+        pt_w = RBLK_REF_OF[rblk_w]
+        pts = [r[section]["lat_us"][field] for r in values.get((pt_w, "rblk"), [])]
+    else:
+        pts = values.get((pt_w, "perftest"))
     reports = values.get((rblk_w, "rblk"))
     if not pts or not reports:
         fail(f"no results for {key}")
@@ -727,7 +758,7 @@ for key, label, unit, kind, rblk_w, (section, field), op, goal in WORKLOADS:
     entry = {
         "perftest": p, "rblk": r, "ratio": ratio, "unit": unit,
         "perftest_spread": spread(pts), "rblk_spread": spread(rb), "runs": min(len(pts), len(rb)),
-        "perftest_cmd": ("2 x " if kind == "lat2" else "") + cmds[(pt_w, "perftest")],
+        "perftest_cmd": ("2 x " if kind == "lat2" else "") + cmds[(pt_w, "rblk" if kind == "rblkref" else "perftest")],
         "rblk_cmd": cmds[(rblk_w, "rblk")],
     }
     if goal is not None:
@@ -947,7 +978,7 @@ host_main() {
         bin_dir=${CARGO_TARGET_DIR:-$REPO_ROOT/build}/release
     fi
     local b
-    for b in rblk-target rblk-bench rblk; do
+    for b in rblk-target rblk-bench rblk rblk-test-client; do
         [[ -x $bin_dir/$b ]] || die "no $bin_dir/$b"
     done
     mkdir -p "$OUT"

@@ -331,6 +331,12 @@ impl Queue {
         &mut self.conn.ep
     }
 
+    /// The volume's address and this queue's rkey (with memory windows its own QP's: it works
+    /// on [`endpoint_mut`](Self::endpoint_mut) only), for tests that post raw work requests.
+    pub fn remote(&self) -> (u64, u32) {
+        (self.remote_addr, self.rkey)
+    }
+
     /// Reads `len` bytes at `offset` into a pool buffer; the [`Done`] holds it.
     pub fn submit_read(&mut self, offset: u64, len: u32, user_data: u64) -> Result<()> {
         self.accepting()?;

@@ -11,8 +11,12 @@
 //!     "open_ms p50 P min MIN max MAX rate R" (R: sessions opened and closed per second)
 //! rblk-test-client hold URI --sessions N
 //!     open N read-only sessions, print "held N", and keep them until stdin closes
+//! rblk-test-client raw-lat URI --count N
+//!     N 4 KiB RDMA READs one at a time, posted and busy-polled straight on a queue's endpoint
+//!     (the fabric layer only: no queue slots, engine or bench around it); prints its latency
+//!     as rblk-bench's JSON report does: {"read": {"ios": N, "lat_us": {"min", "p50", "p99"}}}
 //! ```
-//! (`open-time` and `hold` are scripts/scale-rxe.sh's drivers.)
+//! (`open-time` and `hold` are scripts/scale-rxe.sh's drivers, `raw-lat` compare-rxe.sh's.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,7 +35,8 @@ fn main() -> ExitCode {
         Some("hammer") => hammer(&args),
         Some("open-time") => open_time(&args),
         Some("hold") => hold(&args),
-        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold URI ...".into()),
+        Some("raw-lat") => raw_lat(&args),
+        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat URI ...".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -92,6 +97,53 @@ fn open_time(args: &[String]) -> Result<(), String> {
     let rate = n as f64 / started.elapsed().as_secs_f64();
     ms.sort_by(f64::total_cmp);
     println!("open_ms p50 {:.1} min {:.1} max {:.1} rate {rate:.2}", ms[n / 2], ms[0], ms[n - 1]);
+    Ok(())
+}
+
+fn raw_lat(args: &[String]) -> Result<(), String> {
+    use rblk_fabric::{Access, Completion, Local, Memory, Op, WorkRequest};
+    let uri = args.get(2).ok_or("missing URI")?;
+    let n = count(args, "--count")?;
+    let vol = open_ro(uri)?;
+    let mut queue = vol.queue(1).map_err(|e| format!("queue: {e}"))?;
+    let (raddr, rkey) = queue.remote();
+    let span = vol.size().min(256 << 20) / 4096;
+    let buf = vol
+        .pd()
+        .register(&Memory::anonymous(4096).map_err(|e| e.to_string())?, Access::LOCAL)
+        .map_err(|e| e.to_string())?;
+    let ep = queue.endpoint_mut();
+    let mut out = [Completion::EMPTY; 4];
+    let mut us = Vec::with_capacity(n);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..n as u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let wr = WorkRequest {
+            wr_id: (1 << 40) + i,
+            op: Op::Read { remote_addr: raddr + (x % span) * 4096, rkey },
+            local: Local::Region { mr: &buf, offset: 0, len: 4096 },
+            signaled: true,
+        };
+        let t = std::time::Instant::now();
+        ep.post(&[wr]).map_err(|e| format!("post: {e}"))?;
+        loop {
+            let got = ep.poll(&mut out).map_err(|e| format!("poll: {e}"))?;
+            if let Some(c) = out[..got].iter().find(|c| c.wr_id == (1 << 40) + i) {
+                c.ok().map_err(|e| format!("read: {e}"))?;
+                break;
+            }
+        }
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    println!(
+        r#"{{"read": {{"ios": {n}, "lat_us": {{"min": {:.3}, "p50": {:.3}, "p99": {:.3}}}}}}}"#,
+        us[0],
+        us[n / 2],
+        us[n * 99 / 100]
+    );
     Ok(())
 }
 
