@@ -86,7 +86,7 @@ pub struct RouteArgs {
     /// them, each queue pair gets an rkey of its own that works on no other QP and dies when the
     /// session closes, and the target registers a volume once for all sessions. Off, or with a
     /// target or device without them: one registration and one rkey per session.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub memory_windows: bool,
 }
 

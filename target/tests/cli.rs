@@ -43,6 +43,9 @@ fn print_config_shows_the_state_dir() {
     };
     assert!(print(&[]).contains("state_dir = \"/var/lib/rblk\""), "the default is shown");
     assert!(print(&["--state-dir", "/srv/rblk-state"]).contains("state_dir = \"/srv/rblk-state\""));
+    assert!(print(&["--memory-windows", "off"]).contains("memory_windows = false"));
+    assert!(!print(&[]).contains("memory_windows"), "the default (on) is not written out");
+    assert!(!target(&["--print-config", "--memory-windows", "sometimes"]).status.success());
 }
 
 /// A config file in a fresh temp dir.
