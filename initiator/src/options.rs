@@ -86,18 +86,8 @@ pub struct RouteArgs {
     /// them, each queue pair gets an rkey of its own that works on no other QP and dies when the
     /// session closes, and the target registers a volume once for all sessions. Off, or with a
     /// target or device without them: one registration and one rkey per session.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub memory_windows: bool,
-}
-
-/// `on` or `off` (also true/false, yes/no, 1/0).
-#[cfg(feature = "clap")]
-fn on_off(s: &str) -> std::result::Result<bool, String> {
-    match s {
-        "on" | "true" | "yes" | "1" => Ok(true),
-        "off" | "false" | "no" | "0" => Ok(false),
-        _ => Err(format!("{s:?}: expected on or off")),
-    }
 }
 
 #[cfg(feature = "clap")]

@@ -93,7 +93,7 @@ pub struct Args {
     /// that QP only and dies at CLOSE. Off: every session registers its volume in a protection
     /// domain of its own, as for devices and initiators without windows (pins the volume once
     /// per session). Applies at start only.
-    #[arg(long, value_name = "on|off", value_parser = on_off)]
+    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
     pub memory_windows: Option<bool>,
     /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, state_dir, the limits above
     /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, [[host]] tables (name, key_file)
@@ -163,15 +163,6 @@ pub enum AdminOp {
         #[arg(long)]
         json: bool,
     },
-}
-
-/// `on` or `off` (also true/false, yes/no, 1/0).
-fn on_off(s: &str) -> Result<bool, String> {
-    match s {
-        "on" | "true" | "yes" | "1" => Ok(true),
-        "off" | "false" | "no" | "0" => Ok(false),
-        _ => Err(format!("{s:?}: expected on or off")),
-    }
 }
 
 /// `--volume`, with the whole error chain in clap's message.
