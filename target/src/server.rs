@@ -464,8 +464,9 @@ impl Shared {
         info!("session {} replaced by a reconnect", old.id);
     }
 
-    /// After a failed write-back: revokes every read-write registration of `volume`, so writers
-    /// get remote access errors instead of writing into data that will not be kept.
+    /// After a failed write-back: revokes the access of every read-write session of `volume`
+    /// (deallocates its windows, or deregisters its registration), so writers get remote access
+    /// errors instead of writing into data that will not be kept.
     pub fn fail_volume(&self, volume: &Arc<Volume>) {
         let sessions: Vec<Arc<Session>> =
             self.sessions.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();

@@ -466,3 +466,37 @@ fn the_initiator_falls_back_to_a_session_registration_on_a_target_from_before_wi
     let kinds = kinds.lock().unwrap().clone();
     assert_eq!(&kinds[..3], &[3, 1, 2], "windows kind refused, then the old kind, then a join: {kinds:?}");
 }
+
+/// Would catch: a failed write-back that leaves writers' windows bound (a joined QP, still
+/// connected, could go on writing into data the target will not keep), or that revokes readers'
+/// windows too.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_failed_write_back_revokes_the_writers_windows_at_once() {
+    use rblk_proto::{ConnectData, ErrorCode, Flush, Message, OpenMode};
+    use session::{access, connect, join, FEATURES};
+    // A 16 MiB durable volume on a 4 MiB file system: writing it back runs out of space.
+    let tiny = rblk_tests::scratch::Tiny::mount("windows-tiny", "4M");
+    let toml = format!(
+        "state_dir = \"{0}\"\n[[volume]]\nname = \"f\"\nsize = \"16M\"\npath = \"{0}/f.img\"\n",
+        tiny.path.display()
+    );
+    let t = rblk_tests::target::Target::start_with_config(Fabric::Verbs, &toml);
+    let mut w = connect(&t, ConnectData::NewWindowSession);
+    w.hello_with(FEATURES);
+    let ow = w.open_with("f", OpenMode::ReadWrite, None).expect("OPEN");
+    let (mut wj, rj) = join(&t, &ow);
+    let rj = rj.expect("a windows session");
+    let mut r = connect(&t, ConnectData::NewWindowSession);
+    r.hello_with(FEATURES);
+    let or = r.open_with("f", OpenMode::ReadOnly, None).expect("OPEN");
+    assert_eq!(access(&mut wj, &ow, rj, Some(0x42), 0).0, WcStatus::SUCCESS);
+
+    let reply = w.request(&Message::Flush(Flush::All));
+    match rblk_proto::parse(&reply) {
+        Ok((_, Message::Error { code, .. })) => assert_eq!(code, ErrorCode::VolumeFailed),
+        other => panic!("FLUSH onto a full file system answered with {other:?}"),
+    }
+    assert_eq!(access(&mut wj, &ow, rj, Some(0x43), 4096).0, WcStatus::REM_ACCESS_ERR, "the writer's window");
+    assert_eq!(access(&mut r, &or, or.rkey, None, 0), (WcStatus::SUCCESS, 0x42), "the reader's window still reads");
+}
