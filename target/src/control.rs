@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use rblk_fabric::{Access, Chain, Endpoint, Pd};
+use rblk_fabric::{Chain, Endpoint, Pd};
 use rblk_proto::{
     ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, Resume, StatsReply,
     VolumeFlags, NONCE_LEN,
@@ -356,7 +356,7 @@ fn open(
     let grant = if windows {
         volume.region(&pd, &counters).map(|region| Grant::Windows { region, bound: Vec::new() })
     } else {
-        let access = if mode == OpenMode::ReadOnly { Access::REMOTE_READ } else { Access::REMOTE_READ_WRITE };
+        let access = session::remote_access(mode);
         pd.register(&volume.memory, access).map(|mr| Grant::Own(Registration::new(mr, Arc::clone(&counters))))
     };
     let grant = match grant {

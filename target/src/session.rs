@@ -171,6 +171,15 @@ pub enum BindError {
     Fabric(#[source] rblk_fabric::Error),
 }
 
+/// The remote access a session opened `mode` gets: read-only opens read, the others write too.
+pub fn remote_access(mode: OpenMode) -> Access {
+    if mode == OpenMode::ReadOnly {
+        Access::REMOTE_READ
+    } else {
+        Access::REMOTE_READ_WRITE
+    }
+}
+
 /// The wr_id of a window bind on a connection's QP (not a control work request: the connection
 /// loop checks its completion apart).
 pub const BIND_WR_ID: u64 = 1;
@@ -269,10 +278,11 @@ impl Session {
         let Some(Grant::Windows { region, bound }) = &mut *grant else {
             return Err(if grant.is_some() { BindError::NoWindows } else { BindError::Revoked });
         };
-        let access = if self.mode == OpenMode::ReadOnly { Access::REMOTE_READ } else { Access::REMOTE_READ_WRITE };
         let mr = region.mr();
         let mut mw = self.pd.alloc_mw().map_err(BindError::Fabric)?;
-        let rkey = ep.bind_mw(BIND_WR_ID, &mut mw, mr, 0, mr.len() as u64, access).map_err(BindError::Fabric)?;
+        let rkey = ep
+            .bind_mw(BIND_WR_ID, &mut mw, mr, 0, mr.len() as u64, remote_access(self.mode))
+            .map_err(BindError::Fabric)?;
         self.counters.windows.fetch_add(1, Ordering::SeqCst);
         bound.push(Window { conn, mw, counters: Arc::clone(&self.counters) });
         Ok((mr.addr(), rkey))
