@@ -8,7 +8,7 @@
 #   fmt       cargo fmt --all --check
 #   clippy    cargo clippy --workspace --all-targets --all-features -- -D warnings
 #   test      cargo test --workspace --all-features on the host (the rxe tests show as ignored)
-#   fuzz      the control-channel fuzzers (tests/tests/fuzz.rs) for RBLK_FUZZ_SECS (default 25)
+#   fuzz      the control-channel fuzzers (tests/tests/fuzz.rs) for RBLK_FUZZ_SECS (default 15)
 #             seconds each, after their committed corpus (tests/fuzz/)
 #   build     every binary and test executable, on the host
 #   guest     one rxe guest boot (scripts/rxe-guest.sh, with a fresh scratch disk) running
@@ -93,8 +93,8 @@ main() {
     step "test (host): cargo test --workspace --all-features"
     cargo test --workspace --all-features
 
-    step "fuzz: RBLK_FUZZ_SECS=${RBLK_FUZZ_SECS:-25} cargo test -p rblk-tests --test fuzz"
-    RBLK_FUZZ_SECS=${RBLK_FUZZ_SECS:-25} cargo test -p rblk-tests --all-features --test fuzz -- --nocapture
+    step "fuzz: RBLK_FUZZ_SECS=${RBLK_FUZZ_SECS:-15} cargo test -p rblk-tests --test fuzz"
+    RBLK_FUZZ_SECS=${RBLK_FUZZ_SECS:-15} cargo test -p rblk-tests --all-features --test fuzz -- --nocapture
 
     step "build: binaries and test executables"
     cargo build --workspace --all-features --bins
