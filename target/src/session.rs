@@ -132,6 +132,14 @@ pub struct Window {
     counters: Arc<Counters>,
 }
 
+impl Window {
+    /// Counts `mw`, bound to connection `conn`'s QP, in.
+    fn new(conn: u64, mw: Mw, counters: Arc<Counters>) -> Window {
+        counters.windows.fetch_add(1, Ordering::SeqCst);
+        Window { conn, mw, counters }
+    }
+}
+
 impl Drop for Window {
     fn drop(&mut self) {
         self.counters.windows.fetch_sub(1, Ordering::SeqCst);
@@ -283,8 +291,7 @@ impl Session {
         let rkey = ep
             .bind_mw(BIND_WR_ID, &mut mw, mr, 0, mr.len() as u64, remote_access(self.mode))
             .map_err(BindError::Fabric)?;
-        self.counters.windows.fetch_add(1, Ordering::SeqCst);
-        bound.push(Window { conn, mw, counters: Arc::clone(&self.counters) });
+        bound.push(Window::new(conn, mw, Arc::clone(&self.counters)));
         Ok((mr.addr(), rkey))
     }
 
