@@ -181,13 +181,16 @@ fn until_held(d: &Daemon, probe: &mut Raw, want: Held, within: Duration) -> Resu
     }
 }
 
-/// A daemon with a 1 MiB volume `v` and `args`, and a probe holding a read-only session (the
-/// baseline everything returns to).
+/// A daemon with a 1 MiB volume `v` and `args`, and a probe holding a read-only session with
+/// memory windows (the baseline everything returns to).
 fn daemon_with_probe(args: &[&str]) -> (Daemon, Raw, Held) {
     let mut all = vec!["--volume", "v:1M"];
     all.extend_from_slice(args);
     let d = Daemon::start(&rblk_tests::rxe::rdma(), &all);
-    let mut probe = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect the probe");
+    // A session with memory windows: the target's window domain (a PD) and the volume's
+    // registration for windows, made at the first such session and kept while the volume is
+    // served, are then part of the baseline; a windowed initiator below would add them otherwise.
+    let mut probe = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewWindowSession).expect("connect the probe");
     probe.open("v", OpenMode::ReadOnly);
     let base = held(&d, &mut probe);
     eprintln!("limits: baseline {base:?}");
