@@ -129,6 +129,14 @@ impl Raw {
         }
     }
 
+    /// STATS (on an open session): the reply, or a panic naming what came instead.
+    pub fn stats(&mut self) -> rblk_proto::StatsReply {
+        match rblk_proto::parse(&self.request(&Message::Stats)) {
+            Ok((_, Message::StatsReply(s))) => s,
+            other => panic!("STATS answered with {other:?}"),
+        }
+    }
+
     /// HELLO announcing `features`; returns the features the target's CHALLENGE announces.
     pub fn hello_with(&mut self, features: u64) -> u64 {
         let challenge = self.request(&Message::Hello { features });

@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use rblk_fabric::Fabric;
-use rblk_proto::{ConnectData, ErrorCode, Flush, Message, OpenMode, StatsReply, MAC_LEN, MAX_MALFORMED};
+use rblk_proto::{ConnectData, ErrorCode, Flush, Message, OpenMode, MAC_LEN, MAX_MALFORMED};
 use rblk_target::config::VolumeSpec;
 use rblk_target::server::{Config, Running, Server};
 use rblk_tests::daemon::Daemon;
@@ -43,13 +43,6 @@ fn raw(r: &Running) -> Raw {
     Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).expect("connect")
 }
 
-fn stats(r: &mut Raw) -> StatsReply {
-    match rblk_proto::parse(&r.request(&Message::Stats)) {
-        Ok((_, Message::StatsReply(s))) => s,
-        other => panic!("STATS answered with {other:?}"),
-    }
-}
-
 fn error_code(reply: &[u8]) -> ErrorCode {
     match rblk_proto::parse(reply) {
         Ok((_, Message::Error { code, .. })) => code,
@@ -61,7 +54,7 @@ fn error_code(reply: &[u8]) -> ErrorCode {
 fn connections_become(probe: &mut Raw, want: u64, within: Duration) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < within {
-        if stats(probe).connections == want {
+        if probe.stats().connections == want {
             return Some(start.elapsed());
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -78,13 +71,13 @@ fn a_connection_that_opens_nothing_is_cut() {
     let _mute = raw(&r);
     let mut halfway = raw(&r);
     halfway.hello_with(rblk_proto::FEATURE_FLUSH_RANGES);
-    assert_eq!(stats(&mut probe).connections, 3);
+    assert_eq!(probe.stats().connections, 3);
     let took = connections_become(&mut probe, 1, Duration::from_secs(5)).expect("both are cut within a few seconds");
     assert!(took >= Duration::from_millis(500), "not before the timeout: {took:?}");
     eprintln!("limits: two connections that opened nothing were cut {took:?} after the check (timeout 1 s)");
     // The probe, which opened within the timeout, is still served long after it.
     std::thread::sleep(Duration::from_millis(1200));
-    assert_eq!(stats(&mut probe).sessions, 1);
+    assert_eq!(probe.stats().sessions, 1);
 }
 
 #[test]
@@ -103,8 +96,8 @@ fn past_the_cap_the_oldest_idle_connection_makes_room() {
     honest.open("v", OpenMode::ReadOnly);
     let (_d, _e) = (raw(&r), raw(&r));
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(stats(&mut honest).sessions, 2, "the probe's and the honest client's sessions");
-    assert_eq!(stats(&mut probe).connections, 4, "probe, honest client and two idle ones");
+    assert_eq!(honest.stats().sessions, 2, "the probe's and the honest client's sessions");
+    assert_eq!(probe.stats().connections, 4, "probe, honest client and two idle ones");
 }
 
 #[test]
@@ -117,7 +110,7 @@ fn stats_and_a_needless_auth_are_refused() {
     assert_eq!(error_code(&c.request(&Message::Auth { mac: [0; MAC_LEN], host: None })), ErrorCode::Unexpected);
     // The connection still opens (two refusals are below the limit), and then STATS works.
     c.open_with("v", OpenMode::ReadOnly, None).expect("OPEN after the refusals");
-    assert_eq!(stats(&mut c).sessions, 1);
+    assert_eq!(c.stats().sessions, 1);
 }
 
 rblk_tests::on_both_fabrics!(refusals_count_and_the_last_error_arrives);
@@ -154,7 +147,7 @@ struct Held {
 }
 
 fn held(d: &Daemon, probe: &mut Raw) -> Held {
-    let s = stats(probe);
+    let s = probe.stats();
     Held {
         threads: d.threads(),
         pds: d.pd_count(),
@@ -211,7 +204,7 @@ fn rxe_idle_connections_are_capped_and_cut_and_honest_clients_get_in() {
             Err(_) => refused += 1,
         }
         if i % 10 == 9 {
-            peak = peak.max(stats(&mut probe).connections);
+            peak = peak.max(probe.stats().connections);
         }
     }
     let last_connect = Instant::now();
@@ -301,12 +294,12 @@ fn rxe_a_stopped_initiator_is_reaped_by_its_silence() {
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(client.stdout.take().unwrap()), &mut line).unwrap();
     assert_eq!(line.trim(), "hammering");
-    assert_eq!(stats(&mut probe).sessions, 2);
+    assert_eq!(probe.stats().sessions, 2);
     Command::new("kill").args(["-STOP", &client.id().to_string()]).status().unwrap();
     let start = Instant::now();
     let gone = (0..300).find_map(|_| {
         std::thread::sleep(Duration::from_millis(100));
-        (stats(&mut probe).sessions == 1).then(|| start.elapsed())
+        (probe.stats().sessions == 1).then(|| start.elapsed())
     });
     Command::new("kill").args(["-KILL", &client.id().to_string()]).status().unwrap();
     let _ = client.wait();

@@ -49,13 +49,6 @@ fn transfer(r: &mut Raw, o: &Opened, buf: &rblk_fabric::Mr, write: bool, offset:
     wait_one(&mut r.ep).status
 }
 
-fn stats(r: &mut Raw) -> StatsReply {
-    match rblk_proto::parse(&r.request(&Message::Stats)) {
-        Ok((_, Message::StatsReply(s))) => s,
-        other => panic!("STATS answered with {other:?}"),
-    }
-}
-
 fn filled(r: &Raw, len: usize, byte: u8) -> rblk_fabric::Mr {
     let m = r.ep.pd().register(&Memory::anonymous(len).unwrap(), Access::LOCAL).unwrap();
     m.memory().write_at(0, &vec![byte; len]).unwrap();
@@ -133,7 +126,7 @@ fn out_of_range_read_kills_only_its_own_connection(fabric: Fabric) {
         r.memory().read_at(0, &mut got).unwrap();
         assert!(got.iter().all(|&x| x == i));
     }
-    let s = stats(&mut b);
+    let s = b.stats();
     assert!(s.sessions >= 1);
 }
 
@@ -182,7 +175,7 @@ fn with_a_key_wrong_and_missing_proofs_get_no_rkey(fabric: Fabric) {
 fn settle(d: &Target, probe: &mut Raw, base: &StatsReply, pin_kb: Option<u64>, pds: Option<usize>) -> StatsReply {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let s = stats(probe);
+        let s = probe.stats();
         let done = (s.registrations, s.pinned_bytes, s.sessions)
             == (base.registrations, base.pinned_bytes, base.sessions)
             && d.vm_pin_kb() == pin_kb
@@ -199,7 +192,7 @@ fn registrations_are_released_after_close_and_disconnect(fabric: Fabric) {
     // STATS needs an open session: the probe's own read-only one is the baseline.
     let mut probe = raw(&d);
     probe.open("v", OpenMode::ReadOnly);
-    let base = stats(&mut probe);
+    let base = probe.stats();
     let pin_base = d.vm_pin_kb();
     let pd_base = d.pd_count();
     if let Some(n) = pd_base {
@@ -210,7 +203,7 @@ fn registrations_are_released_after_close_and_disconnect(fabric: Fabric) {
     // CLOSE.
     let mut c = raw(&d);
     c.open("v", OpenMode::ReadWrite);
-    let during = stats(&mut probe);
+    let during = probe.stats();
     assert_eq!((during.registrations, during.pinned_bytes), (2, 2 * 16 * MIB as u64));
     if let (Some(now), Some(base)) = (d.vm_pin_kb(), pin_base) {
         assert!(now >= base + 16 * 1024, "VmPin shows the registration: {now} kB, baseline {base} kB");
@@ -227,7 +220,7 @@ fn registrations_are_released_after_close_and_disconnect(fabric: Fabric) {
     // Disconnect without CLOSE.
     let mut c = raw(&d);
     c.open("v", OpenMode::ReadOnly);
-    assert_eq!(stats(&mut probe).registrations, 2);
+    assert_eq!(probe.stats().registrations, 2);
     drop(c);
     let after = settle(&d, &mut probe, &base, pin_base, pd_base);
     assert_eq!((after.registrations, after.pinned_bytes), (1, 16 * MIB as u64), "after a disconnect");

@@ -34,13 +34,6 @@ fn volume(name: &'static str, size: u64) -> Spec {
     Spec { volumes: vec![(name, size)], key: None }
 }
 
-fn stats(r: &mut Raw) -> StatsReply {
-    match rblk_proto::parse(&r.request(&Message::Stats)) {
-        Ok((_, Message::StatsReply(s))) => s,
-        other => panic!("STATS answered with {other:?}"),
-    }
-}
-
 /// A one-sided READ (or WRITE) of one block at offset 0 with `o`'s rkey: its completion status,
 /// or the post's error (a QP already torn down). Control completions (keepalives from the
 /// target) are skipped.
@@ -91,7 +84,7 @@ fn instance_only_with_the_reconnect_feature_and_resume_needs_it(fabric: Fabric) 
     let (code, text) = sneaky.open_with("v", OpenMode::ReadWrite, Some(resume)).unwrap_err();
     assert_eq!(code, ErrorCode::Unexpected, "{text}");
     assert_eq!(access(&mut new, &n, false).unwrap(), WcStatus::SUCCESS, "the named session still works");
-    assert_eq!(stats(&mut new).registrations, 2);
+    assert_eq!(new.stats().registrations, 2);
 }
 
 /// Catches a reconnecting OPEN answered before the old session is gone: its registration still
@@ -119,7 +112,7 @@ fn a_reconnect_tears_the_old_session_down_before_opened(fabric: Fabric) {
             assert_eq!(access(&mut joined, &o, true).unwrap(), WcStatus::SUCCESS);
             qps.push(joined);
         }
-        let s = stats(&mut probe);
+        let s = probe.stats();
         assert_eq!((s.registrations, s.sessions, s.connections), (2, 2, 2 + JOINED as u64));
 
         let mut new = raw(&d);
@@ -129,7 +122,7 @@ fn a_reconnect_tears_the_old_session_down_before_opened(fabric: Fabric) {
             new.open_with("v", OpenMode::Exclusive, Some(resume)).expect("the old exclusive open is released first");
         assert_ne!(n.session_id, o.session_id);
         // Asked right after OPENED: nothing of the old session may be left by then.
-        let s = stats(&mut new);
+        let s = new.stats();
         assert_eq!(s.registrations, 2, "round {round}: the old registration is gone");
         assert_eq!(s.sessions, 2, "round {round}: the old session is forgotten");
         assert_eq!(s.connections, 2, "round {round}: the old session's connections have ended (probe and new remain)");
@@ -163,7 +156,7 @@ fn a_resume_with_a_wrong_token_or_an_unknown_id_touches_no_session(fabric: Fabri
     let resume = Resume { session_id: v.session_id.wrapping_add(1000), token: v.token };
     unknown.open_with("v", OpenMode::ReadWrite, Some(resume)).expect("opens as usual");
     assert_eq!(access(&mut victim, &v, false).unwrap(), WcStatus::SUCCESS, "after an unknown id");
-    let s = stats(&mut victim);
+    let s = victim.stats();
     assert_eq!((s.registrations, s.sessions), (3, 3));
 }
 
@@ -197,7 +190,7 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
 fn until(probe: &mut Raw, within: Duration, done: impl Fn(&StatsReply) -> bool) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < within {
-        if done(&stats(probe)) {
+        if done(&probe.stats()) {
             return Some(start.elapsed());
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -213,7 +206,7 @@ fn a_silent_initiator_with_keepalives_is_reaped() {
     let mut silent = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
     silent.hello_with(FEATURES | rblk_proto::FEATURE_KEEPALIVE);
     let o = silent.open_with("v", OpenMode::Exclusive, None).unwrap();
-    assert_eq!(stats(&mut probe).registrations, 2);
+    assert_eq!(probe.stats().registrations, 2);
     let took = until(&mut probe, 5 * KEEPALIVE_TIMEOUT, |s| (s.registrations, s.sessions, s.connections) == (1, 1, 1))
         .expect("the silent initiator's connection and session are gone within a few seconds");
     assert!(took >= KEEPALIVE_TIMEOUT / 2, "not before the timeout: {took:?}");
@@ -233,7 +226,7 @@ fn a_silent_initiator_without_keepalives_stays_connected() {
     quiet.hello_with(FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
     let o = quiet.open_with("v", OpenMode::ReadWrite, None).unwrap();
     std::thread::sleep(3 * KEEPALIVE_TIMEOUT);
-    let s = stats(&mut probe);
+    let s = probe.stats();
     assert_eq!((s.registrations, s.sessions, s.connections), (2, 2, 2), "still connected after 3 s of silence");
     assert_eq!(access(&mut quiet, &o, false).unwrap(), WcStatus::SUCCESS);
 }

@@ -176,7 +176,7 @@ rblk_tests::on_both_fabrics!(
 mod session {
     use rblk_fabric::Local;
     use rblk_fabric::{Access, Memory, Mr, Op, WcStatus, WorkRequest};
-    use rblk_proto::{ConnectData, Message, Opened, StatsReply};
+    use rblk_proto::{ConnectData, Message, Opened};
     use rblk_tests::raw::Raw;
     use rblk_tests::rxe::wait_one;
     use rblk_tests::target::Target;
@@ -200,13 +200,6 @@ mod session {
             other => panic!("JOIN answered with {other:?}"),
         };
         (r, rkey)
-    }
-
-    pub fn stats(r: &mut Raw) -> StatsReply {
-        match rblk_proto::parse(&r.request(&Message::Stats)) {
-            Ok((_, Message::StatsReply(s))) => s,
-            other => panic!("STATS answered with {other:?}"),
-        }
     }
 
     fn buffer(r: &Raw, byte: u8) -> Mr {
@@ -241,7 +234,7 @@ mod session {
 /// target's revocation at CLOSE kills it, since B's QP stays connected).
 fn session_rkeys_work_only_on_their_own_qp_and_die_at_close(fabric: Fabric) {
     use rblk_proto::{ConnectData, Message, OpenMode};
-    use session::{access, connect, join, stats, FEATURES, VOL};
+    use session::{access, connect, join, FEATURES, VOL};
     let t =
         rblk_tests::target::Target::start(fabric, &rblk_tests::target::Spec { volumes: vec![("v", VOL)], key: None });
     let mut a = connect(&t, ConnectData::NewWindowSession);
@@ -257,7 +250,7 @@ fn session_rkeys_work_only_on_their_own_qp_and_die_at_close(fabric: Fabric) {
     // Each QP's own rkey works on it: A writes, B reads A's data back.
     assert_eq!(access(&mut a, &oa, oa.rkey, Some(0x5a), 8192).0, WcStatus::SUCCESS);
     assert_eq!(access(&mut b, &oa, rb, None, 8192), (WcStatus::SUCCESS, 0x5a));
-    let s = stats(&mut a);
+    let s = a.stats();
     assert_eq!(s.windows, Some(3), "one window per QP of the session: {s:?}");
     assert_eq!((s.registrations, s.pinned_bytes), (1, VOL), "one registration for the volume: {s:?}");
 
@@ -289,13 +282,13 @@ fn session_rkeys_work_only_on_their_own_qp_and_die_at_close(fabric: Fabric) {
 /// session registration there would work on every QP of the domain).
 fn windows_keep_one_registration_per_volume_and_refuse_a_hello_without_them(fabric: Fabric) {
     use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode};
-    use session::{connect, join, stats, FEATURES, VOL};
+    use session::{connect, join, FEATURES, VOL};
     let t =
         rblk_tests::target::Target::start(fabric, &rblk_tests::target::Spec { volumes: vec![("v", VOL)], key: None });
     let mut probe = connect(&t, ConnectData::NewWindowSession);
     probe.hello_with(FEATURES);
     probe.open_with("v", OpenMode::ReadOnly, None).expect("OPEN");
-    let base = stats(&mut probe);
+    let base = probe.stats();
     assert_eq!((base.registrations, base.windows), (1, Some(1)), "{base:?}");
     let mut sessions = Vec::new();
     for _ in 0..4 {
@@ -305,14 +298,14 @@ fn windows_keep_one_registration_per_volume_and_refuse_a_hello_without_them(fabr
         let joined = join(&t, &o);
         sessions.push((s, joined));
     }
-    let s = stats(&mut probe);
+    let s = probe.stats();
     assert_eq!((s.registrations, s.pinned_bytes, s.windows), (1, VOL, Some(9)), "{s:?}");
     drop(sessions);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut s = stats(&mut probe);
+    let mut s = probe.stats();
     while s.windows != Some(1) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(100));
-        s = stats(&mut probe);
+        s = probe.stats();
     }
     assert_eq!((s.registrations, s.windows), (1, Some(1)), "the departed QPs' windows are revoked: {s:?}");
 
@@ -336,7 +329,7 @@ fn windows_keep_one_registration_per_volume_and_refuse_a_hello_without_them(fabr
     let o = old.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
     let (_j, rkey) = join(&t, &o);
     assert_eq!(rkey, None, "a plain OK(JOIN)");
-    let s = stats(&mut old);
+    let s = old.stats();
     assert_eq!((s.registrations, s.windows), (2, None), "{s:?}");
 }
 
@@ -344,7 +337,7 @@ fn windows_keep_one_registration_per_volume_and_refuse_a_hello_without_them(fabr
 /// connect request refused instead of served the old way.
 fn a_target_with_windows_off_gives_todays_session_registration(fabric: Fabric) {
     use rblk_proto::{ConnectData, OpenMode};
-    use session::{access, connect, join, stats, FEATURES};
+    use session::{access, connect, join, FEATURES};
     let t = rblk_tests::target::Target::start_with_config(
         fabric,
         "memory_windows = false\n[[volume]]\nname = \"v\"\nsize = \"4M\"\n",
@@ -356,7 +349,7 @@ fn a_target_with_windows_off_gives_todays_session_registration(fabric: Fabric) {
     assert_eq!(rkey, None, "a plain OK(JOIN)");
     // The session-wide rkey works on the joined QP, as before windows.
     assert_eq!(access(&mut b, &o, o.rkey, None, 0).0, rblk_fabric::WcStatus::SUCCESS);
-    let s = stats(&mut a);
+    let s = a.stats();
     assert_eq!((s.registrations, s.windows), (1, None), "{s:?}");
 }
 
