@@ -83,6 +83,6 @@ mod stats;
 pub use cli::Args;
 pub use error::{Error, Result};
 pub use log::{check_interval, log_paths, Logs, DEFAULT_LOG_INTERVAL, MAX_LOG_INTERVAL, MIN_LOG_INTERVAL};
-pub use report::{DirReport, JobInfo, Latency, MismatchReport, Report, TargetCpu, Totals, VerifyReport, VolumeInfo};
+pub use report::{CpuUse, DirReport, JobInfo, Latency, MismatchReport, Report, Totals, VerifyReport, VolumeInfo};
 pub use run::Run;
 pub use spec::{parse_duration, Plan, Spec, Stop, Workload, MAX_JOBS};

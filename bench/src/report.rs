@@ -32,8 +32,11 @@ pub struct Report {
     pub write: DirReport,
     /// Both directions.
     pub total: Totals,
+    /// rblk-bench's own CPU time over the measured window (all jobs and the main thread): what
+    /// the initiator spends polling and posting. `None` only if the window was never marked.
+    pub cpu: Option<CpuUse>,
     /// The target's CPU time over the measured window (from STATS), if the target answered.
-    pub target_cpu: Option<TargetCpu>,
+    pub target_cpu: Option<CpuUse>,
     /// Verification results, with `--verify`.
     pub verify: Option<VerifyReport>,
 }
@@ -137,15 +140,15 @@ pub struct Totals {
     pub bw_mb_s: f64,
 }
 
-/// The target process's CPU time between the STATS taken at the start and at the end of the
-/// measured window.
+/// A process's CPU time over the measured window: rblk-bench's own (from `getrusage`), or the
+/// target's (from the STATS taken at the start and at the end of the window).
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct TargetCpu {
+pub struct CpuUse {
     /// User time, seconds.
     pub user_s: f64,
     /// System time, seconds.
     pub system_s: f64,
-    /// Wall time between the two STATS, seconds.
+    /// Wall time between the two marks, seconds.
     pub wall_s: f64,
     /// (user + system) / wall: 0.01 is 1% of one core.
     pub share_of_core: f64,
@@ -237,6 +240,16 @@ impl Report {
         }
         if self.total.ios == 0 {
             let _ = writeln!(s, "  no I/O completed in the measured window");
+        }
+        if let Some(c) = &self.cpu {
+            let _ = writeln!(
+                s,
+                "  cpu: {:.1}% of one core (user {:.3}s, sys {:.3}s over {:.1}s)",
+                c.share_of_core * 100.0,
+                c.user_s,
+                c.system_s,
+                c.wall_s
+            );
         }
         match &self.target_cpu {
             Some(c) => {

@@ -12,7 +12,7 @@ use rblk_initiator::{Chain, OpenMode, Options, Session, StatsReply, Volume};
 use crate::job::{Event, Job, Output, Shared, Tally};
 use crate::log::Logs;
 use crate::report::{
-    dir_report, human_count, JobInfo, MismatchReport, Report, TargetCpu, Totals, VerifyReport, VolumeInfo,
+    dir_report, human_count, CpuUse, JobInfo, MismatchReport, Report, Totals, VerifyReport, VolumeInfo,
 };
 use crate::spec::{Plan, Spec, Stop};
 use crate::stats::{DirStats, Live};
@@ -32,15 +32,34 @@ fn fresh_generation() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64)
 }
 
-/// STATS with the moment it was answered; `None` (with a warning) if it failed.
-fn stats(vol: &mut Volume) -> Option<(StatsReply, Instant)> {
-    match vol.stats() {
-        Ok(s) => Some((s, Instant::now())),
-        Err(e) => {
-            eprintln!("rblk-bench: warning: STATS failed, target CPU unknown: {}", Chain(&e));
-            None
-        }
+/// A point of the measured window: when, this process's CPU time, and the target's STATS
+/// (`None`, with a warning, if it failed).
+struct Mark {
+    at: Instant,
+    own: (Duration, Duration),
+    target: Option<StatsReply>,
+}
+
+impl Mark {
+    fn take(vol: &mut Volume) -> Mark {
+        let target = match vol.stats() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("rblk-bench: warning: STATS failed, target CPU unknown: {}", Chain(&e));
+                None
+            }
+        };
+        Mark { at: Instant::now(), own: rblk_initiator::process_cpu_time(), target }
     }
+}
+
+/// CPU use between two marks, from user and system time at each.
+fn cpu_use(before: (Duration, Duration), after: (Duration, Duration), wall: Duration) -> CpuUse {
+    let user_s = after.0.saturating_sub(before.0).as_secs_f64();
+    let system_s = after.1.saturating_sub(before.1).as_secs_f64();
+    let wall_s = wall.as_secs_f64();
+    let share_of_core = if wall_s > 0.0 { (user_s + system_s) / wall_s } else { 0.0 };
+    CpuUse { user_s, system_s, wall_s, share_of_core }
 }
 
 impl Run {
@@ -83,7 +102,7 @@ impl Run {
             live: (0..spec.jobs).map(|_| Live::default()).collect(),
         };
         let (tx, rx) = mpsc::channel();
-        let initial = stats(&mut vol);
+        let initial = Mark::take(&mut vol);
         let (outputs, cpu) = std::thread::scope(|s| {
             let handles: Vec<_> = jobs
                 .into_iter()
@@ -114,16 +133,17 @@ impl Run {
 
     /// The main thread while the jobs run: starts them, prints progress every second, keeps the
     /// volume's own connection alive and takes STATS at the start and the end of the measured
-    /// window, and writes the jobs' samples into `logs`. Returns the target's CPU over the window.
+    /// window, and writes the jobs' samples into `logs`. Returns the CPU use of this process and
+    /// of the target (if STATS answered) over the window.
     fn watch(
         &self,
         vol: &mut Volume,
         plan: &Plan,
         shared: &Shared,
         rx: &mpsc::Receiver<Event>,
-        initial: Option<(StatsReply, Instant)>,
+        initial: Mark,
         mut logs: Option<&mut Logs>,
-    ) -> Option<TargetCpu> {
+    ) -> (Option<CpuUse>, Option<CpuUse>) {
         let jobs = plan.spec.jobs as usize;
         shared.start.wait();
         let start = Instant::now();
@@ -137,7 +157,7 @@ impl Run {
             l.begin(SystemTime::now() + s.ramp, &comment);
         }
         let ramp_end = start + plan.spec.ramp;
-        let mut before = if plan.spec.ramp.is_zero() { initial } else { None };
+        let mut before = plan.spec.ramp.is_zero().then_some(initial);
         let mut after = None;
         let (mut measured, mut finished) = (vec![false; jobs], vec![false; jobs]);
         let tick = Duration::from_secs(1);
@@ -165,10 +185,10 @@ impl Run {
             }
             let now = Instant::now();
             if before.is_none() && !plan.spec.ramp.is_zero() && now >= ramp_end && after.is_none() {
-                before = stats(vol);
+                before = Some(Mark::take(vol));
             }
             if after.is_none() && measured.iter().all(|&m| m) {
-                after = stats(vol);
+                after = Some(Mark::take(vol));
             }
             if finished.iter().all(|&f| f) {
                 break;
@@ -193,12 +213,18 @@ impl Run {
                 }
             }
         }
-        let ((b, tb), (a, ta)) = (before?, after?);
-        let wall_s = (ta - tb).as_secs_f64();
-        let user_s = a.cpu_user_us.saturating_sub(b.cpu_user_us) as f64 / 1e6;
-        let system_s = a.cpu_system_us.saturating_sub(b.cpu_system_us) as f64 / 1e6;
-        let share_of_core = if wall_s > 0.0 { (user_s + system_s) / wall_s } else { 0.0 };
-        Some(TargetCpu { user_s, system_s, wall_s, share_of_core })
+        let (Some(b), Some(a)) = (before, after) else { return (None, None) };
+        let wall = a.at - b.at;
+        let target = match (b.target, a.target) {
+            (Some(tb), Some(ta)) => {
+                let us = Duration::from_micros;
+                let (before, after) =
+                    ((us(tb.cpu_user_us), us(tb.cpu_system_us)), (us(ta.cpu_user_us), us(ta.cpu_system_us)));
+                Some(cpu_use(before, after, wall))
+            }
+            _ => None,
+        };
+        (Some(cpu_use(b.own, a.own, wall)), target)
     }
 
     fn report(
@@ -207,7 +233,7 @@ impl Run {
         plan: &Plan,
         vol: &Volume,
         outputs: &[Output],
-        cpu: Option<TargetCpu>,
+        (cpu, target_cpu): (Option<CpuUse>, Option<CpuUse>),
         generation: u64,
     ) -> Report {
         let spec = &plan.spec;
@@ -284,7 +310,8 @@ impl Run {
             read,
             write,
             total,
-            target_cpu: cpu,
+            cpu,
+            target_cpu,
             verify,
         }
     }

@@ -73,9 +73,14 @@ fn random_reads_report_consistent_figures() {
     assert!(lat.min <= lat.p50 && lat.p50 <= lat.p99 && lat.p99 <= lat.max, "{lat:?}");
     assert!(r.write.lat_us.is_none());
     assert!(r.target_cpu.is_some());
+    // Two jobs polling for 300 ms use CPU: a report of zero would mean the marks were not taken
+    // (or were taken at the same moment).
+    let cpu = r.cpu.expect("rblk-bench's own CPU");
+    assert!(cpu.user_s + cpu.system_s > 0.0 && (cpu.wall_s - r.elapsed_s).abs() < 0.25, "{cpu:?}");
     assert_eq!((r.volume.size, r.volume.block_size, r.job.slice), (16 * MIB, 4096, 8 * MIB));
     let text = r.text();
     assert!(text.contains("read: IOPS=") && text.contains("99.99th=") && text.contains("target cpu"), "{text}");
+    assert!(text.contains("\n  cpu: "), "{text}");
     let json = serde_json_text(&r);
     assert!(json.contains("\"share_of_core\"") && json.contains("\"p99_9\""), "{json}");
 }

@@ -240,6 +240,21 @@ pub fn memlock_limit() -> Option<u64> {
     (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
+/// This process's CPU time so far: (user, system), from `getrusage(RUSAGE_SELF)`; zero if that
+/// fails. The target reports it in STATS and rblk-bench reports its own, as fio's `cpu:` line.
+pub fn process_cpu_time() -> (std::time::Duration, std::time::Duration) {
+    // SAFETY: an all-zero rusage is a valid value of the plain C struct.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the rusage we pass and reads nothing else.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return Default::default();
+    }
+    let d = |t: libc::timeval| {
+        std::time::Duration::new(u64::try_from(t.tv_sec).unwrap_or(0), u32::try_from(t.tv_usec).unwrap_or(0) * 1000)
+    };
+    (d(u.ru_utime), d(u.ru_stime))
+}
+
 /// The memlock limit as text, for registration errors.
 pub(crate) fn memlock_text() -> String {
     match memlock_limit() {

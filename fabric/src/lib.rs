@@ -67,7 +67,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use completion::{Completion, WcOpcode, WcStatus};
-pub use error::{memlock_limit, AddrDisplay, Chain, Error, Result};
+pub use error::{memlock_limit, process_cpu_time, AddrDisplay, Chain, Error, Result};
 pub use memory::Memory;
 
 /// Which fabric to use.

@@ -110,7 +110,7 @@ pub use options::{
 pub use options::{ReconnectArgs, RouteArgs};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
-pub use rblk_fabric::{list_devices, why_no_device, Chain, DeviceInfo, Fabric};
+pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};
 pub use rblk_proto::{ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, KEEPALIVE_INTERVAL};
 pub use session::Session;
 pub use size::parse_size;

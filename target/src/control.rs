@@ -452,13 +452,9 @@ fn stats(shared: &Shared, session: &Session) -> Message<'static> {
 
 /// The daemon's CPU time so far, user and system, in microseconds.
 pub fn cpu_time_us() -> (u64, u64) {
-    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
-        Ok(u) => {
-            let us = |t: nix::sys::time::TimeVal| (t.tv_sec() as u64) * 1_000_000 + t.tv_usec() as u64;
-            (us(u.user_time()), us(u.system_time()))
-        }
-        Err(_) => (0, 0),
-    }
+    let (user, system) = rblk_fabric::process_cpu_time();
+    let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    (us(user), us(system))
 }
 
 impl State {
