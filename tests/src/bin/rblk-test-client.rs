@@ -11,10 +11,11 @@
 //!     "open_ms p50 P min MIN max MAX rate R" (R: sessions opened and closed per second)
 //! rblk-test-client hold URI --sessions N
 //!     open N read-only sessions, print "held N", and keep them until stdin closes
-//! rblk-test-client raw-lat URI --count N
-//!     N 4 KiB RDMA READs one at a time, posted and busy-polled straight on a queue's endpoint
-//!     (the fabric layer only: no queue slots, engine or bench around it); prints its latency
-//!     as rblk-bench's JSON report does: {"read": {"ios": N, "lat_us": {"min", "p50", "p99"}}}
+//! rblk-test-client raw-lat URI --count N [--depth D] [--threads T]
+//!     N 4 KiB RDMA READs in all, D at a time (default 1) on each of T queues (default 1, one
+//!     thread each), posted and busy-polled straight on the queues' endpoints (the fabric layer
+//!     only: no queue slots, engine, wait policy or bench around it); prints the latency as
+//!     rblk-bench's JSON report does: {"read": {"ios", "iops", "lat_us": {"min", "p50", "p99"}}}
 //! ```
 //! (`open-time` and `hold` are scripts/scale-rxe.sh's drivers, `raw-lat` compare-rxe.sh's.)
 
@@ -101,50 +102,97 @@ fn open_time(args: &[String]) -> Result<(), String> {
 }
 
 fn raw_lat(args: &[String]) -> Result<(), String> {
-    use rblk_fabric::{Access, Completion, Local, Memory, Op, WorkRequest};
     let uri = args.get(2).ok_or("missing URI")?;
     let n = count(args, "--count")?;
+    let depth = if args.iter().any(|a| a == "--depth") { count(args, "--depth")? } else { 1 };
+    let threads = if args.iter().any(|a| a == "--threads") { count(args, "--threads")? } else { 1 };
     let vol = open_ro(uri)?;
-    let mut queue = vol.queue(1).map_err(|e| format!("queue: {e}"))?;
-    let (raddr, rkey) = queue.remote();
+    let queues = (0..threads)
+        .map(|_| vol.queue(depth as u32).map_err(|e| format!("queue: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
     let span = vol.size().min(256 << 20) / 4096;
-    let buf = vol
-        .pd()
-        .register(&Memory::anonymous(4096).map_err(|e| e.to_string())?, Access::LOCAL)
-        .map_err(|e| e.to_string())?;
-    let ep = queue.endpoint_mut();
-    let mut out = [Completion::EMPTY; 4];
-    let mut us = Vec::with_capacity(n);
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for i in 0..n as u64 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let wr = WorkRequest {
-            wr_id: (1 << 40) + i,
-            op: Op::Read { remote_addr: raddr + (x % span) * 4096, rkey },
-            local: Local::Region { mr: &buf, offset: 0, len: 4096 },
-            signaled: true,
-        };
-        let t = std::time::Instant::now();
-        ep.post(&[wr]).map_err(|e| format!("post: {e}"))?;
-        loop {
-            let got = ep.poll(&mut out).map_err(|e| format!("poll: {e}"))?;
-            if let Some(c) = out[..got].iter().find(|c| c.wr_id == (1 << 40) + i) {
-                c.ok().map_err(|e| format!("read: {e}"))?;
-                break;
-            }
-        }
-        us.push(t.elapsed().as_secs_f64() * 1e6);
+    let started = std::time::Instant::now();
+    let results: Vec<Result<Vec<f64>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = queues
+            .into_iter()
+            .enumerate()
+            .map(|(t, mut q)| {
+                let vol = &vol;
+                s.spawn(move || raw_reads(vol, &mut q, span, depth, n.div_ceil(threads), t as u64))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into()))).collect()
+    });
+    let wall = started.elapsed().as_secs_f64();
+    let mut us = Vec::new();
+    for r in results {
+        us.extend(r?);
     }
     us.sort_by(f64::total_cmp);
+    let ios = us.len();
     println!(
-        r#"{{"read": {{"ios": {n}, "lat_us": {{"min": {:.3}, "p50": {:.3}, "p99": {:.3}}}}}}}"#,
+        r#"{{"read": {{"ios": {ios}, "iops": {:.1}, "lat_us": {{"min": {:.3}, "p50": {:.3}, "p99": {:.3}}}}}}}"#,
+        ios as f64 / wall,
         us[0],
-        us[n / 2],
-        us[n * 99 / 100]
+        us[ios / 2],
+        us[ios * 99 / 100]
     );
     Ok(())
+}
+
+/// `n` 4 KiB READs at random blocks of the first `span` blocks, `depth` in flight, posted and
+/// busy-polled on `q`'s endpoint; returns each one's latency in microseconds.
+fn raw_reads(
+    vol: &rblk_initiator::Volume,
+    q: &mut rblk_initiator::Queue,
+    span: u64,
+    depth: usize,
+    n: usize,
+    seed: u64,
+) -> Result<Vec<f64>, String> {
+    use rblk_fabric::{Access, Completion, Local, Memory, Op, WorkRequest};
+    const TAG: u64 = 1 << 40;
+    let (raddr, rkey) = q.remote();
+    let buf = vol
+        .pd()
+        .register(&Memory::anonymous(4096 * depth).map_err(|e| e.to_string())?, Access::LOCAL)
+        .map_err(|e| e.to_string())?;
+    let ep = q.endpoint_mut();
+    let mut out = [Completion::EMPTY; 32];
+    let mut us = Vec::with_capacity(n);
+    let mut posted_at = vec![std::time::Instant::now(); depth];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let (mut issued, mut in_flight) = (0usize, 0usize);
+    let mut free: Vec<usize> = (0..depth).collect();
+    while us.len() < n {
+        while in_flight < depth && issued < n {
+            let slot = free.pop().ok_or("no free slot")?;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let wr = WorkRequest {
+                wr_id: TAG + slot as u64,
+                op: Op::Read { remote_addr: raddr + (x % span) * 4096, rkey },
+                local: Local::Region { mr: &buf, offset: slot * 4096, len: 4096 },
+                signaled: true,
+            };
+            posted_at[slot] = std::time::Instant::now();
+            ep.post(&[wr]).map_err(|e| format!("post: {e}"))?;
+            issued += 1;
+            in_flight += 1;
+        }
+        let got = ep.poll(&mut out).map_err(|e| format!("poll: {e}"))?;
+        for c in &out[..got] {
+            let Some(slot) = c.wr_id.checked_sub(TAG).map(|s| s as usize).filter(|&s| s < depth) else {
+                continue; // the queue's own control traffic
+            };
+            c.ok().map_err(|e| format!("read: {e}"))?;
+            us.push(posted_at[slot].elapsed().as_secs_f64() * 1e6);
+            free.push(slot);
+            in_flight -= 1;
+        }
+    }
+    Ok(us)
 }
 
 fn hold(args: &[String]) -> Result<(), String> {
