@@ -22,7 +22,13 @@
 #                          rblk's queue, engine and bench add on top shows as the difference), no goal
 #   randread 4k p99, 2 jobs (no perftest: against rblk-bench's own 1 job at the same total depth)
 #                          rblk-bench --rw randread --bs 4k --iodepth 32 (its QD32 run above)
-#                          vs --rw randread --bs 4k --jobs 2 --iodepth 16; goal: p99 <= 2x
+#                          vs --rw randread --bs 4k --jobs 2 --iodepth 16 [--poll]; goal: p99 <= 2x
+#                          and, without a goal, what isolates the tail: two rblk-bench processes with
+#                          one job x QD16 each at once (the larger p99 of the two: sharing inside one
+#                          process is not the cause if this is as bad), and the raw fabric with
+#                          rblk-test-client raw-lat --depth 16 --threads 2 against --depth 32 (busy-
+#                          polled verbs with no rblk queue or wait policy: the floor rxe and the
+#                          vCPUs set)
 #
 # 2. Block devices: the same fio jobs on four block devices, one path after the other (the paths'
 #    order rotates by one every round); each device is made, runs randwrite QD32 (first, so that
@@ -66,6 +72,8 @@
 #   randread/randwrite QD32 IOPS; randread QD1 p50 with the default spin) from the same rounds.
 #   Goals: ublk randread and randwrite QD32 >= 2 x NVMe-oF and >= 0.75 x rblk-bench; ublk
 #   randread QD1 p50 <= 0.6 x NVMe-oF's.
+# - rblk-bench's own CPU over each of its runs (its "cpu" report: what polling costs the
+#   initiator), in the "rblk cpu" column.
 # - The target's CPU over each rblk-bench run (rblk-bench's STATS before and after), over each fio
 #   run on an rblk path (the sum of the target's threads' /proc schedstat before and after, taken
 #   while the device's session is open; it includes fio's start and its ramp second), and while
@@ -267,12 +275,44 @@ guest_main() {
         emit "$w" rblk "$r" "$json" rblk-bench "$@"
     }
 
-    # rblk-test-client raw-lat (workload $1, round $2): about SECS seconds of QD1 READs.
+    # rblk-test-client raw-lat (workload $1, round $2, $3 READs per second of SECS): raw-lat's
+    # arguments (--depth, --threads) follow.
     run_raw() {
-        local w=$1 r=$2 json="$work/raw.json" count=$((secs * 20000))
-        "$bin/rblk-test-client" raw-lat "$uri" --count "$count" >"$json" || die "rblk-test-client raw-lat failed"
-        log "  rblk-test-client raw-lat: $(cat "$json")"
-        emit "$w" rblk "$r" "$json" rblk-test-client raw-lat "$uri" --count "$count"
+        local w=$1 r=$2 json="$work/raw.json" count=$((secs * $3))
+        shift 3
+        "$bin/rblk-test-client" raw-lat "$uri" --count "$count" "$@" >"$json" || die "rblk-test-client raw-lat $* failed"
+        log "  rblk-test-client raw-lat $*: $(cat "$json")"
+        emit "$w" rblk "$r" "$json" rblk-test-client raw-lat "$uri" --count "$count" "$@"
+    }
+    # Two rblk-bench processes at once (workload $1, round $2), each with the arguments that
+    # follow; emits one report: IOPS and CPU summed, each latency figure the worse of the two.
+    run_rblk_2proc() {
+        local w=$1 r=$2 pid rc=0
+        shift 2
+        rm -f "$work/p1.json" "$work/p2.json"
+        "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" --json "$work/p1.json" "$@" \
+            >/dev/null 2>"$work/p1.err" &
+        pid=$!
+        "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" --json "$work/p2.json" "$@" \
+            >/dev/null 2>"$work/p2.err" || rc=$?
+        wait "$pid" || rc=$?
+        ((rc == 0)) && [[ -s $work/p1.json && -s $work/p2.json ]] || {
+            cat "$work/p1.err" "$work/p2.err" >&2
+            die "two rblk-bench processes $* failed"
+        }
+        python3 - "$work/p1.json" "$work/p2.json" >"$work/2proc.json" <<'MERGE' || die "cannot merge the two reports"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+out = {"total": {"iops": a["total"]["iops"] + b["total"]["iops"]},
+       "cpu": {"share_of_core": a["cpu"]["share_of_core"] + b["cpu"]["share_of_core"]},
+       "target_cpu": a["target_cpu"]}
+for d in ("read", "write"):
+    la, lb = a[d]["lat_us"], b[d]["lat_us"]
+    out[d] = {"lat_us": None if la is None or lb is None else {k: max(la[k], lb[k]) for k in la}}
+print(json.dumps(out))
+MERGE
+        log "  2 x rblk-bench $*: done"
+        emit "$w" rblk "$r" "$work/2proc.json" 2 x rblk-bench "$@"
     }
 
     # About SECS seconds each under TCG: a read round trip is ~50 us, a write ping-pong ~110 us.
@@ -520,11 +560,15 @@ guest_main() {
         pair "$r" randread_4k_qd1 "$order" ib_read_lat -s 4096 -n "$read_iters" -- \
             --rw randread --bs 4k --iodepth 1
         run_rblk randread_4k_qd1_spin "$r" --rw randread --bs 4k --iodepth 1 --spin 1ms
-        run_raw randread_4k_qd1_raw "$r"
+        run_raw randread_4k_qd1_raw "$r" 20000
         pair "$r" randwrite_4k_qd1 "$order" ib_write_lat -s 4096 -n "$write_iters" -- \
             --rw randwrite --bs 4k --iodepth 1
         run_rblk randwrite_4k_qd1_spin "$r" --rw randwrite --bs 4k --iodepth 1 --spin 1ms
         run_rblk randread_4k_2x16 "$r" --rw randread --bs 4k --jobs 2 --iodepth 16
+        run_rblk randread_4k_2x16_poll "$r" --rw randread --bs 4k --jobs 2 --iodepth 16 --poll
+        run_rblk_2proc randread_4k_2proc "$r" --rw randread --bs 4k --iodepth 16
+        run_raw randread_4k_qd32_raw "$r" 12000 --depth 32
+        run_raw randread_4k_2x16_raw "$r" 12000 --depth 16 --threads 2
         block_round "$r"
     done
     nvmeof_teardown
@@ -579,10 +623,21 @@ WORKLOADS = [
     # Against rblk itself (the "perftest" column is rblk-bench's 1 job x QD32 p99, RBLK_REF_OF).
     ("randread_4k_2jobs_p99", "randread 4k p99, 2 jobs x QD16 (vs rblk 1 x QD32)", "us", "rblkref",
      "randread_4k_2x16", ("read", "p99"), "<=", 2.0),
+    ("randread_4k_2jobs_p99_poll", "  same, rblk --poll", "us", "rblkref",
+     "randread_4k_2x16_poll", ("read", "p99"), "<=", 2.0),
+    ("randread_4k_2procs_p99", "  2 processes x QD16 (worse p99 of the two)", "us", "rblkref",
+     "randread_4k_2proc", ("read", "p99"), None, None),
+    ("randread_4k_2jobs_p99_raw", "  raw fabric 2 x QD16 (vs raw 1 x QD32)", "us", "rblkref",
+     "randread_4k_2x16_raw", ("read", "p99"), None, None),
 ]
 # Which perftest runs a row compares with (the spin variants share the default runs').
 # The rblk-bench workload an "rblkref" row compares with.
-RBLK_REF_OF = {"randread_4k_2x16": "randread_4k_qd32"}
+RBLK_REF_OF = {
+    "randread_4k_2x16": "randread_4k_qd32",
+    "randread_4k_2x16_poll": "randread_4k_qd32",
+    "randread_4k_2proc": "randread_4k_qd32",
+    "randread_4k_2x16_raw": "randread_4k_qd32_raw",
+}
 PERFTEST_OF = {
     "randread_4k_qd1_raw": "randread_4k_qd1",
     "randread_4k_qd1_spin": "randread_4k_qd1",
@@ -698,6 +753,7 @@ values = {}  # (workload, tool) -> [figure per round]
 notes = []
 cmds = {}
 cpu = {}  # workload -> [target CPU share per rblk run]
+own_cpu = {}  # workload -> [rblk-bench's own CPU share per run]
 for run in runs:
     key = (run["workload"], run["tool"])
     cmds[key] = run["cmd"]
@@ -724,6 +780,9 @@ for run in runs:
             share = (report.get("target_cpu") or {}).get("share_of_core")
             if share is not None:
                 cpu.setdefault(run["workload"], []).append(share)
+            own = (report.get("cpu") or {}).get("share_of_core")
+            if own is not None:
+                own_cpu.setdefault(run["workload"], []).append(own)
     except (ValueError, KeyError, TypeError, IndexError, StopIteration) as e:
         fail(f"round {run['round']} {run['workload']} {run['tool']}: cannot parse the output: {e}\n{run['text']}")
     values.setdefault(key, []).append(v)
@@ -766,8 +825,10 @@ for key, label, unit, kind, rblk_w, (section, field), op, goal in WORKLOADS:
         entry["goal_met"] = met
     if rblk_w in cpu:
         entry["target_cpu_share"] = statistics.median(cpu[rblk_w])
+    if rblk_w in own_cpu:
+        entry["rblk_cpu_share"] = statistics.median(own_cpu[rblk_w])
     summary[key] = entry
-    rows.append((label, unit, pts, rb, ratio, op, goal, met, entry.get("target_cpu_share")))
+    rows.append((label, unit, pts, rb, ratio, op, goal, met, entry.get("target_cpu_share"), entry.get("rblk_cpu_share")))
 
 ublk_why = meta["ublk"][len("unavailable: "):] if meta.get("ublk", "").startswith("unavailable: ") else None
 block_rows, block_summary = [], {}
@@ -822,13 +883,15 @@ def cell(xs, unit):
 
 
 out = []
-head = f"{'workload':<44} {'unit':<6} {'perftest median (min-max)':>27} {'rblk median (min-max)':>27} {'rblk/pt':>8}  {'goal':<14} {'target cpu':>10}"
+head = (f"{'workload':<44} {'unit':<6} {'perftest median (min-max)':>27} {'rblk median (min-max)':>27} {'rblk/pt':>8}  "
+        f"{'goal':<14} {'target cpu':>10} {'rblk cpu':>9}")
 out.append(head)
 out.append("-" * len(head))
-for label, unit, pts, rb, ratio, op, goal, met, share in rows:
+for label, unit, pts, rb, ratio, op, goal, met, share, own in rows:
     g = "" if goal is None else f"{op} {goal} {'met' if met else 'MISSED'}"
     s = "" if share is None else f"{share * 100:.2f}%"
-    out.append(f"{label:<44} {unit:<6} {cell(pts, unit):>27} {cell(rb, unit):>27} {ratio:>8.3f}  {g:<14} {s:>10}")
+    o = "" if own is None else f"{own * 100:.0f}%"
+    out.append(f"{label:<44} {unit:<6} {cell(pts, unit):>27} {cell(rb, unit):>27} {ratio:>8.3f}  {g:<14} {s:>10} {o:>9}".rstrip())
 
 out.append("")
 bhead = (f"{'block device: fio 4k, 1 job, libaio, direct':<52} {'unit':<6} {'median (min-max)':>27} "

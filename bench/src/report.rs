@@ -79,6 +79,8 @@ pub struct JobInfo {
     pub seed: u64,
     /// How long waits spin before sleeping, microseconds.
     pub spin_us: f64,
+    /// `--poll`: queues at every depth spin adaptively instead of sleeping after `spin_us`.
+    pub poll: bool,
     /// Bytes of the volume each job works in.
     pub slice: u64,
 }
@@ -196,13 +198,14 @@ impl Report {
         let mix = if j.rw == "randrw" { format!(" rwmixread={}", j.rwmixread) } else { String::new() };
         let _ = writeln!(
             s,
-            "rblk-bench: rw={}{mix} bs={} iodepth={} jobs={} {stop}{}{}",
+            "rblk-bench: rw={}{mix} bs={} iodepth={} jobs={} {stop}{}{}{}",
             j.rw,
             human_bytes(j.bs),
             j.iodepth,
             j.jobs,
             if j.ramp_s > 0.0 { format!(" ramp={}s", j.ramp_s) } else { String::new() },
             if j.verify { " verify" } else { "" },
+            if j.poll { " poll" } else { "" },
         );
         let v = &self.volume;
         let _ = writeln!(

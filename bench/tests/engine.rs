@@ -85,6 +85,19 @@ fn random_reads_report_consistent_figures() {
     assert!(json.contains("\"share_of_core\"") && json.contains("\"p99_9\""), "{json}");
 }
 
+#[test]
+fn polling_jobs_verify_and_say_so() {
+    // --poll changes how every wait of a deep queue spins (queue.rs's spin_policy test holds the
+    // rule); here two polling jobs write and read back through it, and the report says so.
+    let t = target(16 * MIB);
+    let opts = Options { poll: true, ..options() };
+    let spec = Spec { jobs: 2, iodepth: 16, verify: true, ..short(Workload::RandWrite) };
+    let r = Run::default().run(&t.uri, &opts, &spec).unwrap();
+    assert!(r.passed() && r.write.ios > 0, "{r:?}");
+    assert!(r.job.poll && r.text().lines().next().unwrap().ends_with(" poll"), "{}", r.text());
+    assert!(!run(&t, &short(Workload::RandRead)).unwrap().job.poll);
+}
+
 fn serde_json_text(r: &rblk_bench::Report) -> String {
     // The binary's --json writes exactly this.
     serde_json::to_string(r).unwrap()

@@ -63,6 +63,8 @@ pub(crate) struct Dest {
     pub(crate) addr: SocketAddr,
     pub(crate) route: Route,
     pub(crate) spin: Duration,
+    /// [`Options::poll`](crate::Options::poll).
+    pub(crate) poll: bool,
 }
 
 /// How a connected QP is used.
@@ -72,6 +74,7 @@ pub(crate) struct Conn {
     chan: Channel,
     pub(crate) addr: SocketAddr,
     pub(crate) spin: Duration,
+    pub(crate) poll: bool,
     next_tag: u32,
     rx: Box<[u8; MSG_SIZE]>,
     /// Why the connection is unusable, once it is.
@@ -118,7 +121,7 @@ impl Conn {
         data: ConnectData,
         deadline: Instant,
     ) -> Result<Conn> {
-        let Dest { fabric, addr, ref route, spin } = *dest;
+        let Dest { fabric, addr, ref route, spin, poll } = *dest;
         let connect_err = |source| Error::Connect { addr, source };
         let mut ep = Endpoint::resolve(fabric, addr, pd, route, cfg, deadline).map_err(connect_err)?;
         let mut chan = Channel::new(&ep.pd()).map_err(connect_err)?;
@@ -132,6 +135,7 @@ impl Conn {
             chan,
             addr,
             spin,
+            poll,
             next_tag: 1,
             rx: Box::new([0; MSG_SIZE]),
             broken: None,

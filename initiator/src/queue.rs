@@ -24,6 +24,21 @@ pub const MAX_ADAPTIVE_SPIN: Duration = Duration::from_millis(1);
 /// The deepest queue: bounds the memory pinned by its pool and the send queue asked of the NIC.
 pub const MAX_DEPTH: u32 = 1024;
 
+/// How long a wait with `in_flight` operations spins before sleeping on the completion channel,
+/// and whether it is adaptive (and so feeds `wait_ns`, the moving average of how long such waits
+/// took). At depth 1-2, and at every depth with `poll` ([`Options::poll`](crate::Options::poll)),
+/// it spins for twice the usual wait (at most [`MAX_ADAPTIVE_SPIN`], at least `base`,
+/// [`Options::spin`](crate::Options::spin)): at depth 1-2 a sleep costs a wakeup per I/O, and a
+/// woken thread may wait long for a CPU that other busy queues hold. Otherwise a deeper queue
+/// always has completions coming and sleeps after `base`, leaving the CPU to others.
+fn spin_policy(base: Duration, poll: bool, in_flight: u32, wait_ns: u64) -> (bool, Duration) {
+    let adaptive = poll || in_flight <= 2;
+    if !adaptive {
+        return (false, base);
+    }
+    (true, base.max(Duration::from_nanos(wait_ns.saturating_mul(2)).min(MAX_ADAPTIVE_SPIN)))
+}
+
 /// A work request slot for filling in.
 const NO_WR: WorkRequest<'static> = WorkRequest { wr_id: 0, op: Op::Send, local: Local::Inline(&[]), signaled: false };
 
@@ -698,8 +713,7 @@ impl Queue {
     pub fn wait(&mut self, done: &mut [Done], deadline: Instant) -> Result<usize> {
         let started = Instant::now();
         let mut k = self.reap(done);
-        let low_depth = self.in_flight <= 2;
-        let spin = self.spin(low_depth);
+        let (adaptive, spin) = spin_policy(self.conn.spin, self.conn.poll, self.in_flight, self.wait_ns);
         let mut slept = false;
         while k == 0 && self.in_flight > 0 && !done.is_empty() {
             if self.down() {
@@ -731,8 +745,8 @@ impl Queue {
                 }
             }
         }
-        if low_depth && slept && k > 0 {
-            // Moving average (1/8) of how long a low-depth wait takes to see its completion.
+        if adaptive && slept && k > 0 {
+            // Moving average (1/8) of how long an adaptive wait takes to see a completion.
             let t = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             self.wait_ns = if self.wait_ns == 0 { t } else { self.wait_ns - self.wait_ns / 8 + t / 8 };
         }
@@ -745,18 +759,6 @@ impl Queue {
         if self.down() {
             self.recover(Some(deadline));
         }
-    }
-
-    /// How long to spin before sleeping on the completion channel. At depth 1-2 a sleep costs a
-    /// wakeup per I/O, so spin for twice the usual wait (at most [`MAX_ADAPTIVE_SPIN`], at least
-    /// [`Options::spin`](crate::Options::spin)); deeper queues always have completions coming and
-    /// use `Options::spin`, leaving the CPU to others.
-    fn spin(&self, low_depth: bool) -> Duration {
-        let base = self.conn.spin;
-        if !low_depth {
-            return base;
-        }
-        base.max(Duration::from_nanos(self.wait_ns.saturating_mul(2)).min(MAX_ADAPTIVE_SPIN))
     }
 
     /// Keepalives and loss detection of the queue pair (a lost one parks its operations).
@@ -903,5 +905,26 @@ fn fail_all(slots: &mut [Option<Slot>], failed: &mut Vec<u32>, indexes: &[u32], 
             slot.failed = Some(Error::ConnectionLost { addr, reason: reason.to_owned() });
             failed.push(index);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: Duration = Duration::from_micros(20);
+
+    #[test]
+    fn deep_queues_spin_adaptively_only_when_polling() {
+        let usual = 300_000; // ns: twice is 600 us
+                             // Depth 1-2 always adapts; deeper queues sleep after the base spin unless polling.
+        assert_eq!(spin_policy(BASE, false, 1, usual), (true, Duration::from_micros(600)));
+        assert_eq!(spin_policy(BASE, false, 2, usual), (true, Duration::from_micros(600)));
+        assert_eq!(spin_policy(BASE, false, 16, usual), (false, BASE));
+        assert_eq!(spin_policy(BASE, true, 16, usual), (true, Duration::from_micros(600)));
+        // Bounded both ways: never past MAX_ADAPTIVE_SPIN, never below the base.
+        assert_eq!(spin_policy(BASE, true, 32, 5_000_000), (true, MAX_ADAPTIVE_SPIN));
+        assert_eq!(spin_policy(BASE, true, 32, 0), (true, BASE));
+        assert_eq!(spin_policy(BASE, true, 32, u64::MAX), (true, MAX_ADAPTIVE_SPIN));
     }
 }
