@@ -112,10 +112,10 @@
 #   RBLK_BIN_DIR       take rblk-target, rblk-bench and rblk from this directory instead of building
 #                      them (e.g. a build of a git worktree); default: cargo build --release
 #                      --workspace --bins, then ${CARGO_TARGET_DIR:-build}/release
-# Timing at 5 s: about 110 s per round for the perftest/rblk-bench pairs and about 130 s for the
-# block devices (12 fio runs of SECS + ~3 s each, plus making and removing the devices), plus ~15 s
-# of boot, a few seconds of NVMe-oF setup and SECS + ~3 s for the --log run; --quick takes about 4
-# minutes. TCG makes absolute
+# Timing: COMPARE_ROUNDS=3 COMPARE_SECS=4 took 12.3 minutes on 2026-12-02 (about 4 minutes per
+# round: the perftest/rblk-bench pairs and the rows without perftest, then the block devices, 12
+# fio runs of SECS + ~3 s each plus making and removing the devices), plus ~15 s of boot, a few
+# seconds of NVMe-oF setup and SECS + ~3 s for the --log run. TCG makes absolute
 # figures meaningless and boots vary by ~10% (far more when the host is busy, and the kernel's block
 # paths more than the verbs rows): compare ratios from the same boot, on an idle host.
 set -euo pipefail
