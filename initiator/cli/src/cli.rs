@@ -703,9 +703,11 @@ mod tests {
         assert_eq!((o.source_addr, o.tos), (Some("10.0.0.2".parse().unwrap()), Some(106)));
         assert_eq!(o.route().source, o.source_addr);
         assert!(o.memory_windows, "memory windows are asked for by default");
-        let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--memory-windows", "off"]).unwrap();
+        assert!(!o.poll, "no polling unless asked");
+        let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--memory-windows", "off", "--poll"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
-        assert!(!conn.options(Reconnect::default()).unwrap().memory_windows);
+        let o = conn.options(Reconnect::default()).unwrap();
+        assert!(!o.memory_windows && o.poll);
         for bad in [["--tos", "256"], ["--source-addr", "eth0"], ["--memory-windows", "maybe"]] {
             let mut argv = vec!["rblk", "info", "rblk://h/v"];
             argv.extend(bad);
