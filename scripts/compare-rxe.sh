@@ -262,12 +262,16 @@ guest_main() {
         log "  perftest $*: $(grep -A1 '#bytes' "$out" | tail -n 1 | tr -s ' \t' ' ')"
         emit "$w" perftest "$r" "$out" "$@" "${pt_cm[@]}"
     }
+    # rblk-bench against the volume as every measured run uses it: a second of ramp, then SECS.
+    bench() {
+        "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" "$@"
+    }
     # One rblk-bench run of workload $1 in round $2: rblk-bench's arguments follow.
     run_rblk() {
         local w=$1 r=$2 json="$work/rblk.json"
         shift 2
         rm -f "$json"
-        "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" --json "$json" "$@" |
+        bench --json "$json" "$@" |
             grep -E 'IOPS|percentiles|target cpu' | sed 's/^ */    /' >&2 ||
             die "rblk-bench $* failed"
         [[ -s $json ]] || die "rblk-bench $* wrote no JSON report"
@@ -290,11 +294,9 @@ guest_main() {
         local w=$1 r=$2 pid rc=0
         shift 2
         rm -f "$work/p1.json" "$work/p2.json"
-        "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" --json "$work/p1.json" "$@" \
-            >/dev/null 2>"$work/p1.err" &
+        bench --json "$work/p1.json" "$@" >/dev/null 2>"$work/p1.err" &
         pid=$!
-        "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" --json "$work/p2.json" "$@" \
-            >/dev/null 2>"$work/p2.err" || rc=$?
+        bench --json "$work/p2.json" "$@" >/dev/null 2>"$work/p2.err" || rc=$?
         wait "$pid" || rc=$?
         ((rc == 0)) && [[ -s $work/p1.json && -s $work/p2.json ]] || {
             cat "$work/p1.err" "$work/p2.err" >&2
@@ -576,7 +578,7 @@ MERGE
     # For the pictures: one more rblk-bench run with --log, sent to the host as files.
     local -a pic=(--rw randread --bs 4k --iodepth 32 --log "$work/bench" --log-interval "$LOG_INTERVAL_MS")
     log "rblk-bench ${pic[*]} (time series for build/compare/iops.png)"
-    "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" --json "$work/bench.json" "${pic[@]}" |
+    bench --json "$work/bench.json" "${pic[@]}" |
         grep -E 'IOPS|percentiles' | sed 's/^ */    /' >&2 || die "rblk-bench ${pic[*]} failed"
     local f
     for f in "$work"/bench_iops.1.log "$work"/bench_bw.1.log "$work"/bench_lat.1.log "$work"/bench.hlog "$work"/bench.json; do

@@ -916,8 +916,9 @@ mod tests {
 
     #[test]
     fn deep_queues_spin_adaptively_only_when_polling() {
-        let usual = 300_000; // ns: twice is 600 us
-                             // Depth 1-2 always adapts; deeper queues sleep after the base spin unless polling.
+        // The usual wait, 300 us: twice is 600 us. Depth 1-2 always adapts; deeper queues sleep
+        // after the base spin unless polling.
+        let usual = 300_000;
         assert_eq!(spin_policy(BASE, false, 1, usual), (true, Duration::from_micros(600)));
         assert_eq!(spin_policy(BASE, false, 2, usual), (true, Duration::from_micros(600)));
         assert_eq!(spin_policy(BASE, false, 16, usual), (false, BASE));

@@ -47,11 +47,18 @@ impl std::fmt::Display for Region {
 pub fn pattern(seed: u64, offset: u64, buf: &mut [u8]) {
     let mut x = (seed ^ offset.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     for chunk in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        x = xorshift(x);
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
+}
+
+/// The next value of Marsaglia's xorshift64 (13, 7, 17) after `x` (never 0 from a non-zero `x`):
+/// the tests' cheap pseudo-random sequence, for block patterns and random offsets.
+pub fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
 }
 
 fn fill(seed: u64, offset: u64, buf: &mut [u8]) {

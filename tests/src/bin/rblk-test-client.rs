@@ -167,9 +167,7 @@ fn raw_reads(
     while us.len() < n {
         while in_flight < depth && issued < n {
             let slot = free.pop().ok_or("no free slot")?;
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            x = workload::xorshift(x);
             let wr = WorkRequest {
                 wr_id: TAG + slot as u64,
                 op: Op::Read { remote_addr: raddr + (x % span) * 4096, rkey },
