@@ -7,7 +7,7 @@ use rblk_fabric::{Access, Chain, Memory, Mr, Pd};
 
 use crate::{Error, InvalidReason, Result};
 
-struct Shared {
+struct Pool {
     mr: Mr,
     buf_size: usize,
     count: usize,
@@ -19,7 +19,7 @@ struct Shared {
 /// Buffers go back to the pool when their [`Buffer`] handle is dropped, from any thread.
 #[derive(Clone)]
 pub struct BufferPool {
-    shared: Arc<Shared>,
+    shared: Arc<Pool>,
 }
 
 impl std::fmt::Debug for BufferPool {
@@ -42,7 +42,7 @@ impl BufferPool {
         let memory = Memory::anonymous(total)?;
         let mr = pd.register(&memory, Access::LOCAL)?;
         let free = Mutex::new((0..count as u32).rev().collect());
-        Ok(BufferPool { shared: Arc::new(Shared { mr, buf_size, count, free }) })
+        Ok(BufferPool { shared: Arc::new(Pool { mr, buf_size, count, free }) })
     }
 
     /// Takes a free buffer, or `None` when all are in use.
@@ -80,7 +80,7 @@ impl BufferPool {
 /// copy in and out with [`write_at`](Self::write_at) and [`read_at`](Self::read_at). Dropping it
 /// returns it to its pool.
 pub struct Buffer {
-    pool: Arc<Shared>,
+    pool: Arc<Pool>,
     index: u32,
 }
 

@@ -305,14 +305,34 @@ impl Conn {
         }
     }
 
-    /// Handles a control completion taken by a data waiter: keepalives are dropped, an
-    /// unsolicited message is logged. A failed control completion breaks the connection.
-    pub(crate) fn on_control_completion(&mut self, c: &Completion) -> Result<()> {
+    /// Handles a control completion taken by a data waiter: keepalives are dropped; a reply (or
+    /// ERROR) comes back with its tag, for the request that sent it. A failed control completion
+    /// breaks the connection.
+    pub(crate) fn on_control_completion(&mut self, c: &Completion) -> Result<Option<(u32, Result<Reply>)>> {
         match self.on_control(c)? {
-            Received::Nothing => Ok(()),
-            Received::Reply(tag, reply) => {
-                tracing::warn!(addr = %self.addr, tag, ?reply, "unsolicited message from the target ignored");
-                Ok(())
+            Received::Nothing => Ok(None),
+            Received::Reply(tag, reply) => Ok(Some((tag, reply))),
+        }
+    }
+
+    /// Logs a reply that no request of ours waits for.
+    pub(crate) fn unsolicited(&self, tag: u32, reply: &Result<Reply>) {
+        tracing::warn!(addr = %self.addr, tag, ?reply, "unsolicited message from the target ignored");
+    }
+
+    /// Sends `msg` without waiting for its reply, which a data waiter later takes with its tag
+    /// ([`on_control_completion`](Self::on_control_completion)). `None` while every send buffer is
+    /// in flight (their completions free them).
+    pub(crate) fn post_request(&mut self, msg: &Message<'_>) -> Result<Option<u32>> {
+        self.alive()?;
+        let tag = self.tag();
+        match self.post_send(tag, msg) {
+            Ok(()) => Ok(Some(tag)),
+            Err(rblk_fabric::Error::QueueFull { .. }) => Ok(None),
+            Err(source) => {
+                let request = msg.opcode();
+                self.break_with(format!("sending {request:?} failed: {}", Chain(&source)));
+                Err(Error::Fabric { op: "sending a control message", addr: self.addr, source })
             }
         }
     }
@@ -381,7 +401,9 @@ impl Conn {
             };
             for c in &out[..n] {
                 if channel::is_control(c.wr_id) {
-                    self.on_control_completion(c)?;
+                    if let Some((tag, reply)) = self.on_control_completion(c)? {
+                        self.unsolicited(tag, &reply);
+                    }
                 }
             }
             if n < out.len() {

@@ -1,9 +1,6 @@
 //! The ranges written since the last FLUSH. The target cannot see one-sided writes, so the
-//! initiator tells it what to write back. Shared by a volume and its queues; bounded: past
-//! [`MAX_FLUSH_RANGES`] distinct ranges it falls back to "everything".
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+//! initiator tells it what to write back. Bounded: past [`MAX_FLUSH_RANGES`] distinct ranges it
+//! falls back to "everything". The session's copy lives in its I/O state (`io_state.rs`).
 
 use rblk_proto::MAX_FLUSH_RANGES;
 
@@ -50,88 +47,6 @@ impl Dirty {
             Dirty::Ranges(v) => v.into_iter().for_each(|(s, e)| self.add(s, e - s)),
         }
     }
-}
-
-/// What a volume shares with its queues: the dirty ranges, and whether the target declared the
-/// volume failed (a FLUSH answered VolumeFailed), after which writes fail as
-/// [`Error::VolumeFailed`](crate::Error::VolumeFailed).
-#[derive(Debug, Default)]
-pub(crate) struct State {
-    dirty: Mutex<Dirty>,
-    /// What the FLUSH in progress covers (taken from `dirty`; back there if it fails).
-    flushing: Mutex<Dirty>,
-    failed: AtomicBool,
-    /// Every lane's writes and read-modify-writes hold their blocks here.
-    pub(crate) locks: crate::engine::RangeLocks,
-    pub(crate) counters: crate::engine::Counters,
-}
-
-/// The state a volume shares with its queues.
-pub(crate) type Shared = Arc<State>;
-
-/// Records a completed write in `shared`.
-pub(crate) fn record(shared: &Shared, offset: u64, len: u64) {
-    shared.dirty.lock().unwrap_or_else(|p| p.into_inner()).add(offset, len);
-}
-
-/// Whether nothing was written since the last FLUSH.
-pub(crate) fn is_clean(shared: &Shared) -> bool {
-    *shared.dirty.lock().unwrap_or_else(|p| p.into_inner()) == Dirty::Ranges(Vec::new())
-}
-
-/// Bytes in the recorded ranges (None: too many to list, everything may be dirty).
-pub(crate) fn pending_bytes(shared: &Shared) -> Option<u64> {
-    match &*shared.dirty.lock().unwrap_or_else(|p| p.into_inner()) {
-        Dirty::Ranges(v) => Some(v.iter().map(|&(s, e)| e - s).sum()),
-        Dirty::All => None,
-    }
-}
-
-/// Takes what is recorded for a FLUSH, leaving it empty; [`flush_done`] says how it went.
-pub(crate) fn take_for_flush(shared: &Shared) -> Dirty {
-    let taken = std::mem::take(&mut *shared.dirty.lock().unwrap_or_else(|p| p.into_inner()));
-    *shared.flushing.lock().unwrap_or_else(|p| p.into_inner()) = taken.clone();
-    taken
-}
-
-/// The FLUSH of [`take_for_flush`] ended: on failure its ranges go back, so that the next
-/// flush covers them again.
-pub(crate) fn flush_done(shared: &Shared, ok: bool) {
-    let taken = std::mem::take(&mut *shared.flushing.lock().unwrap_or_else(|p| p.into_inner()));
-    if !ok {
-        shared.dirty.lock().unwrap_or_else(|p| p.into_inner()).merge(taken);
-    }
-}
-
-/// The target lost every write not yet flushed (a durable volume's crash): forgets them, the
-/// ranges of a FLUSH in progress included, and returns how many bytes they were (None: too
-/// many ranges to count).
-pub(crate) fn lose_all(shared: &Shared) -> Option<u64> {
-    let mut dirty = std::mem::take(&mut *shared.dirty.lock().unwrap_or_else(|p| p.into_inner()));
-    dirty.merge(std::mem::take(&mut *shared.flushing.lock().unwrap_or_else(|p| p.into_inner())));
-    match dirty {
-        Dirty::Ranges(v) => Some(v.iter().map(|&(s, e)| e - s).sum()),
-        Dirty::All => None,
-    }
-}
-
-/// Marks the volume failed.
-pub(crate) fn set_failed(shared: &Shared) {
-    shared.failed.store(true, Ordering::SeqCst);
-}
-
-/// Refuses a write to a failed volume before it is posted (the target revoked write access; a
-/// posted write would only kill the connection).
-pub(crate) fn check_writable(shared: &Shared, op: crate::Direction, offset: u64, len: u64) -> crate::Result<()> {
-    if op == crate::Direction::Write && failed(shared) {
-        return Err(crate::Error::VolumeFailed { op, offset, len });
-    }
-    Ok(())
-}
-
-/// Whether the target declared the volume failed.
-pub(crate) fn failed(shared: &Shared) -> bool {
-    shared.failed.load(Ordering::SeqCst)
 }
 
 #[cfg(test)]

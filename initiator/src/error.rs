@@ -243,6 +243,13 @@ pub enum Error {
         /// Bytes written since the last flush (None: too many ranges to count).
         bytes: Option<u64>,
     },
+    /// A FLUSH begun earlier in the session failed while this one waited for it: the writes it
+    /// covered are dirty again, and the next FLUSH sends them.
+    #[error("an earlier FLUSH to {addr} failed: writes completed before this FLUSH are not all durable")]
+    EarlierFlushFailed {
+        /// The target.
+        addr: SocketAddr,
+    },
     /// An access refused before anything was posted: one bad access would put both ends' queue
     /// pairs into error.
     #[error("invalid {what} of {len} bytes at offset {offset}: {reason}")]

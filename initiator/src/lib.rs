@@ -86,22 +86,28 @@
 
 mod buffer;
 mod conn;
+mod control;
 mod dirty;
 pub mod engine;
 mod error;
+mod holds;
+mod io_state;
 mod link;
 mod options;
 mod queue;
 mod range;
 mod session;
 mod size;
+mod stats;
 mod uri;
 mod volume;
 
 pub use buffer::{Buffer, BufferPool};
+pub use control::Control;
 pub use dirty::Dirty;
-pub use engine::{Engine, EngineCounters, EngineStats, Lane, Latency, LinkState};
+pub use engine::{Engine, EngineCounters, Lane};
 pub use error::{Direction, Error, InvalidReason, Result};
+pub use link::LinkState;
 pub use options::{
     check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,
     DEFAULT_TIMEOUT,
@@ -114,6 +120,7 @@ pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, Devi
 pub use rblk_proto::{ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, KEEPALIVE_INTERVAL};
 pub use session::Session;
 pub use size::parse_size;
+pub use stats::{EngineStats, Latency};
 pub use uri::{ToUri, Uri};
 pub use volume::Volume;
 

@@ -22,9 +22,33 @@ use rblk_fabric::{Chain, Pd};
 use rblk_proto::{ErrorCode, OpenMode, Opened, Resume, FEATURE_RECONNECT};
 
 use crate::conn::{Conn, Dest};
-use crate::dirty::{self, Shared};
-use crate::engine::LinkState;
+use crate::io_state::Shared;
 use crate::{Error, Options, Result};
+
+/// Whether a session is connected to its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Up.
+    Connected,
+    /// Lost; reconnecting (I/O waits, or fails after fast_io_fail_tmo).
+    Reconnecting,
+    /// Gone for good: every I/O fails.
+    Failed,
+}
+
+impl LinkState {
+    /// Every state, in the order of their names.
+    pub const ALL: [LinkState; 3] = [LinkState::Connected, LinkState::Reconnecting, LinkState::Failed];
+
+    /// `connected`, `reconnecting` or `failed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkState::Connected => "connected",
+            LinkState::Reconnecting => "reconnecting",
+            LinkState::Failed => "failed",
+        }
+    }
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -71,7 +95,7 @@ struct Outage {
 }
 
 #[derive(Debug)]
-struct State {
+struct Inner {
     gen: u64,
     opened: Opened,
     /// The control connection's address, in `Link::dests`.
@@ -98,7 +122,7 @@ pub(crate) struct Link {
     /// See [`Link::reconnects`]; fixed at the start (queues ask at every commit).
     reconnects: bool,
     shared: Shared,
-    state: Mutex<State>,
+    state: Mutex<Inner>,
     changed: Condvar,
     /// The session's first queue pair (FLUSH, STATS, CLOSE, keepalives); replaced by a reconnect.
     control: Mutex<Conn>,
@@ -163,7 +187,7 @@ impl Link {
             volatile,
             reconnects,
             shared,
-            state: Mutex::new(State { gen: 0, opened, at, health: Health::Up, lost_writes: None, closing: false }),
+            state: Mutex::new(Inner { gen: 0, opened, at, health: Health::Up, lost_writes: None, closing: false }),
             changed: Condvar::new(),
             control: Mutex::new(control),
             attempting: Mutex::new(()),
@@ -174,7 +198,7 @@ impl Link {
     }
 
     /// Sets the session's health, mirrored lock-free for the metrics ([`LinkState`]).
-    fn set_health(&self, st: &mut State, health: Health) {
+    fn set_health(&self, st: &mut Inner, health: Health) {
         self.shared.counters.set_link(match health {
             Health::Up => LinkState::Connected,
             Health::Down(_) => LinkState::Reconnecting,
@@ -408,7 +432,28 @@ impl Link {
     /// Runs `f` on the control connection without waiting for a reconnect (CLOSE, keepalives).
     pub(crate) fn control_now<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
         let gen = self.gen();
-        let mut conn = lock(&self.control);
+        let conn = lock(&self.control);
+        self.run_control(gen, conn, f)
+    }
+
+    /// [`control_now`](Self::control_now) if nobody else uses the control connection; `None`
+    /// (and nothing done) if someone does.
+    pub(crate) fn try_control_now<T>(&self, f: impl FnOnce(&mut Conn) -> Result<T>) -> Option<Result<T>> {
+        let gen = self.gen();
+        let conn = match self.control.try_lock() {
+            Ok(conn) => conn,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(self.run_control(gen, conn, f))
+    }
+
+    fn run_control<T>(
+        &self,
+        gen: u64,
+        mut conn: MutexGuard<'_, Conn>,
+        f: impl FnOnce(&mut Conn) -> Result<T>,
+    ) -> Result<T> {
         let result = f(&mut conn);
         if result.is_err() && conn.is_broken() {
             let reason = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
@@ -515,7 +560,7 @@ impl Link {
         if opened.instance != old.instance {
             // A durable volume that crashed (or whose store was replaced): every write not yet
             // flushed is gone.
-            let lost = dirty::lose_all(&self.shared);
+            let lost = self.shared.lose_all();
             let amount = lost.map_or("an unknown number of".to_owned(), |b| b.to_string());
             if lost == Some(0) {
                 tracing::warn!(

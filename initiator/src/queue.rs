@@ -1,5 +1,6 @@
 //! A further queue pair of a session, for asynchronous I/O: submit, then reap or wait.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +12,8 @@ use rblk_proto::{ConnectData, Message, Opcode, FEATURE_KEEPALIVE};
 
 use crate::buffer::{Buffer, BufferPool};
 use crate::conn::{self, Conn, Reply};
-use crate::dirty;
+use crate::control::Control;
+use crate::io_state::Shared;
 use crate::link::{Current, Link, Status};
 use crate::{Direction, Error, Geometry, InvalidReason, Result};
 
@@ -107,6 +109,31 @@ impl Done {
     }
 }
 
+/// Where a queue operation is. Only [`Queue::set_state`] changes it, and with it the ordering
+/// list the operation is on (`staged`, `parked`, `failed`) and the in-flight count.
+///
+/// ```text
+///  stage ──> Staged ──commit──> Posted{gen} ──completion──> (handed back, slot freed)
+///              │                    │
+///              │ session down       │ queue pair lost
+///              v                    v
+///           Parked <────────────────┘ ──rejoin──> Staged
+///              │ fast_io_fail_tmo / gave up       ^
+///              v                                  │
+///           Failed(error) <── post failed ────────┘ ──next reap──> (handed back, slot freed)
+/// ```
+#[derive(Debug)]
+enum SlotState {
+    /// Accepted; posted by the next commit (on `staged`).
+    Staged,
+    /// On the send queue of the queue pair of session generation `gen`.
+    Posted { gen: u64 },
+    /// Its queue pair was lost; posted again on the next one (on `parked`).
+    Parked,
+    /// Failed before or without reaching the NIC; handed back by the next reap (on `failed`).
+    Failed(Error),
+}
+
 #[derive(Debug)]
 struct Slot {
     user_data: u64,
@@ -117,10 +144,7 @@ struct Slot {
     buffer: Option<Buffer>,
     /// Hand the buffer back in the Done (reads, and caller-provided buffers).
     give_back: bool,
-    /// Set when the operation failed before it reached the NIC.
-    failed: Option<Error>,
-    /// On the current queue pair's send queue (not staged, not parked).
-    posted: bool,
+    state: SlotState,
 }
 
 /// One queue pair of a session that JOINed it, with a pool of registered buffers.
@@ -137,21 +161,27 @@ pub struct Queue {
     link: Arc<Link>,
     /// The session generation `conn` belongs to.
     gen: u64,
-    slots: Vec<Option<Slot>>,
+    /// The operations, by wr_id; at most `depth`, so keys stay below it.
+    slots: slab::Slab<Slot>,
     pool: BufferPool,
-    free_slots: Vec<u32>,
+    /// Slots in state Staged, in order.
     staged: Vec<u32>,
+    /// Slots in state Failed.
     failed: Vec<u32>,
-    /// Accepted but not on the wire: their queue pair was lost. Posted again on the next one.
+    /// Slots in state Parked: accepted but not on the wire, their queue pair was lost.
     parked: Vec<u32>,
-    /// Posted or parked, not yet completed.
+    /// Slots Posted or Parked.
     in_flight: u32,
+    /// Tags of control requests sent on this queue pair and not yet answered.
+    awaiting: Vec<u32>,
+    /// Their replies, for the caller to take ([`take_reply`](Queue::take_reply)).
+    replies: VecDeque<(u32, Result<Reply>)>,
     depth: u32,
     geo: Geometry,
     remote_addr: u64,
     rkey: u32,
     max_len: u64,
-    dirty: dirty::Shared,
+    io: Shared,
     /// A registered, zeroed region of `max_len` bytes for writes of zeroes (made at the first).
     zeros: Option<Mr>,
     /// Average time a low-depth wait took to see a completion, in ns (0: none yet).
@@ -200,10 +230,9 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
 }
 
 impl Queue {
-    /// Joins `vol`'s session with a further QP.
-    pub(crate) fn connect(vol: &crate::Volume, depth: u32, buf_size: usize) -> Result<Queue> {
-        let (link, geo, dirty) = vol.parts();
-        let (link, dirty) = (Arc::clone(link), Arc::clone(dirty));
+    /// Joins `ctl`'s session with a further QP.
+    pub(crate) fn connect(ctl: &Control, depth: u32, buf_size: usize) -> Result<Queue> {
+        let (link, geo, dirty) = (Arc::clone(&ctl.link), ctl.geo, Arc::clone(&ctl.io));
         let bad = |what, len: u64, reason| Err(Error::Invalid { what, offset: 0, len, reason });
         match depth {
             0 => return bad("queue depth", 0, InvalidReason::ZeroLength),
@@ -260,7 +289,7 @@ impl Queue {
     fn finish_connect(
         link: Arc<Link>,
         geo: Geometry,
-        dirty: dirty::Shared,
+        io: Shared,
         (conn, rkey): (Conn, u32),
         cur: Current,
         depth: u32,
@@ -278,19 +307,20 @@ impl Queue {
             conn,
             link,
             gen: cur.gen,
-            slots: (0..depth).map(|_| None).collect(),
+            slots: slab::Slab::with_capacity(depth as usize),
             pool,
-            free_slots: (0..depth).rev().collect(),
             staged: Vec::with_capacity(depth as usize),
             failed: Vec::with_capacity(depth as usize),
             parked: Vec::with_capacity(depth as usize),
             in_flight: 0,
+            awaiting: Vec::new(),
+            replies: VecDeque::new(),
             depth,
             geo,
             remote_addr: cur.opened.remote_addr,
             rkey,
             max_len: size,
-            dirty,
+            io,
             zeros: None,
             wait_ns: 0,
         })
@@ -303,7 +333,7 @@ impl Queue {
 
     /// Operations submitted and not yet reaped.
     pub fn outstanding(&self) -> u32 {
-        self.depth - self.free_slots.len() as u32
+        self.slots.len() as u32
     }
 
     /// The queue's buffer pool.
@@ -326,7 +356,7 @@ impl Queue {
     /// inside the volume, no write when read-only.
     pub fn check_range(&self, dir: Direction, offset: u64, len: u64) -> Result<()> {
         self.geo.check(dir, offset, len, Some(self.max_len))?;
-        dirty::check_writable(&self.dirty, dir, offset, len)
+        self.io.check_writable(dir, offset, len)
     }
 
     /// A buffer from the pool for the zero-copy submissions; fill it with
@@ -356,22 +386,14 @@ impl Queue {
     pub fn submit_read(&mut self, offset: u64, len: u32, user_data: u64) -> Result<()> {
         self.accepting()?;
         self.check_range(Direction::Read, offset, len.into())?;
-        let slot = self.slot()?;
-        let buffer = self.take_pool_buffer(slot)?;
-        self.stage(slot, Slot::new(user_data, Direction::Read, offset, len, Some(buffer), true));
-        Ok(())
+        self.stage_read(offset, len, user_data)
     }
 
     /// Writes a copy of `data` at `offset`, through a pool buffer.
     pub fn submit_write(&mut self, offset: u64, data: &[u8], user_data: u64) -> Result<()> {
         self.accepting()?;
         self.check_range(Direction::Write, offset, data.len() as u64)?;
-        let slot = self.slot()?;
-        let buffer = self.take_pool_buffer(slot)?;
-        buffer.write_at(0, data)?;
-        let len = data.len() as u32;
-        self.stage(slot, Slot::new(user_data, Direction::Write, offset, len, Some(buffer), false));
-        Ok(())
+        self.stage_write(offset, data, user_data)
     }
 
     /// Reads `len` bytes at `offset` into `buffer` (from [`alloc_buffer`](Self::alloc_buffer)),
@@ -393,9 +415,7 @@ impl Queue {
             let what = "buffer";
             return Err(Error::Invalid { what, offset, len: len.into(), reason: InvalidReason::ForeignBuffer });
         }
-        let slot = self.slot()?;
-        self.stage(slot, Slot::new(user_data, dir, offset, len, Some(buffer), true));
-        Ok(())
+        self.stage_buf(dir, offset, len, buffer, user_data)
     }
 
     /// Writes `len` zero bytes at `offset` from a zeroed registration of the queue's (made at
@@ -403,15 +423,118 @@ impl Queue {
     pub fn submit_zeroes(&mut self, offset: u64, len: u32, user_data: u64) -> Result<()> {
         self.accepting()?;
         self.check_range(Direction::Write, offset, len.into())?;
+        self.stage_zeroes(offset, len, user_data)
+    }
+
+    // The engine's entries: it checked range, alignment, length and buffer ownership once, at
+    // submission to its lane. What can change since (the session failing fast, the volume
+    // failed) is guarded here, at posting.
+
+    /// [`submit_read`](Self::submit_read) of an access the caller checked.
+    pub(crate) fn stage_read(&mut self, offset: u64, len: u32, user_data: u64) -> Result<()> {
+        self.guard(Direction::Read, offset, len)?;
+        let buffer = self.pool.get()?;
+        self.stage(Slot::new(user_data, Direction::Read, offset, len, Some(buffer), true));
+        Ok(())
+    }
+
+    /// [`submit_write`](Self::submit_write) of an access the caller checked.
+    pub(crate) fn stage_write(&mut self, offset: u64, data: &[u8], user_data: u64) -> Result<()> {
+        let len = data.len() as u32;
+        self.guard(Direction::Write, offset, len)?;
+        let buffer = self.pool.get()?;
+        buffer.write_at(0, data)?;
+        self.stage(Slot::new(user_data, Direction::Write, offset, len, Some(buffer), false));
+        Ok(())
+    }
+
+    /// [`submit_read_buf`](Self::submit_read_buf) or [`submit_write_buf`](Self::submit_write_buf)
+    /// of an access and a buffer the caller checked.
+    pub(crate) fn stage_buf(
+        &mut self,
+        dir: Direction,
+        offset: u64,
+        len: u32,
+        buffer: Buffer,
+        user_data: u64,
+    ) -> Result<()> {
+        self.guard(dir, offset, len)?;
+        self.stage(Slot::new(user_data, dir, offset, len, Some(buffer), true));
+        Ok(())
+    }
+
+    /// [`submit_zeroes`](Self::submit_zeroes) of an access the caller checked.
+    pub(crate) fn stage_zeroes(&mut self, offset: u64, len: u32, user_data: u64) -> Result<()> {
+        self.guard(Direction::Write, offset, len)?;
         if self.zeros.is_none() {
             let addr = self.conn.addr;
             let err = |source| Error::Fabric { op: "registering the queue's zeroed region", addr, source };
             let memory = Memory::anonymous(self.max_len as usize).map_err(err)?;
             self.zeros = Some(self.link.pd().register(&memory, Access::LOCAL).map_err(err)?);
         }
-        let slot = self.slot()?;
-        self.stage(slot, Slot::new(user_data, Direction::Write, offset, len, None, false));
+        self.stage(Slot::new(user_data, Direction::Write, offset, len, None, false));
         Ok(())
+    }
+
+    /// What may have changed since a checked access was submitted: the session (failing fast,
+    /// gone), the volume (failed: writes refused), room on the queue.
+    fn guard(&mut self, dir: Direction, offset: u64, len: u32) -> Result<()> {
+        self.accepting()?;
+        self.io.check_writable(dir, offset, len.into())?;
+        if self.slots.len() as u32 >= self.depth {
+            return Err(Error::QueueFull { depth: self.depth });
+        }
+        Ok(())
+    }
+
+    /// Slots free for submissions.
+    pub fn free_slots(&self) -> u32 {
+        self.depth - self.slots.len() as u32
+    }
+
+    /// Sends a control request on this queue pair without waiting: its tag, or `None` when it
+    /// cannot go out now (every send buffer in flight, or the session reconnecting: try again
+    /// later; after a reconnect, the [`generation`](Self::generation) changes and requests sent
+    /// before are lost). The reply comes back through [`take_reply`](Self::take_reply).
+    pub(crate) fn post_control(&mut self, msg: &rblk_proto::Message<'_>) -> Result<Option<u32>> {
+        if self.down() {
+            return match self.accepting() {
+                Ok(()) => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
+        match self.conn.post_request(msg) {
+            Ok(Some(tag)) => {
+                self.awaiting.push(tag);
+                Ok(Some(tag))
+            }
+            Ok(None) => Ok(None),
+            Err(e) if self.link.reconnects() => {
+                self.lose(&Chain(&e).to_string());
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A reply to a control request of [`post_control`](Self::post_control), with its tag.
+    pub(crate) fn take_reply(&mut self) -> Option<(u32, Result<Reply>)> {
+        self.replies.pop_front()
+    }
+
+    /// The session generation this queue's queue pair belongs to: a reconnect moves it on.
+    pub(crate) fn generation(&self) -> u64 {
+        self.gen
+    }
+
+    /// Control requests sent and not yet answered.
+    pub(crate) fn awaiting_replies(&self) -> usize {
+        self.awaiting.len()
+    }
+
+    /// The link, for the engine's FLUSHes (features, write losses found by a reconnect).
+    pub(crate) fn link(&self) -> &Link {
+        &self.link
     }
 
     /// The descriptor of the queue's completion channel, for a caller's own event loop (io_uring
@@ -451,8 +574,8 @@ impl Queue {
         self.conn.addr
     }
 
-    pub(crate) fn shared(&self) -> &dirty::Shared {
-        &self.dirty
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.io
     }
 
     /// New operations are accepted while the queue pair works and while the session
@@ -474,20 +597,79 @@ impl Queue {
         }
     }
 
-    fn slot(&mut self) -> Result<u32> {
-        self.free_slots.pop().ok_or(Error::QueueFull { depth: self.depth })
-    }
-
-    fn take_pool_buffer(&mut self, slot: u32) -> Result<Buffer> {
-        self.pool.get().inspect_err(|_| self.free_slots.push(slot))
-    }
-
-    fn stage(&mut self, index: u32, slot: Slot) {
-        self.slots[index as usize] = Some(slot);
-        self.staged.push(index);
+    fn stage(&mut self, slot: Slot) {
+        let index = self.slots.insert(slot) as u32;
+        self.set_state(index, SlotState::Staged);
         if self.staged.len() >= BATCH {
             self.commit();
         }
+    }
+
+    /// The one transition of a slot's state: moves it onto the ordering list of its new state
+    /// and keeps the in-flight count. (Lists are drained whole by the step that moves every
+    /// entry on: commit, rejoin, the reap of failed slots.)
+    fn set_state(&mut self, index: u32, to: SlotState) {
+        let Some(slot) = self.slots.get_mut(index as usize) else { return };
+        let was_in_flight = matches!(slot.state, SlotState::Posted { .. } | SlotState::Parked);
+        let list = match &to {
+            SlotState::Staged => Some(&mut self.staged),
+            SlotState::Parked => Some(&mut self.parked),
+            SlotState::Failed(_) => Some(&mut self.failed),
+            SlotState::Posted { .. } => None,
+        };
+        let now_in_flight = matches!(to, SlotState::Posted { .. } | SlotState::Parked);
+        if let Some(list) = list {
+            list.push(index);
+        }
+        slot.state = to;
+        match (was_in_flight, now_in_flight) {
+            (false, true) => self.in_flight += 1,
+            (true, false) => self.in_flight -= 1,
+            _ => {}
+        }
+    }
+
+    /// Frees a slot whose operation is handed back.
+    fn take_slot(&mut self, index: u32) -> Slot {
+        let slot = self.slots.remove(index as usize);
+        if matches!(slot.state, SlotState::Posted { .. } | SlotState::Parked) {
+            self.in_flight -= 1;
+        }
+        slot
+    }
+
+    /// Checks that every slot's state matches the list it is on, and the in-flight count: for
+    /// tests and debug builds. Returns what is wrong.
+    pub(crate) fn check_invariants(&self) -> std::result::Result<(), String> {
+        let on = |list: &[u32], name: &str, ok: fn(&SlotState) -> bool| -> std::result::Result<(), String> {
+            for &i in list {
+                match self.slots.get(i as usize) {
+                    Some(s) if ok(&s.state) => {}
+                    Some(s) => return Err(format!("slot {i} on {name} is {:?}", s.state)),
+                    None => return Err(format!("free slot {i} on {name}")),
+                }
+            }
+            Ok(())
+        };
+        on(&self.staged, "staged", |s| matches!(s, SlotState::Staged))?;
+        on(&self.parked, "parked", |s| matches!(s, SlotState::Parked))?;
+        on(&self.failed, "failed", |s| matches!(s, SlotState::Failed(_)))?;
+        let lists = self.staged.len() + self.parked.len() + self.failed.len();
+        let listed = self.slots.iter().filter(|(_, s)| !matches!(s.state, SlotState::Posted { .. })).count();
+        if lists != listed {
+            return Err(format!("{lists} slots on lists, {listed} in listed states (one on two lists?)"));
+        }
+        if let Some((i, _)) =
+            self.slots.iter().find(|(_, s)| matches!(s.state, SlotState::Posted { gen } if gen != self.gen))
+        {
+            return Err(format!("slot {i} posted on a queue pair of an older session generation"));
+        }
+        let flying =
+            self.slots.iter().filter(|(_, s)| matches!(s.state, SlotState::Posted { .. } | SlotState::Parked)).count();
+        if flying as u32 != self.in_flight {
+            return Err(format!("in_flight {} but {flying} slots posted or parked", self.in_flight));
+        }
+        Ok(())
     }
 
     /// Operations on the wire of the current queue pair.
@@ -514,11 +696,16 @@ impl Queue {
     fn lose(&mut self, reason: &str) {
         self.conn.break_with(reason);
         self.link.lost(self.gen, reason);
-        for (i, slot) in self.slots.iter_mut().enumerate() {
-            if let Some(s) = slot.as_mut().filter(|s| s.posted && s.failed.is_none()) {
-                s.posted = false;
-                self.parked.push(i as u32);
-            }
+        // Replies to what was sent on it never come: the senders send again on the next one.
+        self.awaiting.clear();
+        let posted: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| matches!(s.state, SlotState::Posted { .. }))
+            .map(|(i, _)| i as u32)
+            .collect();
+        for i in posted {
+            self.set_state(i, SlotState::Parked);
         }
     }
 
@@ -569,13 +756,8 @@ impl Queue {
     }
 
     fn fail_parked(&mut self, e: &Error) {
-        let parked = std::mem::take(&mut self.parked);
-        self.in_flight -= parked.len() as u32;
-        for &index in &parked {
-            if let Some(slot) = self.slots[index as usize].as_mut() {
-                slot.failed = Some(clone_error(e));
-                self.failed.push(index);
-            }
+        for index in std::mem::take(&mut self.parked) {
+            self.set_state(index, SlotState::Failed(clone_error(e)));
         }
     }
 
@@ -593,9 +775,13 @@ impl Queue {
         self.gen = cur.gen;
         self.remote_addr = cur.opened.remote_addr;
         self.rkey = rkey;
-        let parked = std::mem::take(&mut self.parked);
-        self.in_flight -= parked.len() as u32;
-        self.staged.splice(0..0, parked);
+        let staged = std::mem::take(&mut self.staged);
+        for index in std::mem::take(&mut self.parked) {
+            self.set_state(index, SlotState::Staged);
+        }
+        for index in staged {
+            self.set_state(index, SlotState::Staged);
+        }
         self.commit();
         Ok(())
     }
@@ -608,30 +794,29 @@ impl Queue {
             return;
         }
         if self.down() {
-            let staged = std::mem::take(&mut self.staged);
-            self.in_flight += staged.len() as u32;
-            self.parked.extend(staged);
+            for index in std::mem::take(&mut self.staged) {
+                self.set_state(index, SlotState::Parked);
+            }
             return;
         }
         let staged = std::mem::take(&mut self.staged);
         for chunk in staged.chunks(BATCH) {
             if let Err(e) = self.conn.alive() {
-                if self.link.reconnects() {
-                    self.in_flight += chunk.len() as u32;
-                    self.parked.extend_from_slice(chunk);
-                } else {
-                    fail_all(&mut self.slots, &mut self.failed, chunk, self.conn.addr, &Chain(&e).to_string());
+                let reason = Chain(&e).to_string();
+                for &index in chunk {
+                    let to = if self.link.reconnects() { SlotState::Parked } else { self.lost_error(&reason) };
+                    self.set_state(index, to);
                 }
                 continue;
             }
             let Queue { conn, slots, remote_addr, rkey, zeros, .. } = self;
             let mut wrs = [NO_WR; BATCH];
             for (wr, &index) in wrs.iter_mut().zip(chunk) {
-                let Some(slot) = &slots[index as usize] else { continue };
+                let Some(slot) = slots.get(index as usize) else { continue };
                 let (mr, base) = match (&slot.buffer, zeros.as_ref()) {
                     (Some(b), _) => b.region(),
                     (None, Some(z)) => (z, 0),
-                    // submit_zeroes registers the region before it stages.
+                    // stage_zeroes registers the region before it stages.
                     (None, None) => continue,
                 };
                 // The range was checked against the volume when staged.
@@ -645,26 +830,32 @@ impl Queue {
             }
             match conn.ep.post(&wrs[..chunk.len()]) {
                 Ok(()) => {
-                    self.in_flight += chunk.len() as u32;
+                    let gen = self.gen;
                     for &index in chunk {
-                        if let Some(s) = self.slots[index as usize].as_mut() {
-                            s.posted = true;
-                        }
+                        self.set_state(index, SlotState::Posted { gen });
                     }
                 }
                 Err(source) => {
                     let reason = format!("posting RDMA work requests failed: {}", Chain(&source));
                     if self.link.reconnects() {
                         self.lose(&reason);
-                        self.in_flight += chunk.len() as u32;
-                        self.parked.extend_from_slice(chunk);
+                        for &index in chunk {
+                            self.set_state(index, SlotState::Parked);
+                        }
                     } else {
                         self.conn.break_with(reason.clone());
-                        fail_all(&mut self.slots, &mut self.failed, chunk, self.conn.addr, &reason);
+                        for &index in chunk {
+                            let to = self.lost_error(&reason);
+                            self.set_state(index, to);
+                        }
                     }
                 }
             }
         }
+    }
+
+    fn lost_error(&self, reason: &str) -> SlotState {
+        SlotState::Failed(Error::ConnectionLost { addr: self.conn.addr, reason: reason.to_owned() })
     }
 
     /// Posts what is staged, then fills `done` with finished operations without waiting.
@@ -715,7 +906,8 @@ impl Queue {
         let mut k = self.reap(done);
         let (adaptive, spin) = spin_policy(self.conn.spin, self.conn.poll, self.in_flight, self.wait_ns);
         let mut slept = false;
-        while k == 0 && self.in_flight > 0 && !done.is_empty() {
+        while k == 0 && self.replies.is_empty() && (self.in_flight > 0 || !self.awaiting.is_empty()) && !done.is_empty()
+        {
             if self.down() {
                 self.recover(Some(deadline));
                 k += self.take_failed(&mut done[k..]);
@@ -739,7 +931,12 @@ impl Queue {
             k += self.take_failed(&mut done[k..]);
             if k == 0 && n == 0 {
                 self.check_liveness();
-                if Instant::now() >= deadline && !self.down() {
+                if Instant::now() >= deadline && (self.in_flight == 0 || self.down()) {
+                    // Only control replies awaited (a FLUSH's write-back may take minutes: the
+                    // liveness rule bounds it), or held while the session reconnects.
+                    return Ok(0);
+                }
+                if Instant::now() >= deadline {
                     let op = "waiting for queue completions";
                     return Err(Error::Timeout { op, addr: self.conn.addr, after: started.elapsed() });
                 }
@@ -781,18 +978,13 @@ impl Queue {
                 return;
             }
             if channel::is_control(c.wr_id) {
-                // A failure breaks the connection; the data completions then report it.
-                if let Err(e) = self.conn.on_control_completion(c) {
-                    if self.link.reconnects() {
-                        self.lose(&Chain(&e).to_string());
-                    }
-                }
+                self.on_control(c);
                 continue;
             }
-            // Only slots in flight: not raw work requests, nor operations already failed.
-            let index = usize::try_from(c.wr_id).ok().filter(|&i| {
-                self.slots.get(i).is_some_and(|s| s.as_ref().is_some_and(|s| s.posted && s.failed.is_none()))
-            });
+            // Only slots on the wire: not raw work requests, nor operations already failed.
+            let index = u32::try_from(c.wr_id)
+                .ok()
+                .filter(|&i| self.slots.get(i as usize).is_some_and(|s| matches!(s.state, SlotState::Posted { .. })));
             let Some(index) = index else {
                 tracing::debug!(wr_id = c.wr_id, "completion of a raw work request ignored");
                 continue;
@@ -800,18 +992,16 @@ impl Queue {
             if !c.status.is_success() && self.link.reconnects() {
                 // The session is lost: this operation and every other on the wire wait for the
                 // next queue pair.
-                let s = self.slots[index].as_ref().expect("checked above");
+                let s = &self.slots[index as usize];
                 let e = Error::completion(s.dir, s.offset, s.len.into(), c);
                 self.lose(&Chain(&e).to_string());
                 return;
             }
-            let slot = self.slots[index].take().expect("checked above");
-            self.in_flight -= 1;
-            self.free_slots.push(c.wr_id as u32);
+            let slot = self.take_slot(index);
             let result = if c.status.is_success() {
                 if slot.dir == Direction::Write {
                     // Completed, so the next FLUSH of the volume covers it.
-                    dirty::record(&self.dirty, slot.offset, slot.len.into());
+                    self.io.record(slot.offset, slot.len.into());
                 }
                 Ok(())
             } else if c.status == WcStatus::WR_FLUSH_ERR && self.conn.is_broken() {
@@ -827,6 +1017,26 @@ impl Queue {
         }
     }
 
+    /// A control completion: a reply goes to the request that sent it (by tag); a failure
+    /// breaks the connection, and the data completions then report it.
+    fn on_control(&mut self, c: &Completion) {
+        match self.conn.on_control_completion(c) {
+            Ok(None) => {}
+            Ok(Some((tag, reply))) => match self.awaiting.iter().position(|&t| t == tag) {
+                Some(i) => {
+                    self.awaiting.swap_remove(i);
+                    self.replies.push_back((tag, reply));
+                }
+                None => self.conn.unsolicited(tag, &reply),
+            },
+            Err(e) => {
+                if self.link.reconnects() {
+                    self.lose(&Chain(&e).to_string());
+                }
+            }
+        }
+    }
+
     /// Drains completions of the control channel while no data is in flight.
     fn drain_control(&mut self) {
         if self.conn.is_broken() {
@@ -836,10 +1046,8 @@ impl Queue {
         while let Ok(n) = self.conn.ep.poll(&mut wcs) {
             for c in &wcs[..n] {
                 if channel::is_control(c.wr_id) {
-                    if let Err(e) = self.conn.on_control_completion(c) {
-                        if self.link.reconnects() {
-                            self.lose(&Chain(&e).to_string());
-                        }
+                    self.on_control(c);
+                    if self.conn.is_broken() {
                         return;
                     }
                 }
@@ -859,21 +1067,28 @@ impl Queue {
             return;
         }
         self.conn.break_with(reason.clone());
-        let in_flight: Vec<u32> = (0..self.depth)
-            .filter(|i| self.slots[*i as usize].as_ref().is_some_and(|s| s.posted && s.failed.is_none()))
+        let posted: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| matches!(s.state, SlotState::Posted { .. }))
+            .map(|(i, _)| i as u32)
             .collect();
-        fail_all(&mut self.slots, &mut self.failed, &in_flight, self.conn.addr, &reason);
-        self.in_flight -= in_flight.len() as u32;
+        for index in posted {
+            let to = self.lost_error(&reason);
+            self.set_state(index, to);
+        }
     }
 
     fn take_failed(&mut self, done: &mut [Done]) -> usize {
         let n = self.failed.len().min(done.len());
-        for (d, index) in done.iter_mut().zip(self.failed.drain(..n)) {
-            if let Some(mut slot) = self.slots[index as usize].take() {
-                let result = slot.failed.take().map_or(Ok(()), Err);
-                *d = finish(slot, result);
-                self.free_slots.push(index);
-            }
+        let taken: Vec<u32> = self.failed.drain(..n).collect();
+        for (d, index) in done.iter_mut().zip(taken) {
+            let mut slot = self.take_slot(index);
+            let result = match std::mem::replace(&mut slot.state, SlotState::Staged) {
+                SlotState::Failed(e) => Err(e),
+                _ => Ok(()),
+            };
+            *d = finish(slot, result);
         }
         n
     }
@@ -881,7 +1096,7 @@ impl Queue {
 
 impl Slot {
     fn new(user_data: u64, dir: Direction, offset: u64, len: u32, buffer: Option<Buffer>, give_back: bool) -> Slot {
-        Slot { user_data, dir, offset, len, buffer, give_back, failed: None, posted: false }
+        Slot { user_data, dir, offset, len, buffer, give_back, state: SlotState::Staged }
     }
 }
 
@@ -896,16 +1111,6 @@ fn clone_error(e: &Error) -> Error {
 fn finish(slot: Slot, result: Result<()>) -> Done {
     let Slot { user_data, dir, offset, len, buffer, give_back, .. } = slot;
     Done { user_data, result, dir, offset, len, buffer: buffer.filter(|_| give_back) }
-}
-
-/// Marks the operations in `indexes` failed (the connection is lost), for reaping.
-fn fail_all(slots: &mut [Option<Slot>], failed: &mut Vec<u32>, indexes: &[u32], addr: SocketAddr, reason: &str) {
-    for &index in indexes {
-        if let Some(slot) = slots[index as usize].as_mut() {
-            slot.failed = Some(Error::ConnectionLost { addr, reason: reason.to_owned() });
-            failed.push(index);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,18 +1,19 @@
-//! An open volume: the session's first QP (FLUSH, STATS, CLOSE, keepalives), synchronous reads
-//! and writes through the block-I/O engine on a lane of its own, and further queues.
+//! An open volume: the session's control side ([`Control`]: FLUSH, STATS, CLOSE, keepalives),
+//! synchronous reads and writes through the block-I/O engine on a lane of its own, and further
+//! queues.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use rblk_fabric::Pd;
-use rblk_proto::{ErrorCode, Flush, FlushedFlags, Message, Opcode, OpenMode, Opened, Range, StatsReply, VolumeFlags};
+use rblk_proto::{OpenMode, Opened, StatsReply, VolumeFlags};
 
-use crate::conn::{Conn, Dest, Reply};
-use crate::dirty::{self, Dirty};
+use crate::conn::{Conn, Dest};
+use crate::control::Control;
+use crate::engine::Lane;
+use crate::io_state::SessionIo;
 use crate::link::Link;
-use crate::{Direction, Error, Geometry, Lane, Options, Queue, Result, Uri};
+use crate::{Direction, Error, Geometry, Options, Queue, Result, Uri};
 
 /// A volume opened by a [`Session`](crate::Session).
 ///
@@ -27,13 +28,7 @@ use crate::{Direction, Error, Geometry, Lane, Options, Queue, Result, Uri};
 pub struct Volume {
     // Declaration order is drop order: the data lane goes before the first QP.
     io: Option<Lane>,
-    link: Arc<Link>,
-    geo: Geometry,
-    /// As first opened (a reconnect keeps the geometry; [`Link::current`] has the session now).
-    opened: Opened,
-    mode: OpenMode,
-    uri: Uri,
-    dirty: dirty::Shared,
+    ctl: Control,
 }
 
 impl Volume {
@@ -59,109 +54,109 @@ impl Volume {
             return Err(Error::Protocol { addr: conn.addr, expected: "a volume address range that fits 64 bits", got });
         }
         let geo = Geometry::from_opened(&opened, mode == OpenMode::ReadOnly);
-        let dirty = dirty::Shared::default();
+        let io = Arc::new(SessionIo::default());
         let name = uri.volume().to_owned();
-        let link = Arc::new(Link::new(conn, dests, at, opts, features, mode, name, opened, Arc::clone(&dirty)));
-        Ok(Volume { io: None, link, geo, opened, mode, uri, dirty })
+        let link = Arc::new(Link::new(conn, dests, at, opts, features, mode, name, opened, Arc::clone(&io)));
+        Ok(Volume { io: None, ctl: Control::new(link, geo, opened, mode, uri, io) })
     }
 
     /// Size in bytes.
     pub fn size(&self) -> u64 {
-        self.opened.size
+        self.ctl.opened.size
     }
 
     /// Offsets and lengths are multiples of this.
     pub fn block_size(&self) -> u32 {
-        self.opened.block_size
+        self.ctl.opened.block_size
     }
 
     /// Largest single RDMA READ or WRITE (a queue operation's limit).
     pub fn max_io(&self) -> u32 {
-        self.opened.max_io
+        self.ctl.opened.max_io
     }
 
     /// What the target says about the volume: volatile, read-only, exclusive.
     pub fn flags(&self) -> VolumeFlags {
-        self.opened.flags
+        self.ctl.flags()
     }
 
     /// True when the volume lives in RAM only: FLUSH orders, but nothing survives a target
     /// restart.
     pub fn is_volatile(&self) -> bool {
-        self.opened.flags.contains(VolumeFlags::VOLATILE)
+        self.ctl.is_volatile()
     }
 
     /// True when each queue pair of the session has an rkey of its own, a type 2B memory window
     /// bound to it ([`rblk_proto::FEATURE_WINDOWS`]); false when the session has one registration
     /// and one rkey for all its queue pairs.
     pub fn memory_windows(&self) -> bool {
-        self.link.features() & rblk_proto::FEATURE_WINDOWS != 0
+        self.ctl.link.features() & rblk_proto::FEATURE_WINDOWS != 0
     }
 
     /// How it was opened.
     pub fn mode(&self) -> OpenMode {
-        self.mode
+        self.ctl.mode
     }
 
     /// Whether writes are refused (read-only open, or the target says so).
     pub fn is_read_only(&self) -> bool {
-        self.geo.read_only
+        self.ctl.geo.read_only
     }
 
     /// Size, block size, largest I/O and read-only-ness, for access checks.
     pub fn geometry(&self) -> Geometry {
-        self.geo
+        self.ctl.geo
     }
 
     /// The URI it was opened by.
     pub fn uri(&self) -> &Uri {
-        &self.uri
+        &self.ctl.uri
     }
 
     /// The target's address (of the control connection, now).
     pub fn addr(&self) -> SocketAddr {
-        self.link.addr()
+        self.ctl.addr()
     }
 
     /// The session's id (OPENED's; a reconnect makes a new session).
     pub fn session_id(&self) -> u64 {
-        self.link.current().opened.session_id
+        self.ctl.link.current().opened.session_id
     }
 
     /// The volume instance's identity the target reported (with FEATURE_RECONNECT).
     pub fn instance(&self) -> Option<rblk_proto::VolumeId> {
-        self.link.current().opened.instance
+        self.ctl.link.current().opened.instance
     }
 
     /// How often the session reconnected after losing its target.
     pub fn reconnects(&self) -> u64 {
-        self.link.reconnect_count()
+        self.ctl.link.reconnect_count()
     }
 
     /// Whether a lost session will be reconnected (the target supports it, and
     /// [`Reconnect::ctrl_loss_tmo`](crate::Reconnect::ctrl_loss_tmo) is not 0).
     pub fn can_reconnect(&self) -> bool {
-        self.link.reconnects()
+        self.ctl.link.reconnects()
     }
 
     /// The volume's address and the rkey OPENED gave, for tests that post raw work requests. With
     /// [`memory_windows`](Self::memory_windows) that rkey works only on the session's first queue
     /// pair. A bad raw access puts both ends' QPs into error.
     pub fn remote(&self) -> (u64, u32) {
-        let now = self.link.current().opened;
+        let now = self.ctl.link.current().opened;
         (now.remote_addr, now.rkey)
     }
 
     /// The session's protection domain, for tests that register their own buffers.
     pub fn pd(&self) -> Pd {
-        self.link.pd().clone()
+        self.ctl.pd()
     }
 
     /// Checks a synchronous access ([`read_at`](Self::read_at) / [`write_at`](Self::write_at)):
     /// not empty, block-aligned, inside the volume, no write when read-only.
     pub fn check_range(&self, dir: Direction, offset: u64, len: u64) -> Result<()> {
-        self.geo.check(dir, offset, len, None)?;
-        dirty::check_writable(&self.dirty, dir, offset, len)
+        self.ctl.geo.check(dir, offset, len, None)?;
+        self.ctl.io.check_writable(dir, offset, len)
     }
 
     /// Reads `buf.len()` bytes at `offset` into `buf`.
@@ -180,17 +175,12 @@ impl Volume {
     /// The lane of the synchronous calls, opened at the first.
     fn lane(&mut self) -> Result<&mut Lane> {
         if self.io.is_none() {
-            let chunk = crate::engine::piece_size(&self.geo, Self::CHUNK_MAX);
-            let mut lane = Lane::new(Queue::connect(self, Self::SYNC_DEPTH, chunk)?, None);
-            lane.set_io_timeout(self.link.opts().io_timeout);
+            let chunk = crate::engine::piece_size(&self.ctl.geo, Self::CHUNK_MAX);
+            let mut lane = Lane::new(Queue::connect(&self.ctl, Self::SYNC_DEPTH, chunk)?, None);
+            lane.set_io_timeout(self.ctl.link.opts().io_timeout);
             self.io = Some(lane);
         }
         Ok(self.io.as_mut().expect("opened above"))
-    }
-
-    /// The state the volume shares with its queues and lanes.
-    pub(crate) fn shared(&self) -> dirty::Shared {
-        std::sync::Arc::clone(&self.dirty)
     }
 
     /// Makes everything written since the last flush durable: a FLUSH of the ranges this volume
@@ -203,108 +193,29 @@ impl Volume {
     /// every queue's writes before calling this (the target cannot see one-sided writes). When
     /// nothing was written since the last flush, nothing is sent.
     pub fn flush(&mut self) -> Result<bool> {
-        if let Some(lost) = self.link.take_lost_writes() {
-            // The target crashed since these writes completed, and took them along: this is the
-            // flush that promised them durability.
-            self.dirty.counters.errors.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::WritesLost { addr: self.link.addr(), bytes: lost });
-        }
-        if dirty::is_clean(&self.dirty) {
-            self.dirty.counters.skipped.fetch_add(1, Ordering::Relaxed);
-            return Ok(self.is_volatile());
-        }
-        let pending = dirty::take_for_flush(&self.dirty);
-        let ranges: Vec<Range> = match &pending {
-            Dirty::Ranges(v) => v.iter().map(|&(s, e)| Range::new(s, e - s)).collect(),
-            Dirty::All => Vec::new(),
-        };
-        let flush = match pending {
-            Dirty::Ranges(_) if self.link.features() & rblk_proto::FEATURE_FLUSH_RANGES != 0 => Flush::Ranges(&ranges),
-            _ => Flush::All,
-        };
-        let result = self.flush_with(flush);
-        // Not durable: the next flush must cover these again (a loss found by a reconnect
-        // meanwhile has forgotten them already).
-        dirty::flush_done(&self.dirty, result.is_ok());
-        result
+        self.ctl.flush()
     }
 
     /// Makes everything written so far durable, tracked or not: a FLUSH of the whole volume.
     pub fn flush_all(&mut self) -> Result<bool> {
-        dirty::take_for_flush(&self.dirty);
-        let result = self.flush_with(Flush::All);
-        dirty::flush_done(&self.dirty, result.is_ok());
-        result
+        self.ctl.flush_all()
     }
 
     /// Makes `len` bytes at `offset` durable (FLUSH of that range, or of everything when the
     /// target lacks ranged flushes). Returns whether the volume is volatile.
     pub fn flush_range(&mut self, offset: u64, len: u64) -> Result<bool> {
-        self.geo.check_as("flush", Direction::Read, offset, len, None)?;
-        let ranges = [Range::new(offset, len)];
-        if self.link.features() & rblk_proto::FEATURE_FLUSH_RANGES != 0 {
-            self.flush_with(Flush::Ranges(&ranges))
-        } else {
-            self.flush_with(Flush::All)
-        }
-    }
-
-    fn flush_with(&mut self, flush: Flush<'_>) -> Result<bool> {
-        let started = Instant::now();
-        let result = self.flush_sent(flush);
-        let counters = &self.dirty.counters;
-        counters.flushes.fetch_add(1, Ordering::Relaxed);
-        counters.flush_latency.record(started.elapsed());
-        if result.is_err() {
-            counters.errors.fetch_add(1, Ordering::Relaxed);
-        }
-        result
-    }
-
-    fn flush_sent(&mut self, flush: Flush<'_>) -> Result<bool> {
-        match &flush {
-            Flush::All => tracing::debug!("FLUSH of the whole volume"),
-            Flush::Ranges(r) => {
-                tracing::debug!(ranges = r.len(), bytes = r.iter().map(|r| r.len()).sum::<u64>(), "FLUSH")
-            }
-        }
-        let timeout = self.link.opts().timeout;
-        let flags = self
-            .link
-            .control(|conn| {
-                conn.expect(&Message::Flush(flush), Instant::now() + timeout, "FLUSHED", |r| match r {
-                    Reply::Flushed(flags) => Some(flags),
-                    _ => None,
-                })
-            })
-            .and_then(|flags| match self.link.take_lost_writes() {
-                // The target crashed while this FLUSH waited for the session.
-                Some(lost) => Err(Error::WritesLost { addr: self.link.addr(), bytes: lost }),
-                None => Ok(flags),
-            })
-            .inspect_err(|e| {
-                if e.code() == Some(ErrorCode::VolumeFailed) {
-                    dirty::set_failed(&self.dirty);
-                }
-            })?;
-        Ok(flags.contains(FlushedFlags::VOLATILE))
+        self.ctl.flush_range(offset, len)
     }
 
     /// True once the target declared the volume failed (a FLUSH could not be made durable):
     /// writes then fail with [`Error::VolumeFailed`].
     pub fn failed(&self) -> bool {
-        dirty::failed(&self.dirty)
+        self.ctl.failed()
     }
 
     /// The target's counters.
     pub fn stats(&mut self) -> Result<StatsReply> {
-        let timeout = self.link.opts().timeout;
-        self.link.control(|conn| {
-            conn.expect(&Message::Stats, Instant::now() + timeout, "STATS_REPLY", |r| match r {
-                Reply::Stats(s) => Some(s),
-                _ => None,
-            })
-        })
+        self.ctl.stats()
     }
 
     /// Housekeeping of the session's first queue pair: takes what arrived while idle
@@ -313,15 +224,7 @@ impl Volume {
     /// has nothing else to do. Fails once I/O fails (fast_io_fail_tmo) or the session is gone;
     /// while it reconnects it succeeds (the link logs what happens).
     pub fn keepalive(&mut self) -> Result<()> {
-        self.link.drive();
-        let gen = self.link.gen();
-        match self.link.status(gen) {
-            crate::link::Status::Up | crate::link::Status::Newer(_) => self.link.control_now(Conn::keepalive),
-            crate::link::Status::Waiting => {
-                Err(Error::ConnectionLost { addr: self.link.addr(), reason: "the session is reconnecting".into() })
-            }
-            crate::link::Status::FastFail(e) | crate::link::Status::Failed(e) => Err(e),
-        }
+        self.ctl.keepalive()
     }
 
     /// Ends the session: CLOSE, whose OK means the target has revoked the session's access to
@@ -331,42 +234,33 @@ impl Volume {
     pub fn close(mut self) -> Result<()> {
         // The data lane goes first: CLOSE revokes the session's access.
         self.io = None;
-        self.link.begin_close();
-        if !self.link.is_up() {
-            tracing::debug!(addr = %self.link.addr(), "closing a session that is down: nothing to send");
-            return Ok(());
-        }
-        let timeout = self.link.opts().timeout;
-        self.link.control_now(|conn| {
-            conn.expect(&Message::Close, Instant::now() + timeout, "OK(CLOSE)", |r| match r {
-                Reply::Ok(Opcode::Close) => Some(()),
-                _ => None,
-            })
-        })
+        self.ctl.close()
     }
 
     /// Marks the session as closing: from now on, while the target is unreachable, I/O and
     /// flushes fail at once instead of waiting for a reconnect (a detach during an outage).
     pub fn begin_close(&self) {
-        self.link.begin_close();
+        self.ctl.begin_close();
     }
 
     /// Opens a further queue pair of the session with `depth` operations in flight and a pool
     /// of `depth` buffers of [`max_io`](Self::max_io) bytes.
     pub fn queue(&self, depth: u32) -> Result<Queue> {
-        self.queue_with(depth, self.opened.max_io as usize)
+        self.queue_with(depth, self.ctl.opened.max_io as usize)
     }
 
     /// [`queue`](Self::queue) with pool buffers of `buf_size` bytes (a multiple of the block
     /// size, at most [`max_io`](Self::max_io)): smaller buffers pin less memory for small I/O.
     pub fn queue_with(&self, depth: u32, buf_size: usize) -> Result<Queue> {
-        Queue::connect(self, depth, buf_size)
+        Queue::connect(&self.ctl, depth, buf_size)
     }
 }
 
-impl Volume {
-    /// What a queue needs of its volume to join the session.
-    pub(crate) fn parts(&self) -> (&Arc<Link>, Geometry, &dirty::Shared) {
-        (&self.link, self.geo, &self.dirty)
+/// The session's control side, for an [`Engine`](crate::Engine): the volume's own lane closes.
+impl From<Volume> for Control {
+    fn from(mut vol: Volume) -> Control {
+        vol.io = None;
+        let Volume { ctl, .. } = vol;
+        ctl
     }
 }

@@ -8,7 +8,8 @@
 //! data is never copied in userspace. (Linux 6.12's ublk has no zero copy, so the kernel's copy
 //! between the bio pages and the buffer remains.) The thread waits for RDMA completions inside
 //! its io_uring loop: a POLL_ADD on the lane's completion channel (linked to a one-second
-//! timeout, since a reconnect replaces the channel), and a one-second timer for keepalives, loss
+//! timeout, since a reconnect replaces the channel; a millisecond while a request waits for
+//! another lane, [`Lane::retry_after`]), and a one-second timer for keepalives, loss
 //! detection and reconnecting; there is no extra thread per queue. While the session
 //! reconnects, requests wait (see `--ctrl-loss-tmo` and `--fast-io-fail-tmo`).
 //!
@@ -142,12 +143,12 @@ fn preflight(args: &AttachArgs) -> anyhow::Result<()> {
 
 /// Per tag: the request's result once its lane finished it, and the task waiting for it.
 #[derive(Default)]
-struct Slot {
+struct Mailbox {
     done: Cell<Option<Finished>>,
     waker: RefCell<Option<Waker>>,
 }
 
-struct Finish<'a>(&'a Slot);
+struct Finish<'a>(&'a Mailbox);
 
 impl Future for Finish<'_> {
     type Output = Finished;
@@ -165,7 +166,7 @@ impl Future for Finish<'_> {
 /// What a queue thread shares between its tasks.
 struct QueueState {
     lane: RefCell<Lane>,
-    slots: Vec<Slot>,
+    mailboxes: Vec<Mailbox>,
     /// The lane failed to progress (its queue pair is gone): every request fails.
     broken: Cell<bool>,
 }
@@ -182,7 +183,7 @@ impl QueueState {
         }
         let mut woke = false;
         while let Some(f) = lane.next() {
-            let Some(slot) = usize::try_from(f.tag).ok().and_then(|t| self.slots.get(t)) else { continue };
+            let Some(slot) = usize::try_from(f.tag).ok().and_then(|t| self.mailboxes.get(t)) else { continue };
             slot.done.set(Some(f));
             if let Some(w) = slot.waker.borrow_mut().take() {
                 w.wake();
@@ -230,7 +231,7 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
                 let r = Request { tag: tag.into(), op, offset, len: len.into(), fua, data };
                 // Staged only: the event loop posts every tag's request with one doorbell.
                 st.lane.borrow_mut().submit(r);
-                let mut f = Finish(&st.slots[tag as usize]).await;
+                let mut f = Finish(&st.mailboxes[tag as usize]).await;
                 if let Data::Registered(b) = std::mem::take(&mut f.data) {
                     buf = Some(b);
                 }
@@ -251,7 +252,7 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
 /// the channel, and a poll of the old one would never fire. The descriptor is taken anew for
 /// every wait.
 async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
-    let ts = types::Timespec::new().sec(1);
+    let second = types::Timespec::new().sec(1);
     loop {
         let armed = st.lane.borrow_mut().arm();
         if let Err(e) = armed {
@@ -262,11 +263,18 @@ async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
         }
         // A completion that landed before the arm raises no event: look once more.
         st.deliver();
-        let fd = st.lane.borrow().event_fd();
+        let (fd, retry) = {
+            let lane = st.lane.borrow();
+            (lane.event_fd(), lane.retry_after())
+        };
+        // A request that waits for another lane (a range hold, an earlier FLUSH) raises no event
+        // here: look again soon.
+        let short = retry.map(|d| types::Timespec::new().nsec(d.as_nanos().min(999_999_999) as u32));
+        let ts = short.as_ref().unwrap_or(&second);
         let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as _).build().flags(squeue::Flags::IO_LINK);
         // Both entries go into the ring now, one after the other: the timeout guards the poll.
         let polled = q.ublk_submit_sqe(poll);
-        let timeout = q.ublk_submit_sqe(opcode::LinkTimeout::new(&ts).build());
+        let timeout = q.ublk_submit_sqe(opcode::LinkTimeout::new(ts).build());
         let revents = polled.await;
         let _ = timeout.await;
         // EBADF: a reconnect replaced the queue pair (and closed its channel) before the kernel
@@ -311,7 +319,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
     lane.set_deferred_posting(true);
     let st = QueueState {
         lane: RefCell::new(lane),
-        slots: (0..depth).map(|_| Slot::default()).collect(),
+        mailboxes: (0..depth).map(|_| Mailbox::default()).collect(),
         broken: Cell::new(false),
     };
     let exe = smol::LocalExecutor::new();

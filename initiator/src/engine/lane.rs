@@ -1,12 +1,44 @@
 //! A lane: one queue pair of a session, owned by one thread, running block requests on it.
+//!
+//! # A request's lifecycle
+//!
+//! Every request the lane holds is in exactly one [`State`], kept in its slot of one slab, and
+//! only [`Lane::set_state`] changes it. Two ordering lists hold keys: `ready` (submission order:
+//! requests with something to start or post) and `flushing` (FLUSH exchanges). A request on
+//! neither waits for its pieces' completions, which name it by their `user_data`.
+//!
+//! ```text
+//!  submit ─┬─ Read, Write, WriteZeroes (aligned; unaligned reads read the covering blocks)
+//!          │    Posting{next, outstanding} ──all posted──> InFlight{outstanding} ──┐
+//!          │    (a write first takes its shared hold)                              │
+//!          ├─ partial-block write (read-modify-write)                              │
+//!          │    Barrier ─older done─> WaitingForHold ─exclusive─> ReadingEdges ────┤
+//!          │                                          edges read, bytes patched in │
+//!          │                                            Posting{..} ─> InFlight{..}┤
+//!          └─ Flush: takes the session's dirty ranges (a flush sequence number)    │
+//!               FlushQueued ─sent─> Flushing{tag, gen} ─FLUSHED─> WaitingEarlier ──┤
+//!                     ^  a reconnect (gen moved on): sent again     earlier ones   │
+//!                     └─────────────────────────────────────────── done ───────────┤
+//!                                                                                  v
+//!    last piece done ─ fua ─> FlushQueued (its range) ... ─> finished, handed back by next()
+//! ```
+//!
+//! Nothing here waits: a hold that is not free, a send buffer that is not free, an earlier FLUSH
+//! still running, are states that [`Lane::progress`] looks at again. What still blocks by
+//! design: a reconnect attempt that falls due while submitting or reaping runs on the caller's
+//! thread (see [`Reconnect`](crate::Reconnect)), and [`Lane::wait`] and the synchronous calls
+//! wait, as their names say.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::locks::Hold;
-use super::Control;
-use crate::dirty::{self, Shared};
+use rblk_proto::{FlushedFlags, Message};
+
+use crate::conn::Reply;
+use crate::control::{self, Control};
+use crate::holds::Hold;
+use crate::io_state::{Earlier, FlushBody, Shared};
 use crate::{Buffer, Direction, Done, Error, Geometry, InvalidReason, Queue, Result, DEFAULT_IO_TIMEOUT};
 
 /// What a request does.
@@ -68,42 +100,86 @@ pub struct Finished {
     pub data: Data,
 }
 
+/// Where a request is (see the module documentation's drawing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// On `ready`: pieces to post; `next` bytes posted so far, `outstanding` on the queue.
+    Posting { next: u64, outstanding: u32 },
+    /// Every piece posted; `outstanding` still on the queue.
+    InFlight { outstanding: u32 },
+    /// A read-modify-write on `ready`, waiting for the lane's older requests to finish.
+    Barrier,
+    /// A read-modify-write on `ready`, waiting for its exclusive hold.
+    WaitingForHold,
+    /// A read-modify-write on `ready`, reading its partial edge blocks: `posted` of them so far,
+    /// `outstanding` on the queue.
+    ReadingEdges { posted: u8, outstanding: u32 },
+    /// On `flushing`: a FLUSH (or a FUA write's) to send on the lane's queue pair.
+    FlushQueued,
+    /// On `flushing`: sent with `tag` on the queue pair of session generation `gen`.
+    Flushing { tag: u32, gen: u64 },
+    /// On `flushing`: FLUSHED; waiting for the session's earlier FLUSHes.
+    WaitingEarlier,
+}
+
+impl State {
+    fn on_ready(self) -> bool {
+        matches!(self, State::Posting { .. } | State::Barrier | State::WaitingForHold | State::ReadingEdges { .. })
+    }
+
+    fn on_flushing(self) -> bool {
+        matches!(self, State::FlushQueued | State::Flushing { .. } | State::WaitingEarlier)
+    }
+
+    /// Pieces on the queue.
+    fn outstanding(self) -> u32 {
+        match self {
+            State::Posting { outstanding, .. }
+            | State::InFlight { outstanding }
+            | State::ReadingEdges { outstanding, .. } => outstanding,
+            _ => 0,
+        }
+    }
+}
+
+/// What kind of request, with what only that kind needs.
+#[derive(Debug)]
+enum Kind {
+    /// A read; `trim`: it reads the covering blocks and the caller's bytes start this far in.
+    Read { trim: Option<usize> },
+    /// An aligned write (of the request's data, or of zeroes).
+    Write,
+    /// A write of partial blocks: the covering blocks (the request's range) are read at the
+    /// `edges` into `scratch`, patched with the caller's bytes from `skip` on, and written back
+    /// whole.
+    ReadModifyWrite { skip: usize, edges: [Option<u64>; 2], scratch: Vec<u8> },
+    /// A FLUSH: the session's flush sequence number and what it sends (None: nothing to send).
+    Flush { seq: u64, body: Option<FlushBody>, ended: bool },
+}
+
 /// One request in progress.
 #[derive(Debug)]
 struct Req {
     tag: u64,
     op: IoOp,
+    /// For reads of covering blocks and read-modify-writes, the covering range.
     offset: u64,
     len: u64,
     fua: bool,
     data: Data,
-    /// Bytes handed to the queue so far.
-    submitted: u64,
-    /// Pieces in flight.
-    outstanding: u32,
+    /// The caller's length (a trimmed read hands back this many bytes).
+    want: u64,
+    kind: Kind,
+    state: State,
     error: Option<Error>,
+    /// A write's shared hold, or a read-modify-write's exclusive one (or its request).
     hold: Option<Hold>,
-    /// Part of a read-modify-write, which holds the blocks exclusively: no lock of its own, and
-    /// its result goes to the read-modify-write, not to the caller.
-    internal: bool,
-    /// A read of covering blocks: the caller's bytes start here.
-    trim: Option<usize>,
-    /// The caller's length for a trimmed read.
-    want: usize,
-    /// The data is a registered buffer of the caller's, lent to the queue while in flight.
-    registered: bool,
-    /// Submission order (0 for the parts of a read-modify-write, which run as soon as they can).
+    /// Submission order.
     seq: u64,
     /// When the caller submitted it (its latency is measured from here).
     started: Instant,
-}
-
-/// One piece of a request on the queue.
-#[derive(Debug, Clone, Copy)]
-struct Piece {
-    req: usize,
-    at: u64,
-    len: u64,
+    /// When its FLUSH was first sent.
+    flush_sent: Option<Instant>,
 }
 
 /// One queue pair of a session and the block requests running on it.
@@ -112,33 +188,32 @@ struct Piece {
 /// against the volume, split into pieces of at most [`max_piece`](Self::max_piece) bytes, and
 /// kept at most the queue's depth in flight; [`next`](Self::next) hands back finished ones, in
 /// whatever order they finish. Requests that cover blocks only partly are read-modify-writes: they
-/// wait until the lane has nothing else in flight and then run alone, holding their blocks
-/// exclusively against every lane of the session. A write holds its blocks shared while in
-/// flight, so a read-modify-write never undoes it.
+/// wait until the lane's older requests finished and then hold their blocks exclusively against
+/// every lane of the session; requests submitted after one start once it has posted its
+/// write-back. A write holds its blocks shared while in flight, so a read-modify-write never
+/// undoes it. FLUSH and FUA go to the target on this lane's own queue pair.
 ///
 /// The owning thread drives it: [`wait`](Self::wait) blocks, [`progress`](Self::progress)
 /// does not; [`event_fd`](Self::event_fd) and [`arm`](Self::arm) let an event loop of the
-/// caller's (a ublk queue's io_uring) wait instead. The synchronous calls ([`read_at`](Self::read_at),
-/// [`write_at`](Self::write_at), [`write_zeroes`](Self::write_zeroes), [`flush`](Self::flush)) are for a
-/// lane with no requests of the caller's outstanding.
+/// caller's (a ublk queue's io_uring) wait instead, with [`retry_after`](Self::retry_after) as
+/// its timeout. The synchronous calls ([`read_at`](Self::read_at), [`write_at`](Self::write_at),
+/// [`write_zeroes`](Self::write_zeroes), [`flush`](Self::flush)) are for a lane with no
+/// requests of the caller's outstanding.
 #[derive(Debug)]
 pub struct Lane {
     q: Queue,
+    /// The session's first queue pair, kept heard by [`tick`](Self::tick).
     control: Option<Arc<Control>>,
-    shared: Shared,
+    io: Shared,
     geo: Geometry,
     max: u64,
-    reqs: Vec<Option<Req>>,
-    free_reqs: Vec<usize>,
-    pieces: Vec<Option<Piece>>,
-    free_pieces: Vec<usize>,
-    /// Requests with pieces left to submit, oldest first.
+    features: u64,
+    reqs: slab::Slab<Req>,
+    /// Keys of requests in a state [`State::on_ready`], in submission order.
     ready: VecDeque<usize>,
-    /// Partial-block writes waiting for the lane to be idle.
-    barrier: VecDeque<usize>,
+    /// Keys of requests in a state [`State::on_flushing`].
+    flushing: Vec<usize>,
     finished: VecDeque<Finished>,
-    /// Finished parts of the running read-modify-write.
-    internal_done: Vec<(usize, Result<()>, Data)>,
     done: Vec<Done>,
     io_timeout: Duration,
     /// Reused by the synchronous calls.
@@ -147,37 +222,43 @@ pub struct Lane {
     /// Post only in progress(), not at every submit (an event loop that submits many requests
     /// per wakeup: one doorbell for all of them).
     defer_posts: bool,
+    /// The last progress found a request waiting for a hold or an earlier FLUSH, which no
+    /// completion of this lane's announces.
+    blocked: bool,
 }
 
 fn bs(geo: &Geometry) -> u64 {
     u64::from(geo.block_size.max(1))
 }
 
+/// How soon an event loop should look again at a lane whose requests wait for another lane
+/// (a hold, an earlier FLUSH).
+const RETRY: Duration = Duration::from_millis(1);
+
 impl Lane {
     pub(crate) fn new(q: Queue, control: Option<Arc<Control>>) -> Lane {
         let depth = q.depth() as usize;
-        let shared = Arc::clone(q.shared());
+        let io = Arc::clone(q.shared());
         let geo = q.geometry();
         let max = q.max_len();
+        let features = q.link().features();
         Lane {
             q,
             control,
-            shared,
+            io,
             geo,
             max,
-            reqs: Vec::new(),
-            free_reqs: Vec::new(),
-            pieces: vec![None; depth],
-            free_pieces: (0..depth).rev().collect(),
-            ready: VecDeque::new(),
-            barrier: VecDeque::new(),
-            finished: VecDeque::new(),
-            internal_done: Vec::new(),
+            features,
+            reqs: slab::Slab::with_capacity(depth),
+            ready: VecDeque::with_capacity(depth),
+            flushing: Vec::new(),
+            finished: VecDeque::with_capacity(depth),
             done: std::iter::repeat_with(Done::default).take(depth).collect(),
             io_timeout: DEFAULT_IO_TIMEOUT,
             scratch: Vec::new(),
             next_seq: 1,
             defer_posts: false,
+            blocked: false,
         }
     }
 
@@ -222,7 +303,7 @@ impl Lane {
 
     /// Requests submitted and not yet handed back by [`next`](Self::next).
     pub fn pending(&self) -> usize {
-        self.reqs.len() - self.free_reqs.len() + self.finished.len()
+        self.reqs.len() + self.finished.len()
     }
 
     /// Pieces on the queue.
@@ -242,34 +323,40 @@ impl Lane {
         self.q.arm()
     }
 
+    /// When an event loop waiting for [`event_fd`](Self::event_fd) should call
+    /// [`progress`](Self::progress) again even without an event: a request waits for another
+    /// lane (a range hold, an earlier FLUSH), which raises no event here. `None`: only events.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.blocked.then_some(RETRY)
+    }
+
     /// Housekeeping, every second or so while the owning thread has nothing else to do: the
     /// queue's keepalives and loss detection ([`Queue::tick`]: while the session is lost, a due
-    /// reconnect attempt and the rejoin), and the same for the session's first queue pair.
+    /// reconnect attempt and the rejoin), and the same for the session's first queue pair unless
+    /// another thread is using it (a FLUSH or STATS exchange, which hears the target meanwhile).
+    /// Then what can progress does.
     pub fn tick(&mut self) -> Result<()> {
         self.q.tick();
-        match &self.control {
-            Some(c) => c.keepalive(),
+        let first = match &self.control {
+            Some(c) => c.try_keepalive(),
             None => Ok(()),
-        }
+        };
+        self.progress()?;
+        first
     }
 
     /// Starts a request. Requests that fail their checks finish at once with the reason.
     pub fn submit(&mut self, r: Request) {
         let started = Instant::now();
         if let Err(e) = self.check(&r) {
-            self.finish(Finished { tag: r.tag, op: r.op, result: Err(e), data: r.data }, 0, None);
+            self.hand_back(Finished { tag: r.tag, op: r.op, result: Err(e), data: r.data }, 0, None);
             return;
         }
-        if r.op == IoOp::Flush {
-            // The control path counts and times FLUSHes, of every front end.
-            let result = self.flush_now(None);
-            self.finished.push_back(Finished { tag: r.tag, op: r.op, result, data: r.data });
-            return;
-        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
         let bs = bs(&self.geo);
         let (start, end) = (r.offset / bs * bs, (r.offset + r.len).div_ceil(bs) * bs);
         let aligned = start == r.offset && end == r.offset + r.len;
-        let registered = matches!(r.data, Data::Registered(_));
         let mut req = Req {
             tag: r.tag,
             op: r.op,
@@ -277,40 +364,80 @@ impl Lane {
             len: r.len,
             fua: r.fua,
             data: r.data,
-            submitted: 0,
-            outstanding: 0,
+            want: r.len,
+            kind: Kind::Write,
+            state: State::Posting { next: 0, outstanding: 0 },
             error: None,
             hold: None,
-            internal: false,
-            trim: None,
-            want: r.len as usize,
-            registered,
-            seq: self.next_seq,
+            seq,
             started,
+            flush_sent: None,
         };
-        self.next_seq += 1;
-        if r.op == IoOp::Read {
-            if let Data::Bytes(v) = &mut req.data {
-                v.resize((end - start) as usize, 0);
+        let key = match r.op {
+            IoOp::Flush => {
+                if let Some(e) = control::writes_lost(self.q.link()) {
+                    self.io.count_flush(None, false);
+                    self.finished.push_back(Finished { tag: r.tag, op: r.op, result: Err(e), data: req.data });
+                    return;
+                }
+                let ticket = self.io.begin_flush();
+                let body =
+                    (ticket.ranges != crate::Dirty::default()).then(|| FlushBody::of(&ticket.ranges, self.features));
+                req.kind = Kind::Flush { seq: ticket.seq, body, ended: false };
+                let key = self.reqs.insert(req);
+                let to = if matches!(self.reqs[key].kind, Kind::Flush { body: Some(_), .. }) {
+                    State::FlushQueued
+                } else {
+                    self.end_flush(key, true);
+                    State::WaitingEarlier
+                };
+                self.set_state(key, to);
+                key
             }
-            if !aligned {
-                // Read the covering blocks; the caller gets its bytes from inside them.
-                req.trim = Some((r.offset - start) as usize);
+            IoOp::Read => {
+                if let Data::Bytes(v) = &mut req.data {
+                    v.resize((end - start) as usize, 0);
+                }
+                if !aligned {
+                    req.kind = Kind::Read { trim: Some((r.offset - start) as usize) };
+                    req.offset = start;
+                    req.len = end - start;
+                } else {
+                    req.kind = Kind::Read { trim: None };
+                }
+                let key = self.reqs.insert(req);
+                self.set_state(key, State::Posting { next: 0, outstanding: 0 });
+                key
+            }
+            IoOp::Write | IoOp::WriteZeroes if aligned => {
+                let key = self.reqs.insert(req);
+                self.set_state(key, State::Posting { next: 0, outstanding: 0 });
+                key
+            }
+            IoOp::Write | IoOp::WriteZeroes => {
+                let mut edges = [None; 2];
+                if r.offset != start {
+                    edges[0] = Some(start);
+                }
+                if r.offset + r.len != end && Some(end - bs) != edges[0] {
+                    edges[1] = Some(end - bs);
+                }
+                req.kind = Kind::ReadModifyWrite { skip: (r.offset - start) as usize, edges, scratch: Vec::new() };
                 req.offset = start;
                 req.len = end - start;
+                let key = self.reqs.insert(req);
+                self.set_state(key, State::Barrier);
+                key
             }
-        }
-        let index = self.insert(req);
-        if aligned || r.op == IoOp::Read {
-            self.ready.push_back(index);
-        } else {
-            self.barrier.push_back(index);
-        }
+        };
+        let _ = key;
         if !self.defer_posts {
             self.pump();
         }
     }
 
+    /// The one check of a request: range, alignment, length, buffer ownership. The queue trusts
+    /// it; what can change before posting is guarded there.
     fn check(&self, r: &Request) -> Result<()> {
         let dir = if r.op == IoOp::Read { Direction::Read } else { Direction::Write };
         let what = match r.op {
@@ -330,7 +457,7 @@ impl Lane {
         };
         let (start, end) = (r.offset / bs * bs, end.div_ceil(bs) * bs);
         self.geo.check_as(what, dir, start, end - start, None)?;
-        dirty::check_writable(&self.shared, dir, start, end - start)?;
+        self.io.check_writable(dir, start, end - start)?;
         match (&r.data, r.op) {
             (Data::Registered(b), IoOp::Read | IoOp::Write) => {
                 if start != r.offset || end != r.offset + r.len {
@@ -349,23 +476,71 @@ impl Lane {
             (Data::Bytes(_), _) | (Data::None, IoOp::WriteZeroes) => {}
             _ => return invalid(InvalidReason::NoData),
         }
-        if r.fua && self.control.is_none() {
-            return invalid(InvalidReason::NoData);
+        Ok(())
+    }
+
+    /// The one transition of a request's state: moves its key onto the ordering list of the new
+    /// state (off the old one) and checks, in debug builds, that lists and states agree.
+    fn set_state(&mut self, key: usize, to: State) {
+        let Some(req) = self.reqs.get_mut(key) else { return };
+        let from = req.state;
+        req.state = to;
+        // The lists are short (requests leave `ready` once posted): membership is looked up,
+        // so a request inserted in its first state joins its list here too.
+        if to.on_ready() {
+            if !self.ready.contains(&key) {
+                self.ready.push_back(key);
+            }
+        } else if from.on_ready() {
+            self.ready.retain(|&k| k != key);
+        }
+        if to.on_flushing() {
+            if !self.flushing.contains(&key) {
+                self.flushing.push(key);
+            }
+        } else if from.on_flushing() {
+            self.flushing.retain(|&k| k != key);
+        }
+        if cfg!(debug_assertions) {
+            if let Err(e) = self.check_lists() {
+                panic!("lane lists disagree with states after {from:?} -> {to:?}: {e}");
+            }
+        }
+    }
+
+    fn check_lists(&self) -> std::result::Result<(), String> {
+        for (name, list, ok) in [
+            ("ready", self.ready.iter().copied().collect::<Vec<_>>(), State::on_ready as fn(State) -> bool),
+            ("flushing", self.flushing.clone(), State::on_flushing),
+        ] {
+            for k in &list {
+                match self.reqs.get(*k) {
+                    Some(r) if ok(r.state) => {}
+                    Some(r) => return Err(format!("request {k} on {name} is {:?}", r.state)),
+                    None => return Err(format!("finished request {k} still on {name}")),
+                }
+            }
+            let listed = self.reqs.iter().filter(|(_, r)| ok(r.state)).count();
+            if listed != list.len() {
+                return Err(format!("{} on {name}, {listed} requests in its states", list.len()));
+            }
         }
         Ok(())
     }
 
-    fn insert(&mut self, req: Req) -> usize {
-        match self.free_reqs.pop() {
-            Some(i) => {
-                self.reqs[i] = Some(req);
-                i
-            }
-            None => {
-                self.reqs.push(Some(req));
-                self.reqs.len() - 1
-            }
+    /// Checks the lane's invariants, for tests stepping it: every request on the list of its
+    /// state and on no other; the queue's in-flight count equals the pieces requests have on it;
+    /// the queue's own slot states and lists agree. Returns what is wrong.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.check_lists()?;
+        let pieces: u32 = self.reqs.iter().map(|(_, r)| r.state.outstanding()).sum();
+        // Every slot of the queue is a piece not yet handed back (posted, parked, or failed
+        // and waiting for the next reap).
+        if pieces != self.q.outstanding() {
+            return Err(format!("requests have {pieces} pieces on the queue, which holds {}", self.q.outstanding()));
         }
+        self.q.check_invariants()
     }
 
     /// Hands the next finished request back.
@@ -374,119 +549,357 @@ impl Lane {
         self.finished.pop_front()
     }
 
-    /// Does what can be done without waiting: posts pieces, takes completions, runs a waiting
-    /// read-modify-write once the lane is idle (that one waits for its own I/O).
+    /// Does what can be done without waiting: posts pieces, takes completions and replies, moves
+    /// FLUSHes and read-modify-writes on.
     pub fn progress(&mut self) -> Result<()> {
         self.pump();
-        self.reap(false, Instant::now())?;
-        self.run_barrier()
+        self.reap(false, Instant::now())
     }
 
     /// Waits until a request finished (or none is pending), or `io_timeout` passes without
-    /// any completion ([`Error::Timeout`]; the requests stay in progress).
+    /// any completion while pieces are in flight ([`Error::Timeout`]; the requests stay in
+    /// progress). A FLUSH is waited for as long as the target is heard (the queue's liveness
+    /// rule), not `io_timeout`: a write-back can take minutes.
     pub fn wait(&mut self) -> Result<()> {
         loop {
             self.progress()?;
             if !self.finished.is_empty() || self.pending() == 0 {
                 return Ok(());
             }
-            if self.q.in_flight() > 0 {
+            if self.q.in_flight() > 0 || self.q.awaiting_replies() > 0 {
                 let deadline = Instant::now() + self.io_timeout;
                 self.reap(true, deadline)?;
-            } else if !self.ready.is_empty() {
-                // The head waits for a read-modify-write of another lane to release its blocks.
-                self.shared.locks.wait_release(Duration::from_millis(5));
+            } else if self.blocked {
+                // A request waits for another lane: for a hold, or for an earlier FLUSH.
+                self.io.holds.wait_release(Duration::from_millis(5));
+            } else if self.q.parked() > 0 || !self.flushing.is_empty() {
+                // Parked while the session reconnects, or a FLUSH waiting for it.
+                self.q.wait_session(Instant::now() + Duration::from_millis(100));
             }
         }
     }
 
-    /// Posts pieces of ready requests while the queue has room.
+    /// Moves what can move without waiting: requests on `ready` (in order; a blocked head blocks
+    /// the rest, so nothing overtakes it) and FLUSHes.
     fn pump(&mut self) {
-        // The oldest waiting read-modify-write's submission order.
-        let barrier_seq = self.barrier.front().and_then(|&b| self.reqs[b].as_ref()).map(|b| b.seq);
-        while let Some(&index) = self.ready.front() {
-            let Some(req) = self.reqs[index].as_mut() else {
-                self.ready.pop_front();
-                continue;
-            };
-            if req.error.is_some() || req.submitted == req.len {
-                self.ready.pop_front();
-                if req.outstanding == 0 {
-                    self.complete(index);
+        self.blocked = false;
+        let mut i = 0;
+        while i < self.ready.len() {
+            let key = self.ready[i];
+            match self.advance(key) {
+                Step::Moved | Step::Stay => {}
+                Step::Blocked => {
+                    self.blocked = true;
+                    break;
                 }
-                continue;
+                Step::Full => break,
             }
-            // A waiting read-modify-write runs once the lane is idle: nothing submitted after it
-            // starts before it, or a steady stream of requests would starve it.
-            if req.seq != 0 && barrier_seq.is_some_and(|b| req.seq > b) {
-                break;
-            }
-            if req.op != IoOp::Read && !req.internal && req.hold.is_none() {
-                match self.shared.locks.try_shared(req.offset, req.offset + req.len) {
-                    Some(h) => req.hold = Some(h),
-                    // In order: nothing behind it overtakes it.
-                    None => break,
-                }
-            }
-            let Some(tag) = self.free_pieces.pop() else { break };
-            let at = req.submitted;
-            let n = self.max.min(req.len - at);
-            let offset = req.offset + at;
-            let started = match (req.op, &mut req.data) {
-                (IoOp::Read, Data::Registered(_)) | (IoOp::Write, Data::Registered(_)) => {
-                    let Data::Registered(buf) = std::mem::take(&mut req.data) else { unreachable!() };
-                    if req.op == IoOp::Read {
-                        self.q.submit_read_buf(offset, n as u32, buf, tag as u64)
-                    } else {
-                        self.q.submit_write_buf(offset, n as u32, buf, tag as u64)
-                    }
-                }
-                (IoOp::Read, _) => self.q.submit_read(offset, n as u32, tag as u64),
-                (IoOp::Write, Data::Bytes(v)) => {
-                    self.q.submit_write(offset, &v[at as usize..(at + n) as usize], tag as u64)
-                }
-                (IoOp::WriteZeroes, _) => self.q.submit_zeroes(offset, n as u32, tag as u64),
-                _ => Err(Error::Invalid { what: "request", offset, len: n, reason: InvalidReason::NoData }),
-            };
-            match started {
-                Ok(()) => {
-                    req.submitted += n;
-                    req.outstanding += 1;
-                    self.pieces[tag] = Some(Piece { req: index, at, len: n });
-                }
-                Err(e) => {
-                    self.free_pieces.push(tag);
-                    req.error.get_or_insert(e);
-                }
+            // A request that left `ready` makes room at `i`; one that stays is passed.
+            if self.ready.get(i) == Some(&key) {
+                i += 1;
             }
         }
         self.q.commit();
+        let mut j = 0;
+        while j < self.flushing.len() {
+            let key = self.flushing[j];
+            self.advance_flush(key);
+            if self.flushing.get(j) == Some(&key) {
+                j += 1;
+            }
+        }
     }
 
-    /// Takes completions (waiting for at least one until `deadline` if `block`).
+    /// Moves request `key` on `ready` as far as it can go now.
+    fn advance(&mut self, key: usize) -> Step {
+        let Some(req) = self.reqs.get(key) else { return Step::Moved };
+        match req.state {
+            State::Barrier => {
+                let seq = req.seq;
+                let older =
+                    self.reqs.iter().any(|(k, r)| k != key && r.seq < seq && !matches!(r.kind, Kind::Flush { .. }));
+                if older {
+                    return Step::Blocked;
+                }
+                self.io.counters.rmw.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let hold = self.io.holds.request_exclusive(req.offset, req.offset + req.len);
+                self.reqs[key].hold = Some(hold);
+                self.set_state(key, State::WaitingForHold);
+                self.advance(key)
+            }
+            State::WaitingForHold => {
+                let granted = req.hold.as_ref().is_some_and(|h| self.io.holds.try_grant(h));
+                if !granted {
+                    return Step::Blocked;
+                }
+                let req = &mut self.reqs[key];
+                if let Kind::ReadModifyWrite { scratch, .. } = &mut req.kind {
+                    *scratch = vec![0; req.len as usize];
+                }
+                self.set_state(key, State::ReadingEdges { posted: 0, outstanding: 0 });
+                self.advance(key)
+            }
+            State::ReadingEdges { posted, outstanding } => {
+                let Kind::ReadModifyWrite { edges, .. } = req.kind else { unreachable!() };
+                let mut posted = posted;
+                let mut outstanding = outstanding;
+                let bs = bs(&self.geo) as u32;
+                while (posted as usize) < edges.len() {
+                    let Some(at) = edges[posted as usize] else {
+                        posted += 1;
+                        continue;
+                    };
+                    if self.q.free_slots() == 0 {
+                        self.reqs[key].state = State::ReadingEdges { posted, outstanding };
+                        return Step::Full;
+                    }
+                    if let Err(e) = self.q.stage_read(at, bs, key as u64) {
+                        self.reqs[key].error.get_or_insert(e);
+                        return self.stop_posting(key, outstanding);
+                    }
+                    posted += 1;
+                    outstanding += 1;
+                }
+                self.reqs[key].state = State::ReadingEdges { posted, outstanding };
+                if outstanding == 0 {
+                    self.patch(key);
+                    return self.advance(key);
+                }
+                Step::Stay
+            }
+            State::Posting { next, outstanding } => self.post_pieces(key, next, outstanding),
+            other => unreachable!("{other:?} on ready"),
+        }
+    }
+
+    /// Posts request `key`'s pieces from byte `next` while the queue has room.
+    fn post_pieces(&mut self, key: usize, mut next: u64, mut outstanding: u32) -> Step {
+        let req = &mut self.reqs[key];
+        let writes = req.op != IoOp::Read;
+        if writes && req.hold.is_none() && next == 0 {
+            match self.io.holds.try_shared(req.offset, req.offset + req.len) {
+                Some(h) => req.hold = Some(h),
+                // In order: nothing behind it overtakes it.
+                None => return Step::Blocked,
+            }
+        }
+        while next < req.len {
+            if self.q.free_slots() == 0 {
+                req.state = State::Posting { next, outstanding };
+                return Step::Full;
+            }
+            let n = self.max.min(req.len - next);
+            let offset = req.offset + next;
+            let staged = match (&req.kind, req.op, &mut req.data) {
+                (Kind::ReadModifyWrite { scratch, .. }, _, _) => {
+                    self.q.stage_write(offset, &scratch[next as usize..(next + n) as usize], key as u64)
+                }
+                (_, IoOp::Read, Data::Registered(_)) | (_, IoOp::Write, Data::Registered(_)) => {
+                    let Data::Registered(buf) = std::mem::take(&mut req.data) else { unreachable!() };
+                    let dir = if req.op == IoOp::Read { Direction::Read } else { Direction::Write };
+                    self.q.stage_buf(dir, offset, n as u32, buf, key as u64)
+                }
+                (_, IoOp::Read, _) => self.q.stage_read(offset, n as u32, key as u64),
+                (_, IoOp::Write, Data::Bytes(v)) => {
+                    self.q.stage_write(offset, &v[next as usize..(next + n) as usize], key as u64)
+                }
+                (_, IoOp::WriteZeroes, _) => self.q.stage_zeroes(offset, n as u32, key as u64),
+                _ => Err(Error::Invalid { what: "request", offset, len: n, reason: InvalidReason::NoData }),
+            };
+            if let Err(e) = staged {
+                req.error.get_or_insert(e);
+                return self.stop_posting(key, outstanding);
+            }
+            next += n;
+            outstanding += 1;
+        }
+        self.set_state(key, State::InFlight { outstanding });
+        Step::Moved
+    }
+
+    /// A request stops posting after an error: it finishes once its pieces on the queue did.
+    fn stop_posting(&mut self, key: usize, outstanding: u32) -> Step {
+        if outstanding == 0 {
+            self.set_state(key, State::InFlight { outstanding: 0 });
+            self.complete(key);
+        } else {
+            self.set_state(key, State::InFlight { outstanding });
+        }
+        Step::Moved
+    }
+
+    /// A read-modify-write read its edges: the caller's bytes go into the covering blocks, which
+    /// are then written back whole.
+    fn patch(&mut self, key: usize) {
+        let req = &mut self.reqs[key];
+        if req.error.is_some() {
+            self.set_state(key, State::InFlight { outstanding: 0 });
+            self.complete(key);
+            return;
+        }
+        let len = req.want as usize;
+        if let Kind::ReadModifyWrite { skip, scratch, .. } = &mut req.kind {
+            let o = *skip;
+            match &req.data {
+                Data::Bytes(v) => scratch[o..o + len].copy_from_slice(v),
+                _ => scratch[o..o + len].fill(0),
+            }
+        }
+        self.set_state(key, State::Posting { next: 0, outstanding: 0 });
+    }
+
+    /// Moves FLUSH `key` on as far as it can go now.
+    fn advance_flush(&mut self, key: usize) {
+        let Some(req) = self.reqs.get(key) else { return };
+        match req.state {
+            State::FlushQueued => self.send_flush(key),
+            State::Flushing { gen, .. } if gen != self.q.generation() => {
+                // Sent on a queue pair a reconnect replaced: the reply never comes. Sending it
+                // again is safe (a FLUSH only writes back), and it counts once.
+                self.set_state(key, State::FlushQueued);
+                self.send_flush(key);
+            }
+            State::Flushing { .. } => {}
+            State::WaitingEarlier => {
+                let Kind::Flush { seq, .. } = req.kind else { unreachable!("a FUA never waits for earlier flushes") };
+                match self.io.earlier(seq) {
+                    Earlier::Running => self.blocked = true,
+                    Earlier::Clear => self.finish_flush(key, Ok(())),
+                    Earlier::Failed => {
+                        let e = control::earlier_failed(self.q.addr());
+                        self.finish_flush(key, Err(e));
+                    }
+                }
+            }
+            other => unreachable!("{other:?} on flushing"),
+        }
+    }
+
+    fn send_flush(&mut self, key: usize) {
+        let req = &self.reqs[key];
+        let fua_body;
+        let body = match &req.kind {
+            Kind::Flush { body: Some(b), .. } => b,
+            _ => {
+                fua_body = FlushBody::range(req.offset, req.len, self.features);
+                &fua_body
+            }
+        };
+        body.trace();
+        match self.q.post_control(&Message::Flush(body.message())) {
+            Ok(Some(tag)) => {
+                let gen = self.q.generation();
+                let req = &mut self.reqs[key];
+                req.flush_sent.get_or_insert_with(Instant::now);
+                self.set_state(key, State::Flushing { tag, gen });
+            }
+            // No send buffer free, or the session reconnecting: again at the next progress.
+            Ok(None) => {}
+            Err(e) => self.flush_answered(key, Err(e)),
+        }
+    }
+
+    /// The target answered FLUSH request `key` (or sending it failed).
+    fn flush_answered(&mut self, key: usize, answer: Result<FlushedFlags>) {
+        let answer = answer.and_then(|flags| match control::writes_lost(self.q.link()) {
+            // The target crashed while this FLUSH waited for the session.
+            Some(e) => Err(e),
+            None => Ok(flags),
+        });
+        if let Err(e) = &answer {
+            control::note_flush_error(&self.io, e);
+        }
+        let req = &self.reqs[key];
+        match (&req.kind, answer) {
+            (Kind::Flush { .. }, Ok(_)) => {
+                self.end_flush(key, true);
+                self.set_state(key, State::WaitingEarlier);
+                self.advance_flush(key);
+            }
+            (_, result) => self.finish_flush(key, result.map(|_| ())),
+        }
+    }
+
+    /// Ends FLUSH request `key` in the session's sequence (once): on failure its ranges are dirty
+    /// again.
+    fn end_flush(&mut self, key: usize, ok: bool) {
+        if let Some(Req { kind: Kind::Flush { seq, ended, .. }, .. }) = self.reqs.get_mut(key) {
+            if !*ended {
+                *ended = true;
+                self.io.end_flush(*seq, ok);
+            }
+        }
+    }
+
+    /// A FLUSH, or a FUA write's FLUSH, is over.
+    fn finish_flush(&mut self, key: usize, result: Result<()>) {
+        self.end_flush(key, result.is_ok());
+        let req = self.reqs.remove(key);
+        if req.state.on_flushing() {
+            self.flushing.retain(|&k| k != key);
+        }
+        let took = req.flush_sent.map(|t| t.elapsed());
+        if req.op == IoOp::Flush {
+            self.io.count_flush(took, result.is_ok());
+            self.finished.push_back(Finished { tag: req.tag, op: req.op, result, data: req.data });
+        } else {
+            // A FUA write: counted as a write, and its FLUSH as a FLUSH sent.
+            self.io.count_flush(Some(took.unwrap_or_default()), result.is_ok());
+            self.finish_request(req, result);
+        }
+    }
+
+    /// Takes completions (waiting for at least one until `deadline` if `block`) and replies.
     fn reap(&mut self, block: bool, deadline: Instant) -> Result<()> {
         let n = if block { self.q.wait(&mut self.done, deadline)? } else { self.q.reap(&mut self.done) };
         for i in 0..n {
             let mut d = std::mem::take(&mut self.done[i]);
             self.on_done(&mut d);
         }
-        if n > 0 {
-            self.pump();
+        while let Some((tag, reply)) = self.q.take_reply() {
+            let key = self
+                .flushing
+                .iter()
+                .copied()
+                .find(|&k| self.reqs[k].state == State::Flushing { tag, gen: self.q.generation() });
+            let Some(key) = key else {
+                tracing::debug!(tag, "reply to a FLUSH sent before a reconnect ignored");
+                continue;
+            };
+            let answer = reply.and_then(|r| match r {
+                Reply::Flushed(flags) => Ok(flags),
+                other => Err(Error::Protocol { addr: self.q.addr(), expected: "FLUSHED", got: other.name() }),
+            });
+            let answer = answer.map_err(|e| match e {
+                Error::Target { addr, code, text, .. } => {
+                    Error::Target { addr, request: rblk_proto::Opcode::Flush, code, text }
+                }
+                other => other,
+            });
+            self.flush_answered(key, answer);
         }
+        // Completions free slots and end holds; replies end FLUSHes: whatever waited may move.
+        self.pump();
         Ok(())
     }
 
     fn on_done(&mut self, d: &mut Done) {
-        let Some(piece) = usize::try_from(d.user_data).ok().and_then(|t| self.pieces.get_mut(t)).and_then(Option::take)
-        else {
-            tracing::warn!(tag = d.user_data, "completion of an unknown piece ignored");
+        let key = usize::try_from(d.user_data).ok().filter(|&k| self.reqs.contains(k));
+        let Some(key) = key else {
+            tracing::warn!(user_data = d.user_data, "completion of an unknown request ignored");
             return;
         };
-        self.free_pieces.push(d.user_data as usize);
-        let Some(req) = self.reqs[piece.req].as_mut() else { return };
-        req.outstanding -= 1;
-        if req.registered {
-            // The caller's registered buffer comes back (after success or failure alike).
+        let req = &mut self.reqs[key];
+        let state = match req.state {
+            State::Posting { next, outstanding } => State::Posting { next, outstanding: outstanding - 1 },
+            State::InFlight { outstanding } => State::InFlight { outstanding: outstanding - 1 },
+            State::ReadingEdges { posted, outstanding } => State::ReadingEdges { posted, outstanding: outstanding - 1 },
+            other => unreachable!("a completion for a request in {other:?}"),
+        };
+        req.state = state;
+        // The caller's registered buffer comes back (after success or failure alike). Other
+        // buffers a Done holds are the pool's: a read's data, copied out below.
+        if matches!(req.data, Data::None) && matches!(req.kind, Kind::Read { .. } | Kind::Write) {
             if let Some(buf) = d.take_buffer() {
                 req.data = Data::Registered(buf);
             }
@@ -496,49 +909,74 @@ impl Lane {
                 req.error.get_or_insert(e);
             }
             Ok(()) => {
-                if let Data::Bytes(v) = &mut req.data {
-                    if req.op == IoOp::Read {
-                        let (a, b) = (piece.at as usize, (piece.at + piece.len) as usize);
-                        if let Err(e) = d.read_data(&mut v[a..b]) {
-                            req.error.get_or_insert(e);
+                if d.dir == Direction::Read {
+                    let copied = match (&mut req.kind, &mut req.data) {
+                        (Kind::ReadModifyWrite { scratch, .. }, _) => {
+                            let o = (d.offset - req.offset) as usize;
+                            d.read_data(&mut scratch[o..o + d.len as usize])
                         }
+                        (_, Data::Bytes(v)) => {
+                            let o = (d.offset - req.offset) as usize;
+                            d.read_data(&mut v[o..o + d.len as usize])
+                        }
+                        _ => Ok(()),
+                    };
+                    if let Err(e) = copied {
+                        req.error.get_or_insert(e);
                     }
                 }
             }
         }
         d.release();
-        if req.outstanding == 0 && (req.submitted == req.len || req.error.is_some()) {
-            self.ready.retain(|&i| i != piece.req);
-            self.complete(piece.req);
+        match state {
+            State::ReadingEdges { posted, outstanding: 0 } if posted as usize == 2 => {
+                if self.reqs[key].error.is_some() {
+                    self.set_state(key, State::InFlight { outstanding: 0 });
+                    self.complete(key);
+                } else {
+                    self.patch(key);
+                }
+            }
+            State::InFlight { outstanding: 0 } => self.complete(key),
+            State::Posting { outstanding: 0, .. } if self.reqs[key].error.is_some() => {
+                self.set_state(key, State::InFlight { outstanding: 0 });
+                self.complete(key);
+            }
+            _ => {}
         }
     }
 
-    /// A request's last piece is done: release its blocks, flush for FUA, hand it back.
-    fn complete(&mut self, index: usize) {
-        let Some(mut req) = self.reqs[index].take() else { return };
-        self.free_reqs.push(index);
+    /// A request's last piece is done: release its blocks, send FUA's FLUSH, or hand it back.
+    fn complete(&mut self, key: usize) {
+        let req = &mut self.reqs[key];
         if let Some(h) = req.hold.take() {
-            self.shared.locks.release(h);
+            self.io.holds.release(h);
         }
-        let mut result = req.error.take().map_or(Ok(()), Err);
-        if req.internal {
-            self.internal_done.push((index, result, req.data));
+        if req.error.is_none() && req.fua {
+            // The FLUSH covers the blocks written (a read-modify-write's: all it wrote back).
+            self.set_state(key, State::FlushQueued);
+            self.advance_flush(key);
             return;
         }
-        if result.is_ok() && req.fua {
-            result = self.flush_now(Some((req.offset, req.len))).map(|_| ());
+        let mut req = self.reqs.remove(key);
+        let result = req.error.take().map_or(Ok(()), Err);
+        self.finish_request(req, result);
+    }
+
+    /// Hands a caller's request back: its data trimmed, counted.
+    fn finish_request(&mut self, mut req: Req, result: Result<()>) {
+        if let (Kind::Read { trim: Some(skip) }, Data::Bytes(v)) = (&req.kind, &mut req.data) {
+            v.copy_within(*skip..*skip + req.want as usize, 0);
+            v.truncate(req.want as usize);
         }
-        if let (Some(skip), Data::Bytes(v)) = (req.trim, &mut req.data) {
-            v.copy_within(skip..skip + req.want, 0);
-            v.truncate(req.want);
-        }
-        self.finish(Finished { tag: req.tag, op: req.op, result, data: req.data }, req.want as u64, Some(req.started));
+        let data = std::mem::take(&mut req.data);
+        self.hand_back(Finished { tag: req.tag, op: req.op, result, data }, req.want, Some(req.started));
     }
 
     /// Hands a caller's request back, counted: completed, bytes, errors, latency (lock-free).
-    fn finish(&mut self, f: Finished, bytes: u64, started: Option<Instant>) {
+    fn hand_back(&mut self, f: Finished, bytes: u64, started: Option<Instant>) {
         use std::sync::atomic::Ordering::Relaxed;
-        let c = &self.shared.counters;
+        let c = &self.io.counters;
         let (count, moved, latency) = match f.op {
             IoOp::Read => (&c.reads, &c.read_bytes, &c.read_latency),
             _ => (&c.writes, &c.written_bytes, &c.write_latency),
@@ -557,145 +995,6 @@ impl Lane {
             latency.record(started.elapsed());
         }
         self.finished.push_back(f);
-    }
-
-    fn flush_now(&mut self, range: Option<(u64, u64)>) -> Result<()> {
-        let control = self.control.as_ref().ok_or(Error::Invalid {
-            what: "flush",
-            offset: 0,
-            len: 0,
-            reason: InvalidReason::NoData,
-        })?;
-        match range {
-            None => control.flush().map(|_| ()),
-            Some((offset, len)) => control.flush_range(offset, len).map(|_| ()),
-        }
-    }
-
-    /// Runs the oldest waiting read-modify-write, once nothing else is in flight.
-    fn run_barrier(&mut self) -> Result<()> {
-        loop {
-            let Some(&index) = self.barrier.front() else { return Ok(()) };
-            let seq = self.reqs[index].as_ref().map_or(0, |r| r.seq);
-            // Everything submitted before it has finished.
-            let older_ready = self.ready.iter().any(|&i| self.reqs[i].as_ref().is_some_and(|r| r.seq < seq));
-            if self.q.in_flight() > 0 || older_ready {
-                return Ok(());
-            }
-            self.barrier.pop_front();
-            let Some(mut req) = self.reqs[index].take() else { continue };
-            self.free_reqs.push(index);
-            let result = self.read_modify_write(&req);
-            let bs = bs(&self.geo);
-            let (start, end) = (req.offset / bs * bs, (req.offset + req.len).div_ceil(bs) * bs);
-            let result = match result {
-                // The FLUSH covers the blocks written back.
-                Ok(()) if req.fua => self.flush_now(Some((start, end - start))),
-                other => other,
-            };
-            if let Err(e) = &result {
-                if matches!(e, Error::Timeout { .. }) {
-                    // The queue stopped completing: the lane is unusable; say so to the caller.
-                    let f = Finished { tag: req.tag, op: req.op, result, data: req.data };
-                    self.finish(f, req.len, Some(req.started));
-                    return Err(Error::ConnectionLost {
-                        addr: self.q.addr(),
-                        reason: "a read-modify-write timed out".into(),
-                    });
-                }
-            }
-            let data = std::mem::take(&mut req.data);
-            self.finish(Finished { tag: req.tag, op: req.op, result, data }, req.len, Some(req.started));
-        }
-    }
-
-    /// A write of partial blocks: holds the covering blocks exclusively, reads the partial edge
-    /// blocks, patches the caller's bytes in and writes the covering range back.
-    fn read_modify_write(&mut self, req: &Req) -> Result<()> {
-        self.shared.counters.rmw.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let bs = bs(&self.geo);
-        let (start, end) = (req.offset / bs * bs, (req.offset + req.len).div_ceil(bs) * bs);
-        let hold = self.shared.locks.exclusive(start, end);
-        let result = self.rmw_locked(req, start, end, bs);
-        self.shared.locks.release(hold);
-        result
-    }
-
-    fn rmw_locked(&mut self, req: &Req, start: u64, end: u64, bs: u64) -> Result<()> {
-        let mut scratch = vec![0u8; (end - start) as usize];
-        let mut edges = Vec::with_capacity(2);
-        if req.offset != start {
-            edges.push(start);
-        }
-        if req.offset + req.len != end && edges.last() != Some(&(end - bs)) {
-            edges.push(end - bs);
-        }
-        let reads: Vec<(usize, u64)> = edges
-            .iter()
-            .map(|&at| (self.internal(IoOp::Read, at, bs, Data::Bytes(vec![0; bs as usize])), at))
-            .collect();
-        for (index, at) in reads {
-            let data = self.run_internal(index)?;
-            if let Data::Bytes(v) = data {
-                let o = (at - start) as usize;
-                scratch[o..o + bs as usize].copy_from_slice(&v);
-            }
-        }
-        let o = (req.offset - start) as usize;
-        match &req.data {
-            Data::Bytes(v) => scratch[o..o + req.len as usize].copy_from_slice(v),
-            _ => scratch[o..o + req.len as usize].fill(0),
-        }
-        let index = self.internal(IoOp::Write, start, end - start, Data::Bytes(scratch));
-        self.run_internal(index).map(|_| ())
-    }
-
-    fn internal(&mut self, op: IoOp, offset: u64, len: u64, data: Data) -> usize {
-        let req = Req {
-            tag: 0,
-            op,
-            offset,
-            len,
-            fua: false,
-            data,
-            submitted: 0,
-            outstanding: 0,
-            error: None,
-            hold: None,
-            internal: true,
-            trim: None,
-            want: len as usize,
-            registered: false,
-            seq: 0,
-            started: Instant::now(),
-        };
-        let index = self.insert(req);
-        // First in line: requests held back behind a later read-modify-write must not hold back
-        // the parts of the one running now.
-        self.ready.push_front(index);
-        index
-    }
-
-    /// Drives the lane until internal request `index` finished.
-    fn run_internal(&mut self, index: usize) -> Result<Data> {
-        loop {
-            self.pump();
-            if let Some(i) = self.internal_done.iter().position(|d| d.0 == index) {
-                let (_, result, data) = self.internal_done.swap_remove(i);
-                return result.map(|()| data);
-            }
-            let deadline = Instant::now() + self.io_timeout;
-            if self.q.in_flight() == 0 {
-                // Nothing could be posted and nothing completes: never expected.
-                return Err(Error::Invalid {
-                    what: "read-modify-write",
-                    offset: 0,
-                    len: 0,
-                    reason: InvalidReason::NoData,
-                });
-            }
-            self.reap(true, deadline)?;
-        }
     }
 
     /// Runs one request to its end (the lane must have no other requests of the caller's).
@@ -761,5 +1060,32 @@ impl Lane {
     /// Makes every completed write durable (a FLUSH of the dirty ranges; none when clean).
     pub fn flush(&mut self) -> Result<()> {
         self.run(Request { tag: u64::MAX, op: IoOp::Flush, offset: 0, len: 0, fua: false, data: Data::None }).result
+    }
+}
+
+/// What [`Lane::advance`] did with a request on `ready`.
+enum Step {
+    /// It left `ready` (all posted, or finished).
+    Moved,
+    /// It stays on `ready` and does not block the ones behind it (its pieces wait for
+    /// completions).
+    Stay,
+    /// It waits for another lane (a hold): nothing behind it may overtake it.
+    Blocked,
+    /// The queue is full.
+    Full,
+}
+
+impl Drop for Lane {
+    /// Holds and FLUSHes of requests still here end with the lane, so no other lane waits for
+    /// them.
+    fn drop(&mut self) {
+        let keys: Vec<usize> = self.reqs.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            self.end_flush(key, false);
+            if let Some(h) = self.reqs[key].hold.take() {
+                self.io.holds.release(h);
+            }
+        }
     }
 }
