@@ -113,6 +113,7 @@ impl Control {
                 }),
             }
         });
+        self.io.forget_flush(seq);
         self.io.count_flush(sent.then(|| started.elapsed()), result.is_ok());
         result
     }

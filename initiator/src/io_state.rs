@@ -28,6 +28,8 @@ use crate::{Direction, Error, Result};
 enum Entry {
     /// Writing back these ranges.
     Running(Dirty),
+    /// Answered FLUSHED; waiting for earlier FLUSHes before it completes.
+    Answered,
     /// Failed (its ranges are dirty again); later FLUSHes that began while it ran fail too.
     Failed,
 }
@@ -120,19 +122,39 @@ impl SessionIo {
     /// that began while it ran fail with it.
     pub(crate) fn end_flush(&self, seq: u64, ok: bool) {
         let mut b = self.book();
-        match b.flushes.remove(&seq) {
-            Some(Entry::Running(taken)) if !ok => {
+        if let Some(Entry::Running(taken)) = b.flushes.remove(&seq) {
+            if ok {
+                b.flushes.insert(seq, Entry::Answered);
+            } else {
                 b.dirty.merge(taken);
                 b.flushes.insert(seq, Entry::Failed);
             }
-            Some(Entry::Failed) => {
-                b.flushes.insert(seq, Entry::Failed);
+        } else if let Some(e) = b.flushes.get_mut(&seq) {
+            if !ok {
+                *e = Entry::Failed;
             }
-            _ => {}
         }
-        // A failure matters only to FLUSHes that began after it and still run.
-        let last_running = b.flushes.iter().rev().find(|(_, e)| matches!(e, Entry::Running(_))).map(|(&s, _)| s);
-        b.flushes.retain(|&s, e| matches!(e, Entry::Running(_)) || last_running.is_some_and(|l| s < l));
+        drop(b);
+        self.flush_ended.notify_all();
+    }
+
+    /// FLUSH `seq` completed (or was abandoned): the session forgets it, unless it failed and a
+    /// later FLUSH that began while it ran has not completed yet.
+    pub(crate) fn forget_flush(&self, seq: u64) {
+        let mut b = self.book();
+        if matches!(b.flushes.get(&seq), Some(Entry::Running(_))) {
+            // Abandoned before its answer: as failed.
+            if let Some(Entry::Running(taken)) = b.flushes.remove(&seq) {
+                b.dirty.merge(taken);
+            }
+            b.flushes.insert(seq, Entry::Failed);
+        }
+        if matches!(b.flushes.get(&seq), Some(Entry::Answered)) {
+            b.flushes.remove(&seq);
+        }
+        // A failure matters only to FLUSHes that began after it and have not completed.
+        let last_open = b.flushes.iter().rev().find(|(_, e)| !matches!(e, Entry::Failed)).map(|(&s, _)| s);
+        b.flushes.retain(|&s, e| !matches!(e, Entry::Failed) || last_open.is_some_and(|l| s < l));
         drop(b);
         self.flush_ended.notify_all();
     }
@@ -145,6 +167,7 @@ impl SessionIo {
             match e {
                 Entry::Running(_) => return Earlier::Running,
                 Entry::Failed => result = Earlier::Failed,
+                Entry::Answered => {}
             }
         }
         result
@@ -285,19 +308,25 @@ mod tests {
         assert_eq!(b.ranges, Dirty::Ranges(vec![(8192, 12288)]), "each FLUSH owns what it took");
         let c = io.begin_flush();
         assert_eq!(c.ranges, Dirty::default());
+        // c has nothing to send: answered at once, it waits for a and b.
+        io.end_flush(c.seq, true);
         assert_eq!(io.earlier(a.seq), Earlier::Clear);
         assert_eq!(io.earlier(b.seq), Earlier::Running);
         io.end_flush(b.seq, true);
         assert_eq!(io.earlier(c.seq), Earlier::Running, "a is still writing back");
         io.end_flush(a.seq, false);
-        assert_eq!(io.earlier(c.seq), Earlier::Failed);
+        io.forget_flush(a.seq);
+        assert_eq!(io.earlier(b.seq), Earlier::Failed);
+        assert_eq!(io.earlier(c.seq), Earlier::Failed, "a's failure is kept while c waits");
         assert_ne!(io.pending_bytes(), Some(0));
-        io.end_flush(c.seq, false);
+        io.forget_flush(b.seq);
+        io.forget_flush(c.seq);
         // a's ranges are dirty again; nothing else is remembered.
         let d = io.begin_flush();
         assert_eq!(d.ranges, Dirty::Ranges(vec![(0, 4096)]));
-        assert_eq!(io.earlier(d.seq), Earlier::Clear, "no running FLUSH needs the old failure");
+        assert_eq!(io.earlier(d.seq), Earlier::Clear, "no open FLUSH needs the old failure");
         io.end_flush(d.seq, true);
+        io.forget_flush(d.seq);
         assert_eq!(io.leftovers(), (0, 0));
         assert_eq!(io.pending_bytes(), Some(0));
     }
@@ -311,6 +340,7 @@ mod tests {
         assert_eq!(io.pending_bytes(), Some(8192));
         assert_eq!(io.lose_all(), Some(8192));
         io.end_flush(a.seq, false);
+        io.forget_flush(a.seq);
         assert_eq!(io.begin_flush().ranges, Dirty::default(), "lost writes are not flushed again");
     }
 }

@@ -487,6 +487,12 @@ impl Queue {
         Ok(())
     }
 
+    /// Whether what was sent on this queue pair may still be answered: an error once it broke
+    /// for good (no reconnect) or I/O fails (fast_io_fail_tmo, the session gave up).
+    pub(crate) fn usable(&mut self) -> Result<()> {
+        self.accepting()
+    }
+
     /// Slots free for submissions.
     pub fn free_slots(&self) -> u32 {
         self.depth - self.slots.len() as u32

@@ -253,8 +253,14 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
 /// FLUSH: RAM volumes answer at once (an ordering point, flagged volatile); durable ones write
 /// the ranges back and fdatasync first. A failed write-back fails the volume for good.
 fn flush_volume(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Reply {
+    if let Some(hook) = &shared.fixed.flush_hook {
+        hook.pass();
+    }
     let start = std::time::Instant::now();
     let reply = write_back(shared, session, flush);
+    if let Some(hook) = &shared.fixed.flush_hook {
+        hook.answered_with(flush, &reply);
+    }
     let c = &shared.counters;
     c.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     c.flush_seconds.observe(start.elapsed().as_secs_f64());
@@ -497,5 +503,70 @@ impl State {
             State::Closed { session } => session.as_ref(),
             _ => None,
         }
+    }
+}
+
+/// A test hook on FLUSH: holds FLUSHes back, as a long write-back would (while it is held, a
+/// FLUSH waits on its connection's thread before it writes anything back; other connections go
+/// on), and records what every FLUSH answered FLUSHED covered. Set it in
+/// [`Config::flush_hook`](crate::server::Config); the initiator's tests use it to show that a
+/// FLUSH in flight stops nothing else, and that a FLUSH completes only after write-backs that
+/// cover every write completed before it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct FlushHook(Arc<(std::sync::Mutex<HookState>, std::sync::Condvar)>);
+
+#[derive(Debug, Default)]
+struct HookState {
+    held: bool,
+    waiting: usize,
+    /// Per FLUSH answered FLUSHED: its `(start, end)` ranges, or None for the whole volume.
+    answered: Vec<Option<Vec<(u64, u64)>>>,
+}
+
+impl FlushHook {
+    fn state(&self) -> std::sync::MutexGuard<'_, HookState> {
+        self.0 .0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds FLUSHes from now on.
+    pub fn hold(&self) {
+        self.state().held = true;
+    }
+
+    /// Lets the waiting FLUSHes (and later ones) through.
+    pub fn release(&self) {
+        self.state().held = false;
+        self.0 .1.notify_all();
+    }
+
+    /// FLUSHes waiting now.
+    pub fn waiting(&self) -> usize {
+        self.state().waiting
+    }
+
+    /// What the FLUSHes answered FLUSHED so far covered, in the order they were answered.
+    pub fn answered(&self) -> Vec<Option<Vec<(u64, u64)>>> {
+        self.state().answered.clone()
+    }
+
+    fn pass(&self) {
+        let mut st = self.state();
+        st.waiting += 1;
+        while st.held {
+            st = self.0 .1.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.waiting -= 1;
+    }
+
+    fn answered_with(&self, flush: Flush<'_>, reply: &Reply) {
+        if !matches!(reply, Reply::Msg(Message::Flushed { .. })) {
+            return;
+        }
+        let ranges = match flush {
+            Flush::All => None,
+            Flush::Ranges(r) => Some(r.iter().map(|r| (r.offset(), r.offset() + r.len())).collect()),
+        };
+        self.state().answered.push(ranges);
     }
 }

@@ -76,6 +76,9 @@ pub struct Config {
     pub max_unopened: usize,
     /// See [`Config::max_unopened`].
     pub max_unopened_per_addr: usize,
+    /// A test hook: FLUSHes wait at it while it is held (see [`FlushHook`]). None in the daemon.
+    #[doc(hidden)]
+    pub flush_hook: Option<crate::control::FlushHook>,
 }
 
 /// Default [`Config::auth_timeout`].
@@ -114,6 +117,7 @@ impl Default for Config {
             max_unopened: MAX_UNOPENED,
             max_unopened_per_addr: MAX_UNOPENED_PER_ADDR,
             memory_windows: true,
+            flush_hook: None,
         }
     }
 }
@@ -506,6 +510,7 @@ pub(crate) struct Fixed {
     pub(crate) block_size: u32,
     pub(crate) max_io: u32,
     pub(crate) memory_windows: bool,
+    pub(crate) flush_hook: Option<crate::control::FlushHook>,
 }
 
 /// What the server is doing while it starts or reloads, for a caller that reports progress
@@ -628,6 +633,7 @@ impl Server {
             block_size: cfg.block_size,
             max_io: cfg.max_io,
             memory_windows: cfg.memory_windows,
+            flush_hook: cfg.flush_hook.clone(),
         };
         let shared = Arc::new(Shared {
             catalog: RwLock::new(Catalog { volumes, refused, policy, specs }),

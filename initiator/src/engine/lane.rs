@@ -759,7 +759,13 @@ impl Lane {
                 self.set_state(key, State::FlushQueued);
                 self.send_flush(key);
             }
-            State::Flushing { .. } => {}
+            State::Flushing { .. } => {
+                // Its queue pair is gone for good (no reconnect, or I/O failing fast): the reply
+                // never comes.
+                if let Err(e) = self.q.usable() {
+                    self.flush_answered(key, Err(e));
+                }
+            }
             State::WaitingEarlier => {
                 let Kind::Flush { seq, .. } = req.kind else { unreachable!("a FUA never waits for earlier flushes") };
                 match self.io.earlier(seq) {
@@ -835,6 +841,9 @@ impl Lane {
     fn finish_flush(&mut self, key: usize, result: Result<()>) {
         self.end_flush(key, result.is_ok());
         let req = self.reqs.remove(key);
+        if let Kind::Flush { seq, .. } = req.kind {
+            self.io.forget_flush(seq);
+        }
         if req.state.on_flushing() {
             self.flushing.retain(|&k| k != key);
         }
@@ -1082,7 +1091,9 @@ impl Drop for Lane {
     fn drop(&mut self) {
         let keys: Vec<usize> = self.reqs.iter().map(|(k, _)| k).collect();
         for key in keys {
-            self.end_flush(key, false);
+            if let Kind::Flush { seq, .. } = self.reqs[key].kind {
+                self.io.forget_flush(seq);
+            }
             if let Some(h) = self.reqs[key].hold.take() {
                 self.io.holds.release(h);
             }

@@ -1,0 +1,453 @@
+//! The engine's request lifecycle (`initiator/src/engine/lane.rs`), driven from the test thread
+//! over the in-memory fabric against the real target code. The target's FLUSH hook
+//! (`rblk_target::control::FlushHook`) holds FLUSHes back at the target, as a long write-back
+//! would, and records what every answered FLUSH covered.
+//!
+//! What each would catch:
+//! - `a_held_flush_stops_nothing`: a FLUSH that blocks its lane's thread (the FLUSH sent as a
+//!   blocking exchange, as before lanes sent their own): `submit` or `progress` would not return
+//!   while the target holds the FLUSH, and the watchdog fails the test. Also that the FLUSH goes
+//!   on the lane's own, joined queue pair (the target answers FLUSH there), that the lane's tick
+//!   runs meanwhile, and that no thread was started for any of it.
+//! - `a_flush_waits_for_earlier_ones_and_fails_with_them`: the flush sequence. A FLUSH with
+//!   nothing of its own to send completes only after the earlier FLUSH (which took the dirty
+//!   ranges) was answered, and fails when that one fails.
+//! - `an_idle_session_stays_heard`: who keeps the session's first queue pair heard once lanes no
+//!   longer FLUSH on it: their ticks (`Control::try_keepalive`). Without that, the target (its
+//!   keepalive timeout shortened to 3 s) drops the silent first queue pair and the session
+//!   reconnects.
+//! - `lanes_keep_their_invariants` (property): 4 lanes of one session driven one step at a time
+//!   in an order proptest chooses, with aligned and unaligned reads and writes, write-zeroes,
+//!   FUA, FLUSH, FLUSHes held at the target, and queue pairs severed (reconnect and replay). After
+//!   every step: the lanes' and queues' invariants (every request on the list of its state, the
+//!   queue holding exactly the pieces requests have on it, slot states and lists agreeing), each
+//!   tag completes exactly once, reads return bytes a byte model allows, and a FLUSH completes
+//!   only once the target answered write-backs covering every write completed before its
+//!   submission. Mutations it caught (see the note): a request completed before its last
+//!   piece, a slot freed twice, a FLUSH completing while an earlier one is in flight.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use rblk_fabric::Fabric;
+use rblk_initiator::engine::{Data, Finished, IoOp, Lane, Request};
+use rblk_initiator::{Engine, OpenMode, Options, Reconnect, Session};
+use rblk_target::config::VolumeSpec;
+use rblk_target::control::FlushHook;
+use rblk_target::server::{Config, Running, Server};
+
+const BS: u64 = 4096;
+const SIZE: u64 = 64 * BS;
+
+static PORT: AtomicU16 = AtomicU16::new(0);
+
+struct Target {
+    running: Running,
+    hook: FlushHook,
+}
+
+/// A target in this process with one RAM volume `v` and a FLUSH hook; `keepalive`: its keepalive
+/// timeout.
+fn target(keepalive: Duration) -> Target {
+    let port = 47000 + PORT.fetch_add(1, Ordering::Relaxed) + (std::process::id() % 500) as u16 * 40;
+    let hook = FlushHook::default();
+    let cfg = Config {
+        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+        volumes: vec![VolumeSpec { name: "v".into(), size: SIZE, path: None }],
+        fabric: Fabric::Mem,
+        keepalive_timeout: keepalive,
+        flush_hook: Some(hook.clone()),
+        ..Config::default()
+    };
+    Target { running: Server::start(cfg).expect("start the target"), hook }
+}
+
+fn engine(t: &Target, reconnect: Reconnect) -> Engine {
+    let opts = Options { fabric: Fabric::Mem, timeout: Duration::from_secs(5), reconnect, ..Options::default() };
+    let uri = format!("rblk://{}/v", t.running.local_addr());
+    let vol = Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+    Engine::new(vol, 0).unwrap()
+}
+
+fn req(tag: u64, op: IoOp, offset: u64, len: u64, fua: bool) -> Request {
+    let data = match op {
+        IoOp::Write => Data::Bytes(vec![tag as u8; len as usize]),
+        IoOp::Read => Data::Bytes(Vec::new()),
+        _ => Data::None,
+    };
+    Request { tag, op, offset, len, fua, data }
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Runs `f` on a thread of its own and fails if it does not finish within `secs`: a lane that
+/// blocks would otherwise hang the test.
+fn watchdog<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => {
+            t.join().unwrap();
+            v
+        }
+        Err(_) => {
+            if t.is_finished() {
+                // It panicked: show why.
+                if let Err(e) = t.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+            panic!("the lane blocked its thread for {secs} s");
+        }
+    }
+}
+
+/// Calls `progress` on `lanes` until `done` says so, or fails after 10 s.
+fn drive(lanes: &mut [&mut Lane], what: &str, mut done: impl FnMut(&mut [&mut Lane]) -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done(lanes) {
+        for l in lanes.iter_mut() {
+            l.progress().unwrap();
+        }
+        assert!(Instant::now() < until, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn take(lane: &mut Lane, into: &mut Vec<Finished>) -> bool {
+    while let Some(f) = lane.next() {
+        into.push(f);
+    }
+    true
+}
+
+#[test]
+fn a_held_flush_stops_nothing() {
+    watchdog(60, || {
+        let t = target(rblk_proto::KEEPALIVE_TIMEOUT);
+        let e = engine(&t, Reconnect::default());
+        let mut a = e.lane(8, 16 << 10).unwrap();
+        let mut b = e.lane(8, 16 << 10).unwrap();
+        a.write_at(&[1; 8192], 0, false).unwrap();
+        let before = e.stats();
+        t.hook.hold();
+        a.submit(req(1, IoOp::Flush, 0, 0, false));
+        drive(&mut [&mut a], "the FLUSH reaching the target", |_| t.hook.waiting() == 1);
+        let threads_before = threads();
+        // Reads behind the FLUSH on its own lane, writes on another lane, and the lane's tick.
+        for i in 0..4 {
+            a.submit(req(10 + i, IoOp::Read, i * BS, BS, false));
+            b.submit(req(20 + i, IoOp::Write, (8 + i) * BS, BS, false));
+        }
+        let (mut fa, mut fb) = (Vec::new(), Vec::new());
+        drive(&mut [&mut a, &mut b], "reads and writes behind a held FLUSH", |l| {
+            let (x, y) = l.split_at_mut(1);
+            take(x[0], &mut fa) && take(y[0], &mut fb) && fa.len() == 4 && fb.len() == 4
+        });
+        assert!(fa.iter().chain(&fb).all(|f| f.result.is_ok()), "{fa:?} {fb:?}");
+        assert!(fa.iter().all(|f| f.op == IoOp::Read), "the FLUSH finished while held: {fa:?}");
+        a.tick().unwrap();
+        b.tick().unwrap();
+        assert_eq!(a.pending(), 1, "the FLUSH is still in flight");
+        assert_eq!(threads(), threads_before, "a thread was started for the held FLUSH");
+        t.hook.release();
+        let mut f = Vec::new();
+        drive(&mut [&mut a], "the FLUSH once released", |l| take(l[0], &mut f) && !f.is_empty());
+        assert!(matches!(&f[0], Finished { tag: 1, op: IoOp::Flush, result: Ok(()), .. }), "{f:?}");
+        // It went on lane a's queue pair (a JOIN): the target answered it there.
+        assert_eq!(t.hook.answered(), vec![Some(vec![(0, 8192)])]);
+        let after = e.stats();
+        assert_eq!(after.flushes, before.flushes + 1);
+        drop((a, b));
+        assert_eq!(e.leftovers(), (0, 0), "holds or FLUSHes left behind");
+        e.close().unwrap();
+    });
+}
+
+#[test]
+fn a_flush_waits_for_earlier_ones_and_fails_with_them() {
+    watchdog(60, || {
+        let t = target(rblk_proto::KEEPALIVE_TIMEOUT);
+        let e = engine(&t, Reconnect::NEVER);
+        let mut a = e.lane(4, 16 << 10).unwrap();
+        let mut b = e.lane(4, 16 << 10).unwrap();
+        // a's FLUSH takes the dirty range and is held; b's has nothing of its own to send.
+        a.write_at(&[1; 4096], 0, false).unwrap();
+        t.hook.hold();
+        a.submit(req(1, IoOp::Flush, 0, 0, false));
+        drive(&mut [&mut a], "a's FLUSH reaching the target", |_| t.hook.waiting() == 1);
+        b.submit(req(2, IoOp::Flush, 0, 0, false));
+        for _ in 0..50 {
+            b.progress().unwrap();
+            a.progress().unwrap();
+        }
+        assert!(b.next().is_none(), "b's FLUSH completed while a's, which holds the dirty range, runs");
+        t.hook.release();
+        let (mut fa, mut fb) = (Vec::new(), Vec::new());
+        drive(&mut [&mut a, &mut b], "both FLUSHes", |l| {
+            let (x, y) = l.split_at_mut(1);
+            take(x[0], &mut fa) && take(y[0], &mut fb) && fa.len() == 1 && fb.len() == 1
+        });
+        assert!(fa[0].result.is_ok() && fb[0].result.is_ok(), "{fa:?} {fb:?}");
+        assert_eq!(e.stats().flushes_skipped, 1, "b sent nothing");
+
+        // Now a's FLUSH fails (its queue pair cut while the target holds it): b's fails too.
+        a.write_at(&[2; 4096], 4096, false).unwrap();
+        t.hook.hold();
+        a.submit(req(3, IoOp::Flush, 0, 0, false));
+        drive(&mut [&mut a], "a's second FLUSH reaching the target", |_| t.hook.waiting() == 1);
+        b.submit(req(4, IoOp::Flush, 0, 0, false));
+        rblk_fabric::mem::sever(a.qp_num());
+        let (mut fa, mut fb) = (Vec::new(), Vec::new());
+        drive(&mut [&mut a, &mut b], "both FLUSHes failing", |l| {
+            let (x, y) = l.split_at_mut(1);
+            take(x[0], &mut fa) && take(y[0], &mut fb) && fa.len() == 1 && fb.len() == 1
+        });
+        t.hook.release();
+        assert!(fa[0].result.is_err(), "{fa:?}");
+        assert!(
+            matches!(fb[0].result, Err(rblk_initiator::Error::EarlierFlushFailed { .. })),
+            "b's FLUSH must fail with the earlier one: {fb:?}"
+        );
+        drop((a, b));
+        assert_eq!(e.leftovers(), (0, 0));
+        assert_eq!(e.unflushed_bytes(), Some(4096), "the failed FLUSH's range is dirty again");
+    });
+}
+
+#[test]
+fn an_idle_session_stays_heard() {
+    // The target drops a connection it hears nothing from for 3 s; the lanes are all that runs
+    // for 7 s (past twice that), ticked once a second as `rblk attach`'s queue threads do.
+    let t = target(Duration::from_secs(3));
+    let e = engine(&t, Reconnect::default());
+    let mut lanes = [e.lane(4, 4096).unwrap(), e.lane(4, 4096).unwrap()];
+    let until = Instant::now() + Duration::from_secs(7);
+    while Instant::now() < until {
+        for l in &mut lanes {
+            l.tick().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(e.reconnects(), 0, "the session was lost while idle");
+    e.control().stats().expect("the first queue pair still answers");
+    assert_eq!(e.reconnects(), 0, "the first queue pair had been dropped by the target");
+    drop(lanes);
+    e.close().unwrap();
+}
+
+// ---- the property test ----
+
+#[derive(Debug, Clone)]
+enum Step {
+    Submit { lane: usize, op: IoOp, offset: u64, len: u64, fua: bool },
+    Progress { lane: usize },
+    Hold,
+    Release,
+    Sever { lane: usize },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let lane = 0..4usize;
+    let op = prop_oneof![
+        4 => Just(IoOp::Read),
+        4 => Just(IoOp::Write),
+        1 => Just(IoOp::WriteZeroes),
+        2 => Just(IoOp::Flush),
+    ];
+    // Aligned (blocks) or anywhere (bytes), up to 5 blocks: pieces are 2 blocks.
+    let range =
+        prop_oneof![(0..SIZE / BS - 5, 1..=5u64).prop_map(|(b, n)| (b * BS, n * BS)), (0..SIZE - 5 * BS, 1..5 * BS),];
+    prop_oneof![
+        6 => (lane.clone(), op, range, any::<bool>())
+            .prop_map(|(lane, op, (offset, len), fua)| Step::Submit { lane, op, offset, len, fua: fua && op != IoOp::Flush && op != IoOp::Read }),
+        8 => lane.clone().prop_map(|lane| Step::Progress { lane }),
+        1 => Just(Step::Hold),
+        1 => Just(Step::Release),
+        1 => lane.prop_map(|lane| Step::Sever { lane }),
+    ]
+}
+
+/// A write's history, for the byte model.
+#[derive(Debug, Clone)]
+struct Write {
+    offset: u64,
+    data: Vec<u8>,
+    submitted: u64,
+    completed: Option<u64>,
+}
+
+/// A request in flight, as the test knows it.
+#[derive(Debug)]
+struct Pending {
+    op: IoOp,
+    offset: u64,
+    len: u64,
+    submitted: u64,
+    /// Index into `writes` for writes.
+    write: Option<usize>,
+}
+
+struct Model {
+    writes: Vec<Write>,
+    pending: HashMap<u64, Pending>,
+    done: std::collections::HashSet<u64>,
+}
+
+impl Model {
+    /// The values byte `b` may hold for a read submitted at `rs` and completed at `rc`: any
+    /// write to it submitted before the read completed, unless a later write to it certainly
+    /// came after (submitted after it completed) and certainly before the read (completed
+    /// before the read was submitted); the initial 0 unless a write to it completed before
+    /// the read was submitted.
+    fn allowed(&self, b: u64, rs: u64, rc: u64) -> Vec<u8> {
+        let covers = |w: &Write| w.offset <= b && b < w.offset + w.data.len() as u64;
+        let ws: Vec<&Write> = self.writes.iter().filter(|w| covers(w) && w.submitted < rc).collect();
+        let before_read = |w: &Write| w.completed.is_some_and(|c| c < rs);
+        let mut out = Vec::new();
+        if !ws.iter().any(|w| before_read(w)) {
+            out.push(0);
+        }
+        for w in &ws {
+            let superseded = ws.iter().any(|x| w.completed.is_some_and(|c| c < x.submitted) && before_read(x));
+            if !superseded {
+                out.push(w.data[(b - w.offset) as usize]);
+            }
+        }
+        out
+    }
+}
+
+/// Whether `answered` FLUSH ranges cover `[s, e)` (None: the whole volume).
+fn covered(answered: &[Option<Vec<(u64, u64)>>], s: u64, e: u64) -> bool {
+    if answered.iter().any(Option::is_none) {
+        return true;
+    }
+    let mut r: Vec<(u64, u64)> = answered.iter().flatten().flatten().copied().collect();
+    r.sort_unstable();
+    let mut at = s;
+    for (a, b) in r {
+        if a <= at && at < b {
+            at = b;
+        }
+        if at >= e {
+            return true;
+        }
+    }
+    at >= e
+}
+
+fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let t = target(rblk_proto::KEEPALIVE_TIMEOUT);
+    let reconnect = Reconnect { delay: Duration::from_millis(1), ctrl_loss_tmo: None, fast_io_fail_tmo: None };
+    let e = engine(&t, reconnect);
+    let mut lanes: Vec<Lane> = (0..4).map(|_| e.lane(4, 2 * BS as usize).unwrap()).collect();
+    let mut m = Model { writes: Vec::new(), pending: HashMap::new(), done: Default::default() };
+    let mut clock = 0u64;
+    let mut next_tag = 1u64;
+    // After a cut, FLUSHes are not held any more: a FLUSH held on another queue pair of the
+    // old session would hold its teardown, which the reconnect waits for.
+    let mut severed = false;
+    let check = |lanes: &mut Vec<Lane>, m: &mut Model, clock: u64| -> Result<(), TestCaseError> {
+        for (i, l) in lanes.iter_mut().enumerate() {
+            l.check_invariants().map_err(|e| TestCaseError::fail(format!("lane {i} at {clock}: {e}")))?;
+            while let Some(f) = l.next() {
+                prop_assert!(m.done.insert(f.tag), "tag {} completed twice", f.tag);
+                let p =
+                    m.pending.remove(&f.tag).ok_or_else(|| TestCaseError::fail(format!("unknown tag {}", f.tag)))?;
+                prop_assert!(f.result.is_ok(), "{:?} of {}+{} failed: {:?}", p.op, p.offset, p.len, f.result);
+                if let Some(w) = p.write {
+                    m.writes[w].completed = Some(clock);
+                }
+                match p.op {
+                    IoOp::Read => {
+                        let Data::Bytes(v) = &f.data else { return Err(TestCaseError::fail("a read without bytes")) };
+                        prop_assert_eq!(v.len() as u64, p.len);
+                        for (i, &got) in v.iter().enumerate() {
+                            let b = p.offset + i as u64;
+                            let ok = m.allowed(b, p.submitted, clock);
+                            prop_assert!(ok.contains(&got), "byte {} read {} but the model allows {:?}", b, got, ok);
+                        }
+                    }
+                    IoOp::Flush => {
+                        let answered = t.hook.answered();
+                        for w in m.writes.iter().filter(|w| w.completed.is_some_and(|c| c < p.submitted)) {
+                            let (s, end) = (w.offset / BS * BS, (w.offset + w.data.len() as u64).div_ceil(BS) * BS);
+                            prop_assert!(
+                                covered(&answered, w.offset, w.offset + w.data.len() as u64) || covered(&answered, s, end),
+                                "FLUSH completed, but the write of {}+{} completed before it was not written back ({:?})",
+                                w.offset, w.data.len(), answered
+                            );
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    };
+    for s in steps {
+        clock += 1;
+        match s {
+            Step::Submit { lane, op, offset, len, fua } => {
+                let tag = next_tag;
+                next_tag += 1;
+                let r = req(tag, op, offset, len, fua);
+                let write = match (&r.data, op) {
+                    (Data::Bytes(v), IoOp::Write) => Some(v.clone()),
+                    (_, IoOp::WriteZeroes) => Some(vec![0; len as usize]),
+                    _ => None,
+                };
+                let write = write.map(|data| {
+                    m.writes.push(Write { offset, data, submitted: clock, completed: None });
+                    m.writes.len() - 1
+                });
+                m.pending.insert(tag, Pending { op, offset, len, submitted: clock, write });
+                lanes[lane].submit(r);
+            }
+            Step::Progress { lane } => {
+                lanes[lane].progress().map_err(|e| TestCaseError::fail(format!("progress: {e}")))?
+            }
+            Step::Hold if !severed => t.hook.hold(),
+            Step::Hold => {}
+            Step::Release => t.hook.release(),
+            Step::Sever { lane } => {
+                // A held FLUSH would hold the old session's teardown, which the reconnect waits for.
+                t.hook.release();
+                severed = true;
+                rblk_fabric::mem::sever(lanes[lane].qp_num());
+            }
+        }
+        check(&mut lanes, &mut m, clock)?;
+    }
+    t.hook.release();
+    let until = Instant::now() + Duration::from_secs(20);
+    while !m.pending.is_empty() {
+        clock += 1;
+        for l in lanes.iter_mut() {
+            l.progress().map_err(|e| TestCaseError::fail(format!("progress: {e}")))?;
+        }
+        check(&mut lanes, &mut m, clock)?;
+        prop_assert!(Instant::now() < until, "requests never finished: {:?}", m.pending);
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    drop(lanes);
+    prop_assert_eq!(e.leftovers(), (0, 0), "holds or FLUSHes left behind");
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn lanes_keep_their_invariants(steps in proptest::collection::vec(step(), 1..80)) {
+        run(steps)?;
+    }
+}
