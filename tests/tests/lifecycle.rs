@@ -45,6 +45,13 @@ const SIZE: u64 = 64 * BS;
 
 static PORT: AtomicU16 = AtomicU16::new(0);
 
+/// Every test here takes it: one counts this process's threads, which the others' targets start.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 struct Target {
     running: Running,
     hook: FlushHook,
@@ -53,7 +60,8 @@ struct Target {
 /// A target in this process with one RAM volume `v` and a FLUSH hook; `keepalive`: its keepalive
 /// timeout.
 fn target(keepalive: Duration) -> Target {
-    let port = 47000 + PORT.fetch_add(1, Ordering::Relaxed) + (std::process::id() % 500) as u16 * 40;
+    // In-process (the in-memory fabric's own table): unique within this process is enough.
+    let port = 20000 + PORT.fetch_add(1, Ordering::Relaxed) % 40000;
     let hook = FlushHook::default();
     let cfg = Config {
         listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
@@ -131,6 +139,7 @@ fn take(lane: &mut Lane, into: &mut Vec<Finished>) -> bool {
 
 #[test]
 fn a_held_flush_stops_nothing() {
+    let _serial = serial();
     watchdog(60, || {
         let t = target(rblk_proto::KEEPALIVE_TIMEOUT);
         let e = engine(&t, Reconnect::default());
@@ -174,6 +183,7 @@ fn a_held_flush_stops_nothing() {
 
 #[test]
 fn a_flush_waits_for_earlier_ones_and_fails_with_them() {
+    let _serial = serial();
     watchdog(60, || {
         let t = target(rblk_proto::KEEPALIVE_TIMEOUT);
         let e = engine(&t, Reconnect::NEVER);
@@ -225,6 +235,7 @@ fn a_flush_waits_for_earlier_ones_and_fails_with_them() {
 
 #[test]
 fn an_idle_session_stays_heard() {
+    let _serial = serial();
     // The target drops a connection it hears nothing from for 3 s; the lanes are all that runs
     // for 7 s (past twice that), ticked once a second as `rblk attach`'s queue threads do.
     let t = target(Duration::from_secs(3));
@@ -448,6 +459,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, ..ProptestConfig::default() })]
     #[test]
     fn lanes_keep_their_invariants(steps in proptest::collection::vec(step(), 1..80)) {
+        let _serial = serial();
         run(steps)?;
     }
 }
