@@ -87,6 +87,8 @@ pub(crate) struct Conn {
     send_progress: Instant,
     /// Send KEEPALIVE ourselves (the target announced FEATURE_KEEPALIVE).
     keepalives: bool,
+    /// A request of ours waits for its reply (see [`Conn::set_awaiting`]).
+    awaiting: bool,
     next_keepalive: Instant,
     /// When rdma_cm's events are next looked at (see [`DISCONNECT_CHECK`]).
     next_disconnect_check: Instant,
@@ -142,6 +144,7 @@ impl Conn {
             heard: now,
             send_progress: now,
             keepalives: false,
+            awaiting: false,
             next_keepalive: now + KEEPALIVE_INTERVAL,
             next_disconnect_check: now,
         })
@@ -153,10 +156,32 @@ impl Conn {
         self.keepalives = on;
     }
 
+    /// Whether a request sent on this connection waits for its reply. The target serves a
+    /// connection's requests one at a time, so while it writes a FLUSH back it sends nothing on
+    /// this connection and takes no RECV: its silence here is not loss as long as the session is
+    /// heard on its other connections (`session_heard` of
+    /// [`check_liveness_in`](Self::check_liveness_in)), and our KEEPALIVEs would only use up its
+    /// RECVs (then stall on RNR), so none are sent. A FLUSH is thus bounded by the session's
+    /// liveness, not by a timeout of its own.
+    pub(crate) fn set_awaiting(&mut self, awaiting: bool) {
+        self.awaiting = awaiting;
+    }
+
+    /// When a message from the target last arrived on this connection.
+    pub(crate) fn heard(&self) -> Instant {
+        self.heard
+    }
+
     /// The connection's loss detection and keepalives, after its completions were taken: a
     /// KEEPALIVE when one is due, and the connection broken when the target went silent or a
     /// SEND of ours stopped completing for KEEPALIVE_TIMEOUT.
     pub(crate) fn check_liveness(&mut self) -> Result<()> {
+        self.check_liveness_in(None)
+    }
+
+    /// [`check_liveness`](Self::check_liveness), where `session_heard` is when the session last
+    /// heard from the target on any connection (it counts while a reply is awaited here).
+    pub(crate) fn check_liveness_in(&mut self, session_heard: Option<Instant>) -> Result<()> {
         self.alive()?;
         let now = Instant::now();
         // A target that went away cleanly (or whose process died: the kernel disconnects for
@@ -173,7 +198,11 @@ impl Conn {
             return Ok(());
         }
         self.next_keepalive = now + KEEPALIVE_INTERVAL;
-        let silent = now.saturating_duration_since(self.heard);
+        let heard = match session_heard {
+            Some(s) if self.awaiting => self.heard.max(s),
+            _ => self.heard,
+        };
+        let silent = now.saturating_duration_since(heard);
         if silent >= KEEPALIVE_TIMEOUT {
             let reason = format!("nothing from the target for {} s (keepalives stopped)", silent.as_secs());
             self.break_with(reason.clone());
@@ -185,7 +214,7 @@ impl Conn {
             self.break_with(reason.clone());
             return Err(Error::ConnectionLost { addr: self.addr, reason });
         }
-        if self.keepalives {
+        if self.keepalives && !self.awaiting {
             let tag = self.tag();
             match self.post_send(tag, &Message::Keepalive) {
                 // Control messages are in flight anyway: the target hears from us.
@@ -245,6 +274,27 @@ impl Conn {
     /// else that arrives meanwhile (keepalives, completions of our SENDs). ERROR becomes
     /// [`Error::Target`]. Only call this with no data operation outstanding on the QP.
     pub(crate) fn call(&mut self, msg: &Message<'_>, deadline: Instant) -> Result<Reply> {
+        self.call_checked(msg, deadline, None)
+    }
+
+    /// [`call`](Self::call) for a request whose answer may take minutes (FLUSH): no deadline of
+    /// its own; it fails when the target is no longer heard, on this connection or, while the
+    /// reply is awaited, on any of the session's (`session_heard`, see
+    /// [`set_awaiting`](Self::set_awaiting)).
+    pub(crate) fn call_heard(&mut self, msg: &Message<'_>, session_heard: &dyn Fn() -> Instant) -> Result<Reply> {
+        self.awaiting = true;
+        let forever = Instant::now() + Duration::from_secs(100 * 365 * 86400);
+        let result = self.call_checked(msg, forever, Some(session_heard));
+        self.awaiting = false;
+        result
+    }
+
+    fn call_checked(
+        &mut self,
+        msg: &Message<'_>,
+        deadline: Instant,
+        session_heard: Option<&dyn Fn() -> Instant>,
+    ) -> Result<Reply> {
         self.alive()?;
         let started = Instant::now();
         let request = msg.opcode();
@@ -264,11 +314,20 @@ impl Conn {
             }
         }
         loop {
-            if let Some((got, reply)) = self.wait_one(deadline, started, request)? {
-                if got == tag {
-                    return reply;
+            // With a liveness rule instead of a deadline, look at it every second.
+            let step = session_heard.map(|_| deadline.min(Instant::now() + Duration::from_secs(1)));
+            match self.wait_one(step.unwrap_or(deadline), started, request) {
+                Ok(Some((got, reply))) => {
+                    if got == tag {
+                        return reply;
+                    }
+                    tracing::debug!(addr = %self.addr, tag = got, want = tag, "reply to an earlier request ignored");
                 }
-                tracing::debug!(addr = %self.addr, tag = got, want = tag, "reply to an earlier request ignored");
+                Ok(None) => {}
+                Err(e) => return Err(e),
+            }
+            if let Some(heard) = session_heard {
+                self.check_liveness_in(Some(heard()))?;
             }
         }
     }
@@ -289,7 +348,7 @@ impl Conn {
             }
         };
         if n == 0 {
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline && !self.awaiting {
                 self.break_with(format!("no reply to {request:?} in time"));
                 return Err(Error::Timeout { op: reply_name(request), addr: self.addr, after: started.elapsed() });
             }
@@ -421,8 +480,30 @@ impl Conn {
         expected: &'static str,
         pick: impl FnOnce(Reply) -> Option<T>,
     ) -> Result<T> {
-        let request = msg.opcode();
-        match self.call(msg, deadline) {
+        let reply = self.call(msg, deadline);
+        self.picked(msg.opcode(), reply, expected, pick)
+    }
+
+    /// [`call_heard`](Self::call_heard), then checks the reply is the one `request` expects.
+    pub(crate) fn expect_heard<T>(
+        &mut self,
+        msg: &Message<'_>,
+        session_heard: &dyn Fn() -> Instant,
+        expected: &'static str,
+        pick: impl FnOnce(Reply) -> Option<T>,
+    ) -> Result<T> {
+        let reply = self.call_heard(msg, session_heard);
+        self.picked(msg.opcode(), reply, expected, pick)
+    }
+
+    fn picked<T>(
+        &self,
+        request: Opcode,
+        reply: Result<Reply>,
+        expected: &'static str,
+        pick: impl FnOnce(Reply) -> Option<T>,
+    ) -> Result<T> {
+        match reply {
             Ok(reply) => {
                 let got = reply.name();
                 pick(reply).ok_or(Error::Protocol { addr: self.addr, expected, got })

@@ -121,11 +121,12 @@ impl Control {
     /// The FLUSH exchange on the first queue pair.
     fn send_flush(&self, body: &FlushBody) -> Result<bool> {
         body.trace();
-        let timeout = self.link.opts().timeout;
+        // No deadline: a write-back can take minutes; the session's liveness bounds it.
+        let heard = || self.link.heard();
         let flags = self
             .link
             .control(|conn| {
-                conn.expect(&Message::Flush(body.message()), Instant::now() + timeout, "FLUSHED", |r| match r {
+                conn.expect_heard(&Message::Flush(body.message()), &heard, "FLUSHED", |r| match r {
                     Reply::Flushed(flags) => Some(flags),
                     _ => None,
                 })

@@ -132,6 +132,9 @@ pub(crate) struct Link {
     /// Mirrors `Health::Up` (queues look at every commit).
     up: AtomicBool,
     next_queue: AtomicUsize,
+    /// When the target was last heard on any of the session's connections, in ns since `epoch`.
+    heard_ns: AtomicU64,
+    epoch: Instant,
 }
 
 /// Target refusals that a retry will not change: the session ends at once.
@@ -194,6 +197,8 @@ impl Link {
             gen: AtomicU64::new(0),
             up: AtomicBool::new(true),
             next_queue: AtomicUsize::new(at + 1),
+            heard_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 
@@ -250,6 +255,18 @@ impl Link {
     pub(crate) fn dest_for_queue(&self, attempt: usize) -> &Dest {
         let i = self.next_queue.load(Ordering::Relaxed) + attempt;
         &self.dests[i % self.dests.len()]
+    }
+
+    /// A connection of the session heard from the target at `at`.
+    pub(crate) fn note_heard(&self, at: Instant) {
+        let ns = u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        self.heard_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    /// When the target was last heard on any connection of the session (as far as their owners
+    /// told: [`note_heard`](Self::note_heard)).
+    pub(crate) fn heard(&self) -> Instant {
+        self.epoch + Duration::from_nanos(self.heard_ns.load(Ordering::Relaxed))
     }
 
     /// Moves the round robin on (a queue joined).
@@ -419,6 +436,7 @@ impl Link {
                 continue;
             }
             let result = f(&mut conn);
+            self.note_heard(conn.heard());
             if result.is_err() && conn.is_broken() && self.reconnects() {
                 let reason = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
                 drop(conn);
@@ -455,6 +473,7 @@ impl Link {
         f: impl FnOnce(&mut Conn) -> Result<T>,
     ) -> Result<T> {
         let result = f(&mut conn);
+        self.note_heard(conn.heard());
         if result.is_err() && conn.is_broken() {
             let reason = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
             drop(conn);

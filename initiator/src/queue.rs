@@ -969,7 +969,9 @@ impl Queue {
         if self.conn.is_broken() {
             return;
         }
-        if let Err(e) = self.conn.check_liveness() {
+        self.link.note_heard(self.conn.heard());
+        self.conn.set_awaiting(!self.awaiting.is_empty());
+        if let Err(e) = self.conn.check_liveness_in(Some(self.link.heard())) {
             if self.link.reconnects() {
                 self.lose(&Chain(&e).to_string());
             }

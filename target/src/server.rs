@@ -1001,8 +1001,14 @@ fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel
                     }
                 }
                 Ok(Event::Received(len)) => {
-                    last_heard = Instant::now();
                     let (reply, after) = control::handle(shared, &peer, &mut ep, &mut state, &buf[..len]);
+                    // Time spent serving a request (a FLUSH's write-back can take minutes) is
+                    // neither the initiator's silence (it waits for our reply meanwhile) nor a
+                    // stuck keepalive of ours (its completion waits in the CQ, unpolled).
+                    last_heard = Instant::now();
+                    if let Some((number, _)) = keepalive {
+                        keepalive = Some((number, last_heard));
+                    }
                     if after == After::AuthFailed {
                         // Slows down key guessing; the connection's own thread is the one held.
                         let delay = shared.auth_failed(peer.ip);

@@ -12,6 +12,8 @@
 //! - `a_flush_waits_for_earlier_ones_and_fails_with_them`: the flush sequence. A FLUSH with
 //!   nothing of its own to send completes only after the earlier FLUSH (which took the dirty
 //!   ranges) was answered, and fails when that one fails.
+//! - `a_flush_longer_than_the_keepalive_timeout_completes`: a FLUSH is bounded by the
+//!   session's liveness, not by a timeout of its own (see the test).
 //! - `an_idle_session_stays_heard`: who keeps the session's first queue pair heard once lanes no
 //!   longer FLUSH on it: their ticks (`Control::try_keepalive`). Without that, the target (its
 //!   keepalive timeout shortened to 3 s) drops the silent first queue pair and the session
@@ -260,6 +262,59 @@ fn an_idle_session_stays_heard() {
     assert_eq!(e.reconnects(), 0, "the first queue pair had been dropped by the target");
     drop(lanes);
     e.close().unwrap();
+}
+
+#[test]
+fn a_flush_longer_than_the_keepalive_timeout_completes() {
+    // A write-back that takes 17 s: past the target's keepalive timeout (3 s here) and the
+    // initiator's (KEEPALIVE_TIMEOUT, 15 s), on a lane and on the first queue pair at once. The
+    // target serves a connection's requests one at a time, so neither connection hears anything
+    // meanwhile; the session is heard on lane b. Would catch: a FLUSH bounded by the control
+    // timeout (10 s), the initiator taking the busy connection's silence for loss (or using up
+    // the target's RECVs with keepalives), the target taking the time it spent writing back for
+    // the initiator's silence. Each of those ends in a reconnect or a failed FLUSH.
+    let _serial = serial();
+    let t = target(Duration::from_secs(3));
+    let e = std::sync::Arc::new(engine(&t, Reconnect::default()));
+    let mut a = e.lane(4, 4096).unwrap();
+    let mut b = e.lane(4, 4096).unwrap();
+    a.write_at(&[1; 4096], 0, false).unwrap();
+    t.hook.hold();
+    a.submit(req(1, IoOp::Flush, 0, 0, false));
+    let sync = {
+        let e = std::sync::Arc::clone(&e);
+        std::thread::spawn(move || {
+            e.write_at(&[2; 4096], 8192).unwrap();
+            e.flush()
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(17);
+    while Instant::now() < until {
+        // As the owners of every lane do: `rblk attach`'s queue threads, FUSE's ticker (the
+        // engine's shared lane, which the synchronous write opened).
+        a.tick().unwrap();
+        b.tick().unwrap();
+        e.tick().unwrap();
+        assert!(a.next().is_none(), "the FLUSH finished while held");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(t.hook.waiting(), 2, "both FLUSHes are at the target");
+    t.hook.release();
+    let mut f = Vec::new();
+    drive(&mut [&mut a], "the lane's FLUSH once released", |l| take(l[0], &mut f) && !f.is_empty());
+    assert!(f[0].result.is_ok(), "{f:?}");
+    sync.join().unwrap().expect("the FLUSH on the first queue pair");
+    // A target that took its write-back time for our silence ends the connection right after
+    // answering: look for a second.
+    for _ in 0..8 {
+        a.tick().unwrap();
+        b.tick().unwrap();
+        e.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    assert_eq!(e.reconnects(), 0, "a connection was taken for lost while its FLUSH was written back");
+    drop((a, b));
+    std::sync::Arc::try_unwrap(e).expect("the only handle").close().unwrap();
 }
 
 // ---- the property test ----

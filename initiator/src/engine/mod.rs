@@ -240,15 +240,16 @@ impl Engine {
         self.control.flush()
     }
 
-    /// Housekeeping, every couple of seconds: a KEEPALIVE, and the control messages of idle
-    /// shared lanes.
+    /// Housekeeping, every couple of seconds: the idle shared lanes' keepalives and loss
+    /// detection, and a KEEPALIVE on the first queue pair unless another thread is using it (a
+    /// FLUSH, which hears the target meanwhile): it never waits for the FLUSH.
     pub fn tick(&self) -> Result<()> {
         if let Ok(mut pool) = self.pool.try_lock() {
             for l in pool.free.iter_mut() {
-                let _ = l.progress();
+                let _ = l.tick();
             }
         }
-        self.control.keepalive()
+        self.control.try_keepalive()
     }
 
     /// Flushes what was written since the last flush, closes the shared lanes, then the
