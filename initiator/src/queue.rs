@@ -186,6 +186,8 @@ pub struct Queue {
     zeros: Option<Mr>,
     /// Average time a low-depth wait took to see a completion, in ns (0: none yet).
     wait_ns: u64,
+    /// The connection's last hearing from the target that the link was told of.
+    noted_heard: Instant,
 }
 
 /// A further queue pair of the session `cur` through the next address of the link's round
@@ -323,6 +325,7 @@ impl Queue {
             io,
             zeros: None,
             wait_ns: 0,
+            noted_heard: Instant::now(),
         })
     }
 
@@ -635,6 +638,12 @@ impl Queue {
         }
     }
 
+    /// The slots on the wire of the current queue pair.
+    fn posted_slots(&self) -> Vec<u32> {
+        let posted = self.slots.iter().filter(|(_, s)| matches!(s.state, SlotState::Posted { .. }));
+        posted.map(|(i, _)| i as u32).collect()
+    }
+
     /// Frees a slot whose operation is handed back.
     fn take_slot(&mut self, index: u32) -> Slot {
         let slot = self.slots.remove(index as usize);
@@ -704,12 +713,7 @@ impl Queue {
         self.link.lost(self.gen, reason);
         // Replies to what was sent on it never come: the senders send again on the next one.
         self.awaiting.clear();
-        let posted: Vec<u32> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| matches!(s.state, SlotState::Posted { .. }))
-            .map(|(i, _)| i as u32)
-            .collect();
+        let posted = self.posted_slots();
         for i in posted {
             self.set_state(i, SlotState::Parked);
         }
@@ -969,9 +973,15 @@ impl Queue {
         if self.conn.is_broken() {
             return;
         }
-        self.link.note_heard(self.conn.heard());
-        self.conn.set_awaiting(!self.awaiting.is_empty());
-        if let Err(e) = self.conn.check_liveness_in(Some(self.link.heard())) {
+        // This runs at every reap: the session-wide figures are touched only when they matter.
+        let heard = self.conn.heard();
+        if heard != self.noted_heard {
+            self.noted_heard = heard;
+            self.link.note_heard(heard);
+        }
+        let awaiting = !self.awaiting.is_empty();
+        self.conn.set_awaiting(awaiting);
+        if let Err(e) = self.conn.check_liveness_in(awaiting.then(|| self.link.heard())) {
             if self.link.reconnects() {
                 self.lose(&Chain(&e).to_string());
             }
@@ -1075,12 +1085,7 @@ impl Queue {
             return;
         }
         self.conn.break_with(reason.clone());
-        let posted: Vec<u32> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| matches!(s.state, SlotState::Posted { .. }))
-            .map(|(i, _)| i as u32)
-            .collect();
+        let posted = self.posted_slots();
         for index in posted {
             let to = self.lost_error(&reason);
             self.set_state(index, to);

@@ -152,9 +152,22 @@ enum Kind {
     /// A write of partial blocks: the covering blocks (the request's range) are read at the
     /// `edges` into `scratch`, patched with the caller's bytes from `skip` on, and written back
     /// whole.
-    ReadModifyWrite { skip: usize, edges: [Option<u64>; 2], scratch: Vec<u8> },
+    /// (Boxed, as the FLUSH's body: the common kinds stay small, and a request moves a few
+    /// times in its life.)
+    ReadModifyWrite(Box<Rmw>),
     /// A FLUSH: the session's flush sequence number and what it sends (None: nothing to send).
-    Flush { seq: u64, body: Option<FlushBody>, ended: bool },
+    Flush { seq: u64, body: Option<Box<FlushBody>>, ended: bool },
+}
+
+/// What a read-modify-write needs besides its request.
+#[derive(Debug)]
+struct Rmw {
+    /// The caller's bytes start this far into the covering blocks.
+    skip: usize,
+    /// The partial blocks at either end (one, when both ends are in the same block).
+    edges: [Option<u64>; 2],
+    /// The covering blocks: read at the edges, patched, written back.
+    scratch: Vec<u8>,
 }
 
 /// One request in progress.
@@ -373,7 +386,7 @@ impl Lane {
             started,
             flush_sent: None,
         };
-        let key = match r.op {
+        match r.op {
             IoOp::Flush => {
                 if let Some(e) = control::writes_lost(self.q.link()) {
                     self.io.count_flush(None, false);
@@ -381,18 +394,14 @@ impl Lane {
                     return;
                 }
                 let ticket = self.io.begin_flush();
-                let body =
-                    (ticket.ranges != crate::Dirty::default()).then(|| FlushBody::of(&ticket.ranges, self.features));
-                req.kind = Kind::Flush { seq: ticket.seq, body, ended: false };
-                let key = self.reqs.insert(req);
-                let to = if matches!(self.reqs[key].kind, Kind::Flush { body: Some(_), .. }) {
-                    State::FlushQueued
-                } else {
-                    self.end_flush(key, true);
-                    State::WaitingEarlier
-                };
-                self.set_state(key, to);
-                key
+                let sends = ticket.ranges != crate::Dirty::default();
+                let body = sends.then(|| Box::new(FlushBody::of(&ticket.ranges, self.features)));
+                if !sends {
+                    // Nothing of its own to write back: answered now, it waits for earlier ones.
+                    self.io.end_flush(ticket.seq, true);
+                }
+                req.kind = Kind::Flush { seq: ticket.seq, body, ended: !sends };
+                req.state = if sends { State::FlushQueued } else { State::WaitingEarlier };
             }
             IoOp::Read => {
                 if let Data::Bytes(v) = &mut req.data {
@@ -405,15 +414,8 @@ impl Lane {
                 } else {
                     req.kind = Kind::Read { trim: None };
                 }
-                let key = self.reqs.insert(req);
-                self.set_state(key, State::Posting { next: 0, outstanding: 0 });
-                key
             }
-            IoOp::Write | IoOp::WriteZeroes if aligned => {
-                let key = self.reqs.insert(req);
-                self.set_state(key, State::Posting { next: 0, outstanding: 0 });
-                key
-            }
+            IoOp::Write | IoOp::WriteZeroes if aligned => {}
             IoOp::Write | IoOp::WriteZeroes => {
                 let mut edges = [None; 2];
                 if r.offset != start {
@@ -422,15 +424,17 @@ impl Lane {
                 if r.offset + r.len != end && Some(end - bs) != edges[0] {
                     edges[1] = Some(end - bs);
                 }
-                req.kind = Kind::ReadModifyWrite { skip: (r.offset - start) as usize, edges, scratch: Vec::new() };
+                req.kind = Kind::ReadModifyWrite(Box::new(Rmw {
+                    skip: (r.offset - start) as usize,
+                    edges,
+                    scratch: Vec::new(),
+                }));
                 req.offset = start;
                 req.len = end - start;
-                let key = self.reqs.insert(req);
-                self.set_state(key, State::Barrier);
-                key
+                req.state = State::Barrier;
             }
-        };
-        let _ = key;
+        }
+        self.admit(req);
         if !self.defer_posts {
             self.pump();
         }
@@ -479,28 +483,45 @@ impl Lane {
         Ok(())
     }
 
+    /// A new request joins the lane in its first state, on that state's list.
+    fn admit(&mut self, req: Req) {
+        let state = req.state;
+        let key = self.reqs.insert(req);
+        if state.on_ready() {
+            self.ready.push_back(key);
+        } else if state.on_flushing() {
+            self.flushing.push(key);
+        }
+        self.debug_check(state, state);
+    }
+
     /// The one transition of a request's state: moves its key onto the ordering list of the new
     /// state (off the old one) and checks, in debug builds, that lists and states agree.
     fn set_state(&mut self, key: usize, to: State) {
         let Some(req) = self.reqs.get_mut(key) else { return };
         let from = req.state;
         req.state = to;
-        // The lists are short (requests leave `ready` once posted): membership is looked up,
-        // so a request inserted in its first state joins its list here too.
-        if to.on_ready() {
-            if !self.ready.contains(&key) {
+        if from.on_ready() != to.on_ready() {
+            if to.on_ready() {
                 self.ready.push_back(key);
+            } else if self.ready.front() == Some(&key) {
+                // The usual case: the head of `ready` is posted.
+                self.ready.pop_front();
+            } else if let Some(i) = self.ready.iter().position(|&k| k == key) {
+                self.ready.remove(i);
             }
-        } else if from.on_ready() {
-            self.ready.retain(|&k| k != key);
         }
-        if to.on_flushing() {
-            if !self.flushing.contains(&key) {
+        if from.on_flushing() != to.on_flushing() {
+            if to.on_flushing() {
                 self.flushing.push(key);
+            } else if let Some(i) = self.flushing.iter().position(|&k| k == key) {
+                self.flushing.swap_remove(i);
             }
-        } else if from.on_flushing() {
-            self.flushing.retain(|&k| k != key);
         }
+        self.debug_check(from, to);
+    }
+
+    fn debug_check(&self, from: State, to: State) {
         if cfg!(debug_assertions) {
             if let Err(e) = self.check_lists() {
                 panic!("lane lists disagree with states after {from:?} -> {to:?}: {e}");
@@ -633,14 +654,15 @@ impl Lane {
                     return Step::Blocked;
                 }
                 let req = &mut self.reqs[key];
-                if let Kind::ReadModifyWrite { scratch, .. } = &mut req.kind {
-                    *scratch = vec![0; req.len as usize];
+                if let Kind::ReadModifyWrite(rmw) = &mut req.kind {
+                    rmw.scratch = vec![0; req.len as usize];
                 }
                 self.set_state(key, State::ReadingEdges { posted: 0, outstanding: 0 });
                 self.advance(key)
             }
             State::ReadingEdges { posted, outstanding } => {
-                let Kind::ReadModifyWrite { edges, .. } = req.kind else { unreachable!() };
+                let Kind::ReadModifyWrite(rmw) = &req.kind else { unreachable!() };
+                let edges = rmw.edges;
                 let mut posted = posted;
                 let mut outstanding = outstanding;
                 let bs = bs(&self.geo) as u32;
@@ -691,8 +713,8 @@ impl Lane {
             let n = self.max.min(req.len - next);
             let offset = req.offset + next;
             let staged = match (&req.kind, req.op, &mut req.data) {
-                (Kind::ReadModifyWrite { scratch, .. }, _, _) => {
-                    self.q.stage_write(offset, &scratch[next as usize..(next + n) as usize], key as u64)
+                (Kind::ReadModifyWrite(rmw), _, _) => {
+                    self.q.stage_write(offset, &rmw.scratch[next as usize..(next + n) as usize], key as u64)
                 }
                 (_, IoOp::Read, Data::Registered(_)) | (_, IoOp::Write, Data::Registered(_)) => {
                     let Data::Registered(buf) = std::mem::take(&mut req.data) else { unreachable!() };
@@ -738,11 +760,11 @@ impl Lane {
             return;
         }
         let len = req.want as usize;
-        if let Kind::ReadModifyWrite { skip, scratch, .. } = &mut req.kind {
-            let o = *skip;
+        if let Kind::ReadModifyWrite(rmw) = &mut req.kind {
+            let o = rmw.skip;
             match &req.data {
-                Data::Bytes(v) => scratch[o..o + len].copy_from_slice(v),
-                _ => scratch[o..o + len].fill(0),
+                Data::Bytes(v) => rmw.scratch[o..o + len].copy_from_slice(v),
+                _ => rmw.scratch[o..o + len].fill(0),
             }
         }
         self.set_state(key, State::Posting { next: 0, outstanding: 0 });
@@ -920,9 +942,9 @@ impl Lane {
             Ok(()) => {
                 if d.dir == Direction::Read {
                     let copied = match (&mut req.kind, &mut req.data) {
-                        (Kind::ReadModifyWrite { scratch, .. }, _) => {
+                        (Kind::ReadModifyWrite(rmw), _) => {
                             let o = (d.offset - req.offset) as usize;
-                            d.read_data(&mut scratch[o..o + d.len as usize])
+                            d.read_data(&mut rmw.scratch[o..o + d.len as usize])
                         }
                         (_, Data::Bytes(v)) => {
                             let o = (d.offset - req.offset) as usize;
