@@ -71,17 +71,9 @@ IDLE_SECS=2
 BUILDS=(old new)
 WORKLOADS=(randwrite randread) # randwrite first: the reads then read written blocks
 
-log() { printf 'ab-attach: %s\n' "$*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
-
-usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
-}
-
-is_count() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+SCRIPT_NAME=ab-attach
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh"
 
 # ---------------------------------------------------------------------------------------------------
 # In the guest: the rounds; raw results on stdout between markers, for the host to parse.
@@ -140,26 +132,6 @@ guest_main() {
             read -r ns _ <"$t" 2>/dev/null && sum=$((sum + ns))
         done
         echo "$sum"
-    }
-    # Waits (up to 60 s) until the process $1 (not our child) has exited.
-    wait_gone() {
-        for _ in $(seq 1 600); do
-            [[ -e /proc/$1 ]] || return 0
-            sleep 0.1
-        done
-        return 1
-    }
-    # Waits (up to 30 s) until $1 is a block device with a non-zero size.
-    wait_bdev() {
-        local size=0
-        for _ in $(seq 1 300); do
-            if [[ -b $1 ]]; then
-                read -r size <"/sys/class/block/${1#/dev/}/size" 2>/dev/null || size=0
-                ((size > 0)) && return 0
-            fi
-            sleep 0.1
-        done
-        return 1
     }
     fail() { # BUILD ROUND STEP MESSAGE
         printf '@@fail %s %s %s %s\n' "$1" "$2" "$3" "$4"

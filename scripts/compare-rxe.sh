@@ -132,17 +132,9 @@ VOLUME_SIZE=256M
 LOG_INTERVAL_MS=100 # rblk-bench --log-interval of the picture run
 RBLK_PORT=7420
 
-log() { printf 'compare: %s\n' "$*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
-
-usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
-}
-
-is_count() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+SCRIPT_NAME=compare
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh"
 
 # ---------------------------------------------------------------------------------------------------
 # In the guest: run every pair, print raw results between markers on stdout for the host to parse.
@@ -342,26 +334,6 @@ MERGE
     local nqn=nqn.2024-12.io.rblk:compare cfg=/sys/kernel/config/nvmet mnt=$work/mnt
     local -a blk_paths=(nvmeof nbd fuse ublk)
     local blk_dev="" blk_pid="" ublk_why=""
-    # Waits (up to 60 s) until the process $1 (not necessarily our child) has exited.
-    wait_gone() {
-        for _ in $(seq 1 600); do
-            [[ -e /proc/$1 ]] || return 0
-            sleep 0.1
-        done
-        return 1
-    }
-    # Waits (up to 30 s) until $1 is a block device with a non-zero size.
-    wait_bdev() {
-        local size=0
-        for _ in $(seq 1 300); do
-            if [[ -b $1 ]]; then
-                read -r size <"/sys/class/block/${1#/dev/}/size" 2>/dev/null || size=0
-                ((size > 0)) && return 0
-            fi
-            sleep 0.1
-        done
-        return 1
-    }
     nvmet_mkdir() { mkdir "$1" || die "cannot create $1"; }
     nvmet_set() { printf '%s\n' "$2" >"$1" || die "cannot write $2 to $1"; }
     # Linux NVMe-oF/RDMA: nvmet-rdma exporting a memory-backed null_blk on the rxe address, once.

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shell helpers shared by the guest-side scripts (source it; bash).
 
 # start_target LOG BIN SECS ARGS...: starts BIN/rblk-target ARGS... in the background with its
@@ -21,5 +22,28 @@ start_target() {
     done
     kill -TERM "$TARGET_PID" 2>/dev/null || true
     echo "rblk-target did not start listening within $secs s" >&2
+    return 1
+}
+
+# wait_gone PID: waits (up to 60 s) until process PID (not necessarily our child) has exited.
+wait_gone() {
+    local _
+    for _ in $(seq 1 600); do
+        [[ -e /proc/$1 ]] || return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# wait_bdev DEV: waits (up to 30 s) until DEV is a block device with a non-zero size.
+wait_bdev() {
+    local size=0 _
+    for _ in $(seq 1 300); do
+        if [[ -b $1 ]]; then
+            read -r size <"/sys/class/block/${1#/dev/}/size" 2>/dev/null || size=0
+            ((size > 0)) && return 0
+        fi
+        sleep 0.1
+    done
     return 1
 }
