@@ -191,6 +191,21 @@ fn a_held_flush_stops_nothing() {
 }
 
 #[test]
+fn a_flush_ignores_its_offset_and_length() {
+    // ublk hands a FLUSH over with whatever its descriptor holds: an offset near u64::MAX once
+    // overflowed the lane's covering-block arithmetic (a panic in debug builds killed the ublk
+    // queue thread, and the device hung).
+    let _serial = serial();
+    let t = target(rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, Reconnect::default());
+    let mut a = e.lane(4, 4096).unwrap();
+    a.write_at(&[1; 4096], 0, false).unwrap();
+    let f = a.run(Request { tag: 1, op: IoOp::Flush, offset: u64::MAX - 511, len: 4096, fua: false, data: Data::None });
+    assert!(f.result.is_ok(), "{f:?}");
+    assert_eq!(t.hook.answered(), vec![Some(vec![(0, 4096)])]);
+}
+
+#[test]
 fn a_flush_waits_for_earlier_ones_and_fails_with_them() {
     let _serial = serial();
     watchdog(60, || {

@@ -368,7 +368,11 @@ impl Lane {
         let seq = self.next_seq;
         self.next_seq += 1;
         let bs = bs(&self.geo);
-        let (start, end) = (r.offset / bs * bs, (r.offset + r.len).div_ceil(bs) * bs);
+        // A FLUSH's offset and length mean nothing (ublk passes whatever the iod holds).
+        let (start, end) = match r.op {
+            IoOp::Flush => (0, 0),
+            _ => (r.offset / bs * bs, (r.offset + r.len).div_ceil(bs) * bs),
+        };
         let aligned = start == r.offset && end == r.offset + r.len;
         let mut req = Req {
             tag: r.tag,
