@@ -331,38 +331,14 @@ MERGE
     }
 
     # --- Block devices: fio through four paths (see the header), one job, 4 KiB, libaio, O_DIRECT.
-    local nqn=nqn.2024-12.io.rblk:compare cfg=/sys/kernel/config/nvmet mnt=$work/mnt
+    local nqn=nqn.2024-12.io.rblk:compare mnt=$work/mnt
     local -a blk_paths=(nvmeof nbd fuse ublk)
     local blk_dev="" blk_pid="" ublk_why=""
-    nvmet_mkdir() { mkdir "$1" || die "cannot create $1"; }
-    nvmet_set() { printf '%s\n' "$2" >"$1" || die "cannot write $2 to $1"; }
-    # Linux NVMe-oF/RDMA: nvmet-rdma exporting a memory-backed null_blk on the rxe address, once.
-    nvmeof_setup() {
-        modprobe null_blk nr_devices=1 memory_backed=1 gb=1 >&2 || die "cannot load null_blk"
-        modprobe -a nvmet nvmet-rdma nvme-rdma >&2 || die "cannot load nvmet, nvmet-rdma, nvme-rdma"
-        wait_bdev /dev/nullb0 || die "null_blk made no /dev/nullb0"
-        [[ -d $cfg ]] || die "no $cfg (configfs not mounted?)"
-        local s=$cfg/subsystems/$nqn p=$cfg/ports/1
-        nvmet_mkdir "$s"
-        nvmet_set "$s/attr_allow_any_host" 1
-        nvmet_mkdir "$s/namespaces/1"
-        nvmet_set "$s/namespaces/1/device_path" /dev/nullb0
-        nvmet_set "$s/namespaces/1/enable" 1
-        nvmet_mkdir "$p"
-        nvmet_set "$p/addr_trtype" rdma
-        nvmet_set "$p/addr_adrfam" ipv4
-        nvmet_set "$p/addr_traddr" "$addr"
-        nvmet_set "$p/addr_trsvcid" 4420
-        ln -s "$s" "$p/subsystems/$nqn" || die "cannot link $nqn to nvmet port 1"
+    # Linux NVMe-oF/RDMA: nvmet-rdma exporting a memory-backed null_blk on the rxe address, once
+    # (scripts/lib/target.sh).
+    nvmeof_setup_once() {
+        nvmeof_setup "$nqn" "$addr" || die "cannot set up Linux NVMe-oF/RDMA"
         printf '@@meta nvmet %s on /dev/nullb0 (null_blk memory_backed, 1 GiB), rdma port %s:4420\n' "$nqn" "$addr"
-    }
-    nvmeof_teardown() {
-        local s=$cfg/subsystems/$nqn p=$cfg/ports/1
-        rm -f "$p/subsystems/$nqn" || die "cannot unlink $nqn from nvmet port 1"
-        rmdir "$p" || die "cannot remove nvmet port 1"
-        nvmet_set "$s/namespaces/1/enable" 0
-        rmdir "$s/namespaces/1" "$s" || die "cannot remove the nvmet subsystem $nqn"
-        modprobe -r nvme-rdma nvmet-rdma nvmet null_blk >&2 || log "warning: cannot unload the NVMe-oF modules"
     }
     # Is ublk there (the kernel's ublk_drv and this binary's `rblk attach`)? Sets ublk_why if not.
     ublk_check() {
@@ -383,17 +359,8 @@ MERGE
         blk_dev="" blk_pid=""
         case $1 in
         nvmeof)
-            nvme connect -t rdma -a "$addr" -s 4420 -n "$nqn" -i 1 >&2 || die "nvme connect failed"
-            local b n
-            for _ in $(seq 1 300); do
-                for b in /sys/block/nvme*n*; do
-                    [[ ${b##*/} =~ ^nvme[0-9]+n[0-9]+$ ]] || continue # not the per-path nvmeXcYnZ
-                    read -r n <"$b/device/subsysnqn" 2>/dev/null || continue
-                    [[ $n == "$nqn" ]] && blk_dev=/dev/${b##*/} && break 2
-                done
-                sleep 0.1
-            done
-            [[ -n $blk_dev ]] || die "nvme connect made no /dev/nvmeXnY for $nqn"
+            nvmeof_connect "$nqn" "$addr" || die "cannot connect to Linux NVMe-oF/RDMA"
+            blk_dev=$NVMEOF_DEV
             ;;
         nbd)
             modprobe nbd >&2 || die "cannot load nbd"
@@ -516,7 +483,7 @@ MERGE
     done
     printf '@@meta fio %s\n' "$(fio --version)"
     printf '@@meta nvme_cli %s\n' "$(nvme version | head -n 1)"
-    nvmeof_setup
+    nvmeof_setup_once
     ublk_check
 
     local r order
@@ -545,7 +512,7 @@ MERGE
         run_raw randread_4k_2x16_raw "$r" 12000 --depth 16 --threads 2
         block_round "$r"
     done
-    nvmeof_teardown
+    nvmeof_teardown "$nqn" || die "cannot tear down Linux NVMe-oF/RDMA"
 
     # For the pictures: one more rblk-bench run with --log, sent to the host as files.
     local -a pic=(--rw randread --bs 4k --iodepth 32 --log "$work/bench" --log-interval "$LOG_INTERVAL_MS")

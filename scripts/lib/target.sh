@@ -47,3 +47,71 @@ wait_bdev() {
     done
     return 1
 }
+
+# Linux NVMe-oF/RDMA, for scale (compare-rxe.sh, timeline-rxe.sh): nvmet + nvmet-rdma export a
+# memory-backed null_blk, and nvme-rdma connects to it over the same rxe device.
+NVMET_CFG=/sys/kernel/config/nvmet
+
+_nvmet_fail() {
+    echo "NVMe-oF/RDMA: $*" >&2
+    return 1
+}
+_nvmet_mkdir() { mkdir "$1" || _nvmet_fail "cannot create $1"; }
+_nvmet_set() { printf '%s\n' "$2" >"$1" || _nvmet_fail "cannot write $2 to $1"; }
+
+# nvmeof_setup NQN ADDR: loads null_blk (one 1 GiB RAM device, /dev/nullb0), nvmet, nvmet-rdma and
+# nvme-rdma, and exports /dev/nullb0 as namespace 1 of subsystem NQN (any host) on nvmet port 1,
+# rdma ADDR:4420. Returns 1, with the reason on stderr, when a step fails.
+nvmeof_setup() {
+    local nqn=$1 addr=$2
+    local s=$NVMET_CFG/subsystems/$nqn p=$NVMET_CFG/ports/1
+    modprobe null_blk nr_devices=1 memory_backed=1 gb=1 >&2 || _nvmet_fail "cannot load null_blk" || return 1
+    modprobe -a nvmet nvmet-rdma nvme-rdma >&2 || _nvmet_fail "cannot load nvmet, nvmet-rdma, nvme-rdma" || return 1
+    wait_bdev /dev/nullb0 || _nvmet_fail "null_blk made no /dev/nullb0" || return 1
+    [[ -d $NVMET_CFG ]] || _nvmet_fail "no $NVMET_CFG (configfs not mounted?)" || return 1
+    _nvmet_mkdir "$s" &&
+        _nvmet_set "$s/attr_allow_any_host" 1 &&
+        _nvmet_mkdir "$s/namespaces/1" &&
+        _nvmet_set "$s/namespaces/1/device_path" /dev/nullb0 &&
+        _nvmet_set "$s/namespaces/1/enable" 1 &&
+        _nvmet_mkdir "$p" &&
+        _nvmet_set "$p/addr_trtype" rdma &&
+        _nvmet_set "$p/addr_adrfam" ipv4 &&
+        _nvmet_set "$p/addr_traddr" "$addr" &&
+        _nvmet_set "$p/addr_trsvcid" 4420 || return 1
+    ln -s "$s" "$p/subsystems/$nqn" || _nvmet_fail "cannot link $nqn to nvmet port 1"
+}
+
+# nvmeof_teardown NQN: undoes nvmeof_setup (no host may be connected). Returns 1 when the configfs
+# entries cannot be removed; only warns when the modules cannot be unloaded.
+nvmeof_teardown() {
+    local nqn=$1
+    local s=$NVMET_CFG/subsystems/$nqn p=$NVMET_CFG/ports/1
+    rm -f "$p/subsystems/$nqn" || _nvmet_fail "cannot unlink $nqn from nvmet port 1" || return 1
+    rmdir "$p" || _nvmet_fail "cannot remove nvmet port 1" || return 1
+    _nvmet_set "$s/namespaces/1/enable" 0 || return 1
+    rmdir "$s/namespaces/1" "$s" || _nvmet_fail "cannot remove the nvmet subsystem $nqn" || return 1
+    modprobe -r nvme-rdma nvmet-rdma nvmet null_blk >&2 || echo "warning: cannot unload the NVMe-oF modules" >&2
+}
+
+# nvmeof_connect NQN ADDR: `nvme connect -t rdma` to NQN at ADDR:4420 with one I/O queue; waits (up
+# to 30 s) for its namespace and sets NVMEOF_DEV=/dev/nvmeXnY. Returns 1 when either fails.
+nvmeof_connect() {
+    local nqn=$1 addr=$2 b n _
+    NVMEOF_DEV=""
+    nvme connect -t rdma -a "$addr" -s 4420 -n "$nqn" -i 1 >&2 || {
+        echo "nvme connect -t rdma -a $addr -s 4420 -n $nqn -i 1 failed" >&2
+        return 1
+    }
+    for _ in $(seq 1 300); do
+        for b in /sys/block/nvme*n*; do
+            [[ ${b##*/} =~ ^nvme[0-9]+n[0-9]+$ ]] || continue # not the per-path nvmeXcYnZ
+            read -r n <"$b/device/subsysnqn" 2>/dev/null || continue
+            # shellcheck disable=SC2034 # the caller's
+            [[ $n == "$nqn" ]] && NVMEOF_DEV=/dev/${b##*/} && return 0
+        done
+        sleep 0.1
+    done
+    echo "nvme connect made no /dev/nvmeXnY for $nqn" >&2
+    return 1
+}
