@@ -490,12 +490,6 @@ impl Queue {
         Ok(())
     }
 
-    /// Whether what was sent on this queue pair may still be answered: an error once it broke
-    /// for good (no reconnect) or I/O fails (fast_io_fail_tmo, the session gave up).
-    pub(crate) fn usable(&mut self) -> Result<()> {
-        self.accepting()
-    }
-
     /// Slots free for submissions.
     pub fn free_slots(&self) -> u32 {
         self.depth - self.slots.len() as u32
@@ -589,8 +583,8 @@ impl Queue {
 
     /// New operations are accepted while the queue pair works and while the session
     /// reconnects (they are parked); refused once I/O fails (fast_io_fail_tmo) or the session
-    /// gave up.
-    fn accepting(&mut self) -> Result<()> {
+    /// gave up. The same tells a lane whether a control reply can still come.
+    pub(crate) fn accepting(&mut self) -> Result<()> {
         if self.conn.alive().is_ok() || !self.link.reconnects() {
             return self.conn.alive();
         }

@@ -759,8 +759,7 @@ impl Lane {
     fn patch(&mut self, key: usize) {
         let req = &mut self.reqs[key];
         if req.error.is_some() {
-            self.set_state(key, State::InFlight { outstanding: 0 });
-            self.complete(key);
+            self.stop_posting(key, 0);
             return;
         }
         let len = req.want as usize;
@@ -788,7 +787,7 @@ impl Lane {
             State::Flushing { .. } => {
                 // Its queue pair is gone for good (no reconnect, or I/O failing fast): the reply
                 // never comes.
-                if let Err(e) = self.q.usable() {
+                if let Err(e) = self.q.accepting() {
                     self.flush_answered(key, Err(e));
                 }
             }
@@ -944,19 +943,15 @@ impl Lane {
                 req.error.get_or_insert(e);
             }
             Ok(()) => {
-                if d.dir == Direction::Read {
-                    let copied = match (&mut req.kind, &mut req.data) {
-                        (Kind::ReadModifyWrite(rmw), _) => {
-                            let o = (d.offset - req.offset) as usize;
-                            d.read_data(&mut rmw.scratch[o..o + d.len as usize])
-                        }
-                        (_, Data::Bytes(v)) => {
-                            let o = (d.offset - req.offset) as usize;
-                            d.read_data(&mut v[o..o + d.len as usize])
-                        }
-                        _ => Ok(()),
-                    };
-                    if let Err(e) = copied {
+                // A read into bytes of ours: a read-modify-write's edges, or the caller's bytes.
+                let into = match (&mut req.kind, &mut req.data) {
+                    (Kind::ReadModifyWrite(rmw), _) => Some(&mut rmw.scratch),
+                    (_, Data::Bytes(v)) => Some(v),
+                    _ => None,
+                };
+                if let (Direction::Read, Some(into)) = (d.dir, into) {
+                    let o = (d.offset - req.offset) as usize;
+                    if let Err(e) = d.read_data(&mut into[o..o + d.len as usize]) {
                         req.error.get_or_insert(e);
                     }
                 }
@@ -964,18 +959,11 @@ impl Lane {
         }
         d.release();
         match state {
-            State::ReadingEdges { posted, outstanding: 0 } if posted as usize == 2 => {
-                if self.reqs[key].error.is_some() {
-                    self.set_state(key, State::InFlight { outstanding: 0 });
-                    self.complete(key);
-                } else {
-                    self.patch(key);
-                }
-            }
+            // patch() finishes it instead when an edge read failed.
+            State::ReadingEdges { posted, outstanding: 0 } if posted as usize == 2 => self.patch(key),
             State::InFlight { outstanding: 0 } => self.complete(key),
             State::Posting { outstanding: 0, .. } if self.reqs[key].error.is_some() => {
-                self.set_state(key, State::InFlight { outstanding: 0 });
-                self.complete(key);
+                self.stop_posting(key, 0);
             }
             _ => {}
         }
