@@ -182,7 +182,7 @@ mod tests {
         assert_eq!(a.spec(), Spec::default());
         assert_eq!(a.spec().stop, Stop::Runtime(Duration::from_secs(10)));
         assert_eq!(a.options().unwrap().spin, Options::default().spin);
-        assert!(!a.options().unwrap().poll, "no polling unless asked");
+        assert_eq!(a.options().unwrap().wait, rblk_initiator::Wait::Adaptive, "no polling unless asked");
     }
 
     #[test]
@@ -220,7 +220,7 @@ mod tests {
             (Stop::Size(1 << 30), Duration::from_millis(500), true, Some(9), 3)
         );
         assert_eq!(a.options().unwrap().spin, Duration::from_micros(50));
-        assert!(a.options().unwrap().poll);
+        assert_eq!(a.options().unwrap().wait, rblk_initiator::Wait::Poll);
         assert_eq!(a.log(), None);
         let a = parse(&["rblk://h/v", "--log", "out/x"]).unwrap();
         assert_eq!(a.log(), Some((std::path::Path::new("out/x"), Duration::from_secs(1))));

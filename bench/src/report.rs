@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use rblk_initiator::Wait;
 use serde::Serialize;
 
 use crate::stats::DirStats;
@@ -79,8 +80,8 @@ pub struct JobInfo {
     pub seed: u64,
     /// How long waits spin before sleeping, microseconds.
     pub spin_us: f64,
-    /// `--poll`: queues at every depth spin adaptively instead of sleeping after `spin_us`.
-    pub poll: bool,
+    /// `--wait`: sleep, adaptive or poll (`--poll`).
+    pub wait: &'static str,
     /// Bytes of the volume each job works in.
     pub slice: u64,
 }
@@ -205,7 +206,7 @@ impl Report {
             j.jobs,
             if j.ramp_s > 0.0 { format!(" ramp={}s", j.ramp_s) } else { String::new() },
             if j.verify { " verify" } else { "" },
-            if j.poll { " poll" } else { "" },
+            if j.wait == Wait::default().name() { String::new() } else { format!(" wait={}", j.wait) },
         );
         let v = &self.volume;
         let _ = writeln!(

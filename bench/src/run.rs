@@ -304,7 +304,7 @@ impl Run {
                 verify: spec.verify,
                 seed: spec.seed,
                 spin_us: options.spin.as_secs_f64() * 1e6,
-                poll: options.poll,
+                wait: options.wait.name(),
                 slice: plan.slice,
             },
             elapsed_s,

@@ -87,15 +87,15 @@ fn random_reads_report_consistent_figures() {
 
 #[test]
 fn polling_jobs_verify_and_say_so() {
-    // --poll changes how every wait of a deep queue spins (queue.rs's spin_policy test holds the
+    // --poll changes how every wait of a deep queue spins (wait.rs's tests hold the
     // rule); here two polling jobs write and read back through it, and the report says so.
     let t = target(16 * MIB);
-    let opts = Options { poll: true, ..options() };
+    let opts = Options { wait: rblk_initiator::Wait::Poll, ..options() };
     let spec = Spec { jobs: 2, iodepth: 16, verify: true, ..short(Workload::RandWrite) };
     let r = Run::default().run(&t.uri, &opts, &spec).unwrap();
     assert!(r.passed() && r.write.ios > 0, "{r:?}");
-    assert!(r.job.poll && r.text().lines().next().unwrap().ends_with(" poll"), "{}", r.text());
-    assert!(!run(&t, &short(Workload::RandRead)).unwrap().job.poll);
+    assert!(r.job.wait == "poll" && r.text().lines().next().unwrap().ends_with(" wait=poll"), "{}", r.text());
+    assert_eq!(run(&t, &short(Workload::RandRead)).unwrap().job.wait, "adaptive");
 }
 
 fn serde_json_text(r: &rblk_bench::Report) -> String {

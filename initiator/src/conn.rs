@@ -11,6 +11,7 @@ use rblk_proto::{
     KEEPALIVE_TIMEOUT, MSG_SIZE, NONCE_LEN, RECV_COUNT, SEND_COUNT,
 };
 
+use crate::wait::Wait;
 use crate::{Error, Result};
 
 /// A reply, copied out of the receive buffer.
@@ -63,8 +64,8 @@ pub(crate) struct Dest {
     pub(crate) addr: SocketAddr,
     pub(crate) route: Route,
     pub(crate) spin: Duration,
-    /// [`Options::poll`](crate::Options::poll).
-    pub(crate) poll: bool,
+    /// [`Options::wait`](crate::Options::wait).
+    pub(crate) wait: Wait,
 }
 
 /// How a connected QP is used.
@@ -74,7 +75,7 @@ pub(crate) struct Conn {
     chan: Channel,
     pub(crate) addr: SocketAddr,
     pub(crate) spin: Duration,
-    pub(crate) poll: bool,
+    pub(crate) wait: Wait,
     next_tag: u32,
     rx: Box<[u8; MSG_SIZE]>,
     /// Why the connection is unusable, once it is.
@@ -123,7 +124,7 @@ impl Conn {
         data: ConnectData,
         deadline: Instant,
     ) -> Result<Conn> {
-        let Dest { fabric, addr, ref route, spin, poll } = *dest;
+        let Dest { fabric, addr, ref route, spin, wait } = *dest;
         let connect_err = |source| Error::Connect { addr, source };
         let mut ep = Endpoint::resolve(fabric, addr, pd, route, cfg, deadline).map_err(connect_err)?;
         let mut chan = Channel::new(&ep.pd()).map_err(connect_err)?;
@@ -137,7 +138,7 @@ impl Conn {
             chan,
             addr,
             spin,
-            poll,
+            wait,
             next_tag: 1,
             rx: Box::new([0; MSG_SIZE]),
             broken: None,

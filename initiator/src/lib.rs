@@ -101,6 +101,7 @@ mod size;
 mod stats;
 mod uri;
 mod volume;
+mod wait;
 
 pub use buffer::{Buffer, BufferPool};
 pub use control::Control;
@@ -123,6 +124,7 @@ pub use size::parse_size;
 pub use stats::{EngineStats, Latency};
 pub use uri::{ToUri, Uri};
 pub use volume::Volume;
+pub use wait::{Wait, Waiter, MAX_ADAPTIVE_SPIN};
 
 #[cfg(test)]
 mod tests {

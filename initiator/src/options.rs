@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rblk_fabric::{Fabric, Route};
 
+use crate::wait::Wait;
 use crate::{Error, Result};
 
 /// Default deadline for each control exchange (connect, HELLO, AUTH, OPEN, FLUSH, ...).
@@ -64,7 +65,7 @@ impl Reconnect {
 }
 
 /// The path flags of rblk's programs (`--device`, `--source-addr`, `--tos`, `--memory-windows`,
-/// `--poll`), for `#[command(flatten)]`: how to reach the target besides its address, and how
+/// `--wait`, `--poll`), for `#[command(flatten)]`: how to reach the target besides its address, and how
 /// to wait for it. Feature `clap`.
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -89,12 +90,16 @@ pub struct RouteArgs {
     /// target or device without them: one registration and one rkey per session.
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub memory_windows: bool,
-    /// Poll the completion queues while I/O is in flight, as perftest and SPDK do, at every
-    /// queue depth: each wait spins for twice the queue's usual wait (up to 1 ms) before it
-    /// sleeps. Cuts the latency tail when several queues are busy, at the cost of a core per
-    /// busy queue (like fio's --hipri). Without it only queues with one or two operations in
-    /// flight spin that long; deeper ones sleep after --spin.
-    #[arg(long)]
+    /// How a thread waits for its queue pair (and, under `rblk attach`, for its ublk queue):
+    /// sleep (arm and sleep at once: a wakeup per wait, no CPU spent spinning); adaptive (spin
+    /// while work is near: a wait with at most two operations in flight spins for twice the
+    /// thread's usual wait when that is under 1 ms, a deeper one briefly, then sleeps; an idle
+    /// device costs nothing); poll (adaptive at every depth, as perftest and SPDK poll).
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = Wait::Adaptive)]
+    pub wait: Wait,
+    /// The same as --wait poll: cuts the latency tail when several queues are busy, at the
+    /// cost of a core per busy queue (like fio's --hipri).
+    #[arg(long, conflicts_with = "wait")]
     pub poll: bool,
 }
 
@@ -103,11 +108,11 @@ impl RouteArgs {
     /// Sets `options`' device, source address, type of service, memory windows and polling from
     /// the flags.
     pub fn apply(&self, options: &mut Options) {
+        options.wait = if self.poll { Wait::Poll } else { self.wait };
         options.device = self.device.clone();
         options.source_addr = self.source_addr;
         options.tos = self.tos;
         options.memory_windows = self.memory_windows;
-        options.poll = self.poll;
     }
 }
 
@@ -186,15 +191,13 @@ pub struct Options {
     pub timeout: Duration,
     /// Deadline for each synchronous data operation.
     pub io_timeout: Duration,
-    /// How long waits spin on the completion queue before sleeping. A queue with at most two
-    /// operations in flight (or any queue, with [`poll`](Self::poll)) spins longer, adaptively
-    /// (twice its usual wait, up to 1 ms), so that depth-1 I/O does not pay a wakeup each time.
+    /// How long waits spin on the completion queue before sleeping, when [`wait`](Self::wait)
+    /// does not spin adaptively (deep queues under [`Wait::Adaptive`]), and at least that long
+    /// when it does.
     pub spin: Duration,
-    /// Poll while I/O is in flight: queues at every depth spin adaptively as depth 1-2 does
-    /// (see [`spin`](Self::spin)) instead of sleeping after `spin`. A woken thread can wait long
-    /// for a CPU when several queues are busy; polling keeps the latency tail down at the cost
-    /// of a core per busy queue. False (the default) leaves the CPU to others at depth 3 and up.
-    pub poll: bool,
+    /// Spin or sleep while waiting ([`Wait`]; [`Wait::Adaptive`] by default): the one policy of
+    /// the library's queues and of the front ends' event loops.
+    pub wait: Wait,
     /// What to do when the session loses its target.
     pub reconnect: Reconnect,
     /// Ask for per-QP memory windows ([`rblk_proto::FEATURE_WINDOWS`]): each queue pair gets an
@@ -216,7 +219,7 @@ impl Default for Options {
             timeout: DEFAULT_TIMEOUT,
             io_timeout: DEFAULT_IO_TIMEOUT,
             spin: rblk_fabric::policy::SPIN,
-            poll: false,
+            wait: Wait::Adaptive,
             reconnect: Reconnect::default(),
             memory_windows: true,
         }
@@ -243,7 +246,7 @@ impl fmt::Debug for Options {
             .field("timeout", &self.timeout)
             .field("io_timeout", &self.io_timeout)
             .field("spin", &self.spin)
-            .field("poll", &self.poll)
+            .field("wait", &self.wait)
             .field("reconnect", &self.reconnect)
             .field("memory_windows", &self.memory_windows)
             .finish()

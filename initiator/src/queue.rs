@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rblk_fabric::policy::POLL_BATCH;
 use rblk_fabric::{channel, Chain};
@@ -15,31 +15,14 @@ use crate::conn::{self, Conn, Reply};
 use crate::control::Control;
 use crate::io_state::Shared;
 use crate::link::{Current, Link, Status};
+use crate::wait::Waiter;
 use crate::{Direction, Error, Geometry, InvalidReason, Result};
 
 /// Submissions posted with one doorbell.
 const BATCH: usize = 16;
 
-/// The longest a low-depth wait spins before sleeping.
-pub const MAX_ADAPTIVE_SPIN: Duration = Duration::from_millis(1);
-
 /// The deepest queue: bounds the memory pinned by its pool and the send queue asked of the NIC.
 pub const MAX_DEPTH: u32 = 1024;
-
-/// How long a wait with `in_flight` operations spins before sleeping on the completion channel,
-/// and whether it is adaptive (and so feeds `wait_ns`, the moving average of how long such waits
-/// took). At depth 1-2, and at every depth with `poll` ([`Options::poll`](crate::Options::poll)),
-/// it spins for twice the usual wait (at most [`MAX_ADAPTIVE_SPIN`], at least `base`,
-/// [`Options::spin`](crate::Options::spin)): at depth 1-2 a sleep costs a wakeup per I/O, and a
-/// woken thread may wait long for a CPU that other busy queues hold. Otherwise a deeper queue
-/// always has completions coming and sleeps after `base`, leaving the CPU to others.
-fn spin_policy(base: Duration, poll: bool, in_flight: u32, wait_ns: u64) -> (bool, Duration) {
-    let adaptive = poll || in_flight <= 2;
-    if !adaptive {
-        return (false, base);
-    }
-    (true, base.max(Duration::from_nanos(wait_ns.saturating_mul(2)).min(MAX_ADAPTIVE_SPIN)))
-}
 
 /// A work request slot for filling in.
 const NO_WR: WorkRequest<'static> = WorkRequest { wr_id: 0, op: Op::Send, local: Local::Inline(&[]), signaled: false };
@@ -184,8 +167,8 @@ pub struct Queue {
     io: Shared,
     /// A registered, zeroed region of `max_len` bytes for writes of zeroes (made at the first).
     zeros: Option<Mr>,
-    /// Average time a low-depth wait took to see a completion, in ns (0: none yet).
-    wait_ns: u64,
+    /// Spin or sleep in [`wait`](Self::wait): the policy and its history.
+    waiter: Waiter,
     /// The connection's last hearing from the target that the link was told of.
     noted_heard: Instant,
 }
@@ -304,6 +287,7 @@ impl Queue {
             addr,
             source,
         })?;
+        let waiter = Waiter::new(conn.wait, conn.spin);
         tracing::debug!(%addr, qpn = conn.ep.qp_num(), depth, buf_size, "queue joined");
         Ok(Queue {
             conn,
@@ -324,9 +308,15 @@ impl Queue {
             max_len: size,
             io,
             zeros: None,
-            wait_ns: 0,
+            waiter,
             noted_heard: Instant::now(),
         })
+    }
+
+    /// The session's wait policy ([`Options::wait`](crate::Options::wait)), with no history: for
+    /// an event loop that owns this queue and waits for more than its completions.
+    pub fn waiter(&self) -> Waiter {
+        self.waiter.fresh()
     }
 
     /// Operations allowed outstanding.
@@ -908,7 +898,8 @@ impl Queue {
     pub fn wait(&mut self, done: &mut [Done], deadline: Instant) -> Result<usize> {
         let started = Instant::now();
         let mut k = self.reap(done);
-        let (adaptive, spin) = spin_policy(self.conn.spin, self.conn.poll, self.in_flight, self.wait_ns);
+        let adaptive = self.waiter.adapts(self.in_flight);
+        let spin = self.waiter.budget(self.in_flight);
         let mut slept = false;
         while k == 0 && self.replies.is_empty() && (self.in_flight > 0 || !self.awaiting.is_empty()) && !done.is_empty()
         {
@@ -947,9 +938,7 @@ impl Queue {
             }
         }
         if adaptive && slept && k > 0 {
-            // Moving average (1/8) of how long an adaptive wait takes to see a completion.
-            let t = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.wait_ns = if self.wait_ns == 0 { t } else { self.wait_ns - self.wait_ns / 8 + t / 8 };
+            self.waiter.record(started.elapsed());
         }
         Ok(k)
     }
@@ -1118,26 +1107,4 @@ fn clone_error(e: &Error) -> Error {
 fn finish(slot: Slot, result: Result<()>) -> Done {
     let Slot { user_data, dir, offset, len, buffer, give_back, .. } = slot;
     Done { user_data, result, dir, offset, len, buffer: buffer.filter(|_| give_back) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const BASE: Duration = Duration::from_micros(20);
-
-    #[test]
-    fn deep_queues_spin_adaptively_only_when_polling() {
-        // The usual wait, 300 us: twice is 600 us. Depth 1-2 always adapts; deeper queues sleep
-        // after the base spin unless polling.
-        let usual = 300_000;
-        assert_eq!(spin_policy(BASE, false, 1, usual), (true, Duration::from_micros(600)));
-        assert_eq!(spin_policy(BASE, false, 2, usual), (true, Duration::from_micros(600)));
-        assert_eq!(spin_policy(BASE, false, 16, usual), (false, BASE));
-        assert_eq!(spin_policy(BASE, true, 16, usual), (true, Duration::from_micros(600)));
-        // Bounded both ways: never past MAX_ADAPTIVE_SPIN, never below the base.
-        assert_eq!(spin_policy(BASE, true, 32, 5_000_000), (true, MAX_ADAPTIVE_SPIN));
-        assert_eq!(spin_policy(BASE, true, 32, 0), (true, BASE));
-        assert_eq!(spin_policy(BASE, true, 32, u64::MAX), (true, MAX_ADAPTIVE_SPIN));
-    }
 }

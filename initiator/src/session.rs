@@ -36,7 +36,7 @@ impl Session {
         let dests: Vec<Dest> = uri
             .resolve_all()?
             .into_iter()
-            .map(|addr| Dest { fabric: opts.fabric, addr, route: opts.route(), spin: opts.spin, poll: opts.poll })
+            .map(|addr| Dest { fabric: opts.fabric, addr, route: opts.route(), spin: opts.spin, wait: opts.wait })
             .collect();
         let mut first_err = None;
         for (at, dest) in dests.iter().enumerate() {

@@ -27,6 +27,9 @@ pub struct EngineStats {
     pub errors: u64,
     /// Successful reconnects of the session.
     pub reconnects: u64,
+    /// Waits of the threads serving lanes (ublk's queue threads) that went to sleep rather than
+    /// finding work while they spun ([`Lane::note_sleep`](crate::Lane::note_sleep)).
+    pub sleeps: u64,
 }
 
 impl std::ops::AddAssign for EngineStats {
@@ -40,6 +43,7 @@ impl std::ops::AddAssign for EngineStats {
         self.written_bytes += o.written_bytes;
         self.errors += o.errors;
         self.reconnects += o.reconnects;
+        self.sleeps += o.sleeps;
     }
 }
 
@@ -143,6 +147,7 @@ pub(crate) struct Counters {
     pub errors: AtomicU64,
     /// Successful reconnects (the link counts them here).
     pub reconnects: AtomicU64,
+    pub sleeps: AtomicU64,
     /// The link's [`LinkState`], as its index in [`LinkState::ALL`].
     pub link: AtomicU8,
     pub read_latency: AtomicLatency,
@@ -164,6 +169,7 @@ impl Counters {
             written_bytes: load(&self.written_bytes),
             errors: load(&self.errors),
             reconnects: load(&self.reconnects),
+            sleeps: load(&self.sleeps),
         }
     }
 

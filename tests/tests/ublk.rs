@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::Fabric;
 use rblk_initiator::{OpenMode, Options, Session};
-use rblk_tests::blockdev::{attach, detach, fio_errors, rblk, ublk_drv};
+use rblk_tests::blockdev::{self, attach, detach, fio_errors, rblk, ublk_drv};
 use rblk_tests::sh;
 use rblk_tests::target::{Spec, Target};
 
@@ -236,4 +236,68 @@ fn refusals_are_clear_and_leave_no_device_behind() {
     let e = run(&["attach", &uri(&t, "v")]);
     ublk_drv();
     assert!(e.contains("modprobe ublk_drv"), "{e}");
+}
+
+/// `voluntary_ctxt_switches` of the thread named `comm` in process `pid`.
+fn thread_sleeps(pid: u32, comm: &str) -> u64 {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the serving process's threads").flatten() {
+        let p = task.path();
+        if std::fs::read_to_string(p.join("comm")).is_ok_and(|c| c.trim() == comm) {
+            let status = std::fs::read_to_string(p.join("status")).unwrap();
+            let line = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:")).unwrap();
+            return line.trim().parse().unwrap();
+        }
+    }
+    panic!("no thread {comm} in process {pid}");
+}
+
+/// Reads completed by the block device (field 1 of /sys/block/NAME/stat).
+fn device_reads(dev: &str) -> u64 {
+    let name = dev.trim_start_matches("/dev/");
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap();
+    stat.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// The queue thread's wait policy, by its mechanism rather than its speed: a QD1 read stream
+/// for a few seconds, counting the queue thread's voluntary context switches (its sleeps, from
+/// /proc) and its own sleep counter (`rblk_initiator_queue_sleeps_total` on `--metrics`) per
+/// I/O. Under `--wait adaptive` the thread finds each next ublk command and each RDMA
+/// completion while it spins: at most 0.1 sleeps per I/O. Under `--wait sleep` it sleeps for
+/// them: at least 0.9 per I/O. Catches a spin that cannot see new ublk commands (they wait in
+/// the kernel as task work until the thread enters it: the ring's TASKRUN flag is what tells
+/// the spin to), a budget that never adapts, a `--wait` that does not reach the queue loop, and
+/// a sleep counter that does not count.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn the_queue_thread_spins_while_work_is_near_and_sleeps_when_told_to() {
+    let t = target(&[("v", 64 * MIB)]);
+    let port = 9900 + (std::process::id() % 90) as u16;
+    for (mode, port) in [("adaptive", port), ("sleep", port + 1)] {
+        let metrics = format!("127.0.0.1:{port}");
+        let a = attach(&uri(&t, "v"), &format!("--wait {mode} --metrics {metrics}"));
+        let sleeps = || -> u64 {
+            let out = sh(&format!("curl -sf http://{metrics}/metrics"));
+            let line = out.lines().find(|l| l.starts_with("rblk_initiator_queue_sleeps_total")).expect("sleep counter");
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        // Warm up (the policy learns the usual wait), then measure.
+        sh(&format!("dd if={} of=/dev/null bs=4k count=200 iflag=direct status=none", a.dev));
+        let (switched, slept, reads) = (thread_sleeps(a.pid, "rblk-q0"), sleeps(), device_reads(&a.dev));
+        let out = blockdev::fio(&a.dev, &["--rw=randread", "--bs=4k", "--iodepth=1", "--time_based", "--runtime=3"])
+            .wait_with_output()
+            .unwrap();
+        assert!(out.status.success());
+        let ios = (device_reads(&a.dev) - reads) as f64;
+        let per_io = |n: u64| n as f64 / ios;
+        let (switched, slept) = (per_io(thread_sleeps(a.pid, "rblk-q0") - switched), per_io(sleeps() - slept));
+        eprintln!("--wait {mode}: {ios} reads, {switched:.3} context switches and {slept:.3} sleeps per read");
+        assert!(ios >= 100.0, "too few reads to judge: {ios}");
+        match mode {
+            "adaptive" => {
+                assert!(switched <= 0.1 && slept <= 0.1, "{mode}: {switched:.3} switches, {slept:.3} sleeps per read")
+            }
+            _ => assert!(switched >= 0.9 && slept >= 0.9, "{mode}: {switched:.3} switches, {slept:.3} sleeps per read"),
+        }
+        detach(&a.dev);
+    }
 }

@@ -703,12 +703,16 @@ mod tests {
         assert_eq!((o.source_addr, o.tos), (Some("10.0.0.2".parse().unwrap()), Some(106)));
         assert_eq!(o.route().source, o.source_addr);
         assert!(o.memory_windows, "memory windows are asked for by default");
-        assert!(!o.poll, "no polling unless asked");
+        assert_eq!(o.wait, rblk_initiator::Wait::Adaptive, "no polling unless asked");
         let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--memory-windows", "off", "--poll"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
         let o = conn.options(Reconnect::default()).unwrap();
-        assert!(!o.memory_windows && o.poll);
-        for bad in [["--tos", "256"], ["--source-addr", "eth0"], ["--memory-windows", "maybe"]] {
+        assert!(!o.memory_windows && o.wait == rblk_initiator::Wait::Poll);
+        let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--wait", "sleep"]).unwrap();
+        let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
+        assert_eq!(conn.options(Reconnect::default()).unwrap().wait, rblk_initiator::Wait::Sleep);
+        assert!(Args::try_parse_from(["rblk", "info", "rblk://h/v", "--wait", "sleep", "--poll"]).is_err());
+        for bad in [["--tos", "256"], ["--source-addr", "eth0"], ["--memory-windows", "maybe"], ["--wait", "fast"]] {
             let mut argv = vec!["rblk", "info", "rblk://h/v"];
             argv.extend(bad);
             assert!(Args::try_parse_from(argv).is_err(), "{bad:?} accepted");

@@ -160,6 +160,7 @@ impl Metrics {
         counter(&mut reg, "written_bytes", "Bytes written by requests that succeeded", s.written_bytes);
         counter(&mut reg, "errors", "Requests that failed (reads, writes, flushes)", s.errors);
         counter(&mut reg, "reconnects", "Sessions re-established after losing the target", s.reconnects);
+        counter(&mut reg, "queue_sleeps", "Waits of the queue threads that slept instead of spinning", s.sleeps);
         reg.register("read_seconds", "Read latency, submission to completion", Histogram(t.read));
         reg.register("write_seconds", "Write latency, submission to completion", Histogram(t.write));
         reg.register("flush_seconds", "FLUSH latency (sent ones)", Histogram(t.flush));

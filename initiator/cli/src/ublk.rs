@@ -31,10 +31,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _};
 use io_uring::{opcode, squeue, types};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::with_task_io_ring_mut;
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, BufDesc, UblkError, UblkFlags};
 use rblk_initiator::engine::{Data, Finished, IoOp, Request};
-use rblk_initiator::{Buffer, Chain, Engine, Lane};
+use rblk_initiator::{Buffer, Chain, Engine, Lane, Waiter};
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};
@@ -49,6 +50,8 @@ pub const MAX_DEPTH: u32 = if rblk_initiator::MAX_DEPTH < sys::UBLK_MAX_QUEUE_DE
 /// smaller).
 const IO_BUF_BYTES: u32 = 512 << 10;
 const CONTROL: &str = "/dev/ublk-control";
+/// The environment variable that allows the hidden `--null-io`.
+const ALLOW_NULL: &str = "RBLK_ALLOW_NULL";
 
 /// Attach a volume as a block device, /dev/ublkbN (ublk), and print its path
 ///
@@ -88,6 +91,11 @@ pub struct AttachArgs {
     /// Open the volume exclusively: no other session may write it while attached.
     #[arg(long)]
     exclusive: bool,
+    /// Not for use: completes every request at once without RDMA (reads return whatever the
+    /// buffer holds, writes are dropped), for scripts/compare-rxe.sh's ceiling row (the same
+    /// queue loop and wait policy with the RDMA step removed). Refused unless RBLK_ALLOW_NULL=1.
+    #[arg(long, hide = true)]
+    null_io: bool,
     #[command(flatten)]
     metrics: crate::metrics::MetricsArgs,
     #[command(flatten)]
@@ -129,6 +137,9 @@ pub fn attach(args: AttachArgs) -> anyhow::Result<()> {
 }
 
 fn preflight(args: &AttachArgs) -> anyhow::Result<()> {
+    if args.null_io && std::env::var_os(ALLOW_NULL).is_none_or(|v| v != "1") {
+        bail!("this mode drops every write: it exists only for measurements and needs {ALLOW_NULL}=1");
+    }
     if !nix::unistd::geteuid().is_root() {
         bail!("rblk attach needs root: creating a ublk block device needs CAP_SYS_ADMIN");
     }
@@ -169,7 +180,28 @@ struct QueueState {
     mailboxes: Vec<Mailbox>,
     /// The lane failed to progress (its queue pair is gone): every request fails.
     broken: Cell<bool>,
+    /// `--null-io`: requests complete at once, without RDMA.
+    null_io: bool,
+    /// Spin or sleep: the session's wait policy, fed with this thread's waits.
+    waiter: RefCell<Waiter>,
+    /// The ring flags pending task work (`IORING_SETUP_TASKRUN_FLAG`): a spin enters the kernel
+    /// only when a ublk command or another completion waits there. Without it, every pass does.
+    taskrun_flag: bool,
+    /// A POLL_ADD on the lane's completion channel is in the ring (and so the CQ is armed).
+    polling: Cell<bool>,
+    /// A retry timer for a request that waits for another lane is in the ring.
+    retrying: Cell<bool>,
+    /// The poll's linked timeout, and the retry timer's (the kernel reads them at submission).
+    second: types::Timespec,
+    retry: Cell<types::Timespec>,
 }
+
+/// `user_data` of this loop's own ring entries. Both libublk marks are set: its futures carry
+/// only `Target`, ublk commands neither, so these never collide with its own.
+const OWN: u64 = libublk::UblkUringData::Target as u64 | libublk::UblkUringData::NonAsync as u64;
+const POLL_UD: u64 = OWN | 1;
+const POLL_TIMEOUT_UD: u64 = OWN | 2;
+const RETRY_UD: u64 = OWN | 3;
 
 impl QueueState {
     /// Posts what the tags submitted and hands finished requests to their tags' tasks. Returns
@@ -191,6 +223,113 @@ impl QueueState {
             }
         }
         woke
+    }
+
+    /// Waits until there is work: a ublk command, another entry's completion (the timers, the
+    /// completion channel's poll) or a finished request. It spins over the ring and the lane's
+    /// CQ for the wait policy's budget, and only then arms the completion channel and sleeps in
+    /// `io_uring_enter`, so a busy queue pays no wakeups and no re-arms. Err: the queue is going
+    /// down.
+    fn wait(&self, q: &UblkQueue<'_>) -> Result<bool, UblkError> {
+        let started = Instant::now();
+        let near = self.lane.borrow().in_flight();
+        let (budget, adapts) = {
+            let w = self.waiter.borrow();
+            (w.budget(near), w.adapts(near))
+        };
+        if !self.spin(q, started, budget)? {
+            self.arm_for_sleep(q)?;
+            // A request that finished before the arm raises no event: look once more.
+            if !self.deliver() {
+                self.lane.borrow().note_sleep();
+                libublk::uring_poll_io_fn::<squeue::Entry>(q, None, 1)?;
+            }
+        }
+        if adapts {
+            self.waiter.borrow_mut().record(started.elapsed());
+        }
+        Ok(false)
+    }
+
+    /// Spins for `budget` until the ring has a completion or a request finished. Whatever the
+    /// budget, posts the ring's new entries first (the tags' COMMIT_AND_FETCHes) unless the
+    /// sleep that follows a zero budget would.
+    fn spin(&self, q: &UblkQueue<'_>, started: Instant, budget: Duration) -> Result<bool, UblkError> {
+        if q.is_stopping() {
+            return libublk::uring_poll_io_fn::<squeue::Entry>(q, None, 0).map(|_| true);
+        }
+        let zero = budget.is_zero();
+        let mut first = true;
+        loop {
+            let ready = with_task_io_ring_mut(|r| -> Result<bool, UblkError> {
+                let post = first && !zero && !r.submission().is_empty();
+                if post || (r.completion().is_empty() && (!self.taskrun_flag || r.submission().taskrun()) && !zero) {
+                    // Posting, or collecting what the kernel holds as task work (a new ublk
+                    // command): an enter with nothing to wait for.
+                    r.submit().map_err(UblkError::IOError)?;
+                }
+                Ok(!r.completion().is_empty())
+            })?;
+            first = false;
+            if ready || self.deliver() {
+                return Ok(true);
+            }
+            if started.elapsed() >= budget {
+                return Ok(false);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Before a sleep: a POLL_ADD on the lane's completion channel (armed first), linked to a
+    /// one-second timeout since a reconnect replaces the channel and a poll of the old one would
+    /// never fire, unless one is in the ring already; and a short timer when a request waits for
+    /// another lane (a range hold, an earlier FLUSH), which raises no event here
+    /// ([`Lane::retry_after`]).
+    fn arm_for_sleep(&self, q: &UblkQueue<'_>) -> Result<(), UblkError> {
+        if self.broken.get() {
+            return Ok(());
+        }
+        if !self.polling.get() {
+            if let Err(e) = self.lane.borrow_mut().arm() {
+                self.broken.set(true);
+                tracing::error!(error = %Chain(&e), "arming the completion channel failed: requests fail with EIO");
+                return Ok(());
+            }
+            let fd = self.lane.borrow().event_fd();
+            let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as _).build().flags(squeue::Flags::IO_LINK);
+            q.ublk_submit_sqe_sync(poll.user_data(POLL_UD))?;
+            let timeout = opcode::LinkTimeout::new(&self.second).build().user_data(POLL_TIMEOUT_UD);
+            q.ublk_submit_sqe_sync(timeout)?;
+            self.polling.set(true);
+        }
+        let retry = self.lane.borrow().retry_after();
+        if let Some(d) = retry.filter(|_| !self.retrying.get()) {
+            self.retry.set(types::Timespec::from(d));
+            let timer = opcode::Timeout::new(self.retry.as_ptr()).build().user_data(RETRY_UD);
+            q.ublk_submit_sqe_sync(timer)?;
+            self.retrying.set(true);
+        }
+        Ok(())
+    }
+
+    /// A completion of this loop's own entries, or of libublk's (its futures').
+    fn completed(&self, cqe: &io_uring::cqueue::Entry) {
+        match cqe.user_data() {
+            POLL_UD => {
+                self.polling.set(false);
+                // EBADF: a reconnect replaced the queue pair (and closed its channel) before the
+                // kernel took the poll; the next sleep polls the new channel.
+                let r = cqe.result();
+                if r < 0 && ![-libc::EINTR, -libc::ECANCELED, -libc::ETIME, -libc::EBADF].contains(&r) {
+                    tracing::error!(errno = -r, "polling the completion channel failed");
+                    self.broken.set(true);
+                }
+            }
+            POLL_TIMEOUT_UD => {}
+            RETRY_UD => self.retrying.set(false),
+            data => libublk::uring_async::ublk_wake_task(data, cqe),
+        }
     }
 }
 
@@ -224,6 +363,8 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
         };
         let res = match io {
             None => -libc::EOPNOTSUPP,
+            Some((IoOp::Read | IoOp::Write, _)) if st.null_io => len as i32,
+            Some(_) if st.null_io => 0,
             Some(_) if st.broken.get() => -libc::EIO,
             Some((_, true)) if buf.is_none() => -libc::ENOMEM,
             Some((op, with_buf)) => {
@@ -246,47 +387,6 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
     }
 }
 
-/// Waits for the lane's completion channel inside the queue's io_uring and wakes the tags.
-///
-/// Each wait is linked to a 1 s timeout: a reconnect replaces the lane's queue pair and with it
-/// the channel, and a poll of the old one would never fire. The descriptor is taken anew for
-/// every wait.
-async fn poller_task(q: &UblkQueue<'_>, st: &QueueState) {
-    let second = types::Timespec::new().sec(1);
-    loop {
-        let armed = st.lane.borrow_mut().arm();
-        if let Err(e) = armed {
-            if !st.broken.replace(true) {
-                tracing::error!(error = %Chain(&e), "arming the completion channel failed: requests fail with EIO");
-            }
-            return;
-        }
-        // A completion that landed before the arm raises no event: look once more.
-        st.deliver();
-        let (fd, retry) = {
-            let lane = st.lane.borrow();
-            (lane.event_fd(), lane.retry_after())
-        };
-        // A request that waits for another lane (a range hold, an earlier FLUSH) raises no event
-        // here: look again soon.
-        let short = retry.map(|d| types::Timespec::new().nsec(d.as_nanos().min(999_999_999) as u32));
-        let ts = short.as_ref().unwrap_or(&second);
-        let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as _).build().flags(squeue::Flags::IO_LINK);
-        // Both entries go into the ring now, one after the other: the timeout guards the poll.
-        let polled = q.ublk_submit_sqe(poll);
-        let timeout = q.ublk_submit_sqe(opcode::LinkTimeout::new(ts).build());
-        let revents = polled.await;
-        let _ = timeout.await;
-        // EBADF: a reconnect replaced the queue pair (and closed its channel) before the kernel
-        // took the poll; the next pass polls the new channel.
-        if revents < 0 && ![-libc::EINTR, -libc::ECANCELED, -libc::ETIME, -libc::EBADF].contains(&revents) {
-            tracing::error!(errno = -revents, "polling the completion channel failed");
-            st.broken.set(true);
-            return;
-        }
-    }
-}
-
 /// Every second: the lane's housekeeping (keepalives and loss detection on its queue pair and
 /// the session's first one; while the session is lost, the reconnect and the rejoin), then
 /// whatever that finished goes to the tags.
@@ -301,13 +401,25 @@ async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState) {
     }
 }
 
-fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
+fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
+    // Named for ps, top and /proc/PID/task/*/comm: `rblk-q0`, `rblk-q1`, ...
+    if let Ok(name) = std::ffi::CString::new(format!("rblk-q{qid}")) {
+        let _ = nix::sys::prctl::set_name(&name);
+    }
     let Some(mut lane) = lane else {
         tracing::error!(qid, "no queue pair for this ublk queue");
         dev.notify_buffer_registration_complete(true);
         return;
     };
     let depth = dev.dev_info.queue_depth;
+    let taskrun_flag = match init_ring(dev) {
+        Ok(flag) => flag,
+        Err(e) => {
+            tracing::error!(qid, error = ?e, "setting up the ublk queue's io_uring failed");
+            dev.notify_buffer_registration_complete(true);
+            return;
+        }
+    };
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => q,
         Err(e) => {
@@ -318,9 +430,16 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
     };
     lane.set_deferred_posting(true);
     let st = QueueState {
+        waiter: RefCell::new(lane.waiter()),
         lane: RefCell::new(lane),
         mailboxes: (0..depth).map(|_| Mailbox::default()).collect(),
         broken: Cell::new(false),
+        null_io,
+        taskrun_flag,
+        polling: Cell::new(false),
+        retrying: Cell::new(false),
+        second: types::Timespec::new().sec(1),
+        retry: Cell::new(types::Timespec::new()),
     };
     let exe = smol::LocalExecutor::new();
     let mut tags = Vec::with_capacity(depth.into());
@@ -333,7 +452,6 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
             }
         }));
     }
-    let poller = exe.spawn(poller_task(&q, &st));
     let ticker = exe.spawn(ticker_task(&q, &st));
     // Our buffers are our own (BufDesc::RawAddress): tell libublk they are in place.
     dev.notify_buffer_registration_complete(false);
@@ -346,14 +464,47 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>) {
             }
         };
         let is_done = || tags.iter().all(|t| t.is_finished());
-        if let Err(e) = libublk::wait_and_handle_io_events(&q, Some(20), run_ops, is_done).await {
+        let wait = || async { st.wait(&q) };
+        let reap = |timed_out| {
+            libublk::uring_async::ublk_reap_io_events_with_update_queue(&q, timed_out, None, |cqe| st.completed(cqe))
+        };
+        if let Err(e) = libublk::run_uring_tasks(wait, reap, run_ops, is_done).await {
             tracing::warn!(qid, error = ?e, "the ublk queue's event loop failed");
         }
     }));
-    drop(poller);
     drop(ticker);
     // The queue is down (our STOP, or the device deleted elsewhere): wake the main thread.
     let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGTERM);
+}
+
+/// The queue's io_uring, made before libublk would make its own: as libublk's (COOP_TASKRUN:
+/// the kernel interrupts nobody to post a completion; the thread runs that task work at its
+/// next system call) and with IORING_SETUP_TASKRUN_FLAG, which flags such pending work in the
+/// ring, so the spin in [`QueueState::wait`] enters the kernel exactly when a ublk command
+/// waits there. Returns whether the kernel took the flag (5.19 and later).
+fn init_ring(dev: &UblkDev) -> Result<bool, UblkError> {
+    let (sq, cq) = (u32::from(dev.tgt.sq_depth), u32::from(dev.tgt.cq_depth));
+    let mut flag = true;
+    libublk::io::ublk_init_task_ring(|cell| {
+        if cell.get().is_some() {
+            return Ok(());
+        }
+        let build = |taskrun_flag: bool| {
+            let mut b = io_uring::IoUring::builder();
+            b.setup_cqsize(cq).setup_coop_taskrun();
+            if taskrun_flag {
+                b.setup_taskrun_flag();
+            }
+            b.build(sq)
+        };
+        let ring = build(true).or_else(|e| {
+            tracing::debug!(error = %e, "no IORING_SETUP_TASKRUN_FLAG: the spin enters the kernel at every pass");
+            flag = false;
+            build(false)
+        });
+        cell.set(RefCell::new(ring.map_err(UblkError::IOError)?)).map_err(|_| UblkError::OtherError(-libc::EEXIST))
+    })?;
+    Ok(flag)
 }
 
 fn params(size: u64, block_size: u32, io_buf: u32, read_only: bool) -> sys::ublk_params {
@@ -445,9 +596,10 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
         Ok(())
     };
     let q_lanes = Arc::clone(&lanes);
+    let null_io = args.null_io;
     let q_fn = move |qid: u16, dev: &UblkDev| {
         let lane = q_lanes.lock().unwrap_or_else(PoisonError::into_inner).get_mut(qid as usize).and_then(Option::take);
-        queue_thread(qid, dev, lane);
+        queue_thread(qid, dev, lane, null_io);
     };
     let (detached, log_file) = (args.run.detached, args.run.log_file.clone());
     let ready = Arc::new(Mutex::new(None::<anyhow::Error>));

@@ -568,6 +568,17 @@ impl Lane {
         self.q.check_invariants()
     }
 
+    /// The session's wait policy ([`Options::wait`](crate::Options::wait)) for the event loop
+    /// that owns this lane, with no history.
+    pub fn waiter(&self) -> crate::Waiter {
+        self.q.waiter()
+    }
+
+    /// Counts a wait of the lane's owning thread that went to sleep ([`EngineStats::sleeps`](crate::EngineStats::sleeps)).
+    pub fn note_sleep(&self) {
+        self.io.counters.sleeps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Hands the next finished request back.
     #[allow(clippy::should_implement_trait)] // not an iterator: it never ends, it empties
     pub fn next(&mut self) -> Option<Finished> {
