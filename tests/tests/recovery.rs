@@ -19,7 +19,9 @@
 //! - `a_crash_with_unflushed_writes_fails_the_next_fsync`: the write loss reaches fsync, and the
 //!   region reads back as last flushed.
 //! - `a_restarted_ram_volume_fails_io_instead_of_reading_zeros`: the identity check.
-//! - `an_idle_device_keeps_its_session`: keepalives from an idle ublk queue thread.
+//! - `an_idle_device_keeps_its_session`: keepalives from an idle ublk queue thread, and the
+//!   target's (19 s of silence: three of the target's limit, set to its 5 s minimum, and more
+//!   than the initiator's 15 s).
 //! - `ctrl_loss_tmo_fails_io_after_the_timeout_and_the_device_detaches`: giving up.
 //! - `a_failed_path_moves_to_the_other_address`: multi-address failover.
 
@@ -440,13 +442,19 @@ fn a_restarted_ram_volume_fails_io_instead_of_reading_zeros() {
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn an_idle_device_keeps_its_session() {
     ublk_drv();
-    let ram = vec!["--volume".to_owned(), format!("v:{}", 64 * MIB)];
+    // The target's silence limit at its minimum (5 s, not 15 s): the same rule, three times
+    // sooner.
+    let ram = vec!["--volume".to_owned(), format!("v:{}", 64 * MIB), "--keepalive-timeout".to_owned(), "5".to_owned()];
     let d = Daemon::start(&rdma(), &args(&ram));
     let log = log_file("idle");
     let a = attach(&uri(d.addr), &format!("--queues 2 --log-file {log}"));
     let data = fill(&a.dev, 0, MIB as usize, 6);
-    // Three keepalive timeouts of silence from the device's users.
-    std::thread::sleep(3 * rblk_proto::KEEPALIVE_TIMEOUT);
+    // Silence from the device's users: three of the target's timeouts (it would end a queue
+    // pair whose idle thread sent no keepalives), and longer than the initiator's own
+    // KEEPALIVE_TIMEOUT plus two keepalive intervals (it would reconnect if the target's
+    // keepalives stopped).
+    let target_timeout = Duration::from_secs(5);
+    std::thread::sleep((3 * target_timeout).max(rblk_proto::KEEPALIVE_TIMEOUT + 2 * rblk_proto::KEEPALIVE_INTERVAL));
     assert!(read_direct(&a.dev, 0, MIB as usize) == data[..], "the idle device still reads its data");
     assert_eq!(count_in(&log, "reconnected after"), 0, "no reconnect was needed: {log}");
     assert!(d.log_lines(&["silent"]).is_empty(), "the target never saw the initiator go silent");
