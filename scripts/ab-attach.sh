@@ -11,7 +11,7 @@
 #
 # What runs: scripts/rxe-guest.sh boots the rxe guest (6.12: it needs ublk_drv) once, under
 # `flock /tmp/rblk-guest.lock` (one guest at a time on this machine; RBLK_GUEST_LOCK=PATH to use
-# another lock file, RBLK_GUEST_LOCK= to take none, e.g. when the caller already holds it). In the
+# another lock file, RBLK_GUEST_LOCK= to take none; a caller that holds it already is noticed). In the
 # guest, ONE rblk-target (NEW's by default, --target old for OLD's: the data path is one-sided, so
 # the target's CPU is ~0 whichever it is) serves a 256M RAM volume on the rxe address. Then, for
 # every round, each build in turn (odd rounds OLD first, even rounds NEW first), with that build's
@@ -257,8 +257,10 @@ guest_main() {
 # has no complete round (or the log has no results at all).
 
 summarize() { # LOG SUMMARY_JSON TABLE_TXT
-    python3 - "$@" <<'PY'
-import datetime, json, os, platform, statistics, sys
+    lib_python - "$@" <<'PY'
+import datetime, json, statistics, sys
+
+from report import host_info
 
 log_path, summary_path, table_path = sys.argv[1:4]
 BUILDS = ["old", "new"]
@@ -424,16 +426,9 @@ for x in fails:
 table = "\n".join(out)
 print(table)
 
-cpu_model = ""
-try:
-    with open("/proc/cpuinfo") as f:
-        cpu_model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-except OSError:
-    pass
 doc = {
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "host": {"cpu": cpu_model, "cpus": os.cpu_count(), "kernel": platform.release(),
-             "load_before": meta.get("host_load_before"), "load_after": meta.get("host_load_after")},
+    "host": {**host_info(), "load_before": meta.get("host_load_before"), "load_after": meta.get("host_load_after")},
     "guest": {"kernel": meta.get("guest_kernel"), "cpus": int(meta.get("guest_cpus", "0") or 0), "accel": "tcg"},
     "builds": {b: {"dir": meta.get("dir_" + b), "version": meta.get("version_" + b),
                    "rblk_sha256": meta.get("sha_" + b)} for b in BUILDS},
@@ -516,44 +511,20 @@ host_main() {
 
     mkdir -p "$OUT"
     rm -f "$OUT"/summary.json "$OUT"/table.txt
-    local glog=$OUT/guest.log rc=0 t0 lock=${RBLK_GUEST_LOCK-/tmp/rblk-guest.lock}
+    local glog=$OUT/guest.log
     {
         printf '@@meta secs %s\n@@meta rounds %s\n' "$secs" "$rounds"
         for b in "${BUILDS[@]}"; do
             printf '@@meta dir_%s %s\n' "$b" "${dir[$b]}"
             printf '@@meta sha_%s %s\n' "$b" "$(sha256sum "${dir[$b]}/rblk" | cut -d' ' -f1)"
         done
-        printf '@@meta host_load_before %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
     } >"$glog"
-    if pgrep -f '^qemu-system' >/dev/null; then
-        log "note: another qemu is running on this machine${lock:+ (waiting for $lock)}"
-    fi
-    # Guest run: boot + warm-up + per round and build: attach/detach, idle, two fio jobs; generous.
-    local -a guest=(env RXE_GUEST_TIMEOUT="${RXE_GUEST_TIMEOUT:-$((300 + rounds * (240 + secs * 8)))}"
-        scripts/rxe-guest.sh "$REPO_ROOT/scripts/ab-attach.sh" --in-guest "$secs" "$rounds"
-        "${dir[old]}" "${dir[new]}" "$target")
-    [[ -n $lock ]] && guest=(flock "$lock" "${guest[@]}")
     log "old: ${dir[old]}; new: ${dir[new]}; $rounds round(s) of ${secs} s per fio job; raw output in $glog"
-    t0=$EPOCHREALTIME
-    "${guest[@]}" >>"$glog" || rc=$?
-    local ds=$(((${EPOCHREALTIME/./} - ${t0/./}) / 100000))
-    log "the guest run took $((ds / 10)).$((ds % 10)) s (host clock, lock wait included)"
-    printf '@@meta guest_run_secs %d.%d\n@@meta host_load_after %s\n' $((ds / 10)) $((ds % 10)) \
-        "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$glog"
-    local src=0
-    summarize "$glog" "$OUT/summary.json" "$OUT/table.txt" || src=$?
-    [[ -s $OUT/summary.json ]] && log "wrote $OUT/summary.json and $OUT/table.txt"
-    ((rc == 0)) || die "the guest run failed (exit status $rc); see $glog"
-    ((src == 0)) || exit 1
+    # Guest run: boot + warm-up + per round and build: attach/detach, idle, two fio jobs; generous.
+    run_guest "$glog" $((300 + rounds * (240 + secs * 8))) "$REPO_ROOT/scripts/ab-attach.sh" \
+        "$secs" "$rounds" "${dir[old]}" "${dir[new]}" "$target"
+    summarize_run "$glog" "$OUT"
+    finish_run "$glog"
 }
 
-case ${1:-} in
---in-guest)
-    shift
-    (($# == 5)) || die "usage: $0 --in-guest SECS ROUNDS OLD_BIN_DIR NEW_BIN_DIR old|new"
-    guest_main "$@"
-    ;;
-*)
-    host_main "$@"
-    ;;
-esac
+script_main 5 "SECS ROUNDS OLD_BIN_DIR NEW_BIN_DIR old|new" "$@"

@@ -1,6 +1,10 @@
 # shellcheck shell=bash
-# Shell helpers shared by the host-side scripts that boot the guest (compare-rxe.sh,
-# ab-attach.sh). Source it after setting SCRIPT_NAME (the prefix of log lines); bash.
+# Shell helpers shared by the scripts that boot the rxe guest and run their own part in it
+# (compare-rxe.sh, timeline-rxe.sh, ab-attach.sh). Source it after setting SCRIPT_NAME (the prefix
+# of log lines), REPO_ROOT and, for RBLK_BIN_DIR relative to where the script was started,
+# CALLER_PWD; bash. The script defines guest_main (its part in the guest), host_main and
+# summarize (LOG SUMMARY_JSON TABLE_TXT: the guest's log to a table and a JSON summary), and ends
+# with `script_main ARGC USAGE "$@"`.
 
 log() { printf '%s: %s\n' "$SCRIPT_NAME" "$*" >&2; }
 die() {
@@ -14,3 +18,130 @@ usage() {
 }
 
 is_count() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+
+# script_main ARGC USAGE ARGS...: `SCRIPT --in-guest` with ARGC more arguments (USAGE names them)
+# is the script's part in the guest, guest_main; anything else runs host_main.
+script_main() {
+    local argc=$1 use=$2
+    shift 2
+    if [[ ${1:-} == --in-guest ]]; then
+        shift
+        (($# == argc)) || die "usage: $0 --in-guest $use"
+        guest_main "$@"
+    else
+        host_main "$@"
+    fi
+}
+
+# python3 with scripts/lib on its path (scripts/lib/report.py: what the summaries share).
+lib_python() {
+    PYTHONPATH="$REPO_ROOT/scripts/lib${PYTHONPATH:+:$PYTHONPATH}" python3 "$@"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Host side.
+
+# release_bins BIN...: sets BIN_DIR to the directory with rblk's release binaries and checks that
+# BIN... are there: RBLK_BIN_DIR when set (relative to CALLER_PWD; nothing is built), else what
+# `cargo build --release --workspace --all-features` builds, ${CARGO_TARGET_DIR:-build}/release.
+release_bins() {
+    local d b
+    if [[ -n ${RBLK_BIN_DIR:-} ]]; then
+        d=$RBLK_BIN_DIR
+        [[ $d == /* ]] || d=${CALLER_PWD:-$PWD}/$d
+        BIN_DIR=$(cd -- "$d" 2>/dev/null && pwd -P) || die "RBLK_BIN_DIR=$RBLK_BIN_DIR is not a directory"
+        log "using the binaries in $BIN_DIR (RBLK_BIN_DIR; not building)"
+    else
+        log "building release binaries (cargo build --release --workspace --all-features)"
+        (cd -- "$REPO_ROOT" && cargo build --release --workspace --all-features) >&2 || die "cargo build failed"
+        d=${CARGO_TARGET_DIR:-build}
+        [[ $d == /* ]] || d=$REPO_ROOT/$d
+        BIN_DIR=$(cd -- "$d/release" && pwd -P) || die "no $d/release after cargo build"
+    fi
+    for b in "$@"; do
+        [[ -x $BIN_DIR/$b ]] || die "no $BIN_DIR/$b"
+    done
+}
+
+# guest_lock_held LOCK: is LOCK already flock(1)ed for us? True when this shell has a descriptor
+# open on it (`flock LOCK CMD` hands its descriptor on to CMD) or /proc/locks shows a lock on its
+# inode held by this shell or one of its ancestors (`flock -o LOCK CMD`). Taking the lock again
+# then would wait for ourselves forever.
+guest_lock_held() {
+    local lock=$1 real fd ino p line
+    local -A anc=()
+    [[ -e $lock ]] || return 1
+    real=$(readlink -f -- "$lock")
+    for fd in "/proc/$$/fd/"*; do
+        [[ $(readlink -- "$fd" 2>/dev/null) == "$real" ]] && return 0
+    done
+    ino=$(stat -L -c %i -- "$lock") || return 1
+    p=$$
+    while [[ $p =~ ^[1-9][0-9]*$ ]] && ((p > 1)); do
+        anc[$p]=1
+        read -r line <"/proc/$p/stat" 2>/dev/null || break
+        line=${line##*) } # the fields after comm, which may hold spaces: state ppid ...
+        p=${line#* }
+        p=${p%% *}
+    done
+    local -a f
+    while read -r -a f; do
+        # 1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF
+        [[ ${f[1]:-} == FLOCK && ${f[5]##*:} == "$ino" && -n ${anc[${f[4]}]:-} ]] && return 0
+    done </proc/locks
+    return 1
+}
+
+# run_guest LOG TIMEOUT SCRIPT ARGS...: boots the rxe guest once (scripts/rxe-guest.sh, at most
+# TIMEOUT seconds unless RXE_GUEST_TIMEOUT says otherwise) to run `SCRIPT --in-guest ARGS...`, its
+# stdout appended to LOG. One guest at a time on this machine: under `flock /tmp/rblk-guest.lock`
+# (RBLK_GUEST_LOCK=PATH for another lock file, RBLK_GUEST_LOCK= for none), unless this process
+# already holds that lock (`flock /tmp/rblk-guest.lock SCRIPT`). Appends @@meta host_load_before,
+# guest_run_secs (the boot and the run), guest_lock_wait_secs and host_load_after to LOG; sets
+# GUEST_RC to the guest's exit status.
+run_guest() {
+    local glog=$1 timeout=$2 script=$3
+    shift 3
+    local lock=${RBLK_GUEST_LOCK-/tmp/rblk-guest.lock} t0 t1 ds
+    # The start time is taken once the lock is held, so the wait shows apart from the run.
+    # shellcheck disable=SC2016 # expanded by that bash
+    local -a cmd=(bash -c 'printf "@@meta guest_started %s\n" "$EPOCHREALTIME"; exec "$@"' run_guest
+        env RXE_GUEST_TIMEOUT="${RXE_GUEST_TIMEOUT:-$timeout}" "$REPO_ROOT/scripts/rxe-guest.sh" "$script"
+        --in-guest "$@")
+    if [[ -n $lock ]] && guest_lock_held "$lock"; then
+        log "this process already holds the guest lock $lock"
+        lock=""
+    fi
+    [[ -n $lock ]] && cmd=(flock "$lock" "${cmd[@]}")
+    if pgrep -f '^qemu-system' >/dev/null; then
+        log "note: another qemu is running on this machine${lock:+ (waiting for $lock)}"
+    fi
+    printf '@@meta host_load_before %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$glog"
+    t0=$EPOCHREALTIME
+    GUEST_RC=0
+    "${cmd[@]}" >>"$glog" || GUEST_RC=$?
+    t1=$EPOCHREALTIME
+    local started
+    started=$(sed -n 's/^@@meta guest_started \([0-9.]*\)$/\1/p' "$glog" | tail -n 1)
+    [[ -n $started ]] || started=$t0
+    ds=$(((${t1/./} - ${started/./}) / 100000))
+    local ws=$(((${started/./} - ${t0/./}) / 100000))
+    log "the guest run took $((ds / 10)).$((ds % 10)) s (boot included; host clock), after $((ws / 10)).$((ws % 10)) s waiting for the guest lock"
+    printf '@@meta guest_run_secs %d.%d\n@@meta guest_lock_wait_secs %d.%d\n@@meta host_load_after %s\n' \
+        $((ds / 10)) $((ds % 10)) $((ws / 10)) $((ws % 10)) "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$glog"
+}
+
+# summarize_run LOG OUT_DIR: the script's summarize LOG OUT_DIR/summary.json OUT_DIR/table.txt;
+# sets SUMMARY_RC to its exit status.
+summarize_run() {
+    SUMMARY_RC=0
+    summarize "$1" "$2/summary.json" "$2/table.txt" || SUMMARY_RC=$?
+    if [[ -s $2/summary.json ]]; then log "wrote $2/summary.json and $2/table.txt"; fi
+}
+
+# finish_run LOG: the end of a run: fails when the guest run did (GUEST_RC) or its summary
+# (SUMMARY_RC).
+finish_run() {
+    ((${GUEST_RC:-0} == 0)) || die "the guest run failed (exit status $GUEST_RC); see $1"
+    ((${SUMMARY_RC:-0} == 0)) || exit 1
+}
