@@ -3,12 +3,14 @@
 # trace records, for three paths, in ONE rxe guest boot (issue 23, deliverable 1):
 #
 #   scripts/timeline-rxe.sh [--secs S] [--trace-secs T]
-#   scripts/timeline-rxe.sh --redraw     # no guest: summarize build/timeline/guest.log again
+#   scripts/timeline-rxe.sh --redraw [LOG OUT_DIR]   # no guest: summarize LOG (default
+#                                                     # build/timeline/guest.log) into OUT_DIR again
 #
-# Builds rblk, rblk-target and rblk-bench (cargo build --release; RBLK_BIN_DIR=DIR takes them from
-# DIR instead), boots the guest (scripts/rxe-guest.sh, 6.12) under `flock /tmp/rblk-guest.lock`
-# (RBLK_GUEST_LOCK=PATH for another lock file, RBLK_GUEST_LOCK= for none), and there, one after
-# the other, runs for S seconds (default 4) each:
+# Builds the release binaries (cargo build --release --workspace --all-features; RBLK_BIN_DIR=DIR
+# takes rblk, rblk-target and rblk-bench from DIR instead), boots the guest (scripts/rxe-guest.sh,
+# 6.12) under `flock /tmp/rblk-guest.lock` (RBLK_GUEST_LOCK=PATH for another lock file,
+# RBLK_GUEST_LOCK= for none; a caller that holds it already is noticed), and there, one after the
+# other, runs for S seconds (default 4) each:
 #
 #   ublk    fio --ioengine=libaio --direct=1 --bs=4k --rw=randread --iodepth=1 --numjobs=1 --size=256M
 #           on the /dev/ublkbN of `rblk attach URI --queues 1 --depth 32 --daemon`
@@ -117,15 +119,16 @@
 # Prints the table and writes build/timeline/summary.json and build/timeline/table.txt; the raw
 # output is build/timeline/guest.log. A path that fails (attach, connect, a tool) is recorded
 # with its error and the others run. Exit status 0 when at least one path has analysed I/Os.
+# scripts/compare-rxe.sh runs this script's guest part (`--in-guest S T BIN_DIR`, with no rblk-target
+# of its own running and NVMe-oF/RDMA torn down) in its own boot after its fio rows, and its
+# summary with --redraw LOG OUT_DIR.
 # Timing: a boot of ~15 s plus, per path, S + ~5 s of run and a few seconds to copy the trace;
 # NVMe-oF setup a few seconds.
 set -euo pipefail
 shopt -s inherit_errexit
 
 REPO_ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
-if [[ -n ${RBLK_BIN_DIR:-} && $RBLK_BIN_DIR != /* ]]; then
-    RBLK_BIN_DIR=$PWD/$RBLK_BIN_DIR # relative to where we were started
-fi
+CALLER_PWD=$PWD
 cd "$REPO_ROOT"
 
 OUT=build/timeline
@@ -161,6 +164,7 @@ guest_main() {
     # shellcheck source=lib/target.sh
     source "$REPO_ROOT/scripts/lib/target.sh"
 
+    printf '@@meta secs %s\n@@meta trace_secs %s\n' "$secs" "$tsecs"
     printf '@@meta guest_kernel %s\n' "$(uname -r)"
     printf '@@meta guest_cpus %s\n' "$(nproc)"
     printf '@@meta fio %s\n' "$(fio --version)"
@@ -372,8 +376,10 @@ guest_main() {
 # On the host: decode the traces, build per-I/O timelines, print the table, write summary.json.
 
 summarize() { # LOG SUMMARY_JSON TABLE_TXT
-    python3 - "$@" <<'PY'
+    lib_python - "$@" <<'PY'
 import base64, collections, datetime, gzip, json, re, statistics, sys
+
+from report import host_info
 
 log_path, summary_path, table_path = sys.argv[1:4]
 meta, paths, fails, traces = {}, collections.defaultdict(dict), [], {}
@@ -775,6 +781,7 @@ table = "\n".join(out)
 print(table)
 doc = {
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "host": host_info(),
     "guest": {"kernel": meta.get("guest_kernel"), "cpus": meta.get("guest_cpus"), "accel": "tcg"},
     "secs": meta.get("secs"), "trace_secs": meta.get("trace_secs"), "trace_clock": meta.get("trace_clock"),
     "kprobes": sorted(kprobes), "kprobes_missing": meta.get("kprobes_missing", "").split(),
@@ -797,6 +804,7 @@ PY
 
 host_main() {
     local secs=4 tsecs=1 redraw=0
+    local -a redraw_from=()
     while (($#)); do
         case $1 in
         --secs | --trace-secs)
@@ -806,7 +814,13 @@ host_main() {
             ;;
         --secs=*) secs=${1#*=} ;;
         --trace-secs=*) tsecs=${1#*=} ;;
-        --redraw) redraw=1 ;;
+        --redraw)
+            redraw=1
+            if (($# >= 3)) && [[ $2 != -* ]]; then
+                redraw_from=("$2" "$3")
+                shift 2
+            fi
+            ;;
         -h | --help)
             usage
             exit 0
@@ -819,57 +833,26 @@ host_main() {
         shift
     done
     if ((redraw)); then
-        [[ -s $OUT/guest.log ]] || die "no $OUT/guest.log to summarize"
-        summarize "$OUT/guest.log" "$OUT/summary.json" "$OUT/table.txt"
+        local rlog=${redraw_from[0]:-$OUT/guest.log} rout=${redraw_from[1]:-$OUT}
+        [[ -s $rlog ]] || die "no $rlog to summarize"
+        mkdir -p "$rout"
+        summarize_run "$rlog" "$rout"
+        finish_run "$rlog"
         return
     fi
     is_count "$secs" || die "--secs must be a positive whole number of seconds (got '$secs')"
     is_count "$tsecs" || die "--trace-secs must be a positive whole number of seconds (got '$tsecs')"
     ((secs >= WARM_SECS + tsecs + 1)) || die "--secs must be at least --trace-secs + $((WARM_SECS + 1))"
 
-    local bin_dir=${RBLK_BIN_DIR:-} b
-    if [[ -n $bin_dir ]]; then
-        bin_dir=$(cd -- "$bin_dir" && pwd -P) || die "RBLK_BIN_DIR=$RBLK_BIN_DIR is not a directory"
-        log "using the binaries in $bin_dir (RBLK_BIN_DIR; not building)"
-    else
-        log "building release binaries"
-        cargo build --release --bin rblk --bin rblk-target --bin rblk-bench
-        bin_dir=${CARGO_TARGET_DIR:-$REPO_ROOT/build}/release
-    fi
-    for b in rblk-target rblk-bench rblk; do
-        [[ -x $bin_dir/$b ]] || die "no $bin_dir/$b"
-    done
-
+    release_bins rblk-target rblk-bench rblk
     mkdir -p "$OUT"
     rm -f "$OUT"/summary.json "$OUT"/table.txt
-    local glog=$OUT/guest.log rc=0 t0 lock=${RBLK_GUEST_LOCK-/tmp/rblk-guest.lock}
-    printf '@@meta secs %s\n@@meta trace_secs %s\n' "$secs" "$tsecs" >"$glog"
-    if pgrep -f '^qemu-system' >/dev/null; then
-        log "note: another qemu is running on this machine${lock:+ (waiting for $lock)}"
-    fi
-    local -a guest=(env RXE_GUEST_TIMEOUT="${RXE_GUEST_TIMEOUT:-$((300 + 3 * (secs + 60)))}"
-        scripts/rxe-guest.sh "$REPO_ROOT/scripts/timeline-rxe.sh" --in-guest "$secs" "$tsecs" "$bin_dir")
-    [[ -n $lock ]] && guest=(flock "$lock" "${guest[@]}")
+    local glog=$OUT/guest.log
+    : >"$glog"
     log "${PATHS[*]}: ${secs} s each, traced ${tsecs} s; raw output in $glog"
-    t0=$EPOCHREALTIME
-    "${guest[@]}" >>"$glog" || rc=$?
-    local ds=$(((${EPOCHREALTIME/./} - ${t0/./}) / 100000))
-    log "the guest run took $((ds / 10)).$((ds % 10)) s (host clock, lock wait included)"
-    printf '@@meta guest_run_secs %d.%d\n' $((ds / 10)) $((ds % 10)) >>"$glog"
-    local src=0
-    summarize "$glog" "$OUT/summary.json" "$OUT/table.txt" || src=$?
-    [[ -s $OUT/summary.json ]] && log "wrote $OUT/summary.json and $OUT/table.txt"
-    ((rc == 0)) || die "the guest run failed (exit status $rc); see $glog"
-    ((src == 0)) || exit 1
+    run_guest "$glog" $((300 + 3 * (secs + 60))) "$REPO_ROOT/scripts/timeline-rxe.sh" "$secs" "$tsecs" "$BIN_DIR"
+    summarize_run "$glog" "$OUT"
+    finish_run "$glog"
 }
 
-case ${1:-} in
---in-guest)
-    shift
-    (($# == 3)) || die "usage: $0 --in-guest SECS TRACE_SECS BIN_DIR"
-    guest_main "$@"
-    ;;
-*)
-    host_main "$@"
-    ;;
-esac
+script_main 3 "SECS TRACE_SECS BIN_DIR" "$@"
