@@ -93,11 +93,19 @@ main() {
     step "test (host): cargo test --workspace --all-features"
     cargo test --workspace --all-features
 
-    step "fuzz: RBLK_FUZZ_SECS=${RBLK_FUZZ_SECS:-15} cargo test -p rblk-tests --test fuzz"
-    RBLK_FUZZ_SECS=${RBLK_FUZZ_SECS:-15} cargo test -p rblk-tests --all-features --test fuzz -- --nocapture
+    # --workspace, as above: `-p rblk-tests` resolves features for that package alone, which on a
+    # fresh clone compiles 23 crates a second time (rblk-initiator, rblk-target, rblk, clap,
+    # proptest, smol, ...) for this one executable; the workspace's is already built.
+    step "fuzz: RBLK_FUZZ_SECS=${RBLK_FUZZ_SECS:-15} cargo test --workspace --test fuzz"
+    RBLK_FUZZ_SECS=${RBLK_FUZZ_SECS:-15} cargo test --workspace --all-features --test fuzz -- --nocapture
 
     step "build: binaries and test executables"
-    cargo build --workspace --all-features --bins
+    # With --tests, as `cargo test` resolves them: the dev-dependencies' features are unified in,
+    # so every crate the test build compiled is reused and only the binaries no test needed
+    # (rblk, rblk-dist) are linked. A plain `--bins` resolves features without the
+    # dev-dependencies and compiled ~30 crates a second time on a fresh clone (bindgen twice,
+    # sideway, libublk, smol, regex, rblk-fabric, rblk-initiator, rblk-target, rblk, ...).
+    cargo build --workspace --all-features --bins --tests
     local tdir json
     tdir=$(target_dir)
     json=$tdir/test-executables.json
