@@ -1072,32 +1072,31 @@ for key, label, unit, kind, rblk_w, (section, field), op, goal in WORKLOADS:
     if goal is not None:
         entry["goal"] = f"ratio {op} {goal}"
         entry["goal_met"] = None
-    if not pts or not reports:
-        entry["failed"] = errors_of(pt_key, (rblk_w, "rblk")) or ["no results"]
-        summary[key] = entry
-        rows.append((label, unit, None, None, None, op, goal, None, None, None, entry["failed"]))
-        continue
     if kind == "lat2":
         pts = [2 * x for x in pts]
     if section == "total":
         rb = [r["total"]["iops"] for r in reports]
     else:
         rb = [r[section]["lat_us"][field] for r in reports]
-    p, r = statistics.median(pts), statistics.median(rb)
-    ratio = r / p if p else float("nan")
+    p, r = med(pts), med(rb)
+    ratio = r / p if p is not None and r is not None else None
+    if ratio is None and p == 0:
+        ratio = float("nan")
     met = None
-    if goal is not None:
+    if goal is not None and ratio is not None:
         met = ratio >= goal if op == ">=" else ratio <= goal
     entry.update({
         "perftest": p, "rblk": r, "ratio": ratio,
         "perftest_spread": spread(pts), "rblk_spread": spread(rb), "runs": min(len(pts), len(rb)),
-        "perftest_cmd": ("2 x " if kind == "lat2" else "") + cmds[pt_key],
-        "rblk_cmd": cmds[(rblk_w, "rblk")],
+        "perftest_cmd": ("2 x " if kind == "lat2" else "") + cmds[pt_key] if pt_key in cmds else None,
+        "rblk_cmd": cmds.get((rblk_w, "rblk")),
     })
     if goal is not None:
         entry["goal_met"] = met
     errs = errors_of(pt_key, (rblk_w, "rblk"))
-    if errs:
+    if not pts or not reports:
+        entry["failed"] = errs or ["no results"]
+    elif errs:
         entry["failed_runs"] = errs
     if rblk_w in cpu:
         entry["target_cpu_share"] = statistics.median(cpu[rblk_w])
@@ -1105,7 +1104,7 @@ for key, label, unit, kind, rblk_w, (section, field), op, goal in WORKLOADS:
         entry["rblk_cpu_share"] = statistics.median(own_cpu[rblk_w])
     summary[key] = entry
     rows.append((label, unit, pts, rb, ratio, op, goal, met, entry.get("target_cpu_share"),
-                 entry.get("rblk_cpu_share"), errs))
+                 entry.get("rblk_cpu_share"), entry.get("failed") or errs))
 
 block_rows, block_summary, goals_all, missing = [], {}, [], []
 for key, label, unit, fio_w, (section, field), bench_w, paths, goals in BLOCK_WORKLOADS:
@@ -1186,12 +1185,14 @@ out.append(head)
 out.append("-" * len(head))
 for label, unit, pts, rb, ratio, op, goal, met, share, own, errs in rows:
     g = "" if goal is None else f"{op} {goal} {verdict(met)}"
-    if pts is None:
-        out.append(f"{label:<44} {unit:<6} {'FAILED':>27} {'':>27} {'-':>8}  {g:<14}".rstrip())
-        continue
     s = "" if share is None else f"{share * 100:.2f}%"
     o = "" if own is None else f"{own * 100:.0f}%"
-    out.append(f"{label:<44} {unit:<6} {cell(pts, unit):>27} {cell(rb, unit):>27} {ratio:>8.3f}  {g:<14} {s:>10} {o:>9}".rstrip())
+    pc = cell(pts, unit) if pts else "FAILED"
+    rc = cell(rb, unit) if rb else "FAILED"
+    rt = "-" if ratio is None else f"{ratio:.3f}"
+    out.append(f"{label:<44} {unit:<6} {pc:>27} {rc:>27} {rt:>8}  {g:<14} {s:>10} {o:>9}".rstrip())
+    for e in errs:
+        out.append(f"      error: {e[:150]}")
 
 out.append("")
 bhead = (f"{'block device: fio 4k, 1 job, libaio, direct':<46} {'unit':<6} {'median (min-max)':>25} "
