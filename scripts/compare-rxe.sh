@@ -1274,7 +1274,10 @@ for p, why in unavailable.items():
 for x in fails:
     out.append(f"failed: {x['tool']} {x['workload']} (round {x['round']}): {x['error']}")
 if not complete:
-    out.append(f"INCOMPLETE: the guest did not finish the comparison (see {log_path})")
+    why = ""
+    if meta.get("guest_exit_status"):
+        why = f": the guest run failed (exit status {meta['guest_exit_status']}; {meta.get('guest_failure') or '?'})"
+    out.append(f"INCOMPLETE{why}; the rows after the last one it reported did not run (see {log_path})")
 for n in notes:
     out.append(f"note: {n}")
 
@@ -1332,6 +1335,8 @@ doc = {
     "guest_run_secs": float(meta["guest_run_secs"]) if meta.get("guest_run_secs") else None,
     "guest_lock_wait_secs": float(meta["guest_lock_wait_secs"]) if meta.get("guest_lock_wait_secs") else None,
     "complete": complete,
+    "guest_exit_status": int(meta["guest_exit_status"]) if meta.get("guest_exit_status") else 0,
+    "guest_failure": meta.get("guest_failure"),
     "perftest": meta.get("perftest"),
     "rblk_bench": meta.get("rblk_bench"),
     "secs": secs,
@@ -1386,7 +1391,8 @@ PY
 # dev-dependencies are all resolved to build an example; those examples/null.rs does not use are
 # dropped, and env_logger and daemonize, which it does use but the offline registry lacks, get
 # stand-ins (logging off; no daemon mode: it runs with --foreground). examples/null.rs itself is
-# built unchanged. Sets LIBUBLK_NULL to the binary, or LIBUBLK_NULL_WHY.
+# built unchanged. Sets LIBUBLK_NULL to the binary and LIBUBLK_NULL_INFO to how it was built, or
+# LIBUBLK_NULL_WHY.
 build_libublk_null() {
     local src dst=$REPO_ROOT/build/libublk-null crate how
     LIBUBLK_NULL="" LIBUBLK_NULL_WHY=""
@@ -1396,7 +1402,15 @@ build_libublk_null() {
         return 1
     fi
     crate=$dst/libublk-0.4.8
-    rm -rf "$crate"
+    # The crate's source never changes: an earlier build from the same source is used again.
+    if [[ -x $dst/target/release/examples/null && -s $dst/built-from ]] &&
+        [[ $(sed -n 1p "$dst/built-from") == "$src" ]]; then
+        LIBUBLK_NULL=$dst/target/release/examples/null
+        LIBUBLK_NULL_INFO=$(sed -n 2p "$dst/built-from")
+        log "using $LIBUBLK_NULL (built earlier from $src)"
+        return 0
+    fi
+    rm -rf "$crate" "$dst/built-from"
     mkdir -p "$dst"
     cp -r "$src" "$crate"
     chmod -R u+w "$crate"
@@ -1481,6 +1495,7 @@ TOML
     fi
     LIBUBLK_NULL=$dst/target/release/examples/null
     LIBUBLK_NULL_INFO="libublk 0.4.8 examples/null built offline from $src $how: $LIBUBLK_NULL add -n ID -q 1 -d 32 --foreground"
+    printf '%s\n%s\n' "$src" "$LIBUBLK_NULL_INFO" >"$dst/built-from"
     log "built $LIBUBLK_NULL"
 }
 

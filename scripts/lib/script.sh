@@ -97,8 +97,9 @@ guest_lock_held() {
 # stdout appended to LOG. One guest at a time on this machine: under `flock /tmp/rblk-guest.lock`
 # (RBLK_GUEST_LOCK=PATH for another lock file, RBLK_GUEST_LOCK= for none), unless this process
 # already holds that lock (`flock /tmp/rblk-guest.lock SCRIPT`). Appends @@meta host_load_before,
-# guest_run_secs (the boot and the run), guest_lock_wait_secs and host_load_after to LOG; sets
-# GUEST_RC to the guest's exit status.
+# guest_run_secs (the boot and the run), guest_lock_wait_secs and host_load_after to LOG, and
+# for a guest run that failed guest_exit_status and guest_failure (rxe-guest.sh's last message,
+# e.g. a kernel panic); sets GUEST_RC to the guest's exit status.
 run_guest() {
     local glog=$1 timeout=$2 script=$3
     shift 3
@@ -117,10 +118,19 @@ run_guest() {
         log "note: another qemu is running on this machine${lock:+ (waiting for $lock)}"
     fi
     printf '@@meta host_load_before %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$glog"
+    local errlog
+    errlog=$(mktemp)
     t0=$EPOCHREALTIME
     GUEST_RC=0
-    "${cmd[@]}" >>"$glog" || GUEST_RC=$?
+    # stderr stays live, and a copy says why a failed guest failed (rxe-guest.sh's last word).
+    { "${cmd[@]}" 2>&1 >>"$glog" || echo "$?" >"$errlog.rc"; } | tee "$errlog" >&2
     t1=$EPOCHREALTIME
+    [[ -s $errlog.rc ]] && read -r GUEST_RC <"$errlog.rc"
+    if ((GUEST_RC != 0)); then
+        printf '@@meta guest_exit_status %s\n@@meta guest_failure %s\n' "$GUEST_RC" \
+            "$(grep -a '^rxe-guest: ' "$errlog" | grep -av 'ACTIVE after\|run directory kept' | tail -n 1 | cut -c1-300)" >>"$glog"
+    fi
+    rm -f "$errlog" "$errlog.rc"
     local started
     started=$(sed -n 's/^@@meta guest_started \([0-9.]*\)$/\1/p' "$glog" | tail -n 1)
     [[ -n $started ]] || started=$t0
