@@ -252,7 +252,7 @@ guest_main() {
     # without one) and S_Q (voluntary context switches of process $2's ublk queue threads, rblk-q0,
     # rblk-q1, ...; -1 when it has none).
     sample_now() {
-        local _ us ni sy id io hi si st t comm k v found=0
+        local _ us ni sy id io hi si st t comm status found=0 vcs_re=$'\nvoluntary_ctxt_switches:[[:space:]]*([0-9]+)'
         local -a f
         read -r _ us ni sy id io hi si st _ </proc/stat
         S_T=${EPOCHREALTIME/./}
@@ -266,12 +266,13 @@ guest_main() {
             for t in /proc/"$2"/task/*; do
                 read -r comm <"$t/comm" 2>/dev/null || continue
                 [[ $comm == rblk-q* ]] || continue
-                while read -r k v _; do
-                    if [[ $k == voluntary_ctxt_switches: ]]; then
-                        S_Q=$((S_Q + v)) found=1
-                        break
-                    fi
-                done <"$t/status"
+                # The whole file in one read: line by line, bash seeks back after each line, and
+                # /proc regenerates the file at that offset with other numbers (lines shift).
+                status=""
+                read -r -d '' status <"$t/status" 2>/dev/null || true
+                if [[ $status =~ $vcs_re ]]; then
+                    S_Q=$((S_Q + BASH_REMATCH[1])) found=1
+                fi
             done
         fi
         ((found)) || S_Q=-1
