@@ -787,13 +787,23 @@ impl Queue {
         if self.staged.is_empty() {
             return;
         }
+        // The list goes back, emptied, at the end: its capacity is kept, so staging allocates
+        // nothing per operation.
+        let mut staged = std::mem::take(&mut self.staged);
         if self.down() {
-            for index in std::mem::take(&mut self.staged) {
+            for &index in &staged {
                 self.set_state(index, SlotState::Parked);
             }
-            return;
+        } else {
+            self.post_staged(&staged);
         }
-        let staged = std::mem::take(&mut self.staged);
+        staged.clear();
+        debug_assert!(self.staged.is_empty(), "nothing is staged while committing");
+        self.staged = staged;
+    }
+
+    /// Posts `staged` (taken off the list), in chunks of [`BATCH`] with one doorbell each.
+    fn post_staged(&mut self, staged: &[u32]) {
         for chunk in staged.chunks(BATCH) {
             if let Err(e) = self.conn.alive() {
                 let reason = Chain(&e).to_string();

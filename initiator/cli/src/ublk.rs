@@ -6,12 +6,19 @@
 //! pool, one region cut into per-tag buffers: the kernel copies a request's pages into (or out
 //! of) the tag's buffer, and the NIC reads and writes that buffer with one-sided RDMA, so the
 //! data is never copied in userspace. (Linux 6.12's ublk has no zero copy, so the kernel's copy
-//! between the bio pages and the buffer remains.) The thread waits for RDMA completions inside
-//! its io_uring loop: a POLL_ADD on the lane's completion channel (linked to a one-second
-//! timeout, since a reconnect replaces the channel; a millisecond while a request waits for
-//! another lane, [`Lane::retry_after`]), and a one-second timer for keepalives, loss
-//! detection and reconnecting; there is no extra thread per queue. While the session
-//! reconnects, requests wait (see `--ctrl-loss-tmo` and `--fast-io-fail-tmo`).
+//! between the bio pages and the buffer remains.) The thread waits for ublk commands and RDMA
+//! completions in one loop ([`QueueState::wait`]): it spins over its io_uring and the lane's CQ
+//! for the session's wait policy's budget (`--wait`, [`rblk_initiator::Wait`]: adaptive by
+//! default, so a busy queue spins and an idle one sleeps at once), and only then arms the
+//! completion channel, puts a POLL_ADD on it into the ring (linked to a one-second timeout,
+//! since a reconnect replaces the channel; plus a millisecond timer while a request waits for
+//! another lane, [`Lane::retry_after`]) and sleeps in `io_uring_enter`. A new ublk command
+//! reaches the ring as task work that runs only when the thread enters the kernel; the ring's
+//! IORING_SETUP_TASKRUN_FLAG tells the spin when to. A one-second timer runs keepalives, loss
+//! detection and reconnecting; there is no extra thread per queue. The queue threads are named
+//! `rblk-q0`, `rblk-q1`, ...; their sleeps are counted (`rblk_initiator_queue_sleeps_total`
+//! with `--metrics`). While the session reconnects, requests wait (see `--ctrl-loss-tmo` and
+//! `--fast-io-fail-tmo`).
 //!
 //! The device has a volatile write cache and FUA (`UBLK_ATTR_VOLATILE_CACHE | UBLK_ATTR_FUA`):
 //! the kernel sends FLUSH (an fsync of the device or of a filesystem on it), which becomes a
