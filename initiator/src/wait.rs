@@ -25,8 +25,8 @@ pub enum Wait {
     /// Sleep as soon as nothing is ready: a wakeup per wait, no CPU spent spinning.
     Sleep,
     /// Spin while work is near: waits with at most two operations in flight spin for twice the
-    /// thread's usual wait (when that is under 1 ms), deeper ones for the base spin
-    /// ([`Options::spin`](crate::Options::spin)), then sleep.
+    /// thread's usual wait (when that is under 1 ms), deeper ones for the base spin (20 us by
+    /// default), then sleep.
     #[default]
     Adaptive,
     /// As adaptive, at every depth (perftest and SPDK poll; fio's --hipri): the latency tail
