@@ -152,7 +152,9 @@
 #   COMPARE_PERFTEST_BW_ARGS  extra perftest arguments for the bandwidth runs (default "-Q 1")
 #   RBLK_BIN_DIR       take rblk-target, rblk-bench, rblk and rblk-test-client from this directory
 #                      instead of building them (e.g. a build of a git worktree); default: cargo
-#                      build --release --workspace --all-features, then ${CARGO_TARGET_DIR:-build}/release
+#                      build --release --workspace --all-features, then ${CARGO_TARGET_DIR:-build}/release.
+#                      The guest runs copies of them in build/compare/bin/ (another build during
+#                      the run once swapped rblk under it: every rblk front end failed)
 #   RBLK_GUEST_LOCK    the guest runs under `flock /tmp/rblk-guest.lock` (one guest at a time on this
 #                      machine; PATH for another lock file, empty for none); a caller that holds
 #                      the lock already (`flock /tmp/rblk-guest.lock scripts/compare-rxe.sh`) is
@@ -1541,6 +1543,7 @@ host_main() {
         return 0
     fi
     release_bins rblk-target rblk-bench rblk rblk-test-client
+    snapshot_bins "$OUT/bin" rblk-target rblk-bench rblk rblk-test-client
     LIBUBLK_NULL_INFO=""
     build_libublk_null || log "libublk-null rows unavailable: $LIBUBLK_NULL_WHY"
     mkdir -p "$OUT"

@@ -845,6 +845,7 @@ host_main() {
     ((secs >= WARM_SECS + tsecs + 1)) || die "--secs must be at least --trace-secs + $((WARM_SECS + 1))"
 
     release_bins rblk-target rblk-bench rblk
+    snapshot_bins "$OUT/bin" rblk-target rblk-bench rblk
     mkdir -p "$OUT"
     rm -f "$OUT"/summary.json "$OUT"/table.txt
     local glog=$OUT/guest.log

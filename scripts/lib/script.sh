@@ -63,6 +63,21 @@ release_bins() {
     done
 }
 
+# snapshot_bins DIR BIN...: copies BIN... from BIN_DIR into DIR (emptied first) and points BIN_DIR
+# there: a `cargo build` by someone else during the guest run (which reads the binaries through
+# 9p as it goes) must not swap them mid-run.
+snapshot_bins() {
+    local dir=$1 b
+    shift
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    for b in "$@"; do
+        cp -- "$BIN_DIR/$b" "$dir/$b" || die "cannot copy $BIN_DIR/$b to $dir"
+    done
+    BIN_DIR=$(cd -- "$dir" && pwd -P)
+    log "the guest runs copies of ${*} in $BIN_DIR"
+}
+
 # guest_lock_held LOCK: is LOCK already flock(1)ed for us? True when this shell has a descriptor
 # open on it (`flock LOCK CMD` hands its descriptor on to CMD) or /proc/locks shows a lock on its
 # inode held by this shell or one of its ancestors (`flock -o LOCK CMD`). Taking the lock again
