@@ -162,10 +162,10 @@
 #   RXE_GUEST_TIMEOUT  seconds the guest run may take (default: generous, from SECS and ROUNDS)
 # Timing: COMPARE_ROUNDS=3 COMPARE_SECS=4 took 12.3 minutes on 2026-12-02 with four block-device
 # paths (about 4 minutes per round); the four paths added since make 23 fio runs of SECS + ~4 s
-# per round instead of 12, and the timeline adds about a minute and a half. --quick took 6.4
-# minutes on 2026-12-03 (a 5.5-minute guest run, boot included, whose guest kernel panicked in
-# rdma_rxe during the timeline; 12 minutes on a host loaded by other builds), plus about 4
-# minutes once for building libublk's example. TCG makes absolute figures meaningless and boots
+# per round instead of 12, and the timeline adds about a minute and a half. --quick on
+# 2026-12-03: a 7.8-minute guest run (boot included) after about 1.5 minutes of building, 12
+# minutes of guest run on a host loaded by other builds; building libublk's example the first
+# time adds about 4 minutes. TCG makes absolute figures meaningless and boots
 # vary by ~10% (far more when the host is busy, and the kernel's block paths more than the verbs
 # rows): compare ratios from the same boot, on an idle host. The guest's 6.12 kernel has panicked
 # in rdma_rxe (a NULL call from rxe_sender, in the send work item) in two of three --quick runs,
