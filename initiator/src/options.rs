@@ -93,8 +93,8 @@ pub struct RouteArgs {
     /// How a thread waits for its queue pair (and, under `rblk attach`, for its ublk queue):
     /// sleep (arm and sleep at once: a wakeup per wait, no CPU spent spinning); adaptive (spin
     /// while work is near: a wait with at most two operations in flight spins for twice the
-    /// thread's usual wait when that is under 1 ms, a deeper one briefly, then sleeps; an idle
-    /// device costs nothing); poll (adaptive at every depth, as perftest and SPDK poll).
+    /// thread's usual wait, at most 1 ms, a deeper one briefly, then sleeps; an idle device
+    /// spins at most 1 ms a second); poll (adaptive at every depth, as perftest and SPDK poll).
     #[arg(long, value_name = "POLICY", value_enum, default_value_t = Wait::Adaptive)]
     pub wait: Wait,
     /// The same as --wait poll: cuts the latency tail when several queues are busy, at the

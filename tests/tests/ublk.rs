@@ -262,7 +262,8 @@ fn device_reads(dev: &str) -> u64 {
 /// for a few seconds, counting the queue thread's voluntary context switches (its sleeps, from
 /// /proc) and its own sleep counter (`rblk_initiator_queue_sleeps_total` on `--metrics`) per
 /// I/O. Under `--wait adaptive` the thread finds each next ublk command and each RDMA
-/// completion while it spins: at most 0.1 sleeps per I/O. Under `--wait sleep` it sleeps for
+/// completion while it spins: at most 0.25 sleeps per I/O (0.08 measured with release binaries,
+/// 0.19 with CI's debug binaries, in one boot; 2.0 under --wait sleep). Under `--wait sleep` it sleeps for
 /// them: at least 0.9 per I/O. Catches a spin that cannot see new ublk commands (they wait in
 /// the kernel as task work until the thread enters it: the ring's TASKRUN flag is what tells
 /// the spin to), a budget that never adapts, a `--wait` that does not reach the queue loop, and
