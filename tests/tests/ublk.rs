@@ -295,7 +295,7 @@ fn the_queue_thread_spins_while_work_is_near_and_sleeps_when_told_to() {
         assert!(ios >= 100.0, "too few reads to judge: {ios}");
         match mode {
             "adaptive" => {
-                assert!(switched <= 0.1 && slept <= 0.1, "{mode}: {switched:.3} switches, {slept:.3} sleeps per read")
+                assert!(switched <= 0.25 && slept <= 0.25, "{mode}: {switched:.3} switches, {slept:.3} sleeps per read")
             }
             _ => assert!(switched >= 0.9 && slept >= 0.9, "{mode}: {switched:.3} switches, {slept:.3} sleeps per read"),
         }
