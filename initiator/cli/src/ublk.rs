@@ -9,7 +9,7 @@
 //! between the bio pages and the buffer remains.) The thread waits for ublk commands and RDMA
 //! completions in one loop ([`QueueState::wait`]): it spins over its io_uring and the lane's CQ
 //! for the session's wait policy's budget (`--wait`, [`rblk_initiator::Wait`]: adaptive by
-//! default, so a busy queue spins and an idle one sleeps at once), and only then arms the
+//! default, twice the thread's usual wait, at most 1 ms), and only then arms the
 //! completion channel, puts a POLL_ADD on it into the ring (linked to a one-second timeout,
 //! since a reconnect replaces the channel; plus a millisecond timer while a request waits for
 //! another lane, [`Lane::retry_after`]) and sleeps in `io_uring_enter`. A new ublk command
@@ -269,10 +269,12 @@ impl QueueState {
         let mut first = true;
         loop {
             let ready = with_task_io_ring_mut(|r| -> Result<bool, UblkError> {
-                let post = first && !zero && !r.submission().is_empty();
-                if post || (r.completion().is_empty() && (!self.taskrun_flag || r.submission().taskrun()) && !zero) {
-                    // Posting, or collecting what the kernel holds as task work (a new ublk
-                    // command): an enter with nothing to wait for.
+                // Posting, or collecting what the kernel holds as task work (a new ublk
+                // command): an enter with nothing to wait for. A zero budget leaves both to the
+                // sleep's enter.
+                let post = first && !r.submission().is_empty();
+                let collect = r.completion().is_empty() && (!self.taskrun_flag || r.submission().taskrun());
+                if !zero && (post || collect) {
                     r.submit().map_err(UblkError::IOError)?;
                 }
                 Ok(!r.completion().is_empty())
