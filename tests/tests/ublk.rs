@@ -153,7 +153,12 @@ fn a_killed_server_fails_io_and_its_device_can_still_be_removed() {
         assert!(Instant::now() < deadline, "the killed server's session is still on the target");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(sh(&format!("{} list --json", rblk())).trim() == "[]", "rblk list still shows it");
+    // Its run entry is gone. (Other tests' entries may be listed: a failed final flush keeps one
+    // on purpose, so this looks for this server's pid, not for an empty list.)
+    let list = sh(&format!("{} list --json", rblk()));
+    let listed: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let mine = listed.as_array().unwrap().iter().any(|e| e["pid"] == a.pid);
+    assert!(!mine, "rblk list still shows the killed server {}: {list}", a.pid);
 }
 
 #[test]
@@ -261,19 +266,21 @@ fn device_reads(dev: &str) -> u64 {
 /// The queue thread's wait policy, by its mechanism rather than its speed: a QD1 read stream
 /// for a few seconds, counting the queue thread's voluntary context switches (its sleeps, from
 /// /proc) and its own sleep counter (`rblk_initiator_queue_sleeps_total` on `--metrics`) per
-/// I/O. Under `--wait adaptive` the thread finds each next ublk command and each RDMA
-/// completion while it spins: at most 0.25 sleeps per I/O (0.08 measured with release binaries,
-/// 0.19 with CI's debug binaries, in one boot; 2.0 under --wait sleep). Under `--wait sleep` it sleeps for
-/// them: at least 0.9 per I/O. Catches a spin that cannot see new ublk commands (they wait in
-/// the kernel as task work until the thread enters it: the ring's TASKRUN flag is what tells
-/// the spin to), a budget that never adapts, a `--wait` that does not reach the queue loop, and
-/// a sleep counter that does not count.
+/// I/O. Under `--wait sleep` the thread sleeps for each next ublk command and each RDMA
+/// completion: at least 0.9 per I/O (2.0 measured). Under `--wait adaptive` it finds them while
+/// it spins, and sleeps only when a wait outlasts the 1 ms spin cap, so the bound is a ratio in
+/// this boot: at most a quarter of what `--wait sleep` did. (Measured: 0.08 per read with release
+/// binaries; 0.19 with debug ones; 0.29 in a CI run where a QD1 read took 3.4 ms.) Catches a
+/// spin that cannot see new ublk commands (they wait in the kernel as task work until the thread
+/// enters it: the ring's TASKRUN flag is what tells the spin to), a budget that never adapts, a
+/// `--wait` that does not reach the queue loop, and a sleep counter that does not count.
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn the_queue_thread_spins_while_work_is_near_and_sleeps_when_told_to() {
     let t = target(&[("v", 64 * MIB)]);
     let port = 9900 + (std::process::id() % 90) as u16;
-    for (mode, port) in [("adaptive", port), ("sleep", port + 1)] {
+    let mut per_read = Vec::new();
+    for (mode, port) in [("sleep", port), ("adaptive", port + 1)] {
         let metrics = format!("127.0.0.1:{port}");
         let a = attach(&uri(&t, "v"), &format!("--wait {mode} --metrics {metrics}"));
         let sleeps = || -> u64 {
@@ -293,12 +300,14 @@ fn the_queue_thread_spins_while_work_is_near_and_sleeps_when_told_to() {
         let (switched, slept) = (per_io(thread_sleeps(a.pid, "rblk-q0") - switched), per_io(sleeps() - slept));
         eprintln!("--wait {mode}: {ios} reads, {switched:.3} context switches and {slept:.3} sleeps per read");
         assert!(ios >= 100.0, "too few reads to judge: {ios}");
-        match mode {
-            "adaptive" => {
-                assert!(switched <= 0.25 && slept <= 0.25, "{mode}: {switched:.3} switches, {slept:.3} sleeps per read")
-            }
-            _ => assert!(switched >= 0.9 && slept >= 0.9, "{mode}: {switched:.3} switches, {slept:.3} sleeps per read"),
-        }
+        per_read.push((switched, slept));
         detach(&a.dev);
     }
+    let [(s_switched, s_slept), (a_switched, a_slept)] = per_read[..] else { unreachable!() };
+    assert!(s_switched >= 0.9 && s_slept >= 0.9, "--wait sleep: {s_switched:.3} switches, {s_slept:.3} sleeps per read");
+    assert!(
+        a_switched <= s_switched / 4.0 && a_slept <= s_slept / 4.0,
+        "--wait adaptive: {a_switched:.3} switches and {a_slept:.3} sleeps per read, against {s_switched:.3} and \
+         {s_slept:.3} under --wait sleep: the spin did not find the work"
+    );
 }
