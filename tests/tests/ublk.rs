@@ -304,7 +304,10 @@ fn the_queue_thread_spins_while_work_is_near_and_sleeps_when_told_to() {
         detach(&a.dev);
     }
     let [(s_switched, s_slept), (a_switched, a_slept)] = per_read[..] else { unreachable!() };
-    assert!(s_switched >= 0.9 && s_slept >= 0.9, "--wait sleep: {s_switched:.3} switches, {s_slept:.3} sleeps per read");
+    assert!(
+        s_switched >= 0.9 && s_slept >= 0.9,
+        "--wait sleep: {s_switched:.3} switches, {s_slept:.3} sleeps per read"
+    );
     assert!(
         a_switched <= s_switched / 4.0 && a_slept <= s_slept / 4.0,
         "--wait adaptive: {a_switched:.3} switches and {a_slept:.3} sleeps per read, against {s_switched:.3} and \
