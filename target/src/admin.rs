@@ -38,7 +38,8 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use crate::config::FileVolume;
-use crate::server::{Shared, StartError};
+use crate::server::Shared;
+use crate::start::StartError;
 
 /// The protocol version, in every request and reply.
 pub const VERSION: u64 = 1;

@@ -509,7 +509,7 @@ impl State {
 /// A test hook on FLUSH: holds FLUSHes back, as a long write-back would (while it is held, a
 /// FLUSH waits on its connection's thread before it writes anything back; other connections go
 /// on), and records what every FLUSH answered FLUSHED covered. Set it in
-/// [`Config::flush_hook`](crate::server::Config); the initiator's tests use it to show that a
+/// [`Config::flush_hook`](crate::config::Config::flush_hook); the initiator's tests use it to show that a
 /// FLUSH in flight stops nothing else, and that a FLUSH completes only after write-backs that
 /// cover every write completed before it.
 #[doc(hidden)]

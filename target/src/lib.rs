@@ -50,6 +50,7 @@ pub mod persist;
 pub mod reload;
 pub mod server;
 pub mod session;
+pub mod start;
 #[allow(unsafe_code)]
 pub mod uring;
 pub mod volume;

@@ -6,7 +6,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use rblk_target::config::{File as ConfigFile, FileVolume, DEFAULT_STATE_DIR};
 use rblk_target::notify;
-use rblk_target::server::{Running, Server, StartError};
+use rblk_target::server::{Running, Server};
+use rblk_target::start::StartError;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use rblk_target::admin::{self, Request};

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sd_notify::NotifyState;
 
-use crate::server::Progress;
+use crate::start::Progress;
 
 /// How long the service manager should wait for a durable volume of `size` bytes to load:
 /// 60 s (opening the backing store, mapping and populating the memory, a slow first read),

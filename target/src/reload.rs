@@ -21,7 +21,9 @@ use std::sync::Arc;
 use rblk_fabric::Chain;
 use tracing::{info, warn};
 
-use crate::server::{self, Config, Limits, Progress, Running, Shared, StartError};
+use crate::config::{Config, Limits};
+use crate::server::{self, Running, Shared};
+use crate::start::{Progress, StartError};
 use crate::volume::LoadError;
 use crate::volume::Volume;
 

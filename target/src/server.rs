@@ -1,8 +1,13 @@
 //! The rdma_cm listener and the connection threads.
 
+pub use crate::config::{
+    Config, AUTH_TIMEOUT, MAX_AUTH_DELAY, MAX_SESSIONS, MAX_SESSIONS_PER_HOST, MAX_UNOPENED, MAX_UNOPENED_PER_ADDR,
+};
+pub use crate::start::{Progress, StartError};
+
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::thread;
@@ -13,114 +18,13 @@ use rblk_fabric::{Chain, Completion, Endpoint, Fabric, Listener, ListenerEvent, 
 use rblk_proto::{ConnectData, Message, Resume, MSG_SIZE};
 use tracing::{debug, info, info_span, warn};
 
-use crate::access::{Acl, HostSpec, Policy};
-use crate::config::VolumeSpec;
+use crate::access::Policy;
+use crate::config::{Fixed, Limits, VolumeSpec};
 use crate::control::{self, After, Reply, State};
 use crate::identity;
 use crate::persist::Backing;
 use crate::session::{self, Counters, Owner, Session};
 use crate::volume::{LoadError, Volume};
-
-/// The daemon's configuration.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Address to listen on.
-    pub listen: SocketAddr,
-    /// Where to serve Prometheus metrics over HTTP (`GET /metrics`); None serves none.
-    pub metrics: Option<SocketAddr>,
-    /// The admin socket's path (see [`crate::admin`]); None serves none.
-    pub admin_socket: Option<std::path::PathBuf>,
-    /// Accept only connections arriving on this device.
-    pub device: Option<String>,
-    /// Volumes to serve.
-    pub volumes: Vec<VolumeSpec>,
-    /// Shared key: any host that proves it may connect. Without it and without host keys the
-    /// target serves anyone.
-    pub key: Option<Vec<u8>>,
-    /// Known hosts and their own keys (see [`access`]).
-    pub hosts: Vec<HostSpec>,
-    /// Access lists by volume name; a volume without one is open to every host that got in.
-    pub acls: HashMap<String, Acl>,
-    /// Open sessions at most, in all.
-    pub max_sessions: usize,
-    /// Open sessions at most per host (per address for initiators without host identities).
-    pub max_sessions_per_host: usize,
-    /// The longest an AUTH failure's ERROR is held back (see [`Shared::auth_failed`]).
-    pub max_auth_delay: Duration,
-    /// Fabric to serve on.
-    pub fabric: Fabric,
-    /// Largest single I/O initiators may post.
-    pub max_io: u32,
-    /// Volume block size.
-    pub block_size: u32,
-    /// Where durable volumes keep their instance identity across a clean shutdown (see
-    /// [`identity`]); None keeps nothing, so they get a new one at every start.
-    pub state_dir: Option<std::path::PathBuf>,
-    /// A connection ends when the initiator sent nothing for this long (if it negotiated
-    /// [`rblk_proto::FEATURE_KEEPALIVE`]), or when one of our keepalives stayed uncompleted
-    /// for this long (always); with a session's last connection its registration goes.
-    pub keepalive_timeout: Duration,
-    /// A connection that has not opened (or joined) a session this long after its connect
-    /// request is cut: unauthenticated and half-open connections hold a QP, a thread and
-    /// registered buffers each.
-    pub auth_timeout: Duration,
-    /// Give each QP of a session its own type 2B memory window over one registration of the
-    /// volume per device, where the device has such windows and the initiator asks for them
-    /// ([`rblk_proto::FEATURE_WINDOWS`]); otherwise (and when false) each session registers the
-    /// volume in a protection domain of its own.
-    pub memory_windows: bool,
-    /// Connections that have not opened (or joined) a session yet, at most, in all and per
-    /// peer address. A new connection past either cap evicts the oldest such connection (of
-    /// that address, for the per-address cap), as sshd's MaxStartups does, so that a peer
-    /// holding its cap cannot lock others out.
-    pub max_unopened: usize,
-    /// See [`Config::max_unopened`].
-    pub max_unopened_per_addr: usize,
-    /// A test hook: FLUSHes wait at it while it is held (see [`FlushHook`]). None in the daemon.
-    #[doc(hidden)]
-    pub flush_hook: Option<crate::control::FlushHook>,
-}
-
-/// Default [`Config::auth_timeout`].
-pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default [`Config::max_unopened`].
-pub const MAX_UNOPENED: usize = 64;
-/// Default [`Config::max_unopened_per_addr`].
-pub const MAX_UNOPENED_PER_ADDR: usize = 16;
-/// Default [`Config::max_sessions`].
-pub const MAX_SESSIONS: usize = 1024;
-/// Default [`Config::max_sessions_per_host`].
-pub const MAX_SESSIONS_PER_HOST: usize = 64;
-/// Default [`Config::max_auth_delay`].
-pub const MAX_AUTH_DELAY: Duration = Duration::from_secs(2);
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), rblk_proto::DEFAULT_PORT),
-            metrics: None,
-            admin_socket: None,
-            device: None,
-            volumes: vec![VolumeSpec { name: "vol0".into(), size: 1 << 30, path: None }],
-            key: None,
-            hosts: Vec::new(),
-            acls: HashMap::new(),
-            max_sessions: MAX_SESSIONS,
-            max_sessions_per_host: MAX_SESSIONS_PER_HOST,
-            max_auth_delay: MAX_AUTH_DELAY,
-            fabric: Fabric::Verbs,
-            max_io: 1 << 20,
-            block_size: 4096,
-            state_dir: None,
-            keepalive_timeout: rblk_proto::KEEPALIVE_TIMEOUT,
-            auth_timeout: AUTH_TIMEOUT,
-            max_unopened: MAX_UNOPENED,
-            max_unopened_per_addr: MAX_UNOPENED_PER_ADDR,
-            memory_windows: true,
-            flush_hook: None,
-        }
-    }
-}
 
 /// A session cap that a new session would pass; the refusal's text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -142,63 +46,6 @@ pub enum CapReached {
     },
 }
 
-/// Why the daemon could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StartError {
-    /// No usable RDMA device.
-    #[error(transparent)]
-    NoDevice(rblk_fabric::Error),
-    /// A volume could not be created.
-    #[error("volume {name}")]
-    Volume {
-        /// Which.
-        name: String,
-        /// Why.
-        #[source]
-        source: rblk_fabric::Error,
-    },
-    /// The same volume name twice.
-    #[error("volume {0} is configured twice")]
-    DuplicateVolume(String),
-    /// A volume's name, size or backing path cannot work.
-    #[error("volume {name}")]
-    InvalidVolume {
-        /// Which.
-        name: String,
-        /// Why.
-        #[source]
-        source: Box<crate::config::ConfigError>,
-    },
-    /// Hosts or access lists do not make sense.
-    #[error("access configuration")]
-    Access(#[source] crate::access::PolicyError),
-    /// Every volume was refused.
-    #[error("no volume to serve: {0}")]
-    NoVolumes(String),
-    /// The metrics endpoint could not listen.
-    #[error("cannot serve metrics on {addr}")]
-    Metrics {
-        /// Address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The admin socket could not be served.
-    #[error(transparent)]
-    Admin(crate::admin::SocketError),
-    /// Listening failed.
-    #[error("cannot listen on {addr}")]
-    Listen {
-        /// Address.
-        addr: SocketAddr,
-        /// Why.
-        #[source]
-        source: rblk_fabric::Error,
-    },
-}
-
 /// What a reload changes: the volumes served and who may open them, replaced together.
 #[derive(Debug)]
 pub struct Catalog {
@@ -217,32 +64,6 @@ impl Catalog {
     /// catalog, and while the catalog is locked no OPEN is under way.
     pub fn sessions_of(&self, name: &str) -> usize {
         self.volumes.get(name).map_or(0, |v| Arc::strong_count(v) - 1)
-    }
-}
-
-/// The limits a reload changes; connections take the timeouts when they are admitted.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    pub(crate) keepalive_timeout: Duration,
-    pub(crate) auth_timeout: Duration,
-    pub(crate) max_unopened: usize,
-    pub(crate) max_unopened_per_addr: usize,
-    pub(crate) max_sessions: usize,
-    pub(crate) max_sessions_per_host: usize,
-    pub(crate) max_auth_delay: Duration,
-}
-
-impl Limits {
-    pub(crate) fn of(cfg: &Config) -> Limits {
-        Limits {
-            keepalive_timeout: cfg.keepalive_timeout,
-            auth_timeout: cfg.auth_timeout,
-            max_unopened: cfg.max_unopened.max(1),
-            max_unopened_per_addr: cfg.max_unopened_per_addr.max(1),
-            max_sessions: cfg.max_sessions.max(1),
-            max_sessions_per_host: cfg.max_sessions_per_host.max(1),
-            max_auth_delay: cfg.max_auth_delay,
-        }
     }
 }
 
@@ -499,41 +320,6 @@ pub struct Running {
     admin: Option<crate::admin::Serving>,
 }
 
-/// The settings a reload cannot change (see [`crate::reload`]).
-#[derive(Debug, Clone)]
-pub(crate) struct Fixed {
-    pub(crate) listen: SocketAddr,
-    pub(crate) metrics: Option<SocketAddr>,
-    pub(crate) admin_socket: Option<std::path::PathBuf>,
-    pub(crate) device: Option<String>,
-    pub(crate) state_dir: Option<std::path::PathBuf>,
-    pub(crate) block_size: u32,
-    pub(crate) max_io: u32,
-    pub(crate) memory_windows: bool,
-    pub(crate) flush_hook: Option<crate::control::FlushHook>,
-}
-
-/// What the server is doing while it starts or reloads, for a caller that reports progress
-/// (the daemon tells systemd: see [`crate::notify`]).
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub enum Progress<'a> {
-    /// About to create (RAM) or load (durable) volume `name`, number `index` (from 1) of
-    /// `count`, before it is served.
-    Loading {
-        /// Its name.
-        name: &'a str,
-        /// Which one, from 1.
-        index: usize,
-        /// Of how many.
-        count: usize,
-        /// Its size in bytes.
-        size: u64,
-        /// Loaded from a backing store (takes as long as reading `size` bytes).
-        durable: bool,
-    },
-}
-
 /// Creates a RAM volume, or opens and loads a durable one (taking its kept identity), before
 /// it is served.
 pub(crate) fn load_volume(v: &VolumeSpec, block_size: u32, identity: &identity::Store) -> Result<Volume, LoadError> {
@@ -624,17 +410,7 @@ impl Server {
         let listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().unwrap_or(cfg.listen);
-        let fixed = Fixed {
-            listen: cfg.listen,
-            metrics: cfg.metrics,
-            admin_socket: cfg.admin_socket.clone(),
-            device: cfg.device.clone(),
-            state_dir: cfg.state_dir.clone(),
-            block_size: cfg.block_size,
-            max_io: cfg.max_io,
-            memory_windows: cfg.memory_windows,
-            flush_hook: cfg.flush_hook.clone(),
-        };
+        let fixed = Fixed::of(&cfg);
         let shared = Arc::new(Shared {
             catalog: RwLock::new(Catalog { volumes, refused, policy, specs }),
             limits: RwLock::new(Limits::of(&cfg)),
