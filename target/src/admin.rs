@@ -38,7 +38,7 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use crate::config::FileVolume;
-use crate::server::Shared;
+use crate::registry::Shared;
 use crate::start::StartError;
 
 /// The protocol version, in every request and reply.

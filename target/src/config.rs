@@ -73,7 +73,7 @@ pub struct Config {
     pub max_sessions: usize,
     /// Open sessions at most per host (per address for initiators without host identities).
     pub max_sessions_per_host: usize,
-    /// The longest an AUTH failure's ERROR is held back (see [`crate::server::Shared::auth_failed`]).
+    /// The longest an AUTH failure's ERROR is held back (see [`crate::registry::Shared::auth_failed`]).
     pub max_auth_delay: Duration,
     /// Fabric to serve on.
     pub fabric: Fabric,

@@ -9,7 +9,7 @@ use rblk_proto::{
     VolumeFlags, NONCE_LEN,
 };
 
-use crate::server::Shared;
+use crate::registry::Shared;
 use crate::session::{self, Grant, Owner, Registration, Session};
 
 /// Where a connection is in the protocol.

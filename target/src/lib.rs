@@ -47,6 +47,7 @@ pub mod identity;
 pub mod metrics;
 pub mod notify;
 pub mod persist;
+pub mod registry;
 pub mod reload;
 pub mod server;
 pub mod session;

@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::server::Shared;
+use crate::registry::Shared;
 
 /// Flush latency buckets, in seconds: 50 us to about 13 s.
 pub fn flush_buckets() -> impl Iterator<Item = f64> {

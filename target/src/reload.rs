@@ -1,8 +1,14 @@
 //! Configuration changes at run time (`SIGHUP`, [`Running::reload`]): volumes added and
-//! removed, and new hosts, keys, access lists and limits, without dropping anyone.
+//! removed, and new hosts, keys, access lists and limits, without dropping anyone. This module
+//! states the rules and holds the [`ReloadReport`]; [`Shared::apply`] applies them to the
+//! registry.
+//!
+//! [`Running::reload`]: crate::server::Running::reload
+//! [`Shared::apply`]: crate::registry::Shared
 //!
 //! Rules:
-//! - A configuration that does not pass [`Config::check`] changes nothing.
+//! - A configuration that does not pass [`Config::check`](crate::config::Config::check) changes
+//!   nothing.
 //! - A removed volume with open sessions stays (served as before, with its old access list)
 //!   and is reported busy; the next reload tries again. An idle one goes: a durable one after
 //!   the final flush that shutdown does, its identity kept for a later re-add.
@@ -14,18 +20,7 @@
 //!   sessions from now on. `listen`, `device`, `state_dir`, block size and max I/O need a
 //!   restart (reported).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
-
-use rblk_fabric::Chain;
-use tracing::{info, warn};
-
-use crate::config::{Config, Limits};
-use crate::server::{self, Running, Shared};
-use crate::start::{Progress, StartError};
-use crate::volume::LoadError;
-use crate::volume::Volume;
 
 /// What a reload did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,159 +75,4 @@ impl fmt::Display for ReloadReport {
             f.write_str(&parts.join("; "))
         }
     }
-}
-
-impl Running {
-    /// Applies `new` (see the module docs). Errors (nothing changed) when `new` does not pass
-    /// [`Config::check`].
-    pub fn reload(&self, new: Config) -> Result<ReloadReport, StartError> {
-        self.reload_with(new, &mut |_| {})
-    }
-
-    /// [`Running::reload`], telling `progress` about each volume before it is loaded.
-    pub fn reload_with(&self, new: Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<ReloadReport, StartError> {
-        let mut current = self.shared.current.lock().unwrap_or_else(|p| p.into_inner());
-        self.shared.apply(&mut current, new, progress)
-    }
-}
-
-impl Shared {
-    /// Applies `new` in place of `current` (the configuration applied last, locked by the
-    /// caller: [`Running::reload_with`], or an admin request that changed one volume of it),
-    /// which becomes `new` unless `new` does not pass [`Config::check`]. The one place volumes
-    /// are added and removed at run time.
-    pub(crate) fn apply(
-        &self,
-        current: &mut Config,
-        new: Config,
-        progress: &mut dyn FnMut(Progress<'_>),
-    ) -> Result<ReloadReport, StartError> {
-        let mut policy = new.check()?;
-        let shared = self;
-        let mut report = ReloadReport::default();
-        let fixed = &self.fixed;
-        let differs = [
-            ("listen", new.listen != fixed.listen),
-            ("metrics", new.metrics != fixed.metrics),
-            ("admin_socket", new.admin_socket != fixed.admin_socket),
-            ("device", new.device != fixed.device),
-            ("state_dir", new.state_dir != fixed.state_dir),
-            ("block_size", new.block_size != fixed.block_size),
-            ("max_io", new.max_io != fixed.max_io),
-            ("memory_windows", new.memory_windows != fixed.memory_windows),
-        ];
-        for (setting, _) in differs.iter().filter(|(_, d)| *d) {
-            warn!("reload: {setting} changed, which only a restart applies");
-            report.needs_restart.push((*setting).to_owned());
-        }
-        let wanted: HashMap<&str, &crate::config::VolumeSpec> =
-            new.volumes.iter().map(|v| (v.name.as_str(), v)).collect();
-
-        // Removals, the new policy and limits, in one step for OPEN.
-        let (gone, to_load) = {
-            let mut catalog = shared.catalog.write().unwrap_or_else(|p| p.into_inner());
-            let mut gone: Vec<Arc<Volume>> = Vec::new();
-            let mut names: Vec<String> = catalog.volumes.keys().cloned().collect();
-            names.sort_unstable();
-            for name in names {
-                if wanted.contains_key(name.as_str()) {
-                    continue;
-                }
-                let sessions = catalog.sessions_of(&name);
-                if sessions > 0 {
-                    warn!(
-                        volume = %name,
-                        sessions,
-                        "the configuration removes volume {name}, but it has {sessions} open session(s): still served; \
-                         the next reload tries again"
-                    );
-                    policy.keep_acl(&name, catalog.policy.acl(&name).cloned());
-                    report.busy.push((name, sessions));
-                } else if let Some(v) = catalog.volumes.remove(&name) {
-                    catalog.specs.remove(&name);
-                    gone.push(v);
-                }
-            }
-            for (name, spec) in &wanted {
-                if let Some(was) = catalog.specs.get(*name) {
-                    let mut what = Vec::new();
-                    if was.size != spec.size {
-                        what.push(format!("size {} -> {}", was.size, spec.size));
-                    }
-                    if was.path != spec.path {
-                        let show = |p: &Option<std::path::PathBuf>| {
-                            p.as_ref().map_or_else(|| "RAM".to_owned(), |p| p.display().to_string())
-                        };
-                        what.push(format!("path {} -> {}", show(&was.path), show(&spec.path)));
-                    }
-                    if !what.is_empty() {
-                        let what = what.join(", ");
-                        warn!(volume = %name, "reload: {what}: not applied to a served volume (remove it, reload, add it again)");
-                        report.unchanged.push(((*name).to_owned(), what));
-                    }
-                }
-            }
-            catalog.refused.retain(|name, _| wanted.contains_key(name.as_str()));
-            catalog.policy = policy;
-            *shared.limits.write().unwrap_or_else(|p| p.into_inner()) = Limits::of(&new);
-            let to_load: Vec<crate::config::VolumeSpec> =
-                new.volumes.iter().filter(|v| !catalog.volumes.contains_key(&v.name)).cloned().collect();
-            (gone, to_load)
-        };
-
-        // Nobody can open these any more, and nobody has them open.
-        for v in gone {
-            server::final_flush(&shared.identity, &v);
-            info!(volume = %v.name, "volume removed");
-            report.removed.push(v.name.clone());
-        }
-
-        // Backing stores of the volumes still served (a removal just now freed its own).
-        let in_use: Vec<std::path::PathBuf> =
-            shared.catalog().volumes.values().filter_map(|v| v.backing.as_ref().map(|b| canonical(b.path()))).collect();
-        let count = to_load.len();
-        let mut loaded = Vec::new();
-        for (i, v) in to_load.iter().enumerate() {
-            let durable = v.path.is_some();
-            if let Some(path) = v.path.as_deref().filter(|p| in_use.contains(&canonical(p))) {
-                let why = format!("backing store {} is still used by a served volume", path.display());
-                warn!(volume = %v.name, "reload: not adding the volume: {why}");
-                report.refused.push((v.name.clone(), why));
-                continue;
-            }
-            progress(Progress::Loading { name: &v.name, index: i + 1, count, size: v.size, durable });
-            match server::load_volume(v, fixed.block_size, &shared.identity) {
-                Ok(vol) => loaded.push((v.clone(), Arc::new(vol))),
-                Err(e) => {
-                    let why = match e {
-                        LoadError::Memory(e) => format!("cannot map its memory: {}", Chain(&e)),
-                        LoadError::Backing(e) => Chain(&e).to_string(),
-                    };
-                    tracing::error!(volume = %v.name, "reload: refusing the volume: {why}");
-                    report.refused.push((v.name.clone(), why));
-                }
-            }
-        }
-        {
-            let mut catalog = shared.catalog.write().unwrap_or_else(|p| p.into_inner());
-            for (name, why) in &report.refused {
-                catalog.refused.insert(name.clone(), why.clone());
-            }
-            for (spec, vol) in loaded {
-                server::log_serving(&vol);
-                report.added.push(spec.name.clone());
-                catalog.refused.remove(&spec.name);
-                catalog.volumes.insert(spec.name.clone(), vol);
-                catalog.specs.insert(spec.name.clone(), spec);
-            }
-        }
-        server::warn_memlock(shared);
-        info!(%report, "configuration reloaded");
-        *current = new;
-        Ok(report)
-    }
-}
-
-fn canonical(p: &std::path::Path) -> std::path::PathBuf {
-    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned())
 }
