@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
+use rblk_fabric::liveness::{Action, Cadence, Liveness, Rules};
 use rblk_fabric::{Chain, Completion, Endpoint, Fabric, Pd, QpConfig, Route};
 use rblk_proto::{
     ChallengeFlags, ConnectData, FlushedFlags, Message, Opcode, Opened, StatsReply, KEEPALIVE_INTERVAL,
@@ -80,17 +81,14 @@ pub(crate) struct Conn {
     rx: Box<[u8; MSG_SIZE]>,
     /// Why the connection is unusable, once it is.
     broken: Option<String>,
-    /// When a message from the target last arrived: it sends KEEPALIVE every
-    /// KEEPALIVE_INTERVAL, so silence for KEEPALIVE_TIMEOUT means it is gone.
-    heard: Instant,
-    /// When one of our SENDs last completed (or the first of a batch was posted): one stuck for
-    /// KEEPALIVE_TIMEOUT means the target is gone even if the transport keeps retrying.
-    send_progress: Instant,
+    /// Loss detection ([`RULES`]): the target sends KEEPALIVE every KEEPALIVE_INTERVAL, so
+    /// silence for KEEPALIVE_TIMEOUT means it is gone; so does a SEND of ours without progress
+    /// (none of them completed) for as long, even if the transport keeps retrying.
+    liveness: Liveness,
     /// Send KEEPALIVE ourselves (the target announced FEATURE_KEEPALIVE).
     keepalives: bool,
     /// A request of ours waits for its reply (see [`Conn::set_awaiting`]).
     awaiting: bool,
-    next_keepalive: Instant,
     /// When rdma_cm's events are next looked at (see [`DISCONNECT_CHECK`]).
     next_disconnect_check: Instant,
 }
@@ -99,6 +97,15 @@ pub(crate) struct Conn {
 /// call, and queues run the liveness check on every reap: at depth 1 that was a system call per
 /// I/O (under TCG a good part of a round trip). A target's disconnect is still seen within this.
 const DISCONNECT_CHECK: Duration = Duration::from_millis(100);
+
+/// The initiator's loss detection: every SEND watched, a KEEPALIVE at every interval whatever is
+/// outstanding, and loss looked for only then (the check runs on every reap).
+const RULES: Rules = Rules {
+    interval: KEEPALIVE_INTERVAL,
+    timeout: KEEPALIVE_TIMEOUT,
+    cadence: Cadence::KeepaliveDue,
+    one_keepalive: false,
+};
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -142,11 +149,9 @@ impl Conn {
             next_tag: 1,
             rx: Box::new([0; MSG_SIZE]),
             broken: None,
-            heard: now,
-            send_progress: now,
+            liveness: Liveness::new(RULES, now),
             keepalives: false,
             awaiting: false,
-            next_keepalive: now + KEEPALIVE_INTERVAL,
             next_disconnect_check: now,
         })
     }
@@ -170,7 +175,7 @@ impl Conn {
 
     /// When a message from the target last arrived on this connection.
     pub(crate) fn heard(&self) -> Instant {
-        self.heard
+        self.liveness.last_heard()
     }
 
     /// The connection's loss detection and keepalives, after its completions were taken: a
@@ -195,50 +200,42 @@ impl Conn {
                 return Err(Error::ConnectionLost { addr: self.addr, reason });
             }
         }
-        if now < self.next_keepalive {
-            return Ok(());
-        }
-        self.next_keepalive = now + KEEPALIVE_INTERVAL;
-        let heard = match session_heard {
-            Some(s) if self.awaiting => self.heard.max(s),
-            _ => self.heard,
-        };
-        let silent = now.saturating_duration_since(heard);
-        if silent >= KEEPALIVE_TIMEOUT {
-            let reason = format!("nothing from the target for {} s (keepalives stopped)", silent.as_secs());
-            self.break_with(reason.clone());
-            return Err(Error::ConnectionLost { addr: self.addr, reason });
-        }
-        let stuck = now.saturating_duration_since(self.send_progress);
-        if self.chan.free_sends() < SEND_COUNT && stuck >= KEEPALIVE_TIMEOUT {
-            let reason = format!("a SEND to the target has not completed for {} s", stuck.as_secs());
-            self.break_with(reason.clone());
-            return Err(Error::ConnectionLost { addr: self.addr, reason });
-        }
-        if self.keepalives && !self.awaiting {
-            let tag = self.tag();
-            match self.post_send(tag, &Message::Keepalive) {
-                // Control messages are in flight anyway: the target hears from us.
-                Ok(()) | Err(rblk_fabric::Error::QueueFull { .. }) => {}
-                Err(source) => {
-                    self.break_with(format!("sending KEEPALIVE failed: {}", Chain(&source)));
-                    return Err(Error::Fabric { op: "sending KEEPALIVE", addr: self.addr, source });
-                }
+        let heard_elsewhere = session_heard.filter(|_| self.awaiting);
+        let reason = match self.liveness.poll(now, heard_elsewhere, self.keepalives && !self.awaiting) {
+            Action::Nothing => return Ok(()),
+            Action::Silent(silent) => {
+                format!("nothing from the target for {} s (keepalives stopped)", silent.as_secs())
             }
-        }
-        Ok(())
+            Action::SendStuck(stuck) => format!("a SEND to the target has not completed for {} s", stuck.as_secs()),
+            Action::SendKeepalive => {
+                let tag = self.tag();
+                return match self.post_send(tag, &Message::Keepalive) {
+                    // Control messages are in flight anyway: the target hears from us.
+                    Ok(()) | Err(rblk_fabric::Error::QueueFull { .. }) => Ok(()),
+                    Err(source) => {
+                        self.break_with(format!("sending KEEPALIVE failed: {}", Chain(&source)));
+                        Err(Error::Fabric { op: "sending KEEPALIVE", addr: self.addr, source })
+                    }
+                };
+            }
+        };
+        self.break_with(reason.clone());
+        Err(Error::ConnectionLost { addr: self.addr, reason })
     }
 
     /// When [`check_liveness`](Self::check_liveness) next has something to do.
     pub(crate) fn next_check(&self) -> Instant {
-        self.next_keepalive
+        self.liveness.next_check()
     }
 
+    /// Posts a SEND; the first one posted while none is outstanding starts the stuck clock.
     fn post_send(&mut self, tag: u32, msg: &Message<'_>) -> rblk_fabric::Result<()> {
-        if self.chan.free_sends() == SEND_COUNT {
-            self.send_progress = Instant::now();
+        let started = (!self.liveness.send_outstanding()).then(Instant::now);
+        self.chan.send(&mut self.ep, tag, msg)?;
+        if let Some(now) = started {
+            self.liveness.send_posted(now);
         }
-        self.chan.send(&mut self.ep, tag, msg)
+        Ok(())
     }
 
     /// Fails with [`Error::ConnectionLost`] once the connection broke.
@@ -400,11 +397,15 @@ impl Conn {
     fn on_control(&mut self, c: &Completion) -> Result<Received> {
         let len = match self.chan.on_completion(&mut self.ep, c, &mut self.rx) {
             Ok(Event::Sent) => {
-                self.send_progress = Instant::now();
+                if self.chan.free_sends() == SEND_COUNT {
+                    self.liveness.sends_done();
+                } else {
+                    self.liveness.send_progress(Instant::now());
+                }
                 return Ok(Received::Nothing);
             }
             Ok(Event::Received(len)) => {
-                self.heard = Instant::now();
+                self.liveness.heard(Instant::now());
                 len
             }
             Err(source) => {
