@@ -3,22 +3,26 @@
 //! the small control channel (hello, authentication, open, join, flush, stats, close) and never
 //! touches the data path.
 //!
-//! Layout: [`config`] (command line, config file and its checks), [`volume`] (the volume
-//! store: memory and open modes), [`persist`] and [`uring`] (durable volumes: backing store,
-//! io_uring load and write-back), [`identity`] (volume instance identities, kept across clean
-//! shutdowns in the state dir), [`access`] (keys, host identities and volume access lists),
-//! [`session`] (a session's protection domain and its access to the volume: a memory window per
-//! QP over the volume's one registration, or a registration of its own), [`control`] (one connection's
-//! control protocol), [`server`] (the rdma_cm listener and connection threads), [`reload`]
-//! (configuration changes at run time: SIGHUP), [`admin`] (the admin socket: volumes added,
-//! removed and listed at run time), [`notify`] (systemd readiness, for the binary).
+//! Layout: [`config`] (the configuration: command line, config file and its checks), [`start`]
+//! (what starting reports: progress and errors), [`volume`] (the volume store: memory and open
+//! modes), [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and
+//! write-back), [`identity`] (volume instance identities, kept across clean shutdowns in the
+//! state dir), [`access`] (keys, host identities and volume access lists), [`session`] (a
+//! session's protection domain and its access to the volume: a memory window per QP over the
+//! volume's one registration, or a registration of its own), [`registry`] (what every thread
+//! shares: volumes, limits, sessions, connections), [`control`] (one connection's control
+//! protocol), `connection` (admission and the connection loop: control messages, keepalives,
+//! loss detection), [`server`] (start, the rdma_cm listener, shutdown), [`reload`] (configuration
+//! changes at run time: SIGHUP), [`admin`] (the admin socket: volumes added, removed and listed
+//! at run time), [`metrics`] (the Prometheus text), [`notify`] (systemd readiness, for the
+//! binary).
 //!
 //! ```no_run
-//! use rblk_target::server::{Config, Server};
+//! use rblk_target::{config::Config, server::Server};
 //! let running = Server::start(Config::default())?;
 //! println!("listening on {}", running.local_addr());
 //! running.shutdown();
-//! # Ok::<(), rblk_target::server::StartError>(())
+//! # Ok::<(), rblk_target::start::StartError>(())
 //! ```
 //!
 //! Threads: one listener thread, plus one thread per connection that sleeps on its completion
@@ -28,7 +32,7 @@
 //! connection that leaves takes its own window along. A volume's registration for windows lives
 //! as long as the volume is served. A connection goes when
 //! its initiator vanishes: a keepalive of ours fails or stays uncompleted, or an initiator that
-//! negotiated keepalives sends nothing, for [`server::Config::keepalive_timeout`].
+//! negotiated keepalives sends nothing, for [`config::Config::keepalive_timeout`].
 //! [`server::Running::shutdown`] disconnects everyone, deregisters everything, flushes durable
 //! volumes and then records their identities in the state dir. [`server::Running::reload`]
 //! (callable from any thread, one at a time) removes only volumes nobody has open, flushing
@@ -42,6 +46,7 @@ pub mod access;
 pub mod admin;
 pub mod cli;
 pub mod config;
+mod connection;
 pub mod control;
 pub mod identity;
 pub mod metrics;

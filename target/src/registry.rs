@@ -431,8 +431,8 @@ pub const REPLACE_WAIT: Duration = Duration::from_secs(5);
 
 impl Shared {
     /// Applies `new` in place of `current` (the configuration applied last, locked by the
-    /// caller: [`Running::reload_with`](crate::server::Running::reload_with), or an admin request that changed one volume of it),
-    /// which becomes `new` unless `new` does not pass [`Config::check`]. The one place volumes
+    /// caller: [`Running::reload_with`](crate::server::Running::reload_with), or an admin
+    /// request that changed one volume of it), which becomes `new` unless `new` does not pass [`Config::check`]. The one place volumes
     /// are added and removed at run time (the rules: [`crate::reload`]).
     pub(crate) fn apply(
         &self,

@@ -1,6 +1,7 @@
 //! The daemon's entry point: [`Server::start`] (volumes loaded, the registry built, the
-//! rdma_cm listener started), the [`Running`] handle (reload, shutdown), the listener thread,
-//! and the connection threads it starts.
+//! rdma_cm listener started), the [`Running`] handle (reload, shutdown), and the listener
+//! thread, which hands each connect request to admission (its connection then runs on a
+//! thread of its own) and at shutdown joins those threads and flushes the volumes.
 //!
 //! The configuration and start types are re-exported here, where a program starting a target
 //! looks for them.
@@ -10,7 +11,6 @@ pub use crate::config::{
 };
 pub use crate::start::{Progress, StartError};
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -18,12 +18,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rblk_fabric::channel::{self, Channel, Event};
-use rblk_fabric::{Chain, Completion, Endpoint, Fabric, Listener, ListenerEvent, QpConfig, Request, Waker};
-use rblk_proto::{ConnectData, Message, MSG_SIZE};
-use tracing::{debug, info, info_span, warn};
+use rblk_fabric::{Chain, Fabric, Listener, ListenerEvent, Waker};
+use tracing::{debug, info, warn};
 
-use crate::control::{self, After, Reply, State};
+use crate::connection;
 use crate::identity;
 use crate::registry::{final_flush, load_volume, log_serving, warn_memlock, Catalog, Shared};
 use crate::reload::ReloadReport;
@@ -230,7 +228,7 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
             ListenerEvent::Request(req) => {
                 let conn = next_conn;
                 next_conn += 1;
-                match admit(shared, req, conn) {
+                match connection::admit(shared, req, conn) {
                     Ok(t) => threads.push(t),
                     Err(e) => warn!(conn, error = %Chain(&e), "connection refused"),
                 }
@@ -257,278 +255,4 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
         final_flush(&shared.identity, &v);
     }
     info!("shut down");
-}
-
-/// Why a connect request was refused.
-#[derive(Debug, thiserror::Error)]
-enum AdmitError {
-    #[error("{}: bad connect data", rblk_fabric::AddrDisplay(*peer))]
-    ConnectData {
-        peer: Option<SocketAddr>,
-        #[source]
-        source: rblk_proto::ParseError,
-    },
-    #[error("{}: join of unknown session {session_id} or bad token", rblk_fabric::AddrDisplay(*peer))]
-    UnknownSession { peer: Option<SocketAddr>, session_id: u64 },
-    #[error("{}: join of session {session_id} that a reconnect replaced", rblk_fabric::AddrDisplay(*peer))]
-    Replaced { peer: Option<SocketAddr>, session_id: u64 },
-    #[error("{}: {step}", rblk_fabric::AddrDisplay(*peer))]
-    Fabric {
-        peer: Option<SocketAddr>,
-        step: &'static str,
-        #[source]
-        source: rblk_fabric::Error,
-    },
-    #[error("no thread for the connection")]
-    Thread(#[source] std::io::Error),
-}
-
-/// Checks the connect data, creates the QP in the right PD, accepts, and starts the thread.
-fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHandle<()>, AdmitError> {
-    let peer = req.peer();
-    let fabric = |step| move |source| AdmitError::Fabric { peer, step, source };
-    let (pd, state) = match rblk_proto::parse_connect_data(req.private_data()) {
-        Ok(data @ (ConnectData::NewSession | ConnectData::NewWindowSession)) => {
-            let domain = match data {
-                ConnectData::NewWindowSession => {
-                    shared.window_domain(&req).map_err(fabric("allocating the window domain"))?
-                }
-                _ => None,
-            };
-            let windows = domain.is_some();
-            let pd = match domain {
-                Some(pd) => pd,
-                None => req.alloc_pd().map_err(fabric("allocating a protection domain"))?,
-            };
-            (pd.clone(), State::Fresh { pd, windows })
-        }
-        Ok(ConnectData::Join { session_id, token }) => match shared.session(session_id) {
-            Some(s) if s.token_matches(&token) => (s.pd.clone(), State::Joining { session: s }),
-            _ => {
-                let _ = req.reject();
-                return Err(AdmitError::UnknownSession { peer, session_id });
-            }
-        },
-        Err(source) => {
-            let _ = req.reject();
-            return Err(AdmitError::ConnectData { peer, source });
-        }
-    };
-    let cfg = QpConfig {
-        send_depth: rblk_proto::SEND_COUNT as u32 + 2,
-        recv_depth: rblk_proto::RECV_COUNT as u32,
-        max_inline: 128,
-    };
-    let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(fabric("creating the queue pair"))?;
-    let mut channel = Channel::new(&pd).map_err(fabric("setting up the control channel"))?;
-    channel.post_recvs(&mut ep).map_err(fabric("posting receives"))?;
-    ep.accept().map_err(fabric("accepting"))?;
-    // The waker first: a reconnect that replaces the session after the join below wakes it.
-    shared.add_connection(conn, ep.waker());
-    shared.counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
-    if state.session().is_none() {
-        shared.admit_unopened(conn, peer.map(|p| p.ip()));
-    }
-    if let Some(s) = state.session() {
-        if !s.join(conn) {
-            shared.remove_connection(conn);
-            return Err(AdmitError::Replaced { peer, session_id: s.id });
-        }
-    }
-    let s = Arc::clone(shared);
-    thread::Builder::new()
-        .name(format!("rblk-conn-{conn}"))
-        .spawn(move || serve(&s, conn, ep, channel, state))
-        .map_err(AdmitError::Thread)
-}
-
-/// One connection: sleep on the completion channel, answer control messages, send keepalives,
-/// and end the connection when the initiator is lost (see [`Config::keepalive_timeout`]).
-fn serve(shared: &Arc<Shared>, conn: u64, mut ep: Endpoint, mut channel: Channel, mut state: State) {
-    let span = info_span!("conn", conn, peer = ?ep.peer(), qpn = ep.qp_num());
-    let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()) };
-    let _enter = span.enter();
-    info!("connected");
-    // Taken now: a reload's new limits apply to connections admitted after it.
-    let limits = shared.limits();
-    let timeout = limits.keepalive_timeout;
-    // The connection was admitted at its connect request, just now.
-    let open_by = Instant::now() + limits.auth_timeout;
-    let mut out = [Completion::EMPTY; 16];
-    let mut buf = [0u8; MSG_SIZE];
-    let mut malformed = 0u32;
-    let mut last_heard = Instant::now();
-    let mut keepalive_due = Instant::now() + rblk_proto::KEEPALIVE_INTERVAL;
-    // SENDs complete in order: our keepalive is done once as many SENDs completed as had been
-    // posted up to and including it. (Its number, and when it was posted.)
-    let (mut sends_posted, mut sends_done) = (0u64, 0u64);
-    let mut keepalive: Option<(u64, Instant)> = None;
-    let mut closing = false;
-    // Set when the connection ends after its last reply: why, and the latest it waits for the
-    // reply's SEND to complete (so that the ERROR it carries is not lost to the disconnect).
-    let mut ending: Option<Cow<'static, str>> = None;
-    let mut closing_by: Option<Instant> = None;
-    let mut counted_open = false;
-    let mut tag = 0u32;
-    let reason: Cow<'static, str> = 'conn: loop {
-        if shared.is_shutting_down() {
-            break "target shutting down".into();
-        }
-        // Only an initiator that promised keepalives can be silent for too long.
-        let hears_keepalives = state.features() & rblk_proto::FEATURE_KEEPALIVE != 0;
-        let deadline = [
-            Some(keepalive_due),
-            hears_keepalives.then(|| last_heard + timeout),
-            keepalive.map(|(_, posted)| posted + timeout),
-            (!state.is_open()).then_some(open_by),
-            closing_by,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(keepalive_due);
-        let n = match ep.wait(&mut out, Duration::ZERO, deadline) {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(error = %Chain(&e), "completion wait failed");
-                break "completion error".into();
-            }
-        };
-        if ep.take_wake() && !shared.is_shutting_down() {
-            if shared.take_evicted(conn) {
-                break "evicted: too many connections that opened nothing (the oldest go first)".into();
-            }
-            if state.session().is_some_and(|s| s.is_replaced()) {
-                break "session replaced by a reconnect".into();
-            }
-            break "peer disconnected".into();
-        }
-        for c in &out[..n] {
-            if !channel::is_control(c.wr_id) {
-                // A window bind (the only other work this side posts): a failed one failed the
-                // QP, and the reply behind it with the rkey is flushed.
-                if !c.status.is_success() {
-                    warn!(status = ?c.status, wr_id = c.wr_id, "binding a memory window failed");
-                    break 'conn "binding a memory window failed".into();
-                }
-                continue;
-            }
-            match channel.on_completion(&mut ep, c, &mut buf) {
-                Ok(Event::Sent) => {
-                    sends_done += 1;
-                    if keepalive.is_some_and(|(number, _)| sends_done >= number) {
-                        keepalive = None;
-                    }
-                    if closing && channel.free_sends() == rblk_proto::SEND_COUNT {
-                        break 'conn ending.take().unwrap_or_else(|| "closed by the initiator".into());
-                    }
-                }
-                Ok(Event::Received(len)) => {
-                    let (reply, after) = control::handle(shared, &peer, &mut ep, &mut state, &buf[..len]);
-                    // Time spent serving a request (a FLUSH's write-back can take minutes) is
-                    // neither the initiator's silence (it waits for our reply meanwhile) nor a
-                    // stuck keepalive of ours (its completion waits in the CQ, unpolled).
-                    last_heard = Instant::now();
-                    if let Some((number, _)) = keepalive {
-                        keepalive = Some((number, last_heard));
-                    }
-                    if after == After::AuthFailed {
-                        // Slows down key guessing; the connection's own thread is the one held.
-                        let delay = shared.auth_failed(peer.ip);
-                        if !delay.is_zero() {
-                            debug!(?delay, "holding back the AUTH failure");
-                            thread::sleep(delay);
-                        }
-                    }
-                    let reply_tag = rblk_proto::peek_tag(&buf[..len]).unwrap_or(0);
-                    let sent = match reply {
-                        Reply::None => Ok(false),
-                        Reply::Msg(m) => channel.send(&mut ep, reply_tag, &m).map(|()| true),
-                        Reply::List { total, entries } => channel
-                            .send(&mut ep, reply_tag, &Message::ListReply { total, entries: &entries })
-                            .map(|()| true),
-                        Reply::Error(code, text) => {
-                            debug!(?code, %text, "error reply");
-                            channel.send(&mut ep, reply_tag, &Message::Error { code, text: &text }).map(|()| true)
-                        }
-                    };
-                    match sent {
-                        Ok(posted) => sends_posted += u64::from(posted),
-                        Err(e) => {
-                            warn!(error = %Chain(&e), "reply failed");
-                            break 'conn "reply failed".into();
-                        }
-                    }
-                    match after {
-                        After::Continue => {}
-                        After::Refused | After::AuthFailed => {
-                            shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
-                            malformed += 1;
-                            if malformed > rblk_proto::MAX_MALFORMED && !closing {
-                                // Once the ERROR just posted is out (or a second at most).
-                                closing = true;
-                                ending = Some("too many malformed or refused messages".into());
-                                closing_by = Some(Instant::now() + Duration::from_secs(1));
-                            }
-                        }
-                        After::Close => closing = true,
-                    }
-                }
-                Err(e) => {
-                    debug!(error = %Chain(&e), "control completion failed");
-                    break 'conn "connection lost".into();
-                }
-            }
-        }
-        if !counted_open && state.is_open() {
-            counted_open = true;
-            shared.opened_or_gone(conn);
-        }
-        let now = Instant::now();
-        if closing_by.is_some_and(|by| now >= by) {
-            break ending.take().unwrap_or_else(|| "closed".into());
-        }
-        if !state.is_open() && now >= open_by {
-            break format!("no session opened within {} s of connecting", limits.auth_timeout.as_secs()).into();
-        }
-        // Loss detection that does not rely on the transport's retry budget (rxe retries for
-        // ever with a retry count of 7; a peer without RECVs posted stalls a SEND for ever).
-        let now = Instant::now();
-        if state.features() & rblk_proto::FEATURE_KEEPALIVE != 0 && now >= last_heard + timeout {
-            break format!("initiator silent for {} s", now.duration_since(last_heard).as_secs()).into();
-        }
-        if keepalive.is_some_and(|(_, posted)| now >= posted + timeout) {
-            break format!("keepalive not completed for {} s", timeout.as_secs()).into();
-        }
-        // Keepalive: one outstanding at a time. A peer that vanished without a disconnect makes
-        // it fail with a transport error, which ends the connection above, or stay uncompleted.
-        if now >= keepalive_due && !closing {
-            keepalive_due = now + rblk_proto::KEEPALIVE_INTERVAL;
-            if keepalive.is_none() {
-                tag = tag.wrapping_add(1);
-                if channel.send(&mut ep, tag, &Message::Keepalive).is_ok() {
-                    sends_posted += 1;
-                    keepalive = Some((sends_posted, now));
-                }
-            }
-        }
-    };
-    info!(%reason, "disconnecting");
-    if let Some(session) = state.session() {
-        session.unbind(conn);
-    }
-    ep.disconnect();
-    // The QP is destroyed before the session counts this connection out: a reconnect that
-    // waits for that knows no old QP is left.
-    drop(ep);
-    drop(channel);
-    shared.remove_connection(conn);
-    shared.opened_or_gone(conn);
-    shared.take_evicted(conn);
-    if let Some(session) = state.session() {
-        if session.leave(conn) && !session.is_replaced() {
-            info!(session = session.id, "last connection gone: deregistering");
-            shared.drop_session(session);
-        }
-    }
 }
