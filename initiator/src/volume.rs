@@ -218,12 +218,16 @@ impl Volume {
         self.ctl.stats()
     }
 
-    /// Housekeeping of the session's first queue pair: takes what arrived while idle
-    /// (keepalives), sends a KEEPALIVE when one is due, notices a lost target, and runs a due
-    /// reconnect attempt when the session is down. Call it every second or two while the volume
-    /// has nothing else to do. Fails once I/O fails (fast_io_fail_tmo) or the session is gone;
-    /// while it reconnects it succeeds (the link logs what happens).
+    /// Housekeeping of the session's queue pairs (the first, and the data lane's once it has
+    /// one): takes what arrived while idle (keepalives), sends a KEEPALIVE when one is due,
+    /// notices a lost target, and runs a due reconnect attempt when the session is down. Call it
+    /// every second or two while the volume has nothing else to do: the target ends a
+    /// connection it has not heard from for 15 s. Fails once I/O fails (fast_io_fail_tmo) or
+    /// the session is gone; while it reconnects it succeeds (the link logs what happens).
     pub fn keepalive(&mut self) -> Result<()> {
+        if let Some(io) = &mut self.io {
+            io.tick()?;
+        }
         self.ctl.keepalive()
     }
 

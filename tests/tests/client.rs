@@ -9,6 +9,11 @@
 //! - `a_128_mib_pipe_is_written_in_bounded_memory`: `rblk write` reading its whole input
 //!   before writing (512 MiB of stdin once took 529 MB of RSS), or a streamed write whose data
 //!   does not land where it should.
+//! - `a_pipe_that_keeps_rblk_waiting_20_s_loses_no_session`: `rblk read` blocked writing to a
+//!   pipe drained slowly, or `rblk write` blocked reading one nobody writes, for longer than the
+//!   target's 15 s keepalive timeout: without keepalives on every queue pair at least once a
+//!   second while it waits (`stdio::Patient`), the target ends the session and the command
+//!   fails (`rblk read | od` under TCG did, in the NBD tests).
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -111,4 +116,45 @@ fn a_128_mib_pipe_is_written_in_bounded_memory() {
     assert!(back.status.success());
     let want: Vec<u8> = (LEN - (1 << 20)..LEN).map(byte).collect();
     assert!(back.stdout == want, "the last MiB read back differs");
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_pipe_that_keeps_rblk_waiting_20_s_loses_no_session() {
+    let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "v:8M"]);
+    let uri = format!("rblk://{}/v", d.addr);
+    // Both at once: a write whose input pauses 20 s after its first MiB (no byte to read for
+    // 20 s), and a read of 2 MiB into a pipe drained 64 KiB every 0.7 s (a pipe holds 64 KiB:
+    // rblk read waits on it for 22 s, never a whole second at a time). Then both landed.
+    let dir = std::env::temp_dir().join(format!("rblk-patient-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "set -euo pipefail
+         head -c 2M /dev/urandom > {d}/pattern
+         {rblk} write {uri} --offset 0 --input {d}/pattern
+         {{ head -c 1M {d}/other; sleep 20; tail -c 1M {d}/other; }} | {rblk} write {uri} --offset 4M &
+         writer=$!
+         {rblk} read {uri} --length 2M | for i in $(seq 32); do dd bs=64k count=1 iflag=fullblock status=none; sleep 0.7; done > {d}/back
+         cmp {d}/pattern {d}/back
+         wait $writer
+         {rblk} read {uri} --offset 4M --length 2M --output {d}/back
+         cmp {d}/other {d}/back",
+        d = dir.display(),
+        rblk = rblk(),
+    );
+    std::fs::write(
+        dir.join("other"),
+        (0..2u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = Command::new("bash").arg("-c").arg(&script).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "a pipe that kept rblk waiting {:?}: {}",
+        started.elapsed(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(started.elapsed() >= Duration::from_secs(20), "the pipes did not make rblk wait");
 }

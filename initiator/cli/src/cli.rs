@@ -1,7 +1,7 @@
 //! `rblk`'s command line: its arguments and the subcommands that need no front end.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use rblk_initiator::{Direction, OpenMode, Options, Reconnect, Session, Volume};
 
+use crate::stdio::{Patient, Source};
 use crate::{fuse, nbd, ublk};
 
 /// Client for rblk volumes served over RDMA by rblk-target.
@@ -466,9 +467,11 @@ fn read(
 ) -> anyhow::Result<()> {
     let mut vol = open(uri, conn, OpenMode::ReadOnly, Reconnect::default())?;
     vol.check_range(Direction::Read, offset, length)?;
-    let mut out: Box<dyn Write> = match &output {
-        Some(path) => Box::new(File::create(path).with_context(|| format!("creating {}", path.display()))?),
-        None => Box::new(io::stdout().lock()),
+    let mut out = match &output {
+        Some(path) => {
+            File::create(path).and_then(Patient::new).with_context(|| format!("creating {}", path.display()))?
+        }
+        None => Patient::stdout().context("standard output")?,
     };
     let step = step(&vol);
     let mut buf = vec![0u8; step.min(length) as usize];
@@ -477,12 +480,11 @@ fn read(
     while done < length {
         let n = step.min(length - done) as usize;
         vol.read_at(&mut buf[..n], offset + done)?;
-        out.write_all(&buf[..n]).context("writing the output")?;
+        out.write_all(&buf[..n], &mut vol)?;
         done += n as u64;
         bar.set_position(done);
     }
     bar.finish_and_clear();
-    out.flush().context("writing the output")?;
     vol.close()?;
     Ok(())
 }
@@ -508,7 +510,7 @@ fn write(
         vol.check_range(Direction::Write, offset, padded_len(len, bs, pad)?)?;
     }
     let bar = progress_bar(progress, len);
-    let (read, written) = write_stream(&mut vol, &mut *reader, offset, pad, &bar)?;
+    let (read, written) = write_stream(&mut vol, &mut reader, offset, pad, &bar)?;
     bar.finish_and_clear();
     if read == 0 {
         bail!("the input is empty: nothing to write");
@@ -529,21 +531,17 @@ fn write(
 
 /// The input and its length where it can be known without reading it: a file's size, a block
 /// device's (by seeking to its end); None for stdin, pipes and character devices.
-fn open_input(path: Option<&std::path::Path>) -> anyhow::Result<(Box<dyn Read>, Option<u64>)> {
+fn open_input(path: Option<&std::path::Path>) -> anyhow::Result<(Patient, Option<u64>)> {
     use std::io::{Seek, SeekFrom};
-    let Some(path) = path else { return Ok((Box::new(io::stdin().lock()), None)) };
-    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let meta = file.metadata().with_context(|| format!("reading {}", path.display()))?;
-    let len = if meta.is_file() {
-        Some(meta.len())
-    } else if std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type()) {
-        let len = file.seek(SeekFrom::End(0)).with_context(|| format!("sizing {}", path.display()))?;
-        file.seek(SeekFrom::Start(0)).with_context(|| format!("rewinding {}", path.display()))?;
-        Some(len)
-    } else {
-        None
-    };
-    Ok((Box::new(file), len))
+    let Some(path) = path else { return Ok((Patient::stdin().context("standard input")?, None)) };
+    let mut input = File::open(path).and_then(Patient::new).with_context(|| format!("opening {}", path.display()))?;
+    if input.is_stream() {
+        return Ok((input, None));
+    }
+    let file = input.file();
+    let len = file.seek(SeekFrom::End(0)).with_context(|| format!("sizing {}", path.display()))?;
+    file.seek(SeekFrom::Start(0)).with_context(|| format!("rewinding {}", path.display()))?;
+    Ok((input, Some(len)))
 }
 
 /// Copies `reader` to the volume from `offset` on, one [`STEP`] at a time, so any input streams
@@ -551,7 +549,7 @@ fn open_input(path: Option<&std::path::Path>) -> anyhow::Result<(Box<dyn Read>, 
 /// before it was written). `bar` follows the bytes read. Returns the bytes read and written.
 fn write_stream(
     vol: &mut Volume,
-    reader: &mut dyn Read,
+    reader: &mut dyn Source,
     offset: u64,
     pad: bool,
     bar: &indicatif::ProgressBar,
@@ -561,7 +559,7 @@ fn write_stream(
     let mut buf = vec![0u8; step as usize];
     let (mut read, mut written) = (0u64, 0u64);
     loop {
-        let got = read_full(reader, &mut buf).context("reading the input")?;
+        let got = reader.read_full(&mut buf, vol)?;
         if got == 0 {
             break;
         }
@@ -602,20 +600,6 @@ fn padded_len(len: u64, block_size: u64, pad: bool) -> anyhow::Result<u64> {
 fn step(vol: &Volume) -> u64 {
     let bs = u64::from(vol.block_size());
     (STEP / bs).max(1) * bs
-}
-
-/// Fills `buf` unless the input ends first; returns the bytes read.
-fn read_full(r: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(got)
 }
 
 /// `bytes` in the largest binary unit that divides it.
@@ -726,14 +710,6 @@ mod tests {
         assert_eq!(human(1000), "1000 bytes");
         assert_eq!(human(1536 * 1024), "1536 KiB");
     }
-
-    #[test]
-    fn read_full_stops_at_the_end() {
-        let mut r: &[u8] = &[1, 2, 3];
-        let mut buf = [9u8; 5];
-        assert_eq!(read_full(&mut r, &mut buf).unwrap(), 3);
-        assert_eq!(buf, [1, 2, 3, 9, 9]);
-    }
 }
 
 #[cfg(test)]
@@ -758,8 +734,8 @@ mod stream_tests {
         (i.wrapping_mul(31) >> 3) as u8
     }
 
-    impl Read for Pipe {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    impl Source for Pipe {
+        fn read_full(&mut self, buf: &mut [u8], _: &mut Volume) -> anyhow::Result<usize> {
             self.largest = self.largest.max(buf.len());
             let n = (buf.len() as u64).min(self.len - self.pos) as usize;
             for (k, b) in buf[..n].iter_mut().enumerate() {

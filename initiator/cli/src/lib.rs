@@ -22,4 +22,5 @@ pub mod list;
 pub mod metrics;
 pub mod mount;
 pub mod nbd;
+pub mod stdio;
 pub mod ublk;
