@@ -6,7 +6,9 @@ use std::time::Duration;
 use clap::Parser;
 use rblk_initiator::Options;
 
-use crate::spec::{parse_duration, Spec, Stop, Workload};
+use rblk_initiator::parse_duration;
+
+use crate::spec::{Spec, Stop, Workload};
 use crate::Result;
 
 /// Load-test an rblk volume, like fio: jobs of queued one-sided RDMA READs and WRITEs.
@@ -90,10 +92,6 @@ pub struct Args {
     /// Device, source address and type of service.
     #[command(flatten)]
     pub route: rblk_initiator::RouteArgs,
-    /// How long a job polls its completion queue before sleeping on its completion channel.
-    /// Longer spins cut latency at low depth and burn a core [default: the library's, 20us].
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub spin: Option<Duration>,
     /// Give up on each control exchange (connect, open, STATS) after this many seconds.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     pub timeout: u64,
@@ -153,7 +151,6 @@ impl Args {
             key,
             host_id: self.host_id.clone(),
             timeout: Duration::from_secs(self.timeout),
-            spin: self.spin.unwrap_or(defaults.spin),
             reconnect: self.reconnect.reconnect(),
             ..defaults
         };

@@ -83,6 +83,7 @@ mod stats;
 pub use cli::Args;
 pub use error::{Error, Result};
 pub use log::{check_interval, log_paths, Logs, DEFAULT_LOG_INTERVAL, MAX_LOG_INTERVAL, MIN_LOG_INTERVAL};
+pub use rblk_initiator::parse_duration;
 pub use report::{CpuUse, DirReport, JobInfo, Latency, MismatchReport, Report, Totals, VerifyReport, VolumeInfo};
 pub use run::Run;
-pub use spec::{parse_duration, Plan, Spec, Stop, Workload, MAX_JOBS};
+pub use spec::{Plan, Spec, Stop, Workload, MAX_JOBS};

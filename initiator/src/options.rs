@@ -65,7 +65,7 @@ impl Reconnect {
 }
 
 /// The path flags of rblk's programs (`--device`, `--source-addr`, `--tos`, `--memory-windows`,
-/// `--wait`, `--poll`), for `#[command(flatten)]`: how to reach the target besides its address, and how
+/// `--wait`, `--poll`, `--spin`), for `#[command(flatten)]`: how to reach the target besides its address, and how
 /// to wait for it. Feature `clap`.
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -101,6 +101,11 @@ pub struct RouteArgs {
     /// cost of a core per busy queue (like fio's --hipri).
     #[arg(long, conflicts_with = "wait")]
     pub poll: bool,
+    /// The shortest spin before a wait sleeps (`10us`, `1ms`): deep queues under --wait adaptive
+    /// spin this long, and no adaptive wait spins less. Longer spins cut latency and burn a core
+    /// [default: 20us].
+    #[arg(long, value_parser = crate::parse_duration, value_name = "DURATION")]
+    pub spin: Option<std::time::Duration>,
 }
 
 #[cfg(feature = "clap")]
@@ -109,6 +114,9 @@ impl RouteArgs {
     /// the flags.
     pub fn apply(&self, options: &mut Options) {
         options.wait = if self.poll { Wait::Poll } else { self.wait };
+        if let Some(spin) = self.spin {
+            options.spin = spin;
+        }
         options.device = self.device.clone();
         options.source_addr = self.source_addr;
         options.tos = self.tos;
