@@ -33,7 +33,9 @@ in_guest() {
         umount /mnt/rblk-demo-fs
     }
 
-    say "start the target: rblk-target --listen $addr:7420 --volume demo:256M"
+    # No key configured: the target makes /var/lib/rblk/target.key (or keeps the one there) and
+    # refuses initiators without it; rblk and rblk-bench on this host read it there, no flags.
+    say "start the target: rblk-target --listen $addr:7420 --volume demo:256M (key: /var/lib/rblk/target.key)"
     "$bin/rblk-target" --listen "$addr:7420" --volume demo:256M 2>"$log" &
     pid=$!
     trap 'kill -TERM $pid 2>/dev/null || true' EXIT

@@ -42,7 +42,7 @@ for i in 1 2 3 4; do vols+=(--volume "v$i:128M:$DIR/v$i.img"); done
 
 tpid=
 start_target() {
-    "$B/rblk-target" --listen "$RBLK_ADDR:$PORT" "${vols[@]}" --state-dir "$DIR/state" 2>>/tmp/soak-target.log &
+    "$B/rblk-target" --allow-any-host --listen "$RBLK_ADDR:$PORT" "${vols[@]}" --state-dir "$DIR/state" 2>>/tmp/soak-target.log &
     tpid=$!
     for _ in $(seq 300); do
         grep -q "listening on" /tmp/soak-target.log 2>/dev/null && [[ $(grep -c "listening on" /tmp/soak-target.log) -ge $1 ]] && return

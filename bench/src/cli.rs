@@ -82,6 +82,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub seed: u64,
     /// Key file, for targets that require one: the target's shared key, or this host's own.
+    /// Default: /var/lib/rblk/target.key when it can be read (a target on this host).
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     pub key_file: Option<PathBuf>,
     /// This host's identity for the target's access lists and per-host keys [default: the
@@ -142,13 +143,12 @@ impl Args {
 
     /// How to connect.
     pub fn options(&self) -> Result<Options> {
-        let key = match &self.key_file {
-            Some(path) => Some(Options::key_from_file(path).map_err(crate::Error::initiator("reading the key file"))?),
-            None => None,
-        };
+        let (key, key_files_tried) =
+            Options::find_key(self.key_file.as_deref()).map_err(crate::Error::initiator("reading the key file"))?;
         let defaults = Options::default();
         let mut options = Options {
             key,
+            key_files_tried,
             host_id: self.host_id.clone(),
             timeout: Duration::from_secs(self.timeout),
             reconnect: self.reconnect.reconnect(),

@@ -53,6 +53,7 @@
 pub mod channel;
 mod completion;
 mod error;
+pub mod keyfile;
 pub mod liveness;
 #[cfg(feature = "mem")]
 pub mod mem;

@@ -190,6 +190,9 @@ pub struct Options {
     /// The pre-shared key, when the target requires one (see [`Options::key_from_file`]): the
     /// target's shared key, or this host's own.
     pub key: Option<Vec<u8>>,
+    /// Where the key was looked for without being found (see [`Options::find_key`]), each with
+    /// why it was passed over: named when a target refuses for want of a key.
+    pub key_files_tried: Vec<String>,
     /// The host identity sent to targets with host identities (their access lists and
     /// per-host caps go by it): a hostname or an NVMe-style NQN, 1 to
     /// [`MAX_HOST_ID`](rblk_proto::MAX_HOST_ID) printable ASCII characters. None: the machine's
@@ -223,6 +226,7 @@ impl Default for Options {
             source_addr: None,
             tos: None,
             key: None,
+            key_files_tried: Vec::new(),
             host_id: None,
             timeout: DEFAULT_TIMEOUT,
             io_timeout: DEFAULT_IO_TIMEOUT,
@@ -250,6 +254,7 @@ impl fmt::Debug for Options {
             .field("source_addr", &self.source_addr)
             .field("tos", &self.tos)
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("key_files_tried", &self.key_files_tried)
             .field("host_id", &self.host_id)
             .field("timeout", &self.timeout)
             .field("io_timeout", &self.io_timeout)
@@ -282,46 +287,93 @@ impl Options {
         }
     }
 
-    /// Reads a key file: its bytes, without trailing whitespace (the newline an editor adds),
-    /// exactly as rblk-target reads its `--key-file`. An empty key is an error.
+    /// Reads a key file with the project's one reader ([`rblk_fabric::keyfile::read`], the
+    /// target's too): the bytes without trailing whitespace (the newline an editor adds), at
+    /// least [`MIN_KEY_LEN`](rblk_fabric::keyfile::MIN_KEY_LEN) of them, in a file that group
+    /// and others cannot read.
     pub fn key_from_file(path: impl AsRef<Path>) -> Result<Vec<u8>> {
         let path = path.as_ref();
-        let err = |source| Error::KeyFile { path: path.to_owned(), source };
-        let key = std::fs::read(path).map_err(err)?;
-        let key = key.trim_ascii_end();
-        if key.is_empty() {
-            return Err(err(std::io::Error::other("the file is empty")));
+        rblk_fabric::keyfile::read(path).map_err(|source| Error::KeyFile { path: path.to_owned(), source })
+    }
+
+    /// Finds the key: `flag` (`--key-file`), else the file `RBLK_KEY_FILE` names, else
+    /// [`LOCAL_TARGET_KEY`] (the key a target on this host made) when it can be read. A file
+    /// named by the flag or the variable must be a good key file; the local target's is
+    /// skipped when it cannot be opened (absent, or not ours to read). Returns the key, if
+    /// any, and the files passed over (for [`Options::key_files_tried`]).
+    pub fn find_key(flag: Option<&Path>) -> Result<(Option<Vec<u8>>, Vec<String>)> {
+        let env = std::env::var_os(KEY_FILE_ENV).filter(|v| !v.is_empty());
+        if let Some(path) = flag.or(env.as_deref().map(Path::new)) {
+            return Ok((Some(Options::key_from_file(path)?), Vec::new()));
         }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt as _;
-            if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
-                tracing::warn!(path = %path.display(), "the key file is readable by other users; chmod 600 it");
-            }
+        let local = Path::new(LOCAL_TARGET_KEY);
+        match std::fs::File::open(local) {
+            Ok(_) => Ok((Some(Options::key_from_file(local)?), Vec::new())),
+            Err(e) => Ok((None, vec![format!("{LOCAL_TARGET_KEY} ({e})")])),
         }
-        Ok(key.to_vec())
+    }
+
+    /// Writes a new key to `path` as `rblk-target gen-key` does ([`rblk_fabric::keyfile::generate`]):
+    /// 64 hex digits, mode 0600, never over an existing file.
+    pub fn generate_key_file(path: &Path) -> std::io::Result<()> {
+        rblk_fabric::keyfile::generate(path)
+    }
+
+    /// Why a session cannot answer a target that requires a key: none was found, and where
+    /// it was looked for.
+    pub fn missing_key_reason(&self) -> String {
+        let mut tried = vec!["no --key-file".to_owned(), format!("no {KEY_FILE_ENV}")];
+        tried.extend(self.key_files_tried.iter().cloned());
+        format!(
+            "target requires a key (--key-file FILE or {KEY_FILE_ENV} with the target's key; tried: {})",
+            tried.join(", ")
+        )
     }
 }
+
+/// The environment variable that names a key file when `--key-file` is not given.
+pub const KEY_FILE_ENV: &str = "RBLK_KEY_FILE";
+
+/// The key a target on this host makes at its first start when none is configured
+/// (`rblk-target`'s default state dir): initiators on the same host use it when they can read it.
+pub const LOCAL_TARGET_KEY: &str = "/var/lib/rblk/target.key";
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Would catch: the initiator accepting a key file that group or others can read (only
+    /// warning, as it did), a short key, or a reader other than the target's (the newline kept).
     #[test]
     fn key_files() {
+        use std::os::unix::fs::PermissionsExt as _;
         let dir = std::env::temp_dir().join(format!("rblk-initiator-key-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("key");
-        std::fs::write(&path, b"s3cret\n").unwrap();
-        assert_eq!(Options::key_from_file(&path).unwrap(), b"s3cret");
-        std::fs::write(&path, b"a b\r\n\n").unwrap();
-        assert_eq!(Options::key_from_file(&path).unwrap(), b"a b");
-        std::fs::write(&path, b"\n").unwrap();
-        let e = Options::key_from_file(&path).unwrap_err();
-        let text = rblk_fabric::Chain(&e).to_string();
+        let write = |bytes: &[u8], mode: u32| {
+            std::fs::write(&path, bytes).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let key = [b'k'; 32];
+        write(&[&key[..], b"\n"].concat(), 0o600);
+        assert_eq!(Options::key_from_file(&path).unwrap(), key);
+        write(&[&key[..], b"\n"].concat(), 0o644);
+        let text = rblk_fabric::Chain(&Options::key_from_file(&path).unwrap_err()).to_string();
+        assert!(text.contains("group or others") && text.contains("chmod 600"), "{text}");
+        write(b"s3cret\n", 0o600);
+        let text = rblk_fabric::Chain(&Options::key_from_file(&path).unwrap_err()).to_string();
+        assert!(text.contains("fewer than 32") && text.contains("gen-key"), "{text}");
+        write(b"\n", 0o600);
+        let text = rblk_fabric::Chain(&Options::key_from_file(&path).unwrap_err()).to_string();
         assert!(text.contains("empty") && text.matches("key file").count() == 1, "{text}");
         let e = Options::key_from_file(dir.join("missing")).unwrap_err();
         assert!(matches!(e, Error::KeyFile { .. }) && e.to_string().contains("missing"), "{e}");
+        // A named file is used (and must be good); without one the refusal names what was tried.
+        write(&key, 0o600);
+        assert_eq!(Options::find_key(Some(&path)).unwrap().0.as_deref(), Some(&key[..]));
+        let opts = Options { key_files_tried: vec!["/x/target.key (denied)".into()], ..Options::default() };
+        let reason = opts.missing_key_reason();
+        assert!(reason.contains("--key-file") && reason.contains("/x/target.key (denied)"), "{reason}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

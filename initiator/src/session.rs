@@ -146,7 +146,7 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
                 .ok_or_else(|| Error::Auth { addr, reason: "unusable key".into() })?,
             (None, false) => [0; MAC_LEN],
             (None, true) => {
-                return Err(Error::Auth { addr, reason: "target requires a key (--key-file)".into() });
+                return Err(Error::Auth { addr, reason: opts.missing_key_reason() });
             }
         };
         let deadline = Instant::now() + opts.timeout;

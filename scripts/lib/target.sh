@@ -1,14 +1,18 @@
 # shellcheck shell=bash
 # Shell helpers shared by the guest-side scripts (source it; bash).
 
-# start_target LOG BIN SECS ARGS...: starts BIN/rblk-target ARGS... in the background with its
-# stderr in LOG, waits up to SECS seconds until it says it is listening and sets TARGET_PID.
+# start_target LOG BIN SECS ARGS...: starts BIN/rblk-target --allow-any-host ARGS... in the
+# background with its stderr in LOG, waits up to SECS seconds until it says it is listening and
+# sets TARGET_PID. --allow-any-host: the scripts' clients (rblk-bench, rblk-test-client, older
+# builds of rblk) connect without a key; a build that predates the flag serves keyless anyway.
 # Returns 1 (after printing the log) if it exits first; kills it and returns 1 if it does not
 # listen in time.
 start_target() {
     local log=$1 bin=$2 secs=$3
     shift 3
-    "$bin/rblk-target" "$@" 2>"$log" &
+    local open=()
+    "$bin/rblk-target" --help 2>/dev/null | grep -q -- --allow-any-host && open=(--allow-any-host)
+    "$bin/rblk-target" "${open[@]}" "$@" 2>"$log" &
     TARGET_PID=$!
     local _
     for _ in $(seq 1 $((secs * 10))); do

@@ -9,7 +9,7 @@ use clap::Parser;
 use crate::access::{BadGrant, Grant};
 use rblk_fabric::Chain;
 
-use crate::config::{parse_listen, VolumeSpec};
+use crate::config::{parse_listen, ConfigError, File, FileVolume, VolumeSpec, DEFAULT_STATE_DIR};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
 ///
@@ -50,14 +50,22 @@ pub struct Args {
     /// A volume NAME:SIZE[:PATH] (size like 64M or 1G, a multiple of 4096). Repeatable.
     /// Without PATH a RAM volume (volatile). With PATH (everything after the second colon) a
     /// durable volume backed by that file (created and sized if missing) or block device: loaded
-    /// at start, written back on FLUSH, flushed on shutdown. Default: one 1 GiB RAM volume vol0.
+    /// at start, written back on FLUSH, flushed on shutdown. Default, without --config: one
+    /// 1 GiB RAM volume vol0 (a config file without volumes starts with none).
     #[arg(long = "volume", value_name = "NAME:SIZE[:PATH]", value_parser = volume_arg)]
     pub volumes: Vec<VolumeSpec>,
     /// Shared key file: initiators must prove they hold the same key (HMAC-SHA256 over a nonce
-    /// and their host name) before they may open anything. Hosts with their own keys are set in
-    /// the config file. Without any key the daemon serves anyone.
+    /// and their host name) before they may open anything. At least 32 bytes on one line, mode
+    /// 0600 (make one with `rblk-target gen-key FILE`). Hosts with their own keys are set in the
+    /// config file. Without any key configured the daemon uses STATE_DIR/target.key, made at
+    /// its first start; `rblk` on the same host finds it there.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     pub key_file: Option<PathBuf>,
+    /// Serve without authentication when no key is configured: every initiator that reaches
+    /// the port may open every volume without an access list (the protocol's keyless sequence,
+    /// HELLO then OPEN). Warned about at every start.
+    #[arg(long)]
+    pub allow_any_host: bool,
     /// Directory where durable volumes keep their instance identity across a clean shutdown
     /// (one small file per volume, removed at start: after a crash, or when the backing store
     /// was replaced or resized, the identity is new, and reconnecting initiators report their
@@ -124,6 +132,13 @@ pub enum Command {
     /// file again, which removes volumes added here and adds back volumes removed here. Exits
     /// non-zero with the daemon's reason when it refuses.
     Admin(Admin),
+    /// Write a new key to FILE: 64 hex digits (256 random bits) and a newline, mode 0600.
+    /// Refuses to overwrite an existing file. Copy it (keeping mode 0600) to the initiators
+    /// that may connect and name it with their --key-file.
+    GenKey {
+        /// Where to write it.
+        file: PathBuf,
+    },
 }
 
 /// `rblk-target admin`.
@@ -165,6 +180,80 @@ pub enum AdminOp {
     },
 }
 
+impl Args {
+    /// The effective configuration: the file, then the flags on top (at start and at each
+    /// reload). The default volume vol0 only when there is neither a config file nor a
+    /// `--volume`: a config file without volumes starts empty.
+    pub fn effective(&self) -> Result<File, ConfigError> {
+        let mut file = match &self.config {
+            Some(path) => File::read(path)?,
+            None => File::default(),
+        };
+        if let Some(listen) = self.listen {
+            file.listen = Some(listen.to_string());
+        }
+        if let Some(metrics) = self.metrics {
+            file.metrics = Some(metrics.to_string());
+        }
+        if self.admin_socket.is_some() {
+            file.admin_socket.clone_from(&self.admin_socket);
+        }
+        if file.admin_socket.is_none() {
+            file.admin_socket = Some(crate::admin::DEFAULT_SOCKET.into());
+        }
+        if self.device.is_some() {
+            file.device.clone_from(&self.device);
+        }
+        if self.key_file.is_some() {
+            file.key_file.clone_from(&self.key_file);
+        }
+        if self.allow_any_host {
+            file.allow_any_host = Some(true);
+        }
+        if self.state_dir.is_some() {
+            file.state_dir.clone_from(&self.state_dir);
+        }
+        let limits = [
+            (&mut file.max_unopened, self.max_unopened),
+            (&mut file.max_unopened_per_addr, self.max_unopened_per_addr),
+            (&mut file.max_sessions, self.max_sessions),
+            (&mut file.max_sessions_per_host, self.max_sessions_per_host),
+        ];
+        for (field, flag) in limits {
+            if let Some(n) = flag {
+                *field = Some(usize::try_from(n).unwrap_or(usize::MAX));
+            }
+        }
+        if self.open_timeout.is_some() {
+            file.open_timeout = self.open_timeout;
+        }
+        if self.keepalive_timeout.is_some() {
+            file.keepalive_timeout = self.keepalive_timeout;
+        }
+        if self.memory_windows.is_some() {
+            file.memory_windows = self.memory_windows;
+        }
+        if file.state_dir.is_none() {
+            file.state_dir = Some(DEFAULT_STATE_DIR.into());
+        }
+        if !self.volumes.is_empty() {
+            file.volumes = self
+                .volumes
+                .iter()
+                .map(|v| FileVolume {
+                    name: v.name.clone(),
+                    size: v.size.into(),
+                    path: v.path.clone(),
+                    ..FileVolume::default()
+                })
+                .collect();
+        } else if self.config.is_none() {
+            file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), ..FileVolume::default() }];
+        }
+        Ok(file)
+    }
+}
+
 /// `--volume`, with the whole error chain in clap's message.
 fn volume_arg(s: &str) -> Result<VolumeSpec, String> {
     s.parse::<VolumeSpec>().map_err(|e| Chain(&e).to_string())
@@ -173,4 +262,37 @@ fn volume_arg(s: &str) -> Result<VolumeSpec, String> {
 fn parse_allow(s: &str) -> Result<(String, Grant), String> {
     let (host, mode) = s.split_once('=').ok_or_else(|| format!("{s:?}: expected HOST=ro|rw|exclusive"))?;
     Ok((host.to_owned(), mode.parse().map_err(|e: BadGrant| e.to_string())?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn effective(args: &[&str]) -> File {
+        Args::try_parse_from([&["rblk-target"], args].concat()).unwrap().effective().unwrap()
+    }
+
+    /// Would catch: the default vol0 served next to a config file's volumes, or instead of an
+    /// empty config's none (so that a daemon meant to get its volumes through `admin add`
+    /// serves a 1 GiB volume nobody asked for).
+    #[test]
+    fn vol0_only_without_config_and_volume_flags() {
+        let names = |f: &File| f.volumes.iter().map(|v| v.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&effective(&[])), ["vol0"], "no config, no --volume");
+        assert_eq!(names(&effective(&["--volume", "a:4k"])), ["a"]);
+        let dir = std::env::temp_dir().join(format!("rblk-cli-effective-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("empty.toml");
+        std::fs::write(&empty, "").unwrap();
+        let empty = empty.to_str().unwrap();
+        assert!(effective(&["--config", empty]).volumes.is_empty(), "an empty config starts empty");
+        let cfg = effective(&["--config", empty, "--allow-any-host", "--state-dir", "/nonexistent"]);
+        let server = cfg.server_config().expect("an empty config is a valid one");
+        assert!(server.volumes.is_empty());
+        let hosts = dir.join("hosts.toml");
+        std::fs::write(&hosts, "[[host]]\nname = \"db1\"\n").unwrap();
+        assert!(effective(&["--config", hosts.to_str().unwrap()]).volumes.is_empty(), "hosts but no volumes");
+        assert_eq!(names(&effective(&["--config", empty, "--volume", "b:4k"])), ["b"]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -7,7 +7,9 @@
 //! metrics = "127.0.0.1:9442"     # Prometheus endpoint (GET /metrics); default: none
 //! admin_socket = "/run/rblk-target/admin.sock"   # rblk-target admin (default); "none": off
 //! device = "mlx5_0"              # accept connections on this RDMA device only
-//! key_file = "/etc/rblk/key"     # shared key: any host that holds it may connect
+//! key_file = "/etc/rblk/key"     # shared key: any host that holds it may connect (without
+//!                                # any key: STATE_DIR/target.key, made at the first start)
+//! allow_any_host = false         # true: no key at all, every initiator gets in
 //! state_dir = "/var/lib/rblk"    # durable volumes' identities across clean shutdowns (default)
 //! open_timeout = 10              # seconds a connection may take to open a session (default)
 //! keepalive_timeout = 15         # seconds of silence (or a stuck keepalive) that end one
@@ -63,7 +65,8 @@ pub struct Config {
     /// Volumes to serve.
     pub volumes: Vec<VolumeSpec>,
     /// Shared key: any host that proves it may connect. Without it and without host keys the
-    /// target serves anyone.
+    /// target serves anyone: the daemon builds such a configuration only under
+    /// `allow_any_host` ([`File::key_source`]).
     pub key: Option<Vec<u8>>,
     /// Known hosts and their own keys (see [`crate::access`]).
     pub hosts: Vec<HostSpec>,
@@ -278,9 +281,15 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// A key file with nothing but whitespace.
-    #[error("key file {} is empty", .0.display())]
-    EmptyKey(std::path::PathBuf),
+    /// The generated key could not be made.
+    #[error("cannot create the key {}{}", path.display(), if source.kind() == std::io::ErrorKind::PermissionDenied || source.kind() == std::io::ErrorKind::ReadOnlyFilesystem { ": the state directory is not writable by this user (run as root, pass a writable --state-dir, configure key_file, or serve without keys with --allow-any-host)" } else { "" })]
+    KeyCreate {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The config file cannot be read.
     #[error("reading config {}", path.display())]
     Read {
@@ -481,17 +490,26 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, ConfigError> {
         .map_err(|_| ConfigError::Listen(s.to_owned()))
 }
 
-/// Reads a pre-shared key file: its bytes without trailing whitespace (so `echo key > file`
-/// works); an empty key is refused.
+/// Reads a key file with the project's one reader ([`rblk_fabric::keyfile::read`]): at least
+/// [`MIN_KEY_LEN`](rblk_fabric::keyfile::MIN_KEY_LEN) bytes without trailing whitespace, in a
+/// file that group and others cannot read.
 pub fn read_key_file(path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::KeyFile { path: path.to_owned(), source })?;
-    key_from_bytes(&bytes).ok_or_else(|| ConfigError::EmptyKey(path.to_owned()))
+    rblk_fabric::keyfile::read(path).map_err(|source| ConfigError::KeyFile { path: path.to_owned(), source })
 }
 
-/// A key from a key file's bytes: trailing whitespace removed; None when nothing is left.
-pub fn key_from_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
-    let key = bytes.trim_ascii_end();
-    (!key.is_empty()).then(|| key.to_vec())
+/// The key file the daemon makes and uses when no key is configured and any host is not
+/// allowed: `STATE_DIR/target.key`.
+pub const GENERATED_KEY: &str = "target.key";
+
+/// Where the daemon's key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// `key_file` or `[[host]]` keys, as configured.
+    Configured,
+    /// The generated key in the state dir, made at the first start (see [`GENERATED_KEY`]).
+    Generated(std::path::PathBuf),
+    /// No key: `allow_any_host`, every initiator that reaches the port gets in.
+    AnyHost,
 }
 
 /// The config file (`--config`). Unknown keys are errors.
@@ -513,6 +531,9 @@ pub struct File {
     /// Pre-shared key file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<std::path::PathBuf>,
+    /// Serve without keys when none is configured (instead of the generated key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_any_host: Option<bool>,
     /// State directory (durable volumes' identities).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<std::path::PathBuf>,
@@ -649,7 +670,10 @@ impl File {
             admin_socket: self.admin_socket.clone().filter(|p| !is_off(p)),
             device: self.device.clone(),
             volumes: self.volume_specs()?,
-            key: self.key_file.as_deref().map(read_key_file).transpose()?,
+            key: match self.key_source() {
+                KeySource::Generated(path) => Some(read_key_file(&path)?),
+                _ => self.key_file.as_deref().map(read_key_file).transpose()?,
+            },
             hosts: self.host_specs()?,
             acls: self.acls(),
             state_dir: self.state_dir.clone(),
@@ -666,6 +690,34 @@ impl File {
         Ok(cfg)
     }
 
+    /// Where the key comes from: configured (`key_file`, or a `[[host]]` with a `key_file`),
+    /// none under `allow_any_host`, else the generated `STATE_DIR/target.key`.
+    pub fn key_source(&self) -> KeySource {
+        if self.key_file.is_some() || self.hosts.iter().any(|h| h.key_file.is_some()) {
+            KeySource::Configured
+        } else if self.allow_any_host == Some(true) {
+            KeySource::AnyHost
+        } else {
+            let dir = self.state_dir.as_deref().unwrap_or(std::path::Path::new(DEFAULT_STATE_DIR));
+            KeySource::Generated(dir.join(GENERATED_KEY))
+        }
+    }
+
+    /// Makes the generated key if this configuration uses it and it does not exist yet (a
+    /// start does this before [`File::server_config`]); true when it was made now. An existing
+    /// file is never replaced; a bad one is refused when it is read.
+    pub fn generate_key(&self) -> Result<bool, ConfigError> {
+        let KeySource::Generated(path) = self.key_source() else { return Ok(false) };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| ConfigError::KeyCreate { path: path.clone(), source })?;
+        }
+        match rblk_fabric::keyfile::generate(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(source) => Err(ConfigError::KeyCreate { path, source }),
+        }
+    }
+
     /// The effective configuration as TOML (`--print-config`).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
@@ -674,7 +726,8 @@ impl File {
 
 impl Config {
     /// Every check of the configuration that needs no hardware, so that `--check-config` on a
-    /// host without RDMA finds what a start would refuse: at least one volume; valid names and
+    /// host without RDMA finds what a start would refuse (no volume is fine: `rblk-target admin
+    /// add` adds them later): valid names and
     /// sizes (multiples of the block size); no volume twice; backing paths that can work (an
     /// existing file or block device, or a missing file in an existing directory) and no
     /// backing store shared by two volumes; a non-empty shared key; host names and access
@@ -685,9 +738,6 @@ impl Config {
     /// A backing store that exists but cannot be opened or is too small is found only when
     /// the volume is loaded, and refuses that volume, not the daemon.
     pub fn check(&self) -> Result<Policy, StartError> {
-        if self.volumes.is_empty() {
-            return Err(StartError::NoVolumes("none is configured".into()));
-        }
         let mut names = std::collections::HashSet::new();
         let mut backings: std::collections::HashMap<std::path::PathBuf, &str> = std::collections::HashMap::new();
         for v in &self.volumes {
@@ -817,7 +867,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rblk-config-check-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let check = |text: &str| {
-            toml::from_str::<File>(text).unwrap().server_config().map(|_| ()).map_err(|e| Chain(&e).to_string())
+            let text = format!("allow_any_host = true\n{text}");
+            toml::from_str::<File>(&text).unwrap().server_config().map(|_| ()).map_err(|e| Chain(&e).to_string())
         };
         let vol = |name: &str, extra: &str| format!("[[volume]]\nname = \"{name}\"\nsize = \"4k\"\n{extra}\n");
         assert_eq!(check(&(vol("a", "") + &vol("a", ""))), Err("volume a is configured twice".into()));
@@ -826,6 +877,7 @@ mod tests {
         assert!(err.contains("no-such.key"), "the missing key file is named: {err}");
         let empty = dir.join("empty.key");
         std::fs::write(&empty, "\n").unwrap();
+        std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let err = check(&format!("key_file = \"{}\"\n{}", empty.display(), vol("a", ""))).unwrap_err();
         assert!(err.contains("empty"), "{err}");
         let err = check(&format!("listen = \"10.0.0.1:abc\"\n{}", vol("a", ""))).unwrap_err();
@@ -847,7 +899,63 @@ mod tests {
         assert!(rblk_fabric::Chain(&cfg.check().unwrap_err())
             .to_string()
             .contains("\"gone\", which is not configured"));
-        assert!(Config { volumes: Vec::new(), ..Config::default() }.check().is_err());
+        assert!(Config { volumes: Vec::new(), ..Config::default() }.check().is_ok(), "an empty config starts empty");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Would catch: a daemon without any key configured serving anyone (instead of the key it
+    /// makes in the state dir), a short or group-readable key accepted at start, a bad
+    /// generated key replaced by a new one, or --allow-any-host not opening the target.
+    #[test]
+    fn keys_at_start() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("rblk-config-keys-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let state = dir.join("state");
+        let file = |extra: &str| {
+            let text = format!("state_dir = {:?}\n{extra}\n[[volume]]\nname = \"a\"\nsize = \"4k\"\n", state);
+            toml::from_str::<File>(&text).unwrap()
+        };
+        let generated = state.join(GENERATED_KEY);
+        let closed = file("");
+        assert_eq!(closed.key_source(), KeySource::Generated(generated.clone()));
+        assert!(closed.server_config().is_err(), "no key made yet: refused, not open");
+        assert!(closed.generate_key().unwrap(), "made at the first start (and its directory)");
+        let key = closed.server_config().unwrap().key.expect("the generated key is required");
+        assert_eq!(key.len(), 64);
+        assert!(!closed.generate_key().unwrap(), "kept at the next start");
+        assert_eq!(closed.server_config().unwrap().key, Some(key));
+        std::fs::set_permissions(&generated, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = Chain(&closed.server_config().unwrap_err()).to_string();
+        assert!(err.contains("target.key") && err.contains("chmod 600"), "{err}");
+        assert!(!closed.generate_key().unwrap(), "an existing bad key is not replaced");
+        assert_eq!(std::fs::metadata(&generated).unwrap().permissions().mode() & 0o777, 0o644);
+
+        let open = file("allow_any_host = true");
+        assert_eq!(open.key_source(), KeySource::AnyHost);
+        assert!(!open.server_config().unwrap().check().unwrap().auth_required(), "serves anyone");
+
+        let short = dir.join("short.key");
+        std::fs::write(&short, "0123456789abcdef0123456789abcde\n").unwrap();
+        std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let keyed = file(&format!("key_file = {short:?}"));
+        assert_eq!(keyed.key_source(), KeySource::Configured);
+        let err = Chain(&keyed.server_config().unwrap_err()).to_string();
+        assert!(err.contains("short.key") && err.contains("fewer than 32") && err.contains("gen-key"), "{err}");
+        let host = file(&format!("[[host]]\nname = \"db1\"\nkey_file = {short:?}"));
+        assert_eq!(host.key_source(), KeySource::Configured, "a host key is a configured key");
+        assert!(Chain(&host.server_config().unwrap_err()).to_string().contains("fewer than 32"));
+
+        // A state dir this user cannot write names --state-dir (root writes anywhere).
+        if !nix::unistd::geteuid().is_root() {
+            let locked = dir.join("locked");
+            std::fs::create_dir_all(&locked).unwrap();
+            std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o500)).unwrap();
+            let f = toml::from_str::<File>(&format!("state_dir = {locked:?}")).unwrap();
+            let err = Chain(&f.generate_key().unwrap_err()).to_string();
+            assert!(err.contains("--state-dir") && err.contains("not writable"), "{err}");
+            std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 

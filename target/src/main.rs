@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use rblk_target::config::{File as ConfigFile, FileVolume, DEFAULT_STATE_DIR};
+use rblk_target::config::{File as ConfigFile, FileVolume, KeySource};
 use rblk_target::notify;
 use rblk_target::server::{Running, Server};
 use rblk_target::start::StartError;
@@ -33,13 +33,23 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    if let Some(Command::Admin(admin)) = &args.command {
-        return run_admin(admin);
+    match &args.command {
+        Some(Command::Admin(admin)) => return run_admin(admin),
+        Some(Command::GenKey { file }) => return gen_key(file),
+        None => {}
     }
-    let file = effective(&args)?;
+    let file = args.effective()?;
     if args.print_config || args.check_config {
-        // Checked like a start would, so that a bad file does not print and exit 0.
-        file.server_config().map_err(anyhow::Error::from)?;
+        // Checked like a start would, so that a bad file does not print and exit 0; a key the
+        // first start would make is not made here.
+        let mut checked = file.clone();
+        if let KeySource::Generated(path) = file.key_source() {
+            if !path.exists() {
+                eprintln!("rblk-target: no key is configured: the first start makes {}", path.display());
+                checked.allow_any_host = Some(true);
+            }
+        }
+        checked.server_config().map_err(anyhow::Error::from)?;
         if args.check_config {
             println!("configuration OK");
         } else {
@@ -47,7 +57,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let created = file.generate_key()?;
     let cfg = file.server_config().map_err(anyhow::Error::from)?;
+    announce_key(&file, created);
     // Before the start: a signal during a long volume load waits instead of killing us, and
     // SIGHUP no longer ends the daemon.
     let mut signals =
@@ -73,8 +85,10 @@ fn run(args: Args) -> anyhow::Result<()> {
 fn reload(args: &Args, running: &Running) {
     tracing::info!("SIGHUP: reloading the configuration");
     notify::reloading();
-    let result = effective(args)
-        .and_then(|file| file.server_config().map_err(anyhow::Error::from))
+    let result = args
+        .effective()
+        .and_then(|file| file.server_config())
+        .map_err(anyhow::Error::from)
         .and_then(|cfg| running.reload_with(cfg, &mut notify::progress).map_err(anyhow::Error::from));
     let mut status = notify::serving(running.volumes().len(), running.local_addr());
     match result {
@@ -94,72 +108,42 @@ fn reload(args: &Args, running: &Running) {
     notify::ready(&status);
 }
 
-/// The effective configuration: the file, then the flags on top (at start and at each reload).
-fn effective(args: &Args) -> anyhow::Result<ConfigFile> {
-    let mut file = match &args.config {
-        Some(path) => ConfigFile::read(path).map_err(anyhow::Error::from)?,
-        None => ConfigFile::default(),
-    };
-    if let Some(listen) = args.listen {
-        file.listen = Some(listen.to_string());
-    }
-    if let Some(metrics) = args.metrics {
-        file.metrics = Some(metrics.to_string());
-    }
-    if args.admin_socket.is_some() {
-        file.admin_socket.clone_from(&args.admin_socket);
-    }
-    if file.admin_socket.is_none() {
-        file.admin_socket = Some(admin::DEFAULT_SOCKET.into());
-    }
-    if args.device.is_some() {
-        file.device.clone_from(&args.device);
-    }
-    if args.key_file.is_some() {
-        file.key_file.clone_from(&args.key_file);
-    }
-    if args.state_dir.is_some() {
-        file.state_dir.clone_from(&args.state_dir);
-    }
-    let limits = [
-        (&mut file.max_unopened, args.max_unopened),
-        (&mut file.max_unopened_per_addr, args.max_unopened_per_addr),
-        (&mut file.max_sessions, args.max_sessions),
-        (&mut file.max_sessions_per_host, args.max_sessions_per_host),
-    ];
-    for (field, flag) in limits {
-        if let Some(n) = flag {
-            *field = Some(usize::try_from(n).unwrap_or(usize::MAX));
+/// Says at every start who may connect: where the generated key is and how to give it to a
+/// remote initiator, or that any host may.
+fn announce_key(file: &ConfigFile, created: bool) {
+    match file.key_source() {
+        KeySource::Generated(path) => {
+            let path = path.display();
+            if created {
+                eprintln!(
+                    "rblk-target: no key is configured, so initiators must now prove the key this start made in {path} \
+                     (initiators without it are refused; to serve every host without a key, as before, start with \
+                     --allow-any-host)"
+                );
+            }
+            eprintln!(
+                "rblk-target: initiators must prove the key in {path}: `rblk` on this host reads it there; copy it to \
+                 a remote host keeping it private (scp -p {path} HOST:/etc/rblk/target.key, mode 0600) and give it \
+                 there with --key-file /etc/rblk/target.key or RBLK_KEY_FILE"
+            );
         }
+        KeySource::AnyHost => tracing::warn!(
+            "--allow-any-host (allow_any_host = true): no key, so ANY initiator that reaches the port may open \
+             every volume without an access list"
+        ),
+        KeySource::Configured if file.allow_any_host == Some(true) => {
+            tracing::warn!("allow_any_host has no effect: keys are configured, and initiators must prove them")
+        }
+        KeySource::Configured => {}
     }
-    if args.open_timeout.is_some() {
-        file.open_timeout = args.open_timeout;
-    }
-    if args.keepalive_timeout.is_some() {
-        file.keepalive_timeout = args.keepalive_timeout;
-    }
-    if args.memory_windows.is_some() {
-        file.memory_windows = args.memory_windows;
-    }
-    if file.state_dir.is_none() {
-        file.state_dir = Some(DEFAULT_STATE_DIR.into());
-    }
-    if !args.volumes.is_empty() {
-        file.volumes = args
-            .volumes
-            .iter()
-            .map(|v| FileVolume {
-                name: v.name.clone(),
-                size: v.size.into(),
-                path: v.path.clone(),
-                ..FileVolume::default()
-            })
-            .collect();
-    }
-    if file.volumes.is_empty() {
-        file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), ..FileVolume::default() }];
-    }
-    Ok(file)
+}
+
+/// `rblk-target gen-key FILE`.
+fn gen_key(path: &std::path::Path) -> anyhow::Result<()> {
+    rblk_fabric::keyfile::generate(path)
+        .with_context(|| format!("writing a new key to {} (an existing file is never overwritten)", path.display()))?;
+    eprintln!("rblk-target: wrote a new key to {} (mode 0600)", path.display());
+    Ok(())
 }
 
 /// `rblk-target admin ...`: one request to the running daemon.

@@ -83,7 +83,7 @@ impl Server {
                 }
             }
         }
-        if volumes.is_empty() {
+        if volumes.is_empty() && !refused.is_empty() {
             return Err(StartError::NoVolumes(refused.into_values().collect::<Vec<_>>().join("; ")));
         }
         let listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())

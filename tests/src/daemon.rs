@@ -31,13 +31,15 @@ pub struct Daemon {
 }
 
 /// `--admin-socket none` unless the test chose one: daemons of one test run side by side, and
-/// the default path is one per host.
-fn admin_socket(args: &[&str]) -> &'static [&'static str] {
-    if args.iter().any(|a| a.starts_with("--admin-socket")) {
-        &[]
-    } else {
-        &["--admin-socket", "none"]
+/// the default path is one per host. And `--allow-any-host`: tests without a key of their own
+/// connect without one, as before keys became the default (keys a test configures still
+/// apply); [`Daemon::start_as_configured`] starts the daemon with `args` alone.
+fn defaults(args: &[&str]) -> Vec<&'static str> {
+    let mut defaults = vec!["--allow-any-host"];
+    if !args.iter().any(|a| a.starts_with("--admin-socket")) {
+        defaults.extend(["--admin-socket", "none"]);
     }
+    defaults
 }
 
 /// A port unlikely to collide between tests of one run.
@@ -56,10 +58,19 @@ impl Daemon {
 
     /// [`Daemon::start`] on a given address (a restart where the last one listened).
     pub fn start_at(addr: SocketAddr, args: &[&str]) -> Daemon {
+        Daemon::start_exactly(addr, &[&defaults(args)[..], args].concat())
+    }
+
+    /// Starts `rblk-target --listen ADDR:PORT` with `args` and nothing else (no
+    /// `--allow-any-host`, the default admin socket), and waits until it listens.
+    pub fn start_as_configured(rdma: &Rdma, args: &[&str]) -> Daemon {
+        Daemon::start_exactly(SocketAddr::new(rdma.addr, port()), args)
+    }
+
+    fn start_exactly(addr: SocketAddr, args: &[&str]) -> Daemon {
         let mut child = Command::new(bin("rblk-target"))
             .arg("--listen")
             .arg(addr.to_string())
-            .args(admin_socket(args))
             .args(args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
@@ -95,7 +106,7 @@ impl Daemon {
         let mut child = Command::new(bin("rblk-target"))
             .arg("--listen")
             .arg(addr.to_string())
-            .args(admin_socket(args))
+            .args(defaults(args))
             .args(args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .envs(env.iter().copied())

@@ -43,7 +43,7 @@ impl Target {
                 }
                 if let Some(key) = &spec.key {
                     let path = std::env::temp_dir().join(format!("rblk-key-{}-{}", std::process::id(), next_port()));
-                    std::fs::write(&path, key).expect("write key file");
+                    write_key_file(&path, key);
                     args.push("--key-file".into());
                     args.push(path.display().to_string());
                 }
@@ -58,7 +58,7 @@ impl Target {
                         .iter()
                         .map(|(n, s)| VolumeSpec { name: (*n).into(), size: *s, path: None })
                         .collect(),
-                    key: spec.key.as_deref().and_then(rblk_target::config::key_from_bytes),
+                    key: spec.key.as_deref().map(|k| k.trim_ascii_end().to_vec()),
                     fabric: Fabric::Mem,
                     ..Config::default()
                 };
@@ -81,7 +81,9 @@ impl Target {
                 Target::Process(Daemon::start(&rdma, &["--config", &path, "--state-dir", "/tmp"]))
             }
             Fabric::Mem => {
-                let file: rblk_target::config::File = toml::from_str(toml).expect("test config parses");
+                let mut file: rblk_target::config::File = toml::from_str(toml).expect("test config parses");
+                // As the daemon under Daemon::start: keys only where the test configures them.
+                file.allow_any_host.get_or_insert(true);
                 let cfg = file.server_config().expect("test config is valid");
                 let cfg = Config {
                     listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), next_port()),
@@ -125,6 +127,14 @@ impl Target {
             Target::InProcess(_) => None,
         }
     }
+}
+
+/// Writes a key file as the daemon accepts it: mode 0600.
+pub fn write_key_file(path: &std::path::Path, key: &[u8]) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).expect("key file");
+    std::io::Write::write_all(&mut f, key).expect("write key file");
 }
 
 fn next_port() -> u16 {

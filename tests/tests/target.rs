@@ -133,7 +133,7 @@ fn out_of_range_read_kills_only_its_own_connection(fabric: Fabric) {
 fn with_a_key_wrong_and_missing_proofs_get_no_rkey(fabric: Fabric) {
     use hmac::Mac as _;
     // The daemon reads the key from a file and ignores the trailing newline.
-    let key = b"correct horse battery staple\n".to_vec();
+    let key = b"correct horse battery staple, and more\n".to_vec();
     let d = Target::start(fabric, &Spec { volumes: vec![("v", 4 * MIB as u64)], key: Some(key) });
     let mac = |key: &[u8], nonce: &[u8]| {
         let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
@@ -163,7 +163,7 @@ fn with_a_key_wrong_and_missing_proofs_get_no_rkey(fabric: Fabric) {
 
     let mut right = raw(&d);
     let nonce = challenge(&mut right);
-    let ok = right.request(&Message::Auth { mac: mac(b"correct horse battery staple", &nonce), host: None });
+    let ok = right.request(&Message::Auth { mac: mac(b"correct horse battery staple, and more", &nonce), host: None });
     assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))), "{ok:?}");
     let opened = right.request(&Message::Open { mode: OpenMode::ReadWrite, name: "v", resume: None });
     assert!(matches!(rblk_proto::parse(&opened), Ok((_, Message::Opened(_)))), "{opened:?}");

@@ -29,8 +29,8 @@ use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, FEATURE_FLUSH_RANGES
 use rblk_tests::raw::Raw;
 use rblk_tests::target::Target;
 
-const SHARED: &[u8] = b"the shared secret";
-const DB1: &[u8] = b"db1's own secret";
+const SHARED: &[u8] = b"the shared secret, 32 bytes or more";
+const DB1: &[u8] = b"db1's own secret, at least 32 bytes";
 
 rblk_tests::on_both_fabrics!(
     hosts_prove_their_own_keys_and_a_mac_binds_host_and_nonce,
@@ -47,7 +47,7 @@ fn key_file(key: &[u8]) -> PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let path = std::env::temp_dir().join(format!("rblk-trust-{}-{n}.key", std::process::id()));
-    std::fs::write(&path, key).expect("write key file");
+    rblk_tests::target::write_key_file(&path, key);
     path
 }
 

@@ -28,8 +28,10 @@ pub struct Args {
 /// How to reach the target; shared by every subcommand that connects.
 #[derive(Debug, clap::Args)]
 pub struct Connection {
-    /// Key file, for targets that require one: the target's shared key (its --key-file), or
-    /// this host's own key from the target's [[host]] entry. One line.
+    /// Key file, for targets that require one: the target's shared key (its --key-file, or the
+    /// STATE_DIR/target.key it made), or this host's own key from the target's [[host]] entry.
+    /// One line of at least 32 bytes, mode 0600. Default: /var/lib/rblk/target.key when it can
+    /// be read (a target on this host).
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     pub key_file: Option<PathBuf>,
     /// This host's identity for the target's access lists and per-host keys (like an NVMe host
@@ -141,6 +143,12 @@ pub enum Command {
     Attach(ublk::AttachArgs),
     Detach(ublk::DetachArgs),
     List(crate::list::ListArgs),
+    /// Write a new key to FILE: 64 hex digits (256 random bits) and a newline, mode 0600, as
+    /// `rblk-target gen-key` does. Refuses to overwrite an existing file.
+    GenKey {
+        /// Where to write it.
+        file: PathBuf,
+    },
 }
 
 fn size_arg(text: &str) -> Result<u64, String> {
@@ -199,6 +207,13 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Attach(args) => ublk::attach(args),
         Command::Detach(args) => ublk::detach(args),
         Command::List(args) => crate::list::list(args),
+        Command::GenKey { file } => {
+            Options::generate_key_file(&file).with_context(|| {
+                format!("writing a new key to {} (an existing file is never overwritten)", file.display())
+            })?;
+            eprintln!("rblk: wrote a new key to {} (mode 0600)", file.display());
+            Ok(())
+        }
     }
 }
 
@@ -293,9 +308,10 @@ pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
 impl Connection {
     /// The library's options for these flags, with `reconnect` as the reconnect policy.
     pub fn options(&self, reconnect: Reconnect) -> anyhow::Result<Options> {
-        let key = self.key_file.as_ref().map(Options::key_from_file).transpose()?;
+        let (key, key_files_tried) = Options::find_key(self.key_file.as_deref())?;
         let mut options = Options {
             key,
+            key_files_tried,
             host_id: self.host_id.clone(),
             timeout: Duration::from_secs(self.timeout),
             reconnect,
