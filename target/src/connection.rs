@@ -4,6 +4,7 @@
 //! and the end (disconnect, and out of the registry and its session).
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use rblk_proto::{ConnectData, Message, MSG_SIZE};
 use tracing::{debug, info, info_span, warn};
 
 use crate::config::Limits;
-use crate::control::{self, After, Reply, State};
+use crate::control::{self, After, Reply, State, WriteBack};
 use crate::registry::Shared;
 
 /// Why a connect request was refused.
@@ -160,6 +161,12 @@ struct Connection {
     counted_open: bool,
     /// Our keepalives' tag.
     tag: u32,
+    /// FLUSHes whose write-back runs (off this thread), with their tags, oldest first: they are
+    /// answered in order, and keepalives go on meanwhile.
+    flushes: VecDeque<(u32, WriteBack)>,
+    /// Requests that arrived behind a FLUSH whose write-back runs, other than FLUSH and
+    /// KEEPALIVE: served once the FLUSHes are answered, in the order they came.
+    deferred: VecDeque<Vec<u8>>,
 }
 
 /// Serves connection `conn` until it ends (see [`Connection`]).
@@ -193,6 +200,8 @@ impl Connection {
             malformed: 0,
             counted_open: false,
             tag: 0,
+            flushes: VecDeque::new(),
+            deferred: VecDeque::new(),
         }
     }
 
@@ -216,6 +225,7 @@ impl Connection {
         for c in &out[..n] {
             self.on_completion(c)?;
         }
+        self.answer_flushes()?;
         if !self.counted_open && self.protocol.is_open() {
             self.counted_open = true;
             self.shared.opened_or_gone(self.conn);
@@ -224,9 +234,10 @@ impl Connection {
         self.check_liveness()
     }
 
-    /// Only an initiator that promised keepalives can be silent for too long.
+    /// Only an initiator that promised keepalives can be silent for too long, and not while it
+    /// waits for a FLUSH's reply (it sends none then: they would only use up our RECVs).
     fn hears_keepalives(&self) -> bool {
-        self.protocol.features() & rblk_proto::FEATURE_KEEPALIVE != 0
+        self.protocol.features() & rblk_proto::FEATURE_KEEPALIVE != 0 && self.flushes.is_empty()
     }
 
     fn closing_by(&self) -> Option<Instant> {
@@ -257,7 +268,10 @@ impl Connection {
             if self.protocol.session().is_some_and(|s| s.is_replaced()) {
                 return Err("session replaced by a reconnect".into());
             }
-            return Err("peer disconnected".into());
+            if self.shared.take_woken(self.conn) {
+                return Err("peer disconnected".into());
+            }
+            // Else a write-back of ours finished.
         }
         Ok(n)
     }
@@ -297,10 +311,46 @@ impl Connection {
         Ok(())
     }
 
-    /// A control message of `len` bytes arrived in the buffer: handle it and reply.
+    /// A control message of `len` bytes arrived in the buffer: handle it and reply, or, behind a
+    /// FLUSH whose write-back runs, keep it for later (only FLUSH and KEEPALIVE are handled at
+    /// once: the initiator's other requests keep their order with its FLUSHes).
     fn on_message(&mut self, len: usize) -> Result<(), Reason> {
-        let (reply, after) =
-            control::handle(&self.shared, &self.peer, &mut self.ep, &mut self.protocol, &self.buf[..len]);
+        let bytes = &self.buf[..len];
+        let now = matches!(rblk_proto::parse(bytes), Ok((_, Message::Flush(_) | Message::Keepalive)));
+        if !self.flushes.is_empty() && !now {
+            self.deferred.push_back(bytes.to_vec());
+            return Ok(());
+        }
+        let bytes = self.buf;
+        self.handle(&bytes[..len])
+    }
+
+    /// Answers the FLUSHes whose write-back finished (in order), then serves the requests that
+    /// waited behind them.
+    fn answer_flushes(&mut self) -> Result<(), Reason> {
+        let mut answered = false;
+        while let Some((tag, flush)) = self.flushes.front() {
+            let Some(reply) = control::flushed(&self.shared, flush) else { break };
+            let tag = *tag;
+            self.flushes.pop_front();
+            self.reply(tag, reply)?;
+            answered = true;
+        }
+        if answered && self.flushes.is_empty() {
+            // It sent nothing while it waited for the reply.
+            self.liveness.heard(Instant::now());
+        }
+        while self.flushes.is_empty() {
+            let Some(bytes) = self.deferred.pop_front() else { break };
+            self.handle(&bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Handles one message and replies.
+    fn handle(&mut self, bytes: &[u8]) -> Result<(), Reason> {
+        let len = bytes.len();
+        let (reply, after) = control::handle(&self.shared, &self.peer, &mut self.ep, &mut self.protocol, bytes);
         // Time spent serving a request (a FLUSH's write-back can take minutes) is neither the
         // initiator's silence (it waits for our reply meanwhile) nor a stuck keepalive of ours
         // (its completion waits in the CQ, unpolled).
@@ -315,7 +365,7 @@ impl Connection {
                 thread::sleep(delay);
             }
         }
-        let reply_tag = rblk_proto::peek_tag(&self.buf[..len]).unwrap_or(0);
+        let reply_tag = rblk_proto::peek_tag(&bytes[..len]).unwrap_or(0);
         self.reply(reply_tag, reply)?;
         match after {
             After::Continue => {}
@@ -343,6 +393,10 @@ impl Connection {
     fn reply(&mut self, tag: u32, reply: Reply) -> Result<(), Reason> {
         let sent = match reply {
             Reply::None => Ok(false),
+            Reply::WriteBack(flush) => {
+                self.flushes.push_back((tag, flush));
+                Ok(false)
+            }
             Reply::Msg(m) => self.channel.send(&mut self.ep, tag, &m).map(|()| true),
             Reply::List { total, entries } => {
                 self.channel.send(&mut self.ep, tag, &Message::ListReply { total, entries: &entries }).map(|()| true)
@@ -408,7 +462,10 @@ impl Connection {
     /// Disconnects, and takes the connection out of the registry and of its session.
     fn end(self, reason: Reason) {
         info!(%reason, "disconnecting");
-        let Connection { shared, conn, mut ep, channel, protocol, .. } = self;
+        let Connection { shared, conn, mut ep, channel, protocol, flushes, .. } = self;
+        for (_, flush) in flushes {
+            control::abandoned(&shared, flush);
+        }
         if let Some(session) = protocol.session() {
             session.unbind(conn);
         }
@@ -420,6 +477,7 @@ impl Connection {
         shared.remove_connection(conn);
         shared.opened_or_gone(conn);
         shared.take_evicted(conn);
+        shared.take_woken(conn);
         if let Some(session) = protocol.session() {
             if session.leave(conn) && !session.is_replaced() {
                 info!(session = session.id, "last connection gone: deregistering");

@@ -69,6 +69,8 @@ pub enum Reply {
     Msg(Message<'static>),
     /// An ERROR.
     Error(ErrorCode, String),
+    /// Nothing yet: the FLUSH's write-back runs; the reply is [`flushed`]'s once it finished.
+    WriteBack(WriteBack),
     /// A LIST_REPLY.
     List {
         /// Volumes the host may open.
@@ -228,7 +230,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
         (Message::Stats, _) => (Reply::Error(ErrorCode::NotOpen, "STATS before OPEN".into()), After::Refused),
         (Message::Flush(flush), State::Open { session }) => {
             let session = Arc::clone(session);
-            (flush_volume(shared, &session, flush), After::Continue)
+            (flush_volume(shared, ep, &session, flush), After::Continue)
         }
         (Message::Close, State::Open { session }) => {
             session.release();
@@ -250,24 +252,12 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
     }
 }
 
-/// FLUSH: RAM volumes answer at once (an ordering point, flagged volatile); durable ones write
-/// the ranges back and fdatasync first. A failed write-back fails the volume for good.
-fn flush_volume(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Reply {
-    if let Some(hook) = &shared.fixed.flush_hook {
-        hook.pass();
-    }
-    let start = std::time::Instant::now();
-    let reply = write_back(shared, session, flush);
-    if let Some(hook) = &shared.fixed.flush_hook {
-        hook.answered_with(flush, &reply);
-    }
-    let c = &shared.counters;
-    c.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    c.flush_seconds.observe(start.elapsed().as_secs_f64());
-    reply
-}
-
-fn write_back(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Reply {
+/// FLUSH: RAM volumes answer at once (an ordering point, flagged volatile), and so do
+/// read-only sessions (they wrote nothing: nothing of theirs to write back). For the others the
+/// volume writes the ranges back and fdatasyncs off this thread ([`Reply::WriteBack`]; the
+/// connection answers with [`flushed`] once that is done). A failed write-back fails the
+/// volume for good.
+fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: Flush<'_>) -> Reply {
     let volume = &session.volume;
     let size = volume.size();
     let ranges: Vec<(u64, u64)> = match flush {
@@ -280,17 +270,58 @@ fn write_back(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Repl
             ranges.iter().map(|r| (r.offset(), r.len())).collect()
         }
     };
-    let Some(backing) = &volume.backing else {
-        return Reply::Msg(Message::Flushed { flags: FlushedFlags::VOLATILE });
+    let hook = shared.fixed.flush_hook.as_ref();
+    let answer = |reply: Reply| {
+        shared.counters.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.counters.flush_seconds.observe(0.0);
+        reply
     };
-    if backing.failed() {
+    if let Some(backing) = volume.backing.as_ref().filter(|b| b.failed()) {
         let text = format!("volume {} failed: writing to {} failed earlier", volume.name, backing.path().display());
-        return Reply::Error(ErrorCode::VolumeFailed, text);
+        return answer(Reply::Error(ErrorCode::VolumeFailed, text));
     }
-    match backing.flush(&volume.memory, &ranges) {
+    if session.mode == OpenMode::ReadOnly || (volume.is_volatile() && hook.is_none()) {
+        let flags = if volume.is_volatile() { FlushedFlags::VOLATILE } else { FlushedFlags::empty() };
+        return answer(Reply::Msg(Message::Flushed { flags }));
+    }
+    if let Some(hook) = hook {
+        hook.arrived();
+    }
+    let bytes = ranges.iter().map(|(_, len)| len).sum();
+    let ticket = volume.write_back(&ranges, ep.waker(), hook.cloned());
+    let covered = match flush {
+        Flush::All => None,
+        Flush::Ranges(_) => Some(ranges.iter().map(|&(offset, len)| (offset, offset + len)).collect()),
+    };
+    Reply::WriteBack(WriteBack {
+        volume: Arc::clone(volume),
+        ticket,
+        bytes,
+        covered,
+        started: std::time::Instant::now(),
+    })
+}
+
+/// A FLUSH whose write-back runs (see [`Volume::write_back`](crate::volume::Volume::write_back)).
+#[derive(Debug)]
+pub struct WriteBack {
+    volume: Arc<crate::volume::Volume>,
+    ticket: crate::persist::Ticket,
+    /// The bytes it asked for.
+    bytes: u64,
+    /// Its `(start, end)` ranges, None for the whole volume (for the [`FlushHook`]).
+    covered: Option<Vec<(u64, u64)>>,
+    started: std::time::Instant,
+}
+
+/// The reply to `flush` once its write-back finished; None while it runs.
+pub(crate) fn flushed(shared: &Shared, flush: &WriteBack) -> Option<Reply> {
+    let result = flush.volume.written_back(flush.ticket)?;
+    let volume = &flush.volume;
+    let reply = match result {
+        Ok(()) if volume.is_volatile() => Reply::Msg(Message::Flushed { flags: FlushedFlags::VOLATILE }),
         Ok(()) => {
-            let bytes: u64 = ranges.iter().map(|(_, len)| len).sum();
-            shared.counters.written_back_bytes.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+            shared.counters.written_back_bytes.fetch_add(flush.bytes, std::sync::atomic::Ordering::Relaxed);
             Reply::Msg(Message::Flushed { flags: FlushedFlags::empty() })
         }
         Err(e) => {
@@ -298,6 +329,20 @@ fn write_back(shared: &Shared, session: &Arc<Session>, flush: Flush<'_>) -> Repl
             shared.fail_volume(volume);
             Reply::Error(ErrorCode::VolumeFailed, format!("volume {} failed: {e}", volume.name))
         }
+    };
+    if let Some(hook) = &shared.fixed.flush_hook {
+        hook.answered_with(flush.covered.clone(), &reply);
+    }
+    let c = &shared.counters;
+    c.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    c.flush_seconds.observe(flush.started.elapsed().as_secs_f64());
+    Some(reply)
+}
+
+/// A FLUSH given up (its connection ended before its write-back finished).
+pub(crate) fn abandoned(shared: &Shared, _flush: WriteBack) {
+    if let Some(hook) = &shared.fixed.flush_hook {
+        hook.gone();
     }
 }
 
@@ -506,12 +551,13 @@ impl State {
     }
 }
 
-/// A test hook on FLUSH: holds FLUSHes back, as a long write-back would (while it is held, a
-/// FLUSH waits on its connection's thread before it writes anything back; other connections go
-/// on), and records what every FLUSH answered FLUSHED covered. Set it in
-/// [`Config::flush_hook`](crate::config::Config::flush_hook); the initiator's tests use it to show that a
-/// FLUSH in flight stops nothing else, and that a FLUSH completes only after write-backs that
-/// cover every write completed before it.
+/// A test hook on FLUSH: holds write-back passes back, as a slow backing store would (while it
+/// is held, a pass waits before it writes anything back; connections go on, FLUSHes arriving
+/// meanwhile wait for the next pass), counts the passes, and records what every FLUSH answered
+/// FLUSHED covered. With it, RAM volumes' FLUSHes go through write-back passes too (that write
+/// nothing). Set it in [`Config::flush_hook`](crate::config::Config::flush_hook); the
+/// initiator's tests use it to show that a FLUSH in flight stops nothing else, and that a FLUSH
+/// completes only after write-backs that cover every write completed before it.
 #[doc(hidden)]
 #[derive(Debug, Clone, Default)]
 pub struct FlushHook(Arc<(std::sync::Mutex<HookState>, std::sync::Condvar)>);
@@ -520,6 +566,7 @@ pub struct FlushHook(Arc<(std::sync::Mutex<HookState>, std::sync::Condvar)>);
 struct HookState {
     held: bool,
     waiting: usize,
+    passes: u64,
     /// Per FLUSH answered FLUSHED: its `(start, end)` ranges, or None for the whole volume.
     answered: Vec<Option<Vec<(u64, u64)>>>,
 }
@@ -529,20 +576,25 @@ impl FlushHook {
         self.0 .0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Holds FLUSHes from now on.
+    /// Holds write-back passes from now on.
     pub fn hold(&self) {
         self.state().held = true;
     }
 
-    /// Lets the waiting FLUSHes (and later ones) through.
+    /// Lets the waiting pass (and later ones) through.
     pub fn release(&self) {
         self.state().held = false;
         self.0 .1.notify_all();
     }
 
-    /// FLUSHes waiting now.
+    /// FLUSHes waiting for their write-back now.
     pub fn waiting(&self) -> usize {
         self.state().waiting
+    }
+
+    /// Write-back passes started so far (held ones included).
+    pub fn passes(&self) -> u64 {
+        self.state().passes
     }
 
     /// What the FLUSHes answered FLUSHED so far covered, in the order they were answered.
@@ -550,23 +602,29 @@ impl FlushHook {
         self.state().answered.clone()
     }
 
-    fn pass(&self) {
+    fn arrived(&self) {
+        self.state().waiting += 1;
+    }
+
+    fn gone(&self) {
         let mut st = self.state();
-        st.waiting += 1;
+        st.waiting = st.waiting.saturating_sub(1);
+    }
+
+    /// A pass starts: waits while held.
+    pub(crate) fn pass(&self) {
+        let mut st = self.state();
+        st.passes += 1;
         while st.held {
             st = self.0 .1.wait(st).unwrap_or_else(|p| p.into_inner());
         }
-        st.waiting -= 1;
     }
 
-    fn answered_with(&self, flush: Flush<'_>, reply: &Reply) {
-        if !matches!(reply, Reply::Msg(Message::Flushed { .. })) {
-            return;
+    fn answered_with(&self, covered: Option<Vec<(u64, u64)>>, reply: &Reply) {
+        let mut st = self.state();
+        st.waiting = st.waiting.saturating_sub(1);
+        if matches!(reply, Reply::Msg(Message::Flushed { .. })) {
+            st.answered.push(covered);
         }
-        let ranges = match flush {
-            Flush::All => None,
-            Flush::Ranges(r) => Some(r.iter().map(|r| (r.offset(), r.offset() + r.len())).collect()),
-        };
-        self.state().answered.push(ranges);
     }
 }

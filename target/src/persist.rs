@@ -5,6 +5,10 @@
 //! bypass the page tables, so the kernel would never learn they are dirty. Instead FLUSH copies
 //! the ranges an initiator wrote (it tracks them; one-sided writes are invisible here) to the
 //! backing store, reaps every write, then fdatasyncs, and only then is FLUSHED sent.
+//!
+//! FLUSHes of one volume are group-committed ([`Group`]): one write-back pass runs at a time,
+//! off the connections' threads, and each pass takes every range asked for while the one before
+//! it ran.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
@@ -12,10 +16,10 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::Memory;
+use rblk_fabric::{Memory, Waker};
 
 use crate::uring::{Dir, Ring};
 
@@ -199,6 +203,119 @@ impl Backing {
     }
 }
 
+/// Group commit of one volume's FLUSHes. A FLUSH adds its ranges to the next write-back pass
+/// and waits for that pass to finish; one pass runs at a time, and each takes every range added
+/// while the one before it ran. So concurrent FLUSHes share one pass instead of queueing a pass
+/// each, and a FLUSH is covered by a pass that started after it arrived (a pass already running
+/// when it arrives may have copied the memory before its writes were made).
+#[derive(Debug, Default)]
+pub struct Group {
+    state: Mutex<GroupState>,
+    finished: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GroupState {
+    /// Ranges of the FLUSHes that wait for the next pass.
+    pending: Vec<(u64, u64)>,
+    /// Passes started and finished (pass `n` is the `n`th, from 1).
+    started: u64,
+    finished: u64,
+    /// A runner ([`Group::run`]) is at work.
+    running: bool,
+    /// The first pass that failed, and why.
+    failed: Option<(u64, String)>,
+    /// Who to wake when pass `n` finished.
+    wakers: Vec<(u64, Waker)>,
+}
+
+/// A FLUSH's place in its volume's [`Group`]: the pass that covers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
+
+/// Pending ranges past which they are merged as they arrive (a flood of FLUSHes during a long
+/// pass stays one short list).
+const PENDING_MERGE: usize = 1024;
+
+impl Group {
+    fn state(&self) -> std::sync::MutexGuard<'_, GroupState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds `ranges` to the next pass; `waker` is woken once that pass finished. Returns its
+    /// ticket, and true when no runner is at work: then the caller must call [`Group::run`]
+    /// (on a thread of its own, or its own thread).
+    pub fn enqueue(&self, ranges: &[(u64, u64)], waker: Option<Waker>) -> (Ticket, bool) {
+        let mut st = self.state();
+        st.pending.extend_from_slice(ranges);
+        if st.pending.len() > PENDING_MERGE {
+            st.pending = coalesce(std::mem::take(&mut st.pending), u64::MAX);
+        }
+        let ticket = st.started + 1;
+        if let Some(w) = waker {
+            st.wakers.push((ticket, w));
+        }
+        let start = !st.running;
+        st.running = true;
+        (Ticket(ticket), start)
+    }
+
+    /// Runs passes with `pass` while FLUSHes wait for one, then stops (the next
+    /// [`enqueue`](Group::enqueue) asks for a new runner).
+    pub fn run(&self, mut pass: impl FnMut(Vec<(u64, u64)>) -> io::Result<()>) {
+        let mut st = self.state();
+        while !st.pending.is_empty() {
+            let ranges = std::mem::take(&mut st.pending);
+            st.started += 1;
+            let n = st.started;
+            drop(st);
+            let result = pass(ranges);
+            st = self.state();
+            st.finished = n;
+            if let Err(e) = result {
+                st.failed.get_or_insert((n, e.to_string()));
+            }
+            st.wakers.retain(|(t, w)| {
+                let done = *t <= n;
+                if done {
+                    w.wake();
+                }
+                !done
+            });
+            self.finished.notify_all();
+        }
+        st.running = false;
+    }
+
+    /// The outcome of the FLUSH holding `ticket`, once its pass finished.
+    pub fn result(&self, ticket: Ticket) -> Option<io::Result<()>> {
+        Self::outcome(&self.state(), ticket)
+    }
+
+    fn outcome(st: &GroupState, Ticket(t): Ticket) -> Option<io::Result<()>> {
+        (st.finished >= t).then(|| match &st.failed {
+            Some((n, why)) if *n <= t => Err(io::Error::other(why.clone())),
+            _ => Ok(()),
+        })
+    }
+
+    /// Waits for the pass that covers `ticket`.
+    pub fn wait(&self, ticket: Ticket) -> io::Result<()> {
+        let mut st = self.state();
+        loop {
+            if let Some(r) = Self::outcome(&st, ticket) {
+                return r;
+            }
+            st = self.finished.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Passes started so far.
+    pub fn passes(&self) -> u64 {
+        self.state().started
+    }
+}
+
 /// Sorts ranges, widens them to [`ALIGN`] (clamped to `limit`), and merges overlapping and
 /// adjacent ones; empty ranges vanish.
 pub fn coalesce(ranges: impl IntoIterator<Item = (u64, u64)>, limit: u64) -> Vec<(u64, u64)> {
@@ -226,6 +343,60 @@ pub fn coalesce(ranges: impl IntoIterator<Item = (u64, u64)>, limit: u64) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_flushes_share_the_next_pass() {
+        let g = std::sync::Arc::new(Group::default());
+        let (t1, start) = g.enqueue(&[(0, 4096)], None);
+        assert!(start, "nobody runs passes yet");
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let runner = {
+            let g = std::sync::Arc::clone(&g);
+            std::thread::spawn(move || {
+                let mut passes = Vec::new();
+                g.run(|ranges| {
+                    passes.push(ranges);
+                    entered_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    Ok(())
+                });
+                passes
+            })
+        };
+        entered.recv().unwrap();
+        // Three FLUSHes arrive while pass 1 runs: none is covered by it, all share pass 2.
+        let later: Vec<Ticket> = (1..4u64)
+            .map(|i| {
+                let (t, start) = g.enqueue(&[(i * 4096, 4096)], None);
+                assert!(!start, "a runner is at work");
+                t
+            })
+            .collect();
+        assert!(later.iter().all(|&t| t == later[0] && t != t1));
+        assert!(g.result(t1).is_none() && g.result(later[0]).is_none());
+        go.send(()).unwrap();
+        assert!(g.wait(t1).is_ok());
+        entered.recv().unwrap();
+        assert!(g.result(later[0]).is_none(), "pass 2 still runs");
+        go.send(()).unwrap();
+        let passes = runner.join().unwrap();
+        assert_eq!(passes, vec![vec![(0, 4096)], vec![(4096, 4096), (8192, 4096), (12288, 4096)]]);
+        assert_eq!(g.passes(), 2);
+        assert!(later.iter().all(|&t| g.wait(t).is_ok()));
+    }
+
+    #[test]
+    fn a_failed_pass_fails_its_flushes_and_later_ones() {
+        let g = Group::default();
+        let (t1, _) = g.enqueue(&[(0, 4096)], None);
+        g.run(|_| Err(io::Error::other("disk gone")));
+        let (t2, start) = g.enqueue(&[(0, 4096)], None);
+        assert!(start);
+        g.run(|_| Ok(()));
+        assert!(g.wait(t1).is_err());
+        assert!(g.wait(t2).unwrap_err().to_string().contains("disk gone"));
+    }
 
     #[test]
     fn coalescing() {

@@ -88,6 +88,9 @@ pub struct Shared {
     unopened: Mutex<std::collections::VecDeque<(u64, Option<IpAddr>)>>,
     /// Connections told to end to make room (see [`Config::max_unopened`]).
     evicted: Mutex<std::collections::HashSet<u64>>,
+    /// Connections woken by [`Shared::wake_connection`] (a disconnect or an eviction), told
+    /// apart from their own write-backs' wake-ups.
+    woken: Mutex<std::collections::HashSet<u64>>,
     /// Recent AUTH failures by peer address: how many, and the last one's time.
     auth_failures: Mutex<HashMap<Option<IpAddr>, (u32, Instant)>>,
     next_id: AtomicU64,
@@ -110,6 +113,7 @@ impl Shared {
             identity,
             unopened: Mutex::default(),
             evicted: Mutex::default(),
+            woken: Mutex::default(),
             auth_failures: Mutex::default(),
             sessions: Mutex::default(),
             domains: Mutex::default(),
@@ -162,8 +166,14 @@ impl Shared {
     /// Wakes connection `conn`, if it is live.
     pub(crate) fn wake_connection(&self, conn: u64) {
         if let Some(w) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&conn) {
+            self.woken.lock().unwrap_or_else(|p| p.into_inner()).insert(conn);
             w.wake();
         }
+    }
+
+    /// Whether [`Shared::wake_connection`] woke connection `conn`; forgets that it did.
+    pub(crate) fn take_woken(&self, conn: u64) -> bool {
+        self.woken.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn)
     }
 
     /// Wakes every live connection.

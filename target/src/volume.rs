@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use rblk_fabric::{Access, Memory, Pd};
 use rblk_proto::{OpenMode, VolumeId};
 
-use crate::persist::{Backing, BackingError};
+use crate::persist::{Backing, BackingError, Group, Ticket};
 use crate::session::{Counters, Registration};
 
 /// Why a volume could not be created or loaded.
@@ -37,6 +37,8 @@ pub struct Volume {
     /// This instance's identity, sent in OPENED: random at creation; a durable volume's is
     /// replaced by the one kept across a clean shutdown (see [`crate::identity`]).
     pub instance: VolumeId,
+    /// Its FLUSHes' write-back passes (see [`Volume::write_back`]).
+    writeback: Group,
     /// Open sessions by mode, for exclusivity.
     opens: Mutex<Opens>,
     /// The registration memory windows are bound to, by device (see [`Volume::region`]).
@@ -63,6 +65,7 @@ impl Volume {
             block_size,
             backing: None,
             instance: VolumeId(crate::session::random()),
+            writeback: Group::default(),
             opens: Mutex::default(),
             regions: Mutex::default(),
         })
@@ -91,6 +94,7 @@ impl Volume {
             block_size,
             backing: Some(backing),
             instance: VolumeId(crate::session::random()),
+            writeback: Group::default(),
             opens: Mutex::default(),
             regions: Mutex::default(),
         })
@@ -117,6 +121,52 @@ impl Volume {
         let r = Arc::new(Registration::new(mr, Arc::clone(counters)));
         regions.insert(pd.device().to_owned(), Arc::clone(&r));
         Ok(r)
+    }
+
+    /// Writes `ranges` back (group commit, see [`Group`]) on a thread of its own, started unless
+    /// one runs passes already, so that no connection's thread waits for the backing store;
+    /// `waker` is woken once the pass covering them finished ([`Volume::written_back`]).
+    /// `before_pass` (a test hook) runs at the start of every pass.
+    pub fn write_back(
+        self: &Arc<Self>,
+        ranges: &[(u64, u64)],
+        waker: rblk_fabric::Waker,
+        before_pass: Option<crate::control::FlushHook>,
+    ) -> Ticket {
+        let (ticket, start) = self.writeback.enqueue(ranges, Some(waker));
+        if start {
+            let v = Arc::clone(self);
+            let hook = before_pass.clone();
+            let spawned =
+                std::thread::Builder::new().name("rblk-writeback".into()).spawn(move || v.run_passes(hook.as_ref()));
+            if let Err(e) = spawned {
+                tracing::warn!(volume = %self.name, error = %e, "no thread for the write-back: it runs on the connection's");
+                self.run_passes(before_pass.as_ref());
+            }
+        }
+        ticket
+    }
+
+    /// The outcome of the write-back holding `ticket`, once it finished.
+    pub fn written_back(&self, ticket: Ticket) -> Option<std::io::Result<()>> {
+        self.writeback.result(ticket)
+    }
+
+    /// Write-back passes started so far (each may serve many FLUSHes).
+    pub fn write_back_passes(&self) -> u64 {
+        self.writeback.passes()
+    }
+
+    fn run_passes(&self, before_pass: Option<&crate::control::FlushHook>) {
+        self.writeback.run(|ranges| {
+            if let Some(hook) = before_pass {
+                hook.pass();
+            }
+            match &self.backing {
+                Some(b) => b.flush(&self.memory, &ranges),
+                None => Ok(()),
+            }
+        });
     }
 
     /// True for RAM volumes (FLUSH is only an ordering point).

@@ -13,7 +13,13 @@
 //!   nothing of its own to send completes only after the earlier FLUSH (which took the dirty
 //!   ranges) was answered, and fails when that one fails.
 //! - `a_flush_longer_than_the_keepalive_timeout_completes`: a FLUSH is bounded by the
-//!   session's liveness, not by a timeout of its own (see the test).
+//!   session's liveness, not by a timeout of its own, and a session with one connection stays
+//!   heard while its FLUSH is written back (see the test).
+//! - `concurrent_flushes_share_a_write_back_pass`: group commit. FLUSHes of one volume that
+//!   arrive while a pass runs all wait for the next pass, one for all of them, instead of a pass
+//!   each.
+//! - `a_read_only_flush_writes_nothing`: a read-only session's FLUSH (even `Flush::All`, again
+//!   and again) is answered at once, with no write-back pass, while a pass is held.
 //! - `an_idle_session_stays_heard`: who keeps the session's first queue pair heard once lanes no
 //!   longer FLUSH on it: their ticks (`Control::try_keepalive`). Without that, the target (its
 //!   keepalive timeout shortened to 3 s) drops the silent first queue pair and the session
@@ -69,12 +75,17 @@ impl Drop for Target {
 /// A target in this process with one RAM volume `v` and a FLUSH hook; `keepalive`: its keepalive
 /// timeout.
 fn target(keepalive: Duration) -> Target {
+    target_with(keepalive, None)
+}
+
+/// [`target`], with `v` durable on `path` when given.
+fn target_with(keepalive: Duration, path: Option<std::path::PathBuf>) -> Target {
     // In-process (the in-memory fabric's own table): unique within this process is enough.
     let port = 20000 + PORT.fetch_add(1, Ordering::Relaxed) % 40000;
     let hook = FlushHook::default();
     let cfg = Config {
         listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
-        volumes: vec![VolumeSpec { name: "v".into(), size: SIZE, path: None }],
+        volumes: vec![VolumeSpec { name: "v".into(), size: SIZE, path }],
         fabric: Fabric::Mem,
         keepalive_timeout: keepalive,
         flush_hook: Some(hook.clone()),
@@ -84,10 +95,30 @@ fn target(keepalive: Duration) -> Target {
 }
 
 fn engine(t: &Target, reconnect: Reconnect) -> Engine {
+    Engine::new(volume(t, OpenMode::ReadWrite, reconnect), 0).unwrap()
+}
+
+/// A session of its own on `v`: one connection.
+fn volume(t: &Target, mode: OpenMode, reconnect: Reconnect) -> rblk_initiator::Volume {
     let opts = Options { fabric: Fabric::Mem, timeout: Duration::from_secs(5), reconnect, ..Options::default() };
     let uri = format!("rblk://{}/v", t.running.local_addr());
-    let vol = Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
-    Engine::new(vol, 0).unwrap()
+    Session::connect(&uri, &opts).unwrap().open(mode).unwrap()
+}
+
+/// A fresh backing file for a durable `v`.
+fn backing_file(name: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("rblk-lifecycle-{}-{name}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// Waits (10 s at most) until `what` holds.
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let by = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < by, "{what}: not within 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn req(tag: u64, op: IoOp, offset: u64, len: u64, fua: bool) -> Request {
@@ -287,10 +318,16 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
     // meanwhile; the session is heard on lane b. Would catch: a FLUSH bounded by the control
     // timeout (10 s), the initiator taking the busy connection's silence for loss (or using up
     // the target's RECVs with keepalives), the target taking the time it spent writing back for
-    // the initiator's silence. Each of those ends in a reconnect or a failed FLUSH.
+    // the initiator's silence. Each of those ends in a reconnect or a failed FLUSH. Also a
+    // session of one connection (`solo`, as a `Volume` with the default options is), whose FLUSH
+    // waits at the target just as long: no other connection keeps it heard, so only the
+    // target's keepalives, sent while the write-back runs, do; a target whose connection thread
+    // wrote back itself fell silent, and the initiator took the connection for lost after 15 s.
     let _serial = serial();
     let t = target(Duration::from_secs(3));
     let e = std::sync::Arc::new(engine(&t, Reconnect::default()));
+    let mut solo = volume(&t, OpenMode::ReadWrite, Reconnect::default());
+    solo.write_at(&[3; 4096], 16384).unwrap();
     let mut a = e.lane(4, 4096).unwrap();
     let mut b = e.lane(4, 4096).unwrap();
     a.write_at(&[1; 4096], 0, false).unwrap();
@@ -303,6 +340,10 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
             e.flush()
         })
     };
+    let solo = std::thread::spawn(move || {
+        let r = solo.flush();
+        (r, solo)
+    });
     let until = Instant::now() + Duration::from_secs(17);
     while Instant::now() < until {
         // As the owners of every lane do: `rblk attach`'s queue threads, FUSE's ticker (the
@@ -313,12 +354,15 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
         assert!(a.next().is_none(), "the FLUSH finished while held");
         std::thread::sleep(Duration::from_millis(250));
     }
-    assert_eq!(t.hook.waiting(), 2, "both FLUSHes are at the target");
+    assert_eq!(t.hook.waiting(), 3, "the three FLUSHes are at the target");
     t.hook.release();
     let mut f = Vec::new();
     drive(&mut [&mut a], "the lane's FLUSH once released", |l| take(l[0], &mut f) && !f.is_empty());
     assert!(f[0].result.is_ok(), "{f:?}");
     sync.join().unwrap().expect("the FLUSH on the first queue pair");
+    let (r, solo) = solo.join().unwrap();
+    r.expect("the FLUSH of the session with one connection");
+    assert_eq!(solo.reconnects(), 0, "the session with one connection was taken for lost during its FLUSH");
     // A target that took its write-back time for our silence ends the connection right after
     // answering: look for a second.
     for _ in 0..8 {
@@ -330,6 +374,82 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
     assert_eq!(e.reconnects(), 0, "a connection was taken for lost while its FLUSH was written back");
     drop((a, b));
     std::sync::Arc::try_unwrap(e).expect("the only handle").close().unwrap();
+}
+
+#[test]
+fn concurrent_flushes_share_a_write_back_pass() {
+    // Five sessions of a durable volume FLUSH: the first one's pass is held, the other four
+    // arrive while it is. They all wait for the second pass, which starts once the first
+    // finished and covers them all (they arrived before it started). Would catch a pass per
+    // FLUSH (5 passes), and a FLUSH answered by the pass that ran when it arrived (answered while
+    // held).
+    let _serial = serial();
+    let path = backing_file("group");
+    let t = target_with(rblk_proto::KEEPALIVE_TIMEOUT, Some(path.clone()));
+    watchdog(60, move || {
+        let mut vols: Vec<_> = (0..5).map(|_| volume(&t, OpenMode::ReadWrite, Reconnect::NEVER)).collect();
+        for (i, v) in vols.iter_mut().enumerate() {
+            v.write_at(&[i as u8 + 1; 4096], i as u64 * BS).unwrap();
+        }
+        t.hook.hold();
+        let first = vols.remove(0);
+        let flush = |mut v: rblk_initiator::Volume| std::thread::spawn(move || (v.flush(), v));
+        let first = flush(first);
+        until("the first pass", || t.hook.passes() == 1);
+        let later: Vec<_> = vols.into_iter().map(flush).collect();
+        until("the later FLUSHes at the target", || t.hook.waiting() == 5);
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            t.hook.answered(),
+            Vec::<Option<Vec<(u64, u64)>>>::new(),
+            "a FLUSH was answered while the pass it needs is held"
+        );
+        assert_eq!(t.hook.passes(), 1, "a FLUSH started a pass of its own while one ran");
+        t.hook.release();
+        for f in std::iter::once(first).chain(later) {
+            let (r, _v) = f.join().unwrap();
+            assert!(!r.expect("FLUSH"), "durable");
+        }
+        assert_eq!(t.hook.passes(), 2, "the four later FLUSHes shared one pass");
+        assert_eq!(t.hook.answered().len(), 5);
+        let bytes = std::fs::read(&path).unwrap();
+        for i in 0..5u64 {
+            assert!(bytes[(i * BS) as usize..((i + 1) * BS) as usize].iter().all(|&b| b == i as u8 + 1));
+        }
+        drop(t);
+        let _ = std::fs::remove_file(&path);
+    });
+}
+
+#[test]
+fn a_read_only_flush_writes_nothing() {
+    // While a read-write session's pass is held, a read-only session FLUSHes the whole volume
+    // 100 times: each is answered at once with FLUSHED (durable), none starts or joins a pass.
+    // Would catch a read-only FLUSH that writes back (it would wait behind the held pass, and
+    // a flood of them would rewrite the whole volume again and again).
+    let _serial = serial();
+    let path = backing_file("read-only");
+    let t = target_with(rblk_proto::KEEPALIVE_TIMEOUT, Some(path.clone()));
+    watchdog(60, move || {
+        let mut rw = volume(&t, OpenMode::ReadWrite, Reconnect::NEVER);
+        let mut ro = volume(&t, OpenMode::ReadOnly, Reconnect::NEVER);
+        rw.write_at(&[7; 4096], 0).unwrap();
+        t.hook.hold();
+        let held = std::thread::spawn(move || (rw.flush(), rw));
+        until("the read-write session's pass", || t.hook.passes() == 1);
+        let started = Instant::now();
+        for _ in 0..100 {
+            assert!(!ro.flush_all().expect("a read-only FLUSH"), "durable");
+        }
+        assert_eq!(t.hook.passes(), 1, "a read-only FLUSH started a pass");
+        assert_eq!(t.hook.waiting(), 1, "only the read-write FLUSH waits");
+        eprintln!("100 read-only FLUSHes in {:?} while a pass was held", started.elapsed());
+        t.hook.release();
+        let (r, _rw) = held.join().unwrap();
+        r.expect("the read-write FLUSH");
+        drop(t);
+        let _ = std::fs::remove_file(&path);
+    });
 }
 
 // ---- the property test ----
