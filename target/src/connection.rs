@@ -316,8 +316,13 @@ impl Connection {
     /// once: the initiator's other requests keep their order with its FLUSHes).
     fn on_message(&mut self, len: usize) -> Result<(), Reason> {
         let bytes = &self.buf[..len];
-        let now = matches!(rblk_proto::parse(bytes), Ok((_, Message::Flush(_) | Message::Keepalive)));
-        if !self.flushes.is_empty() && !now {
+        if !self.flushes.is_empty()
+            && !matches!(rblk_proto::parse(bytes), Ok((_, Message::Flush(_) | Message::Keepalive)))
+        {
+            // As many as our RECVs could hold when requests were served one at a time.
+            if self.deferred.len() >= rblk_proto::RECV_COUNT {
+                return Err("too many requests behind a FLUSH".into());
+            }
             self.deferred.push_back(bytes.to_vec());
             return Ok(());
         }
@@ -351,9 +356,9 @@ impl Connection {
     fn handle(&mut self, bytes: &[u8]) -> Result<(), Reason> {
         let len = bytes.len();
         let (reply, after) = control::handle(&self.shared, &self.peer, &mut self.ep, &mut self.protocol, bytes);
-        // Time spent serving a request (a FLUSH's write-back can take minutes) is neither the
-        // initiator's silence (it waits for our reply meanwhile) nor a stuck keepalive of ours
-        // (its completion waits in the CQ, unpolled).
+        // Time spent serving a request (an OPEN's registration of a large volume; a FLUSH's
+        // write-back runs elsewhere) is neither the initiator's silence (it waits for our reply
+        // meanwhile) nor a stuck keepalive of ours (its completion waits in the CQ, unpolled).
         let now = Instant::now();
         self.liveness.heard(now);
         self.liveness.send_progress(now);

@@ -314,8 +314,8 @@ fn an_idle_session_stays_heard() {
 fn a_flush_longer_than_the_keepalive_timeout_completes() {
     // A write-back that takes 17 s: past the target's keepalive timeout (3 s here) and the
     // initiator's (KEEPALIVE_TIMEOUT, 15 s), on a lane and on the first queue pair at once. The
-    // target serves a connection's requests one at a time, so neither connection hears anything
-    // meanwhile; the session is heard on lane b. Would catch: a FLUSH bounded by the control
+    // initiator sends nothing on a connection that waits for a FLUSH's reply; the target keeps
+    // sending keepalives there, and the session is heard on lane b too. Would catch: a FLUSH bounded by the control
     // timeout (10 s), the initiator taking the busy connection's silence for loss (or using up
     // the target's RECVs with keepalives), the target taking the time it spent writing back for
     // the initiator's silence. Each of those ends in a reconnect or a failed FLUSH. Also a
