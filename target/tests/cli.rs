@@ -8,7 +8,10 @@ fn without_rdma_it_exits_non_zero_saying_no_device() {
         // On an RDMA host this test would start a real daemon; it belongs to RDMA-less hosts.
         panic!("this host has RDMA devices; run this test where there are none (CI host)");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_rblk-target")).output().unwrap();
+    // Its own state dir: the key a start makes goes there, not into this host's /var/lib/rblk.
+    let state = std::env::temp_dir().join(format!("rblk-cli-no-device-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_rblk-target")).arg("--state-dir").arg(&state).output().unwrap();
+    let _ = std::fs::remove_dir_all(&state);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no RDMA device found"), "stderr: {stderr}");

@@ -19,6 +19,13 @@
 //!   does not give room back when a session ends.
 //! - `repeated_auth_failures_are_slowed_not_refused`: key guessing at full speed, or an address
 //!   locked out for its failures (an honest host that mistyped its key must get in).
+//! - `rxe_default::a_peer_without_the_key_is_refused_and_the_generated_key_needs_no_flags`: a
+//!   daemon without any key configured serving anyone (the old default), a refusal other than
+//!   today's AuthRequired, a generated key `rblk` on the same host does not find by itself, or a
+//!   start log that does not say where the key is.
+//! - `rxe_default::allow_any_host_serves_the_keyless_sequence`: `--allow-any-host` not serving
+//!   the keyless sequence (HELLO, then OPEN, no AUTH) that older peers speak, or serving it
+//!   without a warning.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -242,4 +249,58 @@ fn list_needs_authentication_and_the_feature(fabric: Fabric) {
     let mut db1 = raw(&t);
     db1.login(Some(DB1), Some("db1")).unwrap();
     assert_eq!(list(&mut db1).unwrap(), (1, vec!["v".to_owned()]));
+}
+
+/// The real daemon with its defaults (no `--allow-any-host` from the test helpers), in the guest.
+mod rxe_default {
+    use std::process::Command;
+
+    use rblk_tests::daemon::{bin, Daemon};
+
+    /// `rblk-test-client keyless ADDR VOLUME`: its exit status and stdout.
+    fn keyless(d: &Daemon, volume: &str) -> (bool, String) {
+        let out = Command::new(bin("rblk-test-client"))
+            .args(["keyless", &d.addr.to_string(), volume])
+            .output()
+            .expect("run rblk-test-client");
+        eprintln!("rblk-test-client keyless: {out:?}");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    #[test]
+    #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+    fn a_peer_without_the_key_is_refused_and_the_generated_key_needs_no_flags() {
+        let rdma = rblk_tests::rxe::rdma();
+        let d = Daemon::start_as_configured(&rdma, &["--volume", "v:4M", "--admin-socket", "none"]);
+        let key = std::path::Path::new("/var/lib/rblk/target.key");
+        assert!(!d.log_lines(&["/var/lib/rblk/target.key", "scp -p"]).is_empty(), "the log says where the key is");
+        let meta = std::fs::metadata(key).expect("the daemon made its key");
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o600);
+        assert_eq!(meta.len(), 65, "64 hex digits and a newline");
+
+        let (ok, out) = keyless(&d, "v");
+        assert!(!ok && out.contains("refused AuthRequired"), "a peer without the key: {out}");
+
+        let info = Command::new(bin("rblk"))
+            .args(["info", &format!("rblk://{}/v", d.addr)])
+            .env_remove("RBLK_KEY_FILE")
+            .output()
+            .expect("run rblk info");
+        let text = format!("{}{}", String::from_utf8_lossy(&info.stdout), String::from_utf8_lossy(&info.stderr));
+        assert!(info.status.success(), "rblk info with no flags on the target's host: {text}");
+    }
+
+    #[test]
+    #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+    fn allow_any_host_serves_the_keyless_sequence() {
+        let rdma = rblk_tests::rxe::rdma();
+        let state = std::env::temp_dir().join(format!("rblk-any-host-{}", std::process::id()));
+        let state = state.to_str().expect("path");
+        let args = ["--allow-any-host", "--state-dir", state, "--volume", "v:4M", "--admin-socket", "none"];
+        let d = Daemon::start_as_configured(&rdma, &args);
+        assert!(!d.log_lines(&["ANY initiator"]).is_empty(), "warned at start");
+        let (ok, out) = keyless(&d, "v");
+        assert!(ok && out.starts_with("opened 4194304"), "HELLO then OPEN, no AUTH: {out}");
+        assert!(!std::path::Path::new(state).join("target.key").exists(), "no key made");
+    }
 }

@@ -16,8 +16,13 @@
 //!     thread each), posted and busy-polled straight on the queues' endpoints (the fabric layer
 //!     only: no queue slots, engine, wait policy or bench around it); prints the latency as
 //!     rblk-bench's JSON report does: {"read": {"ios", "iops", "lat_us": {"min", "p50", "p99"}}}
+//! rblk-test-client keyless ADDR:PORT VOLUME
+//!     the protocol's keyless sequence, by hand, as a peer without a key speaks it: HELLO (no
+//!     features), then OPEN read-write, no AUTH; prints "opened SIZE" and exits 0, or prints
+//!     "refused CODE: TEXT" and exits 1
 //! ```
-//! (`open-time` and `hold` are scripts/scale-rxe.sh's drivers, `raw-lat` compare-rxe.sh's.)
+//! (`open-time` and `hold` are scripts/scale-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
+//! `keyless` the trust tests'.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,7 +42,8 @@ fn main() -> ExitCode {
         Some("open-time") => open_time(&args),
         Some("hold") => hold(&args),
         Some("raw-lat") => raw_lat(&args),
-        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat URI ...".into()),
+        Some("keyless") => keyless(&args),
+        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless URI ...".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -51,6 +57,25 @@ fn main() -> ExitCode {
 fn open(uri: &str) -> Result<rblk_initiator::Volume, String> {
     let session = Session::connect(uri, &Options::default()).map_err(|e| format!("connect {uri}: {e}"))?;
     session.open(OpenMode::ReadWrite).map_err(|e| format!("open: {e}"))
+}
+
+fn keyless(args: &[String]) -> Result<(), String> {
+    let addr: std::net::SocketAddr = args.get(2).ok_or("missing ADDR:PORT")?.parse().map_err(|e| format!("{e}"))?;
+    let volume = args.get(3).ok_or("missing VOLUME")?;
+    let connect = rblk_proto::ConnectData::NewSession;
+    let mut raw = rblk_tests::raw::Raw::connect(rblk_fabric::Fabric::Verbs, addr, connect)
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    raw.hello_with(0);
+    match raw.open_with(volume, OpenMode::ReadWrite, None) {
+        Ok(opened) => {
+            println!("opened {}", opened.size);
+            Ok(())
+        }
+        Err((code, text)) => {
+            println!("refused {code:?}: {text}");
+            Err(format!("OPEN refused: {code:?}: {text}"))
+        }
+    }
 }
 
 fn pair(args: &[String]) -> Result<(), String> {
