@@ -162,7 +162,8 @@ pub enum AdminOp {
         #[arg(value_name = "NAME:SIZE[:PATH]", value_parser = volume_arg)]
         volume: VolumeSpec,
         /// Who may open it, HOST=ro|rw|exclusive (HOST * for any host); repeatable. Without
-        /// any: every host that got in, as a [[volume]] without allow.
+        /// any: every host that got in, as a [[volume]] without allow: every host that proved
+        /// a key (every host only under --allow-any-host).
         #[arg(long = "allow", value_name = "HOST=MODE", value_parser = parse_allow)]
         allow: Vec<(String, Grant)>,
     },

@@ -282,8 +282,17 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The generated key could not be made.
-    #[error("cannot create the key {}{}", path.display(), if source.kind() == std::io::ErrorKind::PermissionDenied || source.kind() == std::io::ErrorKind::ReadOnlyFilesystem { ": the state directory is not writable by this user (run as root, pass a writable --state-dir, configure key_file, or serve without keys with --allow-any-host)" } else { "" })]
+    #[error("cannot create the key {}{}", path.display(), not_ours(source, "writable"))]
     KeyCreate {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The generated key exists but cannot be read.
+    #[error("reading the key {}{}", path.display(), not_ours(source, "readable"))]
+    KeyRead {
         /// The file.
         path: std::path::PathBuf,
         /// Why.
@@ -364,6 +373,20 @@ pub enum ConfigError {
     /// The checks of the whole configuration ([`Config::check`]).
     #[error(transparent)]
     Check(StartError),
+}
+
+/// The hint for a generated key this user may not make or read: the state dir is root's.
+fn not_ours(source: &std::io::Error, what: &str) -> String {
+    use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
+    let denied = source.raw_os_error().is_some() && matches!(source.kind(), PermissionDenied | ReadOnlyFilesystem);
+    if denied {
+        format!(
+            ": the state directory is not {what} by this user (run as root, pass a --state-dir of its own, configure \
+             key_file, or serve without keys with --allow-any-host)"
+        )
+    } else {
+        String::new()
+    }
 }
 
 /// A size with an optional binary suffix: `4096`, `64k`, `64M`, `1G`, `1T` (powers of 1024): the
@@ -671,7 +694,9 @@ impl File {
             device: self.device.clone(),
             volumes: self.volume_specs()?,
             key: match self.key_source() {
-                KeySource::Generated(path) => Some(read_key_file(&path)?),
+                KeySource::Generated(path) => {
+                    Some(rblk_fabric::keyfile::read(&path).map_err(|source| ConfigError::KeyRead { path, source })?)
+                }
                 _ => self.key_file.as_deref().map(read_key_file).transpose()?,
             },
             hosts: self.host_specs()?,
