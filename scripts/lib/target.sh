@@ -11,7 +11,8 @@ start_target() {
     local log=$1 bin=$2 secs=$3
     shift 3
     local open=()
-    "$bin/rblk-target" --help 2>/dev/null | grep -q -- --allow-any-host && open=(--allow-any-host)
+    # Not `| grep -q`: under pipefail the SIGPIPE grep leaves would read as "not supported".
+    [[ $("$bin/rblk-target" --help 2>/dev/null) == *--allow-any-host* ]] && open=(--allow-any-host)
     "$bin/rblk-target" "${open[@]}" "$@" 2>"$log" &
     TARGET_PID=$!
     local _
