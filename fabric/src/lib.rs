@@ -14,6 +14,9 @@
 //!   and RDMA READ in batches ([`Endpoint::post`]), post RECVs, poll completions, or wait for them
 //!   with hybrid polling (spin briefly, then arm the CQ and sleep) and a deadline.
 //!
+//! Beside the fabric, the pieces target and initiator share: [`liveness`] (the keepalive rules)
+//! and [`keyfile`] (the one reader and generator of key files, with their length and mode rules).
+//!
 //! Every QP gets the attributes of [`policy`]: read depth 16, retries, RNR retry, so an RDMA READ
 //! never silently hangs on a read depth of 0 and a late RECV does not kill the connection.
 //!
