@@ -161,6 +161,9 @@ struct Connection {
     counted_open: bool,
     /// Our keepalives' tag.
     tag: u32,
+    /// Keepalives sent since the initiator was last heard here (see
+    /// [`Connection::quiet_for_flushes`]).
+    unheard: usize,
     /// FLUSHes whose write-back runs (off this thread), with their tags, oldest first: they are
     /// answered in order, and keepalives go on meanwhile.
     flushes: VecDeque<(u32, WriteBack)>,
@@ -200,6 +203,7 @@ impl Connection {
             malformed: 0,
             counted_open: false,
             tag: 0,
+            unheard: 0,
             flushes: VecDeque::new(),
             deferred: VecDeque::new(),
         }
@@ -234,10 +238,28 @@ impl Connection {
         self.check_liveness()
     }
 
-    /// Only an initiator that promised keepalives can be silent for too long, and not while it
-    /// waits for a FLUSH's reply (it sends none then: they would only use up our RECVs).
+    /// Only an initiator that promised keepalives can be silent for too long.
     fn hears_keepalives(&self) -> bool {
-        self.protocol.features() & rblk_proto::FEATURE_KEEPALIVE != 0 && self.flushes.is_empty()
+        self.protocol.features() & rblk_proto::FEATURE_KEEPALIVE != 0
+    }
+
+    /// While a FLUSH of the session waits for its write-back, the initiator's silence is not
+    /// loss, on any of the session's connections (see [`Session::flushes`]): it counts from the
+    /// end of the last one. Returns true when it is another connection's FLUSH and half our
+    /// RECV count of keepalives went unanswered here: then this one sends no more (an initiator
+    /// that ticks none of its other queues until the FLUSH is answered reposts no RECVs there,
+    /// and would hear the ones waiting in its CQ when it looks again; the FLUSH's own connection
+    /// keeps the session watched).
+    ///
+    /// [`Session::flushes`]: crate::session::Session::flushes
+    fn quiet_for_flushes(&mut self, now: Instant) -> bool {
+        let Some(session) = self.protocol.session() else { return false };
+        let (running, ended) = session.flushes();
+        let heard = if running { Some(now) } else { ended };
+        if let Some(t) = heard.filter(|&t| t > self.liveness.last_heard()) {
+            self.liveness.heard(t);
+        }
+        running && self.flushes.is_empty() && self.unheard >= rblk_proto::RECV_COUNT / 2
     }
 
     fn closing_by(&self) -> Option<Instant> {
@@ -315,6 +337,7 @@ impl Connection {
     /// FLUSH whose write-back runs, keep it for later (only FLUSH and KEEPALIVE are handled at
     /// once: the initiator's other requests keep their order with its FLUSHes).
     fn on_message(&mut self, len: usize) -> Result<(), Reason> {
+        self.unheard = 0;
         let bytes = &self.buf[..len];
         if !self.flushes.is_empty()
             && !matches!(rblk_proto::parse(bytes), Ok((_, Message::Flush(_) | Message::Keepalive)))
@@ -333,17 +356,11 @@ impl Connection {
     /// Answers the FLUSHes whose write-back finished (in order), then serves the requests that
     /// waited behind them.
     fn answer_flushes(&mut self) -> Result<(), Reason> {
-        let mut answered = false;
         while let Some((tag, flush)) = self.flushes.front() {
             let Some(reply) = control::flushed(&self.shared, flush) else { break };
             let tag = *tag;
             self.flushes.pop_front();
             self.reply(tag, reply)?;
-            answered = true;
-        }
-        if answered && self.flushes.is_empty() {
-            // It sent nothing while it waited for the reply.
-            self.liveness.heard(Instant::now());
         }
         while self.flushes.is_empty() {
             let Some(bytes) = self.deferred.pop_front() else { break };
@@ -445,7 +462,8 @@ impl Connection {
     fn check_liveness(&mut self) -> Result<(), Reason> {
         let now = Instant::now();
         self.liveness.expect_keepalives(self.hears_keepalives());
-        let serving = matches!(self.phase, Phase::Serving);
+        let quiet = self.quiet_for_flushes(now);
+        let serving = matches!(self.phase, Phase::Serving) && !quiet;
         match self.liveness.poll(now, None, serving) {
             Action::Nothing => Ok(()),
             Action::Silent(silent) => Err(format!("initiator silent for {} s", silent.as_secs()).into()),
@@ -457,6 +475,7 @@ impl Connection {
                 if self.channel.send(&mut self.ep, self.tag, &Message::Keepalive).is_ok() {
                     self.sends_posted += 1;
                     self.keepalive = Some(self.sends_posted);
+                    self.unheard += 1;
                     self.liveness.send_posted(now);
                 }
                 Ok(())

@@ -293,7 +293,9 @@ fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: F
         Flush::All => None,
         Flush::Ranges(_) => Some(ranges.iter().map(|&(offset, len)| (offset, offset + len)).collect()),
     };
+    session.flush_began();
     Reply::WriteBack(WriteBack {
+        _session: Flushing(Arc::clone(session)),
         volume: Arc::clone(volume),
         ticket,
         bytes,
@@ -305,6 +307,7 @@ fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: F
 /// A FLUSH whose write-back runs (see [`Volume::write_back`](crate::volume::Volume::write_back)).
 #[derive(Debug)]
 pub struct WriteBack {
+    _session: Flushing,
     volume: Arc<crate::volume::Volume>,
     ticket: crate::persist::Ticket,
     /// The bytes it asked for.
@@ -312,6 +315,16 @@ pub struct WriteBack {
     /// Its `(start, end)` ranges, None for the whole volume (for the [`FlushHook`]).
     covered: Option<Vec<(u64, u64)>>,
     started: std::time::Instant,
+}
+
+/// Counts a FLUSH as its session's until it is answered or given up (see [`Session::flushes`]).
+#[derive(Debug)]
+struct Flushing(Arc<Session>);
+
+impl Drop for Flushing {
+    fn drop(&mut self) {
+        self.0.flush_ended();
+    }
 }
 
 /// The reply to `flush` once its write-back finished; None while it runs.

@@ -217,6 +217,9 @@ pub struct Session {
     /// Whether the grant is [`Grant::Windows`] (kept after release, for STATS).
     windows: bool,
     counters: Arc<Counters>,
+    /// Its FLUSHes whose write-back runs, and when the last one ended (see
+    /// [`Session::flushes`]).
+    flushes: Mutex<(usize, Option<std::time::Instant>)>,
 }
 
 /// The connections of a session (the opener and its joiners), by connection id.
@@ -254,7 +257,29 @@ impl Session {
             grant: Mutex::new(Some(grant)),
             windows,
             counters,
+            flushes: Mutex::default(),
         }
+    }
+
+    /// A FLUSH of the session's waits for its write-back (until [`Session::flush_ended`]).
+    pub fn flush_began(&self) {
+        self.flushes.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
+    }
+
+    /// A FLUSH of the session was answered or given up.
+    pub fn flush_ended(&self) {
+        let mut f = self.flushes.lock().unwrap_or_else(|p| p.into_inner());
+        f.0 = f.0.saturating_sub(1);
+        f.1 = Some(std::time::Instant::now());
+    }
+
+    /// Whether a FLUSH of the session waits for its write-back, and when the last one ended.
+    /// An initiator that waits for a FLUSH may tick none of its other queue pairs meanwhile
+    /// (a synchronous `Volume` has one thread), so the session's silence then, on any of its
+    /// connections, is not loss.
+    pub fn flushes(&self) -> (bool, Option<std::time::Instant>) {
+        let f = self.flushes.lock().unwrap_or_else(|p| p.into_inner());
+        (f.0 > 0, f.1)
     }
 
     /// Whether its QPs get a window each ([`Grant::Windows`]).

@@ -13,8 +13,8 @@
 //!   nothing of its own to send completes only after the earlier FLUSH (which took the dirty
 //!   ranges) was answered, and fails when that one fails.
 //! - `a_flush_longer_than_the_keepalive_timeout_completes`: a FLUSH is bounded by the
-//!   session's liveness, not by a timeout of its own, and a session with one connection stays
-//!   heard while its FLUSH is written back (see the test).
+//!   session's liveness, not by a timeout of its own, and a session of one thread stays heard
+//!   while its FLUSH is written back (see the test).
 //! - `concurrent_flushes_share_a_write_back_pass`: group commit. FLUSHes of one volume that
 //!   arrive while a pass runs all wait for the next pass, one for all of them, instead of a pass
 //!   each.
@@ -319,10 +319,12 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
     // timeout (10 s), the initiator taking the busy connection's silence for loss (or using up
     // the target's RECVs with keepalives), the target taking the time it spent writing back for
     // the initiator's silence. Each of those ends in a reconnect or a failed FLUSH. Also a
-    // session of one connection (`solo`, as a `Volume` with the default options is), whose FLUSH
-    // waits at the target just as long: no other connection keeps it heard, so only the
-    // target's keepalives, sent while the write-back runs, do; a target whose connection thread
-    // wrote back itself fell silent, and the initiator took the connection for lost after 15 s.
+    // session of one thread (`solo`, a `Volume` with the default options: its first queue pair
+    // and the lane its writes opened), whose FLUSH waits at the target just as long and which
+    // ticks nothing meanwhile: only the target's keepalives on the FLUSH's connection, sent while
+    // the write-back runs, keep it heard (a target whose connection thread wrote back itself fell
+    // silent, and the initiator took the connection for lost after 15 s), and the target must
+    // not take the unticked lane's silence meanwhile for loss (it did, after 3 s here).
     let _serial = serial();
     let t = target(Duration::from_secs(3));
     let e = std::sync::Arc::new(engine(&t, Reconnect::default()));
@@ -361,8 +363,14 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
     assert!(f[0].result.is_ok(), "{f:?}");
     sync.join().unwrap().expect("the FLUSH on the first queue pair");
     let (r, solo) = solo.join().unwrap();
-    r.expect("the FLUSH of the session with one connection");
-    assert_eq!(solo.reconnects(), 0, "the session with one connection was taken for lost during its FLUSH");
+    r.expect("the FLUSH of the session of one thread");
+    // Its lane (a queue pair of its own, which nothing ticked while the FLUSH waited) was not
+    // taken for silent by the target.
+    let mut solo = solo;
+    let mut back = [0u8; 4096];
+    solo.read_at(&mut back, 16384).unwrap();
+    assert_eq!(back, [3; 4096]);
+    assert_eq!(solo.reconnects(), 0, "the session of one thread was taken for lost during its FLUSH");
     // A target that took its write-back time for our silence ends the connection right after
     // answering: look for a second.
     for _ in 0..8 {
