@@ -1,9 +1,11 @@
 //! Durable volumes over rxe, on the guest's scratch disk: what a completed FLUSH promises
 //! survives a target crash; a graceful stop keeps everything; a backing store that fails makes
-//! the volume stop promising.
+//! the volume stop promising; a slow backing store (dm-delay) neither costs a FLUSH its
+//! connection nor lets a read-only session's FLUSHes delay another session's.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use rblk_initiator::{Error, ErrorCode, OpenMode, Options, Session, Volume};
 use rblk_tests::daemon::Daemon;
@@ -186,4 +188,137 @@ fn flush_throughput_of_a_64_mib_dirty_set() {
         .expect("dd");
     eprintln!("dd of 256 MiB with oflag=direct: {}", String::from_utf8_lossy(&dd.stderr).lines().last().unwrap_or(""));
     let _ = std::fs::remove_file(dd_path);
+}
+
+/// A slow block device: dm-delay over a loop device on a file of the scratch disk, whose writes
+/// each take `write_ms` (reads and flushes are not delayed).
+struct SlowDisk {
+    name: String,
+    loop_dev: String,
+    /// The device-mapper device, a block device to back a volume with.
+    path: PathBuf,
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+impl SlowDisk {
+    fn new(name: &str, size: u64, write_ms: u64) -> SlowDisk {
+        let file = backing(&format!("{name}.slow"));
+        std::fs::File::create(&file).unwrap().set_len(size).unwrap();
+        run(Command::new("modprobe").arg("dm_delay"));
+        let loop_dev = run(Command::new("losetup").args(["--find", "--show"]).arg(&file));
+        let dm = format!("rblk-slow-{name}");
+        // read, write and flush classes: only writes are slow.
+        let table = format!("0 {} delay {loop_dev} 0 0 {loop_dev} 0 {write_ms} {loop_dev} 0 0", size / 512);
+        // No udev in the guest: dmsetup makes the device node itself.
+        run(Command::new("dmsetup").env("DM_DISABLE_UDEV", "1").args([
+            "create",
+            "--noudevsync",
+            &dm,
+            "--table",
+            &table,
+        ]));
+        let path = PathBuf::from(format!("/dev/mapper/{dm}"));
+        assert!(path.exists(), "{} missing after dmsetup create", path.display());
+        SlowDisk { name: dm, loop_dev, path }
+    }
+}
+
+impl Drop for SlowDisk {
+    fn drop(&mut self) {
+        let _ =
+            Command::new("dmsetup").env("DM_DISABLE_UDEV", "1").args(["remove", "--noudevsync", &self.name]).status();
+        let _ = Command::new("losetup").args(["-d", &self.loop_dev]).status();
+    }
+}
+
+/// How long the slow write-back takes: `RBLK_SLOW_FLUSH_SECS` (scripts/soak-flush.sh sets 60),
+/// or 20 s.
+fn slow_flush_secs() -> u64 {
+    std::env::var("RBLK_SLOW_FLUSH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(20)
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_slow_write_back_keeps_its_connection() {
+    // A FLUSH whose write-back takes 20 s (a 4 KiB write that dm-delay holds that long), past
+    // the keepalive timeout of both sides (15 s), from a session of one connection with the
+    // initiator's default options. Would catch: the target's connection thread writing back
+    // itself (it sends no keepalives meanwhile, and the initiator, which sends none while it
+    // waits for the reply, takes the silent connection for lost after 15 s and reconnects), and
+    // the target counting the initiator's silence while it waits (the connection ends).
+    let rdma = rdma();
+    let secs = slow_flush_secs();
+    let disk = SlowDisk::new("long", 16 * MIB, secs * 1000);
+    let spec = volume_arg("s", 16 * MIB, &disk.path);
+    let d = Daemon::start(&rdma, &["--volume", &spec]);
+    let mut vol = open(&d, "s", OpenMode::ReadWrite).unwrap();
+    let mut data = vec![0u8; 4096];
+    pattern(1, 0, &mut data);
+    vol.write_at(&data, 0).unwrap();
+    let t = Instant::now();
+    assert!(!vol.flush().expect("a FLUSH longer than the keepalive timeout"), "durable");
+    let took = t.elapsed();
+    eprintln!("FLUSH through a {secs} s write delay took {took:?}");
+    assert!(took >= Duration::from_secs(secs), "the write-back was not slow: {took:?}");
+    // A target that took the write-back for the initiator's silence ends the connection right
+    // after FLUSHED: look for a few seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    let mut back = vec![0u8; 4096];
+    vol.read_at(&mut back, 0).unwrap();
+    assert!(back == data);
+    vol.stats().expect("the connection still answers");
+    assert_eq!(vol.reconnects(), 0, "the connection was lost during or right after its FLUSH");
+    drop(vol);
+    // No final flush through the slow device.
+    d.kill();
+    let mut on_disk = vec![0u8; 4096];
+    use std::io::Read;
+    std::fs::File::open(&disk.path).unwrap().read_exact(&mut on_disk).unwrap();
+    assert!(on_disk == data, "the FLUSHED block is on the device");
+}
+
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_read_only_flush_flood_does_not_delay_another_flush() {
+    // Each write to the device takes 3 s. A read-only session sends FLUSH of the whole volume
+    // again and again; 300 ms into that, a read-write session FLUSHes the 4 KiB it wrote: one
+    // write, so about 3 s. Would catch read-only FLUSHes that write back (each rewrote the whole
+    // volume: 3 s a pass, and the read-write FLUSH waited for the one running, about 6 s).
+    let rdma = rdma();
+    const DELAY: Duration = Duration::from_secs(3);
+    let disk = SlowDisk::new("flood", 16 * MIB, DELAY.as_millis() as u64);
+    let spec = volume_arg("f", 16 * MIB, &disk.path);
+    let d = Daemon::start(&rdma, &["--volume", &spec]);
+    let mut rw = open(&d, "f", OpenMode::ReadWrite).unwrap();
+    let mut ro = open(&d, "f", OpenMode::ReadOnly).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(!ro.flush_all().expect("a read-only FLUSH"), "durable");
+                n += 1;
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    rw.write_at(&[9u8; 4096], 8192).unwrap();
+    let t = Instant::now();
+    assert!(!rw.flush().expect("the read-write FLUSH"), "durable");
+    let took = t.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let n = flood.join().unwrap();
+    eprintln!("read-write FLUSH took {took:?} next to {n} read-only FLUSHes of everything");
+    assert!(took >= DELAY, "the write-back was not slow: {took:?}");
+    assert!(took < DELAY + DELAY / 2, "the read-only FLUSHes delayed the read-write one: {took:?}");
+    assert!(n >= 10, "the read-only FLUSHes were not answered at once: {n} in {took:?}");
+    drop(rw);
+    d.kill();
 }
