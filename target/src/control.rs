@@ -258,6 +258,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
 /// connection answers with [`flushed`] once that is done). A failed write-back fails the
 /// volume for good.
 fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: Flush<'_>) -> Reply {
+    let started = std::time::Instant::now();
     let volume = &session.volume;
     let size = volume.size();
     let ranges: Vec<(u64, u64)> = match flush {
@@ -273,7 +274,7 @@ fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: F
     let hook = shared.fixed.flush_hook.as_ref();
     let answer = |reply: Reply| {
         shared.counters.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        shared.counters.flush_seconds.observe(0.0);
+        shared.counters.flush_seconds.observe(started.elapsed().as_secs_f64());
         reply
     };
     if let Some(backing) = volume.backing.as_ref().filter(|b| b.failed()) {
@@ -300,7 +301,7 @@ fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: F
         ticket,
         bytes,
         covered,
-        started: std::time::Instant::now(),
+        started,
     })
 }
 
