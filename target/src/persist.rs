@@ -6,6 +6,12 @@
 //! the ranges an initiator wrote (it tracks them; one-sided writes are invisible here) to the
 //! backing store, reaps every write, then fdatasyncs, and only then is FLUSHED sent.
 //!
+//! A backing store is claimed for as long as it is served: a file with an exclusive OFD lock, a
+//! block device by opening it O_EXCL (as LIO and mount do). Both belong to the open file
+//! description, not to the process, so a descriptor handed on (to a successor daemon) carries
+//! the claim, and a second daemon, or a second volume of this one, is refused naming the path.
+//! New image files are made with mode 0600: they hold a volume's data.
+//!
 //! FLUSHes of one volume are group-committed ([`Group`]): one write-back pass runs at a time,
 //! off the connections' threads, and each pass takes every range asked for while the one before
 //! it ran.
@@ -13,7 +19,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -59,6 +65,26 @@ pub enum BackingError {
     #[error("cannot open backing store {} for reading and writing", path.display())]
     Open {
         /// The file or device.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Another open file description holds it: another daemon (or a volume of this one) serves
+    /// it, or (a block device) it is mounted or otherwise opened exclusively.
+    #[error(
+        "backing store {} is in use by another process (another rblk-target serves it?) or mounted: it is not \
+         opened twice, so that one does not overwrite the other's data",
+        path.display()
+    )]
+    InUse {
+        /// The file or device.
+        path: PathBuf,
+    },
+    /// Its claim could not be taken for another reason.
+    #[error("cannot lock backing store {}", path.display())]
+    Lock {
+        /// The file.
         path: PathBuf,
         /// The OS error.
         #[source]
@@ -116,31 +142,46 @@ pub struct Backing {
 }
 
 impl Backing {
-    /// Opens (creating and sizing a missing file) the backing store at `path` for a volume of
-    /// `size` bytes. Refuses one that is too small, unreadable or not writable, naming the path.
+    /// Opens (creating, with mode 0600, and sizing a missing file) the backing store at `path`
+    /// for a volume of `size` bytes, and claims it (see the module docs). Refuses one that is too
+    /// small, unreadable, not writable or claimed already, naming the path.
     pub fn open(path: &Path, size: u64) -> Result<Backing, BackingError> {
         let at = || path.to_owned();
         if !path.exists() {
-            let f = File::create_new(path).map_err(|source| BackingError::Create { path: at(), source })?;
+            let f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|source| BackingError::Create { path: at(), source })?;
             f.set_len(size).map_err(|source| BackingError::Resize { path: at(), size, source })?;
         }
+        let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
             o.read(true).write(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
+            // O_EXCL on a block device: EBUSY while anyone else holds it so, or it is mounted.
+            let excl = if block { libc::O_EXCL } else { 0 };
+            o.custom_flags(if direct { libc::O_DIRECT | excl } else { excl });
             o.open(path)
+        };
+        let failed = |source: io::Error| match source.raw_os_error() {
+            Some(libc::EBUSY) if block => BackingError::InUse { path: at() },
+            _ => BackingError::Open { path: at(), source },
         };
         // O_DIRECT where the file system allows it (tmpfs does not); every transfer is 4 KiB
         // aligned in memory, offset and length.
         let (mut file, direct) = match open(true) {
             Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                (open(false).map_err(|source| BackingError::Open { path: at(), source })?, false)
-            }
-            Err(source) => return Err(BackingError::Open { path: at(), source }),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false).map_err(failed)?, false),
+            Err(source) => return Err(failed(source)),
         };
+        if !block {
+            claim(&file).map_err(|source| match source.raw_os_error() {
+                Some(libc::EAGAIN | libc::EACCES) => BackingError::InUse { path: at() },
+                _ => BackingError::Lock { path: at(), source },
+            })?;
+        }
         // Seeking to the end sizes regular files and block devices alike.
         let have = file.seek(SeekFrom::End(0)).map_err(|source| BackingError::Size { path: at(), source })?;
         if have < size {
@@ -201,6 +242,15 @@ impl Backing {
         }
         result
     }
+}
+
+/// Takes an exclusive OFD lock on the whole of `file`, without waiting. It belongs to the open
+/// file description: it goes when the last descriptor of it is closed, wherever that is.
+fn claim(file: &File) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let whole =
+        libc::flock { l_type: libc::F_WRLCK as _, l_whence: libc::SEEK_SET as _, l_start: 0, l_len: 0, l_pid: 0 };
+    fcntl(file, FcntlArg::F_OFD_SETLK(&whole)).map(drop).map_err(io::Error::from)
 }
 
 /// Group commit of one volume's FLUSHes. A FLUSH adds its ranges to the next write-back pass
@@ -430,6 +480,26 @@ mod tests {
         let err = Backing::open(&dir.join("no/such/dir/x"), 4096).unwrap_err();
         let BackingError::Create { path, source } = &err else { panic!("{err}") };
         assert!(path.ends_with("no/such/dir/x") && source.kind() == io::ErrorKind::NotFound, "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Catches a backing file opened twice (a second daemon, or two volumes of one: each would
+    /// overwrite the other's data with its own snapshot) and image files that others may read.
+    #[test]
+    fn a_backing_file_is_claimed_once_and_made_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("rblk-claim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("v.img");
+        let first = Backing::open(&path, 1 << 20).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let err = Backing::open(&path, 1 << 20).unwrap_err();
+        assert!(matches!(err, BackingError::InUse { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(&path.display().to_string()) && text.contains("in use by another process"), "{text}");
+        // The claim goes with the open file description.
+        drop(first);
+        Backing::open(&path, 1 << 20).expect("free again");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

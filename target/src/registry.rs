@@ -397,21 +397,28 @@ pub(crate) fn log_serving(v: &Volume) {
 
 /// The final flush of a durable volume nobody can write any more (shutdown, or removal at a
 /// reload): everything to its backing store, then its identity kept in the state dir, so the
-/// next start (or re-add) may present the same instance.
+/// next start (or re-add) may present the same instance. A volume no session could write since
+/// it was loaded (or last written back whole) is not rewritten: its backing store holds it.
 pub(crate) fn final_flush(identity: &identity::Store, v: &Volume) {
     let Some(b) = v.backing.as_ref().filter(|b| !b.failed()) else { return };
-    match b.flush(&v.memory, &[(0, v.size())]) {
-        Ok(()) => {
+    let result = if v.written() {
+        b.flush(&v.memory, &[(0, v.size())]).inspect(|()| {
+            v.written_back_whole();
             info!(volume = %v.name, "flushed to {}", b.path().display());
-            match b.fingerprint() {
-                Ok(fp) => {
-                    identity.save(&v.name, &fp, v.instance);
-                }
-                Err(e) => {
-                    warn!(volume = %v.name, error = %e, "cannot examine the backing store: its identity is not kept")
-                }
+        })
+    } else {
+        info!(volume = %v.name, "nobody could write it since it was loaded: {} is not rewritten", b.path().display());
+        Ok(())
+    };
+    match result {
+        Ok(()) => match b.fingerprint() {
+            Ok(fp) => {
+                identity.save(&v.name, &fp, v.instance);
             }
-        }
+            Err(e) => {
+                warn!(volume = %v.name, error = %e, "cannot examine the backing store: its identity is not kept")
+            }
+        },
         Err(e) => tracing::error!(volume = %v.name, error = %Chain(&e), "final flush failed"),
     }
 }

@@ -49,6 +49,9 @@ pub struct Volume {
 struct Opens {
     exclusive: Option<u64>,
     writers: usize,
+    /// A session with write access opened since the last complete write-back (the load is
+    /// one): only then may the memory differ from the backing store.
+    written: bool,
 }
 
 /// Why an open was refused.
@@ -200,13 +203,27 @@ impl Volume {
             ))),
             OpenMode::ReadWrite => {
                 o.writers += 1;
+                o.written = true;
                 Ok(())
             }
             OpenMode::Exclusive => {
                 o.exclusive = Some(session);
+                o.written = true;
                 Ok(())
             }
         }
+    }
+
+    /// Whether a session with write access opened since the volume was loaded or last written
+    /// back whole ([`Volume::written_back_whole`]): if not, a final flush has nothing to write.
+    pub fn written(&self) -> bool {
+        self.opens.lock().unwrap_or_else(|p| p.into_inner()).written
+    }
+
+    /// The whole volume was written back while no session could write it.
+    pub fn written_back_whole(&self) {
+        let mut o = self.opens.lock().unwrap_or_else(|p| p.into_inner());
+        o.written = o.writers > 0 || o.exclusive.is_some();
     }
 
     /// Undoes [`Volume::acquire`].

@@ -2,6 +2,10 @@
 //! survives a target crash; a graceful stop keeps everything; a backing store that fails makes
 //! the volume stop promising; a slow backing store (dm-delay) neither costs a FLUSH its
 //! connection nor lets a read-only session's FLUSHes delay another session's.
+//!
+//! On the host (`mem_*`, the server in-process over the in-memory fabric, backing files in the
+//! temp dir): a backing file is served by one server at a time, and a stop rewrites a volume
+//! only when a session with write access opened it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +18,85 @@ use rblk_tests::scratch;
 use rblk_tests::workload::pattern;
 
 const MIB: u64 = 1 << 20;
+
+/// An in-process server over the in-memory fabric with durable volume `v` backed by `path`.
+fn serve_file(path: &Path) -> Result<rblk_target::server::Running, rblk_target::start::StartError> {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    rblk_target::server::Server::start(rblk_target::config::Config {
+        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+        fabric: rblk_fabric::Fabric::Mem,
+        volumes: vec![rblk_target::config::VolumeSpec { name: "v".into(), size: MIB, path: Some(path.to_owned()) }],
+        ..Default::default()
+    })
+}
+
+fn host_backing(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rblk-durable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    path
+}
+
+/// The error with its sources, as the daemon logs it.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut at = e.source();
+    while let Some(s) = at {
+        text += &format!(": {s}");
+        at = s.source();
+    }
+    text
+}
+
+/// Catches a backing file served by two servers at once (no OFD lock): the second one's final
+/// flush would overwrite whatever the first wrote since with its own snapshot from its start.
+#[test]
+fn mem_a_second_server_on_one_backing_file_is_refused() {
+    let path = host_backing("claimed.img");
+    let first = serve_file(&path).expect("the first server");
+    let err = serve_file(&path).err().map(|e| chain(&e)).expect("a second server on the same file must be refused");
+    assert!(err.contains(&path.display().to_string()) && err.contains("in use by another process"), "{err}");
+    first.shutdown();
+    serve_file(&path).expect("free once the first server stopped").shutdown();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Catches the whole-volume rewrite at every stop: a volume nobody could write since it was
+/// loaded is left as it is on disk (here the file changed under the server, which a rewrite
+/// would undo); once a session with write access opened it, the stop writes it back.
+#[test]
+fn mem_a_stop_rewrites_a_volume_only_after_a_writer_opened_it() {
+    let path = host_backing("rewrite.img");
+    let opened = |r: &rblk_target::server::Running, mode| {
+        let mut raw = rblk_tests::raw::Raw::connect(
+            rblk_fabric::Fabric::Mem,
+            r.local_addr(),
+            rblk_proto::ConnectData::NewSession,
+        )
+        .expect("connect");
+        raw.open("v", mode);
+        raw
+    };
+    let poke = |bytes: &[u8]| {
+        use std::os::unix::fs::FileExt as _;
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(bytes, 0).unwrap();
+    };
+    let first_block = || std::fs::read(&path).unwrap()[..8].to_vec();
+
+    let r = serve_file(&path).expect("start");
+    poke(b"outside!");
+    drop(opened(&r, OpenMode::ReadOnly));
+    r.shutdown();
+    assert_eq!(first_block(), b"outside!", "a stop with no writer since the load rewrote the volume");
+
+    let r = serve_file(&path).expect("start again");
+    poke(b"changed!");
+    drop(opened(&r, OpenMode::ReadWrite));
+    r.shutdown();
+    assert_eq!(first_block(), b"outside!", "a stop after a writer opened the volume must write it back whole");
+    let _ = std::fs::remove_file(&path);
+}
 
 fn backing(name: &str) -> PathBuf {
     let path = scratch::dir().join(name);
