@@ -387,12 +387,15 @@ impl Connection {
                 thread::sleep(delay);
             }
         }
+        if matches!(after, After::Refused | After::AuthFailed) {
+            // Counted before the reply goes out: whoever has the reply sees the count.
+            self.shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+        }
         let reply_tag = rblk_proto::peek_tag(&bytes[..len]).unwrap_or(0);
         self.reply(reply_tag, reply)?;
         match after {
             After::Continue => {}
             After::Refused | After::AuthFailed => {
-                self.shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
                 self.malformed += 1;
                 if self.malformed > rblk_proto::MAX_MALFORMED && matches!(self.phase, Phase::Serving) {
                     // Once the ERROR just posted is out (or a second at most).
