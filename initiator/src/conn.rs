@@ -162,13 +162,16 @@ impl Conn {
         self.keepalives = on;
     }
 
-    /// Whether a request sent on this connection waits for its reply. The target serves a
-    /// connection's requests one at a time, so while it writes a FLUSH back it sends nothing on
-    /// this connection and takes no RECV: its silence here is not loss as long as the session is
+    /// Whether a request sent on this connection waits for its reply. While the target writes a
+    /// FLUSH back (off its connection thread) it keeps serving this connection: it sends its
+    /// keepalives here, takes ours at once, and holds other requests until the FLUSH is answered.
+    /// So the target stays heard here; its silence still is not loss as long as the session is
     /// heard on its other connections (`session_heard` of
-    /// [`check_liveness_in`](Self::check_liveness_in)), and our KEEPALIVEs would only use up its
-    /// RECVs (then stall on RNR), so none are sent. A FLUSH is thus bounded by the session's
-    /// liveness, not by a timeout of its own.
+    /// [`check_liveness_in`](Self::check_liveness_in)), which covers a target that answers
+    /// nothing while a request runs (one that wrote back on its connection thread). No KEEPALIVEs
+    /// are sent meanwhile: the target counts the session's running write-back as hearing from
+    /// us, and such an older target would take no RECV for them (they would stall on RNR). A
+    /// FLUSH is thus bounded by the session's liveness, not by a timeout of its own.
     pub(crate) fn set_awaiting(&mut self, awaiting: bool) {
         self.awaiting = awaiting;
     }

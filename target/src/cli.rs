@@ -95,6 +95,17 @@ pub struct Args {
     /// Default: 64.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sessions_per_host: Option<u64>,
+    /// JOINed connections (every queue pair of a session after its first) at most per
+    /// session; past it JOIN is refused (out of resources). At least 64 (`rblk attach --queues`
+    /// takes up to 64). Default: 128.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(64..))]
+    pub max_joins_per_session: Option<u64>,
+    /// JOINed connections at most of one host's sessions. Default: 1024.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_joins_per_host: Option<u64>,
+    /// JOINed connections at most, in all. Default: 4096.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_joins: Option<u64>,
     /// Memory windows (on, the default): where the RDMA device has type 2B windows and the
     /// initiator asks for them, each volume is registered once (at its first such OPEN on the
     /// device) and every QP of a session gets a window of its own over it, an rkey that works on
@@ -219,6 +230,9 @@ impl Args {
             (&mut file.max_unopened_per_addr, self.max_unopened_per_addr),
             (&mut file.max_sessions, self.max_sessions),
             (&mut file.max_sessions_per_host, self.max_sessions_per_host),
+            (&mut file.max_joins_per_session, self.max_joins_per_session),
+            (&mut file.max_joins_per_host, self.max_joins_per_host),
+            (&mut file.max_joins, self.max_joins),
         ];
         for (field, flag) in limits {
             if let Some(n) = flag {

@@ -17,6 +17,9 @@
 //! max_unopened_per_addr = 16     # ... and per peer address
 //! max_sessions = 1024            # open sessions, in all
 //! max_sessions_per_host = 64     # ... and per host (per address without host identities)
+//! max_joins_per_session = 128    # further QPs (JOINs) of one session; at least 64
+//! max_joins_per_host = 1024      # ... of one host's sessions
+//! max_joins = 4096               # ... of every session
 //! memory_windows = true          # a window per QP over one registration per volume (default),
 //!                                # where device and initiator support it; false: every session
 //!                                # registers its volume in a protection domain of its own
@@ -76,6 +79,14 @@ pub struct Config {
     pub max_sessions: usize,
     /// Open sessions at most per host (per address for initiators without host identities).
     pub max_sessions_per_host: usize,
+    /// Connections JOINed to one session at most (every QP after its first; a JOIN past it is
+    /// answered with an ERROR), like SPDK's `max_qpairs_per_ctrlr`. A config file may not set
+    /// it below [`MIN_JOINS_PER_SESSION`].
+    pub max_joins_per_session: usize,
+    /// JOINed connections at most of one host's sessions (per address without host identities).
+    pub max_joins_per_host: usize,
+    /// JOINed connections at most, in all.
+    pub max_joins: usize,
     /// The longest an AUTH failure's ERROR is held back (see [`crate::registry::Shared::auth_failed`]).
     pub max_auth_delay: Duration,
     /// Fabric to serve on.
@@ -112,6 +123,44 @@ pub struct Config {
     pub flush_hook: Option<crate::control::FlushHook>,
 }
 
+impl Config {
+    /// Connections the caps allow at once: unopened ones, sessions' first QPs, and JOINs.
+    pub fn max_connections(&self) -> u64 {
+        let n = |c: usize| u64::try_from(c).unwrap_or(u64::MAX);
+        n(self.max_unopened).saturating_add(n(self.max_sessions)).saturating_add(n(self.max_joins))
+    }
+
+    /// File descriptors the daemon may need with every cap reached, about: [`FDS_BASE`],
+    /// [`FDS_PER_CONNECTION`] per connection, and a backing store and its io_uring per volume.
+    pub fn descriptors_needed(&self) -> u64 {
+        let volumes = u64::try_from(self.volumes.len()).unwrap_or(u64::MAX);
+        FDS_BASE
+            .saturating_add(volumes.saturating_mul(2))
+            .saturating_add(self.max_connections().saturating_mul(FDS_PER_CONNECTION))
+    }
+
+    /// A warning when the caps need more file descriptors than `limit` (the soft
+    /// RLIMIT_NOFILE) allows: connections past it fail at random (a thread, a QP or an rdma_cm
+    /// id that cannot be made) instead of being refused by a cap.
+    pub fn descriptor_warning(&self, limit: u64) -> Option<String> {
+        let needed = self.descriptors_needed();
+        (needed > limit).then(|| {
+            format!(
+                "the caps allow {} connections (max_unopened + max_sessions + max_joins), which need about {needed} \
+                 file descriptors, more than RLIMIT_NOFILE allows ({limit}): raise it (LimitNOFILE= in the unit, \
+                 ulimit -n) or lower the caps",
+                self.max_connections()
+            )
+        })
+    }
+}
+
+/// The soft RLIMIT_NOFILE of this process; None when it cannot be read or is unlimited.
+pub fn nofile_limit() -> Option<u64> {
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).ok()?;
+    (soft != nix::sys::resource::RLIM_INFINITY).then_some(soft)
+}
+
 /// Default [`Config::auth_timeout`].
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`Config::max_unopened`].
@@ -122,6 +171,21 @@ pub const MAX_UNOPENED_PER_ADDR: usize = 16;
 pub const MAX_SESSIONS: usize = 1024;
 /// Default [`Config::max_sessions_per_host`].
 pub const MAX_SESSIONS_PER_HOST: usize = 64;
+/// Default [`Config::max_joins_per_session`].
+pub const MAX_JOINS_PER_SESSION: usize = 128;
+/// The least [`Config::max_joins_per_session`] a config file or flag may set: `rblk attach
+/// --queues` goes up to 64, a QP per queue.
+pub const MIN_JOINS_PER_SESSION: usize = 64;
+/// Default [`Config::max_joins_per_host`].
+pub const MAX_JOINS_PER_HOST: usize = 1024;
+/// Default [`Config::max_joins`].
+pub const MAX_JOINS: usize = 4096;
+/// File descriptors one connection holds, about (its rdma_cm id and event channel, its
+/// completion channel, and a spare for what the verbs library opens).
+pub const FDS_PER_CONNECTION: u64 = 4;
+/// File descriptors the daemon holds besides connections and volumes (listener, admin socket,
+/// metrics, the RDMA devices, standard streams, ...).
+pub const FDS_BASE: u64 = 64;
 /// Default [`Config::max_auth_delay`].
 pub const MAX_AUTH_DELAY: Duration = Duration::from_secs(2);
 
@@ -138,6 +202,9 @@ impl Default for Config {
             acls: HashMap::new(),
             max_sessions: MAX_SESSIONS,
             max_sessions_per_host: MAX_SESSIONS_PER_HOST,
+            max_joins_per_session: MAX_JOINS_PER_SESSION,
+            max_joins_per_host: MAX_JOINS_PER_HOST,
+            max_joins: MAX_JOINS,
             max_auth_delay: MAX_AUTH_DELAY,
             fabric: Fabric::Verbs,
             max_io: 1 << 20,
@@ -162,6 +229,9 @@ pub(crate) struct Limits {
     pub(crate) max_unopened_per_addr: usize,
     pub(crate) max_sessions: usize,
     pub(crate) max_sessions_per_host: usize,
+    pub(crate) max_joins_per_session: usize,
+    pub(crate) max_joins_per_host: usize,
+    pub(crate) max_joins: usize,
     pub(crate) max_auth_delay: Duration,
 }
 
@@ -174,6 +244,9 @@ impl Limits {
             max_unopened_per_addr: cfg.max_unopened_per_addr.max(1),
             max_sessions: cfg.max_sessions.max(1),
             max_sessions_per_host: cfg.max_sessions_per_host.max(1),
+            max_joins_per_session: cfg.max_joins_per_session,
+            max_joins_per_host: cfg.max_joins_per_host,
+            max_joins: cfg.max_joins,
             max_auth_delay: cfg.max_auth_delay,
         }
     }
@@ -320,6 +393,17 @@ pub enum ConfigError {
     /// A count limit of zero.
     #[error("{0} = 0: it must be at least 1")]
     ZeroCount(&'static str),
+    /// A per-session JOIN cap below what initiators use.
+    #[error(
+        "max_joins_per_session = {got}: it must be at least {min} (rblk attach --queues takes up to 64, a queue \
+         pair each)"
+    )]
+    JoinsPerSession {
+        /// The value.
+        got: usize,
+        /// The least that works.
+        min: usize,
+    },
     /// `open_timeout = 0`.
     #[error("open_timeout = 0: it must be at least 1 (seconds)")]
     ZeroOpenTimeout,
@@ -578,6 +662,15 @@ pub struct File {
     /// ... per host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_sessions_per_host: Option<usize>,
+    /// JOINed connections at most per session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_joins_per_session: Option<usize>,
+    /// ... of one host's sessions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_joins_per_host: Option<usize>,
+    /// ... in all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_joins: Option<usize>,
     /// Memory windows where the device and the initiator have them (default true).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_windows: Option<bool>,
@@ -646,9 +739,14 @@ impl File {
             ("max_unopened_per_addr", self.max_unopened_per_addr),
             ("max_sessions", self.max_sessions),
             ("max_sessions_per_host", self.max_sessions_per_host),
+            ("max_joins_per_host", self.max_joins_per_host),
+            ("max_joins", self.max_joins),
         ];
         if let Some((key, _)) = counts.iter().find(|(_, n)| *n == Some(0)) {
             return Err(ConfigError::ZeroCount(key));
+        }
+        if let Some(got) = self.max_joins_per_session.filter(|&n| n < MIN_JOINS_PER_SESSION) {
+            return Err(ConfigError::JoinsPerSession { got, min: MIN_JOINS_PER_SESSION });
         }
         if self.open_timeout == Some(0) {
             return Err(ConfigError::ZeroOpenTimeout);
@@ -708,6 +806,9 @@ impl File {
             max_unopened_per_addr: self.max_unopened_per_addr.unwrap_or(defaults.max_unopened_per_addr),
             max_sessions: self.max_sessions.unwrap_or(defaults.max_sessions),
             max_sessions_per_host: self.max_sessions_per_host.unwrap_or(defaults.max_sessions_per_host),
+            max_joins_per_session: self.max_joins_per_session.unwrap_or(defaults.max_joins_per_session),
+            max_joins_per_host: self.max_joins_per_host.unwrap_or(defaults.max_joins_per_host),
+            max_joins: self.max_joins.unwrap_or(defaults.max_joins),
             memory_windows: self.memory_windows.unwrap_or(defaults.memory_windows),
             ..defaults
         };
@@ -865,6 +966,35 @@ mod tests {
         assert!(toml::from_str::<File>("keepalive_timeout = 5").unwrap().check_limits().is_ok());
         let missing: File = toml::from_str("[[host]]\nname = \"h\"\nkey_file = \"/nonexistent/k\"").unwrap();
         assert!(matches!(missing.host_specs().unwrap_err(), ConfigError::KeyFile { path, .. } if path.ends_with("k")));
+    }
+
+    /// Would catch: the JOIN caps not read from the file (or not printed back), a per-session
+    /// cap below what `rblk attach --queues` needs accepted, and the descriptor estimate not
+    /// warning when RLIMIT_NOFILE is below what the caps need.
+    #[test]
+    fn join_caps_and_descriptors() {
+        let f: File = toml::from_str(
+            "max_joins_per_session = 64
+max_joins_per_host = 10
+max_joins = 20
+",
+        )
+        .unwrap();
+        assert_eq!(toml::from_str::<File>(&f.to_toml()).unwrap(), f);
+        let cfg = File { allow_any_host: Some(true), ..f }.server_config().unwrap();
+        assert_eq!((cfg.max_joins_per_session, cfg.max_joins_per_host, cfg.max_joins), (64, 10, 20));
+        let low = toml::from_str::<File>("max_joins_per_session = 63").unwrap().check_limits().unwrap_err();
+        assert!(low.to_string().contains("at least 64"), "{low}");
+        assert!(toml::from_str::<File>("max_joins = 0").unwrap().check_limits().is_err());
+        let d = Config::default();
+        assert_eq!(d.max_joins_per_session, 128);
+        assert_eq!(d.max_connections(), 64 + 1024 + 4096);
+        let warning = d.descriptor_warning(1024).expect("the default caps need more than 1024 descriptors");
+        assert!(warning.contains("RLIMIT_NOFILE") && warning.contains("1024"), "{warning}");
+        let unit = include_str!("../../dist/systemd/rblk-target.service");
+        let nofile = unit.lines().find_map(|l| l.strip_prefix("LimitNOFILE=")).expect("the unit sets LimitNOFILE");
+        let nofile: u64 = nofile.parse().unwrap();
+        assert!(d.descriptor_warning(nofile).is_none(), "the unit's LimitNOFILE={nofile} must fit the default caps");
     }
 
     /// Would catch: integer sizes refused (only strings parsed), or printed back as strings.

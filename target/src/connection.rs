@@ -65,7 +65,11 @@ pub(crate) fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thr
             (pd.clone(), State::Fresh { pd, windows })
         }
         Ok(ConnectData::Join { session_id, token }) => match shared.session(session_id) {
-            Some(s) if s.token_matches(&token) => (s.pd.clone(), State::Joining { session: s }),
+            Some(s) if s.token_matches(&token) => match shared.join_cap_reached(&s) {
+                None => (s.pd.clone(), State::Joining { session: s }),
+                // Answered at its JOIN: an ERROR the initiator shows, not a bare reject.
+                Some(reason) => (s.pd.clone(), State::JoinRefused { reason }),
+            },
             _ => {
                 let _ = req.reject();
                 return Err(AdmitError::UnknownSession { peer, session_id });

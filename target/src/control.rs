@@ -47,6 +47,13 @@ pub enum State {
         /// The session it claims.
         session: Arc<Session>,
     },
+    /// A further QP admitted past a JOIN cap (see [`Shared::join_cap_reached`]): its JOIN is
+    /// answered with an ERROR saying which cap, and it ends. Until then it counts as a
+    /// connection that opened nothing (its caps and timeout apply), not as its session's.
+    JoinRefused {
+        /// Why.
+        reason: crate::registry::CapReached,
+    },
     /// The volume is open (or joined).
     Open {
         /// The session.
@@ -201,6 +208,11 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 tracing::warn!(peer = ?peer.ip, host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {text}");
             }
             (reply, after)
+        }
+        (Message::Join { .. }, State::JoinRefused { reason }) => {
+            shared.counters.refused_joins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(peer = ?peer.ip, "JOIN refused: {reason}");
+            (Reply::Error(ErrorCode::NoResources, reason.to_string()), After::Close)
         }
         (Message::Join { session_id, token }, State::Joining { session }) => {
             if session.id != session_id || !session.token_matches(&token) {
@@ -528,7 +540,7 @@ impl State {
             State::Fresh { .. } => "fresh (expecting HELLO)",
             State::Challenged { .. } => "challenged (expecting AUTH or OPEN)",
             State::Ready { .. } => "authenticated (expecting OPEN)",
-            State::Joining { .. } => "joining (expecting JOIN)",
+            State::Joining { .. } | State::JoinRefused { .. } => "joining (expecting JOIN)",
             State::Open { .. } => "open",
             State::Closed { .. } => "closed",
         }
@@ -548,7 +560,7 @@ impl State {
     /// connections do no HELLO). None before HELLO.
     pub fn features(&self) -> u64 {
         match self {
-            State::Fresh { .. } => 0,
+            State::Fresh { .. } | State::JoinRefused { .. } => 0,
             State::Challenged { features, .. } | State::Ready { features, .. } => *features,
             State::Open { session } | State::Joining { session } => session.features,
             State::Closed { session } => session.as_ref().map_or(0, |s| s.features),

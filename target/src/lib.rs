@@ -26,7 +26,11 @@
 //! ```
 //!
 //! Threads: one listener thread, plus one thread per connection that sleeps on its completion
-//! channel between control messages (data transfers complete without it). Cleanup: a session's
+//! channel between control messages (data transfers complete without it), plus a durable
+//! volume's write-back thread while FLUSHes wait: [`persist::Group`] runs one pass at a time on a
+//! thread of its own, and the connections whose FLUSHes it covers go on sending and taking
+//! keepalives meanwhile. Connections (a session's JOINs included) are capped, see
+//! [`config::Config::max_joins_per_session`]. Cleanup: a session's
 //! windows (or its own registration) are dropped on CLOSE, when its last connection goes, or when
 //! a reconnecting OPEN replaces the session (before OPENED is sent, after its QPs are gone); a
 //! connection that leaves takes its own window along. A volume's registration for windows lives

@@ -50,8 +50,11 @@ fn run(args: Args) -> anyhow::Result<()> {
             checked.allow_any_host = Some(true);
         }
     }
-    checked.server_config().map_err(anyhow::Error::from)?;
+    let checked = checked.server_config().map_err(anyhow::Error::from)?;
     if args.print_config || args.check_config {
+        if let Some(text) = rblk_target::config::nofile_limit().and_then(|l| checked.descriptor_warning(l)) {
+            eprintln!("rblk-target: warning: {text}");
+        }
         if args.check_config {
             println!("configuration OK");
         } else {

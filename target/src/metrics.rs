@@ -45,6 +45,7 @@ pub fn render(shared: &Shared) -> String {
         "OPENs refused (access lists, caps, busy, no such volume, ...)",
         load(&c.refused_opens),
     );
+    counter(&mut reg, "refused_joins", "JOINs refused by a JOIN cap", load(&c.refused_joins));
     counter(&mut reg, "malformed_messages", "Malformed or refused control messages", load(&c.malformed));
     counter(&mut reg, "flushes", "FLUSH requests answered", load(&c.flushes));
     counter(

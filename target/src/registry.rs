@@ -40,6 +40,31 @@ pub enum CapReached {
         /// Its sessions open.
         open: usize,
     },
+    /// `max_joins_per_session`.
+    #[error(
+        "session {session} has {joined} connections joined to its first, the most one session may \
+         (max_joins_per_session)"
+    )]
+    SessionJoins {
+        /// The session.
+        session: u64,
+        /// Its connections after the first.
+        joined: usize,
+    },
+    /// `max_joins_per_host`.
+    #[error("{owner} have {joined} connections joined to their sessions, the most one host may (max_joins_per_host)")]
+    HostJoins {
+        /// The host (or the anonymous initiators of one address).
+        owner: String,
+        /// Its sessions' connections after their first.
+        joined: usize,
+    },
+    /// `max_joins`.
+    #[error("the target has {joined} connections joined to sessions, its maximum (max_joins)")]
+    TargetJoins {
+        /// Every session's connections after its first.
+        joined: usize,
+    },
 }
 
 /// What a reload changes: the volumes served and who may open them, replaced together.
@@ -222,6 +247,30 @@ impl Shared {
         }
         let mine = sessions.values().filter(|s| s.owner == *owner).count();
         (mine >= limits.max_sessions_per_host).then(|| CapReached::Host { owner: owner.to_string(), open: mine })
+    }
+
+    /// Whether one more connection joining `s` would pass a JOIN cap: the reason, if so. A
+    /// session's connections after its first count as joined. Only the listener thread admits
+    /// connections, so between this answer and the join nothing else joins.
+    pub fn join_cap_reached(&self, s: &Session) -> Option<CapReached> {
+        let limits = self.limits();
+        let joined = |s: &Session| s.connections().saturating_sub(1);
+        let mine = joined(s);
+        if mine >= limits.max_joins_per_session {
+            return Some(CapReached::SessionJoins { session: s.id, joined: mine });
+        }
+        let (mut host, mut all) = (0, 0);
+        for t in self.sessions.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            let j = joined(t);
+            all += j;
+            if t.owner == s.owner {
+                host += j;
+            }
+        }
+        if all >= limits.max_joins {
+            return Some(CapReached::TargetJoins { joined: all });
+        }
+        (host >= limits.max_joins_per_host).then(|| CapReached::HostJoins { owner: s.owner.to_string(), joined: host })
     }
 
     /// An AUTH from `ip` failed: how long to hold its ERROR back. The first failure is answered

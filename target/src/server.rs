@@ -98,6 +98,9 @@ impl Server {
             log_serving(v);
         }
         warn_memlock(&shared);
+        if let Some(text) = crate::config::nofile_limit().and_then(|l| cfg.descriptor_warning(l)) {
+            warn!("{text}");
+        }
         let metrics = match cfg.metrics {
             Some(at) => {
                 let s = Arc::clone(&shared);

@@ -27,6 +27,8 @@ pub struct Counters {
     pub auth_failures: AtomicU64,
     /// OPENs refused (access lists, caps, no such volume, busy, ...).
     pub refused_opens: AtomicU64,
+    /// JOINs refused by a JOIN cap.
+    pub refused_joins: AtomicU64,
     /// Connections accepted.
     pub connections_accepted: AtomicU64,
     /// Sessions opened.
@@ -51,6 +53,7 @@ impl Default for Counters {
             windows: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
             refused_opens: AtomicU64::new(0),
+            refused_joins: AtomicU64::new(0),
             connections_accepted: AtomicU64::new(0),
             sessions_opened: AtomicU64::new(0),
             malformed: AtomicU64::new(0),

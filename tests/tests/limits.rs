@@ -309,3 +309,111 @@ fn rxe_a_stopped_initiator_is_reaped_by_its_silence() {
     until_held(&d, &mut probe, base, Duration::from_secs(20))
         .unwrap_or_else(|h| panic!("not back to the baseline: {h:?} (baseline {base:?})"));
 }
+
+/// An in-process target with a shared key, hosts `a` and `b`, and JOIN caps of 2 per session,
+/// 3 per host and 4 in all.
+fn serve_join_caps() -> (Running, Vec<u8>) {
+    let key = vec![7u8; 32];
+    let hosts = ["a", "b"].map(|name| rblk_target::access::HostSpec { name: name.into(), key: None }).to_vec();
+    let r = serve_with(Config {
+        key: Some(key.clone()),
+        hosts,
+        max_joins_per_session: 2,
+        max_joins_per_host: 3,
+        max_joins: 4,
+        ..Config::default()
+    });
+    (r, key)
+}
+
+/// HELLO, AUTH as `host`, OPEN `v` read-write: the session's first connection and its OPENED.
+fn open_as(r: &Running, key: &[u8], host: &str) -> (Raw, rblk_proto::Opened) {
+    let mut c = raw(r);
+    c.login(Some(key), Some(host)).expect("AUTH");
+    let o = c.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
+    (c, o)
+}
+
+/// A further connection of `o`'s session: its JOIN's reply (kept open while the Raw lives).
+fn join(r: &Running, o: &rblk_proto::Opened) -> (Raw, Vec<u8>) {
+    let data = ConnectData::Join { session_id: o.session_id, token: o.token };
+    let mut c = Raw::connect(Fabric::Mem, r.local_addr(), data).expect("connect a JOIN");
+    let reply = c.request(&Message::Join { session_id: o.session_id, token: o.token });
+    (c, reply)
+}
+
+fn joined(reply: &[u8]) -> bool {
+    matches!(rblk_proto::parse(reply), Ok((_, Message::Joined { .. } | Message::Ok { .. })))
+}
+
+/// Catches JOINs counted by no cap (issue 24): one session's token let a host open hundreds
+/// of QPs, each a thread, a QP and about 4 descriptors, until every other tenant's connects
+/// failed. Past the per-session, per-host and total caps a JOIN gets an ERROR (out of
+/// resources) naming the cap, and another host still opens a session.
+#[test]
+fn joins_past_the_caps_are_refused_and_another_host_gets_in() {
+    let (r, key) = serve_join_caps();
+    let refused = |reply: &[u8], cap: &str| match rblk_proto::parse(reply) {
+        Ok((_, Message::Error { code, text })) => {
+            assert_eq!(code, ErrorCode::NoResources, "{text}");
+            assert!(text.contains(cap), "the refusal must name {cap}: {text}");
+        }
+        other => panic!("a JOIN past {cap} was answered with {other:?}"),
+    };
+    let mut held = Vec::new();
+    // Per session: the first QP is not counted, two JOINs are.
+    let (a1, o1) = open_as(&r, &key, "a");
+    for _ in 0..2 {
+        let (c, reply) = join(&r, &o1);
+        assert!(joined(&reply), "{:?}", rblk_proto::parse(&reply));
+        held.push(c);
+    }
+    refused(&join(&r, &o1).1, "max_joins_per_session");
+    // Per host: a's second session gets one more, its fourth JOIN in all is refused.
+    let (a2, o2) = open_as(&r, &key, "a");
+    let (c, reply) = join(&r, &o2);
+    assert!(joined(&reply));
+    held.push(c);
+    refused(&join(&r, &o2).1, "max_joins_per_host");
+    // In all: b's session gets the fourth, then the total cap refuses b too.
+    let (b1, o3) = open_as(&r, &key, "b");
+    let (c, reply) = join(&r, &o3);
+    assert!(joined(&reply));
+    held.push(c);
+    refused(&join(&r, &o3).1, "max_joins");
+    // Refused JOINs took nothing: b still opens a session, and a JOIN fits once one left.
+    let (_b2, _) = open_as(&r, &key, "b");
+    drop(held.remove(0));
+    let within = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (c, reply) = join(&r, &o1);
+        if joined(&reply) {
+            held.push(c);
+            break;
+        }
+        assert!(Instant::now() < within, "a JOIN still refused after a joined connection left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop((a1, a2, b1, held));
+    r.shutdown();
+}
+
+/// Catches `--check-config` silent about caps that need more file descriptors than
+/// RLIMIT_NOFILE allows (systemd's default soft limit is 1024; the default caps need about
+/// 21000): connections past the limit would fail at random instead of being refused by a cap.
+#[test]
+fn check_config_warns_when_the_caps_need_more_descriptors_than_the_limit() {
+    let check = |caps: &str| {
+        let script = format!("ulimit -n 1024 && exec \"$0\" --check-config --allow-any-host --volume v:1M {caps}");
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script, rblk_tests::daemon::bin("rblk-target").to_str().unwrap()])
+            .output()
+            .expect("run rblk-target --check-config");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = check("");
+    assert!(stderr.contains("warning") && stderr.contains("RLIMIT_NOFILE allows (1024)"), "{stderr}");
+    let stderr = check("--max-unopened 16 --max-sessions 64 --max-joins 128");
+    assert!(!stderr.contains("RLIMIT_NOFILE"), "caps that fit warned: {stderr}");
+}
