@@ -190,6 +190,12 @@ impl SessionIo {
         }
     }
 
+    /// Everything may be unflushed (a process took over from one that died with its dirty
+    /// set): the next FLUSH covers the whole volume.
+    pub(crate) fn dirty_all(&self) {
+        self.book().dirty = Dirty::All;
+    }
+
     /// The target lost every write not yet flushed (a durable volume's crash): forgets them, the
     /// ranges of FLUSHes in progress included, and returns how many bytes they were (None: too
     /// many ranges to count).

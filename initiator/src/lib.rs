@@ -110,7 +110,7 @@ pub use dirty::Dirty;
 pub use duration::parse_duration;
 pub use engine::{Engine, EngineCounters, Lane};
 pub use error::{Direction, Error, InvalidReason, Result};
-pub use link::LinkState;
+pub use link::{Continuity, LinkState};
 pub use options::{
     check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,
     DEFAULT_TIMEOUT,
@@ -121,7 +121,7 @@ pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};
 pub use rblk_proto::{ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, KEEPALIVE_INTERVAL};
-pub use session::Session;
+pub use session::{Predecessor, Session};
 pub use size::parse_size;
 pub use stats::{EngineStats, Latency};
 pub use uri::{ToUri, Uri};

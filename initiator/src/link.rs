@@ -108,6 +108,40 @@ struct Inner {
     closing: bool,
 }
 
+/// What a new session of a volume may continue from an old one: the rule a reconnect follows,
+/// and a process that takes a device over from one that died ([`crate::Session::take_over`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Continuity {
+    /// The same instance of the volume's contents: everything continues.
+    Same,
+    /// A new instance of a durable volume (the target crashed, or its store changed): every
+    /// write not yet flushed is gone, so the next FLUSH fails.
+    WritesLost,
+    /// Nothing may continue (a RAM volume's contents are gone, the volume changed, or its
+    /// identity cannot be checked): every I/O fails, with this reason.
+    Refused(String),
+}
+
+/// Compares the volume `new` opened with the one `old` had; `volatile`: the volume lives in RAM.
+pub(crate) fn continuity(old: &Opened, new: &Opened, volatile: bool) -> Continuity {
+    if new.size != old.size || new.block_size != old.block_size || new.max_io < old.max_io {
+        Continuity::Refused(format!(
+            "the volume changed while the session was lost ({} bytes in blocks of {} became {} in blocks of {})",
+            old.size, old.block_size, new.size, new.block_size
+        ))
+    } else if new.instance.is_none() || old.instance.is_none() {
+        Continuity::Refused(
+            "the target does not report the volume's identity: cannot tell it is the same volume".into(),
+        )
+    } else if new.instance != old.instance && volatile {
+        Continuity::Refused("volume contents lost: the target restarted and the volume is volatile".into())
+    } else if new.instance != old.instance {
+        Continuity::WritesLost
+    } else {
+        Continuity::Same
+    }
+}
+
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Link {
@@ -372,6 +406,23 @@ impl Link {
         lock(&self.state).lost_writes.take()
     }
 
+    /// A process taking a device over from one that died found `verdict` (see
+    /// [`crate::Session::take_over`]): a new durable instance makes the next FLUSH fail (how
+    /// much was lost is unknown), a refusal fails every I/O.
+    pub(crate) fn succeed(&self, verdict: &Continuity) {
+        let mut st = lock(&self.state);
+        match verdict {
+            Continuity::Same => {}
+            Continuity::WritesLost => st.lost_writes = Some(None),
+            Continuity::Refused(reason) => {
+                tracing::error!(volume = self.name, "{reason}");
+                self.set_health(&mut st, Health::Failed(reason.clone()));
+            }
+        }
+        drop(st);
+        self.changed.notify_all();
+    }
+
     /// Runs a reconnect attempt if one is due and nobody else runs one. Blocks for as long as
     /// the attempt takes (each exchange has `Options::timeout`).
     pub(crate) fn drive(&self) {
@@ -557,26 +608,15 @@ impl Link {
             Health::Down(o) => (o.io_failed, o.since.elapsed()),
             _ => return,
         };
-        let refuse = if opened.size != old.size || opened.block_size != old.block_size || opened.max_io < old.max_io {
-            Some(format!(
-                "the volume changed while the session was lost ({} bytes in blocks of {} became {} in blocks of {})",
-                old.size, old.block_size, opened.size, opened.block_size
-            ))
-        } else if opened.instance.is_none() {
-            Some("the target no longer reports the volume's identity: cannot tell it is the same volume".into())
-        } else if opened.instance != old.instance && self.volatile {
-            Some("volume contents lost: the target restarted and the volume is volatile".into())
-        } else {
-            None
-        };
-        if let Some(reason) = refuse {
+        let verdict = continuity(&old, &opened, self.volatile);
+        if let Continuity::Refused(reason) = verdict {
             tracing::error!(volume = self.name, %addr, "{reason}");
             self.set_health(&mut lock(&self.state), Health::Failed(reason));
             self.changed.notify_all();
             return;
         }
         let mut lost_writes = None;
-        if opened.instance != old.instance {
+        if verdict == Continuity::WritesLost {
             // A durable volume that crashed (or whose store was replaced): every write not yet
             // flushed is gone.
             let lost = self.shared.lose_all();

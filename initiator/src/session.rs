@@ -5,11 +5,12 @@ use std::time::Instant;
 
 use rblk_fabric::{Chain, Pd};
 use rblk_proto::{
-    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, FEATURES, FEATURE_HOST_ID,
-    FEATURE_KEEPALIVE, FEATURE_WINDOWS, MAC_LEN,
+    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, VolumeFlags, FEATURES, FEATURE_HOST_ID,
+    FEATURE_KEEPALIVE, FEATURE_RECONNECT, FEATURE_WINDOWS, MAC_LEN,
 };
 
 use crate::conn::{self, Conn, Dest, Reply};
+use crate::link::Continuity;
 use crate::{Error, Options, Result, ToUri, Uri, Volume};
 
 /// An authenticated connection to a target, ready to open the URI's volume.
@@ -66,6 +67,40 @@ impl Session {
         let opened = open_on(&mut self.conn, mode, &name, None, self.opts.timeout)?;
         tracing::debug!(addr = %self.addr(), volume = name, ?mode, session = opened.session_id, "opened");
         Volume::new(self.conn, self.uri, self.dests, self.at, self.opts, self.features, mode, opened)
+    }
+
+    /// Opens the URI's volume for a process that takes over from `prev`, one that served it and
+    /// died (a ublk server's successor, `rblk attach` recovering a device). The OPEN resumes the
+    /// predecessor's session, so the target ends it at once (an exclusive open is not refused
+    /// for it; a session the target already forgot makes this a plain OPEN). The new session then
+    /// follows the reconnect rules against what the predecessor had ([`Continuity`]): the same
+    /// instance continues; a new instance of a durable volume makes the first FLUSH fail (the
+    /// predecessor's unflushed writes are gone); anything else fails every I/O (the volume is
+    /// returned with its session marked failed: new queues are refused).
+    ///
+    /// The target cannot see one-sided writes, and what the predecessor wrote and had not
+    /// flushed died with it: so the first FLUSH covers the whole volume (on a durable volume, a
+    /// whole-volume write-back; on a RAM volume the target answers it at once).
+    ///
+    /// Fails like [`open`](Self::open), and with [`Error::Protocol`] when the target cannot
+    /// resume sessions (no FEATURE_RECONNECT).
+    pub fn take_over(mut self, mode: OpenMode, prev: &Predecessor) -> Result<(Volume, Continuity)> {
+        if self.features & FEATURE_RECONNECT == 0 {
+            return Err(Error::Protocol {
+                addr: self.addr(),
+                expected: "a target that resumes sessions (FEATURE_RECONNECT)",
+                got: "a target without it (an older rblk-target)".into(),
+            });
+        }
+        let name = self.uri.volume().to_owned();
+        let resume = Resume { session_id: prev.session_id, token: prev.token };
+        let opened = open_on(&mut self.conn, mode, &name, Some(resume), self.opts.timeout)?;
+        let volatile = opened.flags.contains(VolumeFlags::VOLATILE);
+        let verdict = crate::link::continuity(&prev.opened(), &opened, volatile);
+        tracing::debug!(addr = %self.addr(), volume = name, ?mode, session = opened.session_id, ?verdict, "took over");
+        let vol = Volume::new(self.conn, self.uri, self.dests, self.at, self.opts, self.features, mode, opened)?;
+        vol.take_over(&verdict);
+        Ok((vol, verdict))
     }
 
     /// The volumes this host may open on the target (LIST: `nvme discover`'s counterpart),
@@ -205,4 +240,39 @@ pub(crate) fn open_on(
         Reply::Opened(o) => Some(o),
         _ => None,
     })
+}
+
+/// What a process that served a volume knew about its session, kept (by `rblk attach`, in its
+/// run-directory entry) for a process that takes over when it dies: [`Session::take_over`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Predecessor {
+    /// Its session (OPENED's id; a reconnect makes a new one).
+    pub session_id: u64,
+    /// Its session's token: lets the successor's OPEN end that session.
+    pub token: [u8; rblk_proto::TOKEN_LEN],
+    /// The volume's size in bytes.
+    pub size: u64,
+    /// The volume's block size.
+    pub block_size: u32,
+    /// The volume's largest I/O.
+    pub max_io: u32,
+    /// The volume instance it served; None: the target reported none.
+    pub instance: Option<rblk_proto::VolumeId>,
+}
+
+impl Predecessor {
+    /// As an OPENED, for the reconnect rules.
+    fn opened(&self) -> Opened {
+        Opened {
+            remote_addr: 0,
+            size: self.size,
+            rkey: 0,
+            block_size: self.block_size,
+            max_io: self.max_io,
+            flags: VolumeFlags::empty(),
+            session_id: self.session_id,
+            token: self.token,
+            instance: self.instance,
+        }
+    }
 }

@@ -128,6 +128,27 @@ impl Volume {
         self.ctl.link.current().opened.instance
     }
 
+    /// What a process taking over from this one needs to know of its session (see
+    /// [`Session::take_over`](crate::Session::take_over)); it changes when the session reconnects.
+    pub fn predecessor(&self) -> crate::Predecessor {
+        let cur = self.ctl.link.current().opened;
+        crate::Predecessor {
+            session_id: cur.session_id,
+            token: cur.token,
+            size: cur.size,
+            block_size: cur.block_size,
+            max_io: cur.max_io,
+            instance: cur.instance,
+        }
+    }
+
+    /// A successor's start ([`Session::take_over`](crate::Session::take_over)): everything is
+    /// dirty, and the verdict on the predecessor's instance applies.
+    pub(crate) fn take_over(&self, verdict: &crate::Continuity) {
+        self.ctl.io.dirty_all();
+        self.ctl.link.succeed(verdict);
+    }
+
     /// How often the session reconnected after losing its target.
     pub fn reconnects(&self) -> u64 {
         self.ctl.link.reconnect_count()

@@ -160,6 +160,11 @@ impl Running {
         self.shared.catalog().volumes.values().filter(|v| v.backing.is_some()).map(|v| v.size()).sum()
     }
 
+    /// Bytes FLUSHes wrote back to durable volumes (the `written_back_bytes` metric).
+    pub fn written_back_bytes(&self) -> u64 {
+        self.shared.counters.written_back_bytes.load(Ordering::SeqCst)
+    }
+
     /// Current registrations and pinned bytes.
     pub fn registrations(&self) -> (u64, u64) {
         let c = &self.shared.counters;

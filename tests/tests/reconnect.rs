@@ -24,6 +24,16 @@
 //! - `a_queue_of_a_session_the_target_reaped_reconnects_it`: a join refused because the target
 //!   reaped the session (its idle first queue pair went silent) reconnects instead of failing.
 //! - `a_dead_first_address_is_skipped`: multi-address URIs, for the session and its queues.
+//!
+//! A process taking over from one that died (`Session::take_over`, `rblk attach`'s ublk
+//! recovery) follows the same rules:
+//! - `a_successor_flushes_the_whole_volume_first`: the predecessor's dirty set died with it; a
+//!   successor that started clean would answer the re-issued FLUSH with "nothing to flush"
+//!   and only the target's RAM would hold what the filesystem took as durable.
+//! - `a_successor_ends_its_predecessors_exclusive_session`: the OPEN resumes the dead session,
+//!   so an exclusive open is not refused as busy until the target reaps it.
+//! - `a_successor_of_a_lost_instance_fails`: a RAM volume's new instance fails every I/O; a
+//!   durable volume's fails the first FLUSH.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -32,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::{Fabric, WcStatus};
 use rblk_initiator::engine::{Data, IoOp, Lane, Request};
-use rblk_initiator::{Engine, Error, OpenMode, Options, Reconnect, Session};
+use rblk_initiator::{Continuity, Engine, Error, OpenMode, Options, Reconnect, Session};
 use rblk_target::config::VolumeSpec;
 use rblk_target::server::{Config, Running, Server};
 use rblk_tests::workload::pattern;
@@ -384,4 +394,80 @@ fn a_dead_first_address_is_skipped() {
     let mut back = vec![0; PIECE as usize];
     e.read_at(&mut back, 0).unwrap();
     assert_eq!(back, data(10, 0, PIECE));
+}
+
+fn opts(reconnect: Reconnect) -> Options {
+    Options { fabric: Fabric::Mem, timeout: Duration::from_secs(2), reconnect, ..Options::default() }
+}
+
+/// A predecessor's session (open, wrote `len` bytes at 0 without flushing) and what it knew.
+fn predecessor(t: &Target, mode: OpenMode, len: u64) -> (rblk_initiator::Volume, rblk_initiator::Predecessor) {
+    let mut vol = Session::connect(&t.uri(), &opts(policy(None, None))).unwrap().open(mode).unwrap();
+    if len > 0 {
+        vol.write_at(&data(20, 0, len), 0).unwrap();
+    }
+    let prev = vol.predecessor();
+    (vol, prev)
+}
+
+#[test]
+fn a_successor_flushes_the_whole_volume_first() {
+    let t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let (dead, prev) = predecessor(&t, OpenMode::ReadWrite, PIECE);
+    // The predecessor dies with its dirty set (its session is left for the successor to end).
+    std::mem::forget(dead);
+    let base = t.running.as_ref().unwrap().written_back_bytes();
+    let session = Session::connect(&t.uri(), &opts(policy(None, None))).unwrap();
+    let (mut vol, verdict) = session.take_over(OpenMode::ReadWrite, &prev).unwrap();
+    assert_eq!(verdict, Continuity::Same);
+    vol.flush().unwrap();
+    let written = t.running.as_ref().unwrap().written_back_bytes() - base;
+    assert_eq!(written, 4 * MIB, "the first FLUSH wrote the whole volume back");
+    vol.flush().unwrap();
+    assert_eq!(t.running.as_ref().unwrap().written_back_bytes() - base, 4 * MIB, "then nothing is dirty");
+    let mut back = vec![0; PIECE as usize];
+    vol.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, data(20, 0, PIECE));
+}
+
+#[test]
+fn a_successor_ends_its_predecessors_exclusive_session() {
+    let t = Target::new(false, rblk_proto::KEEPALIVE_TIMEOUT);
+    let (dead, prev) = predecessor(&t, OpenMode::Exclusive, 0);
+    std::mem::forget(dead);
+    let o = opts(policy(None, None));
+    let busy = Session::connect(&t.uri(), &o).unwrap().open(OpenMode::Exclusive);
+    assert!(busy.is_err(), "the dead session still holds the volume");
+    let (mut vol, verdict) = Session::connect(&t.uri(), &o).unwrap().take_over(OpenMode::Exclusive, &prev).unwrap();
+    assert_eq!(verdict, Continuity::Same);
+    vol.write_at(&data(21, 0, PIECE), 0).unwrap();
+}
+
+#[test]
+fn a_successor_of_a_lost_instance_fails() {
+    // RAM: the target restarted, its volume is new and empty.
+    let mut t = Target::new(false, rblk_proto::KEEPALIVE_TIMEOUT);
+    let (dead, prev) = predecessor(&t, OpenMode::ReadWrite, PIECE);
+    drop(dead);
+    t.stop();
+    t.start();
+    let o = opts(policy(None, None));
+    let (mut vol, verdict) = Session::connect(&t.uri(), &o).unwrap().take_over(OpenMode::ReadWrite, &prev).unwrap();
+    assert!(matches!(&verdict, Continuity::Refused(r) if r.contains("volume contents lost")), "{verdict:?}");
+    let mut back = vec![0xee; PIECE as usize];
+    let err = vol.read_at(&mut back, 0).expect_err("a read of a volume whose contents are gone");
+    assert!(err.to_string().contains("volume contents lost"), "{err}");
+    assert!(back.iter().all(|&b| b == 0xee), "nothing of the new, empty volume was served");
+    // Durable: a crash made a new instance; what was not flushed is gone.
+    let mut t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let (dead, prev) = predecessor(&t, OpenMode::ReadWrite, PIECE);
+    drop(dead);
+    t.stop();
+    t.forget_identity();
+    t.start();
+    let (mut vol, verdict) = Session::connect(&t.uri(), &o).unwrap().take_over(OpenMode::ReadWrite, &prev).unwrap();
+    assert_eq!(verdict, Continuity::WritesLost);
+    let err = vol.flush().expect_err("the first FLUSH after the lost writes");
+    assert!(matches!(err, Error::WritesLost { .. }), "{err}");
+    vol.flush().expect("reported once");
 }
