@@ -79,7 +79,7 @@ pub fn read(path: &Path) -> io::Result<Vec<u8>> {
 pub fn generate(path: &Path) -> io::Result<()> {
     let mut random = [0u8; GENERATED_BYTES];
     getrandom::fill(&mut random).map_err(|e| io::Error::other(format!("the OS random source failed: {e}")))?;
-    let mut text: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let mut text = rblk_proto::to_hex(&random);
     text.push('\n');
     let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
     let written = file.write_all(text.as_bytes()).and_then(|()| file.sync_all());

@@ -62,6 +62,20 @@ impl Control {
         self.link.addr()
     }
 
+    /// What a process taking over from this one needs to know of its session (see
+    /// [`Session::take_over`](crate::Session::take_over)); it changes when the session reconnects.
+    pub fn predecessor(&self) -> crate::Predecessor {
+        let cur = self.link.current().opened;
+        crate::Predecessor {
+            session_id: cur.session_id,
+            token: cur.token,
+            size: cur.size,
+            block_size: cur.block_size,
+            max_io: cur.max_io,
+            instance: cur.instance,
+        }
+    }
+
     /// The session's protection domain.
     pub fn pd(&self) -> Pd {
         self.link.pd().clone()

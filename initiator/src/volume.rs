@@ -131,15 +131,7 @@ impl Volume {
     /// What a process taking over from this one needs to know of its session (see
     /// [`Session::take_over`](crate::Session::take_over)); it changes when the session reconnects.
     pub fn predecessor(&self) -> crate::Predecessor {
-        let cur = self.ctl.link.current().opened;
-        crate::Predecessor {
-            session_id: cur.session_id,
-            token: cur.token,
-            size: cur.size,
-            block_size: cur.block_size,
-            max_io: cur.max_io,
-            instance: cur.instance,
-        }
+        self.ctl.predecessor()
     }
 
     /// A successor's start ([`Session::take_over`](crate::Session::take_over)): everything is

@@ -48,7 +48,7 @@ mod tests {
         assert!(!verify_auth_mac(b"Jefe", &nonce, None, &host), "the base message");
         let mut m = Hmac::<sha2::Sha256>::new_from_slice(b"Jefe").unwrap();
         m.update(b"what do ya want for nothing?");
-        let hex: String = m.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        let hex = crate::to_hex(&m.finalize().into_bytes());
         assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
     }
 }

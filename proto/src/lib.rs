@@ -64,7 +64,9 @@ pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN
 pub use error::{EncodeError, ParseError};
 pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, ListEntry, OpenMode, Range, VolumeFlags};
 pub use header::{peek_tag, Opcode, HEADER_LEN};
-pub use messages::{is_valid_host_id, parse, Message, Opened, Resume, StatsReply, VolumeId, MAX_LIST_ENTRIES};
+pub use messages::{
+    from_hex, is_valid_host_id, parse, to_hex, Message, Opened, Resume, StatsReply, VolumeId, MAX_LIST_ENTRIES,
+};
 pub use size::parse_size;
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian

@@ -158,8 +158,32 @@ pub struct VolumeId(pub [u8; 16]);
 
 impl core::fmt::Display for VolumeId {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+        f.write_str(&to_hex(&self.0))
     }
+}
+
+impl VolumeId {
+    /// Parses its [`Display`](core::fmt::Display) form: 32 hex digits.
+    pub fn from_hex(text: &str) -> Option<VolumeId> {
+        from_hex(text).map(VolumeId)
+    }
+}
+
+/// `N` bytes from exactly `2 * N` hex digits (either case); None for anything else.
+pub fn from_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Bytes as lowercase hex digits, two per byte (what [`from_hex`] reads).
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl core::fmt::Debug for VolumeId {

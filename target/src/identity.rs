@@ -201,17 +201,10 @@ fn parse(text: &str) -> Option<(VolumeId, Fingerprint)> {
         return None;
     }
     let mut field = |key: &str| lines.next()?.strip_prefix(key)?.strip_prefix(' ');
-    let hex = field("id")?;
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut id = [0u8; 16];
-    for (i, b) in id.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
+    let id = VolumeId::from_hex(field("id")?)?;
     let mut number = |key: &str| field(key)?.parse::<u64>().ok();
     let fp = Fingerprint { dev: number("dev")?, ino: number("ino")?, rdev: number("rdev")?, size: number("size")? };
-    lines.next().is_none().then_some((VolumeId(id), fp))
+    lines.next().is_none().then_some((id, fp))
 }
 
 fn remove_durably(path: &Path) -> io::Result<()> {

@@ -8,9 +8,11 @@ use std::process::Command;
 /// Where the scratch file system is mounted.
 pub const MOUNT: &str = "/mnt/rblk-scratch";
 
-fn run(cmd: &mut Command) {
+/// Runs `cmd`; fails the test unless it succeeds. Its stdout, trimmed.
+fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 fn mounted(path: &str) -> bool {
@@ -72,5 +74,48 @@ impl Tiny {
 impl Drop for Tiny {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+/// A slow block device: dm-delay over a loop device on a file of the scratch disk, whose writes
+/// each take `write_ms` (reads and flushes are not delayed).
+#[derive(Debug)]
+pub struct SlowDisk {
+    name: String,
+    loop_dev: String,
+    /// The device-mapper device, a block device to back a volume with.
+    pub path: PathBuf,
+}
+
+impl SlowDisk {
+    /// Makes it, `size` bytes, on the scratch disk.
+    pub fn new(name: &str, size: u64, write_ms: u64) -> SlowDisk {
+        let file = dir().join(format!("{name}.slow"));
+        let _ = std::fs::remove_file(&file);
+        std::fs::File::create(&file).unwrap().set_len(size).unwrap();
+        run(Command::new("modprobe").arg("dm_delay"));
+        let loop_dev = run(Command::new("losetup").args(["--find", "--show"]).arg(&file));
+        let dm = format!("rblk-slow-{name}");
+        // read, write and flush classes: only writes are slow.
+        let table = format!("0 {} delay {loop_dev} 0 0 {loop_dev} 0 {write_ms} {loop_dev} 0 0", size / 512);
+        // No udev in the guest: dmsetup makes the device node itself.
+        run(Command::new("dmsetup").env("DM_DISABLE_UDEV", "1").args([
+            "create",
+            "--noudevsync",
+            &dm,
+            "--table",
+            &table,
+        ]));
+        let path = PathBuf::from(format!("/dev/mapper/{dm}"));
+        assert!(path.exists(), "{} missing after dmsetup create", path.display());
+        SlowDisk { name: dm, loop_dev, path }
+    }
+}
+
+impl Drop for SlowDisk {
+    fn drop(&mut self) {
+        let _ =
+            Command::new("dmsetup").env("DM_DISABLE_UDEV", "1").args(["remove", "--noudevsync", &self.name]).status();
+        let _ = Command::new("losetup").args(["-d", &self.loop_dev]).status();
     }
 }

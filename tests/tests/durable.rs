@@ -8,7 +8,6 @@
 //! only when a session with write access opened it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rblk_initiator::{Error, ErrorCode, OpenMode, Options, Session, Volume};
@@ -273,52 +272,6 @@ fn flush_throughput_of_a_64_mib_dirty_set() {
     let _ = std::fs::remove_file(dd_path);
 }
 
-/// A slow block device: dm-delay over a loop device on a file of the scratch disk, whose writes
-/// each take `write_ms` (reads and flushes are not delayed).
-struct SlowDisk {
-    name: String,
-    loop_dev: String,
-    /// The device-mapper device, a block device to back a volume with.
-    path: PathBuf,
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-impl SlowDisk {
-    fn new(name: &str, size: u64, write_ms: u64) -> SlowDisk {
-        let file = backing(&format!("{name}.slow"));
-        std::fs::File::create(&file).unwrap().set_len(size).unwrap();
-        run(Command::new("modprobe").arg("dm_delay"));
-        let loop_dev = run(Command::new("losetup").args(["--find", "--show"]).arg(&file));
-        let dm = format!("rblk-slow-{name}");
-        // read, write and flush classes: only writes are slow.
-        let table = format!("0 {} delay {loop_dev} 0 0 {loop_dev} 0 {write_ms} {loop_dev} 0 0", size / 512);
-        // No udev in the guest: dmsetup makes the device node itself.
-        run(Command::new("dmsetup").env("DM_DISABLE_UDEV", "1").args([
-            "create",
-            "--noudevsync",
-            &dm,
-            "--table",
-            &table,
-        ]));
-        let path = PathBuf::from(format!("/dev/mapper/{dm}"));
-        assert!(path.exists(), "{} missing after dmsetup create", path.display());
-        SlowDisk { name: dm, loop_dev, path }
-    }
-}
-
-impl Drop for SlowDisk {
-    fn drop(&mut self) {
-        let _ =
-            Command::new("dmsetup").env("DM_DISABLE_UDEV", "1").args(["remove", "--noudevsync", &self.name]).status();
-        let _ = Command::new("losetup").args(["-d", &self.loop_dev]).status();
-    }
-}
-
 /// How long the slow write-back takes: `RBLK_SLOW_FLUSH_SECS` (scripts/soak-flush.sh sets 60),
 /// or 20 s.
 fn slow_flush_secs() -> u64 {
@@ -336,7 +289,7 @@ fn a_slow_write_back_keeps_its_connection() {
     // the target counting the initiator's silence while it waits (the connection ends).
     let rdma = rdma();
     let secs = slow_flush_secs();
-    let disk = SlowDisk::new("long", 16 * MIB, secs * 1000);
+    let disk = scratch::SlowDisk::new("long", 16 * MIB, secs * 1000);
     let spec = volume_arg("s", 16 * MIB, &disk.path);
     let d = Daemon::start(&rdma, &["--volume", &spec]);
     let mut vol = open(&d, "s", OpenMode::ReadWrite).unwrap();
@@ -374,7 +327,7 @@ fn a_read_only_flush_flood_does_not_delay_another_flush() {
     // volume: 3 s a pass, and the read-write FLUSH waited for the one running, about 6 s).
     let rdma = rdma();
     const DELAY: Duration = Duration::from_secs(3);
-    let disk = SlowDisk::new("flood", 16 * MIB, DELAY.as_millis() as u64);
+    let disk = scratch::SlowDisk::new("flood", 16 * MIB, DELAY.as_millis() as u64);
     let spec = volume_arg("f", 16 * MIB, &disk.path);
     let d = Daemon::start(&rdma, &["--volume", &spec]);
     let mut rw = open(&d, "f", OpenMode::ReadWrite).unwrap();

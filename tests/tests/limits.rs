@@ -209,9 +209,12 @@ fn rxe_idle_connections_are_capped_and_cut_and_honest_clients_get_in() {
     }
     let last_connect = Instant::now();
     eprintln!("limits: 200 idle connects ({refused} failed); at most {peak} connections held (probe included)");
-    // The probe, the cap, and the connection just evicted, which STATS counts until its thread
-    // has torn it down. Without the cap some 100 would be held (3 s at ~30 ms per connect).
-    assert!(peak <= 2 + rblk_target::server::MAX_UNOPENED_PER_ADDR as u64, "the per-address cap holds: {peak}");
+    // The probe, the cap, and the connections just evicted, which STATS counts until their
+    // threads have torn them down: one, or a few on a loaded host (a fresh-clone CI run saw 19
+    // with host builds beside it). Without the cap some 100 would be held (3 s at ~30 ms per
+    // connect).
+    let bound = 4 + rblk_target::server::MAX_UNOPENED_PER_ADDR as u64;
+    assert!(peak <= bound, "the per-address cap holds: {peak} connections held, more than {bound}");
     // While the "attacker" holds its cap, an honest client from the same address gets in.
     let opts = rblk_initiator::Options { fabric: Fabric::Verbs, ..rblk_initiator::Options::default() };
     let honest = rblk_initiator::Session::connect(&format!("rblk://{}/v", d.addr), &opts)

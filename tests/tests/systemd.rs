@@ -476,4 +476,79 @@ mod guest {
         assert!(d.stop().success());
         let _ = std::fs::remove_dir_all(dir);
     }
+
+    /// The unit's `Key=` line, with the instance `utest`, the test's rblk binary and `env`.
+    fn unit_line(key: &str, env: &[(&str, &str)]) -> String {
+        let unit = std::fs::read_to_string(repo().join("dist/systemd/rblk-attach@.service")).unwrap();
+        let mut line = unit
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key}= in the unit"))
+            .trim_start_matches('-')
+            .replace("/usr/local/bin/rblk", &rblk_tests::blockdev::rblk())
+            .replace("%i", "utest")
+            .replace("%n", "rblk-attach@utest.service");
+        for (k, v) in env {
+            line = line.replace(&format!("${{{k}}}"), v).replace(&format!("${k}"), v);
+        }
+        line
+    }
+
+    /// Catches a unit that says READY before the device exists (or never: Type=notify would
+    /// fail every start), an instance without a config that starts silently, and a restart
+    /// that makes a second device instead of taking the first over. The unit's own command lines
+    /// run here without systemd: ExecStart with a test NOTIFY_SOCKET, the ExecStartPre check,
+    /// the `rblk detach --if-dead` of ExecStopPost.
+    #[test]
+    #[ignore = "needs rxe and ublk_drv: run in the guest by scripts/test.sh"]
+    fn the_attach_units_lines_say_ready_once_the_device_exists_and_a_restart_takes_it_over() {
+        rblk_tests::blockdev::ublk_drv();
+        let rdma = rdma();
+        let d = Daemon::start(&rdma, &["--volume", "u:16M"]);
+        let uri = format!("rblk://{}/u", d.addr);
+        let dir = temp_dir("attach-unit");
+        let sock = dir.join("notify.sock");
+        let mut n = Notifications::bind(&sock);
+        // ExecStartPre: a missing config is an error naming the file.
+        let pre = std::process::Command::new("sh")
+            .args(["-c", &unit_line("ExecStartPre", &[])])
+            .env_remove("RBLK_URI")
+            .output()
+            .unwrap();
+        assert!(!pre.status.success(), "an instance without RBLK_URI must not start");
+        assert!(String::from_utf8_lossy(&pre.stderr).contains("/etc/rblk/attach/utest.conf"), "{pre:?}");
+        let start = unit_line("ExecStart", &[("RBLK_ATTACH_ARGS", ""), ("RBLK_URI", &uri)]);
+        let spawn = || {
+            std::process::Command::new("sh")
+                .args(["-c", &format!("exec {start}")])
+                .env("NOTIFY_SOCKET", &sock)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let link = Path::new("/dev/rblk/utest");
+        let mut first = spawn();
+        n.until("READY=1", Duration::from_secs(60));
+        let dev = std::fs::read_link(link).expect("/dev/rblk/utest exists at READY");
+        assert!(dev.exists(), "{} exists at READY", dev.display());
+        // ExecStopPost while the server lives: nothing.
+        let post = unit_line("ExecStopPost", &[]);
+        let detach_if_dead =
+            post.split("exec ").nth(1).expect("ExecStopPost execs rblk detach").trim_end_matches('\'').to_owned();
+        let out = std::process::Command::new("sh").args(["-c", &detach_if_dead]).output().unwrap();
+        assert!(out.status.success() && dev.exists(), "--if-dead left a live server's device alone: {out:?}");
+        // A crash, then Restart=on-failure: the same command takes the device over.
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let mut second = spawn();
+        n.until("READY=1", Duration::from_secs(60));
+        assert_eq!(std::fs::read_link(link).unwrap(), dev, "the restart took the device over");
+        // systemctl stop: SIGTERM removes the device and its name.
+        rblk_tests::sh(&format!("kill -TERM {}", second.id()));
+        assert!(second.wait().unwrap().success(), "a stop exits 0");
+        assert!(!dev.exists() && std::fs::symlink_metadata(link).is_err(), "the device and /dev/rblk/utest are gone");
+        let out = std::process::Command::new("sh").args(["-c", &detach_if_dead]).output().unwrap();
+        assert!(out.status.success(), "--if-dead of a device that is gone: {out:?}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -1,5 +1,6 @@
 //! `rblk attach` over rxe in the guest: a volume as /dev/ublkbN through ublk_drv, with ext4,
-//! fio's verification, data crossing to `rblk read`/`rblk write`, a SIGKILLed server, two
+//! fio's verification, data crossing to `rblk read`/`rblk write`, a SIGKILLed server (whose
+//! device waits for a successor: `ublk_recovery.rs` takes it over), two
 //! attachments, read-only attachments, FLUSH reaching the target, and the refusals.
 //!
 //! The guest kernel must have ublk_drv: on a kernel without it (bookworm's 6.1 fallback) every
@@ -120,7 +121,7 @@ fn fsync_of_the_device_sends_a_flush_and_detach_reports_it() {
 
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn a_killed_server_fails_io_and_its_device_can_still_be_removed() {
+fn a_killed_servers_device_waits_for_a_successor_and_can_still_be_removed() {
     let t = target(&[("v", 64 * MIB)]);
     let before = target_sessions(&t);
     let a = attach(&uri(&t, "v"), "");
@@ -134,18 +135,22 @@ fn a_killed_server_fails_io_and_its_device_can_still_be_removed() {
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
     sh(&format!("kill -KILL {}", a.pid));
-    // The device fails I/O instead of hanging: fio ends, with errors, long before its runtime.
+    // The device outlives its server (user recovery): I/O waits for a successor ...
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(fio.try_wait().unwrap().is_none(), "I/O failed at once although a successor could take the device over");
+    assert!(Path::new(&a.dev).exists());
+    // ... until the device is removed: then fio ends, with errors, long before its runtime.
+    let out = detach(&a.dev);
+    assert!(out.contains("deleted") && out.contains("had died"), "{out}");
     let started = Instant::now();
     let status = loop {
         if let Some(s) = fio.try_wait().unwrap() {
             break s;
         }
-        assert!(started.elapsed() < Duration::from_secs(40), "fio still hangs on the dead device");
+        assert!(started.elapsed() < Duration::from_secs(40), "fio still hangs on the removed device");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert!(!status.success(), "fio saw no error from a device whose server was killed");
-    let out = detach(&a.dev);
-    assert!(out.contains("deleted") && out.contains("had died"), "{out}");
+    assert!(!status.success(), "fio saw no error from a device whose server was killed and which was removed");
     assert!(!Path::new(&a.dev).exists());
     // Nothing leaks on the target: its session goes when the dead process's QPs do.
     let deadline = Instant::now() + Duration::from_secs(30);

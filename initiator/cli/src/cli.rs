@@ -26,7 +26,7 @@ pub struct Args {
 }
 
 /// How to reach the target; shared by every subcommand that connects.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct Connection {
     /// Key file, for targets that require one: the target's shared key (its --key-file, or the
     /// STATE_DIR/target.key it made), or this host's own key from the target's [[host]] entry.

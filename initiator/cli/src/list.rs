@@ -38,6 +38,14 @@ pub struct Entry {
     /// After a failed final FLUSH: the bytes written and not flushed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unflushed_bytes: Option<u64>,
+    /// The stable name of the block device (`/dev/rblk/NAME`, a symlink to `device`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    /// What a process that takes the device over needs when this one dies (ublk devices made
+    /// with user recovery): see [`crate::ublk::Handover`]. It holds the session's token, so
+    /// entries are readable by their owner only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<crate::ublk::Handover>,
 }
 
 impl Entry {
@@ -53,6 +61,8 @@ impl Entry {
             pid: std::process::id(),
             state: "serving".into(),
             unflushed_bytes: None,
+            link: None,
+            handover: None,
         }
     }
 
@@ -110,6 +120,11 @@ impl Registration {
         }
     }
 
+    /// The entry as written.
+    pub fn entry(&self) -> &Entry {
+        &self.entry
+    }
+
     /// Leaves the entry behind at exit (a failure for `rblk detach` to report).
     pub fn keep(&mut self) {
         self.keep = true;
@@ -129,8 +144,17 @@ fn entry_path(dir: &Path, kind: &str, pid: u32) -> PathBuf {
 }
 
 fn write_entry(path: &Path, e: &Entry) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = path.with_extension("tmp");
-    let mut f = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let _ = fs::remove_file(&tmp);
+    // Owner only (a ublk entry holds a session token), and never through a planted symlink.
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
     serde_json::to_writer_pretty(&mut f, e)?;
     f.write_all(b"\n")?;
     fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
@@ -149,6 +173,63 @@ pub fn register(entry: Entry) -> Option<Registration> {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot register in the run directory: `rblk list` will not show this");
             None
         }
+    }
+}
+
+/// The claim on a ublk device: a lock file in the run directory, flock(2)ed for as long as a
+/// process serves the device (its `rblk attach`, then any process that took it over). The
+/// kernel drops the lock when that process dies, however it dies, so a held lock means a live
+/// server and a second recovery of one device is refused.
+#[derive(Debug)]
+pub struct DeviceClaim {
+    _lock: nix::fcntl::Flock<fs::File>,
+}
+
+/// Why a device could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// Another live process holds it.
+    #[error("ublk device {0} is served by another live process (or another recovery of it runs)")]
+    Held(u32),
+    /// The lock file failed.
+    #[error("the lock file {path} of ublk device {dev_id}: {source}")]
+    File {
+        /// The device.
+        dev_id: u32,
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl DeviceClaim {
+    /// Claims ublk device `dev_id` for this process, or says who has it.
+    pub fn take(dev_id: u32) -> Result<DeviceClaim, ClaimError> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let dir = run_dir();
+        let path = dir.join(format!("ublk-{dev_id}.lock"));
+        let file_err = |source| ClaimError::File { dev_id, path: path.clone(), source };
+        fs::create_dir_all(&dir).map_err(file_err)?;
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(file_err)?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(DeviceClaim { _lock: lock }),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(ClaimError::Held(dev_id)),
+            Err((_, e)) => Err(file_err(e.into())),
+        }
+    }
+
+    /// Whether a live process serves ublk device `dev_id` (holds its claim).
+    pub fn held(dev_id: u32) -> bool {
+        matches!(DeviceClaim::take(dev_id), Err(ClaimError::Held(_)))
     }
 }
 
@@ -174,9 +255,11 @@ pub fn entries() -> Vec<(PathBuf, Entry)> {
 
 /// List the ublk attachments, FUSE mounts and NBD exports on this host
 ///
-/// One line each: kind, device or mount point, URI, pid, state (`serving`, or `dead` when the
-/// serving process is gone: `rblk detach` or `rblk umount` cleans up). With --json, a JSON array
-/// of objects with the fields kind, uri, device, mountpoint, listen, dev_id, pid, state.
+/// One line each: kind, device or mount point, stable name (/dev/rblk/NAME), URI, pid, state
+/// (`serving`; `recovering` while a process takes a dead server's ublk device over; `dead` when
+/// the serving process is gone: `rblk attach URI` takes a ublk device over, `rblk detach` or
+/// `rblk umount` cleans up; `failed: ...`). With --json, a JSON array of objects with the fields
+/// kind, uri, device, link, mountpoint, listen, dev_id, pid, state.
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
     #[command(flatten)]
@@ -185,7 +268,8 @@ pub struct ListArgs {
 
 /// `rblk list`.
 pub fn list(args: ListArgs) -> anyhow::Result<()> {
-    let all: Vec<Entry> = entries().into_iter().map(|(_, e)| e).collect();
+    // The handover holds the session's token: it stays in the run directory.
+    let all: Vec<Entry> = entries().into_iter().map(|(_, e)| Entry { handover: None, ..e }).collect();
     if args.format.json() {
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
@@ -194,10 +278,11 @@ pub fn list(args: ListArgs) -> anyhow::Result<()> {
         eprintln!("rblk: nothing attached, mounted or exported on this host");
         return Ok(());
     }
-    println!("{:<5} {:<24} {:<40} {:>8}  STATE", "KIND", "DEVICE", "URI", "PID");
+    println!("{:<5} {:<24} {:<20} {:<40} {:>8}  STATE", "KIND", "DEVICE", "NAME", "URI", "PID");
     for e in &all {
         let place = e.device.as_deref().or(e.mountpoint.as_deref()).or(e.listen.as_deref()).unwrap_or("-");
-        println!("{:<5} {:<24} {:<40} {:>8}  {}", e.kind, place, e.uri, e.pid, e.state);
+        let name = e.link.as_deref().unwrap_or("-");
+        println!("{:<5} {:<24} {:<20} {:<40} {:>8}  {}", e.kind, place, name, e.uri, e.pid, e.state);
     }
     Ok(())
 }

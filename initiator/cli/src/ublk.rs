@@ -42,7 +42,7 @@ use libublk::io::with_task_io_ring_mut;
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, BufDesc, UblkError, UblkFlags};
 use rblk_initiator::engine::{Data, Finished, IoOp, Request};
-use rblk_initiator::{Buffer, Chain, Engine, Lane, Waiter};
+use rblk_initiator::{Buffer, Chain, Continuity, Engine, Lane, OpenMode, Predecessor, Reconnect, Session, Waiter};
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};
@@ -83,8 +83,21 @@ const ALLOW_NULL: &str = "RBLK_ALLOW_NULL";
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct AttachArgs {
-    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
-    uri: String,
+    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME. When a device of this URI
+    /// exists whose serving process died (`rblk list` shows it dead), that device is taken over
+    /// instead of a new one made.
+    #[arg(required_unless_present = "recover")]
+    uri: Option<String>,
+    /// Take over this device (/dev/ublkbN or its /dev/rblk/ name) from its dead serving process,
+    /// with the URI, key file, host id, open mode and reconnect options it was attached with;
+    /// queues and depth are the device's.
+    #[arg(long, value_name = "DEV", conflicts_with_all = ["uri", "read_only", "exclusive"])]
+    recover: Option<String>,
+    /// The device's stable name: /dev/rblk/NAME, a symlink to /dev/ublkbN for fstab and
+    /// scripts, removed at detach. Default: the volume's name, with -1, -2, ... when another
+    /// device has it.
+    #[arg(long, value_name = "NAME", value_parser = link_name_arg)]
+    name: Option<String>,
     /// ublk queues, each served by its own thread with its own queue pair (the kernel may give
     /// fewer: at most one per CPU).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -123,6 +136,11 @@ pub struct AttachArgs {
 pub struct DetachArgs {
     /// The device (/dev/ublkbN) or the volume's URI.
     target: String,
+    /// Only when its serving process is dead: then remove the device (what waits on it fails);
+    /// while a process serves it, or when there is no such device, do nothing and exit 0. For
+    /// `ExecStopPost=` of rblk-attach@.service.
+    #[arg(long)]
+    if_dead: bool,
     /// Give up waiting for the serving process after this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     timeout: u64,
@@ -546,11 +564,364 @@ fn params(size: u64, block_size: u32, io_buf: u32, read_only: bool) -> sys::ublk
     }
 }
 
+/// What `rblk attach` keeps in its run-directory entry for a process that takes its device over
+/// when it dies (ublk user recovery, `rblk attach URI` again or `rblk attach --recover DEV`):
+/// how to reach and open the volume, and what its session knew ([`Predecessor`]). Queue count
+/// and depth come from the device. Rewritten when the session reconnects.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Handover {
+    /// The volume (the device's URI).
+    pub uri: String,
+    /// `read-only`, `read-write` or `exclusive`.
+    pub mode: String,
+    /// `--key-file`, if given (otherwise the successor looks where `rblk` always looks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// `--host-id`, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// `--reconnect-delay`, in milliseconds.
+    pub reconnect_delay_ms: u64,
+    /// `--ctrl-loss-tmo` in milliseconds; None: forever.
+    #[serde(default)]
+    pub ctrl_loss_tmo_ms: Option<u64>,
+    /// `--fast-io-fail-tmo` in milliseconds; None: off.
+    #[serde(default)]
+    pub fast_io_fail_tmo_ms: Option<u64>,
+    /// The session: OPENED's id ...
+    pub session_id: u64,
+    /// ... and token (hex), so the successor's OPEN ends it.
+    pub token: String,
+    /// The volume's size, block size and largest I/O as opened.
+    pub size: u64,
+    /// See `size`.
+    pub block_size: u32,
+    /// See `size`.
+    pub max_io: u32,
+    /// The volume instance served (hex); None: the target reported none.
+    #[serde(default)]
+    pub instance: Option<String>,
+}
+
+impl Handover {
+    fn new(uri: &str, mode: OpenMode, conn: &crate::cli::Connection, r: Reconnect, prev: Predecessor) -> Handover {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let mut h = Handover {
+            uri: uri.to_owned(),
+            mode: mode_arg(mode).into(),
+            key_file: conn.key_file.clone(),
+            host_id: conn.host_id.clone(),
+            reconnect_delay_ms: ms(r.delay),
+            ctrl_loss_tmo_ms: r.ctrl_loss_tmo.map(ms),
+            fast_io_fail_tmo_ms: r.fast_io_fail_tmo.map(ms),
+            session_id: 0,
+            token: String::new(),
+            size: 0,
+            block_size: 0,
+            max_io: 0,
+            instance: None,
+        };
+        h.session(prev);
+        h
+    }
+
+    /// The session now (a reconnect made a new one).
+    fn session(&mut self, p: Predecessor) {
+        self.session_id = p.session_id;
+        self.token = rblk_initiator::to_hex(&p.token);
+        (self.size, self.block_size, self.max_io) = (p.size, p.block_size, p.max_io);
+        self.instance = p.instance.map(|i| i.to_string());
+    }
+
+    fn predecessor(&self) -> anyhow::Result<Predecessor> {
+        let token = rblk_initiator::from_hex(&self.token).context("the run entry's session token is not valid hex")?;
+        let instance = match &self.instance {
+            Some(i) => {
+                Some(rblk_initiator::VolumeId::from_hex(i).context("the run entry's volume instance is not valid")?)
+            }
+            None => None,
+        };
+        Ok(Predecessor {
+            session_id: self.session_id,
+            token,
+            size: self.size,
+            block_size: self.block_size,
+            max_io: self.max_io,
+            instance,
+        })
+    }
+
+    fn mode(&self) -> anyhow::Result<OpenMode> {
+        match self.mode.as_str() {
+            "read-only" => Ok(OpenMode::ReadOnly),
+            "read-write" => Ok(OpenMode::ReadWrite),
+            "exclusive" => Ok(OpenMode::Exclusive),
+            other => bail!("the run entry's open mode {other:?} is not read-only, read-write or exclusive"),
+        }
+    }
+
+    fn reconnect(&self) -> Reconnect {
+        let d = Duration::from_millis;
+        Reconnect {
+            delay: d(self.reconnect_delay_ms),
+            ctrl_loss_tmo: self.ctrl_loss_tmo_ms.map(d),
+            fast_io_fail_tmo: self.fast_io_fail_tmo_ms.map(d),
+        }
+    }
+}
+
+fn mode_arg(mode: OpenMode) -> &'static str {
+    match mode {
+        OpenMode::ReadOnly => "read-only",
+        OpenMode::Exclusive => "exclusive",
+        _ => "read-write",
+    }
+}
+
+/// The ublk control flags for a new device: user recovery with re-issue of what was in flight,
+/// where the driver has it (Linux 6.0 and later); none otherwise (the device dies with its
+/// server, as before).
+fn recovery_flags() -> u64 {
+    let want = u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE);
+    match UblkCtrl::get_features() {
+        Some(f) if f & want == want => want,
+        _ => {
+            tracing::warn!("this kernel's ublk driver has no user recovery: the device dies with this process");
+            0
+        }
+    }
+}
+
+/// A dead server's device this attach takes over.
+struct Found {
+    /// Its run entry (and where it is).
+    entry: Entry,
+    path: PathBuf,
+    dev_id: u32,
+    handover: Handover,
+    /// Held from here on: nobody else recovers it.
+    claim: list::DeviceClaim,
+}
+
+/// The device to take over: `--recover DEV`'s (which must have a dead server), or for a URI the
+/// device of a dead server of that URI that can be recovered. None: make a new device.
+fn dead_server(args: &AttachArgs) -> anyhow::Result<Option<Found>> {
+    let entries = list::entries();
+    let candidates: Vec<&(PathBuf, Entry)> = entries
+        .iter()
+        .filter(|(_, e)| e.kind == "ublk" && e.dev_id.is_some())
+        .filter(|(_, e)| match (&args.recover, &args.uri) {
+            (Some(dev), _) => e.device.as_deref() == Some(dev.as_str()) || e.link.as_deref() == Some(dev.as_str()),
+            (None, Some(uri)) => e.uri == *uri && e.handover.is_some() && !e.alive(),
+            (None, None) => false,
+        })
+        .collect();
+    let Some((path, entry)) = candidates.first().map(|(p, e)| (p.clone(), e.clone())) else {
+        if let Some(dev) = &args.recover {
+            bail!("{dev} is not a device attached by rblk attach (`rblk list` shows them)");
+        }
+        return Ok(None);
+    };
+    let dev_id = entry.dev_id.unwrap_or_default();
+    let dev = entry.device.clone().unwrap_or_else(|| format!("/dev/ublkb{dev_id}"));
+    let Some(handover) = entry.handover.clone() else {
+        bail!("{dev} was made without ublk user recovery (an older rblk, or a kernel without it): it cannot be taken over; `rblk detach {dev}` removes it");
+    };
+    if !Path::new(&format!("/dev/ublkc{dev_id}")).exists() {
+        // The device is gone (deleted, or the host rebooted): the entry is stale.
+        let _ = std::fs::remove_file(&path);
+        if args.recover.is_some() {
+            bail!("{dev} no longer exists");
+        }
+        return Ok(None);
+    }
+    let claim = list::DeviceClaim::take(dev_id).map_err(|e| match e {
+        list::ClaimError::Held(_) => {
+            anyhow::anyhow!("{dev} is served by a live process, or another `rblk attach` is taking it over")
+        }
+        e => anyhow::Error::new(e),
+    })?;
+    Ok(Some(Found { entry, path, dev_id, handover, claim }))
+}
+
+/// Where the stable names live.
+const LINK_DIR: &str = "/dev/rblk";
+
+fn link_name_arg(name: &str) -> Result<String, String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b));
+    ok.then(|| name.to_owned())
+        .ok_or_else(|| format!("{name:?}: a name of 1-64 letters, digits, '-', '_', '.' or '@', not starting with '.'"))
+}
+
+/// Makes `/dev/rblk/NAME` point at `dev`: `want` (kept for a device taken over), else the first
+/// of `base`, `base-1`, ... that is free, or stale (pointing at a device that is gone), or
+/// already `dev`'s. None (with a warning) when none can be made.
+fn make_link(want: Option<&str>, base: &str, dev: &Path) -> Option<PathBuf> {
+    let dir = Path::new(LINK_DIR);
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        tracing::warn!(error = %e, "cannot create {LINK_DIR}: the device has no stable name");
+        return None;
+    }
+    let base = link_name_arg(base).unwrap_or_else(|_| base.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    let candidates = want.map(PathBuf::from).into_iter().chain((0..100).map(|i| match i {
+        0 => dir.join(&base),
+        i => dir.join(format!("{base}-{i}")),
+    }));
+    for path in candidates {
+        match std::fs::read_link(&path) {
+            Ok(to) if to == dev => return Some(path),
+            // Stale: its device is gone (a reboot, a device deleted behind rblk's back).
+            Ok(to) if !to.exists() => {
+                let _ = std::fs::remove_file(&path);
+            }
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => continue,
+        }
+        if std::os::unix::fs::symlink(dev, &path).is_ok() {
+            return Some(path);
+        }
+    }
+    tracing::warn!(name = base, "no free name under {LINK_DIR}: the device has no stable name");
+    None
+}
+
+/// Removes the stable name `link` if it still points at `dev`.
+fn remove_link(link: Option<&str>, dev: &str) {
+    if let Some(l) = link {
+        if std::fs::read_link(l).is_ok_and(|to| to == Path::new(dev)) {
+            let _ = std::fs::remove_file(l);
+        }
+    }
+}
+
 fn serve(args: &AttachArgs) -> anyhow::Result<()> {
+    if let Some(found) = dead_server(args)? {
+        return recover(args, found);
+    }
+    let uri = args.uri.as_deref().context("a volume URI, or --recover DEV")?;
     let mode = crate::cli::open_mode(args.read_only, args.exclusive);
+    let reconnect = args.reconnect.reconnect();
     // The session and every queue pair exist before the device: a refused open or an unknown
     // volume leaves nothing behind.
-    let vol = crate::cli::open(&args.uri, &args.conn, mode, args.reconnect.reconnect())?;
+    let vol = crate::cli::open(uri, &args.conn, mode, reconnect)?;
+    let handover = Handover::new(uri, mode, &args.conn, reconnect, vol.predecessor());
+    run(args, vol, Shape { queues: args.queues, depth: args.depth, recover: None }, handover, None)
+}
+
+/// The device's queues, and the device taken over (its id) if it exists already.
+struct Shape {
+    queues: u16,
+    depth: u32,
+    recover: Option<(u32, list::DeviceClaim)>,
+}
+
+/// Takes a dead server's device over: a session that resumes the predecessor's (retried as a
+/// reconnect is, until `--ctrl-loss-tmo` of the predecessor's options), judged by the reconnect
+/// rules, then START_USER_RECOVERY and this process's queues. Where nothing may continue (the
+/// contents are lost, the target stayed unreachable), the device is removed, failing what
+/// waits on it, as nvme-rdma removes a controller after ctrl_loss_tmo.
+fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
+    let Found { entry, path, dev_id, handover, claim } = found;
+    let dev = entry.device.clone().unwrap_or_else(|| format!("/dev/ublkb{dev_id}"));
+    // Ours replaces the dead entry at once: `rblk list` shows the device recovering, and if
+    // this process dies too the next one finds what it needs.
+    let mut registered = list::register(Entry { pid: std::process::id(), state: "recovering".into(), ..entry });
+    let _ = std::fs::remove_file(&path);
+    let mode = handover.mode()?;
+    let reconnect = handover.reconnect();
+    let prev = handover.predecessor()?;
+    let mut conn = args.conn.clone();
+    conn.key_file = conn.key_file.or_else(|| handover.key_file.clone());
+    conn.host_id = conn.host_id.or_else(|| handover.host_id.clone());
+    let opts = conn.options(reconnect)?;
+    eprintln!("rblk: taking over {dev} ({}) from its dead server", handover.uri);
+    // A stop (systemctl stop) while the target cannot be reached removes the device: a stopped
+    // unit leaves no device whose requests wait for nobody.
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
+        .context("installing signal handlers")?;
+    let started = Instant::now();
+    let mut stopped = None;
+    let taken = loop {
+        if let Some(sig) = stopped.or_else(|| signals.pending().next()) {
+            let reason = format!("stopped by signal {sig} before the target could be reached");
+            let _ = give_up(dev_id, &dev, registered.as_mut(), &reason);
+            eprintln!("rblk: removed {dev}: {reason}");
+            return Ok(());
+        }
+        match Session::connect(handover.uri.as_str(), &opts).and_then(|s| s.take_over(mode, &prev)) {
+            Ok(taken) => break Ok(taken),
+            Err(e) if reconnect.ctrl_loss_tmo.is_some_and(|t| started.elapsed() >= t) => {
+                break Err(format!(
+                    "gave up reaching the target after {:.0} s (ctrl-loss-tmo): {}",
+                    started.elapsed().as_secs_f64(),
+                    Chain(&e)
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(error = %Chain(&e), "taking the session over failed; next attempt in {:?}", reconnect.delay);
+                let next = Instant::now() + reconnect.delay;
+                while stopped.is_none() && Instant::now() < next {
+                    stopped = signals.pending().next();
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    };
+    drop(signals);
+    let vol = match taken {
+        Ok((_, Continuity::Refused(reason))) | Err(reason) => {
+            return give_up(dev_id, &dev, registered.as_mut(), &reason);
+        }
+        Ok((vol, verdict)) => {
+            if verdict == Continuity::WritesLost {
+                eprintln!(
+                    "rblk: the volume is a new instance (the target crashed): writes its dead server had not \
+                     flushed are lost, and the first flush fails"
+                );
+            }
+            vol
+        }
+    };
+    let ctrl = UblkCtrl::new_simple(dev_id as i32).map_err(|e| anyhow::anyhow!("{dev}: {e:?}"))?;
+    let info = ctrl.dev_info();
+    if info.flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {
+        bail!("{dev} was made without ublk user recovery: it cannot be taken over");
+    }
+    ctrl.start_user_recover().map_err(|e| anyhow::anyhow!("START_USER_RECOVERY of {dev} failed: {e:?}"))?;
+    drop(ctrl);
+    let handover = Handover::new(&handover.uri, mode, &conn, reconnect, vol.predecessor());
+    let shape = Shape { queues: info.nr_hw_queues, depth: info.queue_depth.into(), recover: Some((dev_id, claim)) };
+    run(args, vol, shape, handover, registered)
+}
+
+/// Nothing may continue on a dead server's device: remove it (what waits on it fails), and
+/// leave the entry as a failure `rblk list` shows.
+fn give_up(dev_id: u32, dev: &str, reg: Option<&mut list::Registration>, reason: &str) -> anyhow::Result<()> {
+    if let Ok(c) = UblkCtrl::new_simple(dev_id as i32) {
+        let _ = c.kill_dev();
+        let _ = c.del_dev();
+    }
+    remove_link(reg.as_ref().and_then(|r| r.entry().link.clone()).as_deref(), dev);
+    if let Some(reg) = reg {
+        reg.update(|e| e.state = format!("failed: {reason}"));
+        reg.keep();
+    }
+    bail!("removed {dev}, whose server had died: {reason}")
+}
+
+/// Serves `vol` as the ublk device: a new one, or the one `shape.recover` names (after
+/// START_USER_RECOVERY), until `rblk detach`, SIGINT or SIGTERM.
+fn run(
+    args: &AttachArgs,
+    vol: rblk_initiator::Volume,
+    shape: Shape,
+    handover: Handover,
+    registered: Option<list::Registration>,
+) -> anyhow::Result<()> {
     let (size, bs, read_only) = (vol.size(), vol.block_size(), vol.is_read_only());
     if !(512..=4096).contains(&bs) {
         bail!("the volume's block size is {bs} bytes: a ublk device takes 512 to 4096");
@@ -571,29 +942,68 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
     let metrics = crate::metrics::Metrics::new(engine.uri());
     let _counted = metrics.add(engine.counters());
     let _endpoint = args.metrics.serve(&metrics)?;
-    let lanes = (0..args.queues)
-        .map(|_| engine.lane(args.depth, io_buf as usize).map(Some))
+    let lanes = (0..shape.queues)
+        .map(|_| engine.lane(shape.depth, io_buf as usize).map(Some))
         .collect::<Result<Vec<_>, _>>()
         .context("opening the queue pairs")?;
     let lanes = Arc::new(Mutex::new(lanes));
 
-    let ctrl = UblkCtrlBuilder::default()
-        .name("rblk")
-        .id(-1)
-        .nr_queues(args.queues)
-        .depth(args.depth as u16)
-        .io_buf_bytes(io_buf)
-        .ctrl_flags(0)
-        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
-        .build()
-        .map_err(|e| anyhow::anyhow!("creating the ublk device failed: {e:?}"))?;
+    let (recovering, _claim) = match shape.recover {
+        Some((id, claim)) => (Some(id), Some(claim)),
+        None => (None, None),
+    };
+    let ctrl = match recovering {
+        None => UblkCtrlBuilder::default()
+            .name("rblk")
+            .id(-1)
+            .nr_queues(shape.queues)
+            .depth(shape.depth as u16)
+            .io_buf_bytes(io_buf)
+            .ctrl_flags(recovery_flags())
+            .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+            .build(),
+        // The device's own queues and depth (GET_DEV_INFO), as the driver will report them.
+        Some(id) => UblkCtrlBuilder::default()
+            .name("rblk")
+            .id(id as i32)
+            .nr_queues(shape.queues)
+            .depth(shape.depth as u16)
+            .io_buf_bytes(io_buf)
+            .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
+            .build(),
+    }
+    .map_err(|e| anyhow::anyhow!("creating the ublk device failed: {e:?}"))?;
     let dev_id = ctrl.dev_info().dev_id;
+    let recoverable = ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) != 0;
+    // A new device is ours from the start; a recovered one was claimed before START_USER_RECOVERY.
+    let _claim = match _claim {
+        Some(c) => c,
+        None => list::DeviceClaim::take(dev_id).context("claiming the new device")?,
+    };
     let bdev = PathBuf::from(ctrl.get_bdev_path());
+    let kept = registered.as_ref().and_then(|r| r.entry().link.clone());
+    let volume_name = engine.uri().volume().to_owned();
+    let link = make_link(kept.as_deref(), args.name.as_deref().unwrap_or(&volume_name), &bdev);
+    let link_text = link.as_ref().map(|l| l.display().to_string());
+    let bdev_text = bdev.display().to_string();
 
     let signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGHUP])
         .context("installing signal handlers")?;
-    let mut registered =
-        list::register(Entry { dev_id: Some(dev_id), ..Entry::new("ublk", &args.uri) }.device(Some(&bdev)));
+    let entry = |e: Entry| Entry {
+        dev_id: Some(dev_id),
+        state: "serving".into(),
+        link: link_text.clone(),
+        handover: recoverable.then(|| handover.clone()),
+        ..e.device(Some(&bdev))
+    };
+    let registered = match registered {
+        Some(mut r) => {
+            r.update(|e| *e = entry(e.clone()));
+            Some(r)
+        }
+        None => list::register(entry(Entry::new("ublk", &handover.uri))),
+    };
+    let registered = Arc::new(Mutex::new(registered));
 
     let tgt_init = move |dev: &mut UblkDev| {
         dev.tgt.dev_size = size;
@@ -613,12 +1023,15 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
     let (detached, log_file) = (args.run.detached, args.run.log_file.clone());
     let ready = Arc::new(Mutex::new(None::<anyhow::Error>));
     let ready_err = Arc::clone(&ready);
+    let (served, reg) = (Arc::clone(&engine), Arc::clone(&registered));
+    let verb = if recovering.is_some() { "took over" } else { "attached" };
+    let named = link_text.as_ref().map_or_else(String::new, |l| format!(" ({l})"));
     let device_fn = move |c: &UblkCtrl| {
         let mut out = std::io::stdout().lock();
         let shown = writeln!(out, "{}", bdev.display())
             .and_then(|()| writeln!(out, "pid {}", std::process::id()))
             .and_then(|()| {
-                eprintln!("rblk: attached {describe} as {}", bdev.display());
+                eprintln!("rblk: {verb} {describe} as {}{named}", bdev.display());
                 if detached {
                     writeln!(out, "{READY}")
                 } else {
@@ -628,6 +1041,9 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
             })
             .and_then(|()| out.flush());
         drop(out);
+        // Type=notify units: the device exists (systemctl start returns now, and fails when
+        // this process exits before).
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
         if let Err(e) = shown.map_err(anyhow::Error::from).and_then(|()| {
             if detached {
                 daemon::detach_stdio(log_file.as_deref())
@@ -637,17 +1053,41 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
         }) {
             *ready_err.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
         }
+        // Until a signal: keep the run entry's session current (a reconnect makes a new one),
+        // so a successor resumes the right one.
         let mut signals = signals;
-        if let Some(sig) = signals.forever().next() {
-            tracing::info!(signal = sig, "stopping the device");
+        let mut last = served.control().predecessor();
+        'serving: loop {
+            if let Some(sig) = signals.pending().next() {
+                tracing::info!(signal = sig, "stopping the device");
+                break 'serving;
+            }
+            let now = served.control().predecessor();
+            if now != last && recoverable {
+                last = now;
+                if let Some(r) = reg.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+                    r.update(|e| {
+                        if let Some(h) = e.handover.as_mut() {
+                            h.session(now);
+                        }
+                    });
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
         let _ = c.kill_dev();
     };
     let ran = ctrl.run_target(tgt_init, q_fn, device_fn);
+    let mut registered = registered.lock().unwrap_or_else(PoisonError::into_inner).take();
     if let Some(reg) = registered.as_mut() {
         reg.update(|e| e.state = "stopping".into());
     }
+    if recovering.is_some() {
+        // A control that took a device over does not delete it when dropped.
+        let _ = ctrl.del_dev();
+    }
     drop(ctrl); // DEL_DEV: the device is gone
+    remove_link(link_text.as_deref(), &bdev_text);
     drop(lanes);
     if let Err(e) = ran {
         bail!("starting the ublk device failed: {e:?}");
@@ -687,15 +1127,22 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
     let entries = list::entries();
     let want = &args.target;
     let dev_id_of = |p: &str| p.strip_prefix("/dev/ublkb").and_then(|n| n.parse::<u32>().ok());
-    let found = entries
-        .iter()
-        .find(|(_, e)| e.kind == "ublk" && (e.device.as_deref() == Some(want.as_str()) || e.uri == *want));
+    let found = entries.iter().find(|(_, e)| {
+        e.kind == "ublk"
+            && (e.device.as_deref() == Some(want.as_str())
+                || e.link.as_deref() == Some(want.as_str())
+                || e.uri == *want)
+    });
     let (path, entry) = match found {
         Some((p, e)) => (Some(p.clone()), Some(e.clone())),
         None => (None, None),
     };
     let dev_id = entry.as_ref().and_then(|e| e.dev_id).or_else(|| dev_id_of(want));
+    let found_link = entry.as_ref().and_then(|e| e.link.clone());
     let Some(dev_id) = dev_id else {
+        if args.if_dead {
+            return Ok(());
+        }
         bail!("{want} is not a device attached by rblk attach (`rblk list` shows them)");
     };
     let dev = format!("/dev/ublkb{dev_id}");
@@ -705,7 +1152,12 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("rblk detach needs root (ublk devices need CAP_SYS_ADMIN)");
     }
-    match entry.filter(|e| e.alive() && e.state != "dead") {
+    // Alive: its pid runs and, for servers that claim their device (those with a handover), the
+    // claim is held, so a dead server's pid reused by another process is not signalled.
+    let serving =
+        |e: &Entry| e.alive() && e.state != "dead" && (e.handover.is_none() || list::DeviceClaim::held(dev_id));
+    match entry.filter(serving) {
+        Some(_) if args.if_dead => Ok(()),
         Some(e) => {
             // The server removes the device, flushes and closes on SIGTERM.
             let pid = nix::unistd::Pid::from_raw(e.pid as i32);
@@ -732,12 +1184,14 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
             println!("rblk: detached {dev}");
             Ok(())
         }
+        None if args.if_dead && !Path::new(&format!("/dev/ublkc{dev_id}")).exists() => Ok(()),
         None => {
             // The serving process is gone (killed): delete the device by its id.
             let c = UblkCtrl::new_simple(dev_id as i32)
                 .map_err(|e| anyhow::anyhow!("ublk device {dev_id} does not exist ({e:?})"))?;
             let _ = c.kill_dev();
             c.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {dev_id} failed: {e:?}"))?;
+            remove_link(found_link.as_deref(), &dev);
             if let Some(p) = &path {
                 let _ = std::fs::remove_file(p);
             }
