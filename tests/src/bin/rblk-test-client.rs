@@ -20,9 +20,15 @@
 //!     the protocol's keyless sequence, by hand, as a peer without a key speaks it: HELLO (no
 //!     features), then OPEN read-write, no AUTH; prints "opened SIZE" and exits 0, or prints
 //!     "refused CODE: TEXT" and exits 1
+//! rblk-test-client joins ADDR:PORT VOLUME --key-file F --host-id H --count N
+//!     one session by hand (HELLO, AUTH as H with the key in F, OPEN read-only), then N further
+//!     connections, one after the other, each JOINing it; prints "refusal: TEXT" (an ERROR,
+//!     which names the cap) and "failure: TEXT" (a connect or JOIN that failed) once for each
+//!     new text, then "joined J refused R failed F", and holds every connection until stdin
+//!     closes
 //! ```
 //! (`open-time` and `hold` are scripts/scale-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
-//! `keyless` the trust tests'.)
+//! `keyless` the trust tests', `joins` the JOIN-cap test's attacker in tests/tests/limits.rs.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,7 +49,8 @@ fn main() -> ExitCode {
         Some("hold") => hold(&args),
         Some("raw-lat") => raw_lat(&args),
         Some("keyless") => keyless(&args),
-        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless URI ...".into()),
+        Some("joins") => joins(&args),
+        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins URI ...".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -76,6 +83,61 @@ fn keyless(args: &[String]) -> Result<(), String> {
             Err(format!("OPEN refused: {code:?}: {text}"))
         }
     }
+}
+
+fn joins(args: &[String]) -> Result<(), String> {
+    use rblk_proto::{ConnectData, Message};
+    let addr: std::net::SocketAddr = args.get(2).ok_or("missing ADDR:PORT")?.parse().map_err(|e| format!("{e}"))?;
+    let volume = args.get(3).ok_or("missing VOLUME")?;
+    let key_file = arg(args, "--key-file")?;
+    let key = rblk_fabric::keyfile::read(std::path::Path::new(&key_file)).map_err(|e| format!("{key_file}: {e}"))?;
+    let host = arg(args, "--host-id")?;
+    let n = count(args, "--count")?;
+    let fabric = rblk_fabric::Fabric::Verbs;
+    let mut first = rblk_tests::raw::Raw::connect(fabric, addr, ConnectData::NewSession)
+        .map_err(|e| format!("connect {addr}: {}", rblk_fabric::Chain(&e)))?;
+    first.login(Some(&key), Some(&host)).map_err(|(code, text)| format!("AUTH as {host}: {code:?}: {text}"))?;
+    let opened = first.open_with(volume, OpenMode::ReadOnly, None).map_err(|(c, t)| format!("OPEN: {c:?}: {t}"))?;
+    let (session_id, token) = (opened.session_id, opened.token);
+    let data = ConnectData::Join { session_id, token }.to_bytes();
+    let mut join = [0u8; rblk_proto::MSG_SIZE];
+    let len = Message::Join { session_id, token }.encode(1, &mut join).map_err(|e| format!("encoding JOIN: {e}"))?;
+    // Bounded waits: a connection the target drops unanswered counts as failed, not as a hang.
+    let within = std::time::Duration::from_secs(10);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut note = |text: String| {
+        if seen.insert(text.clone()) {
+            println!("{text}");
+        }
+    };
+    let (mut held, mut joined, mut refused, mut failed) = (vec![first], 0, 0, 0);
+    for _ in 0..n {
+        let mut c = match rblk_tests::raw::Raw::connect_bytes(fabric, addr, &data, within) {
+            Ok(c) => c,
+            Err(e) => {
+                failed += 1;
+                note(format!("failure: connect: {}", rblk_fabric::Chain(&e)));
+                continue;
+            }
+        };
+        let reply = if c.try_send_bytes(&join[..len]) { c.try_reply(within) } else { None };
+        match reply.as_deref().map(rblk_proto::parse) {
+            Some(Ok((_, Message::Joined { .. } | Message::Ok { .. }))) => joined += 1,
+            Some(Ok((_, Message::Error { code, text }))) => {
+                refused += 1;
+                note(format!("refusal: {code:?}: {text}"));
+            }
+            other => {
+                failed += 1;
+                note(format!("failure: JOIN answered with {other:?}"));
+            }
+        }
+        held.push(c);
+    }
+    println!("joined {joined} refused {refused} failed {failed}");
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+    drop(held);
+    Ok(())
 }
 
 fn pair(args: &[String]) -> Result<(), String> {
