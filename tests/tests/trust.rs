@@ -26,6 +26,9 @@
 //! - `rxe_default::allow_any_host_serves_the_keyless_sequence`: `--allow-any-host` not serving
 //!   the keyless sequence (HELLO, then OPEN, no AUTH) that older peers speak, or serving it
 //!   without a warning.
+//! - `key_files_others_may_read_are_refused_by_both_binaries`: a key file with mode 0644 taken
+//!   by `rblk-target` or `rblk` (a key others can read proves nothing), refused without naming
+//!   the mode, or refused only after the RDMA device was touched.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -249,6 +252,63 @@ fn list_needs_authentication_and_the_feature(fabric: Fabric) {
     let mut db1 = raw(&t);
     db1.login(Some(DB1), Some("db1")).unwrap();
     assert_eq!(list(&mut db1).unwrap(), (1, vec!["v".to_owned()]));
+}
+
+/// The real binaries, as a user runs them, with a key file of mode 0644: both refuse it, exit
+/// non-zero and say the mode, before touching RDMA (so this runs on a host without it; there a
+/// daemon past the key check would say "no RDMA device", and `rblk` would fail to connect).
+/// With mode 0600 the same file passes the daemon's `--check-config`, and `rblk` gets past it
+/// to the connect: the mode is what they refused.
+#[test]
+fn key_files_others_may_read_are_refused_by_both_binaries() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::process::Command;
+
+    use rblk_tests::daemon::bin;
+
+    let dir = std::env::temp_dir().join(format!("rblk-trust-mode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("shared.key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n").unwrap();
+    let path = key.to_str().unwrap();
+    let state = dir.join("state");
+    let target = |extra: &[&str]| {
+        let out = Command::new(bin("rblk-target"))
+            .args(["--key-file", path, "--volume", "v:1M", "--admin-socket", "none", "--state-dir"])
+            .arg(&state)
+            .args(extra)
+            .output()
+            .expect("run rblk-target");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let rblk = || {
+        let out = Command::new(bin("rblk"))
+            .args(["info", "rblk://127.0.0.1:9/v", "--key-file", path, "--host-id", "h", "--timeout", "2"])
+            .env_remove("RBLK_KEY_FILE")
+            .output()
+            .expect("run rblk");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let refused_for_its_mode = |(ok, text): (bool, String), who: &str| {
+        assert!(!ok, "{who} took a key file of mode 0644: {text}");
+        assert!(text.contains(path) && text.contains("mode 0644") && text.contains("chmod 600"), "{who}: {text}");
+        assert!(!text.contains("RDMA"), "{who} touched RDMA before checking the key file: {text}");
+    };
+
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    refused_for_its_mode(target(&[]), "rblk-target");
+    refused_for_its_mode(target(&["--check-config"]), "rblk-target --check-config");
+    refused_for_its_mode(rblk(), "rblk");
+
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (ok, text) = target(&["--check-config"]);
+    assert!(ok && text.contains("configuration OK"), "rblk-target --check-config with mode 0600: {text}");
+    let (_, text) = rblk();
+    assert!(!text.contains("mode 06"), "rblk refused the key file of mode 0600: {text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The real daemon with its defaults (no `--allow-any-host` from the test helpers), in the guest.
