@@ -37,7 +37,10 @@ run_one() { # EXE
     fi
 
     # stderr joins stdout so the log keeps their order; libtest prints its results on stdout.
-    timeout -k 10 "$PER_EXE_TIMEOUT" "$exe" --ignored --test-threads=1 --color never 2>&1 |
+    # --report-time (each result line ends in <SECONDS>, for keeping CI's guest time in budget)
+    # is an unstable libtest option: RUSTC_BOOTSTRAP=1 allows it on the stable toolchain.
+    RUSTC_BOOTSTRAP=1 timeout -k 10 "$PER_EXE_TIMEOUT" "$exe" --ignored --test-threads=1 --color never \
+        -Z unstable-options --report-time 2>&1 |
         tee "$log"
     rc=${PIPESTATUS[0]}
 
@@ -48,7 +51,7 @@ run_one() { # EXE
             p=$((p + BASH_REMATCH[1]))
             f=$((f + BASH_REMATCH[2]))
             results=$((results + 1))
-        elif [[ $line =~ ^test\ (.+)\ \.\.\.\ FAILED$ ]]; then
+        elif [[ $line =~ ^test\ (.+)\ \.\.\.\ FAILED( <[0-9.]+s>)?$ ]]; then
             failed_tests+=("$name: ${BASH_REMATCH[1]}")
         fi
     done <"$log"
