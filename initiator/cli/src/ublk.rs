@@ -20,6 +20,14 @@
 //! with `--metrics`). While the session reconnects, requests wait (see `--ctrl-loss-tmo` and
 //! `--fast-io-fail-tmo`).
 //!
+//! The device outlives its server: it is made with ublk user recovery (re-issuing what was in
+//! flight) where the kernel has it, and the run entry keeps a [`Handover`]. When the serving
+//! process dies, `rblk attach URI` (or `--recover DEV`) takes the device over
+//! ([`Session::take_over`]: the dead session is resumed, the reconnect rules judge the volume
+//! instance, and the first FLUSH covers the whole volume, since the dead process's dirty set
+//! died with it), or removes it when nothing may continue. A flock per device
+//! ([`list::DeviceClaim`]) marks it served.
+//!
 //! The device has a volatile write cache and FUA (`UBLK_ATTR_VOLATILE_CACHE | UBLK_ATTR_FUA`):
 //! the kernel sends FLUSH (an fsync of the device or of a filesystem on it), which becomes a
 //! FLUSH of exactly the ranges written since the last one, and FUA writes, which are a write
