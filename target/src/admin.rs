@@ -466,9 +466,8 @@ fn remove(shared: &Shared, name: &str) -> Result<String, AdminError> {
     let mut new = current.clone();
     new.volumes.retain(|v| v.name != name);
     new.acls.remove(name);
-    if new.volumes.is_empty() {
-        return Err(AdminError::Invalid(StartError::NoVolumes(format!("{name} is the last volume"))));
-    }
+    // The last volume may go too: a target may serve none (an empty config starts empty, and
+    // `admin add` fills it).
     let report = shared.apply(&mut current, new, &mut |_| {}).map_err(AdminError::Invalid)?;
     if let Some((_, sessions)) = report.busy.iter().find(|(n, _)| n == name) {
         // Opened just now: it stays, and stays configured (no removal pending).
