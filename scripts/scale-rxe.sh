@@ -60,7 +60,7 @@ guest_mode() {
     local base="rblk://$addr:$PORT"
     vm_pin() { awk '/^VmPin:/ { print $2 }' "/proc/$tpid/status"; }
     # One STATS field (a session of its own on s64m asks).
-    stat() { "$bin/rblk" stats "$base/s64m" --json | sed -n "s/.*\"$1\": *\([0-9a-z]*\).*/\1/p"; }
+    stat() { "$bin/rblk" stats "$base/s64m" -o json | sed -n "s/.*\"$1\": *\([0-9a-z]*\).*/\1/p"; }
 
     echo "== [memory windows $mode] open time by volume size (connect + OPEN, $opens sessions each)"
     printf '%-8s %10s %10s %10s %14s\n' volume p50_ms min_ms max_ms sessions_per_s

@@ -291,8 +291,8 @@ fn admin_adds_a_volume_rblk_uses_and_removes_it() {
     let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "a:4M", &socket_arg]);
     let out = admin_cli(&socket, &["add", "live:8M"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let ls = String::from_utf8_lossy(&rblk(&["ls", &format!("rblk://{}", d.addr)]).stdout).into_owned();
-    assert!(ls.contains("live"), "rblk ls shows the added volume: {ls}");
+    let ls = String::from_utf8_lossy(&rblk(&["discover", &format!("rblk://{}", d.addr)]).stdout).into_owned();
+    assert!(ls.contains("live"), "rblk discover shows the added volume: {ls}");
     let uri = format!("rblk://{}/live", d.addr);
     let data = temp_dir("guest-data").join("in");
     let block: Vec<u8> = b"written through a volume added at run time ".iter().copied().cycle().take(4096).collect();
@@ -322,7 +322,7 @@ fn admin_adds_a_volume_rblk_uses_and_removes_it() {
         assert!(start.elapsed() < Duration::from_secs(15), "{}", String::from_utf8_lossy(&out.stderr));
         std::thread::sleep(Duration::from_millis(200));
     }
-    let ls = String::from_utf8_lossy(&rblk(&["ls", &format!("rblk://{}", d.addr)]).stdout).into_owned();
+    let ls = String::from_utf8_lossy(&rblk(&["discover", &format!("rblk://{}", d.addr)]).stdout).into_owned();
     assert!(!ls.contains("live"), "removed: {ls}");
     let status = d.stop();
     assert!(status.success(), "{status:?}");

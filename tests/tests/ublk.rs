@@ -160,7 +160,7 @@ fn a_killed_servers_device_waits_for_a_successor_and_can_still_be_removed() {
     }
     // Its run entry is gone. (Other tests' entries may be listed: a failed final flush keeps one
     // on purpose, so this looks for this server's pid, not for an empty list.)
-    let list = sh(&format!("{} list --json", rblk()));
+    let list = sh(&format!("{} list -o json", rblk()));
     let listed: serde_json::Value = serde_json::from_str(&list).unwrap();
     let mine = listed.as_array().unwrap().iter().any(|e| e["pid"] == a.pid);
     assert!(!mine, "rblk list still shows the killed server {}: {list}", a.pid);
@@ -172,7 +172,7 @@ fn two_volumes_attached_at_once_stay_apart() {
     let t = target(&[("v", 64 * MIB), ("w", 64 * MIB)]);
     let (a, b) = (attach(&uri(&t, "v"), ""), attach(&uri(&t, "w"), "--exclusive"));
     assert_ne!(a.dev, b.dev);
-    let list = sh(&format!("{} list --json", rblk()));
+    let list = sh(&format!("{} list -o json", rblk()));
     assert!(list.contains(&a.dev) && list.contains(&b.dev) && list.contains("serving"), "{list}");
     sh(&format!(
         "head -c 1M /dev/zero | tr '\\0' A > /tmp/ublk-2a; head -c 1M /dev/zero | tr '\\0' B > /tmp/ublk-2b

@@ -92,7 +92,7 @@ fn a_killed_server_is_taken_over_and_fio_on_ext4_sees_no_error() {
     sh(&format!("umount {}", mnt.display()));
     let fsck = Command::new("e2fsck").args(["-fn", &a.dev]).output().unwrap();
     assert!(fsck.status.success(), "e2fsck after the takeover: {}", String::from_utf8_lossy(&fsck.stdout));
-    let list = sh(&format!("{} list --json", rblk()));
+    let list = sh(&format!("{} list -o json", rblk()));
     let listed: serde_json::Value = serde_json::from_str(&list).unwrap();
     let states: Vec<_> = listed
         .as_array()
@@ -130,7 +130,7 @@ fn a_ram_volume_lost_across_a_target_restart_is_never_served_as_zeros() {
     let status = blockdev::wait_child(&mut reader, Duration::from_secs(30), "the waiting reader").status;
     assert!(!status.success(), "the waiting read failed instead of reading the new volume's zeros");
     assert!(!Path::new(&a.dev).exists(), "the device is removed");
-    let list = sh(&format!("{} list --json", rblk()));
+    let list = sh(&format!("{} list -o json", rblk()));
     assert!(list.contains("contents lost"), "rblk list shows why: {list}");
     drop(d);
 }

@@ -1,4 +1,4 @@
-//! `rblk-dist OUTDIR`: writes shell completions (bash, zsh, fish) and man pages (section 1, one
+//! `rblk-dist OUTDIR` (arguments parsed by clap: `--help`, `--version`): writes shell completions (bash, zsh, fish) and man pages (section 1, one
 //! per command and subcommand) for rblk, rblk-bench and rblk-target, generated from their clap definitions,
 //! so they always match `--help`. `scripts/install.sh` runs it.
 //!
@@ -11,11 +11,21 @@ use std::process::ExitCode;
 use clap::CommandFactory as _;
 use clap_complete::Shell;
 
+/// Write shell completions (bash, zsh, fish) and man pages for rblk, rblk-bench and rblk-target
+///
+/// Generated from the binaries' own command-line definitions, so they always match `--help`.
+/// Layout: OUTDIR/completions/{bash/NAME.bash, zsh/_NAME, fish/NAME.fish},
+/// OUTDIR/man/NAME[-SUB].1. `scripts/install.sh` runs it.
+#[derive(Debug, clap::Parser)]
+#[command(name = "rblk-dist", version)]
+struct Args {
+    /// Where to write them (created if missing).
+    outdir: std::path::PathBuf,
+}
+
 fn main() -> ExitCode {
-    let Some(out) = std::env::args_os().nth(1) else {
-        eprintln!("usage: rblk-dist OUTDIR");
-        return ExitCode::FAILURE;
-    };
+    let args = <Args as clap::Parser>::parse();
+    let out = args.outdir;
     match generate(Path::new(&out)) {
         Ok(n) => {
             eprintln!("rblk-dist: wrote {n} files under {}", Path::new(&out).display());
@@ -69,6 +79,18 @@ fn man_pages(cmd: clap::Command, dir: &Path) -> std::io::Result<usize> {
 
 #[cfg(test)]
 mod tests {
+    /// Catches arguments parsed by hand again: `rblk-dist --version` once wrote 28 files into a
+    /// directory named `--version` and exited 0.
+    #[test]
+    fn flags_are_flags_not_directories() {
+        use clap::Parser as _;
+        let e = super::Args::try_parse_from(["rblk-dist", "--version"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
+        let e = super::Args::try_parse_from(["rblk-dist"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert_eq!(super::Args::try_parse_from(["rblk-dist", "out"]).unwrap().outdir, std::path::Path::new("out"));
+    }
+
     /// Catches completions or man pages that are not generated (or are empty) for a command a
     /// user runs: every binary's page and its subcommands' pages exist and name their flags.
     #[test]

@@ -56,6 +56,7 @@ pub enum Command {
     /// read-only.
     Info {
         /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+        #[arg(value_parser = volume_uri_arg)]
         uri: String,
         #[command(flatten)]
         conn: Connection,
@@ -64,10 +65,12 @@ pub enum Command {
     },
     /// List the volumes a target lets this host open (as `nvme discover` does for NVMe-oF): name,
     /// size, volatile or durable, and the most this host may open it for. Opens and registers
-    /// nothing.
-    Ls {
+    /// nothing. (`rblk list` lists this host's attachments.)
+    #[command(alias = "ls")]
+    Discover {
         /// The target: rblk://HOST or rblk://HOST:PORT (several addresses: the first that
         /// answers).
+        #[arg(value_parser = target_uri_arg)]
         uri: String,
         #[command(flatten)]
         conn: Connection,
@@ -79,6 +82,7 @@ pub enum Command {
     /// the target answers STATS only on an open session.
     Stats {
         /// A volume of the target: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+        #[arg(value_parser = volume_uri_arg)]
         uri: String,
         #[command(flatten)]
         conn: Connection,
@@ -88,6 +92,7 @@ pub enum Command {
     /// Read LENGTH bytes at OFFSET of a volume to a file or stdout. Opens it read-only.
     Read {
         /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+        #[arg(value_parser = volume_uri_arg)]
         uri: String,
         /// Byte offset to read from, a multiple of the block size (4096, 4k, 1M, ...).
         #[arg(long, value_parser = size_arg, default_value = "0", value_name = "N")]
@@ -95,9 +100,13 @@ pub enum Command {
         /// Bytes to read, a multiple of the block size (4096, 4k, 1M, ...).
         #[arg(long, value_parser = size_arg, value_name = "N")]
         length: u64,
-        /// Write the data to this file (created or truncated) instead of stdout.
-        #[arg(long, short, value_name = "FILE")]
+        /// Write the data to this file (created or truncated); `-` for stdout, which must then not
+        /// be a terminal unless asked for this way (binary data would garble it).
+        #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Not a file: formats are `-o`, files `--output FILE` (this refuses with that message).
+        #[arg(short = 'o', value_name = "FORMAT", hide = true, value_parser = read_has_no_format)]
+        output_format: Option<String>,
         /// Show a progress bar on stderr (bytes, rate, time left), when stderr is a terminal.
         #[arg(long)]
         progress: bool,
@@ -110,6 +119,7 @@ pub enum Command {
     /// The input's length must be a multiple of the volume's block size, unless --pad is given.
     Write {
         /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+        #[arg(value_parser = volume_uri_arg)]
         uri: String,
         /// Byte offset to write at, a multiple of the block size (4096, 4k, 1M, ...). Required, so
         /// that nothing is overwritten by accident.
@@ -143,12 +153,33 @@ pub enum Command {
     Attach(ublk::AttachArgs),
     Detach(ublk::DetachArgs),
     List(crate::list::ListArgs),
+    /// Print a completion script for SHELL on stdout, generated from this binary's own
+    /// arguments (e.g. `rblk completions bash > /etc/bash_completion.d/rblk`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Write a new key to FILE: 64 hex digits (256 random bits) and a newline, mode 0600, as
     /// `rblk-target gen-key` does. Refuses to overwrite an existing file.
     GenKey {
         /// Where to write it.
         file: PathBuf,
     },
+}
+
+/// A volume URI, checked when the command line is parsed (a bad one is a usage error, exit 2),
+/// before anything connects.
+pub fn volume_uri_arg(text: &str) -> Result<String, String> {
+    rblk_initiator::Uri::parse(text).map(|_| text.to_owned()).map_err(|e| e.to_string())
+}
+
+/// A target URI (no volume), checked as [`volume_uri_arg`] checks a volume's.
+pub fn target_uri_arg(text: &str) -> Result<String, String> {
+    rblk_initiator::Uri::parse_target(text).map(|_| text.to_owned()).map_err(|e| e.to_string())
+}
+
+fn read_has_no_format(text: &str) -> Result<String, String> {
+    Err(format!("rblk read writes data, not a report: to write to a file use --output {text}"))
 }
 
 fn size_arg(text: &str) -> Result<u64, String> {
@@ -161,6 +192,14 @@ const STEP: u64 = 4 << 20;
 /// Runs `rblk` with the process's arguments; the binary's `main`.
 pub fn main() -> ExitCode {
     let args = Args::parse();
+    // Yesterday's spellings still work, and say what replaces them.
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.iter().find(|a| !a.starts_with('-')).is_some_and(|a| a == "ls") {
+        deprecated("`rblk ls`", "`rblk discover`");
+    }
+    if argv.iter().any(|a| a == "--json") {
+        deprecated("--json", "-o json");
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(io::stderr)
@@ -194,8 +233,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Devices { format } => devices(&format),
         Command::Info { uri, conn, format } => info(&uri, &conn, &format),
         Command::Stats { uri, conn, format } => stats(&uri, &conn, &format),
-        Command::Ls { uri, conn, format } => ls(&uri, &conn, &format),
-        Command::Read { uri, offset, length, output, progress, conn } => {
+        Command::Discover { uri, conn, format } => discover(&uri, &conn, &format),
+        Command::Read { uri, offset, length, output, progress, conn, .. } => {
             read(&uri, &conn, offset, length, output, progress)
         }
         Command::Write { uri, offset, input, pad, no_flush, progress, conn } => {
@@ -207,6 +246,16 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Attach(args) => ublk::attach(args),
         Command::Detach(args) => ublk::detach(args),
         Command::List(args) => crate::list::list(args),
+        Command::Completions { shell } => {
+            let mut cmd = <Args as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "rblk", &mut script);
+            match io::Write::write_all(&mut io::stdout(), &script) {
+                // `rblk completions bash | head`: the reader has what it wanted.
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+                r => r.context("writing the completion script"),
+            }
+        }
         Command::GenKey { file } => {
             Options::generate_key_file(&file).with_context(|| {
                 format!("writing a new key to {} (an existing file is never overwritten)", file.display())
@@ -220,12 +269,25 @@ fn run(command: Command) -> anyhow::Result<()> {
 /// `--json`, or `-o json` / `--output-format json` as nvme-cli spells it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Format {
-    /// Print JSON instead of text.
-    #[arg(long)]
+    /// Deprecated spelling of `-o json`.
+    #[arg(long, hide = true)]
     pub json: bool,
     /// Output format, as nvme-cli spells it: normal (text) or json.
-    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = ["normal", "json"])]
+    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = output_format_arg)]
     pub output_format: Option<String>,
+}
+
+/// `-o`/`--output-format`: a format, never a file (files are `--output FILE`).
+pub fn output_format_arg(text: &str) -> Result<String, String> {
+    match text {
+        "normal" | "json" => Ok(text.to_owned()),
+        _ => Err(format!("{text:?} is not an output format (normal or json); to write to a file use --output FILE")),
+    }
+}
+
+/// Says once on stderr that `old` is a deprecated spelling of `new` (it keeps working).
+pub fn deprecated(old: &str, new: &str) {
+    eprintln!("rblk: note: {old} is deprecated; use {new}");
 }
 
 impl Format {
@@ -260,13 +322,11 @@ fn devices(format: &Format) -> anyhow::Result<()> {
                 serde_json::json!({ "name": d.name, "ports": ports })
             })
             .collect();
-        print_json(&serde_json::Value::Array(all))?;
+        // An empty listing is valid JSON and no error: scripts test for `[]`.
+        return print_json(&serde_json::Value::Array(all));
     }
     if devs.is_empty() {
         bail!("no RDMA device found: {}", rblk_initiator::why_no_device());
-    }
-    if format.json() {
-        return Ok(());
     }
     println!(
         "{:<10} {:>4}  {:<7} {:<10} {:>5}  {:<14} {:<10} ADDRESSES",
@@ -346,13 +406,13 @@ fn info(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn ls(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
+fn discover(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     let target = rblk_initiator::Uri::parse_target(uri)?;
     let mut session = Session::connect(&target, &conn.options(Reconnect::default())?)?;
     let volumes = session.list()?;
     drop(session);
     if format.json() {
-        return print_json(&ls_json(&volumes));
+        return print_json(&discover_json(&volumes));
     }
     if volumes.is_empty() {
         eprintln!("rblk: the target has no volume this host may open");
@@ -372,8 +432,8 @@ fn ls(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `rblk ls --json`: an array of name, size, volatile, failed, access.
-fn ls_json(volumes: &[rblk_initiator::ListEntry]) -> serde_json::Value {
+/// `rblk discover -o json`: an array of name, size, volatile, failed, access.
+fn discover_json(volumes: &[rblk_initiator::ListEntry]) -> serde_json::Value {
     volumes
         .iter()
         .map(|v| {
@@ -481,14 +541,19 @@ fn read(
     output: Option<PathBuf>,
     progress: bool,
 ) -> anyhow::Result<()> {
-    let mut vol = open(uri, conn, OpenMode::ReadOnly, Reconnect::default())?;
-    vol.check_range(Direction::Read, offset, length)?;
+    // Local checks before any connection: where the data goes.
+    let to_stdout = output.as_deref().is_none_or(|p| p == std::path::Path::new("-"));
+    if output.is_none() && io::IsTerminal::is_terminal(&io::stdout()) {
+        bail!("standard output is a terminal: give --output FILE, or --output - to write the data there anyway");
+    }
     let mut out = match &output {
-        Some(path) => {
+        Some(path) if !to_stdout => {
             File::create(path).and_then(Patient::new).with_context(|| format!("creating {}", path.display()))?
         }
-        None => Patient::stdout().context("standard output")?,
+        _ => Patient::stdout().context("standard output")?,
     };
+    let mut vol = open(uri, conn, OpenMode::ReadOnly, Reconnect::default())?;
+    vol.check_range(Direction::Read, offset, length)?;
     let step = step(&vol);
     let mut buf = vec![0u8; step.min(length) as usize];
     let bar = progress_bar(progress, Some(length));
@@ -837,7 +902,7 @@ mod stream_tests {
         let target = rblk_initiator::Uri::parse_target(&format!("rblk://{}", r.local_addr())).unwrap();
         let list = |host: &str| {
             let opts = Options { fabric: Fabric::Mem, host_id: Some(host.into()), ..Options::default() };
-            ls_json(&Session::connect(&target, &opts).unwrap().list().unwrap())
+            discover_json(&Session::connect(&target, &opts).unwrap().list().unwrap())
         };
         let web = list("web");
         assert_eq!(web.as_array().unwrap().len(), 2, "secret is not listed: {web}");

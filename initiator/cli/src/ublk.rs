@@ -94,7 +94,7 @@ pub struct AttachArgs {
     /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME. When a device of this URI
     /// exists whose serving process died (`rblk list` shows it dead), that device is taken over
     /// instead of a new one made.
-    #[arg(required_unless_present = "recover")]
+    #[arg(required_unless_present = "recover", value_parser = crate::cli::volume_uri_arg)]
     uri: Option<String>,
     /// Take over this device (/dev/ublkbN or its /dev/rblk/ name) from its dead serving process,
     /// with the URI, key file, host id, open mode and reconnect options it was attached with;
