@@ -67,7 +67,7 @@ pub use header::{peek_tag, Opcode, HEADER_LEN};
 pub use messages::{
     from_hex, is_valid_host_id, parse, to_hex, Message, Opened, Resume, StatsReply, VolumeId, MAX_LIST_ENTRIES,
 };
-pub use size::parse_size;
+pub use size::{parse_bounded, parse_size};
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian
 /// u32.

@@ -35,6 +35,23 @@ pub fn parse_size(text: &str) -> Result<u64, &'static str> {
     number.checked_mul(1 << shift).ok_or("the size does not fit in 64 bits")
 }
 
+/// Parses a whole number for a command-line flag that takes `min..=max` (`max` None: no upper
+/// bound), with a message in words: `between 5 and 86400`, `at least 5`, not a Rust range.
+///
+/// ```
+/// assert_eq!(rblk_proto::parse_bounded("7", 5, None), Ok(7));
+/// assert_eq!(rblk_proto::parse_bounded("1", 5, None).unwrap_err(), "1 is too small: it must be at least 5");
+/// assert_eq!(rblk_proto::parse_bounded("0", 1, Some(64)).unwrap_err(), "0 is out of range: it must be between 1 and 64");
+/// ```
+pub fn parse_bounded(text: &str, min: u64, max: Option<u64>) -> Result<u64, String> {
+    let n: u64 = text.trim().parse().map_err(|_| format!("{text:?} is not a whole number"))?;
+    match max {
+        Some(max) if n < min || n > max => Err(format!("{n} is out of range: it must be between {min} and {max}")),
+        None if n < min => Err(format!("{n} is too small: it must be at least {min}")),
+        _ => Ok(n),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,37 +74,37 @@ pub struct Args {
     pub state_dir: Option<PathBuf>,
     /// A connection that has not opened (or joined) a session this many seconds after its
     /// connect request is cut (unauthenticated and half-open ones too). Default: 10.
-    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECS", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub open_timeout: Option<u64>,
     /// End a connection when an initiator that promised keepalives sent nothing for this many
     /// seconds, or when one of the target's keepalives stayed uncompleted that long; a session
     /// goes with its last connection. Default: 15.
-    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(5..))]
+    #[arg(long, value_name = "SECS", value_parser = |t: &str| rblk_proto::parse_bounded(t, 5, None))]
     pub keepalive_timeout: Option<u64>,
     /// Connections that have not opened a session yet, at most (past it, a new one evicts the
     /// oldest, as sshd's MaxStartups). Default: 64.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_unopened: Option<u64>,
     /// The same, per peer address. Default: 16.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_unopened_per_addr: Option<u64>,
     /// Open sessions at most; past it OPEN is refused (out of resources). Default: 1024.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_sessions: Option<u64>,
     /// Open sessions at most per host (per address for initiators that send no host identity).
     /// Default: 64.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_sessions_per_host: Option<u64>,
     /// JOINed connections (every queue pair of a session after its first) at most per
     /// session; past it JOIN is refused (out of resources). At least 64 (`rblk attach --queues`
     /// takes up to 64). Default: 128.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(64..))]
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 64, None))]
     pub max_joins_per_session: Option<u64>,
     /// JOINed connections at most of one host's sessions. Default: 1024.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_joins_per_host: Option<u64>,
     /// JOINed connections at most, in all. Default: 4096.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_joins: Option<u64>,
     /// Memory windows (on, the default): where the RDMA device has type 2B windows and the
     /// initiator asks for them, each volume is registered once (at its first such OPEN on the

@@ -11,6 +11,8 @@
 //! - `a_bad_uri_is_a_usage_error`: URIs checked only after connecting, with exit 1 where clap's
 //!   usage errors exit 2.
 //! - `read_refuses_to_garble_a_terminal`: binary data written to a terminal.
+//! - `ranges_are_said_in_words`: clap's `1 is not in 5..18446744073709551615` for a flag out of
+//!   its range.
 //! - `completions_come_from_the_binary`: `rblk completions SHELL` missing or stale (no
 //!   `discover`).
 
@@ -88,4 +90,16 @@ fn completions_come_from_the_binary() {
         assert!(o.status.success(), "{shell}: {}", stderr(&o));
         assert!(String::from_utf8_lossy(&o.stdout).contains("discover"), "{shell}");
     }
+}
+
+#[test]
+fn ranges_are_said_in_words() {
+    let o = run(&["attach", "rblk://h/v", "--queues", "65"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("65 is out of range: it must be between 1 and 64"), "{}", stderr(&o));
+    let target = rblk_tests::daemon::bin("rblk-target");
+    let o = Command::new(target).args(["--keepalive-timeout", "1", "--check-config"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("1 is too small: it must be at least 5"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains(".."), "no Rust range in a message: {}", stderr(&o));
 }

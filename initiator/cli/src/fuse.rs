@@ -50,7 +50,7 @@ pub struct MountArgs {
     exclusive: bool,
     /// Serve requests from N threads, each with its own queue pair to the target (N requests
     /// in flight).
-    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = |t: &str| rblk_initiator::parse_bounded(t, 1, Some(64)).map(|n| n as u32))]
     queues: u32,
     /// Also attach a loop device to the file (`losetup --direct-io=on`) and print its path.
     /// `rblk umount` detaches it.

@@ -108,7 +108,7 @@ pub struct AttachArgs {
     name: Option<String>,
     /// ublk queues, each served by its own thread with its own queue pair (the kernel may give
     /// fewer: at most one per CPU).
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = |t: &str| rblk_initiator::parse_bounded(t, 1, Some(64)).map(|n| n as u16))]
     queues: u16,
     /// Requests in flight per queue (1-1024).
     #[arg(long, value_name = "D", default_value_t = 64)]
