@@ -108,6 +108,18 @@ pub(crate) fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thr
         .map_err(AdmitError::Thread)
 }
 
+/// An optional address as logs show it: the address, or `unknown` (never `Some(..)`).
+pub(crate) struct Shown<T>(pub(crate) Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for Shown<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(v) => v.fmt(f),
+            None => f.write_str("unknown"),
+        }
+    }
+}
+
 /// Why a connection ends (logged as it disconnects).
 type Reason = Cow<'static, str>;
 
@@ -178,7 +190,7 @@ struct Connection {
 
 /// Serves connection `conn` until it ends (see [`Connection`]).
 fn serve(shared: Arc<Shared>, conn: u64, ep: Endpoint, channel: Channel, state: State) {
-    let span = info_span!("conn", conn, peer = ?ep.peer(), qpn = ep.qp_num());
+    let span = info_span!("conn", conn, peer = %crate::connection::Shown(ep.peer()), qpn = ep.qp_num());
     let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()) };
     let _enter = span.enter();
     info!("connected");

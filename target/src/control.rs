@@ -168,7 +168,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                     (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
                 }
                 Err(e) => {
-                    tracing::warn!(peer = ?peer.ip, host, "{e}");
+                    tracing::warn!(peer = %crate::connection::Shown(peer.ip), host, "{e}");
                     (Reply::Error(ErrorCode::AuthFailed, e.to_string()), After::AuthFailed)
                 }
             }
@@ -205,13 +205,13 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             let (reply, after) = open(shared, ep, state, opener, mode, name, resume);
             if let Reply::Error(code, text) = &reply {
                 shared.counters.refused_opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(peer = ?peer.ip, host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {text}");
+                tracing::warn!(peer = %crate::connection::Shown(peer.ip), host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {text}");
             }
             (reply, after)
         }
         (Message::Join { .. }, State::JoinRefused { reason }) => {
             shared.counters.refused_joins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!(peer = ?peer.ip, "JOIN refused: {reason}");
+            tracing::warn!(peer = %crate::connection::Shown(peer.ip), "JOIN refused: {reason}");
             (Reply::Error(ErrorCode::NoResources, reason.to_string()), After::Close)
         }
         (Message::Join { session_id, token }, State::Joining { session }) => {

@@ -313,7 +313,7 @@ impl Shared {
         unopened.push_back((conn, ip));
         drop(unopened);
         for (old, addr) in evict {
-            warn!(conn = old, peer = ?addr, "evicting a connection that opened nothing, to make room for conn {conn}");
+            warn!(conn = old, peer = %crate::connection::Shown(addr), "evicting a connection that opened nothing, to make room for conn {conn}");
             self.evicted.lock().unwrap_or_else(|p| p.into_inner()).insert(old);
             self.wake_connection(old);
         }

@@ -200,11 +200,18 @@ pub fn main() -> ExitCode {
     if argv.iter().any(|a| a == "--json") {
         deprecated("--json", "-o json");
     }
-    tracing_subscriber::fmt()
+    // On a terminal, warnings are plain lines (level and message); in a log file or the
+    // journal, tracing's full format (time and module).
+    let terminal = io::IsTerminal::is_terminal(&io::stderr()) && std::env::var_os("JOURNAL_STREAM").is_none();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(io::stderr)
-        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
-        .init();
+        .with_ansi(terminal);
+    if terminal {
+        logs.without_time().with_target(false).init();
+    } else {
+        logs.init();
+    }
     match run(args.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -450,7 +450,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
     let taskrun_flag = match init_ring(dev) {
         Ok(flag) => flag,
         Err(e) => {
-            tracing::error!(qid, error = ?e, "setting up the ublk queue's io_uring failed");
+            tracing::error!(qid, error = %ublk_text(&e), "setting up the ublk queue's io_uring failed");
             dev.notify_buffer_registration_complete(true);
             return;
         }
@@ -458,7 +458,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => q,
         Err(e) => {
-            tracing::error!(qid, error = ?e, "setting up the ublk queue failed");
+            tracing::error!(qid, error = %ublk_text(&e), "setting up the ublk queue failed");
             dev.notify_buffer_registration_complete(true);
             return;
         }
@@ -483,7 +483,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
         tags.push(exe.spawn(async move {
             match tag_task(q, tag, st).await {
                 Ok(()) | Err(UblkError::QueueIsDown) => {}
-                Err(e) => tracing::warn!(qid, tag, error = ?e, "ublk tag failed"),
+                Err(e) => tracing::warn!(qid, tag, error = %ublk_text(&e), "ublk tag failed"),
             }
         }));
     }
@@ -504,7 +504,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
             libublk::uring_async::ublk_reap_io_events_with_update_queue(&q, timed_out, None, |cqe| st.completed(cqe))
         };
         if let Err(e) = libublk::run_uring_tasks(wait, reap, run_ops, is_done).await {
-            tracing::warn!(qid, error = ?e, "the ublk queue's event loop failed");
+            tracing::warn!(qid, error = %ublk_text(&e), "the ublk queue's event loop failed");
         }
     }));
     drop(ticker);
@@ -894,12 +894,12 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
             vol
         }
     };
-    let ctrl = UblkCtrl::new_simple(dev_id as i32).map_err(|e| anyhow::anyhow!("{dev}: {e:?}"))?;
+    let ctrl = UblkCtrl::new_simple(dev_id as i32).map_err(|e| anyhow::anyhow!("{dev}: {}", ublk_text(&e)))?;
     let info = ctrl.dev_info();
     if info.flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {
         bail!("{dev} was made without ublk user recovery: it cannot be taken over");
     }
-    ctrl.start_user_recover().map_err(|e| anyhow::anyhow!("START_USER_RECOVERY of {dev} failed: {e:?}"))?;
+    ctrl.start_user_recover().map_err(|e| anyhow::anyhow!("START_USER_RECOVERY of {dev} failed: {}", ublk_text(&e)))?;
     drop(ctrl);
     let handover = Handover::new(&handover.uri, mode, &conn, reconnect, vol.predecessor());
     let shape = Shape { queues: info.nr_hw_queues, depth: info.queue_depth.into(), recover: Some((dev_id, claim)) };
@@ -980,7 +980,7 @@ fn run(
             .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
             .build(),
     }
-    .map_err(|e| anyhow::anyhow!("creating the ublk device failed: {e:?}"))?;
+    .map_err(|e| anyhow::anyhow!("creating the ublk device failed: {}", ublk_text(&e)))?;
     let dev_id = ctrl.dev_info().dev_id;
     let recoverable = ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) != 0;
     // A new device is ours from the start; a recovered one was claimed before START_USER_RECOVERY.
@@ -1098,7 +1098,7 @@ fn run(
     remove_link(link_text.as_deref(), &bdev_text);
     drop(lanes);
     if let Err(e) = ran {
-        bail!("starting the ublk device failed: {e:?}");
+        bail!("starting the ublk device failed: {}", ublk_text(&e));
     }
     if let Some(e) = ready.lock().unwrap_or_else(PoisonError::into_inner).take() {
         tracing::warn!(error = %e, "reporting readiness failed");
@@ -1196,9 +1196,9 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
         None => {
             // The serving process is gone (killed): delete the device by its id.
             let c = UblkCtrl::new_simple(dev_id as i32)
-                .map_err(|e| anyhow::anyhow!("ublk device {dev_id} does not exist ({e:?})"))?;
+                .map_err(|e| anyhow::anyhow!("ublk device {dev_id} cannot be opened: {}", ublk_text(&e)))?;
             let _ = c.kill_dev();
-            c.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {dev_id} failed: {e:?}"))?;
+            c.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {dev_id} failed: {}", ublk_text(&e)))?;
             remove_link(found_link.as_deref(), &dev);
             if let Some(p) = &path {
                 let _ = std::fs::remove_file(p);
@@ -1206,6 +1206,16 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
             println!("rblk: deleted {dev} (its serving process had died: writes it had not flushed may be lost)");
             Ok(())
         }
+    }
+}
+
+/// A libublk error in words: the errno's text for driver refusals (`OtherError(-2)` is "No such
+/// file or directory"), never a Debug rendering.
+fn ublk_text(e: &UblkError) -> String {
+    match e {
+        UblkError::OtherError(n) | UblkError::UringIOError(n) => std::io::Error::from_raw_os_error(n.abs()).to_string(),
+        UblkError::IOError(io) => io.to_string(),
+        other => other.to_string(),
     }
 }
 
