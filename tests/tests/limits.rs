@@ -420,3 +420,194 @@ fn check_config_warns_when_the_caps_need_more_descriptors_than_the_limit() {
     let stderr = check("--max-unopened 16 --max-sessions 64 --max-joins 128");
     assert!(!stderr.contains("RLIMIT_NOFILE"), "caps that fit warned: {stderr}");
 }
+
+// ----- Over rxe: JOIN caps against a daemon short of file descriptors (issue 24) -----
+
+/// JOINs the attacker tries, in both runs.
+const ATTACK_JOINS: usize = 24;
+/// `max_joins_per_host` in the capped run.
+const ATTACK_CAP: usize = 8;
+
+/// One run of [`rxe_joins_past_the_cap_are_refused_and_leave_descriptors_for_another_host`].
+#[derive(Debug)]
+struct Attacked {
+    /// What `rblk-test-client joins` printed: its refusals and failures, then its summary.
+    report: Vec<String>,
+    joined: usize,
+    refused: usize,
+    failed: usize,
+    /// The daemon's descriptors with b's probe session and its JOIN, what one connection
+    /// takes, and those held while the attacker holds its connections.
+    base: usize,
+    per_conn: usize,
+    held: usize,
+    /// Host b's `rblk write` and `rblk read` while the attacker held its connections.
+    honest: Result<(), String>,
+    /// CPU time the daemon used meanwhile, and the wall time it took (a spin would use it all).
+    cpu: Duration,
+    wall: Duration,
+}
+
+/// Descriptors the daemon holds.
+fn fds(d: &Daemon) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", d.pid())).expect("the daemon's fds").count()
+}
+
+/// The daemon's descriptor count once it stays the same for 300 ms (connections that ended are
+/// torn down by their threads), at most 10 s.
+fn settled_fds(d: &Daemon) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut last, mut same) = (fds(d), 0);
+    while same < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = fds(d);
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
+/// CPU time the daemon used so far (utime + stime of /proc/PID/stat), in clock ticks (10 ms).
+fn cpu_ticks(d: &Daemon) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", d.pid())).expect("the daemon's stat");
+    // Fields after the command (which may hold spaces) start at field 3; utime and stime are 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')').expect("stat").1.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Host b's I/O through the real `rblk`: 64 KiB written at `offset`, and if `read_back`, read
+/// back and compared.
+fn honest_io(d: &Daemon, key: &std::path::Path, offset: u64, read_back: bool) -> Result<(), String> {
+    let rblk = rblk_tests::daemon::bin("rblk");
+    let uri = format!("rblk://{}/v", d.addr);
+    let data: Vec<u8> = (0..64 * 1024u64).map(|i| (i.wrapping_mul(31) ^ (offset >> 12)) as u8).collect();
+    let input = std::env::temp_dir().join(format!("rblk-join-caps-{}-{offset}", std::process::id()));
+    std::fs::write(&input, &data).expect("write the input");
+    let auth = ["--key-file", key.to_str().unwrap(), "--host-id", "b", "--timeout", "5"];
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&rblk).args(args).args(auth).output().expect("run rblk");
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            Err(format!("rblk {} ({}): {}", args[0], out.status, String::from_utf8_lossy(&out.stderr).trim()))
+        }
+    };
+    let offset = offset.to_string();
+    run(&["write", &uri, "--offset", &offset, "--input", input.to_str().unwrap()])?;
+    if !read_back {
+        return Ok(());
+    }
+    let read = run(&["read", &uri, "--offset", &offset, "--length", "64k"])?;
+    (read == data).then_some(()).ok_or_else(|| "rblk read returned other data than rblk write wrote".to_owned())
+}
+
+/// A daemon with hosts a and b sharing `key`, a 4 MiB volume and `caps`, under an fd limit with
+/// room for host a's session and [`ATTACK_CAP`] JOINs plus what b needs; then host a tries
+/// [`ATTACK_JOINS`] JOINs and, while a holds them, b writes and reads through `rblk`.
+fn attack_under_a_descriptor_limit(key: &std::path::Path, caps: &str) -> (Daemon, Attacked, Raw) {
+    use std::io::BufRead as _;
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("rblk-join-caps-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("target.toml");
+    let text = format!(
+        "key_file = {key:?}\n{caps}\n[[host]]\nname = \"a\"\n[[host]]\nname = \"b\"\n[[volume]]\nname = \"v\"\nsize = \"4M\"\n"
+    );
+    std::fs::write(&config, text).unwrap();
+    let args = ["--config", config.to_str().unwrap(), "--state-dir", dir.to_str().unwrap(), "--admin-socket", "none"];
+    let d = Daemon::start_as_configured(&rblk_tests::rxe::rdma(), &args);
+    let secret = rblk_fabric::keyfile::read(key).unwrap();
+    // A probe session of host b (it opens the device's verbs context, which the daemon keeps)
+    // and one JOIN of it: what a connection costs in descriptors, measured.
+    let mut probe = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect the probe");
+    probe.login(Some(&secret), Some("b")).expect("AUTH as b");
+    let o = probe.open_with("v", OpenMode::ReadOnly, None).expect("OPEN");
+    let before = settled_fds(&d);
+    let data = ConnectData::Join { session_id: o.session_id, token: o.token };
+    let mut probe_join = Raw::connect(Fabric::Verbs, d.addr, data).expect("connect the probe's JOIN");
+    assert!(joined(&probe_join.request(&Message::Join { session_id: o.session_id, token: o.token })));
+    let base = settled_fds(&d);
+    let per_conn = base - before;
+    // Room for a's session and its capped JOINs, b's `rblk write` and `rblk read` (a session
+    // and a lane each, in case one's teardown lags the next's connect) and two refused JOINs
+    // in flight. Without the cap, a's ATTACK_JOINS need far more.
+    let limit = base + per_conn * ((1 + ATTACK_CAP) + 2 * 2 + 2);
+    assert!(base + per_conn * (1 + ATTACK_JOINS) > limit + per_conn, "the limit must be tight without the cap");
+    rblk_tests::sh(&format!("prlimit --pid {} --nofile={limit}:{limit}", d.pid()));
+    eprintln!(
+        "limits: daemon fds {before} with b's session, {base} with its JOIN: {per_conn} per connection; limit {limit}"
+    );
+
+    let mut attacker = Command::new(rblk_tests::daemon::bin("rblk-test-client"))
+        .args(["joins", &d.addr.to_string(), "v", "--key-file", key.to_str().unwrap(), "--host-id", "a"])
+        .args(["--count", &ATTACK_JOINS.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn rblk-test-client joins");
+    let mut lines = std::io::BufReader::new(attacker.stdout.take().unwrap()).lines();
+    let mut report = Vec::new();
+    let summary = loop {
+        let line = lines.next().expect("the attacker's summary").expect("read the attacker's stdout");
+        eprintln!("limits: attacker: {line}");
+        report.push(line.clone());
+        if let Some(rest) = line.strip_prefix("joined ") {
+            break rest.to_owned();
+        }
+    };
+    let n: Vec<usize> = summary.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let (joined, refused, failed) = (n[0], n[1], n[2]);
+    let held = settled_fds(&d);
+    let (ticks, started) = (cpu_ticks(&d), Instant::now());
+    let honest = honest_io(&d, key, 0, true);
+    let (cpu, wall) = (Duration::from_millis((cpu_ticks(&d) - ticks) * 10), started.elapsed());
+    drop(attacker.stdin.take());
+    let status = attacker.wait().expect("wait for the attacker");
+    assert!(status.success(), "rblk-test-client joins: {status}");
+    let attacked = Attacked { report, joined, refused, failed, base, per_conn, held, honest, cpu, wall };
+    eprintln!("limits: limit {limit}: {attacked:?}");
+    (d, attacked, probe)
+}
+
+/// Catches JOINs counted by no cap, over rxe against the daemon process, as issue 24 found it:
+/// one host's session token opened QPs until the daemon ran out of file descriptors, and every
+/// other host's connect failed. With `max_joins_per_host = 8` and the daemon's RLIMIT_NOFILE set
+/// (prlimit) to what a's session, its 8 JOINs and b's I/O need, a's 24 JOINs get 8 through and
+/// 16 ERRORs naming the cap, and b's `rblk write` and `rblk read` work. The same run with the
+/// caps switched off (huge) is the proof that the limit was tight: a's JOINs exhaust the
+/// descriptors and b's connect fails; the daemon logs those refusals, does not spin, and serves
+/// b again once a lets go.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn rxe_joins_past_the_cap_are_refused_and_leave_descriptors_for_another_host() {
+    let started = Instant::now();
+    let key = std::env::temp_dir().join(format!("rblk-join-caps-{}.key", std::process::id()));
+    rblk_tests::target::write_key_file(&key, b"0123456789abcdef0123456789abcdef0123456789abcdef");
+
+    let (d, capped, mut probe) = attack_under_a_descriptor_limit(&key, &format!("max_joins_per_host = {ATTACK_CAP}"));
+    eprintln!("limits: the capped run took {:?}", started.elapsed());
+    assert_eq!(
+        (capped.joined, capped.refused, capped.failed),
+        (ATTACK_CAP, ATTACK_JOINS - ATTACK_CAP, 0),
+        "{capped:?}"
+    );
+    assert!(capped.report.iter().any(|l| l.starts_with("refusal: NoResources") && l.contains("max_joins_per_host")));
+    let a_holds = capped.base + capped.per_conn * (1 + ATTACK_CAP);
+    assert_eq!(capped.held, a_holds, "the refused JOINs hold nothing: {capped:?}");
+    capped.honest.unwrap_or_else(|e| panic!("host b was locked out although a's JOINs were capped: {e}"));
+    eprintln!("limits: capped: the probe's STATS after the attacker left: {:?}", probe.stats());
+    drop((d, probe));
+
+    let huge = "max_joins_per_session = 100000\nmax_joins_per_host = 100000\nmax_joins = 100000";
+    let (mut d, open, mut probe) = attack_under_a_descriptor_limit(&key, huge);
+    assert!(open.failed > 0 && open.refused == 0, "without the cap a's JOINs must exhaust the descriptors: {open:?}");
+    assert!(open.honest.is_err(), "the limit was not tight: b got in with the caps off: {open:?}");
+    assert!(d.alive(), "the daemon died of EMFILE");
+    assert!(open.cpu < open.wall / 2, "the daemon spins out of descriptors: {open:?}");
+    assert!(!d.log_lines(&["connection refused"]).is_empty(), "the refused connects are logged");
+    // The attacker is gone: the daemon serves b again.
+    settled_fds(&d);
+    honest_io(&d, &key, 1 << 20, false).unwrap_or_else(|e| panic!("the daemon did not serve b after EMFILE: {e}"));
+    assert!(probe.stats().sessions >= 1, "the probe's session survived");
+    eprintln!("limits: both runs took {:?}", started.elapsed());
+}
