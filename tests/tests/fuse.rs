@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rblk::mount::{self, MountOptions, Mounted};
+use rblk::fusefs::{self, MountOptions, Mounted};
 use rblk_fabric::Fabric;
 use rblk_initiator::{OpenMode, Options, Session, Volume};
 use rblk_tests::daemon::bin;
@@ -67,7 +67,7 @@ fn mem_mount(t: &Target, mode: OpenMode, queues: u32) -> Mounted {
     );
     let dir = scratch_dir("mem");
     let opts = MountOptions { queues, ..MountOptions::default() };
-    mount::mount(open(t, mode), &dir, &opts).unwrap_or_else(|e| {
+    fusefs::mount(open(t, mode), &dir, &opts).unwrap_or_else(|e| {
         panic!("mounting FUSE on the host failed (these tests need /dev/fuse and root, or fusermount3): {e}")
     })
 }
@@ -77,7 +77,7 @@ fn mem_target(size: u64) -> Target {
 }
 
 /// Unmounts, waits for the session to end, removes the mount point.
-fn finish(m: Mounted) -> mount::Summary {
+fn finish(m: Mounted) -> fusefs::Summary {
     let dir = m.mountpoint().to_owned();
     let summary = m.unmount().expect("unmount and close");
     let _ = std::fs::remove_dir(&dir);
@@ -94,9 +94,9 @@ fn mem_mount_shows_one_file_sized_like_the_volume() {
     let meta = std::fs::metadata(m.file()).unwrap();
     assert!(meta.is_file());
     assert_eq!(meta.len(), 16 * MIB);
-    let entry = mount::find_mount(m.mountpoint()).unwrap().expect("listed in mountinfo");
+    let entry = fusefs::find_mount(m.mountpoint()).unwrap().expect("listed in mountinfo");
     assert!(entry.is_rblk() && entry.source == uri(&t), "{entry:?}");
-    let e = mount::mount(open(&t, OpenMode::ReadOnly), m.mountpoint(), &MountOptions::default()).unwrap_err();
+    let e = fusefs::mount(open(&t, OpenMode::ReadOnly), m.mountpoint(), &MountOptions::default()).unwrap_err();
     assert!(e.to_string().contains("already mounted"), "no second mount on top: {e}");
     // The volume starts zeroed; a read at the end is short, past it empty.
     let f = File::open(m.file()).unwrap();
@@ -233,9 +233,9 @@ fn mem_read_only_mount_refuses_writes() {
 #[test]
 fn mem_unmount_refuses_what_is_not_an_rblk_mount() {
     let dir = scratch_dir("not-mounted");
-    let e = mount::unmount(&dir).unwrap_err();
-    assert!(matches!(e, mount::Error::NotMounted { .. }) && e.to_string().contains("is not an rblk mount"), "{e}");
-    let e = mount::unmount(Path::new("/proc")).unwrap_err();
+    let e = fusefs::unmount(&dir).unwrap_err();
+    assert!(matches!(e, fusefs::Error::NotMounted { .. }) && e.to_string().contains("is not an rblk mount"), "{e}");
+    let e = fusefs::unmount(Path::new("/proc")).unwrap_err();
     assert!(e.to_string().contains("proc"), "says what is mounted there instead: {e}");
     std::fs::remove_dir(&dir).unwrap();
 }
@@ -270,9 +270,9 @@ fn mem_a_finished_mount_leaves_the_next_one_on_its_path_alone() {
     let out = Command::new("umount").arg(&dir).output().expect("run umount");
     assert!(out.status.success(), "umount: {}", String::from_utf8_lossy(&out.stderr));
     // B mounts on the same path before A's server has noticed and cleaned up.
-    let b = mount::mount(open(&t, OpenMode::ReadOnly), &dir, &MountOptions::default()).expect("mount B");
+    let b = fusefs::mount(open(&t, OpenMode::ReadOnly), &dir, &MountOptions::default()).expect("mount B");
     a.wait().expect("A ends cleanly");
-    assert!(mount::find_mount(&dir).unwrap().is_some_and(|m| m.is_rblk()), "A's cleanup unmounted B");
+    assert!(fusefs::find_mount(&dir).unwrap().is_some_and(|m| m.is_rblk()), "A's cleanup unmounted B");
     assert_eq!(std::fs::metadata(b.file()).expect("B's file").len(), 4 * MIB);
     finish(b);
 }
@@ -413,7 +413,7 @@ impl Foreground {
             assert!(Instant::now() < deadline, "rblk mount did not exit after SIGTERM");
             std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(mount::find_mount(&self.mnt).unwrap().is_none(), "SIGTERM unmounted it");
+        assert!(fusefs::find_mount(&self.mnt).unwrap().is_none(), "SIGTERM unmounted it");
     }
 }
 
@@ -488,8 +488,8 @@ fn rxe_ext4_on_the_loop_device_survives_a_remount() {
     sh("umount", &[fsdir.to_str().unwrap()]);
     umount_rblk(&mnt);
     wait_gone(pid);
-    assert!(mount::find_mount(&mnt).unwrap().is_none(), "unmounted");
-    assert!(mount::loops_backed_by(&mnt).unwrap().is_empty(), "the loop device is detached");
+    assert!(fusefs::find_mount(&mnt).unwrap().is_none(), "unmounted");
+    assert!(fusefs::loops_backed_by(&mnt).unwrap().is_empty(), "the loop device is detached");
 
     // A fresh mount, a fresh loop device: the files are all there.
     let (_, dev, pid) = mount_daemon(&t, &mnt, &["--loop"]);
@@ -509,7 +509,7 @@ fn rxe_ext4_on_the_loop_device_survives_a_remount() {
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(text.contains(&dev) && text.contains("mounted at"), "says why: {text}");
-    assert!(mount::find_mount(&mnt).unwrap().is_some(), "still mounted");
+    assert!(fusefs::find_mount(&mnt).unwrap().is_some(), "still mounted");
 
     sh("umount", &[fsdir.to_str().unwrap()]);
     umount_rblk(&mnt);

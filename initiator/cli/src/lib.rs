@@ -5,8 +5,8 @@
 //!   served by one thread that owns one queue pair of the session, with the ublk I/O buffers
 //!   registered with the NIC (RDMA lands in them directly).
 //! - [`nbd`]: `rblk nbd`, a volume as an NBD export (TCP or a Unix socket).
-//! - [`mount`]: `rblk mount`, a volume as one file in a FUSE filesystem, optionally behind a loop
-//!   device.
+//! - [`mount`]: `rblk mount` and `rblk umount`, a volume as one file in a FUSE filesystem
+//!   ([`fusefs`]), optionally behind a loop device.
 //! - [`metrics`]: `--metrics ADDR:PORT` of those three, `rblk_initiator_*` in Prometheus' format.
 //! - [`list`]: the attachments, mounts and exports on this host (`rblk list`).
 //!
@@ -16,10 +16,11 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod common;
 pub mod daemon;
-pub mod fuse;
 pub mod list;
 pub mod metrics;
+pub mod fusefs;
 pub mod mount;
 pub mod nbd;
 pub mod stdio;

@@ -263,7 +263,7 @@ pub fn entries() -> Vec<(PathBuf, Entry)> {
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
     #[command(flatten)]
-    format: crate::cli::Format,
+    format: crate::common::Format,
 }
 
 /// `rblk list`.

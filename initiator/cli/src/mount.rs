@@ -11,7 +11,7 @@ use rblk_initiator::Chain;
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};
-use crate::mount::{self, MountOptions};
+use crate::fusefs::{self, MountOptions};
 
 /// Mount a volume as one file in a FUSE filesystem, optionally behind a loop device
 ///
@@ -61,7 +61,7 @@ pub struct MountArgs {
     #[command(flatten)]
     run: crate::daemon::DaemonArgs,
     #[command(flatten)]
-    conn: crate::cli::Connection,
+    conn: crate::common::Connection,
     #[command(flatten, next_help_heading = "Reconnect")]
     reconnect: rblk_initiator::ReconnectArgs,
 }
@@ -96,7 +96,7 @@ pub fn mount(args: MountArgs) -> anyhow::Result<()> {
 
 /// `rblk umount`.
 pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
-    let done = mount::unmount(&args.mountpoint)?;
+    let done = fusefs::unmount(&args.mountpoint)?;
     for dev in &done.loops {
         println!("rblk: detached {}", dev.display());
     }
@@ -105,12 +105,12 @@ pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
 }
 
 fn serve(args: &MountArgs) -> anyhow::Result<()> {
-    let mode = crate::cli::open_mode(args.read_only, args.exclusive);
-    let vol = crate::cli::open(&args.uri, &args.conn, mode, args.reconnect.reconnect())?;
+    let mode = crate::common::open_mode(args.read_only, args.exclusive);
+    let vol = crate::common::open(&args.uri, &args.conn, mode, args.reconnect.reconnect())?;
     let describe = format!(
         "{} ({}, block size {}, {}, {})",
         vol.uri(),
-        crate::cli::human(vol.size()),
+        crate::common::human(vol.size()),
         vol.block_size(),
         if vol.is_read_only() { "read-only" } else { "read-write" },
         if vol.is_volatile() { "volatile" } else { "durable" },
@@ -119,14 +119,14 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
     // Listening before the mount: a port in use fails here, with nothing to undo.
     let metrics = crate::metrics::Metrics::new(vol.uri());
     let _endpoint = args.metrics.serve(&metrics)?;
-    let mounted = mount::mount(vol, &args.mountpoint, &opts)?;
+    let mounted = fusefs::mount(vol, &args.mountpoint, &opts)?;
     let _counted = metrics.add(mounted.volume_file().counters());
     let mountpoint = mounted.mountpoint().to_owned();
     let file = mounted.file().to_owned();
 
     let loop_dev = if args.loop_device {
         let vf = mounted.volume_file();
-        match mount::attach_loop(&file, vf.block_size(), vf.is_read_only()) {
+        match fusefs::attach_loop(&file, vf.block_size(), vf.is_read_only()) {
             Ok(dev) => Some(dev),
             Err(e) => {
                 let undone = mounted.unmount().map(drop);
@@ -189,7 +189,7 @@ fn watch_signals(mountpoint: &Path) -> anyhow::Result<signal_hook::iterator::Han
         .spawn(move || {
             for sig in signals.forever() {
                 tracing::info!(signal = sig, "unmounting");
-                match mount::unmount(&mountpoint) {
+                match fusefs::unmount(&mountpoint) {
                     Ok(_) => break,
                     Err(e) => eprintln!("rblk: cannot unmount yet, still serving: {}", Chain(&e)),
                 }
@@ -227,7 +227,7 @@ mod tests {
         assert!(e.contains("--daemon"), "--log-file needs --daemon: {e}");
         assert!(parse(&["rblk://h/v"]).is_err(), "the mount point is required");
         let x = parse(&["rblk://h/v", "/m", "--exclusive"]).unwrap();
-        assert_eq!(crate::cli::open_mode(x.read_only, x.exclusive), rblk_initiator::OpenMode::Exclusive);
+        assert_eq!(crate::common::open_mode(x.read_only, x.exclusive), rblk_initiator::OpenMode::Exclusive);
         assert!(parse(&["rblk://h/v", "/m", "--exclusive", "--read-only"]).is_err());
     }
 

@@ -7,7 +7,7 @@
 //! of) the tag's buffer, and the NIC reads and writes that buffer with one-sided RDMA, so the
 //! data is never copied in userspace. (Linux 6.12's ublk has no zero copy, so the kernel's copy
 //! between the bio pages and the buffer remains.) The thread waits for ublk commands and RDMA
-//! completions in one loop ([`QueueState::wait`]): it spins over its io_uring and the lane's CQ
+//! completions in one loop (`QueueState::wait`): it spins over its io_uring and the lane's CQ
 //! for the session's wait policy's budget (`--wait`, [`rblk_initiator::Wait`]: adaptive by
 //! default, twice the thread's usual wait, at most 1 ms), and only then arms the
 //! completion channel, puts a POLL_ADD on it into the ring (linked to a one-second timeout,
@@ -94,7 +94,7 @@ pub struct AttachArgs {
     /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME. When a device of this URI
     /// exists whose serving process died (`rblk list` shows it dead), that device is taken over
     /// instead of a new one made.
-    #[arg(required_unless_present = "recover", value_parser = crate::cli::volume_uri_arg)]
+    #[arg(required_unless_present = "recover", value_parser = crate::common::volume_uri_arg)]
     uri: Option<String>,
     /// Take over this device (/dev/ublkbN or its /dev/rblk/ name) from its dead serving process,
     /// with the URI, key file, host id, open mode and reconnect options it was attached with;
@@ -129,7 +129,7 @@ pub struct AttachArgs {
     #[command(flatten)]
     run: crate::daemon::DaemonArgs,
     #[command(flatten)]
-    conn: crate::cli::Connection,
+    conn: crate::common::Connection,
     #[command(flatten, next_help_heading = "Reconnect")]
     reconnect: rblk_initiator::ReconnectArgs,
 }
@@ -612,7 +612,7 @@ pub struct Handover {
 }
 
 impl Handover {
-    fn new(uri: &str, mode: OpenMode, conn: &crate::cli::Connection, r: Reconnect, prev: Predecessor) -> Handover {
+    fn new(uri: &str, mode: OpenMode, conn: &crate::common::Connection, r: Reconnect, prev: Predecessor) -> Handover {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let mut h = Handover {
             uri: uri.to_owned(),
@@ -811,11 +811,11 @@ fn serve(args: &AttachArgs) -> anyhow::Result<()> {
         return recover(args, found);
     }
     let uri = args.uri.as_deref().context("a volume URI, or --recover DEV")?;
-    let mode = crate::cli::open_mode(args.read_only, args.exclusive);
+    let mode = crate::common::open_mode(args.read_only, args.exclusive);
     let reconnect = args.reconnect.reconnect();
     // The session and every queue pair exist before the device: a refused open or an unknown
     // volume leaves nothing behind.
-    let vol = crate::cli::open(uri, &args.conn, mode, reconnect)?;
+    let vol = crate::common::open(uri, &args.conn, mode, reconnect)?;
     let handover = Handover::new(uri, mode, &args.conn, reconnect, vol.predecessor());
     run(args, vol, Shape { queues: args.queues, depth: args.depth, recover: None }, handover, None)
 }
@@ -941,7 +941,7 @@ fn run(
     let describe = format!(
         "{} ({}, block size {bs}, {}, {})",
         vol.uri(),
-        crate::cli::human(size),
+        crate::common::human(size),
         if read_only { "read-only" } else { "read-write" },
         if vol.is_volatile() { "volatile" } else { "durable" },
     );

@@ -1,10 +1,10 @@
 //! A volume as one file in a FUSE filesystem (`rblk mount`), optionally behind a loop device.
 //!
-//! - [`VolumeFile`] (`file.rs`): a volume as a byte-addressed, thread-safe file. Reads and writes
-//!   of any offset and length go straight to one-sided RDMA through a pool of [`Queue`]s (one per
-//!   FUSE worker thread); partial blocks are read-modify-written under a range lock, so writes
-//!   that share a block never lose each other's bytes. Nothing is cached. [`VolumeFile::flush`]
-//!   sends a FLUSH of the ranges written since the last one, only if there were any.
+//! - The volume is served by the library's block-I/O engine ([`Engine`]): reads and writes of
+//!   any offset and length go straight to one-sided RDMA, one lane per FUSE worker thread;
+//!   partial blocks are read-modify-written under the session's range locks, so writes that
+//!   share a block never lose each other's bytes. Nothing is cached. A flush sends a FLUSH of
+//!   the ranges written since the last one, only if there were any.
 //! - [`mount`] / [`Mounted`] (`fs.rs`): the FUSE filesystem over it: one directory holding one
 //!   file named after the volume, with the volume's size. The file is opened in FUSE's
 //!   `direct_io` mode: the kernel keeps no page cache of it, so every read sees the target (other
@@ -15,11 +15,11 @@
 //!   backed by the file, then unmount), from `/proc/self/mountinfo` and `/sys/block/loop*`.
 //!
 //! ```no_run
-//! use rblk::mount::{self, MountOptions};
+//! use rblk::fusefs::{self, MountOptions};
 //! use rblk_initiator::{OpenMode, Options, Session};
 //!
 //! let vol = Session::connect("rblk://10.0.0.1/vol0", &Options::default())?.open(OpenMode::ReadWrite)?;
-//! let mounted = mount::mount(vol, "/mnt/vol0".as_ref(), &MountOptions::default())?;
+//! let mounted = fusefs::mount(vol, "/mnt/vol0".as_ref(), &MountOptions::default())?;
 //! println!("the volume is {}", mounted.file().display()); // /mnt/vol0/vol0
 //! // ... until someone runs `rblk umount /mnt/vol0` (or call mounted.unmount()):
 //! let summary = mounted.wait()?; // flushes and closes the session
@@ -29,14 +29,14 @@
 //!
 //! # Threads and cleanup
 //!
-//! [`Mounted`] runs the FUSE session on `queues` threads (each borrowing one queue per request)
+//! [`Mounted`] runs the FUSE session on `queues` threads (each borrowing one lane per request)
 //! plus one housekeeping thread (keepalives every 2 s). [`Mounted::wait`] returns once the
 //! filesystem is unmounted, after a last FLUSH and the session's CLOSE. Dropping a [`Mounted`]
 //! without waiting unmounts (if still mounted) and disconnects without that last FLUSH. Each
 //! mount leaves one /dev/fuse descriptor of its finished connection open until the process
 //! exits (a workaround for fuser unmounting the path a second time; see `fs::join_session`).
 //!
-//! [`Queue`]: rblk_initiator::Queue
+//! [`Engine`]: rblk_initiator::Engine
 
 mod fs;
 mod system;

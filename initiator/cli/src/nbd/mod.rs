@@ -92,7 +92,7 @@ pub struct Args {
     #[command(flatten)]
     metrics: crate::metrics::MetricsArgs,
     #[command(flatten)]
-    conn: crate::cli::Connection,
+    conn: crate::common::Connection,
     #[command(flatten, next_help_heading = "Reconnect")]
     reconnect: rblk_initiator::ReconnectArgs,
 }
@@ -370,7 +370,7 @@ impl Export for RblkExport {
 /// `rblk nbd`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     let opts = args.conn.options(args.reconnect.reconnect())?;
-    let mode = crate::cli::open_mode(args.read_only, args.exclusive);
+    let mode = crate::common::open_mode(args.read_only, args.exclusive);
     // Open once up front: a bad URI, key or device fails here, not at the first client.
     let vol = Session::connect(&args.uri, &opts)?.open(mode)?;
     let geo = ExportGeometry { size: vol.size(), block_size: vol.block_size(), read_only: vol.is_read_only() };

@@ -1,0 +1,125 @@
+//! What every command of `rblk` shares: how to reach a target ([`Connection`]) and open a
+//! volume ([`open`]), the open mode of `--read-only`/`--exclusive`, output formats
+//! ([`Format`], `-o json`), the value parsers of URIs and host ids, and sizes as people read
+//! them ([`human`]). `cli.rs` parses and dispatches; the front ends (`ublk`, `nbd`, `mount`)
+//! take these from here.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rblk_initiator::{OpenMode, Options, Reconnect, Session, Volume};
+
+/// How to reach the target; shared by every subcommand that connects.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Connection {
+    /// Key file, for targets that require one: the target's shared key (its --key-file, or the
+    /// STATE_DIR/target.key it made), or this host's own key from the target's `[[host]]` entry.
+    /// One line of at least 32 bytes, mode 0600. Default: /var/lib/rblk/target.key when it can
+    /// be read (a target on this host).
+    #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
+    /// This host's identity for the target's access lists and per-host keys (like an NVMe host
+    /// NQN): printable ASCII, no spaces. Default: the machine's hostname.
+    #[arg(long, env = "RBLK_HOST_ID", value_name = "NAME", value_parser = host_id_arg)]
+    pub host_id: Option<String>,
+    #[command(flatten)]
+    pub route: rblk_initiator::RouteArgs,
+    /// Give up on each control exchange (connect, open, flush) after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    pub timeout: u64,
+}
+
+/// A volume URI, checked when the command line is parsed (a bad one is a usage error, exit 2),
+/// before anything connects.
+pub fn volume_uri_arg(text: &str) -> Result<String, String> {
+    rblk_initiator::Uri::parse(text).map(|_| text.to_owned()).map_err(|e| e.to_string())
+}
+
+/// A target URI (no volume), checked as [`volume_uri_arg`] checks a volume's.
+pub fn target_uri_arg(text: &str) -> Result<String, String> {
+    rblk_initiator::Uri::parse_target(text).map(|_| text.to_owned()).map_err(|e| e.to_string())
+}
+
+/// `--json`, or `-o json` / `--output-format json` as nvme-cli spells it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Format {
+    /// Deprecated spelling of `-o json`.
+    #[arg(long, hide = true)]
+    pub json: bool,
+    /// Output format, as nvme-cli spells it: normal (text) or json.
+    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = output_format_arg)]
+    pub output_format: Option<String>,
+}
+
+/// `-o`/`--output-format`: a format, never a file (files are `--output FILE`).
+pub fn output_format_arg(text: &str) -> Result<String, String> {
+    match text {
+        "normal" | "json" => Ok(text.to_owned()),
+        _ => Err(format!("{text:?} is not an output format (normal or json); to write to a file use --output FILE")),
+    }
+}
+
+/// Says once on stderr that `old` is a deprecated spelling of `new` (it keeps working).
+pub fn deprecated(old: &str, new: &str) {
+    eprintln!("rblk: note: {old} is deprecated; use {new}");
+}
+
+impl Format {
+    /// Whether JSON was asked for.
+    pub fn json(&self) -> bool {
+        self.json || self.output_format.as_deref() == Some("json")
+    }
+}
+
+pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+pub fn host_id_arg(text: &str) -> Result<String, String> {
+    rblk_initiator::check_host_id(text).map(|()| text.to_owned())
+}
+
+/// The open mode for a front end's `--read-only` and `--exclusive` (clap makes them exclusive).
+pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
+    match (read_only, exclusive) {
+        (true, _) => OpenMode::ReadOnly,
+        (false, true) => OpenMode::Exclusive,
+        (false, false) => OpenMode::ReadWrite,
+    }
+}
+
+impl Connection {
+    /// The library's options for these flags, with `reconnect` as the reconnect policy.
+    pub fn options(&self, reconnect: Reconnect) -> anyhow::Result<Options> {
+        let (key, key_files_tried) = Options::find_key(self.key_file.as_deref())?;
+        let mut options = Options {
+            key,
+            key_files_tried,
+            host_id: self.host_id.clone(),
+            timeout: Duration::from_secs(self.timeout),
+            reconnect,
+            ..Options::default()
+        };
+        self.route.apply(&mut options);
+        Ok(options)
+    }
+}
+
+/// Connects and opens a volume as the command line asks.
+pub fn open(uri: &str, conn: &Connection, mode: OpenMode, reconnect: Reconnect) -> anyhow::Result<Volume> {
+    let session = Session::connect(uri, &conn.options(reconnect)?)?;
+    Ok(session.open(mode)?)
+}
+
+/// `bytes` in the largest binary unit that divides it.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    let mut value = bytes;
+    while unit + 1 < UNITS.len() && value >= 1024 && value % 1024 == 0 {
+        value /= 1024;
+        unit += 1;
+    }
+    format!("{value} {}", UNITS[unit])
+}
