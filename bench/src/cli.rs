@@ -1,4 +1,5 @@
-//! The command line.
+//! The command line: fio's option names (and a job file instead of a URI), the output formats,
+//! and the deprecated spellings of earlier versions.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,16 +9,27 @@ use rblk_initiator::Options;
 
 use rblk_initiator::parse_duration;
 
-use crate::spec::{Spec, Stop, Workload};
-use crate::Result;
+use crate::command::Section;
+use crate::jobfile::{self, JobOptions};
+use crate::spec::{Spec, Workload};
+use crate::{Error, Result};
 
 /// Load-test an rblk volume, like fio: jobs of queued one-sided RDMA READs and WRITEs.
 ///
 /// Each job is a thread with its own queue pair of the session, keeping --iodepth I/Os of --bs
-/// bytes in flight in its own slice of the volume (the volume divided by --jobs), for --runtime
-/// or until it moved --size bytes. A progress line goes to stderr every second; the report (IOPS,
-/// bandwidth, latency percentiles per direction, and the target's CPU time over the run) goes to
-/// stdout, and with --json also to a file.
+/// bytes in flight in its own slice of the volume (the volume divided by --numjobs, at most
+/// --size), for --runtime or until it moved --size bytes, whichever comes first (--time_based:
+/// the whole runtime). Progress goes to stderr: one status line redrawn in place on a terminal,
+/// a plain line a second otherwise, both with the share done and the ETA. The report goes to
+/// stdout, or to --output FILE: fio-style text (-o normal), or fio's JSON layout (-o json, and
+/// -o json+ with the latency bins that fio_jsonplus_clat2csv reads).
+///
+/// Instead of a URI, a fio job file: `[global]` and job sections with fio's option names
+/// (filename=rblk://HOST/VOLUME, fio's `\:` escaping of colons accepted; rw, rwmixread,
+/// rwmixwrite, bs, iodepth, numjobs, runtime, time_based, size, ramp_time, verify, randseed,
+/// stonewall, group_reporting, description). Sections run together, as fio runs them; a section
+/// with stonewall waits for the ones before it. Options rblk-bench does not take are refused
+/// with their name and line. With a job file the command line takes no job options.
 ///
 /// --verify writes a self-describing pattern in every block (its offset, a generation number
 /// and a checksum). Write workloads (write, randwrite) then read back and check every block they
@@ -25,37 +37,54 @@ use crate::Result;
 /// block against the pattern a previous --verify write left (of --generation N if given, else of
 /// any generation). Any bad block is reported with its offset and the run exits with status 1.
 ///
-/// Sizes take binary suffixes (4k, 64k, 1M, 1G); durations take s, ms, us, m (a bare number is
-/// seconds).
+/// Sizes take binary suffixes (4k, 64k, 1M, 1G); durations take s, ms, us, m, h (500ms, 15s,
+/// 2m; a bare number is seconds).
+///
+/// Deprecated, still working with a notice on stderr: --ramp (use --ramp_time), --json FILE
+/// (rblk-bench's earlier JSON layout, described below; use -o json --output FILE for fio's).
 #[derive(Debug, Parser)]
 #[command(name = "rblk-bench", version, about, long_about, after_long_help = include_str!("json.md"))]
 pub struct Args {
-    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
-    pub uri: String,
-    /// The I/O pattern.
-    #[arg(long, value_enum, default_value_t = Workload::RandRead)]
-    pub rw: Workload,
-    /// Percentage of reads, for --rw randrw (default 50).
+    /// The volume, rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME, or a fio job file.
+    #[arg(value_name = "URI|JOBFILE", required_unless_present = "filename")]
+    pub target: Option<String>,
+    /// The volume as fio names it (fio's `\:` escaping accepted), instead of URI.
+    #[arg(long, value_name = "URI", conflicts_with = "target")]
+    pub filename: Option<String>,
+    /// The job's name in the report [default: rblk-bench].
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// The I/O pattern [default: randread].
+    #[arg(long, value_enum, value_name = "PATTERN", alias = "readwrite")]
+    pub rw: Option<Workload>,
+    /// Percentage of reads, for --rw randrw [default: 50].
     #[arg(long, value_name = "PCT")]
     pub rwmixread: Option<u8>,
-    /// Bytes per I/O: a multiple of the volume's block size, at most its largest I/O.
-    #[arg(long, value_parser = size_arg, default_value = "4k", value_name = "SIZE")]
-    pub bs: u64,
-    /// I/Os in flight per job.
-    #[arg(long, default_value_t = 32, value_name = "N")]
-    pub iodepth: u32,
-    /// Jobs: threads with a queue pair each, on disjoint slices of the volume.
-    #[arg(long, visible_alias = "numjobs", default_value_t = 1, value_name = "N")]
-    pub jobs: u32,
-    /// Measure for this long (after the ramp) [default: 10s].
-    #[arg(long, value_parser = parse_duration, conflicts_with = "size", value_name = "SECS")]
+    /// Bytes per I/O: a multiple of the volume's block size, at most its largest I/O [default: 4k].
+    #[arg(long, value_parser = size_arg, value_name = "SIZE")]
+    pub bs: Option<u64>,
+    /// I/Os in flight per job [default: 32].
+    #[arg(long, value_name = "N")]
+    pub iodepth: Option<u32>,
+    /// Jobs: threads with a queue pair each, on disjoint slices of the volume [default: 1].
+    #[arg(long, visible_alias = "numjobs", value_name = "N")]
+    pub jobs: Option<u32>,
+    /// Measure for this long, after the ramp [default: 10s, unless --size is given].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub runtime: Option<Duration>,
-    /// Instead of a runtime: bytes each job transfers (after the ramp), a multiple of --bs.
+    /// Run for the whole --runtime even when --size is moved (--size then bounds the region).
+    #[arg(long = "time_based", alias = "time-based", requires = "runtime")]
+    pub time_based: bool,
+    /// Per job, as fio's size: the region of its slice it works in and, unless --time_based,
+    /// the bytes it moves after the ramp; a multiple of --bs.
     #[arg(long, value_parser = size_arg, value_name = "SIZE")]
     pub size: Option<u64>,
-    /// Run this long before measuring.
-    #[arg(long, value_parser = parse_duration, default_value = "0", value_name = "SECS")]
-    pub ramp: Duration,
+    /// Run this long before measuring [default: 0].
+    #[arg(long = "ramp_time", alias = "ramp-time", value_parser = parse_duration, value_name = "DURATION")]
+    pub ramp_time: Option<Duration>,
+    /// Deprecated spelling of --ramp_time.
+    #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION", conflicts_with = "ramp_time")]
+    pub ramp: Option<Duration>,
     /// Write a self-describing pattern and check every block read (semantics in --help).
     #[arg(long)]
     pub verify: bool,
@@ -63,24 +92,35 @@ pub struct Args {
     /// a fresh one (microseconds since the epoch), reads accept any].
     #[arg(long, value_name = "N", requires = "verify")]
     pub generation: Option<u64>,
-    /// Also write the report as JSON to FILE (fields in --help), created before the run starts.
-    /// `-` writes the JSON to stdout and the text report to stderr.
+    /// Seed for offsets and the read/write mix: the same seed repeats the same I/Os [default: 1].
+    #[arg(long, alias = "randseed", value_name = "N")]
+    pub seed: Option<u64>,
+    /// The report's format: normal (fio-style text), json (fio's JSON layout) or json+ (with
+    /// fio's latency bins).
+    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = format_arg, default_value = "normal")]
+    pub output_format: OutputFormat,
+    /// Write the report to FILE instead of stdout, created before the run starts.
     #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// In fio's JSON, one entry per group (job file sections between stonewalls) instead of one
+    /// per job thread.
+    #[arg(long = "group_reporting", alias = "group-reporting")]
+    pub group_reporting: bool,
+    /// Deprecated: also write rblk-bench's earlier JSON report to FILE (`-`: to stdout, the text
+    /// report then to stderr).
+    #[arg(long, hide = true, value_name = "FILE", conflicts_with_all = ["output", "output_format"])]
     pub json: Option<PathBuf>,
     /// Write time series of the measured window under PREFIX, created before the run: per job N
     /// (from 1) fio-format PREFIX_iops.N.log, PREFIX_bw.N.log and PREFIX_lat.N.log (lines "msec,
     /// value, direction, blocksize, offset": IOPS, KiB/s, mean latency in ns per interval;
     /// direction 0 read, 1 write), and a HdrHistogram interval log PREFIX.hlog (ns, tags read.N,
-    /// write.N). scripts/plot.py draws them.
+    /// write.N). scripts/plot.py draws them. One job section only.
     #[arg(long, value_name = "PREFIX")]
     pub log: Option<PathBuf>,
     /// With --log: one line per this many milliseconds (10 to 3600000) [default: 1000].
     /// Unlike fio's log_avg_msec there is no per-I/O logging: every line averages an interval.
     #[arg(long, value_name = "MS", requires = "log", value_parser = log_interval_arg)]
     pub log_interval: Option<Duration>,
-    /// Seed for offsets and the read/write mix: the same seed repeats the same I/Os.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub seed: u64,
     /// Key file, for targets that require one: the target's shared key, or this host's own.
     /// Default: /var/lib/rblk/target.key when it can be read (a target on this host).
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
@@ -96,12 +136,36 @@ pub struct Args {
     /// Give up on each control exchange (connect, open, STATS) after this many seconds.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     pub timeout: u64,
-    /// No progress lines on stderr.
+    /// No progress on stderr.
     #[arg(long, short)]
     pub quiet: bool,
     /// What a job does when the session loses its target.
     #[command(flatten, next_help_heading = "Reconnect")]
     pub reconnect: rblk_initiator::ReconnectArgs,
+}
+
+/// `--output-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// fio-style text.
+    Normal,
+    /// fio's JSON layout.
+    Json,
+    /// fio's JSON layout with the latency bins (`clat_ns.bins`).
+    JsonPlus,
+}
+
+/// `-o` is the format, as in fio: a value that is not one (a file name, as `-o` meant in other
+/// tools) says where files go.
+fn format_arg(text: &str) -> std::result::Result<OutputFormat, String> {
+    match text {
+        "normal" => Ok(OutputFormat::Normal),
+        "json" => Ok(OutputFormat::Json),
+        "json+" => Ok(OutputFormat::JsonPlus),
+        "terse" => Err("terse is fio's; rblk-bench writes normal, json or json+".into()),
+        t if t.contains(',') => Err("one format at a time: normal, json or json+".into()),
+        _ => Err("not an output format (normal, json, json+); to write the report to a file, use --output FILE".into()),
+    }
 }
 
 fn log_interval_arg(text: &str) -> std::result::Result<Duration, String> {
@@ -115,24 +179,138 @@ fn size_arg(text: &str) -> std::result::Result<u64, String> {
     rblk_initiator::parse_size(text).map_err(|e| e.to_string())
 }
 
+/// 4096 -> "4k", 1048576 -> "1M", 6000 -> "6000": a size as fio's options spell it.
+fn size_text(n: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "k")] {
+        if n >= 1 << shift && n % (1 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+/// 10 s -> "10s", 0.5 s -> "500ms", 20 us -> "20us".
+fn duration_text(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d.as_nanos() % 1_000_000 == 0 {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}us", d.as_micros())
+    }
+}
+
+/// What an invocation runs: one section from the command line, or a job file's.
+#[derive(Debug, Clone)]
+pub(crate) struct Invocation {
+    pub(crate) sections: Vec<Section>,
+    /// A job file's [global] options, as written.
+    pub(crate) global_options: Vec<(String, String)>,
+    pub(crate) group_reporting: bool,
+    /// The job file, if the sections come from one.
+    pub(crate) job_file: Option<PathBuf>,
+}
+
 impl Args {
-    /// The run's parameters.
-    pub fn spec(&self) -> Spec {
-        Spec {
-            workload: self.rw,
+    /// Notices for the deprecated spellings used, one line each.
+    pub fn deprecations(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.ramp.is_some() {
+            v.push("--ramp is deprecated, use --ramp_time (the same meaning)".to_owned());
+        }
+        if self.json.is_some() {
+            v.push(
+                "--json is deprecated: it writes rblk-bench's earlier JSON layout; use -o json --output FILE for \
+                 fio's layout"
+                    .to_owned(),
+            );
+        }
+        v
+    }
+
+    /// The job options given, as a job file's section would give them, and their fio names
+    /// and values for the report's "job options".
+    fn job_options(&self) -> (JobOptions, Vec<(String, String)>) {
+        let o = JobOptions {
+            filename: None,
+            rw: self.rw,
             rwmixread: self.rwmixread,
             bs: self.bs,
             iodepth: self.iodepth,
-            jobs: self.jobs,
-            stop: match (self.size, self.runtime) {
-                (Some(size), _) => Stop::Size(size),
-                (None, Some(runtime)) => Stop::Runtime(runtime),
-                (None, None) => Spec::default().stop,
-            },
-            ramp: self.ramp,
+            numjobs: self.jobs,
+            runtime: self.runtime,
+            time_based: self.time_based,
+            size: self.size,
+            ramp_time: self.ramp_time.or(self.ramp),
             verify: self.verify,
             generation: self.generation,
             seed: self.seed,
+            stonewall: false,
+        };
+        let mut given: Vec<(&str, Option<String>)> = vec![
+            ("rw", o.rw.map(|w| w.name().to_owned())),
+            ("rwmixread", o.rwmixread.map(|p| p.to_string())),
+            ("bs", o.bs.map(size_text)),
+            ("iodepth", o.iodepth.map(|n| n.to_string())),
+            ("numjobs", o.numjobs.map(|n| n.to_string())),
+            ("runtime", o.runtime.map(duration_text)),
+            ("time_based", o.time_based.then(String::new)),
+            ("size", o.size.map(size_text)),
+            ("ramp_time", o.ramp_time.map(duration_text)),
+            ("verify", o.verify.then(String::new)),
+            ("generation", o.generation.map(|g| g.to_string())),
+            ("randseed", o.seed.map(|s| s.to_string())),
+        ];
+        given.retain(|(_, v)| v.is_some());
+        let given = given.into_iter().map(|(k, v)| (k.to_owned(), v.unwrap_or_default())).collect();
+        (o, given)
+    }
+
+    /// The run's parameters from the command line (rblk-bench's defaults for what is not given).
+    pub fn spec(&self) -> Spec {
+        self.job_options().0.spec()
+    }
+
+    /// What to run: the command line's one section, or the job file's.
+    pub(crate) fn invocation(&self) -> Result<Invocation> {
+        let (options, given) = self.job_options();
+        let uri = |t: &str| jobfile::unescape(t);
+        match (self.target.as_deref(), self.filename.as_deref()) {
+            (Some(t), _) if !t.contains("://") => {
+                if let Some((flag, _)) = given.first() {
+                    return Err(Error::Invalid(format!(
+                        "{} is a job option: with a job file, set it in the file ([global] or a job section)",
+                        cli_flag(flag)
+                    )));
+                }
+                if self.name.is_some() {
+                    return Err(Error::Invalid("--name: with a job file, its sections name the jobs".into()));
+                }
+                let path = PathBuf::from(t);
+                let file = jobfile::read(&path)?;
+                Ok(Invocation {
+                    sections: file.sections,
+                    global_options: file.global_options,
+                    group_reporting: file.group_reporting || self.group_reporting,
+                    job_file: Some(path),
+                })
+            }
+            (t, f) => {
+                let uri = uri(t.or(f).expect("clap requires URI or --filename"));
+                let name = self.name.clone().unwrap_or_else(|| "rblk-bench".into());
+                let mut job_options = vec![("name".to_owned(), name.clone())];
+                if let Some(f) = f {
+                    job_options.push(("filename".into(), f.to_owned()));
+                }
+                job_options.extend(given);
+                let section = Section { name, groupid: 0, uri, spec: options.spec(), options: job_options };
+                Ok(Invocation {
+                    sections: vec![section],
+                    global_options: Vec::new(),
+                    group_reporting: self.group_reporting,
+                    job_file: None,
+                })
+            }
         }
     }
 
@@ -159,6 +337,15 @@ impl Args {
     }
 }
 
+/// The command-line flag of a job option's fio name.
+fn cli_flag(fio_name: &str) -> String {
+    match fio_name {
+        "numjobs" => "--numjobs".into(),
+        "randseed" => "--seed".into(),
+        other => format!("--{other}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,11 +364,14 @@ mod tests {
     fn defaults_are_4k_randread_depth_32_one_job_10s() {
         let a = parse(&["rblk://h/v"]).unwrap();
         assert_eq!(a.spec(), Spec::default());
-        assert_eq!(a.spec().stop, Stop::Runtime(Duration::from_secs(10)));
+        assert_eq!(a.spec().runtime, Some(Duration::from_secs(10)));
         assert_eq!(a.options().unwrap().spin, Options::default().spin);
         assert_eq!(a.options().unwrap().wait, rblk_initiator::Wait::Adaptive, "no polling unless asked");
+        assert_eq!(a.output_format, OutputFormat::Normal);
+        assert!(a.deprecations().is_empty());
     }
 
+    /// Catches a fio spelling that is refused or means something else than in fio.
     #[test]
     fn parses_fio_style_arguments() {
         let a = parse(&[
@@ -198,7 +388,7 @@ mod tests {
             "4",
             "--size",
             "1G",
-            "--ramp",
+            "--ramp_time",
             "500ms",
             "--verify",
             "--generation",
@@ -213,8 +403,8 @@ mod tests {
         let s = a.spec();
         assert_eq!((s.workload, s.rwmixread, s.bs, s.iodepth, s.jobs), (Workload::RandRw, Some(70), 65536, 8, 4));
         assert_eq!(
-            (s.stop, s.ramp, s.verify, s.generation, s.seed),
-            (Stop::Size(1 << 30), Duration::from_millis(500), true, Some(9), 3)
+            (s.runtime, s.size, s.ramp, s.verify, s.generation, s.seed),
+            (None, Some(1 << 30), Duration::from_millis(500), true, Some(9), 3)
         );
         assert_eq!(a.options().unwrap().spin, Duration::from_micros(50));
         assert_eq!(a.options().unwrap().wait, rblk_initiator::Wait::Poll);
@@ -224,7 +414,39 @@ mod tests {
         let a = parse(&["rblk://h/v", "--log", "x", "--log-interval", "250"]).unwrap();
         assert_eq!(a.log(), Some((std::path::Path::new("x"), Duration::from_millis(250))));
         let a = parse(&["rblk://h/v", "--runtime", "2.5"]).unwrap();
-        assert_eq!(a.spec().stop, Stop::Runtime(Duration::from_millis(2500)));
+        assert_eq!(a.spec().runtime, Some(Duration::from_millis(2500)));
+        for (args, format) in [
+            (&["-o", "json"][..], OutputFormat::Json),
+            (&["--output-format=json+"][..], OutputFormat::JsonPlus),
+            (&["--output-format", "normal"][..], OutputFormat::Normal),
+        ] {
+            assert_eq!(parse(&[&["rblk://h/v"][..], args].concat()).unwrap().output_format, format, "{args:?}");
+        }
+        let a = parse(&["--filename=rblk\\://h\\:7420/v", "--time_based", "--runtime", "2m", "--size", "4M"]).unwrap();
+        let inv = a.invocation().unwrap();
+        assert_eq!(inv.sections[0].uri, "rblk://h:7420/v");
+        let s = &inv.sections[0].spec;
+        assert_eq!((s.runtime, s.size, s.time_based), (Some(Duration::from_secs(120)), Some(4 << 20), true));
+        let a = parse(&["rblk://h/v", "--output", "r.json", "-o", "json", "--group_reporting", "--name", "x"]).unwrap();
+        assert_eq!((a.output.as_deref(), a.group_reporting), (Some(std::path::Path::new("r.json")), true));
+        assert_eq!(a.invocation().unwrap().sections[0].options[0], ("name".into(), "x".into()));
+    }
+
+    /// Catches the old spellings breaking scripts (refused, or taking another meaning) and
+    /// the notice that tells their users what to write instead going missing.
+    #[test]
+    fn deprecated_spellings_keep_their_meaning_and_say_so() {
+        let old = parse(&["rblk://h/v", "--ramp", "2s", "--json", "r.json"]).unwrap();
+        let new = parse(&["rblk://h/v", "--ramp_time", "2s"]).unwrap();
+        assert_eq!(old.spec(), new.spec());
+        assert_eq!(old.json.as_deref(), Some(std::path::Path::new("r.json")));
+        let notices = old.deprecations();
+        assert_eq!(notices.len(), 2, "{notices:?}");
+        assert!(notices[0].contains("--ramp is deprecated, use --ramp_time"), "{notices:?}");
+        assert!(notices[1].contains("--json is deprecated") && notices[1].contains("-o json --output FILE"));
+        assert!(new.deprecations().is_empty());
+        let help = Args::command().render_long_help().to_string();
+        assert!(!help.contains("--ramp <") && !help.contains("--json <"), "the old spellings are hidden:\n{help}");
     }
 
     #[test]
@@ -232,7 +454,6 @@ mod tests {
         for (args, needle) in [
             (&["rblk://h/v", "--rw", "sideways"][..], "sideways"),
             (&["rblk://h/v", "--bs", "4x"][..], "unknown suffix"),
-            (&["rblk://h/v", "--runtime", "5", "--size", "1M"][..], "cannot be used with"),
             (&["rblk://h/v", "--generation", "3"][..], "--verify"),
             (&["rblk://h/v", "--iodepth", "-1"][..], "-1"),
             (&["rblk://h/v", "--runtime", "soon"][..], "bad duration"),
@@ -241,8 +462,31 @@ mod tests {
             (&["rblk://h/v", "--log", "p", "--log-interval", "0"][..], "10 to 3600000 ms (got 0 ms)"),
             (&["rblk://h/v", "--log", "p", "--log-interval", "3600001"][..], "10 to 3600000 ms"),
             (&["rblk://h/v", "--log", "p", "--log-interval", "1s"][..], "milliseconds"),
+            (&["rblk://h/v", "-o", "report.json"][..], "use --output FILE"),
+            (&["rblk://h/v", "--output-format", "out.txt"][..], "use --output FILE"),
+            (&["rblk://h/v", "-o", "terse"][..], "terse is fio's"),
+            (&["rblk://h/v", "-o", "normal,json"][..], "one format at a time"),
+            (&["rblk://h/v", "--ramp", "1", "--ramp_time", "1"][..], "cannot be used with"),
+            (&["rblk://h/v", "--json", "a", "--output", "b"][..], "cannot be used with"),
+            (&["rblk://h/v", "--json", "a", "-o", "json"][..], "cannot be used with"),
+            (&["rblk://h/v", "--time_based"][..], "--runtime"),
+            (&["rblk://h/v", "--filename", "rblk://h/w"][..], "cannot be used with"),
         ] {
             let e = parse(args).expect_err("refused").to_string();
+            assert!(e.contains(needle), "{args:?}: {needle:?} not in {e}");
+        }
+    }
+
+    /// Catches a job file run with command-line job options silently ignored (or silently
+    /// overriding the file).
+    #[test]
+    fn a_job_file_takes_no_job_options_on_the_command_line() {
+        for (args, needle) in [
+            (&["jobs.fio", "--rw", "read"][..], "--rw is a job option"),
+            (&["jobs.fio", "--numjobs", "2"][..], "--numjobs is a job option"),
+            (&["jobs.fio", "--name", "x"][..], "--name"),
+        ] {
+            let e = parse(args).unwrap().invocation().expect_err("refused").to_string();
             assert!(e.contains(needle), "{args:?}: {needle:?} not in {e}");
         }
     }
@@ -250,7 +494,9 @@ mod tests {
     #[test]
     fn help_documents_the_json_fields() {
         let help = Args::command().render_long_help().to_string();
-        for field in ["share_of_core", "lat_us", "p99_9", "first_mismatches", "command_line", "rblk_version"] {
+        for field in
+            ["clat_ns", "bw_bytes", "\"fio version\"", "target_cpu", "share_of_core", "lat_us", "first_mismatches"]
+        {
             assert!(help.contains(field), "--help lacks {field}");
         }
     }

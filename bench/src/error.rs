@@ -42,6 +42,37 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A file of the command line (a job file, `--output`, `--json`) could not be read, created
+    /// or written.
+    #[error("{what} {}", path.display())]
+    File {
+        /// "reading", "creating" or "writing".
+        what: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A job file that does not parse, or that asks for something rblk-bench does not do.
+    #[error("{}, line {line}: {what}", path.display())]
+    JobFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Its line (from 1).
+        line: usize,
+        /// What is wrong, naming the option.
+        what: String,
+    },
+    /// A job section of a job file failed.
+    #[error("job {name:?}")]
+    Section {
+        /// The section's name.
+        name: String,
+        /// Why.
+        #[source]
+        source: Box<Error>,
+    },
     /// A job's thread panicked (a bug in the bench).
     #[error("job {job} panicked")]
     Panicked {

@@ -17,8 +17,8 @@ use rblk_initiator::{Buffer, Direction, Done, Queue};
 use crate::log::Sample;
 use crate::pattern::{self, Mismatch};
 use crate::rng::Rng;
-use crate::spec::{Plan, Stop};
-use crate::stats::{DirStats, Live};
+use crate::spec::Plan;
+use crate::stats::{DirStats, Live, ThreadUsage};
 use crate::{Error, Result};
 
 /// A `user_data` bit: check the read's blocks against the pattern.
@@ -67,6 +67,8 @@ pub(crate) struct Output {
     pub(crate) write: DirStats,
     /// Length of the measured window.
     pub(crate) window: Duration,
+    /// The thread's own resource use over the measured window.
+    pub(crate) usage: Option<ThreadUsage>,
     pub(crate) tally: Tally,
 }
 
@@ -205,17 +207,17 @@ impl Job {
     pub(crate) fn run(mut self, plan: &Plan, shared: &Shared, events: &Sender<Event>) -> Result<Output> {
         let _finished = FinishGuard(self.index, events);
         shared.start.wait();
-        let result = self.measured(plan, shared, events).and_then(|window| {
+        let result = self.measured(plan, shared, events).and_then(|measured| {
             let _ = events.send(Event::Measured(self.index));
             if self.written.is_some() {
                 self.read_back(shared)?;
             }
-            Ok(window)
+            Ok(measured)
         });
         match result {
-            Ok(window) => {
+            Ok((window, usage)) => {
                 let [read, write] = self.stats;
-                Ok(Output { read, write, window, tally: self.tally })
+                Ok(Output { read, write, window, usage, tally: self.tally })
             }
             Err(e) => {
                 shared.abort.store(true, Ordering::Relaxed);
@@ -224,17 +226,24 @@ impl Job {
         }
     }
 
-    /// The workload, until the runtime passed or the size is transferred. Returns the length of
-    /// the measured window (after the ramp). With `--log`, sends a [`Sample`] after the first
-    /// reaped batch past each interval boundary and one at the window's end.
-    fn measured(&mut self, plan: &Plan, shared: &Shared, events: &Sender<Event>) -> Result<Duration> {
+    /// The workload, until the runtime passed or the size is transferred, whichever is first.
+    /// Returns the length of the measured window (after the ramp) and the thread's resource use
+    /// over it. With `--log`, sends a [`Sample`] after the first reaped batch past each interval
+    /// boundary and one at the window's end.
+    fn measured(
+        &mut self,
+        plan: &Plan,
+        shared: &Shared,
+        events: &Sender<Event>,
+    ) -> Result<(Duration, Option<ThreadUsage>)> {
         let live = &shared.live[self.index as usize];
         let start = Instant::now();
         let ramp_end = start + plan.spec.ramp;
-        let (end, target) = match plan.spec.stop {
-            Stop::Runtime(d) => (Some(ramp_end + d), u64::MAX),
-            Stop::Size(size) => (None, size / plan.spec.bs),
-        };
+        let stop = plan.spec.stop();
+        let end = stop.runtime.map(|d| ramp_end + d);
+        let target = stop.bytes.map_or(u64::MAX, |b| b / plan.spec.bs);
+        // Two getrusage calls per job: at the window's start and at its end.
+        let mut usage_start = None;
         // Completions in the measured window.
         let mut measured = 0u64;
         let mut last = ramp_end;
@@ -242,6 +251,9 @@ impl Job {
         loop {
             let now = Instant::now();
             let ramping = now < ramp_end;
+            if !ramping && usage_start.is_none() {
+                usage_start = Some(ThreadUsage::now());
+            }
             let open = !shared.abort.load(Ordering::Relaxed) && end.is_none_or(|e| now < e);
             while open && self.outstanding < self.depth && (ramping || measured + u64::from(self.outstanding) < target)
             {
@@ -277,14 +289,19 @@ impl Job {
                 }
             }
         }
+        let usage = match (usage_start.flatten(), ThreadUsage::now()) {
+            (Some(a), Some(b)) => Some(b.since(&a)),
+            _ => None,
+        };
+        // Ended by the size: until the last I/O; by the runtime: the whole runtime.
         let window = match end {
-            Some(e) => e - ramp_end,
-            None => last - ramp_end,
+            Some(e) if measured < target => e - ramp_end,
+            _ => last - ramp_end,
         };
         if self.log_interval.is_some() {
             self.sample(events, window);
         }
-        Ok(window)
+        Ok((window, usage))
     }
 
     /// Sends the figures so far (a copy: once per interval, not per I/O).

@@ -5,8 +5,18 @@
 //! bs)`) and its own slice of the volume (the volume divided by the number of jobs, rounded down
 //! to whole I/Os). Every job keeps `iodepth` I/Os in flight: sequential workloads walk their
 //! slice and wrap, random ones draw bs-aligned offsets uniformly from it (SplitMix64 seeded by
-//! `--seed` and the job number). A run measures for `--runtime` (default 10 s), or until each
-//! job moved `--size` bytes, after an optional `--ramp`.
+//! `--seed` and the job number). A run measures for `--runtime` (default 10 s) or until each
+//! job moved `--size` bytes, whichever comes first (`--time_based`: the whole runtime, `--size`
+//! then only bounds each job's region), after an optional `--ramp_time`.
+//!
+//! # Speaking fio
+//!
+//! The command line takes fio's option names, and a fio job file instead of a URI (`[global]` and
+//! job sections with `filename=rblk://...`; sections run together, `stonewall` starts a new
+//! group that waits for the ones before it). [`execute`] is the binary's work, callable
+//! in-process. `-o json` and `-o json+` write fio's JSON layout ([`fio`] says how rblk-bench's
+//! figures map onto fio's fields); the deprecated `--json FILE` still writes rblk-bench's
+//! earlier layout, the [`Report`] serialized.
 //!
 //! ```no_run
 //! use rblk_bench::{Run, Spec, Workload};
@@ -57,9 +67,11 @@
 //!
 //! # Threads and cleanup
 //!
-//! [`Run::run`] blocks: the calling thread starts the jobs, prints progress, takes the target's
-//! STATS and keeps the volume's own connection alive; the jobs' threads end before it returns,
-//! and the volume is closed after every queue is gone.
+//! [`Run::run`] blocks: the calling thread starts the jobs, reports progress to its [`Slot`] of
+//! a [`Progress`] and takes fio's bandwidth and IOPS samples (twice a second, from the jobs'
+//! counters), takes the target's STATS and keeps the volume's own connection alive; the jobs'
+//! threads end before it returns, and the volume is closed after every queue is gone. A job
+//! file's concurrent sections each run on a thread of their own, with their own session.
 //!
 //! # JSON
 //!
@@ -70,20 +82,29 @@
 #![warn(missing_docs)]
 
 mod cli;
+mod command;
 mod error;
+pub mod fio;
 mod job;
+mod jobfile;
 mod log;
 pub mod pattern;
+mod progress;
 mod report;
 mod rng;
 mod run;
 mod spec;
 mod stats;
 
-pub use cli::Args;
+pub use cli::{Args, OutputFormat};
+pub use command::{execute, Env, Section, Sink};
 pub use error::{Error, Result};
+pub use jobfile::OPTIONS as JOB_FILE_OPTIONS;
 pub use log::{check_interval, log_paths, Logs, DEFAULT_LOG_INTERVAL, MAX_LOG_INTERVAL, MIN_LOG_INTERVAL};
+pub use progress::{Progress, Slot};
 pub use rblk_initiator::parse_duration;
-pub use report::{CpuUse, DirReport, JobInfo, Latency, MismatchReport, Report, Totals, VerifyReport, VolumeInfo};
+pub use report::{
+    CpuUse, DirReport, JobInfo, Latency, MismatchReport, Report, ThreadReport, Totals, VerifyReport, VolumeInfo,
+};
 pub use run::Run;
 pub use spec::{Plan, Spec, Stop, Workload, MAX_JOBS};

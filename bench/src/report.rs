@@ -2,13 +2,15 @@
 //! are documented in the crate docs).
 
 use std::fmt::Write as _;
+use std::time::{Duration, SystemTime};
 
 use rblk_initiator::Wait;
 use serde::Serialize;
 
-use crate::stats::DirStats;
+use crate::stats::{DirStats, Rates, ThreadUsage};
 
-/// Everything a run measured. Serializes to the `--json` document.
+/// Everything a run measured. Serializes to the deprecated `--json` document (rblk-bench's own
+/// layout); [`crate::fio`] writes fio's from the same figures and [`Report::threads`].
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// rblk's version (this crate's).
@@ -40,6 +42,25 @@ pub struct Report {
     pub target_cpu: Option<CpuUse>,
     /// Verification results, with `--verify`.
     pub verify: Option<VerifyReport>,
+    /// Each job's own figures, for fio's layout (job `j` at index `j`).
+    #[serde(skip)]
+    pub threads: Vec<ThreadReport>,
+    /// When the run began (before connecting).
+    #[serde(skip)]
+    pub started: SystemTime,
+    /// When it ended (the volume closed).
+    #[serde(skip)]
+    pub ended: SystemTime,
+}
+
+/// One job's (thread's) figures over its measured window: what fio reports per job.
+#[derive(Debug, Clone)]
+pub struct ThreadReport {
+    /// `[read, write]`.
+    pub(crate) stats: [DirStats; 2],
+    pub(crate) window: Duration,
+    pub(crate) rates: Rates,
+    pub(crate) usage: Option<ThreadUsage>,
 }
 
 /// The volume as OPENED describes it.
@@ -68,10 +89,13 @@ pub struct JobInfo {
     pub iodepth: u32,
     /// Jobs.
     pub jobs: u32,
-    /// `--runtime` in seconds, or `None` with `--size`.
+    /// `--runtime` in seconds, or `None` without one.
     pub runtime_s: Option<f64>,
-    /// `--size` in bytes per job, or `None` with `--runtime`.
+    /// `--size` in bytes per job, or `None` without one.
     pub size: Option<u64>,
+    /// `--time_based` (not in the `--json` document, which predates it).
+    #[serde(skip)]
+    pub time_based: bool,
     /// `--ramp` in seconds.
     pub ramp_s: f64,
     /// `--verify`.
@@ -191,11 +215,17 @@ impl Report {
     pub fn text(&self) -> String {
         let mut s = String::new();
         let j = &self.job;
-        let stop = match (j.runtime_s, j.size) {
-            (Some(r), _) => format!("runtime={r}s"),
-            (None, Some(size)) => format!("size={}", human_bytes(size)),
-            _ => String::new(),
-        };
+        let mut stop = Vec::new();
+        if let Some(r) = j.runtime_s {
+            stop.push(format!("runtime={r}s"));
+        }
+        if let Some(size) = j.size {
+            stop.push(format!("size={}", human_bytes(size)));
+        }
+        if j.time_based {
+            stop.push("time_based".into());
+        }
+        let stop = stop.join(" ");
         let mix = if j.rw == "randrw" { format!(" rwmixread={}", j.rwmixread) } else { String::new() };
         let _ = writeln!(
             s,

@@ -1,7 +1,6 @@
 //! A whole run: connect, open, plan, one queue per job, start the jobs together, print progress,
 //! take the target's STATS around the measured window, and gather the report.
 
-use std::io::Write as _;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Barrier;
@@ -11,20 +10,32 @@ use rblk_initiator::{Chain, OpenMode, Options, Session, StatsReply, Volume};
 
 use crate::job::{Event, Job, Output, Shared, Tally};
 use crate::log::Logs;
+use crate::progress::{Phase, Slot, Snapshot};
 use crate::report::{
-    dir_report, human_count, CpuUse, JobInfo, MismatchReport, Report, Totals, VerifyReport, VolumeInfo,
+    dir_report, CpuUse, JobInfo, MismatchReport, Report, ThreadReport, Totals, VerifyReport, VolumeInfo,
 };
-use crate::spec::{Plan, Spec, Stop};
-use crate::stats::{DirStats, Live};
+use crate::spec::{Plan, Spec};
+use crate::stats::{DirStats, Live, Rates, SAMPLE_INTERVAL};
 use crate::{Error, Result};
 
 /// How a run reports while it runs.
 #[derive(Debug, Clone, Default)]
 pub struct Run {
-    /// Print a progress line on stderr every second.
-    pub progress: bool,
+    /// Where progress goes (`None`: nowhere; warnings then go to stderr).
+    pub progress: Option<Slot>,
     /// The command line, for the report.
     pub command_line: Vec<String>,
+}
+
+/// A job's `[read, write]` I/Os and bytes so far.
+type Counts = ([u64; 2], [u64; 2]);
+
+/// What the main thread measured while the jobs ran.
+struct Watched {
+    /// rblk-bench's own CPU and the target's over the window (when both marks were taken).
+    cpu: (Option<CpuUse>, Option<CpuUse>),
+    /// Each job's bandwidth and IOPS samples.
+    rates: Vec<Rates>,
 }
 
 /// A generation no earlier run used: microseconds since the Unix epoch.
@@ -41,11 +52,11 @@ struct Mark {
 }
 
 impl Mark {
-    fn take(vol: &mut Volume) -> Mark {
+    fn take(run: &Run, vol: &mut Volume) -> Mark {
         let target = match vol.stats() {
             Ok(s) => Some(s),
             Err(e) => {
-                eprintln!("rblk-bench: warning: STATS failed, target CPU unknown: {}", Chain(&e));
+                run.warn(&format!("STATS failed, target CPU unknown: {}", Chain(&e)));
                 None
             }
         };
@@ -63,6 +74,15 @@ fn cpu_use(before: (Duration, Duration), after: (Duration, Duration), wall: Dura
 }
 
 impl Run {
+    /// Prints a warning on stderr (without breaking a status line).
+    fn warn(&self, text: &str) {
+        let line = format!("rblk-bench: warning: {text}");
+        match &self.progress {
+            Some(p) => p.println(&line),
+            None => eprintln!("{line}"),
+        }
+    }
+
     /// Runs `spec` against the volume at `uri`. Arguments are checked before connecting (and
     /// against the volume before any I/O). Verification mismatches do not make this fail: see
     /// [`Report::passed`].
@@ -83,6 +103,7 @@ impl Run {
         if let Some(l) = logs.as_deref() {
             l.check(spec)?;
         }
+        let started = SystemTime::now();
         let session = Session::connect(uri, options).map_err(Error::initiator(format!("connecting to {uri}")))?;
         let mode = if spec.workload.writes() { OpenMode::ReadWrite } else { OpenMode::ReadOnly };
         let mut vol = session.open(mode).map_err(Error::initiator(format!("opening {uri}")))?;
@@ -102,8 +123,8 @@ impl Run {
             live: (0..spec.jobs).map(|_| Live::default()).collect(),
         };
         let (tx, rx) = mpsc::channel();
-        let initial = Mark::take(&mut vol);
-        let (outputs, cpu) = std::thread::scope(|s| {
+        let initial = Mark::take(self, &mut vol);
+        let (outputs, watched) = std::thread::scope(|s| {
             let handles: Vec<_> = jobs
                 .into_iter()
                 .map(|job| {
@@ -112,29 +133,31 @@ impl Run {
                 })
                 .collect();
             drop(tx);
-            let cpu = self.watch(&mut vol, &plan, &shared, &rx, initial, logs.as_deref_mut());
+            let watched = self.watch(&mut vol, &plan, &shared, &rx, initial, logs.as_deref_mut());
             let outputs: Vec<Result<Output>> = handles
                 .into_iter()
                 .enumerate()
                 .map(|(j, h)| h.join().unwrap_or(Err(Error::Panicked { job: j as u32 })))
                 .collect();
-            (outputs, cpu)
+            (outputs, watched)
         });
         let outputs = outputs.into_iter().collect::<Result<Vec<_>>>()?;
-        let report = self.report(options, &plan, &vol, &outputs, cpu, generation);
+        let mut report = self.report(options, &plan, &vol, &outputs, watched, generation);
         if let Err(e) = vol.close() {
-            eprintln!("rblk-bench: warning: closing the volume: {}", Chain(&e));
+            self.warn(&format!("closing the volume: {}", Chain(&e)));
         }
         if let Some(l) = logs {
             l.finish()?;
         }
+        report.started = started;
+        report.ended = SystemTime::now();
         Ok(report)
     }
 
-    /// The main thread while the jobs run: starts them, prints progress every second, keeps the
-    /// volume's own connection alive and takes STATS at the start and the end of the measured
-    /// window, and writes the jobs' samples into `logs`. Returns the CPU use of this process and
-    /// of the target (if STATS answered) over the window.
+    /// The main thread while the jobs run: starts them, reports progress twice a second, takes
+    /// fio's bandwidth and IOPS samples of each job (every 500 ms of its window), keeps the
+    /// volume's own connection alive, takes STATS at the start and the end of the measured
+    /// window, and writes the jobs' samples into `logs`.
     fn watch(
         &self,
         vol: &mut Volume,
@@ -143,32 +166,38 @@ impl Run {
         rx: &mpsc::Receiver<Event>,
         initial: Mark,
         mut logs: Option<&mut Logs>,
-    ) -> (Option<CpuUse>, Option<CpuUse>) {
-        let jobs = plan.spec.jobs as usize;
+    ) -> Watched {
+        let spec = &plan.spec;
+        let jobs = spec.jobs as usize;
         shared.start.wait();
         let start = Instant::now();
         if let Some(l) = logs.as_deref_mut() {
-            let s = &plan.spec;
             let mut comment =
-                format!("rblk-bench: rw={} bs={} iodepth={} jobs={}", s.workload, s.bs, s.iodepth, s.jobs);
+                format!("rblk-bench: rw={} bs={} iodepth={} jobs={}", spec.workload, spec.bs, spec.iodepth, spec.jobs);
             if !self.command_line.is_empty() {
                 comment = format!("{}\n{comment}", self.command_line.join(" "));
             }
-            l.begin(SystemTime::now() + s.ramp, &comment);
+            l.begin(SystemTime::now() + spec.ramp, &comment);
         }
-        let ramp_end = start + plan.spec.ramp;
-        let mut before = plan.spec.ramp.is_zero().then_some(initial);
+        let ramp_end = start + spec.ramp;
+        let stop = spec.stop();
+        let window_end = stop.runtime.map(|d| ramp_end + d);
+        // Directions sampled: those the workload does, as fio.
+        let dirs = [spec.read_percent() > 0, spec.read_percent() < 100];
+        let mut before = spec.ramp.is_zero().then_some(initial);
         let mut after = None;
         let (mut measured, mut finished) = (vec![false; jobs], vec![false; jobs]);
-        let tick = Duration::from_secs(1);
-        let mut next_tick = start + tick;
+        let mut rates = vec![Rates::default(); jobs];
+        // The samples' previous point per job (from the window's start), and the next tick.
+        let mut sampled: Option<(Instant, Vec<Counts>)> =
+            spec.ramp.is_zero().then(|| (start, vec![([0; 2], [0; 2]); jobs]));
+        // All jobs' bytes when the window began (for a size's ETA).
+        let mut window_base = spec.ramp.is_zero().then_some(0);
+        let mut next_tick = start + SAMPLE_INTERVAL;
         let mut next_keepalive = start + KEEPALIVE;
-        let mut last = ([0u64; 2], [0u64; 2], start);
         loop {
-            let mut wake = next_tick;
-            if !plan.spec.ramp.is_zero() && before.is_none() && Instant::now() < ramp_end {
-                wake = wake.min(ramp_end);
-            }
+            // Wake at the ramp's end too: the window's marks and first samples count from there.
+            let wake = if sampled.is_none() { next_tick.min(ramp_end) } else { next_tick };
             match rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
                 Ok(Event::Sample(sample)) => {
                     if let Some(l) = logs.as_deref_mut() {
@@ -184,36 +213,59 @@ impl Run {
                 Err(RecvTimeoutError::Disconnected) => finished.fill(true),
             }
             let now = Instant::now();
-            if before.is_none() && !plan.spec.ramp.is_zero() && now >= ramp_end && after.is_none() {
-                before = Some(Mark::take(vol));
+            if before.is_none() && now >= ramp_end && after.is_none() {
+                before = Some(Mark::take(self, vol));
+            }
+            if sampled.is_none() && now >= ramp_end {
+                // The window begins: the samples count from here, every 500 ms.
+                let live: Vec<_> = shared.live.iter().map(|l| l.get()).collect();
+                window_base = Some(live.iter().map(|(_, b)| b[0] + b[1]).sum());
+                sampled = Some((now, live));
+                next_tick = now + SAMPLE_INTERVAL;
             }
             if after.is_none() && measured.iter().all(|&m| m) {
-                after = Some(Mark::take(vol));
+                after = Some(Mark::take(self, vol));
             }
             if finished.iter().all(|&f| f) {
                 break;
             }
             if now >= next_tick {
-                next_tick += tick;
-                if self.progress {
-                    let phase = if now < ramp_end {
-                        " [ramp]"
-                    } else if after.is_some() {
-                        " [verify read-back]"
-                    } else {
-                        ""
-                    };
-                    last = progress_line(shared, start, now, last, phase);
+                // After a stall, the next tick is the next one ahead (a sample spans the stall).
+                while next_tick <= now {
+                    next_tick += SAMPLE_INTERVAL;
+                }
+                if let Some((at, last)) = sampled.as_mut() {
+                    let dt = (now - *at).as_secs_f64();
+                    for (j, prev) in last.iter_mut().enumerate() {
+                        if measured[j] {
+                            continue;
+                        }
+                        let (ios, bytes) = shared.live[j].get();
+                        for d in (0..2).filter(|&d| dirs[d]) {
+                            rates[j].iops[d].push((ios[d] - prev.0[d]) as f64 / dt);
+                            rates[j].bw[d].push((bytes[d] - prev.1[d]) as f64 / 1024.0 / dt);
+                        }
+                        *prev = (ios, bytes);
+                    }
+                    *at = now;
+                }
+                if let Some(p) = &self.progress {
+                    p.update(self.snapshot(shared, plan, now, ramp_end, window_end, window_base, after.is_some()));
                 }
             }
             if now >= next_keepalive {
                 next_keepalive += KEEPALIVE;
                 if let Err(e) = vol.keepalive() {
-                    eprintln!("rblk-bench: warning: keepalive on the volume's connection failed: {}", Chain(&e));
+                    self.warn(&format!("keepalive on the volume's connection failed: {}", Chain(&e)));
                 }
             }
         }
-        let (Some(b), Some(a)) = (before, after) else { return (None, None) };
+        if let Some(p) = &self.progress {
+            let mut s = self.snapshot(shared, plan, Instant::now(), ramp_end, window_end, window_base, true);
+            s.remaining = Some(Duration::ZERO);
+            p.finish(s);
+        }
+        let (Some(b), Some(a)) = (before, after) else { return Watched { cpu: (None, None), rates } };
         let wall = a.at - b.at;
         let target = match (b.target, a.target) {
             (Some(tb), Some(ta)) => {
@@ -224,7 +276,53 @@ impl Run {
             }
             _ => None,
         };
-        (Some(cpu_use(b.own, a.own, wall)), target)
+        Watched { cpu: (Some(cpu_use(b.own, a.own, wall)), target), rates }
+    }
+
+    /// The run's progress for the status line: its counters (all phases), its phase, and the
+    /// time it has left (by the runtime, or by the rate so far for a size).
+    #[allow(clippy::too_many_arguments)]
+    fn snapshot(
+        &self,
+        shared: &Shared,
+        plan: &Plan,
+        now: Instant,
+        ramp_end: Instant,
+        window_end: Option<Instant>,
+        window_base: Option<u64>,
+        measured: bool,
+    ) -> Snapshot {
+        let (mut ios, mut bytes) = ([0u64; 2], [0u64; 2]);
+        for l in &shared.live {
+            let (i, b) = l.get();
+            for d in 0..2 {
+                ios[d] += i[d];
+                bytes[d] += b[d];
+            }
+        }
+        let spec = &plan.spec;
+        let stop = spec.stop();
+        let (phase, remaining) = if measured {
+            (Phase::ReadBack, None)
+        } else if now < ramp_end {
+            let rest = ramp_end - now;
+            (Phase::Ramp, if stop.bytes.is_none() { stop.runtime.map(|d| rest + d) } else { None })
+        } else {
+            let by_time = window_end.map(|e| e.saturating_duration_since(now));
+            // By the size: the bytes left, at the rate since the window began.
+            let by_size = stop.bytes.zip(window_base).and_then(|(per_job, base)| {
+                let done = (bytes[0] + bytes[1]).saturating_sub(base);
+                let rate = done as f64 / now.saturating_duration_since(ramp_end).as_secs_f64().max(1e-3);
+                let left = (per_job * u64::from(spec.jobs)).saturating_sub(done);
+                (rate > 0.0).then(|| Duration::from_secs_f64(left as f64 / rate))
+            });
+            let remaining = match (by_time, by_size) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            (Phase::Measure, remaining)
+        };
+        Snapshot { ios, bytes, phase, remaining }
     }
 
     fn report(
@@ -233,9 +331,10 @@ impl Run {
         plan: &Plan,
         vol: &Volume,
         outputs: &[Output],
-        (cpu, target_cpu): (Option<CpuUse>, Option<CpuUse>),
+        watched: Watched,
         generation: u64,
     ) -> Report {
+        let Watched { cpu: (cpu, target_cpu), rates } = watched;
         let spec = &plan.spec;
         let (mut read, mut write) = (DirStats::new(), DirStats::new());
         let mut tally = Tally::default();
@@ -292,14 +391,9 @@ impl Run {
                 bs: spec.bs,
                 iodepth: spec.iodepth,
                 jobs: spec.jobs,
-                runtime_s: match spec.stop {
-                    Stop::Runtime(d) => Some(d.as_secs_f64()),
-                    Stop::Size(_) => None,
-                },
-                size: match spec.stop {
-                    Stop::Size(s) => Some(s),
-                    Stop::Runtime(_) => None,
-                },
+                runtime_s: spec.runtime.map(|d| d.as_secs_f64()),
+                size: spec.size,
+                time_based: spec.time_based,
                 ramp_s: spec.ramp.as_secs_f64(),
                 verify: spec.verify,
                 seed: spec.seed,
@@ -314,6 +408,18 @@ impl Run {
             cpu,
             target_cpu,
             verify,
+            threads: outputs
+                .iter()
+                .zip(rates)
+                .map(|(o, rates)| ThreadReport {
+                    stats: [o.read.clone(), o.write.clone()],
+                    window: o.window,
+                    rates,
+                    usage: o.usage,
+                })
+                .collect(),
+            started: SystemTime::UNIX_EPOCH,
+            ended: SystemTime::UNIX_EPOCH,
         }
     }
 }
@@ -334,36 +440,4 @@ fn device_name(options: &Options, vol: &Volume) -> Option<String> {
     }
     let ip = vol.addr().ip();
     devices.iter().find(|d| d.ports.iter().any(|p| p.addrs.contains(&ip))).map(|d| d.name.clone())
-}
-
-/// Prints one progress line on stderr: rates since the previous line.
-fn progress_line(
-    shared: &Shared,
-    start: Instant,
-    now: Instant,
-    last: ([u64; 2], [u64; 2], Instant),
-    phase: &str,
-) -> ([u64; 2], [u64; 2], Instant) {
-    let (mut ios, mut bytes) = ([0u64; 2], [0u64; 2]);
-    for l in &shared.live {
-        let (i, b) = l.get();
-        for d in 0..2 {
-            ios[d] += i[d];
-            bytes[d] += b[d];
-        }
-    }
-    let dt = (now - last.2).as_secs_f64().max(1e-9);
-    let rate = |d: usize| (ios[d] - last.0[d]) as f64 / dt;
-    let bps = ((bytes[0] + bytes[1]) - (last.1[0] + last.1[1])) as f64 / dt;
-    let (mib, mb) = (bps / (1u64 << 20) as f64, bps / 1e6);
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(
-        err,
-        "rblk-bench: {:>5.1}s: {} IOPS (read {}, write {}), {mib:.1} MiB/s ({mb:.1} MB/s){phase}",
-        (now - start).as_secs_f64(),
-        human_count(rate(0) + rate(1)),
-        human_count(rate(0)),
-        human_count(rate(1)),
-    );
-    (ios, bytes, now)
 }

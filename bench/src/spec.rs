@@ -60,13 +60,14 @@ impl fmt::Display for Workload {
     }
 }
 
-/// When a job stops.
+/// When a job's measured window ends: after `runtime`, or after moving `bytes`, whichever
+/// comes first (at least one is set). See [`Spec::stop`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
+pub struct Stop {
     /// After this long (measured after the ramp).
-    Runtime(Duration),
+    pub runtime: Option<Duration>,
     /// After transferring this many bytes (counted after the ramp), per job.
-    Size(u64),
+    pub bytes: Option<u64>,
 }
 
 /// A run's parameters, as given.
@@ -82,8 +83,15 @@ pub struct Spec {
     pub iodepth: u32,
     /// Jobs: threads with a queue each, on disjoint slices of the volume.
     pub jobs: u32,
-    /// When each job stops.
-    pub stop: Stop,
+    /// Measure this long after the ramp (fio's `runtime`); `None`: until `size` is moved.
+    pub runtime: Option<Duration>,
+    /// Bytes per job, as fio's `size`: the region of its slice a job works in and, unless
+    /// `time_based`, the bytes it moves after the ramp (the first of this and `runtime` ends the
+    /// window).
+    pub size: Option<u64>,
+    /// fio's `time_based`: run for the whole `runtime` even when `size` is moved (`size` then
+    /// only bounds the region).
+    pub time_based: bool,
     /// Run this long before measuring.
     pub ramp: Duration,
     /// Write the self-describing pattern and check every block read (see the crate docs).
@@ -103,7 +111,9 @@ impl Default for Spec {
             bs: 4096,
             iodepth: 32,
             jobs: 1,
-            stop: Stop::Runtime(Duration::from_secs(10)),
+            runtime: Some(Duration::from_secs(10)),
+            size: None,
+            time_based: false,
             ramp: Duration::ZERO,
             verify: false,
             generation: None,
@@ -126,6 +136,11 @@ impl Spec {
         }
     }
 
+    /// When each job's measured window ends.
+    pub fn stop(&self) -> Stop {
+        Stop { runtime: self.runtime, bytes: if self.time_based { None } else { self.size } }
+    }
+
     /// Checks what does not depend on the volume.
     pub fn check(&self) -> Result<()> {
         if self.iodepth == 0 || self.iodepth > MAX_DEPTH {
@@ -144,16 +159,24 @@ impl Spec {
             }
             _ => {}
         }
-        match self.stop {
-            Stop::Runtime(d) if d.is_zero() => return invalid("--runtime must be longer than zero".into()),
-            Stop::Size(0) => return invalid("--size must not be zero".into()),
-            Stop::Size(s) if s % self.bs != 0 => {
+        if self.runtime.is_some_and(|d| d.is_zero()) {
+            return invalid("--runtime must be longer than zero".into());
+        }
+        match self.size {
+            Some(0) => return invalid("--size must not be zero".into()),
+            Some(s) if s % self.bs != 0 => {
                 return invalid(format!(
                     "--size {s} is not a multiple of --bs {} (each job transfers whole I/Os)",
                     self.bs
                 ))
             }
+            None if self.runtime.is_none() => {
+                return invalid("give --runtime or --size: nothing would end the run".into())
+            }
             _ => {}
+        }
+        if self.time_based && self.runtime.is_none() {
+            return invalid("--time_based needs --runtime (without one it would never end)".into());
         }
         if self.generation.is_some() && !self.verify {
             return invalid("--generation only means something with --verify".into());
@@ -172,7 +195,7 @@ impl Spec {
         if bs > u64::from(geo.max_io) {
             return invalid(format!("--bs {bs} is larger than the volume's largest I/O (max_io {} bytes)", geo.max_io));
         }
-        if let Stop::Size(size) = self.stop {
+        if let Some(size) = self.size {
             if size > geo.size {
                 return invalid(format!("--size {size} is larger than the volume ({} bytes)", geo.size));
             }
@@ -186,7 +209,8 @@ impl Spec {
                 pattern::MIN_BLOCK
             ));
         }
-        let slice = geo.size / u64::from(self.jobs) / bs * bs;
+        // As fio's size: the job's region is at most `size` (a multiple of bs, checked above).
+        let slice = (geo.size / u64::from(self.jobs) / bs * bs).min(self.size.unwrap_or(u64::MAX));
         if slice == 0 {
             return invalid(format!(
                 "the volume ({} bytes) is too small for {} jobs of --bs {bs}: each job needs a slice of at least one I/O",
@@ -197,7 +221,7 @@ impl Spec {
     }
 }
 
-/// A spec checked against a volume: job `j` works in bytes `j * slice .. (j + 1) * slice`.
+/// A spec checked against a volume: job `j` works in bytes `j * slice .. j * slice + slice`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// The parameters.
@@ -252,10 +276,12 @@ mod tests {
         refused(Spec { iodepth: 0, ..d.clone() }, GEO, "--iodepth must be between 1 and 1024 (got 0)");
         refused(Spec { iodepth: 4096, ..d.clone() }, GEO, "--iodepth must be between 1 and 1024");
         refused(Spec { jobs: 0, ..d.clone() }, GEO, "--jobs must be between 1");
-        refused(Spec { stop: Stop::Size(128 << 20), ..d.clone() }, GEO, "--size 134217728 is larger than the volume");
-        refused(Spec { stop: Stop::Size(6144), ..d.clone() }, GEO, "not a multiple of --bs 4096");
-        refused(Spec { stop: Stop::Size(0), ..d.clone() }, GEO, "--size must not be zero");
-        refused(Spec { stop: Stop::Runtime(Duration::ZERO), ..d.clone() }, GEO, "--runtime must be longer");
+        refused(Spec { size: Some(128 << 20), ..d.clone() }, GEO, "--size 134217728 is larger than the volume");
+        refused(Spec { size: Some(6144), ..d.clone() }, GEO, "not a multiple of --bs 4096");
+        refused(Spec { size: Some(0), ..d.clone() }, GEO, "--size must not be zero");
+        refused(Spec { runtime: Some(Duration::ZERO), ..d.clone() }, GEO, "--runtime must be longer");
+        refused(Spec { runtime: None, ..d.clone() }, GEO, "give --runtime or --size");
+        refused(Spec { runtime: None, size: Some(4096), time_based: true, ..d.clone() }, GEO, "--time_based needs");
         refused(Spec { rwmixread: Some(70), ..d.clone() }, GEO, "--rwmixread applies only to --rw randrw");
         let rw = Spec { workload: Workload::RandRw, ..d.clone() };
         refused(Spec { rwmixread: Some(101), ..rw.clone() }, GEO, "0 to 100 (got 101)");
@@ -265,6 +291,13 @@ mod tests {
         let ro = Geometry { read_only: true, ..GEO };
         refused(Spec { workload: Workload::Write, ..d.clone() }, ro, "the volume is read-only");
         Spec { workload: Workload::Read, ..d.clone() }.plan(ro).unwrap();
+        // fio's size: the region, and the amount unless time_based.
+        let sized = Spec { size: Some(1 << 20), ..d.clone() };
+        assert_eq!(sized.plan(GEO).unwrap().slice, 1 << 20);
+        let ten = Some(Duration::from_secs(10));
+        assert_eq!(sized.stop(), Stop { runtime: ten, bytes: Some(1 << 20) });
+        assert_eq!(Spec { time_based: true, ..sized.clone() }.stop(), Stop { runtime: ten, bytes: None });
+        assert_eq!(Spec { runtime: None, ..sized }.stop(), Stop { runtime: None, bytes: Some(1 << 20) });
         let tiny = Geometry { size: 3 * 4096, ..GEO };
         refused(Spec { jobs: 4, ..d.clone() }, tiny, "too small for 4 jobs");
         let small_blocks = Geometry { block_size: 32, ..GEO };

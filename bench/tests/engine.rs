@@ -14,7 +14,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
 use hdrhistogram::serialization::Deserializer;
-use rblk_bench::{Error, Logs, Run, Spec, Stop, Workload};
+use rblk_bench::{Error, Logs, Run, Spec, Workload};
 use rblk_initiator::{Fabric, OpenMode, Options, Session};
 use rblk_target::config::VolumeSpec;
 use rblk_target::server::{Config, Running, Server};
@@ -57,7 +57,7 @@ fn run(t: &Target, spec: &Spec) -> rblk_bench::Result<rblk_bench::Report> {
 }
 
 fn short(workload: Workload) -> Spec {
-    Spec { workload, iodepth: 8, stop: Stop::Runtime(Duration::from_millis(300)), ..Spec::default() }
+    Spec { workload, iodepth: 8, runtime: Some(Duration::from_millis(300)), ..Spec::default() }
 }
 
 #[test]
@@ -109,7 +109,8 @@ fn verified_writes_read_back_then_a_changed_block_is_named_by_its_offset() {
     let write = Spec {
         workload: Workload::Write,
         bs: 65536,
-        stop: Stop::Size(4 * MIB),
+        runtime: None,
+        size: Some(4 * MIB),
         verify: true,
         generation: Some(7),
         ..Spec::default()
@@ -119,7 +120,7 @@ fn verified_writes_read_back_then_a_changed_block_is_named_by_its_offset() {
     assert!(r.passed(), "{}", r.text());
     assert_eq!((r.write.bytes, v.blocks_checked, v.generation), (4 * MIB, 1024, Some(7)));
 
-    let read = Spec { workload: Workload::RandRead, stop: Stop::Size(MIB), verify: true, ..Spec::default() };
+    let read = Spec { workload: Workload::RandRead, runtime: None, size: Some(MIB), verify: true, ..Spec::default() };
     let r = run(&t, &read).unwrap();
     assert!(r.passed(), "{}", r.text());
     assert_eq!(r.verify.as_ref().unwrap().generations_seen, Some([7, 7]));
@@ -133,7 +134,7 @@ fn verified_writes_read_back_then_a_changed_block_is_named_by_its_offset() {
     vol.write_at(&[0xAB; 4096], bad).unwrap();
     vol.close().unwrap();
     // --size is per job: two jobs of 2 MiB cover the volume once.
-    let seq = Spec { workload: Workload::Read, stop: Stop::Size(2 * MIB), jobs: 2, ..read };
+    let seq = Spec { workload: Workload::Read, runtime: None, size: Some(2 * MIB), jobs: 2, ..read };
     let r = run(&t, &seq).unwrap();
     let v = r.verify.as_ref().unwrap();
     assert!(!r.passed());
@@ -163,7 +164,7 @@ fn random_writes_and_mixed_runs_verify() {
 #[test]
 fn reads_of_a_never_written_volume_fail_verification() {
     let t = target(MIB);
-    let spec = Spec { workload: Workload::Read, stop: Stop::Size(MIB), verify: true, ..Spec::default() };
+    let spec = Spec { workload: Workload::Read, runtime: None, size: Some(MIB), verify: true, ..Spec::default() };
     let r = run(&t, &spec).unwrap();
     let v = r.verify.unwrap();
     assert_eq!(v.mismatches, 256);
@@ -178,7 +179,7 @@ fn arguments_the_volume_cannot_take_are_refused_before_any_io() {
     for (spec, needle) in [
         (Spec { bs: 6144, ..Spec::default() }, "not a multiple of the volume's block size"),
         (Spec { bs: 2 * MIB, ..Spec::default() }, "largest I/O"),
-        (Spec { stop: Stop::Size(8 * MIB), ..Spec::default() }, "larger than the volume"),
+        (Spec { runtime: None, size: Some(8 * MIB), ..Spec::default() }, "larger than the volume"),
         (Spec { iodepth: 0, ..Spec::default() }, "--iodepth"),
         (Spec { jobs: 2000, ..Spec::default() }, "--jobs"),
     ] {
@@ -228,7 +229,7 @@ fn logged_run(dir: &Path) -> (rblk_bench::Report, PathBuf) {
     let spec = Spec {
         jobs: 2,
         ramp: Duration::from_millis(200),
-        stop: Stop::Runtime(Duration::from_secs(1)),
+        runtime: Some(Duration::from_secs(1)),
         ..short(Workload::RandRw)
     };
     let prefix = dir.join("run");
