@@ -5,8 +5,10 @@ Run it with /usr/bin/python3 (the shebang does): a `python3` earlier on PATH (py
 not see Debian's packages. scripts/deps.sh installs python3-matplotlib.
 
   /usr/bin/python3 scripts/plot.py cdf -o OUT.png REPORT.json [REPORT.json...]
-      Latency CDF from rblk-bench --json reports (their read/write lat_cdf), one line per
-      direction that did I/O; latency on a log axis.
+      Latency CDF from rblk-bench's (or fio's) JSON reports in fio's layout, -o json+ (each
+      job's clat_ns bins; with -o json only its percentiles), or in rblk-bench's earlier
+      layout (--json: read/write lat_cdf); one line per job and direction that did I/O;
+      latency on a log axis.
   /usr/bin/python3 scripts/plot.py series -o OUT.png LOG [LOG...]
       Over time, from rblk-bench --log (or fio's write_*_log) files: PREFIX_iops.N.log (IOPS),
       PREFIX_bw.N.log (KiB/s) or PREFIX_lat.N.log (mean latency, ns, drawn in us); one kind per
@@ -79,9 +81,64 @@ def number(doc, path, keys, optional=False):
 # Inputs
 
 
+def fio_cdfs(doc, path):
+    """[(label, [latency_us...], [fraction...])] of a report in fio's layout: from each job's
+    clat_ns bins (json+: the count of each latency bucket, in ns), else from its percentiles."""
+    jobs = field(doc, path, ["jobs"], list)
+    out = []
+    for i, job in enumerate(jobs):
+        if not isinstance(job, dict):
+            raise InputError(f"{path}: jobs[{i}] is not an object")
+        # rblk-bench says each section's parameters with their defaults; fio only those given.
+        opts = dict(job.get("job options") or {})
+        for sec in (doc.get("rblk") or {}).get("sections") or []:
+            if isinstance(sec, dict) and sec.get("name") == job.get("jobname") and isinstance(sec.get("job"), dict):
+                opts.update({k: sec["job"][k] for k in ("rw", "bs", "iodepth") if k in sec["job"]})
+        desc = f"{opts.get('rw', '?')} bs={opts.get('bs', '?')} QD{opts.get('iodepth', '?')}"
+        if len(jobs) > 1:
+            desc = f"{job.get('jobname', i)}, {desc}"
+        for d in ("read", "write"):
+            try:
+                clat = job[d]["clat_ns"]
+            except (KeyError, TypeError):
+                raise InputError(f"{path}: no jobs[{i}].{d}.clat_ns (not the expected report?)") from None
+            if not isinstance(clat, dict) or not clat.get("N"):
+                continue
+            if "bins" in clat:
+                try:
+                    bins = sorted((int(k), int(v)) for k, v in clat["bins"].items())
+                except (ValueError, AttributeError):
+                    raise InputError(f"{path}: jobs[{i}].{d}.clat_ns.bins: not {{ns: count}}") from None
+                total = sum(n for _, n in bins)
+                if total <= 0 or any(n < 0 for _, n in bins):
+                    raise InputError(f"{path}: jobs[{i}].{d}.clat_ns.bins: no I/O counted")
+                xs, ys, seen = [], [], 0
+                for ns, n in bins:
+                    seen += n
+                    xs.append(ns / 1000.0)
+                    ys.append(seen / total)
+            else:
+                pct = clat.get("percentile")
+                if not isinstance(pct, dict) or not pct:
+                    raise InputError(f"{path}: jobs[{i}].{d}.clat_ns has neither bins nor percentile")
+                try:
+                    pts = sorted((float(p) / 100.0, float(v) / 1000.0) for p, v in pct.items())
+                    pts.append((1.0, float(clat["max"]) / 1000.0))
+                except (ValueError, KeyError, TypeError):
+                    raise InputError(f"{path}: jobs[{i}].{d}.clat_ns.percentile: not {{percent: ns}}") from None
+                xs, ys = [x for _, x in pts], [y for y, _ in pts]
+            out.append((f"{os.path.basename(path)}: {d}, {desc}", xs, ys))
+    if not out:
+        raise InputError(f"{path}: no I/O in the report (no job's read or write clat_ns has N > 0)")
+    return out
+
+
 def bench_cdfs(path):
-    """[(label, [latency_us...], [fraction...])] of an rblk-bench --json report."""
+    """[(label, [latency_us...], [fraction...])] of an rblk-bench report: fio's layout (-o json+
+    or json), or rblk-bench's earlier one (--json)."""
     doc = read_json(path)
+    if isinstance(doc, dict) and "jobs" in doc:
+        return fio_cdfs(doc, path)
     job = field(doc, path, ["job"], dict)
     desc = f"{field(doc, path, ['job', 'rw'], str)} bs={number(doc, path, ['job', 'bs']):.0f} " \
            f"QD{number(doc, path, ['job', 'iodepth']):.0f}"
@@ -302,7 +359,7 @@ def main(argv):
                                  epilog=__doc__)
     sub = ap.add_subparsers(dest="what", required=True, metavar="{cdf,series,compare}")
     for name, fn, nargs, helptext in [
-        ("cdf", draw_cdf, "+", "latency CDF from rblk-bench --json reports"),
+        ("cdf", draw_cdf, "+", "latency CDF from rblk-bench's JSON reports (fio's layout, or --json's)"),
         ("series", draw_series, "+", "IOPS (or KiB/s, latency) over time from fio-format logs"),
         ("compare", draw_compare, 1, "compare-rxe.sh's summary.json as bar charts of ratios and goals"),
     ]:

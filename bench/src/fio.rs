@@ -28,7 +28,7 @@ use serde::ser::SerializeMap as _;
 use serde::Serialize;
 
 use crate::command::Section;
-use crate::report::{CpuUse, Report, ThreadReport, VerifyReport, VolumeInfo};
+use crate::report::{CpuUse, JobInfo, Report, ThreadReport, VerifyReport, VolumeInfo};
 use crate::stats::{sample_stats, DirStats, Rates, ThreadUsage};
 
 /// fio's default `percentile_list`.
@@ -156,8 +156,8 @@ struct SectionExtras<'a> {
     uri: &'a str,
     device: Option<&'a str>,
     volume: &'a VolumeInfo,
-    /// Bytes of the volume each job works in.
-    slice: u64,
+    /// The job's parameters with their defaults, as the deprecated layout's `job`.
+    job: &'a JobInfo,
     /// Milliseconds since the epoch: the run's start (before connecting) and end.
     start_ms: u64,
     end_ms: u64,
@@ -272,7 +272,7 @@ pub(crate) fn document(
                 uri: &r.uri,
                 device: r.device.as_deref(),
                 volume: &r.volume,
-                slice: r.job.slice,
+                job: &r.job,
                 start_ms: millis(r.started),
                 end_ms: millis(r.ended),
                 elapsed_s: r.elapsed_s,

@@ -315,7 +315,7 @@ fn fio_spellings_mean_what_they_mean_in_fio() {
     let doc = timed.ok().json();
     let read = &doc["jobs"][0]["read"];
     assert!(u(read, "io_bytes") > 256 * 1024 && (390..=410).contains(&u(read, "runtime")), "{read}");
-    assert_eq!(doc["rblk"]["sections"][0]["slice"], 256 * 1024, "--size bounds the region");
+    assert_eq!(doc["rblk"]["sections"][0]["job"]["slice"], 256 * 1024, "--size bounds the region");
 
     let dir = scratch("spellings");
     let file = dir.join("mix.json");
@@ -548,4 +548,44 @@ fn off_a_terminal_progress_is_plain_lines_with_the_share_done_and_the_eta() {
     for l in &lines {
         assert!(l.starts_with("rblk-bench: ") && l.contains(" IOPS (read ") && l.contains("% done, ETA 0:0"), "{l}");
     }
+}
+
+/// Catches scripts/plot.py unable to draw rblk-bench's fio-layout reports (compare-rxe.sh's
+/// latency chart reads them): a json+ report and a json one (percentiles only) both draw, and
+/// the earlier layout still does (bench/tests/engine.rs).
+#[test]
+fn plot_py_draws_the_cdf_of_fio_layout_reports() {
+    let t = Target::start(8 * MIB);
+    let dir = scratch("plot");
+    let mut inputs = Vec::new();
+    for format in ["json+", "json"] {
+        let json = dir.join(format!("{format}.json"));
+        let out = bench(&[
+            &t.uri(),
+            "--rw",
+            "randrw",
+            "--runtime",
+            "300ms",
+            "-o",
+            format,
+            "--output",
+            json.to_str().unwrap(),
+            "-q",
+        ]);
+        out.ok();
+        inputs.push(json);
+    }
+    let png = dir.join("cdf.png");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/plot.py");
+    let out = Command::new("/usr/bin/python3")
+        .arg(&script)
+        .args(["cdf", "-o"])
+        .arg(&png)
+        .args(&inputs)
+        .output()
+        .expect("run /usr/bin/python3 (scripts/deps.sh installs python3-matplotlib)");
+    assert!(out.status.success(), "plot.py cdf: {}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000, "not a PNG");
+    let _ = std::fs::remove_dir_all(&dir);
 }
