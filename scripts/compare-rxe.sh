@@ -80,8 +80,11 @@
 #   --iodepth) and -o its outstanding RDMA READs. -Q 1 signals every work request, as rblk's queue
 #   does: with perftest's default completion moderation (-Q = -t at depth 32) it posts 32, waits for
 #   all of them and posts again, so it would not keep 32 in flight (COMPARE_PERFTEST_BW_ARGS="-Q 8"
-#   to try others). perftest runs -D SECS+2 with 1 s margins (-f 1); rblk-bench --ramp 1
-#   --runtime SECS: both measure SECS seconds after a second of warm-up, as fio does.
+#   to try others). perftest runs -D SECS+2 with 1 s margins (-f 1); rblk-bench --ramp_time 1
+#   --runtime SECS: both measure SECS seconds after a second of warm-up, as fio does. rblk-bench
+#   writes fio's JSON layout (-o json+ --group_reporting --output FILE: one entry for all its jobs,
+#   latency bins for the CDF), its own and the target's CPU under "rblk"; the host also reads
+#   rblk-bench's earlier layout (--json, in the guest.log of an earlier run for --redraw).
 # - Latency at depth 1, in microseconds: ib_read_lat's t_typical is a full round trip, like a
 #   one-sided read's completion. ib_write_lat reports HALF of a ping-pong, while a one-sided write
 #   completes after a full round trip (its ACK): that row compares with 2 x ib_write_lat. perftest
@@ -103,7 +106,7 @@
 #   all vCPUs' time: 100% = both vCPUs saturated) and, for `rblk attach`, "q sleeps/IO": the
 #   voluntary context switches of its queue threads (rblk-q*, /proc/PID/task/TID/status) per I/O
 #   in the window.
-# - rblk-bench's own CPU over each of its runs (its "cpu" report: what polling costs the
+# - rblk-bench's own CPU over each of its runs (its "rblk" section's "cpu": what polling costs the
 #   initiator), in the "rblk cpu" column.
 # - The target's CPU over each rblk-bench run (rblk-bench's STATS before and after), over each fio
 #   run on an rblk path (the sum of the target's threads' /proc schedstat before and after, taken
@@ -137,10 +140,10 @@
 #   iops.png         IOPS over time of one more rblk-bench run after the rounds, randread 4k QD32
 #                    for SECS with --log --log-interval 100 (plot.py series bench_iops.1.log); that
 #                    run's files are kept too: bench_iops.1.log, bench_bw.1.log, bench_lat.1.log,
-#                    bench.hlog (HdrHistogram interval log), bench.json
+#                    bench.hlog (HdrHistogram interval log), bench.json (-o json)
 #   latency-cdf.png  latency CDF and tail of the last round's rblk-bench reports of randread and
 #                    randwrite 4k QD1 (default spin, and --spin 1ms for randread) and QD32
-#                    (plot.py cdf), kept as rblk-WORKLOAD.json
+#                    (plot.py cdf, from their json+ latency bins), kept as rblk-WORKLOAD.json
 # A chart whose input is missing (its rows failed) is left out with a warning.
 #
 # Options and environment:
@@ -400,9 +403,33 @@ guest_main() {
         log "  perftest $*: $(grep -A1 '#bytes' "$out" | tail -n 1 | tr -s ' \t' ' ')"
         emit "$w" perftest "$r" "$out" "$@" "${pt_cm[@]}"
     }
-    # rblk-bench against the volume as every measured run uses it: a second of ramp, then SECS.
+    # rblk-bench against the volume as every measured run uses it: a second of ramp, then SECS;
+    # its JSON (fio's layout) has one entry for all its jobs.
     bench() {
-        timeout $((secs * 10 + 120)) "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp 1 --runtime "$secs" "$@"
+        timeout $((secs * 10 + 120)) "$bin/rblk-bench" "$uri" --device "$dev" --quiet --ramp_time 1 \
+            --runtime "$secs" --group_reporting "$@"
+    }
+    # The figures of rblk-bench's JSON report $1 (fio's layout), for the log: a line per
+    # direction and the target's CPU.
+    bench_lines() {
+        python3 - "$1" <<'LINES' || true
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for job in doc["jobs"]:
+    for d in ("read", "write"):
+        x = job[d]
+        if x["total_ios"]:
+            p = x["clat_ns"]["percentile"]
+            print(f"    {d}: IOPS={x['iops']:.0f}, BW={x['bw'] / 1024:.1f}MiB/s, "
+                  f"lat p50={p['50.000000'] / 1000:.1f} us, p99={p['99.000000'] / 1000:.1f} us")
+t = doc["rblk"]["sections"][0]["target_cpu"]
+print("    target cpu: " + (f"{t['share_of_core'] * 100:.3f}% of one core" if t else "unknown"))
+LINES
+    }
+    # JSON file $1 on one line into $2 (json+ bins are many lines of guest.log otherwise).
+    compact() {
+        python3 -c 'import json, sys; json.dump(json.load(open(sys.argv[1])), sys.stdout, separators=(",", ":"))' \
+            "$1" >"$2"
     }
     # One rblk-bench run of workload $1 in round $2: rblk-bench's arguments follow. The guest's
     # CPU is sampled over it as over the fio runs.
@@ -410,8 +437,7 @@ guest_main() {
         local w=$1 r=$2 json="$work/rblk.json" rc=0
         shift 2
         rm -f "$json"
-        sampled "$work/gcpu" "" "" bench --json "$json" "$@" >"$work/rblk.out" 2>&1 || rc=$?
-        grep -E 'IOPS|percentiles|target cpu' "$work/rblk.out" | sed 's/^ */    /' >&2 || true
+        sampled "$work/gcpu" "" "" bench -o json+ --output "$json" "$@" >"$work/rblk.out" 2>&1 || rc=$?
         if ((rc != 0)); then
             fail "$w" rblk "$r" "rblk-bench $* $(status_text "$rc"): $(oneline "$work/rblk.out")"
             return 0
@@ -420,9 +446,11 @@ guest_main() {
             fail "$w" rblk "$r" "rblk-bench $* wrote no JSON report: $(oneline "$work/rblk.out")"
             return 0
         }
+        bench_lines "$json" >&2
+        compact "$json" "$work/rblk.min.json" 2>/dev/null || cp "$json" "$work/rblk.min.json"
         log "  rblk-bench $*: done"
         emit_gcpu "$w" rblk "$r" "$work/gcpu"
-        emit "$w" rblk "$r" "$json" rblk-bench "$@"
+        emit "$w" rblk "$r" "$work/rblk.min.json" rblk-bench "$@"
     }
 
     # rblk-test-client raw-lat (workload $1, round $2, $3 READs per second of SECS): raw-lat's
@@ -444,9 +472,9 @@ guest_main() {
         local w=$1 r=$2 pid rc=0
         shift 2
         rm -f "$work/p1.json" "$work/p2.json"
-        bench --json "$work/p1.json" "$@" >/dev/null 2>"$work/p1.err" &
+        bench -o json --output "$work/p1.json" "$@" >/dev/null 2>"$work/p1.err" &
         pid=$!
-        bench --json "$work/p2.json" "$@" >/dev/null 2>"$work/p2.err" || rc=$?
+        bench -o json --output "$work/p2.json" "$@" >/dev/null 2>"$work/p2.err" || rc=$?
         wait "$pid" || rc=$?
         if ((rc != 0)) || [[ ! -s $work/p1.json || ! -s $work/p2.json ]]; then
             fail "$w" rblk "$r" "two rblk-bench processes $* failed (status $rc): $(oneline "$work/p1.err" "$work/p2.err")"
@@ -454,12 +482,20 @@ guest_main() {
         fi
         python3 - "$work/p1.json" "$work/p2.json" >"$work/2proc.json" 2>"$work/2proc.err" <<'MERGE' || {
 import json, sys
+# Two reports in fio's layout (one job entry each) -> one in the shape the host reads (the
+# earlier rblk-bench layout's names): IOPS and CPU added, each latency figure the worse one.
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
-out = {"total": {"iops": a["total"]["iops"] + b["total"]["iops"]},
-       "cpu": {"share_of_core": a["cpu"]["share_of_core"] + b["cpu"]["share_of_core"]},
-       "target_cpu": a["target_cpu"]}
+PCT = {"p50": "50.000000", "p90": "90.000000", "p99": "99.000000", "p99_9": "99.900000", "p99_99": "99.990000"}
+def lat_us(c):
+    return None if not c["N"] else {k: c["percentile"][v] / 1000 for k, v in PCT.items()}
+def section(x):
+    return x["rblk"]["sections"][0]
+ja, jb = a["jobs"][0], b["jobs"][0]
+out = {"total": {"iops": sum(j[d]["iops"] for j in (ja, jb) for d in ("read", "write"))},
+       "cpu": {"share_of_core": section(a)["cpu"]["share_of_core"] + section(b)["cpu"]["share_of_core"]},
+       "target_cpu": section(a)["target_cpu"]}
 for d in ("read", "write"):
-    la, lb = a[d]["lat_us"], b[d]["lat_us"]
+    la, lb = lat_us(ja[d]["clat_ns"]), lat_us(jb[d]["clat_ns"])
     out[d] = {"lat_us": None if la is None or lb is None else {k: max(la[k], lb[k]) for k in la}}
 print(json.dumps(out))
 MERGE
@@ -763,8 +799,8 @@ MERGE
     local -a pic=(--rw randread --bs 4k --iodepth 32 --log "$work/bench" --log-interval "$LOG_INTERVAL_MS")
     log "rblk-bench ${pic[*]} (time series for build/compare/iops.png)"
     local f
-    if bench --json "$work/bench.json" "${pic[@]}" >"$work/pic.out" 2>&1; then
-        grep -E 'IOPS|percentiles' "$work/pic.out" | sed 's/^ */    /' >&2 || true
+    if bench -o json --output "$work/bench.json" "${pic[@]}" >"$work/pic.out" 2>&1; then
+        bench_lines "$work/bench.json" >&2
         for f in "$work"/bench_iops.1.log "$work"/bench_bw.1.log "$work"/bench_lat.1.log "$work"/bench.hlog "$work"/bench.json; do
             if [[ -s $f ]]; then emit_file "${f##*/}" "$f"; fi
         done
@@ -871,6 +907,38 @@ BLOCK_WORKLOADS = [
 ]
 # Rows whose absence fails the run: the ones the goals are measured with.
 GOAL_PATHS = ("ublk", "nvmeof", "rblk_bench")
+
+
+# rblk-bench's latency figures in the tables: its earlier layout's names, fio's percentiles.
+BENCH_PCT = {"p50": "50.000000", "p90": "90.000000", "p99": "99.000000", "p99_9": "99.900000",
+             "p99_99": "99.990000"}
+
+
+def bench_report(doc):
+    """An rblk row's report in the shape the tables read: {"total": {"iops"}, "read"/"write":
+    {"lat_us": {"p50", ...} | None}, "cpu", "target_cpu"}. rblk-bench's fio layout (-o json,
+    one entry with --group_reporting) is converted; its earlier layout (--json: guest.logs of
+    earlier runs, read again by --redraw), the merge of two processes and raw-lat's report
+    already have that shape."""
+    if "jobs" not in doc:
+        return doc
+    jobs = doc["jobs"]
+    if len(jobs) != 1:
+        raise ValueError(f"{len(jobs)} job entries in rblk-bench's report (--group_reporting makes one)")
+    job = jobs[0]
+    if job.get("error"):
+        raise ValueError(f"rblk-bench reports error {job['error']}")
+    out = {"total": {"iops": float(job["read"]["iops"]) + float(job["write"]["iops"])}}
+    for d in ("read", "write"):
+        c = job[d]["clat_ns"]
+        lat = None
+        if c.get("N"):
+            lat = {k: c["percentile"][v] / 1000.0 for k, v in BENCH_PCT.items()}
+            lat.update(min=c["min"] / 1000.0, mean=c["mean"] / 1000.0, max=c["max"] / 1000.0)
+        out[d] = {"lat_us": lat}
+    section = doc["rblk"]["sections"][0]
+    out["cpu"], out["target_cpu"] = section.get("cpu"), section.get("target_cpu")
+    return out
 
 
 def fio_job(text):
@@ -1014,7 +1082,7 @@ for run in runs:
                     notes.append(f"round {run['round']} {run['workload']}: perftest latency unusable (t_typical {v}), skipped")
                     continue
         else:
-            report = json.loads(run["text"])
+            report = bench_report(json.loads(run["text"]))
             v = report
             rate = (report.get("total") or {}).get("iops")
             share = (report.get("target_cpu") or {}).get("share_of_core")
