@@ -589,3 +589,18 @@ fn plot_py_draws_the_cdf_of_fio_layout_reports() {
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000, "not a PNG");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Catches a verification failure that fio's JSON hides: the job's `error` is fio's EILSEQ
+/// (84) and the rblk section lists the bad blocks, and the run still fails.
+#[test]
+fn a_verification_failure_is_the_jobs_error_in_fios_json() {
+    let t = Target::start(MIB);
+    let out = bench(&[&t.uri(), "--rw", "read", "--size", "1M", "--verify", "-o", "json", "-q"]);
+    assert!(matches!(out.result, Ok(false)), "a never-written volume fails verification: {:?}", out.result);
+    let doc = out.json();
+    assert_eq!(doc["jobs"][0]["error"], 84);
+    let verify = &doc["rblk"]["sections"][0]["verify"];
+    assert_eq!((verify["mismatches"].as_u64(), verify["blocks_checked"].as_u64()), (Some(256), Some(256)));
+    let good = bench(&[&t.uri(), "--rw", "write", "--size", "1M", "--verify", "-o", "json", "-q"]);
+    assert_eq!(good.ok().json()["jobs"][0]["error"], 0);
+}
