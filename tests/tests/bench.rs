@@ -1,6 +1,7 @@
 //! `rblk-bench` against the real `rblk-target` over rxe: `--verify` passes on data it wrote,
-//! fails with the offset of a block changed behind its back, the JSON report carries the
-//! figures and the target's CPU time, and bad arguments are refused before any I/O.
+//! fails with the offset of a block changed behind its back, the JSON report (fio's layout,
+//! `-o json --output FILE`) carries the figures and the target's CPU time, and bad arguments
+//! are refused before any I/O. bench/tests/fio.rs checks the layout against fio's on the host.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -56,11 +57,25 @@ fn verify_passes_then_a_block_changed_behind_its_back_fails_with_its_offset() {
 
     let out = bench(
         &t,
-        &["--rw", "randread", "--runtime", "2", "--verify", "--generation", "5", "--json", report.to_str().unwrap()],
+        &[
+            "--rw",
+            "randread",
+            "--runtime",
+            "2",
+            "--verify",
+            "--generation",
+            "5",
+            "-o",
+            "json",
+            "--output",
+            report.to_str().unwrap(),
+        ],
     );
     assert!(out.status.success(), "verified random reads failed:\n{}", text(&out));
     let j = json(&report);
-    for field in ["\"mismatches\": 0", "\"generation\": 5", "\"rw\": \"randread\"", "\"p99_99\"", "\"share_of_core\""] {
+    for field in
+        ["\"mismatches\": 0", "\"generation\": 5", "\"rw\": \"randread\"", "\"99.990000\"", "\"share_of_core\""]
+    {
         assert!(j.contains(field), "{field} missing from the JSON report:\n{j}");
     }
 
@@ -71,14 +86,31 @@ fn verify_passes_then_a_block_changed_behind_its_back_fails_with_its_offset() {
     vol.write_at(&[0xAB; 4096], bad).unwrap();
     vol.close().unwrap();
 
-    let out =
-        bench(&t, &["--rw", "read", "--bs", "64k", "--size", "16M", "--verify", "--json", report.to_str().unwrap()]);
+    let out = bench(
+        &t,
+        &[
+            "--rw",
+            "read",
+            "--bs",
+            "64k",
+            "--size",
+            "16M",
+            "--verify",
+            "-o",
+            "json",
+            "--output",
+            report.to_str().unwrap(),
+        ],
+    );
     assert!(!out.status.success(), "verification passed over a changed block:\n{}", text(&out));
     let all = text(&out);
     assert!(all.contains(&format!("block at offset {bad} ")), "the bad offset is not reported:\n{all}");
-    assert!(all.contains("1 of 4096 blocks bad"), "{all}");
     let j = json(&report);
     assert!(j.contains("\"mismatches\": 1") && j.contains(&format!("\"offset\": {bad}")), "{j}");
+    assert!(j.contains("\"blocks_checked\": 4096") && j.contains("\"error\": 84"), "{j}");
+    // The text report (the default format) says it too.
+    let out = bench(&t, &["--rw", "read", "--bs", "64k", "--size", "16M", "--verify"]);
+    assert!(!out.status.success() && text(&out).contains("1 of 4096 blocks bad"), "{}", text(&out));
 
     // A stale generation is a failure too.
     let out = bench(&t, &["--rw", "randread", "--size", "1M", "--verify", "--generation", "6"]);
@@ -96,7 +128,10 @@ fn random_writes_and_mixed_io_verify_with_several_jobs_and_report_the_target_cpu
         assert!(out.status.success(), "{rw} --verify failed:\n{}", text(&out));
         assert!(text(&out).contains("verify: OK"), "{}", text(&out));
     }
-    let out = bench(&t, &["--rw", "randread", "--runtime", "2", "--ramp", "1", "--json", report.to_str().unwrap()]);
+    let out = bench(
+        &t,
+        &["--rw", "randread", "--runtime", "2", "--ramp_time", "1", "-o", "json", "--output", report.to_str().unwrap()],
+    );
     assert!(out.status.success(), "{}", text(&out));
     let j = json(&report);
     assert!(j.contains("\"target_cpu\": {") && j.contains("\"device\": \"rxe0\""), "{j}");
