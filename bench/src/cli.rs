@@ -133,9 +133,9 @@ pub struct Args {
     /// Device, source address and type of service.
     #[command(flatten)]
     pub route: rblk_initiator::RouteArgs,
-    /// Give up on each control exchange (connect, open, STATS) after this many seconds.
-    #[arg(long, default_value_t = 10, value_name = "SECS")]
-    pub timeout: u64,
+    /// Give up on each control exchange (connect, open, STATS) after this long.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    pub timeout: Duration,
     /// No progress on stderr.
     #[arg(long, short)]
     pub quiet: bool,
@@ -328,7 +328,7 @@ impl Args {
             key,
             key_files_tried,
             host_id: self.host_id.clone(),
-            timeout: Duration::from_secs(self.timeout),
+            timeout: self.timeout,
             reconnect: self.reconnect.reconnect(),
             ..defaults
         };
@@ -413,8 +413,10 @@ mod tests {
         assert_eq!(a.log(), Some((std::path::Path::new("out/x"), Duration::from_secs(1))));
         let a = parse(&["rblk://h/v", "--log", "x", "--log-interval", "250"]).unwrap();
         assert_eq!(a.log(), Some((std::path::Path::new("x"), Duration::from_millis(250))));
-        let a = parse(&["rblk://h/v", "--runtime", "2.5"]).unwrap();
+        let a = parse(&["rblk://h/v", "--runtime", "2.5", "--timeout", "1500ms"]).unwrap();
         assert_eq!(a.spec().runtime, Some(Duration::from_millis(2500)));
+        assert_eq!(a.options().unwrap().timeout, Duration::from_millis(1500));
+        assert_eq!(parse(&["rblk://h/v", "--timeout", "3"]).unwrap().timeout, Duration::from_secs(3));
         for (args, format) in [
             (&["-o", "json"][..], OutputFormat::Json),
             (&["--output-format=json+"][..], OutputFormat::JsonPlus),
