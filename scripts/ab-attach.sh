@@ -17,7 +17,7 @@
 # every round, each build in turn (odd rounds OLD first, even rounds NEW first), with that build's
 # own `rblk`:
 #
-#   rblk attach rblk://ADDR:7420/v --queues 1 --depth 32 --device rxe0 --daemon   (prints DEV, pid N)
+#   rblk attach rblk://ADDR:7420/v --queues 1 --depth 32 --device rxe0 --daemon   (prints DEV; the pid on stderr)
 #   2 s idle: the attach process's CPU with no I/O, for information
 #   fio --name=W --filename=DEV --ioengine=libaio --direct=1 --bs=4k --numjobs=1 --size=256M
 #       --time_based --runtime=SECS --output-format=json --rw=randwrite --iodepth=32
@@ -150,9 +150,11 @@ guest_main() {
             return 1
         fi
         blk_dev=$(sed -n 1p "$work/attach.out")
-        blk_pid=$(sed -n '2s/^pid \([0-9][0-9]*\)$/\1/p' "$work/attach.out")
+        # This rblk says its pid on stderr; an older one on stdout's second line.
+        blk_pid=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$work/attach.log")
+        [[ -n $blk_pid ]] || blk_pid=$(sed -n '2s/^pid \([0-9][0-9]*\)$/\1/p' "$work/attach.out")
         if [[ $blk_dev != /dev/ublkb* || -z $blk_pid ]]; then
-            fail "$b" "$r" attach "rblk attach printed no /dev/ublkbN and 'pid N' lines: $(oneline "$work/attach.out")"
+            fail "$b" "$r" attach "rblk attach printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline "$work/attach.out")"
             [[ -n $blk_pid ]] && kill -TERM "$blk_pid" 2>/dev/null && wait_gone "$blk_pid"
             return 1
         fi

@@ -578,9 +578,9 @@ MERGE
             return 1
         fi
         blk_dev=$(sed -n 1p "$work/attach.out")
-        blk_pid=$(sed -n '2s/^pid \([0-9][0-9]*\)$/\1/p' "$work/attach.out")
+        blk_pid=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$work/attach.log")
         if [[ $blk_dev != /dev/ublkb* || -z $blk_pid ]]; then
-            blk_err="rblk attach $* printed no /dev/ublkbN and 'pid N' lines: $(oneline "$work/attach.out" "$work/attach.log")"
+            blk_err="rblk attach $* printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline "$work/attach.out" "$work/attach.log")"
             return 1
         fi
     }

@@ -52,9 +52,9 @@ run() {
         sleep 0.2
     done
     local uri=rblk://$addr:7421/v out dev pid
-    out=$("$bin/rblk" attach "$uri" --daemon 2>/dev/null)
+    out=$("$bin/rblk" attach "$uri" --daemon 2>&1)
     dev=$(grep -m1 '^/dev/ublkb' <<<"$out")
-    pid=$(sed -n 's/^pid //p' <<<"$out")
+    pid=$(sed -n "s/^rblk: pid \([0-9]*\) serves .*/\1/p" <<<"$out")
     # The same FLUSH before any takeover, for comparison.
     local fb t00
     dd if=/dev/urandom of="$dev" bs=4k count=1 oflag=direct status=none

@@ -309,9 +309,9 @@ guest_main() {
             fail ublk "rblk attach --daemon failed: $(oneline "$work/attach.out" "$work/attach.log")"
         else
             blk_dev=$(sed -n 1p "$work/attach.out")
-            blk_pid=$(sed -n '2s/^pid \([0-9][0-9]*\)$/\1/p' "$work/attach.out")
+            blk_pid=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$work/attach.log")
             if [[ $blk_dev != /dev/ublkb* || -z $blk_pid ]]; then
-                fail ublk "rblk attach printed no /dev/ublkbN and 'pid N' lines: $(oneline "$work/attach.out")"
+                fail ublk "rblk attach printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline "$work/attach.out")"
             elif ! wait_bdev "$blk_dev"; then
                 fail ublk "$blk_dev did not appear as a block device"
             else

@@ -121,7 +121,8 @@ pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};
 pub use rblk_proto::{
-    from_hex, parse_bounded, to_hex, ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, VolumeId, KEEPALIVE_INTERVAL,
+    from_hex, parse_bounded, to_hex, ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, VolumeId,
+    KEEPALIVE_INTERVAL,
 };
 pub use session::{Predecessor, Session};
 pub use size::parse_size;

@@ -31,15 +31,28 @@ pub struct Attached {
     pub pid: u32,
 }
 
-/// `rblk attach URI --daemon EXTRA...`: the device and the serving process's pid.
+/// `rblk attach URI --daemon EXTRA...`: the device and the serving process's pid. Checks that
+/// stdout is exactly one line, the device (`losetup --find --show`'s manner), and takes the pid
+/// from stderr's `rblk: pid N serves DEV`.
 pub fn attach(uri: &str, extra: &str) -> Attached {
-    let out = sh(&format!("{} attach {uri} --daemon {extra}", rblk()));
-    let dev = out.lines().find(|l| l.starts_with("/dev/ublkb")).unwrap_or_else(|| panic!("no device in {out:?}"));
-    let pid = out
+    let out = Command::new("bash")
+        .args(["-c", &format!("{} attach {uri} --daemon {extra}", rblk())])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rblk attach");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "rblk attach failed: {stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("/dev/ublkb"),
+        "stdout must be exactly the device: {stdout:?} (stderr {stderr:?})"
+    );
+    let dev = lines[0];
+    let pid = stderr
         .lines()
-        .find_map(|l| l.strip_prefix("pid "))
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {out:?}"));
+        .find_map(|l| l.strip_prefix("rblk: pid ").and_then(|r| r.split_once(" serves ")))
+        .and_then(|(p, _)| p.parse().ok())
+        .unwrap_or_else(|| panic!("no 'rblk: pid N serves' in {stderr:?}"));
     assert!(Path::new(dev).exists(), "{dev} exists after attach");
     Attached { dev: dev.to_owned(), pid }
 }

@@ -18,9 +18,9 @@
 pub mod cli;
 pub mod common;
 pub mod daemon;
+pub mod fusefs;
 pub mod list;
 pub mod metrics;
-pub mod fusefs;
 pub mod mount;
 pub mod nbd;
 pub mod stdio;

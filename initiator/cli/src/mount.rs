@@ -10,8 +10,8 @@ use anyhow::Context as _;
 use rblk_initiator::Chain;
 
 use crate::daemon::{self, READY};
-use crate::list::{self, Entry};
 use crate::fusefs::{self, MountOptions};
+use crate::list::{self, Entry};
 
 /// Mount a volume as one file in a FUSE filesystem, optionally behind a loop device
 ///

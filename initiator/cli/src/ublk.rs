@@ -76,7 +76,8 @@ const ALLOW_NULL: &str = "RBLK_ALLOW_NULL";
 /// buffers, which are registered with the NIC. fsync and FUA reach the target as FLUSHes of
 /// exactly the ranges written since the last one.
 ///
-/// Prints the device path, then `pid N` (the serving process), and serves in the foreground
+/// Prints the device path (one line on stdout; with -o json an object with device, name and
+/// pid), says on stderr which pid serves it, and serves in the foreground
 /// until `rblk detach`, SIGINT or SIGTERM: then it removes the device, flushes and closes the
 /// session. With --daemon it returns once the device exists, leaving a background process to
 /// serve it.
@@ -85,9 +86,9 @@ const ALLOW_NULL: &str = "RBLK_ALLOW_NULL";
 /// `rblk mount` for filesystems and VMs: it is the fastest way to mount a volume.
 ///
 /// Examples:
-///   rblk attach rblk://10.0.0.1/vol0 --daemon         # prints /dev/ublkb0 and pid N
-///   mkfs.ext4 /dev/ublkb0 && mount /dev/ublkb0 /srv/data
-///   umount /srv/data && rblk detach /dev/ublkb0
+///   rblk attach rblk://10.0.0.1/vol0 --daemon         # prints /dev/ublkb0 (also /dev/rblk/vol0)
+///   mkfs.ext4 /dev/rblk/vol0 && mount /dev/rblk/vol0 /srv/data
+///   umount /srv/data && rblk detach /dev/rblk/vol0
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct AttachArgs {
@@ -124,6 +125,8 @@ pub struct AttachArgs {
     /// queue loop and wait policy with the RDMA step removed). Refused unless RBLK_ALLOW_NULL=1.
     #[arg(long, hide = true)]
     null_io: bool,
+    #[command(flatten)]
+    format: crate::common::Format,
     #[command(flatten)]
     metrics: crate::metrics::MetricsArgs,
     #[command(flatten)]
@@ -1034,12 +1037,19 @@ fn run(
     let (served, reg) = (Arc::clone(&engine), Arc::clone(&registered));
     let verb = if recovering.is_some() { "took over" } else { "attached" };
     let named = link_text.as_ref().map_or_else(String::new, |l| format!(" ({l})"));
+    let (json, bdev_shown, link_shown) = (args.format.json(), bdev_text.clone(), link_text.clone());
     let device_fn = move |c: &UblkCtrl| {
         let mut out = std::io::stdout().lock();
-        let shown = writeln!(out, "{}", bdev.display())
-            .and_then(|()| writeln!(out, "pid {}", std::process::id()))
+        // Exactly one line on stdout, as `losetup --find --show` prints: the device (or JSON).
+        let line = if json {
+            serde_json::json!({ "device": bdev_shown, "name": link_shown, "pid": std::process::id() }).to_string()
+        } else {
+            bdev_shown.clone()
+        };
+        let shown = writeln!(out, "{line}")
             .and_then(|()| {
                 eprintln!("rblk: {verb} {describe} as {}{named}", bdev.display());
+                eprintln!("rblk: pid {} serves {}", std::process::id(), bdev.display());
                 if detached {
                     writeln!(out, "{READY}")
                 } else {
