@@ -28,8 +28,10 @@ fn verbs_err(op: &'static str, device: &str, source: std::io::Error) -> Error {
     Error::Verbs { op, device: device.to_owned(), source }
 }
 
-fn other_err(op: &'static str, device: &str, e: impl std::fmt::Display) -> Error {
-    verbs_err(op, device, std::io::Error::other(e.to_string()))
+/// A sideway error with its whole chain: the errno sits in the source (EMFILE read as "failed
+/// to create completion channel" alone).
+fn other_err(op: &'static str, device: &str, e: impl std::error::Error + 'static) -> Error {
+    verbs_err(op, device, std::io::Error::other(crate::Chain(&e).to_string()))
 }
 
 /// A protection domain on one device.
