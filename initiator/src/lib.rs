@@ -54,8 +54,8 @@
 //! give each thread its own queue. [`Buffer`]s may go anywhere; dropping one returns it to its
 //! pool.
 //!
-//! Dropping a volume or queue disconnects its QP (the target then drops the connection, and the
-//! session's registration with the last one); [`Volume::close`] asks the target to revoke the
+//! Dropping a volume or queue disconnects its QP (the target then drops the connection and its
+//! memory window, or, for a session without windows, its registration with the last one); [`Volume::close`] asks the target to revoke the
 //! session's access first. Buffers a failed connection had posted are not reused until the NIC
 //! has let go of them.
 //!

@@ -4,7 +4,9 @@
 //!
 //! Every message is a 16-byte little-endian header (magic, version, opcode, length, tag) and a
 //! `#[repr(C)]` body. [`parse`] checks all of it once, in place, and returns a typed
-//! [`Message`] that borrows the receive buffer; [`Message::encode`] writes into a caller's send
+//! [`Message`] that borrows the bytes it was given (the fabric copies each received message out
+//! of the registered receive buffer, which is reposted at once: no slice of NIC memory is ever
+//! borrowed); [`Message::encode`] writes into a caller's send
 //! buffer. Neither allocates nor does I/O. Whatever parses re-encodes to the same bytes, and
 //! whatever encodes parses back to the same message.
 //!
@@ -45,8 +47,8 @@
 //! # Thread safety and cleanup
 //!
 //! Everything here is plain data: `Send`, `Sync`, `Copy`, nothing to close. A parsed
-//! [`Message`] borrows its receive buffer, so the borrow checker keeps the buffer from being
-//! reposted while a handler still looks at the message.
+//! [`Message`] borrows the copy it was parsed from, so the borrow checker keeps that copy alive
+//! and unchanged while a handler still looks at the message.
 #![forbid(unsafe_code)]
 
 use core::time::Duration;

@@ -112,9 +112,9 @@ pub struct Args {
     /// that QP only and dies at CLOSE. Off: every session registers its volume in a protection
     /// domain of its own, as for devices and initiators without windows (pins the volume once
     /// per session). Applies at start only.
-    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
+    #[arg(long, value_name = "on|off", value_parser = on_off)]
     pub memory_windows: Option<bool>,
-    /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, state_dir, the limits above
+    /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, allow_any_host, state_dir, the limits above
     /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, [[host]] tables (name, key_file)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
@@ -190,6 +190,15 @@ pub enum AdminOp {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `on` or `off` (also true/false, yes/no, 1/0), for switches that take a value.
+fn on_off(text: &str) -> Result<bool, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("{text:?}: use on or off")),
+    }
 }
 
 impl Args {
