@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
 use rblk_fabric::liveness::{Action, Cadence, Liveness, Rules};
-use rblk_fabric::{Chain, Completion, Endpoint, Fabric, Pd, QpConfig, Route};
+use rblk_fabric::{Chain, Completion, DeviceInfo, Endpoint, Fabric, Pd, QpConfig, Route};
 use rblk_proto::{
     ChallengeFlags, ConnectData, FlushedFlags, Message, Opcode, Opened, StatsReply, KEEPALIVE_INTERVAL,
     KEEPALIVE_TIMEOUT, MSG_SIZE, NONCE_LEN, RECV_COUNT, SEND_COUNT,
@@ -91,6 +91,8 @@ pub(crate) struct Conn {
     awaiting: bool,
     /// When rdma_cm's events are next looked at (see [`DISCONNECT_CHECK`]).
     next_disconnect_check: Instant,
+    /// Over verbs (a port whose state [`Conn::break_with`] can ask).
+    verbs: bool,
 }
 
 /// How often a connection asks rdma_cm whether the target disconnected. Asking costs a system
@@ -153,6 +155,7 @@ impl Conn {
             keepalives: false,
             awaiting: false,
             next_disconnect_check: now,
+            verbs: matches!(fabric, Fabric::Verbs),
         })
     }
 
@@ -255,12 +258,24 @@ impl Conn {
 
     /// Marks the connection unusable and moves the QP to error, so the NIC lets go of every
     /// buffer still posted (they complete flushed).
+    ///
+    /// While the local port is down (a link flap) no disconnect request is sent: rxe cannot
+    /// route it, and a CM message it cannot route moves the device's GSI QP (QP1) to the error
+    /// state for good, after which no rdma_cm connection on the device works again, this
+    /// session's reconnects included (scripts/flap-rxe.sh). The request then goes when the
+    /// connection is dropped (rdma_destroy_id sends it), which a reconnect does once the link is
+    /// back.
     pub(crate) fn break_with(&mut self, reason: impl Into<String>) {
         if self.broken.is_none() {
             let reason = reason.into();
-            tracing::debug!(addr = %self.addr, qpn = self.ep.qp_num(), %reason, "connection broken");
+            let port_down = self.verbs && port_down(&self.ep);
+            tracing::debug!(addr = %self.addr, qpn = self.ep.qp_num(), port_down, %reason, "connection broken");
             self.broken = Some(reason);
-            self.ep.disconnect();
+            if port_down {
+                self.ep.vanish();
+            } else {
+                self.ep.disconnect();
+            }
         }
     }
 
@@ -519,6 +534,18 @@ impl Conn {
     }
 }
 
+/// Whether the port `ep` uses is known to be down. Asked only when a connection breaks.
+fn port_down(ep: &Endpoint) -> bool {
+    rblk_fabric::list_devices().is_ok_and(|devices| listed_down(&devices, ep.pd().device(), ep.port()))
+}
+
+/// Whether `devices` lists `port` of `device` as not ACTIVE; a device or port not listed counts
+/// as up (the disconnect request is sent, as before).
+fn listed_down(devices: &[DeviceInfo], device: &str, port: u8) -> bool {
+    let found = devices.iter().find(|d| d.name == device).and_then(|d| d.ports.iter().find(|p| p.port == port));
+    found.is_some_and(|p| !p.active)
+}
+
 fn reply_name(request: Opcode) -> &'static str {
     match request {
         Opcode::Hello => "waiting for CHALLENGE",
@@ -529,5 +556,40 @@ fn reply_name(request: Opcode) -> &'static str {
         Opcode::Stats => "waiting for STATS_REPLY",
         Opcode::Close => "waiting for OK(CLOSE)",
         _ => "waiting for a reply",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rblk_fabric::{DeviceInfo, PortInfo};
+
+    use super::listed_down;
+
+    fn device(name: &str, ports: &[(u8, bool)]) -> DeviceInfo {
+        let ports = ports
+            .iter()
+            .map(|&(port, active)| PortInfo {
+                port,
+                active,
+                state: if active { "Active" } else { "Down" }.into(),
+                addrs: Vec::new(),
+                link_layer: "Ethernet".into(),
+                active_mtu: 4096,
+                netdevs: Vec::new(),
+                gid_types: Vec::new(),
+            })
+            .collect();
+        DeviceInfo { name: name.into(), ports }
+    }
+
+    #[test]
+    fn only_the_connections_own_port_that_is_not_active_counts_as_down() {
+        let devices = [device("rxe0", &[(1, true)]), device("mlx5_0", &[(1, true), (2, false)])];
+        assert!(listed_down(&devices, "mlx5_0", 2));
+        assert!(!listed_down(&devices, "mlx5_0", 1), "the device's other port is down, not this one");
+        assert!(!listed_down(&devices, "rxe0", 1));
+        assert!(!listed_down(&devices, "rxe1", 1), "an unknown device counts as up");
+        assert!(!listed_down(&devices, "rxe0", 2), "an unknown port counts as up");
+        assert!(!listed_down(&[], "rxe0", 1));
     }
 }
