@@ -3,11 +3,9 @@
 //! volume that comes back empty, an idle device, ctrl_loss_tmo, and a failed path. Durable
 //! volumes live on the guest's scratch disk.
 //!
-//! No link flap (`ip link set down`) here: on this guest's one rxe device in loopback, a CM
-//! message sent while the port is down (the DREQ of a failed connection) puts rxe's GSI QP (QP1)
-//! into the error state for good, and every later rdma_cm connect on the device times out. The
-//! in-memory `reconnect.rs` severs connections instead, and `a_failed_path_moves_to_the_other_address`
-//! takes an address away.
+//! No link flap (`ip link set down`) here: it needs two rxe devices that are not one loopback,
+//! which `scripts/flap-rxe.sh` sets up outside CI. The in-memory `reconnect.rs` severs
+//! connections instead, and `a_failed_path_moves_to_the_other_address` takes an address away.
 //!
 //! What each would catch:
 //! - `fio_verify_on_ublk_survives_three_graceful_restarts`: replay and waiting across restarts
