@@ -145,7 +145,7 @@ pub struct AttachArgs {
 /// deletes the device by its id. Refuses while the device is mounted.
 #[derive(Debug, clap::Args)]
 pub struct DetachArgs {
-    /// The device (/dev/ublkbN) or the volume's URI.
+    /// The device (/dev/ublkbN or its /dev/rblk/NAME) or the volume's URI.
     target: String,
     /// Only when its serving process is dead: then remove the device (what waits on it fails);
     /// while a process serves it, or when there is no such device, do nothing and exit 0. For
