@@ -124,8 +124,30 @@ fn fsync_of_the_device_sends_a_flush_and_detach_reports_it() {
 fn a_killed_servers_device_waits_for_a_successor_and_can_still_be_removed() {
     let t = target(&[("v", 64 * MIB)]);
     let before = target_sessions(&t);
+    // Dead servers of earlier devices with the ids this attach may get, as a killed test or a
+    // crash leaves them: a new device N makes them stale. Without `list::forget_earlier`,
+    // `rblk detach /dev/ublkbN` below finds such an entry first, removes it instead of the
+    // killed server's, and the last assertion fails (as it did in CI).
+    let run_dir = Path::new("/run/rblk");
+    std::fs::create_dir_all(run_dir).unwrap();
+    let planted: Vec<_> = (0..8u32)
+        .map(|n| {
+            let pid = u32::MAX - 100 - n;
+            let path = run_dir.join(format!("ublk-{pid}.json"));
+            let e = serde_json::json!({"kind": "ublk", "uri": "rblk://10.0.0.9:4420/old", "device": format!("/dev/ublkb{n}"),
+                "dev_id": n, "pid": pid, "state": "serving"});
+            std::fs::write(&path, e.to_string()).unwrap();
+            path
+        })
+        .collect();
     let a = attach(&uri(&t, "v"), "");
     assert_eq!(target_sessions(&t), before + 1);
+    let id: usize = a.dev.trim_start_matches("/dev/ublkb").parse().unwrap();
+    let stale = planted.get(id).expect("tests run one at a time: a device id under 8");
+    assert!(!stale.exists(), "the stale entry of an earlier {} is still there", a.dev);
+    for p in &planted {
+        let _ = std::fs::remove_file(p);
+    }
     let mut fio = Command::new("fio")
         .args(["--name=k", &format!("--filename={}", a.dev), "--ioengine=libaio", "--direct=1", "--rw=randrw"])
         .args(["--bs=4k", "--iodepth=16", "--time_based", "--runtime=60", "--output-format=terse"])

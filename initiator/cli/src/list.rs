@@ -253,6 +253,20 @@ pub fn entries() -> Vec<(PathBuf, Entry)> {
     v
 }
 
+/// Forgets the entries of earlier ublk devices numbered `dev_id` whose processes are gone: the
+/// kernel hands an id out again only once its device was deleted, so a new device `dev_id`
+/// makes them stale, and `rblk detach` or a takeover by device name would otherwise find a dead
+/// predecessor's entry instead of this device's.
+pub fn forget_earlier(dev_id: u32) {
+    let me = std::process::id();
+    for (path, e) in entries() {
+        if e.kind == "ublk" && e.dev_id == Some(dev_id) && e.pid != me && !e.alive() {
+            tracing::debug!(path = %path.display(), "forgetting the entry of an earlier device {dev_id}");
+            let _ = fs::remove_file(&path);
+        }
+    }
+}
+
 /// List the ublk attachments, FUSE mounts and NBD exports on this host
 ///
 /// One line each: kind, device or mount point, stable name (/dev/rblk/NAME), URI, pid, state
@@ -306,6 +320,18 @@ mod tests {
         assert_eq!(all[0].1.kind, "nbd");
         assert_eq!(all[0].1.state, "dead", "a pid that does not exist");
         assert_eq!((all[1].1.state.as_str(), all[1].1.dev_id), ("serving", Some(3)));
+        // A dead server's entry for an earlier device 3 is forgotten once this process has a
+        // device 3 (the kernel deleted the earlier one to hand the id out again); other devices'
+        // dead entries stay (`rblk detach` or a takeover still needs them).
+        let earlier = Entry { pid: u32::MAX - 2, dev_id: Some(3), ..Entry::new("ublk", "rblk://h/old") };
+        let other = Entry { pid: u32::MAX - 3, dev_id: Some(4), ..Entry::new("ublk", "rblk://h/x") };
+        write_entry(&entry_path(&dir, "ublk", earlier.pid), &earlier).unwrap();
+        write_entry(&entry_path(&dir, "ublk", other.pid), &other).unwrap();
+        forget_earlier(3);
+        let pids: Vec<u32> = entries().iter().map(|(_, e)| e.pid).collect();
+        assert!(!pids.contains(&earlier.pid) && pids.contains(&other.pid), "{pids:?}");
+        assert!(pids.contains(&std::process::id()), "this process's own entry stays: {pids:?}");
+        let _ = fs::remove_file(entry_path(&dir, "ublk", other.pid));
         drop(r);
         assert_eq!(entries().len(), 1, "a clean exit removes the entry");
         let _ = fs::remove_dir_all(&dir);

@@ -989,7 +989,11 @@ fn run(
     // A new device is ours from the start; a recovered one was claimed before START_USER_RECOVERY.
     let _claim = match _claim {
         Some(c) => c,
-        None => list::DeviceClaim::take(dev_id).context("claiming the new device")?,
+        None => {
+            let claim = list::DeviceClaim::take(dev_id).context("claiming the new device")?;
+            list::forget_earlier(dev_id);
+            claim
+        }
     };
     let bdev = PathBuf::from(ctrl.get_bdev_path());
     let kept = registered.as_ref().and_then(|r| r.entry().link.clone());
