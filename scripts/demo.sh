@@ -80,17 +80,16 @@ in_guest() {
     say "mount it: rblk mount $uri /mnt/rblk-demo --loop --daemon, then ext4 on the loop device"
     mkdir -p /mnt/rblk-demo /mnt/rblk-demo-fs
     local loopdev
-    out=$("$bin/rblk" mount "$uri" /mnt/rblk-demo --loop --daemon)
-    printf '    %s\n' "$out"
-    loopdev=$(grep -o '/dev/loop[0-9]*' <<<"$out" | head -n 1)
-    [[ -n $loopdev ]] || { echo "demo: no loop device in rblk mount's output"; return 1; }
+    # One stdout line: the loop device (as losetup --find --show prints it).
+    loopdev=$("$bin/rblk" mount "$uri" /mnt/rblk-demo --loop --daemon)
+    printf '    %s\n' "$loopdev"
+    [[ $loopdev == /dev/loop* ]] || { echo "demo: rblk mount printed $loopdev, not a loop device"; return 1; }
     new_fs_with_files "$loopdev"
     "$bin/rblk" umount /mnt/rblk-demo
     echo "    wrote 20 files, unmounted everything"
 
     say "mount it again through a fresh rblk mount and check every file"
-    out=$("$bin/rblk" mount "$uri" /mnt/rblk-demo --loop --daemon)
-    loopdev=$(grep -o '/dev/loop[0-9]*' <<<"$out" | head -n 1)
+    loopdev=$("$bin/rblk" mount "$uri" /mnt/rblk-demo --loop --daemon)
     check_files "$loopdev"
     "$bin/rblk" umount /mnt/rblk-demo
 

@@ -311,23 +311,27 @@ fn rblk(args: &[&str]) -> Output {
     out
 }
 
-/// The text after `prefix` on the first line of `text` that has it.
-fn field<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
-    text.lines().find_map(|l| l.split_once(prefix).map(|(_, rest)| rest.split_whitespace().next().unwrap_or("")))
+/// `rblk mount`'s one stdout line under `-o json`: (file, loop device, pid).
+fn mounted_json(line: &str) -> (PathBuf, Option<String>, u32) {
+    let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?} is not JSON: {e}"));
+    let file = PathBuf::from(v["file"].as_str().expect("the file's path"));
+    assert!(file.starts_with(v["mountpoint"].as_str().expect("the mount point")), "{line}");
+    let pid = v["pid"].as_u64().expect("the serving pid") as u32;
+    (file, v["loop_device"].as_str().map(str::to_owned), pid)
 }
 
-/// `rblk mount --daemon`: returns (file, loop device, pid).
+/// `rblk mount --daemon`: returns (file, loop device, pid). Checks the text form's one stdout
+/// line (the path to do I/O on) and the JSON form's.
 fn mount_daemon(t: &Target, mnt: &Path, extra: &[&str]) -> (PathBuf, Option<String>, u32) {
     let (u, dev) = (uri(t), device());
-    let mut args = vec!["mount", &u, mnt.to_str().unwrap(), "--daemon", "--device", &dev];
+    let mut args = vec!["mount", &u, mnt.to_str().unwrap(), "--daemon", "--device", &dev, "-o", "json"];
     args.extend_from_slice(extra);
     let out = rblk(&args);
     assert!(out.status.success(), "rblk mount --daemon failed");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let file = PathBuf::from(field(&text, "rblk: file ").expect("the file's path"));
-    let loop_dev = field(&text, "rblk: loop device ").map(str::to_owned);
-    let pid = field(&text, "(pid ").and_then(|p| p.trim_end_matches(|c: char| !c.is_ascii_digit()).parse().ok());
-    (file, loop_dev, pid.expect("the background pid"))
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "stdout must be exactly one line: {text:?}");
+    mounted_json(lines[0])
 }
 
 fn wait_gone(pid: u32) {
@@ -357,6 +361,7 @@ impl Foreground {
             .arg(mnt)
             .args(["--device", &device()])
             .args(extra)
+            .args(["-o", "json"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -372,15 +377,16 @@ impl Foreground {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 eprintln!("[rblk mount] {line}");
-                if let Some(file) = line.strip_prefix("rblk: file ") {
-                    let _ = tx.send(PathBuf::from(file));
-                }
+                let _ = tx.send(line);
             }
         });
-        let file = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| {
+        let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| {
             let _ = child.kill();
             panic!("rblk mount did not report its file")
         });
+        let (file, _, pid) = mounted_json(&line);
+        assert_eq!(pid, child.id(), "the foreground process serves");
+        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "a second stdout line after {line:?}");
         Foreground { child, file, mnt: mnt.to_owned() }
     }
 

@@ -84,9 +84,12 @@ impl Server {
                 panic!("rblk nbd printed no listening line in 60 s");
             }
         };
-        assert!(line.starts_with("rblk nbd: serving rblk://") && line.contains(" as nbd"), "listening line: {line}");
         let socket = listen.strip_prefix("unix:").map(PathBuf::from);
-        Server { child, listen: listen.to_owned(), socket, log }
+        let server = Server { child, listen: listen.to_owned(), socket, log };
+        // Exactly one stdout line, the export's NBD URI (the rest is on stderr).
+        assert_eq!(line, server.url(), "the one stdout line is the NBD URI");
+        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "a second stdout line after {line:?}");
+        server
     }
 
     /// On a fresh unix socket.

@@ -346,10 +346,9 @@ fn nbd_and_fuse_loop_keep_ext4_across_restarts() {
     std::fs::create_dir_all(&mnt).unwrap();
     let out =
         sh(&format!("{} mount {} {mnt} --loop --daemon --log-file {log} --reconnect-delay 1", rblk(), uri(d.addr)));
-    let dev = out
-        .split_whitespace()
-        .find(|w| w.starts_with("/dev/loop"))
-        .unwrap_or_else(|| panic!("no loop device in {out}"));
+    // `rblk mount --loop` prints exactly one stdout line: the loop device.
+    let dev = out.trim_end();
+    assert!(dev.starts_with("/dev/loop") && !dev.contains('\n'), "stdout must be exactly the loop device: {out:?}");
     let d = ext4_across_restarts(dev, d, &a_, "fuse");
     sh(&format!("{} umount {mnt}", rblk()));
     assert!(count_in(&log, "reconnected after") >= 2, "rblk mount reconnected twice: {log}");

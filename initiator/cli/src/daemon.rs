@@ -18,7 +18,7 @@ use anyhow::{bail, Context as _};
 /// `--daemon` and its companions, for the front ends that serve (flattened into their arguments).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DaemonArgs {
-    /// Return once serving, from a detached background process (its pid is printed).
+    /// Return once serving, from a detached background process (its pid is printed on stderr).
     #[arg(long)]
     pub daemon: bool,
     /// With --daemon: append the background process's log to this file (default: discarded).

@@ -26,8 +26,13 @@ use crate::list::{self, Entry};
 /// SIGINT/SIGTERM; then it flushes, closes the session and exits 0. With --daemon it returns as
 /// soon as the volume is mounted, leaving a background process to serve it.
 ///
+/// Once mounted it prints exactly one line on stdout, the path to do I/O on: the loop device
+/// with --loop, else the volume's file (as `losetup --find --show` prints its device); with
+/// -o json, one JSON object {"mountpoint", "file", "loop_device", "pid"}. Everything else
+/// (what was mounted, the serving pid) goes to stderr.
+///
 /// Examples:
-///   rblk mount rblk://10.0.0.1/vol0 /mnt/vol0
+///   rblk mount rblk://10.0.0.1/vol0 /mnt/vol0                   # prints /mnt/vol0/vol0
 ///   rblk mount rblk://10.0.0.1/vol0 /mnt/vol0 --loop --daemon   # prints /dev/loopN
 ///   mkfs.ext4 /dev/loop0 && mount /dev/loop0 /srv/data
 ///   umount /srv/data && rblk umount /mnt/vol0
@@ -52,10 +57,12 @@ pub struct MountArgs {
     /// in flight).
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = |t: &str| rblk_initiator::parse_bounded(t, 1, Some(64)).map(|n| n as u32))]
     queues: u32,
-    /// Also attach a loop device to the file (`losetup --direct-io=on`) and print its path.
-    /// `rblk umount` detaches it.
+    /// Also attach a loop device to the file (`losetup --direct-io=on`) and print its path
+    /// instead of the file's. `rblk umount` detaches it.
     #[arg(long = "loop")]
     loop_device: bool,
+    #[command(flatten)]
+    format: crate::common::Format,
     #[command(flatten)]
     metrics: crate::metrics::MetricsArgs,
     #[command(flatten)]
@@ -82,10 +89,10 @@ pub struct UmountArgs {
 /// `rblk mount`.
 pub fn mount(args: MountArgs) -> anyhow::Result<()> {
     if args.run.daemon && !args.run.detached {
+        // The background process printed the one stdout line (relayed) and the rest to stderr.
         let pid = daemon::spawn_detached("the volume was mounted")?;
         let mountpoint = args.mountpoint.display();
-        println!("rblk: serving in the background (pid {pid}); `rblk umount {mountpoint}` unmounts");
-        println!("pid {pid}");
+        eprintln!("rblk: serving in the background (pid {pid}); `rblk umount {mountpoint}` unmounts");
         return Ok(());
     }
     if args.run.detached {
@@ -142,19 +149,34 @@ fn serve(args: &MountArgs) -> anyhow::Result<()> {
 
     let signals = watch_signals(&mountpoint)?;
     let mut out = io::stdout().lock();
-    writeln!(out, "rblk: mounted {describe} at {} with {} queues", mountpoint.display(), args.queues)?;
-    writeln!(out, "rblk: file {}", file.display())?;
+    // Exactly one line on stdout: the path to do I/O on (or JSON); the rest to stderr.
+    let line = if args.format.json() {
+        serde_json::json!({
+            "mountpoint": mountpoint.display().to_string(),
+            "file": file.display().to_string(),
+            "loop_device": loop_dev.as_ref().map(|d| d.display().to_string()),
+            "pid": std::process::id(),
+        })
+        .to_string()
+    } else {
+        loop_dev.as_deref().unwrap_or(&file).display().to_string()
+    };
+    writeln!(out, "{line}")?;
+    eprintln!("rblk: mounted {describe} at {} with {} queues", mountpoint.display(), args.queues);
+    eprintln!("rblk: file {}", file.display());
     if let Some(dev) = &loop_dev {
-        writeln!(out, "rblk: loop device {}", dev.display())?;
+        eprintln!("rblk: loop device {}", dev.display());
     }
+    eprintln!("rblk: pid {} serves {}", std::process::id(), mountpoint.display());
     if args.run.detached {
         writeln!(out, "{READY}")?;
         out.flush()?;
         drop(out);
         daemon::detach_stdio(args.run.log_file.as_deref())?;
     } else {
-        writeln!(out, "rblk: serving until `rblk umount {}` or Ctrl-C", mountpoint.display())?;
         out.flush()?;
+        drop(out);
+        eprintln!("rblk: serving until `rblk umount {}` or Ctrl-C", mountpoint.display());
     }
 
     let entry =

@@ -52,8 +52,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The long help's explanation and examples.
 const HELP: &str = "\
-Runs in the foreground until SIGINT or SIGTERM (a second one exits at once), printing one line
-when it listens. Each NBD client gets its own rblk session, opened read-write unless
+Runs in the foreground until SIGINT or SIGTERM (a second one exits at once). Once it listens it
+prints exactly one line on stdout, the export's NBD URI (nbd://ADDR:PORT or
+nbd+unix:///?socket=PATH), or with -o json one JSON object {\"nbd_uri\", \"uri\", \"size\",
+\"block_size\", \"read_only\", \"volatile\", \"shared\", \"pid\"}; the rest goes to stderr. Each NBD client gets its own rblk session, opened read-write unless
 --read-only, when it enters transmission. Requests are pipelined: up to 32 volume operations in
 flight per client, replies in completion order. Requests not aligned to the volume's block
 size are served by read-modify-write, one at a time. FLUSH and FUA go to the target (a RAM
@@ -89,6 +91,8 @@ pub struct Args {
     /// NBD multi-conn). Without it, a second client is refused while one is connected.
     #[arg(long)]
     shared: bool,
+    #[command(flatten)]
+    format: crate::common::Format,
     #[command(flatten)]
     metrics: crate::metrics::MetricsArgs,
     #[command(flatten)]
@@ -386,17 +390,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     watch_signals(&listener, &stop)?;
     let export = Arc::new(RblkExport { uri, opts, mode, geo, shared: args.shared, busy: Arc::default(), metrics });
 
-    println!(
-        "rblk nbd: serving {} as {} ({} bytes, block size {}{}{}{})",
+    // Exactly one line on stdout: the NBD URI (or JSON); the rest to stderr.
+    let nbd_uri = args.listen.nbd_uri();
+    let line = if args.format.json() {
+        serde_json::json!({
+            "nbd_uri": nbd_uri,
+            "uri": export.uri.to_string(),
+            "size": geo.size,
+            "block_size": geo.block_size,
+            "read_only": geo.read_only,
+            "volatile": volatile,
+            "shared": args.shared,
+            "pid": std::process::id(),
+        })
+        .to_string()
+    } else {
+        nbd_uri.clone()
+    };
+    let mut out = io::stdout().lock();
+    writeln!(out, "{line}").and_then(|()| out.flush()).context("writing to stdout")?;
+    drop(out);
+    eprintln!(
+        "rblk nbd: serving {} as {nbd_uri} ({} bytes, block size {}{}{}{})",
         export.uri,
-        args.listen.nbd_uri(),
         geo.size,
         geo.block_size,
         if geo.read_only { ", read-only" } else { "" },
         if volatile { ", volatile" } else { "" },
         if args.shared { ", shared" } else { "" },
     );
-    io::stdout().flush().context("writing to stdout")?;
+    eprintln!("rblk nbd: pid {} serves {nbd_uri}", std::process::id());
     // In `rblk list` while serving; removed when this returns.
     let _registered = list::register(Entry::new("nbd", &export.uri.to_string()).listen(&args.listen.nbd_uri()));
 
