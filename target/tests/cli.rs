@@ -157,3 +157,56 @@ fn admin_says_when_no_daemon_serves_the_socket() {
     let out = target(&["--check-config", "--admin-socket", "none"]);
     assert!(out.status.success(), "{out:?}");
 }
+
+/// The unit's reload as systemd runs it: every `ExecReload=` line in order, stopping at the
+/// first that fails (`systemctl reload` then fails), with `$MAINPID` the daemon's pid. Would
+/// catch an `ExecReload=` that only sends SIGHUP (`systemctl reload` exited 0 on a broken
+/// config, which the daemon then refused where only the journal said so), and an
+/// `ExecStartPre=` without the same check.
+#[test]
+fn the_units_reload_checks_the_config_before_the_sighup() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let unit = include_str!("../../dist/systemd/rblk-target.service");
+    let lines = |key: &str| -> Vec<Vec<String>> {
+        unit.lines().filter_map(|l| l.strip_prefix(key)).map(|c| c.split_whitespace().map(str::to_owned).collect()).collect()
+    };
+    let pre = lines("ExecStartPre=");
+    assert!(pre.iter().any(|c| c.iter().any(|a| a == "--check-config")), "ExecStartPre= checks the config: {pre:?}");
+    let reload = lines("ExecReload=");
+    let run = |config: &std::path::Path, mainpid: u32| -> Result<(), String> {
+        for cmd in &reload {
+            let argv: Vec<String> = cmd
+                .iter()
+                .map(|a| match a.as_str() {
+                    "/usr/local/bin/rblk-target" => env!("CARGO_BIN_EXE_rblk-target").to_owned(),
+                    "/etc/rblk/target.toml" => config.display().to_string(),
+                    "$MAINPID" => mainpid.to_string(),
+                    other => other.to_owned(),
+                })
+                .collect();
+            let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+            if !out.status.success() {
+                return Err(format!("{argv:?}: {}", String::from_utf8_lossy(&out.stderr)));
+            }
+        }
+        Ok(())
+    };
+    let dir = std::env::temp_dir().join(format!("rblk-cli-reload-{}", std::process::id()));
+    let good = config_file(
+        "reload-good",
+        &format!("allow_any_host = true\nstate_dir = \"{}\"\n[[volume]]\nname = \"v\"\nsize = \"1M\"\n", dir.display()),
+    );
+    let broken = config_file("reload-broken", "allow_any_host = true\n[[volume]]\nname = \"v\"\nsize = \"12345\"\n");
+
+    // A stand-in for the daemon: SIGHUP kills it (sleep's default action), so it shows one came.
+    let mut daemon = Command::new("sleep").arg("60").spawn().unwrap();
+    let refused = run(&broken, daemon.id()).expect_err("a reload with a broken config must fail");
+    assert!(refused.contains("multiple of 4096"), "the failure says why: {refused}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(daemon.try_wait().unwrap().is_none(), "no SIGHUP reached the daemon for a broken config");
+
+    run(&good, daemon.id()).expect("a reload with a good config");
+    let status = daemon.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGHUP), "the good config's reload sent SIGHUP: {status:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
