@@ -29,6 +29,9 @@ set -euo pipefail
 #                                                       and compare-rxe.sh; bench/tests/engine.rs)
 #   mdadm                                               md mirrors and stripes over rblk attach
 #                                                       devices in the guest (tests/tests/md.rs)
+#   python3-six                                         fio's fio_jsonplus_clat2csv imports six, which
+#                                                       Debian's fio does not depend on; bench/tests/
+#                                                       fio.rs runs that tool on rblk-bench's json+
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
@@ -41,6 +44,7 @@ PACKAGES=(
     curl
     python3-matplotlib
     mdadm
+    python3-six
 )
 
 # Print the packages of PACKAGES that are not fully installed.
