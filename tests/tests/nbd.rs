@@ -47,10 +47,13 @@ struct Server {
 }
 
 impl Server {
-    /// Starts `rblk nbd URI --listen LISTEN ARGS...` and waits for its listening line.
+    /// Starts `rblk nbd URI --listen LISTEN ARGS...` (no --listen for "": the default private
+    /// socket) and waits for its listening line.
     fn start(t: &Target, listen: &str, args: &[&str]) -> Server {
+        let listen_args = if listen.is_empty() { vec![] } else { vec!["--listen", listen] };
         let mut child = Command::new(bin("rblk"))
-            .args(["nbd", &uri(t), "--listen", listen])
+            .args(["nbd", &uri(t)])
+            .args(listen_args)
             .args(args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
@@ -84,7 +87,10 @@ impl Server {
                 panic!("rblk nbd printed no listening line in 60 s");
             }
         };
-        let socket = listen.strip_prefix("unix:").map(PathBuf::from);
+        let socket = match listen {
+            "" => line.strip_prefix("nbd+unix:///?socket=").map(PathBuf::from),
+            _ => listen.strip_prefix("unix:").map(PathBuf::from),
+        };
         let server = Server { child, listen: listen.to_owned(), socket, log };
         // Exactly one stdout line, the export's NBD URI (the rest is on stderr).
         assert_eq!(line, server.url(), "the one stdout line is the NBD URI");
@@ -550,6 +556,23 @@ fn a_second_client_is_refused_unless_shared() {
     server.stop();
 }
 
+/// Would catch a default that listens where other users reach it (it was TCP on 127.0.0.1), a
+/// socket that takes the umask's mode, and a stdout line other than the NBD URI.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn the_default_listen_is_a_private_unix_socket() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let t = target(16 * MIB);
+    let server = Server::start(&t, "", &[]);
+    let sock = server.socket().to_owned();
+    assert_eq!(sock, Path::new("/run/rblk/nbd/v.sock"), "root's default socket");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&sock), mode(sock.parent().unwrap())), (0o600, 0o700));
+    qemu_io(&server.url(), &[], &["write -P 0x5a 0 4096".into(), "read -P 0x5a 0 4096".into()]);
+    server.stop();
+    assert!(!sock.exists(), "the socket is removed at exit");
+}
+
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn a_read_only_export_over_tcp() {
@@ -557,6 +580,7 @@ fn a_read_only_export_over_tcp() {
     sh(&format!("head -c 1M /dev/zero | tr '\\0' '\\021' | {} write {} --offset 1M", bin("rblk").display(), uri(&t)));
     let port = 20000 + (std::process::id() % 20000) as u16;
     let server = Server::start(&t, &format!("tcp:127.0.0.1:{port}"), &["--read-only"]);
+    assert!(server.logged("every user of this host can read and write"), "loopback TCP is warned about");
     qemu_io(&server.url(), &["-r"], &[format!("read -P 0x11 {MIB} {MIB}")]);
     let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let mut c = Raw::connect(Box::new(s)).expect("GO");

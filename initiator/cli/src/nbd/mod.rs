@@ -61,13 +61,16 @@ flight per client, replies in completion order. Requests not aligned to the volu
 size are served by read-modify-write, one at a time. FLUSH and FUA go to the target (a RAM
 volume's flush is an ordering point only); WRITE_ZEROES writes zeros; TRIM is not offered.
 
-NBD has no authentication: anyone who can connect can read and write the volume. Prefer a unix
-socket (its permissions decide who may connect) or a loopback address.
+NBD has no authentication: anyone who can connect can read and write the volume. So by
+default it listens on a private unix socket, /run/rblk/nbd/VOLUME.sock for root
+($XDG_RUNTIME_DIR/rblk/VOLUME.sock for other users), mode 0600 in a directory of mode 0700 that
+must belong to the user; TCP only with --listen tcp:ADDR:PORT, warned about on every address,
+loopback included (every local user can reach it).
 
 Examples:
-  rblk nbd rblk://10.0.0.1/vol0 --listen unix:/run/rblk-vol0.sock
-  nbd-client -unix /run/rblk-vol0.sock /dev/nbd0 -block-size 4096
-  qemu-img info 'nbd+unix:///?socket=/run/rblk-vol0.sock'
+  rblk nbd rblk://10.0.0.1/vol0          # prints nbd+unix:///?socket=/run/rblk/nbd/vol0.sock
+  nbd-client -unix /run/rblk/nbd/vol0.sock /dev/nbd0 -block-size 4096
+  qemu-img info 'nbd+unix:///?socket=/run/rblk/nbd/vol0.sock'
   nbd-client -d /dev/nbd0";
 
 /// Serve a volume over NBD (Network Block Device) for nbd-client, qemu and other NBD clients,
@@ -77,10 +80,13 @@ Examples:
 pub struct Args {
     /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
     uri: String,
-    /// Where NBD clients connect: unix:PATH (a socket file, created, and removed at exit) or
-    /// tcp:ADDR:PORT (10809 is NBD's port).
-    #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", default_value = "tcp:127.0.0.1:10809", value_parser = Listen::parse)]
-    listen: Listen,
+    /// Where NBD clients connect: unix:PATH (a socket file, mode 0600, created, and removed at
+    /// exit) or tcp:ADDR:PORT (10809 is NBD's port; NBD has no authentication, so every TCP
+    /// address is warned about, loopback included). Default: a private socket,
+    /// /run/rblk/nbd/VOLUME.sock for root, $XDG_RUNTIME_DIR/rblk/VOLUME.sock for other users,
+    /// in a directory of mode 0700 (as nbdkit's -U -).
+    #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", value_parser = Listen::parse)]
+    listen: Option<Listen>,
     /// Export the volume read-only (and open it read-only on the target).
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
@@ -88,7 +94,9 @@ pub struct Args {
     #[arg(long, conflicts_with = "shared")]
     exclusive: bool,
     /// Let several NBD clients connect at once, each with its own rblk session (and advertise
-    /// NBD multi-conn). Without it, a second client is refused while one is connected.
+    /// NBD multi-conn). Without it, a second client is refused while one is connected, so on a
+    /// socket others can reach, one client that stays connected locks the rest out: keep the
+    /// default private socket (or a unix socket only the right users can open).
     #[arg(long)]
     shared: bool,
     #[command(flatten)]
@@ -135,6 +143,52 @@ impl Listen {
     }
 }
 
+/// The default socket: `DIR/VOLUME.sock` in a directory of this user's with mode 0700
+/// (`/run/rblk/nbd` for root, `$XDG_RUNTIME_DIR/rblk` otherwise), made if missing and refused
+/// if it exists with another owner, group or other access, or as a symlink.
+fn private_socket(volume: &str, root: bool) -> anyhow::Result<PathBuf> {
+    let dir = if root {
+        list::run_dir().join("nbd")
+    } else {
+        match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+            Some(d) => PathBuf::from(d).join("rblk"),
+            None => bail!("XDG_RUNTIME_DIR is not set, so there is no private place for the socket: give --listen unix:PATH"),
+        }
+    };
+    private_dir(&dir)?;
+    Ok(dir.join(format!("{volume}.sock")))
+}
+
+/// Makes `dir` (mode 0700) or checks that it is this user's, a directory, and mode 0700.
+fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("checking {}", dir.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if !meta.is_dir() {
+        bail!("{} is not a directory (a symlink?): refusing to put the NBD socket there", dir.display());
+    }
+    if meta.uid() != me {
+        bail!("{} belongs to uid {}, not to this user (uid {me}): refusing to put the NBD socket there", dir.display(), meta.uid());
+    }
+    if meta.mode() & 0o077 != 0 {
+        bail!(
+            "{} has mode {:04o}: others could reach the NBD socket in it (`chmod 700 {}`, or give --listen)",
+            dir.display(),
+            meta.mode() & 0o7777,
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// A listening socket.
 #[derive(Debug)]
 enum Listener {
@@ -156,17 +210,22 @@ impl Listener {
                     // A socket nobody listens on: left behind by a server that was killed.
                     std::fs::remove_file(path).with_context(|| format!("removing stale socket {}", path.display()))?;
                 }
-                let l = UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+                // Mode 0600 from the start, whatever the umask: who may open the socket may
+                // read and write the volume.
+                let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+                let bound = UnixListener::bind(path);
+                nix::sys::stat::umask(old);
+                let l = bound.with_context(|| format!("listening on {}", path.display()))?;
                 Ok(Listener::Unix(l, path.clone()))
             }
             Listen::Tcp(addr) => {
                 let l = TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
-                if !addr.ip().is_loopback() {
-                    tracing::warn!(
-                        %addr,
-                        "NBD has no authentication: anyone who reaches this address can read and write the volume"
-                    );
-                }
+                let who = if addr.ip().is_loopback() { "every user of this host" } else { "anyone who reaches it" };
+                tracing::warn!(
+                    %addr,
+                    "NBD has no authentication: {who} can read and write the volume through this address; the default \
+                     private unix socket (no --listen) is safer"
+                );
                 Ok(Listener::Tcp(l))
             }
         }
@@ -373,6 +432,14 @@ impl Export for RblkExport {
 
 /// `rblk nbd`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    // Local arguments first: a bad socket directory fails before any connection.
+    let listen = match &args.listen {
+        Some(l) => l.clone(),
+        None => {
+            let volume = Uri::parse(&args.uri)?.volume().to_owned();
+            Listen::Unix(private_socket(&volume, nix::unistd::geteuid().is_root())?)
+        }
+    };
     let opts = args.conn.options(args.reconnect.reconnect())?;
     let mode = crate::common::open_mode(args.read_only, args.exclusive);
     // Open once up front: a bad URI, key or device fails here, not at the first client.
@@ -385,13 +452,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Before the NBD socket: a metrics port in use fails with nothing to clean up.
     let metrics = crate::metrics::Metrics::new(&uri);
     let _endpoint = args.metrics.serve(&metrics)?;
-    let listener = Arc::new(Listener::bind(&args.listen)?);
+    let listener = Arc::new(Listener::bind(&listen)?);
     let stop = Arc::new(AtomicBool::new(false));
     watch_signals(&listener, &stop)?;
     let export = Arc::new(RblkExport { uri, opts, mode, geo, shared: args.shared, busy: Arc::default(), metrics });
 
     // Exactly one line on stdout: the NBD URI (or JSON); the rest to stderr.
-    let nbd_uri = args.listen.nbd_uri();
+    let nbd_uri = listen.nbd_uri();
     let line = if args.format.json() {
         serde_json::json!({
             "nbd_uri": nbd_uri,
@@ -421,7 +488,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     eprintln!("rblk nbd: pid {} serves {nbd_uri}", std::process::id());
     // In `rblk list` while serving; removed when this returns.
-    let _registered = list::register(Entry::new("nbd", &export.uri.to_string()).listen(&args.listen.nbd_uri()));
+    let _registered = list::register(Entry::new("nbd", &export.uri.to_string()).listen(&nbd_uri));
 
     let clients: Arc<Mutex<HashMap<u64, Stream>>> = Arc::default();
     let mut threads: Vec<thread::JoinHandle<()>> = Vec::new();

@@ -20,7 +20,7 @@ use super::device::Device;
 use super::handshake::{Export, HandshakeError, Refusal};
 use super::transmit::{End, Summary};
 use super::wire::{self, ExportGeometry, RequestHeader};
-use super::{serve, Listen};
+use super::{private_dir, private_socket, serve, Listen, Listener};
 
 const MIB: u64 = 1 << 20;
 const GEO: ExportGeometry = ExportGeometry { size: 4 * MIB, block_size: 4096, read_only: false };
@@ -828,7 +828,7 @@ fn listen_addresses_and_the_command_line() {
         crate::cli::Command::Nbd(a) => {
             assert_eq!(
                 (a.uri.as_str(), a.listen, a.read_only, a.shared),
-                ("rblk://h/v", Listen::Unix("/run/v.sock".into()), true, true)
+                ("rblk://h/v", Some(Listen::Unix("/run/v.sock".into())), true, true)
             );
             assert_eq!(a.conn.route.device.as_deref(), Some("rxe0"));
         }
@@ -836,9 +836,42 @@ fn listen_addresses_and_the_command_line() {
     }
     let args = crate::cli::Args::try_parse_from(["rblk", "nbd", "rblk://h/v"]).unwrap();
     assert!(
-        matches!(args.command, crate::cli::Command::Nbd(a) if a.listen == Listen::Tcp("127.0.0.1:10809".parse().unwrap()) && !a.shared)
+        matches!(args.command, crate::cli::Command::Nbd(a) if a.listen.is_none() && !a.shared),
+        "no TCP unless asked: the default is the private unix socket"
     );
     let e =
         crate::cli::Args::try_parse_from(["rblk", "nbd", "rblk://h/v", "--listen", "pipe:x"]).unwrap_err().to_string();
     assert!(e.contains("expected unix:PATH or tcp:ADDR:PORT"), "{e}");
+}
+
+/// Would catch a default socket in a directory others can reach: the directory is made 0700,
+/// and an existing one with group or other access, or that is a symlink, is refused.
+#[test]
+fn the_default_socket_is_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let base = std::env::temp_dir().join(format!("rblk-nbd-private-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let dir = base.join("rblk");
+    private_dir(&dir).unwrap();
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o700, "made 0700");
+    private_dir(&dir).expect("an existing private directory is taken");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let e = private_dir(&dir).unwrap_err().to_string();
+    assert!(e.contains("mode 0755") && e.contains("chmod 700"), "{e}");
+    let link = base.join("link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    let e = private_dir(&link).unwrap_err().to_string();
+    assert!(e.contains("not a directory"), "{e}");
+
+    // Under XDG_RUNTIME_DIR for a user, and the socket itself is 0600 whatever the umask.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::env::set_var("XDG_RUNTIME_DIR", &base);
+    let path = private_socket("vol0", false).unwrap();
+    assert_eq!(path, dir.join("vol0.sock"));
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o002));
+    let l = Listener::bind(&Listen::Unix(path.clone())).unwrap();
+    nix::sys::stat::umask(old);
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600, "the socket is 0600");
+    l.cleanup();
+    let _ = std::fs::remove_dir_all(&base);
 }
