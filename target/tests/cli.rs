@@ -168,7 +168,10 @@ fn the_units_reload_checks_the_config_before_the_sighup() {
     use std::os::unix::process::ExitStatusExt as _;
     let unit = include_str!("../../dist/systemd/rblk-target.service");
     let lines = |key: &str| -> Vec<Vec<String>> {
-        unit.lines().filter_map(|l| l.strip_prefix(key)).map(|c| c.split_whitespace().map(str::to_owned).collect()).collect()
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(key))
+            .map(|c| c.split_whitespace().map(str::to_owned).collect())
+            .collect()
     };
     let pre = lines("ExecStartPre=");
     assert!(pre.iter().any(|c| c.iter().any(|a| a == "--check-config")), "ExecStartPre= checks the config: {pre:?}");

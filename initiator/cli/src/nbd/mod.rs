@@ -152,7 +152,9 @@ fn private_socket(volume: &str, root: bool) -> anyhow::Result<PathBuf> {
     } else {
         match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
             Some(d) => PathBuf::from(d).join("rblk"),
-            None => bail!("XDG_RUNTIME_DIR is not set, so there is no private place for the socket: give --listen unix:PATH"),
+            None => bail!(
+                "XDG_RUNTIME_DIR is not set, so there is no private place for the socket: give --listen unix:PATH"
+            ),
         }
     };
     private_dir(&dir)?;
@@ -176,7 +178,11 @@ fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
         bail!("{} is not a directory (a symlink?): refusing to put the NBD socket there", dir.display());
     }
     if meta.uid() != me {
-        bail!("{} belongs to uid {}, not to this user (uid {me}): refusing to put the NBD socket there", dir.display(), meta.uid());
+        bail!(
+            "{} belongs to uid {}, not to this user (uid {me}): refusing to put the NBD socket there",
+            dir.display(),
+            meta.uid()
+        );
     }
     if meta.mode() & 0o077 != 0 {
         bail!(
