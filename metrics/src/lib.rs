@@ -10,8 +10,10 @@
 //! ```
 //!
 //! One thread, blocked in accept(2) while no scraper is connected; one scrape at a time, with
-//! read and write timeouts and a bounded request, so a client that connects and says nothing, or
-//! sends garbage, holds it up for at most [`TIMEOUT`] and breaks nothing. Plain HTTP: bind it to
+//! one deadline for the whole exchange (request line, headers and answer, as Go's
+//! `ReadHeaderTimeout` plus `WriteTimeout` bound node_exporter's) and a bounded request, so a
+//! client that connects and says nothing, trickles a byte at a time, or sends garbage, holds it
+//! up for at most [`TIMEOUT`] and breaks nothing. Plain HTTP: bind it to
 //! a management address. Dropping the [`Endpoint`] stops it: shutdown(2) of the listening socket
 //! wakes the accept, and the thread is joined.
 
@@ -24,9 +26,9 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long one scrape may take to send its request or read the answer.
+/// How long one scrape may take in all: from its accept to the last byte of the answer.
 pub const TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The largest request (request line and headers) read.
@@ -98,11 +100,47 @@ impl Drop for Endpoint {
     }
 }
 
-/// One scrape: the request line, the headers up to the empty line, then the answer.
+/// A stream whose every read and write may only use what is left until one deadline: the
+/// socket timeout is set to the time remaining before each call, so a peer trickling bytes
+/// cannot stretch the exchange past it.
+struct Timed<'a> {
+    stream: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Timed<'_> {
+    fn remaining(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the scrape's deadline passed"));
+        }
+        Ok(left)
+    }
+}
+
+impl std::io::Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.remaining()?))?;
+        (&mut &*self.stream).read(buf)
+    }
+}
+
+impl Write for Timed<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.remaining()?))?;
+        (&mut &*self.stream).write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One scrape: the request line, the headers up to the empty line, then the answer, all
+/// within [`TIMEOUT`] of its accept.
 fn answer(stream: TcpStream, render: &impl Fn() -> String) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(TIMEOUT))?;
-    stream.set_write_timeout(Some(TIMEOUT))?;
-    let mut reader = BufReader::new(stream.try_clone()?).take(MAX_REQUEST);
+    let deadline = Instant::now() + TIMEOUT;
+    let mut reader = BufReader::new(Timed { stream: &stream, deadline }).take(MAX_REQUEST);
     // Bytes, not text: a request that is not UTF-8 is answered 405 or 400 like any other.
     let mut request = Vec::new();
     reader.read_until(b'\n', &mut request)?;
@@ -119,7 +157,7 @@ fn answer(stream: TcpStream, render: &impl Fn() -> String) -> std::io::Result<()
         ("GET", _, _) => ("404 Not Found", "only /metrics is here\n".to_owned()),
         _ => ("405 Method Not Allowed", "GET /metrics\n".to_owned()),
     };
-    let mut out = stream;
+    let mut out = Timed { stream: &stream, deadline };
     write!(
         out,
         "HTTP/1.1 {status}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -199,6 +237,34 @@ mod tests {
         assert!(started.elapsed() < TIMEOUT * 3, "a stalled client held the endpoint for {:?}", started.elapsed());
         drop(stalled);
         assert!(send(at, b"GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+    }
+
+    /// Would catch a timeout per read instead of one deadline per scrape: a client that sends a
+    /// byte every 500 ms (each read well within TIMEOUT) held the only thread for as long as it
+    /// kept trickling (10 s here; hours in the wild).
+    #[test]
+    fn a_trickling_client_is_cut_at_the_deadline() {
+        let e = endpoint();
+        let at = e.local_addr();
+        let trickler = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(at).unwrap();
+            let started = Instant::now();
+            for b in b"GET /metrics HTTP/1.1\r\nX-Slow: ".iter().chain(std::iter::repeat(&b'a')) {
+                if s.write_all(&[*b]).is_err() || started.elapsed() > Duration::from_secs(10) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            started.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(200)); // the trickler is being served
+        let started = Instant::now();
+        let ok = send(at, b"GET /metrics HTTP/1.1\r\n\r\n");
+        let waited = started.elapsed();
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(waited < TIMEOUT + Duration::from_secs(1), "a trickling client held the endpoint for {waited:?}");
+        let trickled = trickler.join().unwrap();
+        assert!(trickled < Duration::from_secs(10), "the trickler was never cut off ({trickled:?})");
     }
 
     #[test]
