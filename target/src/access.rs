@@ -261,6 +261,32 @@ impl Policy {
         self.shared_key.is_some() || self.hosts.values().any(Option::is_some)
     }
 
+    /// The key `host` (None: anonymous) must prove: Ok(None) when no key is configured at all
+    /// (the name is taken as claimed), an error when it can never get in. The one rule for
+    /// [`authenticate`](Self::authenticate) and [`can_log_in`](Self::can_log_in).
+    fn key_for(&self, host: Option<&str>) -> Result<Option<&[u8]>, AuthError> {
+        match host {
+            Some(h) => match (self.hosts.get(h), &self.shared_key) {
+                (Some(Some(own)), _) => Ok(Some(own)),
+                (_, Some(shared)) => Ok(Some(shared)),
+                // No key anywhere: the name is taken as claimed.
+                _ if !self.auth_required() => Ok(None),
+                (Some(None), None) => Err(AuthError::NoKey(h.to_owned())),
+                (None, None) => Err(AuthError::UnknownHost(h.to_owned())),
+            },
+            None => match &self.shared_key {
+                Some(shared) => Ok(Some(shared)),
+                None => Err(AuthError::NoHostId),
+            },
+        }
+    }
+
+    /// Whether an initiator calling itself `host` can ever authenticate here (with the right
+    /// key): `--check-config` finds access lists naming hosts that never can.
+    pub fn can_log_in(&self, host: &str) -> Result<(), AuthError> {
+        self.key_for(Some(host)).map(drop)
+    }
+
     /// Checks AUTH: `mac` over `nonce` (and `host`, if the initiator named one).
     pub fn authenticate(
         &self,
@@ -268,23 +294,10 @@ impl Policy {
         mac: &[u8; MAC_LEN],
         host: Option<&str>,
     ) -> Result<(), AuthError> {
-        let key = match host {
-            Some(h) => match (self.hosts.get(h), &self.shared_key) {
-                (Some(Some(own)), _) => Some(own),
-                (_, Some(shared)) => Some(shared),
-                // No key anywhere: the name is taken as claimed.
-                _ if !self.auth_required() => return Ok(()),
-                (Some(None), None) => return Err(AuthError::NoKey(h.to_owned())),
-                (None, None) => return Err(AuthError::UnknownHost(h.to_owned())),
-            },
-            None => match &self.shared_key {
-                Some(shared) => Some(shared),
-                None => return Err(AuthError::NoHostId),
-            },
-        };
-        match key {
+        match self.key_for(host)? {
+            None => Ok(()),
             Some(key) if rblk_proto::verify_auth_mac(key, nonce, host, mac) => Ok(()),
-            _ => Err(AuthError::WrongKey { host: host.map(str::to_owned) }),
+            Some(_) => Err(AuthError::WrongKey { host: host.map(str::to_owned) }),
         }
     }
 
