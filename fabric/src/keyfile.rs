@@ -81,7 +81,7 @@ pub fn generate(path: &Path) -> io::Result<()> {
     getrandom::fill(&mut random).map_err(|e| io::Error::other(format!("the OS random source failed: {e}")))?;
     let mut text = rblk_proto::to_hex(&random);
     text.push('\n');
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+    let mut file = crate::private::create_new(path)?;
     let written = file.write_all(text.as_bytes()).and_then(|()| file.sync_all());
     if let Err(e) = written {
         // A half-written key would be refused at every later start: leave none.

@@ -62,6 +62,7 @@ pub mod liveness;
 pub mod mem;
 mod memory;
 pub mod policy;
+pub mod private;
 mod verbs;
 
 use std::io::{Read as _, Write as _};

@@ -187,6 +187,9 @@ pub enum SocketError {
     /// Longer than a unix socket address holds.
     #[error("admin socket {0}: longer than the 107 bytes a unix socket path may have")]
     TooLong(PathBuf),
+    /// Its directory exists and others could replace the socket in it.
+    #[error("admin socket: its directory is not safe: {0}")]
+    UnsafeDir(String),
     /// Creating or binding it failed.
     #[error("admin socket {path}")]
     Io {
@@ -204,8 +207,14 @@ pub fn check_path(path: &Path) -> Result<(), SocketError> {
         return Err(SocketError::TooLong(path.to_owned()));
     }
     match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_socket() => Err(SocketError::NotASocket(path.to_owned())),
-        _ => Ok(()),
+        Ok(m) if !m.file_type().is_socket() => return Err(SocketError::NotASocket(path.to_owned())),
+        _ => {}
+    }
+    // An existing directory must be safe: whoever may write to it could replace the socket
+    // (a missing one is made with mode 0700 by `serve`).
+    match path.parent().filter(|d| !d.as_os_str().is_empty() && d.exists()) {
+        Some(dir) => rblk_fabric::private::check_dir(dir).map_err(SocketError::UnsafeDir),
+        None => Ok(()),
     }
 }
 

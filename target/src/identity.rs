@@ -132,7 +132,9 @@ impl Store {
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
         let written = (|| {
-            let mut f = File::create(&tmp)?;
+            // Left by a crash mid-write: made again, owner only, never through a symlink.
+            let _ = std::fs::remove_file(&tmp);
+            let mut f = rblk_fabric::private::create_new(&tmp)?;
             f.write_all(text.as_bytes())?;
             f.sync_all()?;
             std::fs::rename(&tmp, &path)?;

@@ -39,6 +39,9 @@ fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("rblk-admin-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    // Whatever the umask: the admin socket's directory must not be writable by others.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     dir
 }
 
@@ -200,6 +203,16 @@ fn the_socket_is_its_owners_only_and_one_daemons() {
     assert_eq!(std::fs::read_to_string(&socket).unwrap(), "not a socket");
     let long = PathBuf::from(format!("/tmp/{}/admin.sock", "d".repeat(120)));
     assert!(Config { admin_socket: Some(long), ..config(&socket) }.check().is_err(), "too long for sun_path");
+    // A directory others may write to: they could replace the socket. Would catch the
+    // parent directory not being checked (start and --check-config both refuse it).
+    use std::os::unix::fs::PermissionsExt as _;
+    let open_dir = temp_dir("open-dir");
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let exposed = open_dir.join("admin.sock");
+    let err = Server::start(config(&exposed)).unwrap_err();
+    assert!(err.to_string().contains("mode 0777"), "{err}");
+    assert!(config(&exposed).check().is_err());
+    assert!(!exposed.exists(), "nothing was bound there");
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! /dev/null or `--log-file`.
 
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -84,11 +84,10 @@ pub fn spawn_detached(what: &str) -> anyhow::Result<u32> {
 pub fn detach_stdio(log_file: Option<&Path>) -> anyhow::Result<()> {
     let null = || File::options().read(true).write(true).open("/dev/null").context("opening /dev/null");
     let log = match log_file {
-        Some(path) => OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening the log file {}", path.display()))?,
+        // Mode 0600 (logs name volumes, hosts and errors), never through a planted symlink.
+        Some(path) => {
+            rblk_fabric::private::append(path).with_context(|| format!("opening the log file {}", path.display()))?
+        }
         None => null()?,
     };
     nix::unistd::dup2_stderr(&log).context("redirecting stderr")?;

@@ -32,6 +32,11 @@ pub struct Entry {
     pub dev_id: Option<u32>,
     /// The serving process.
     pub pid: u32,
+    /// When it started (`/proc/PID/stat`'s field 22, clock ticks after boot): a pid reused by
+    /// another process after the server died does not match, so `rblk detach` never signals
+    /// it. None in entries of an rblk that did not record it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<u64>,
     /// `serving`, `stopping`, `failed: ...` (written by the process), or `dead` (its process is
     /// gone; filled in by the reader).
     pub state: String,
@@ -59,6 +64,7 @@ impl Entry {
             listen: None,
             dev_id: None,
             pid: std::process::id(),
+            started: process_start(std::process::id()),
             state: "serving".into(),
             unflushed_bytes: None,
             link: None,
@@ -84,17 +90,30 @@ impl Entry {
         self
     }
 
-    /// Whether its process is alive.
+    /// The same entry, served by this process from now on (a takeover).
+    pub fn served_by_me(self) -> Entry {
+        let pid = std::process::id();
+        Entry { pid, started: process_start(pid), ..self }
+    }
+
+    /// Whether its process is alive: the pid runs (not a zombie) and, where the entry recorded
+    /// it, started when the server did (so is not another process that got the pid later).
     pub fn alive(&self) -> bool {
-        Path::new(&format!("/proc/{}", self.pid)).exists() && !is_zombie(self.pid)
+        process_start(self.pid).is_some_and(|t| self.started.is_none_or(|s| s == t))
     }
 }
 
-fn is_zombie(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
-        .unwrap_or(false)
+/// When process `pid` started (field 22 of `/proc/PID/stat`), None if there is no such process
+/// or it is a zombie.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command (field 2) may hold spaces and parentheses: fields 3.. follow its last ')'.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// The run directory.
@@ -144,17 +163,10 @@ fn entry_path(dir: &Path, kind: &str, pid: u32) -> PathBuf {
 }
 
 fn write_entry(path: &Path, e: &Entry) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = path.with_extension("tmp");
     let _ = fs::remove_file(&tmp);
     // Owner only (a ublk entry holds a session token), and never through a planted symlink.
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
+    let mut f = rblk_fabric::private::create_new(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     serde_json::to_writer_pretty(&mut f, e)?;
     f.write_all(b"\n")?;
     fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))?;
@@ -206,20 +218,11 @@ pub enum ClaimError {
 impl DeviceClaim {
     /// Claims ublk device `dev_id` for this process, or says who has it.
     pub fn take(dev_id: u32) -> Result<DeviceClaim, ClaimError> {
-        use std::os::unix::fs::OpenOptionsExt as _;
         let dir = run_dir();
         let path = dir.join(format!("ublk-{dev_id}.lock"));
         let file_err = |source| ClaimError::File { dev_id, path: path.clone(), source };
         fs::create_dir_all(&dir).map_err(file_err)?;
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(file_err)?;
+        let file = rblk_fabric::private::lock_file(&path).map_err(file_err)?;
         match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
             Ok(lock) => Ok(DeviceClaim { _lock: lock }),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(ClaimError::Held(dev_id)),
@@ -283,7 +286,7 @@ pub struct ListArgs {
 /// `rblk list`.
 pub fn list(args: ListArgs) -> anyhow::Result<()> {
     // The handover holds the session's token: it stays in the run directory.
-    let all: Vec<Entry> = entries().into_iter().map(|(_, e)| Entry { handover: None, ..e }).collect();
+    let all: Vec<Entry> = entries().into_iter().map(|(_, e)| Entry { handover: None, started: None, ..e }).collect();
     if args.format.json() {
         println!("{}", serde_json::to_string_pretty(&all)?);
         return Ok(());
@@ -315,6 +318,10 @@ mod tests {
         r.update(|e| e.dev_id = Some(3));
         let dead = Entry { pid: u32::MAX - 1, ..Entry::new("nbd", "rblk://h/w") };
         write_entry(&entry_path(&dir, "nbd", dead.pid), &dead).unwrap();
+        // A recorded start time that is not the running process's: its pid was reused.
+        let reused = Entry { started: r.entry().started.map(|t| t + 1), ..r.entry().clone() };
+        assert!(r.entry().alive() && r.entry().started.is_some());
+        assert!(!reused.alive(), "a pid reused by another process passes for the server");
         let all = entries();
         assert_eq!(all.len(), 2, "{all:?}");
         assert_eq!(all[0].1.kind, "nbd");

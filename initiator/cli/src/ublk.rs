@@ -840,7 +840,7 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
     let dev = entry.device.clone().unwrap_or_else(|| format!("/dev/ublkb{dev_id}"));
     // Ours replaces the dead entry at once: `rblk list` shows the device recovering, and if
     // this process dies too the next one finds what it needs.
-    let mut registered = list::register(Entry { pid: std::process::id(), state: "recovering".into(), ..entry });
+    let mut registered = list::register(Entry { state: "recovering".into(), ..entry.served_by_me() });
     let _ = std::fs::remove_file(&path);
     let mode = handover.mode()?;
     let reconnect = handover.reconnect();

@@ -1,0 +1,91 @@
+//! Files and directories only their owner may use, never reached through a symlink: log files,
+//! state records and their temporary files, lock files, the directories sockets live in. One
+//! place for the flags (`O_NOFOLLOW`, `O_EXCL`, mode 0600) that every such file needs, whatever
+//! the umask.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::path::Path;
+
+/// Opens `path` for appending, creating it with mode 0600 if missing; a symlink at `path` is
+/// refused (ELOOP), not followed. An existing file keeps its mode.
+pub fn append(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Creates `path` with mode 0600 for writing; fails if anything exists there (a symlink too).
+pub fn create_new(path: &Path) -> io::Result<File> {
+    OpenOptions::new().write(true).create_new(true).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Opens (creating with mode 0600) `path` for reading and writing, without truncating it or
+/// following a symlink: for lock files.
+pub fn lock_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+/// Checks that `dir`, where a private file or socket is to be made, is a directory (not a
+/// symlink to one) that belongs to this user or root and that no group or other user may
+/// write (so nobody else can replace what is made in it); `Err` says why in words.
+pub fn check_dir(dir: &Path) -> Result<(), String> {
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("{} is not a directory (a symlink?)", dir.display()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!("{} belongs to uid {}, neither this user (uid {me}) nor root", dir.display(), meta.uid()));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "{} has mode {mode:04o}: other users may write to it (chmod go-w {}, or choose another directory)",
+            dir.display(),
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    /// Would catch a private file that follows a symlink (a planted link would make the
+    /// program write where the link points) or takes the umask's mode, and a directory check
+    /// that lets a world-writable directory through.
+    #[test]
+    fn private_files_and_directories() {
+        let dir = std::env::temp_dir().join(format!("rblk-private-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_dir(&dir).unwrap();
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o002));
+        let log = dir.join("log");
+        append(&log).unwrap();
+        nix::sys::stat::umask(old);
+        assert_eq!(std::fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
+        let target = dir.join("elsewhere");
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(append(&link).unwrap_err().raw_os_error(), Some(libc::ELOOP), "a symlink is not followed");
+        assert!(create_new(&link).is_err() && lock_file(&link).is_err());
+        assert!(!target.exists(), "nothing was made through the link");
+        assert!(create_new(&log).is_err(), "create_new never opens an existing file");
+        assert!(check_dir(&link).unwrap_err().contains("not a directory"));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(check_dir(&dir).unwrap_err().contains("mode 0777"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
