@@ -7,7 +7,7 @@
 //! carry a [`KeyError`] that says how to fix the file.
 
 use std::io::{self, Read as _, Write as _};
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
 /// The shortest key accepted: one observed AUTH allows an offline guess of the key, so it must
