@@ -365,8 +365,22 @@ impl Queue {
 
     /// The queue's endpoint, for tests that post raw work requests (with wr_ids of their own
     /// above `u32::MAX`, which reap ignores). A bad raw access puts both ends' QPs into error.
+    /// A caller that polls it must hand every completion it polled to
+    /// [`raw_polled`](Self::raw_polled).
     pub fn endpoint_mut(&mut self) -> &mut Endpoint {
         &mut self.conn.ep
+    }
+
+    /// For callers that poll [`endpoint_mut`](Self::endpoint_mut) themselves: takes the
+    /// queue's own control traffic out of `wcs` (the target's keepalives and replies; their
+    /// receive buffers are posted again) and keeps the queue's liveness (its keepalives go out
+    /// when due). Without it a raw poller drops the control channel's completions, the
+    /// receive queue runs dry, and the target cuts the connection after its keepalive timeout.
+    pub fn raw_polled(&mut self, wcs: &[Completion]) {
+        for c in wcs.iter().filter(|c| channel::is_control(c.wr_id)) {
+            self.on_control(c);
+        }
+        self.check_liveness();
     }
 
     /// The volume's address and this queue's rkey (with memory windows its own QP's: it works

@@ -244,7 +244,6 @@ fn raw_reads(
         .pd()
         .register(&Memory::anonymous(4096 * depth).map_err(|e| e.to_string())?, Access::LOCAL)
         .map_err(|e| e.to_string())?;
-    let ep = q.endpoint_mut();
     let mut out = [Completion::EMPTY; 32];
     let mut us = Vec::with_capacity(n);
     let mut posted_at = vec![std::time::Instant::now(); depth];
@@ -262,14 +261,17 @@ fn raw_reads(
                 signaled: true,
             };
             posted_at[slot] = std::time::Instant::now();
-            ep.post(&[wr]).map_err(|e| format!("post: {e}"))?;
+            q.endpoint_mut().post(&[wr]).map_err(|e| format!("post: {e}"))?;
             issued += 1;
             in_flight += 1;
         }
-        let got = ep.poll(&mut out).map_err(|e| format!("poll: {e}"))?;
+        let got = q.endpoint_mut().poll(&mut out).map_err(|e| format!("poll: {e}"))?;
+        // The queue's own control traffic (the target's keepalives), and its keepalives: a run
+        // longer than the keepalive timeout was cut without this.
+        q.raw_polled(&out[..got]);
         for c in &out[..got] {
             let Some(slot) = c.wr_id.checked_sub(TAG).map(|s| s as usize).filter(|&s| s < depth) else {
-                continue; // the queue's own control traffic
+                continue; // the queue's, handed to it above
             };
             c.ok().map_err(|e| format!("read: {e}"))?;
             us.push(posted_at[slot].elapsed().as_secs_f64() * 1e6);
