@@ -7,8 +7,6 @@ use std::time::Duration;
 use clap::Parser;
 use rblk_initiator::Options;
 
-use rblk_initiator::parse_duration;
-
 use crate::command::Section;
 use crate::jobfile::{self, JobOptions};
 use crate::spec::{Spec, Workload};
@@ -37,8 +35,10 @@ use crate::{Error, Result};
 /// block against the pattern a previous --verify write left (of --generation N if given, else of
 /// any generation). Any bad block is reported with its offset and the run exits with status 1.
 ///
-/// Sizes take binary suffixes (4k, 64k, 1M, 1G); durations take s, ms, us, m, h (500ms, 15s,
-/// 2m; a bare number is seconds).
+/// Sizes take 4k, 64k, 1.5M, 1G (k, M, G, T and KiB, MiB, GiB, TiB are powers of 1024; KB, MB,
+/// GB, TB powers of 1000, refused unless whole 4096-byte blocks). Durations take ms, s, m, h, d
+/// and mixes (500ms, 15s, 2m, 1h30m; a bare number is seconds, except for --log-interval's
+/// milliseconds).
 ///
 /// Deprecated, still working with a notice on stderr: --ramp (use --ramp_time), --json FILE
 /// (rblk-bench's earlier JSON layout, described below; use -o json --output FILE for fio's).
@@ -69,8 +69,9 @@ pub struct Args {
     /// Jobs: threads with a queue pair each, on disjoint slices of the volume [default: 1].
     #[arg(long, visible_alias = "numjobs", value_name = "N")]
     pub jobs: Option<u32>,
-    /// Measure for this long, after the ramp [default: 10s, unless --size is given].
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    /// Measure for this long, after the ramp (a bare number is seconds) [default: 10s, unless
+    /// --size is given].
+    #[arg(long, value_parser = run_time_arg, value_name = "DURATION")]
     pub runtime: Option<Duration>,
     /// Run for the whole --runtime even when --size is moved (--size then bounds the region).
     #[arg(long = "time_based", alias = "time-based", requires = "runtime")]
@@ -79,11 +80,11 @@ pub struct Args {
     /// the bytes it moves after the ramp; a multiple of --bs.
     #[arg(long, value_parser = size_arg, value_name = "SIZE")]
     pub size: Option<u64>,
-    /// Run this long before measuring [default: 0].
-    #[arg(long = "ramp_time", alias = "ramp-time", value_parser = parse_duration, value_name = "DURATION")]
+    /// Run this long before measuring (a bare number is seconds) [default: 0s].
+    #[arg(long = "ramp_time", alias = "ramp-time", value_parser = run_time_arg, value_name = "DURATION")]
     pub ramp_time: Option<Duration>,
     /// Deprecated spelling of --ramp_time.
-    #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION", conflicts_with = "ramp_time")]
+    #[arg(long, hide = true, value_parser = run_time_arg, value_name = "DURATION", conflicts_with = "ramp_time")]
     pub ramp: Option<Duration>,
     /// Write a self-describing pattern and check every block read (semantics in --help).
     #[arg(long)]
@@ -117,9 +118,10 @@ pub struct Args {
     /// write.N). scripts/plot.py draws them. One job section only.
     #[arg(long, value_name = "PREFIX")]
     pub log: Option<PathBuf>,
-    /// With --log: one line per this many milliseconds (10 to 3600000) [default: 1000].
-    /// Unlike fio's log_avg_msec there is no per-I/O logging: every line averages an interval.
-    #[arg(long, value_name = "MS", requires = "log", value_parser = log_interval_arg)]
+    /// With --log: one line per this interval, 10ms to 1h; a bare number is milliseconds, as
+    /// fio's log_avg_msec (`250`, `250ms`, `2s`) [default: 1s]. Unlike fio there is no per-I/O
+    /// logging: every line averages an interval.
+    #[arg(long, value_name = "DURATION", requires = "log", value_parser = log_interval_arg)]
     pub log_interval: Option<Duration>,
     /// Key file, for targets that require one: the target's shared key, or this host's own.
     /// Default: /var/lib/rblk/target.key when it can be read (a target on this host).
@@ -133,8 +135,9 @@ pub struct Args {
     /// Device, source address and type of service.
     #[command(flatten)]
     pub route: rblk_initiator::RouteArgs,
-    /// Give up on each control exchange (connect, open, STATS) after this long.
-    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    /// Give up on each control exchange (connect, open, STATS) after this long (a bare number
+    /// is seconds; at most 1 day).
+    #[arg(long, value_parser = |t: &str| rblk_initiator::parse_duration_bounded(t, Duration::from_millis(1), Some(rblk_initiator::MAX_TIMEOUT)), default_value = "10s", value_name = "DURATION")]
     pub timeout: Duration,
     /// No progress on stderr.
     #[arg(long, short)]
@@ -168,12 +171,21 @@ fn format_arg(text: &str) -> std::result::Result<OutputFormat, String> {
     }
 }
 
+/// `--log-interval`: a bare number stays milliseconds, as it was before units and as fio's
+/// log_avg_msec is (scripts pass `--log-interval 100`).
 fn log_interval_arg(text: &str) -> std::result::Result<Duration, String> {
-    let ms: u64 = text.parse().map_err(|_| format!("not a whole number of milliseconds: {text:?}"))?;
-    let d = Duration::from_millis(ms);
-    crate::log::check_interval(d).map_err(|e| e.to_string())?;
+    let d = rblk_initiator::parse_duration_in(text, Duration::from_millis(1))?;
+    rblk_initiator::check_duration(d, crate::log::MIN_LOG_INTERVAL, Some(crate::log::MAX_LOG_INTERVAL))?;
     Ok(d)
 }
+
+/// `--runtime`, `--ramp_time`: at most a year (an `Instant` plus it must not overflow).
+pub(crate) fn run_time_arg(text: &str) -> std::result::Result<Duration, String> {
+    rblk_initiator::parse_duration_bounded(text, Duration::ZERO, Some(MAX_RUN_TIME))
+}
+
+/// The longest `--runtime` and `--ramp_time`.
+pub(crate) const MAX_RUN_TIME: Duration = Duration::from_secs(365 * 86_400);
 
 fn size_arg(text: &str) -> std::result::Result<u64, String> {
     rblk_initiator::parse_size(text).map_err(|e| e.to_string())
@@ -413,6 +425,11 @@ mod tests {
         assert_eq!(a.log(), Some((std::path::Path::new("out/x"), Duration::from_secs(1))));
         let a = parse(&["rblk://h/v", "--log", "x", "--log-interval", "250"]).unwrap();
         assert_eq!(a.log(), Some((std::path::Path::new("x"), Duration::from_millis(250))));
+        let a = parse(&["rblk://h/v", "--log", "x", "--log-interval", "2s"]).unwrap();
+        assert_eq!(a.log(), Some((std::path::Path::new("x"), Duration::from_secs(2))));
+        let a = parse(&["rblk://h/v", "--bs", "1.5M", "--size", "4096KB", "--reconnect-delay", "500ms"]).unwrap();
+        assert_eq!((a.spec().bs, a.spec().size), (3 << 19, Some(4_096_000)));
+        assert_eq!(a.options().unwrap().reconnect.delay, Duration::from_millis(500));
         let a = parse(&["rblk://h/v", "--runtime", "2.5", "--timeout", "1500ms"]).unwrap();
         assert_eq!(a.spec().runtime, Some(Duration::from_millis(2500)));
         assert_eq!(a.options().unwrap().timeout, Duration::from_millis(1500));
@@ -458,12 +475,18 @@ mod tests {
             (&["rblk://h/v", "--bs", "4x"][..], "unknown suffix"),
             (&["rblk://h/v", "--generation", "3"][..], "--verify"),
             (&["rblk://h/v", "--iodepth", "-1"][..], "-1"),
-            (&["rblk://h/v", "--runtime", "soon"][..], "bad duration"),
+            (&["rblk://h/v", "--runtime", "soon"][..], "\"soon\" is not a duration"),
+            (&["rblk://h/v", "--runtime", "400d"][..], "400 days is too long: it must be at most 365 days"),
+            (&["rblk://h/v", "--timeout", "0"][..], "0 s is out of range: it must be between 1 ms and 1 day"),
+            (&["rblk://h/v", "--bs", "1MB"][..], "not a multiple of the block size 4096: use 1MiB (binary)"),
             (&[][..], "URI"),
             (&["rblk://h/v", "--log-interval", "100"][..], "--log"),
-            (&["rblk://h/v", "--log", "p", "--log-interval", "0"][..], "10 to 3600000 ms (got 0 ms)"),
-            (&["rblk://h/v", "--log", "p", "--log-interval", "3600001"][..], "10 to 3600000 ms"),
-            (&["rblk://h/v", "--log", "p", "--log-interval", "1s"][..], "milliseconds"),
+            (
+                &["rblk://h/v", "--log", "p", "--log-interval", "0"][..],
+                "0 s is out of range: it must be between 10 ms and 1 h",
+            ),
+            (&["rblk://h/v", "--log", "p", "--log-interval", "3600001"][..], "3600001 ms is out of range"),
+            (&["rblk://h/v", "--log", "p", "--log-interval", "soon"][..], "a bare number is milliseconds"),
             (&["rblk://h/v", "-o", "report.json"][..], "use --output FILE"),
             (&["rblk://h/v", "--output-format", "out.txt"][..], "use --output FILE"),
             (&["rblk://h/v", "-o", "terse"][..], "terse is fio's"),

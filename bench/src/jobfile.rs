@@ -96,7 +96,7 @@ impl JobOptions {
         };
         let duration = || -> std::result::Result<Duration, String> {
             let v = text()?;
-            rblk_initiator::parse_duration(v).map_err(|e| format!("{key}={v}: {e}"))
+            crate::cli::run_time_arg(v).map_err(|e| format!("{key}={v}: {e}"))
         };
         let percent = || -> std::result::Result<u8, String> {
             let n = number("a percentage")?;
@@ -340,7 +340,7 @@ mod tests {
         refused(&format!("{head}direct=1\n"), "line 4: unknown option \"direct\"");
         refused(&format!("{head}rw=trim\n"), "line 4: rw=trim: rblk-bench does read, write");
         refused(&format!("{head}bs=4q\n"), "line 4: bs=4q:");
-        refused(&format!("{head}runtime=soon\n"), "line 4: runtime=soon: bad duration");
+        refused(&format!("{head}runtime=soon\n"), "line 4: runtime=soon: \"soon\" is not a duration");
         refused(&format!("{head}rwmixread=101\n"), "line 4: rwmixread=101: a percentage");
         refused(&format!("{head}verify=md5\n"), "line 4: verify=md5: rblk-bench verifies with its own pattern");
         refused(&format!("{head}time_based=maybe\n"), "line 4: time_based=maybe");

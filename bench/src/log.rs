@@ -105,15 +105,8 @@ fn with_suffix(prefix: &Path, suffix: &str) -> PathBuf {
 
 /// Checks `--log-interval`.
 pub fn check_interval(interval: Duration) -> Result<()> {
-    if interval < MIN_LOG_INTERVAL || interval > MAX_LOG_INTERVAL {
-        return Err(Error::Invalid(format!(
-            "--log-interval must be {} to {} ms (got {} ms)",
-            MIN_LOG_INTERVAL.as_millis(),
-            MAX_LOG_INTERVAL.as_millis(),
-            interval.as_millis()
-        )));
-    }
-    Ok(())
+    rblk_initiator::check_duration(interval, MIN_LOG_INTERVAL, Some(MAX_LOG_INTERVAL))
+        .map_err(|e| Error::Invalid(format!("--log-interval: {e}")))
 }
 
 impl Logs {

@@ -111,14 +111,10 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// A size like `4k` or `1G` did not parse.
-    #[error("bad size {input:?}: {reason} (expected a number with an optional k, M, G or T suffix)")]
-    Size {
-        /// The text given.
-        input: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
+    /// A size like `4k` or `1G` did not parse, or is not whole blocks (its message quotes the
+    /// input).
+    #[error(transparent)]
+    Size(#[from] rblk_proto::SizeError),
     /// The key file could not be read, or is empty.
     #[error("key file {}", path.display())]
     KeyFile {

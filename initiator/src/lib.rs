@@ -88,7 +88,6 @@ mod buffer;
 mod conn;
 mod control;
 mod dirty;
-mod duration;
 pub mod engine;
 mod error;
 mod holds;
@@ -107,13 +106,12 @@ mod wait;
 pub use buffer::{Buffer, BufferPool};
 pub use control::Control;
 pub use dirty::Dirty;
-pub use duration::parse_duration;
 pub use engine::{Engine, EngineCounters, Lane};
 pub use error::{Direction, Error, InvalidReason, Result};
 pub use link::{Continuity, LinkState};
 pub use options::{
     check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,
-    DEFAULT_TIMEOUT,
+    DEFAULT_TIMEOUT, MAX_RECONNECT_TIME, MAX_SPIN, MAX_TIMEOUT,
 };
 #[cfg(feature = "clap")]
 pub use options::{ReconnectArgs, RouteArgs};
@@ -121,7 +119,8 @@ pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};
 pub use rblk_proto::{
-    from_hex, parse_bounded, to_hex, ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, VolumeId,
+    check_duration, format_duration, from_hex, parse_bounded, parse_duration, parse_duration_bounded,
+    parse_duration_in, to_hex, Bytes, ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, VolumeId, BLOCK_SIZE,
     KEEPALIVE_INTERVAL,
 };
 pub use session::{Predecessor, Session};

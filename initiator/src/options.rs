@@ -52,17 +52,28 @@ impl Reconnect {
     pub const NEVER: Reconnect =
         Reconnect { delay: DEFAULT_RECONNECT_DELAY, ctrl_loss_tmo: Some(Duration::ZERO), fast_io_fail_tmo: None };
 
-    /// Parses a timeout in whole seconds as nvme-cli does: `-1` means forever (`None`).
-    pub fn parse_seconds(text: &str) -> std::result::Result<Option<Duration>, String> {
+    /// Parses a timeout as nvme-cli takes it, with units: `-1` means forever (`None`); else a
+    /// duration of at most [`MAX_RECONNECT_TIME`] ([`rblk_proto::parse_duration`]: `600`,
+    /// `10m`, `1.5s`; a bare number is seconds).
+    pub fn parse_timeout(text: &str) -> std::result::Result<Option<Duration>, String> {
         match text.trim() {
             "-1" => Ok(None),
-            t => t
-                .parse::<u64>()
-                .map(|s| Some(Duration::from_secs(s)))
-                .map_err(|_| format!("{text:?} is not a number of seconds (a whole number, or -1 for forever)")),
+            t => rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_RECONNECT_TIME))
+                .map(Some)
+                .map_err(|e| format!("{e}, or -1 for forever")),
         }
     }
 }
+
+/// The longest reconnect delay and timeout the flags take (longer: `-1`, forever): an
+/// `Instant` plus any of them must not overflow.
+pub const MAX_RECONNECT_TIME: Duration = Duration::from_secs(86_400);
+
+/// The longest control timeout (`--timeout`) the flags take.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
+/// The longest `--spin` the flags take: a wait that spins longer burns a core for nothing.
+pub const MAX_SPIN: Duration = Duration::from_secs(1);
 
 /// The path flags of rblk's programs (`--device`, `--source-addr`, `--tos`, `--memory-windows`,
 /// `--wait`, `--poll`, `--spin`), for `#[command(flatten)]`: how to reach the target besides its address, and how
@@ -101,10 +112,10 @@ pub struct RouteArgs {
     /// cost of a core per busy queue (like fio's --hipri).
     #[arg(long, conflicts_with = "wait")]
     pub poll: bool,
-    /// The shortest spin before a wait sleeps (`10us`, `1ms`): deep queues under --wait adaptive
-    /// spin this long, and no adaptive wait spins less. Longer spins cut latency and burn a core
-    /// [default: 20us].
-    #[arg(long, value_parser = crate::parse_duration, value_name = "DURATION")]
+    /// The shortest spin before a wait sleeps (`10us`, `1ms`; at most 1 s): deep queues under
+    /// --wait adaptive spin this long, and no adaptive wait spins less. Longer spins cut latency
+    /// and burn a core [default: 20us].
+    #[arg(long, value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_SPIN)), value_name = "DURATION")]
     pub spin: Option<std::time::Duration>,
 }
 
@@ -125,30 +136,39 @@ impl RouteArgs {
 }
 
 /// The reconnect flags of rblk's programs (`--reconnect-delay`, `--ctrl-loss-tmo`,
-/// `--fast-io-fail-tmo`, in seconds as nvme-cli takes them; the underscore spellings work too),
-/// for `#[command(flatten)]`. Feature `clap`.
+/// `--fast-io-fail-tmo`, nvme-cli's names; a bare number is seconds, as nvme-cli takes them, and
+/// units work too: `500ms`, `10m`; the underscore spellings work too), for
+/// `#[command(flatten)]`. Feature `clap`.
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReconnectArgs {
-    /// After losing the target, try to reconnect every SECS seconds (the first try is at once).
-    /// I/O waits meanwhile and what was in flight is sent again.
-    #[arg(long, alias = "reconnect_delay", value_name = "SECS", default_value_t = 2)]
-    pub reconnect_delay: u64,
-    /// Give up reconnecting after SECS seconds without the target: then every waiting and new
-    /// I/O fails. 0 fails at once (no reconnect); -1 retries forever.
+    /// After losing the target, try to reconnect this often (the first try is at once; `2`,
+    /// `500ms`: a bare number is seconds; at most 1 day). I/O waits meanwhile and what was in
+    /// flight is sent again.
+    #[arg(
+        long,
+        alias = "reconnect_delay",
+        value_name = "DURATION",
+        default_value = "2s",
+        value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_RECONNECT_TIME))
+    )]
+    pub reconnect_delay: Duration,
+    /// Give up reconnecting after this long without the target (`600`, `10m`: a bare number is
+    /// seconds; at most 1 day): then every waiting and new I/O fails. 0 fails at once (no
+    /// reconnect); -1 retries forever.
     #[arg(
         long,
         alias = "ctrl_loss_tmo",
-        value_name = "SECS",
-        default_value = "600",
+        value_name = "DURATION",
+        default_value = "10m",
         allow_negative_numbers = true,
         value_parser = parse_timeout
     )]
     pub ctrl_loss_tmo: Timeout,
-    /// Fail waiting and new I/O with EIO after SECS seconds without the target, while
-    /// reconnecting goes on until --ctrl-loss-tmo (for md RAID, which then fails the leg and
-    /// can re-add it later). Default: off (I/O waits).
-    #[arg(long, alias = "fast_io_fail_tmo", value_name = "SECS", allow_negative_numbers = true, value_parser = parse_timeout)]
+    /// Fail waiting and new I/O with EIO after this long without the target (a bare number is
+    /// seconds), while reconnecting goes on until --ctrl-loss-tmo (for md RAID, which then
+    /// fails the leg and can re-add it later). Default: off (I/O waits).
+    #[arg(long, alias = "fast_io_fail_tmo", value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_timeout)]
     pub fast_io_fail_tmo: Option<Timeout>,
 }
 
@@ -159,7 +179,7 @@ pub struct Timeout(pub Option<Duration>);
 
 #[cfg(feature = "clap")]
 fn parse_timeout(text: &str) -> std::result::Result<Timeout, String> {
-    Reconnect::parse_seconds(text).map(Timeout)
+    Reconnect::parse_timeout(text).map(Timeout)
 }
 
 #[cfg(feature = "clap")]
@@ -167,7 +187,7 @@ impl ReconnectArgs {
     /// The policy the flags ask for.
     pub fn reconnect(&self) -> Reconnect {
         Reconnect {
-            delay: Duration::from_secs(self.reconnect_delay),
+            delay: self.reconnect_delay,
             ctrl_loss_tmo: self.ctrl_loss_tmo.0,
             fast_io_fail_tmo: self.fast_io_fail_tmo.and_then(|t| t.0),
         }
@@ -378,13 +398,20 @@ mod tests {
     }
 
     #[test]
-    fn reconnect_seconds() {
-        assert_eq!(Reconnect::parse_seconds("-1"), Ok(None));
-        assert_eq!(Reconnect::parse_seconds("0"), Ok(Some(Duration::ZERO)));
-        assert_eq!(Reconnect::parse_seconds("600"), Ok(Some(Duration::from_secs(600))));
-        for bad in ["", "-2", "1.5", "10s", "x"] {
-            assert!(Reconnect::parse_seconds(bad).is_err(), "{bad}");
+    fn reconnect_timeouts() {
+        assert_eq!(Reconnect::parse_timeout("-1"), Ok(None));
+        assert_eq!(Reconnect::parse_timeout("0"), Ok(Some(Duration::ZERO)));
+        assert_eq!(Reconnect::parse_timeout("600"), Ok(Some(Duration::from_secs(600))));
+        assert_eq!(Reconnect::parse_timeout("10m"), Ok(Some(Duration::from_secs(600))));
+        assert_eq!(Reconnect::parse_timeout("1.5"), Ok(Some(Duration::from_millis(1500))));
+        for bad in ["", "-2", "x", "2d"] {
+            let e = Reconnect::parse_timeout(bad).unwrap_err();
+            assert!(e.ends_with("or -1 for forever"), "{bad}: {e}");
         }
+        assert_eq!(
+            Reconnect::parse_timeout("25h").unwrap_err(),
+            "25 h is too long: it must be at most 1 day, or -1 for forever"
+        );
     }
 
     #[test]

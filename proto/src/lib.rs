@@ -55,6 +55,7 @@ use core::time::Duration;
 
 mod auth;
 mod connect;
+mod duration;
 mod error;
 mod fields;
 mod header;
@@ -63,13 +64,14 @@ mod size;
 
 pub use auth::{auth_mac, verify_auth_mac};
 pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN};
+pub use duration::{check_duration, format_duration, parse_duration, parse_duration_bounded, parse_duration_in};
 pub use error::{EncodeError, ParseError};
 pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, ListEntry, OpenMode, Range, VolumeFlags};
 pub use header::{peek_tag, Opcode, HEADER_LEN};
 pub use messages::{
     from_hex, is_valid_host_id, parse, to_hex, Message, Opened, Resume, StatsReply, VolumeId, MAX_LIST_ENTRIES,
 };
-pub use size::{parse_bounded, parse_size};
+pub use size::{check_aligned, parse_bounded, parse_size, parse_size_aligned, Bytes, SizeError, BLOCK_SIZE};
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian
 /// u32.

@@ -3,13 +3,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 
 use crate::access::{BadGrant, Grant};
 use rblk_fabric::Chain;
 
-use crate::config::{parse_listen, ConfigError, File, FileVolume, VolumeSpec, DEFAULT_STATE_DIR};
+use crate::config::{
+    parse_listen, ConfigError, File, FileVolume, VolumeSpec, DEFAULT_STATE_DIR, MAX_TIMEOUT, MIN_KEEPALIVE_TIMEOUT,
+    MIN_OPEN_TIMEOUT,
+};
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
 ///
@@ -47,7 +51,8 @@ pub struct Args {
     /// Only accept connections arriving on this RDMA device (e.g. mlx5_0, rxe0).
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
-    /// A volume NAME:SIZE[:PATH] (size like 64M or 1G, a multiple of 4096). Repeatable.
+    /// A volume NAME:SIZE[:PATH] (size like 64M, 1.5G or 64GiB, powers of 1024; 4096KB,
+    /// powers of 1000: whole 4096-byte blocks either way). Repeatable.
     /// Without PATH a RAM volume (volatile). With PATH (everything after the second colon) a
     /// durable volume backed by that file (created and sized if missing) or block device: loaded
     /// at start, written back on FLUSH, flushed on shutdown. Default, without --config: one
@@ -72,15 +77,16 @@ pub struct Args {
     /// unflushed writes as lost). Default: /var/lib/rblk.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// A connection that has not opened (or joined) a session this many seconds after its
-    /// connect request is cut (unauthenticated and half-open ones too). Default: 10.
-    #[arg(long, value_name = "SECS", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
-    pub open_timeout: Option<u64>,
-    /// End a connection when an initiator that promised keepalives sent nothing for this many
-    /// seconds, or when one of the target's keepalives stayed uncompleted that long; a session
-    /// goes with its last connection. Default: 15.
-    #[arg(long, value_name = "SECS", value_parser = |t: &str| rblk_proto::parse_bounded(t, 5, None))]
-    pub keepalive_timeout: Option<u64>,
+    /// A connection that has not opened (or joined) a session this long after its connect
+    /// request is cut (unauthenticated and half-open ones too): 1s to 1d, a bare number is
+    /// seconds [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, MIN_OPEN_TIMEOUT, Some(MAX_TIMEOUT)))]
+    pub open_timeout: Option<Duration>,
+    /// End a connection when an initiator that promised keepalives sent nothing for this long,
+    /// or when one of the target's keepalives stayed uncompleted that long; a session goes with
+    /// its last connection: 5s to 1d, a bare number is seconds [default: 15s].
+    #[arg(long, value_name = "DURATION", value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, MIN_KEEPALIVE_TIMEOUT, Some(MAX_TIMEOUT)))]
+    pub keepalive_timeout: Option<Duration>,
     /// Connections that have not opened a session yet, at most (past it, a new one evicts the
     /// oldest, as sshd's MaxStartups). Default: 64.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
@@ -248,11 +254,11 @@ impl Args {
                 *field = Some(usize::try_from(n).unwrap_or(usize::MAX));
             }
         }
-        if self.open_timeout.is_some() {
-            file.open_timeout = self.open_timeout;
+        if let Some(d) = self.open_timeout {
+            file.open_timeout = Some(d.into());
         }
-        if self.keepalive_timeout.is_some() {
-            file.keepalive_timeout = self.keepalive_timeout;
+        if let Some(d) = self.keepalive_timeout {
+            file.keepalive_timeout = Some(d.into());
         }
         if self.memory_windows.is_some() {
             file.memory_windows = self.memory_windows;

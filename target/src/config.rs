@@ -11,8 +11,9 @@
 //!                                # any key: STATE_DIR/target.key, made at the first start)
 //! allow_any_host = false         # true: no key at all, every initiator gets in
 //! state_dir = "/var/lib/rblk"    # durable volumes' identities across clean shutdowns (default)
-//! open_timeout = 10              # seconds a connection may take to open a session (default)
-//! keepalive_timeout = 15         # seconds of silence (or a stuck keepalive) that end one
+//! open_timeout = 10              # seconds a connection may take to open a session (default;
+//!                                # or a string with units, "10s", "1m30s")
+//! keepalive_timeout = "15s"      # silence (or a stuck keepalive) that ends one
 //! max_unopened = 64              # connections that have not opened a session yet, in all
 //! max_unopened_per_addr = 16     # ... and per peer address
 //! max_sessions = 1024            # open sessions, in all
@@ -188,6 +189,13 @@ pub const FDS_PER_CONNECTION: u64 = 4;
 pub const FDS_BASE: u64 = 64;
 /// Default [`Config::max_auth_delay`].
 pub const MAX_AUTH_DELAY: Duration = Duration::from_secs(2);
+/// The shortest `open_timeout` (`--open-timeout`).
+pub const MIN_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
+/// The shortest `keepalive_timeout` (`--keepalive-timeout`): two keepalive intervals and a
+/// second, so that peers are not cut between keepalives.
+pub const MIN_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2 * rblk_proto::KEEPALIVE_INTERVAL.as_secs() + 1);
+/// The longest `open_timeout` and `keepalive_timeout`.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 impl Default for Config {
     fn default() -> Self {
@@ -208,7 +216,7 @@ impl Default for Config {
             max_auth_delay: MAX_AUTH_DELAY,
             fabric: Fabric::Verbs,
             max_io: 1 << 20,
-            block_size: 4096,
+            block_size: rblk_proto::BLOCK_SIZE,
             state_dir: None,
             keepalive_timeout: rblk_proto::KEEPALIVE_TIMEOUT,
             auth_timeout: AUTH_TIMEOUT,
@@ -287,28 +295,15 @@ impl Fixed {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// Not a size.
-    #[error("{input:?} is not a size: {reason} (examples: 4096, 64k, 64M, 1G)")]
-    Size {
-        /// The text.
-        input: String,
-        /// Why.
-        reason: String,
-    },
+    /// Not a size, or not whole blocks (the message quotes the input).
+    #[error(transparent)]
+    Size(#[from] rblk_proto::SizeError),
     /// A volume name initiators could not send.
     #[error("{0:?}: a volume name is 1-64 characters of A-Z a-z 0-9 - _ .")]
     VolumeName(String),
-    /// A volume size that is zero or not a multiple of 4096.
+    /// A volume size of zero (one that is not whole blocks is a [`ConfigError::Size`]).
     #[error("the size ({0}) must be a non-zero multiple of 4096")]
     VolumeSize(u64),
-    /// A volume size that is not a multiple of the target's block size.
-    #[error("size {size} is not a multiple of the block size {block_size}")]
-    BlockSize {
-        /// The size.
-        size: u64,
-        /// The block size.
-        block_size: u32,
-    },
     /// `--volume` without a size.
     #[error("{0:?}: expected NAME:SIZE[:PATH], e.g. vol0:1G or v:1G:/srv/v.img")]
     VolumeSyntax(String),
@@ -404,16 +399,14 @@ pub enum ConfigError {
         /// The least that works.
         min: usize,
     },
-    /// `open_timeout = 0`.
-    #[error("open_timeout = 0: it must be at least 1 (seconds)")]
-    ZeroOpenTimeout,
-    /// A keepalive timeout two keepalive intervals do not fit in.
-    #[error("keepalive_timeout = {got}: it must be at least {min} (seconds)")]
-    KeepaliveTimeout {
-        /// The value.
-        got: u64,
-        /// The least that works.
-        min: u64,
+    /// A timeout that is not a duration, or out of its range (`open_timeout` from 1 s, a
+    /// `keepalive_timeout` that two keepalive intervals fit in, both at most a day).
+    #[error("{key}: {reason}")]
+    Timeout {
+        /// The key.
+        key: &'static str,
+        /// What is wrong, in words.
+        reason: String,
     },
     /// A backing path that is a directory, a character device, ...
     #[error("backing store {} is neither a regular file nor a block device", .0.display())]
@@ -473,10 +466,11 @@ fn not_ours(source: &std::io::Error, what: &str) -> String {
     }
 }
 
-/// A size with an optional binary suffix: `4096`, `64k`, `64M`, `1G`, `1T` (powers of 1024): the
-/// project's one size parser, [`rblk_proto::parse_size`], with a message that quotes the input.
+/// A volume's size: `4096`, `64k`, `1.5G`, `64GiB` (powers of 1024), `4096KB` (powers of 1000),
+/// whole blocks of [`BLOCK_SIZE`](rblk_proto::BLOCK_SIZE): the project's one size parser,
+/// [`rblk_proto::parse_size_aligned`], with a message that quotes the input.
 pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
-    rblk_proto::parse_size(s).map_err(|reason| ConfigError::Size { input: s.to_owned(), reason: reason.to_string() })
+    Ok(rblk_proto::parse_size_aligned(s, rblk_proto::BLOCK_SIZE.into())?)
 }
 
 /// `--volume NAME:SIZE[:PATH]`: a RAM volume, or a durable one backed by the file or block
@@ -498,9 +492,10 @@ impl VolumeSpec {
         if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
             return Err(ConfigError::VolumeName(name.to_owned()));
         }
-        if size == 0 || size % 4096 != 0 {
+        if size == 0 {
             return Err(ConfigError::VolumeSize(size));
         }
+        rblk_proto::check_aligned(None, size, rblk_proto::BLOCK_SIZE.into())?;
         Ok(VolumeSpec { name: name.to_owned(), size, path })
     }
 }
@@ -581,6 +576,62 @@ impl<'de> serde::Deserialize<'de> for Size {
     }
 }
 
+/// A timeout in the config file: seconds as an integer (`keepalive_timeout = 15`) or a
+/// duration with units (`keepalive_timeout = "15s"`, `"1m30s"`, see
+/// [`rblk_proto::parse_duration`]). Printed back as it was given.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(untagged)]
+pub enum Timeout {
+    /// `keepalive_timeout = 15`.
+    Seconds(u64),
+    /// `keepalive_timeout = "15s"`.
+    Text(String),
+}
+
+impl Timeout {
+    /// The duration, or why the text is not one.
+    pub fn duration(&self) -> Result<Duration, String> {
+        match self {
+            Timeout::Seconds(n) => Ok(Duration::from_secs(*n)),
+            Timeout::Text(s) => rblk_proto::parse_duration(s),
+        }
+    }
+}
+
+/// A flag's duration for the file: whole seconds as an integer, as the file has always said
+/// them; anything finer as text (`1500ms`).
+impl From<Duration> for Timeout {
+    fn from(d: Duration) -> Timeout {
+        if d.subsec_nanos() == 0 {
+            Timeout::Seconds(d.as_secs())
+        } else {
+            Timeout::Text(rblk_proto::format_duration(d).replace(' ', ""))
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Timeout {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Timeout, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Timeout;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration: seconds as an integer (15) or a string like \"15s\", \"500ms\" or \"2m\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Timeout, E> {
+                Ok(Timeout::Seconds(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Timeout, E> {
+                u64::try_from(n).map(Timeout::Seconds).map_err(|_| E::custom(format!("duration {n} is negative")))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Timeout, E> {
+                Ok(Timeout::Text(s.to_owned()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// Whether an admin socket path means "serve none": `none`, `off` or empty.
 pub fn is_off(path: &std::path::Path) -> bool {
     ["", "none", "off"].iter().any(|off| path.as_os_str() == *off)
@@ -644,12 +695,12 @@ pub struct File {
     /// State directory (durable volumes' identities).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<std::path::PathBuf>,
-    /// Seconds a connection may take to open (or join) a session.
+    /// How long a connection may take to open (or join) a session.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub open_timeout: Option<u64>,
-    /// Seconds of initiator silence, or of an uncompleted keepalive, that end a connection.
+    pub open_timeout: Option<Timeout>,
+    /// Initiator silence, or an uncompleted keepalive, that ends a connection.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub keepalive_timeout: Option<u64>,
+    pub keepalive_timeout: Option<Timeout>,
     /// Connections that have not opened a session yet, at most.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_unopened: Option<usize>,
@@ -748,14 +799,27 @@ impl File {
         if let Some(got) = self.max_joins_per_session.filter(|&n| n < MIN_JOINS_PER_SESSION) {
             return Err(ConfigError::JoinsPerSession { got, min: MIN_JOINS_PER_SESSION });
         }
-        if self.open_timeout == Some(0) {
-            return Err(ConfigError::ZeroOpenTimeout);
-        }
-        let min = 2 * rblk_proto::KEEPALIVE_INTERVAL.as_secs() + 1;
-        match self.keepalive_timeout {
-            Some(got) if got < min => Err(ConfigError::KeepaliveTimeout { got, min }),
-            _ => Ok(()),
-        }
+        self.timeouts().map(|_| ())
+    }
+
+    /// `open_timeout` and `keepalive_timeout` (None: not set), parsed and checked against
+    /// their ranges ([`MIN_OPEN_TIMEOUT`], [`MIN_KEEPALIVE_TIMEOUT`], [`MAX_TIMEOUT`]).
+    pub fn timeouts(&self) -> Result<(Option<Duration>, Option<Duration>), ConfigError> {
+        let check = |key: &'static str, value: &Option<Timeout>, min: Duration| {
+            value
+                .as_ref()
+                .map(|t| {
+                    let d = t.duration().map_err(|reason| ConfigError::Timeout { key, reason })?;
+                    rblk_proto::check_duration(d, min, Some(MAX_TIMEOUT))
+                        .map(|()| d)
+                        .map_err(|reason| ConfigError::Timeout { key, reason })
+                })
+                .transpose()
+        };
+        Ok((
+            check("open_timeout", &self.open_timeout, MIN_OPEN_TIMEOUT)?,
+            check("keepalive_timeout", &self.keepalive_timeout, MIN_KEEPALIVE_TIMEOUT)?,
+        ))
     }
 
     /// The hosts, with their key files read.
@@ -779,8 +843,8 @@ impl File {
     /// the state dir too.
     pub fn server_config(&self) -> Result<Config, ConfigError> {
         self.check_limits()?;
+        let (open_timeout, keepalive_timeout) = self.timeouts()?;
         let defaults = Config::default();
-        let secs = |s: Option<u64>, default| s.map_or(default, std::time::Duration::from_secs);
         let cfg = Config {
             listen: self.listen.as_deref().map_or(Ok(defaults.listen), parse_listen)?,
             metrics: self
@@ -800,8 +864,8 @@ impl File {
             hosts: self.host_specs()?,
             acls: self.acls(),
             state_dir: self.state_dir.clone(),
-            auth_timeout: secs(self.open_timeout, defaults.auth_timeout),
-            keepalive_timeout: secs(self.keepalive_timeout, defaults.keepalive_timeout),
+            auth_timeout: open_timeout.unwrap_or(defaults.auth_timeout),
+            keepalive_timeout: keepalive_timeout.unwrap_or(defaults.keepalive_timeout),
             max_unopened: self.max_unopened.unwrap_or(defaults.max_unopened),
             max_unopened_per_addr: self.max_unopened_per_addr.unwrap_or(defaults.max_unopened_per_addr),
             max_sessions: self.max_sessions.unwrap_or(defaults.max_sessions),
@@ -869,9 +933,7 @@ impl Config {
         for v in &self.volumes {
             let invalid = |e: ConfigError| StartError::InvalidVolume { name: v.name.clone(), source: Box::new(e) };
             VolumeSpec::new(&v.name, v.size, None).map_err(invalid)?;
-            if self.block_size == 0 || v.size % u64::from(self.block_size) != 0 {
-                return Err(invalid(ConfigError::BlockSize { size: v.size, block_size: self.block_size }));
-            }
+            rblk_proto::check_aligned(None, v.size, self.block_size.into()).map_err(|e| invalid(e.into()))?;
             if !names.insert(v.name.as_str()) {
                 return Err(StartError::DuplicateVolume(v.name.clone()));
             }
@@ -953,7 +1015,7 @@ mod tests {
     fn hosts_access_lists_and_limits() {
         let text = "max_sessions_per_host = 2\nopen_timeout = 3\n[[host]]\nname = \"db1\"\n[[volume]]\nname = \"a\"\nsize = \"4k\"\nallow = { db1 = \"exclusive\", \"*\" = \"ro\" }\n[[volume]]\nname = \"b\"\nsize = \"4k\"\n";
         let f: File = toml::from_str(text).unwrap();
-        assert_eq!((f.max_sessions_per_host, f.open_timeout), (Some(2), Some(3)));
+        assert_eq!((f.max_sessions_per_host, f.open_timeout.clone()), (Some(2), Some(Timeout::Seconds(3))));
         assert_eq!(f.host_specs().unwrap(), vec![HostSpec { name: "db1".into(), key: None }]);
         let acls = f.acls();
         assert_eq!(acls.len(), 1, "only volumes with a list");
@@ -1013,6 +1075,30 @@ max_joins = 20
         assert!(float.contains("a size"), "{float}");
         let odd: File = toml::from_str("[[volume]]\nname = \"a\"\nsize = 12345").unwrap();
         assert!(Chain(&odd.volume_specs().unwrap_err()).to_string().contains("multiple of 4096"));
+    }
+
+    /// Would catch: a timeout with units refused in the file (or integers no longer taken),
+    /// either printed back otherwise than given, or one out of range taken.
+    #[test]
+    fn timeouts_take_seconds_or_units() {
+        let f: File = toml::from_str("open_timeout = 3\nkeepalive_timeout = \"1m30s\"\n").unwrap();
+        assert_eq!(f.timeouts().unwrap(), (Some(Duration::from_secs(3)), Some(Duration::from_secs(90))));
+        assert!(f.to_toml().contains("open_timeout = 3\n") && f.to_toml().contains("keepalive_timeout = \"1m30s\""));
+        assert_eq!(toml::from_str::<File>(&f.to_toml()).unwrap(), f);
+        let cfg = File { allow_any_host: Some(true), ..f }.server_config().unwrap();
+        assert_eq!((cfg.auth_timeout, cfg.keepalive_timeout), (Duration::from_secs(3), Duration::from_secs(90)));
+        let err = |text: &str| toml::from_str::<File>(text).unwrap().check_limits().unwrap_err().to_string();
+        assert_eq!(
+            err("keepalive_timeout = \"4s\""),
+            "keepalive_timeout: 4 s is out of range: it must be between 5 s and 1 day"
+        );
+        assert_eq!(err("open_timeout = 0"), "open_timeout: 0 s is out of range: it must be between 1 s and 1 day");
+        assert!(err("open_timeout = \"soon\"").starts_with("open_timeout: \"soon\" is not a duration"));
+        assert!(err("keepalive_timeout = \"2d\"").contains("2 days is out of range"));
+        let float = toml::from_str::<File>("open_timeout = 1.5").unwrap_err().to_string();
+        assert!(float.contains("a duration"), "{float}");
+        assert_eq!(Timeout::from(Duration::from_secs(30)), Timeout::Seconds(30));
+        assert_eq!(Timeout::from(Duration::from_millis(1500)), Timeout::Text("1500ms".into()));
     }
 
     /// Would catch: a check that only a start (after the RDMA device probe) makes, so that
@@ -1120,8 +1206,13 @@ max_joins = 20
         assert_eq!(parse_size("64k").unwrap(), 64 << 10);
         assert_eq!(parse_size("64M").unwrap(), 64 << 20);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("4096KB").unwrap(), 4_096_000);
         let e = parse_size("1X").unwrap_err();
-        assert!(matches!(&e, ConfigError::Size { input, .. } if input == "1X"), "{e}");
+        assert!(matches!(&e, ConfigError::Size(_)) && e.to_string().starts_with("\"1X\" is not a size"), "{e}");
+        let e = parse_size("1MB").unwrap_err().to_string();
+        assert!(e.contains("not a multiple of the block size 4096: use 1MiB (binary)"), "{e}");
+        assert!(parse_size("6k").unwrap_err().to_string().contains("6144 bytes, not a multiple"));
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999T").is_err());
     }
@@ -1134,7 +1225,12 @@ max_joins = 20
         assert!("d:1G:".parse::<VolumeSpec>().is_err());
         assert!("v".parse::<VolumeSpec>().is_err());
         let e = "v:100".parse::<VolumeSpec>().unwrap_err();
-        assert_eq!(Chain(&e).to_string(), "\"v:100\": the size (100) must be a non-zero multiple of 4096");
+        assert_eq!(
+            Chain(&e).to_string(),
+            "\"v:100\": 100 is not a multiple of the block size 4096: use a multiple of 4096"
+        );
+        let e = "v:0".parse::<VolumeSpec>().unwrap_err();
+        assert_eq!(Chain(&e).to_string(), "\"v:0\": the size (0) must be a non-zero multiple of 4096");
         assert!("a b:1G".parse::<VolumeSpec>().is_err());
         assert_eq!(parse_listen("10.0.0.1").unwrap().port(), rblk_proto::DEFAULT_PORT);
         assert_eq!(parse_listen("10.0.0.1:9").unwrap().port(), 9);

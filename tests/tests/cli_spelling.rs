@@ -15,6 +15,12 @@
 //!   its range.
 //! - `completions_come_from_the_binary`: `rblk completions SHELL` missing or stale (no
 //!   `discover`).
+//! - `sizes_take_fractions_and_both_unit_families`: `1.5M` refused, `1MB` taken as 2^20 (or as
+//!   10^6, which is not whole blocks) instead of refused with a usage error that says why and
+//!   what to write, a fraction of a byte taken; in rblk-target, rblk and rblk-bench alike.
+//! - `durations_take_units_and_bare_seconds`: `30s`, `1m30s` or `1500ms` refused, a bare
+//!   number no longer seconds, a bad duration taken or refused with exit 1 (not a usage error)
+//!   or without words; the config file's `keepalive_timeout = "30s"` refused, or integers.
 
 use std::process::{Command, Output};
 
@@ -100,6 +106,112 @@ fn ranges_are_said_in_words() {
     let target = rblk_tests::daemon::bin("rblk-target");
     let o = Command::new(target).args(["--keepalive-timeout", "1", "--check-config"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("1 is too small: it must be at least 5"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("1 s is out of range: it must be between 5 s and 1 day"), "{}", stderr(&o));
     assert!(!stderr(&o).contains(".."), "no Rust range in a message: {}", stderr(&o));
+}
+
+fn target(args: &[&str]) -> Output {
+    Command::new(rblk_tests::daemon::bin("rblk-target")).args(args).output().expect("run rblk-target")
+}
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(rblk_tests::daemon::bin("rblk-bench")).args(args).output().expect("run rblk-bench")
+}
+
+/// The effective configuration, printed by rblk-target without RDMA hardware.
+fn print_config(args: &[&str]) -> String {
+    let o = target(&[&["--print-config", "--allow-any-host", "--admin-socket", "none"][..], args].concat());
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A usage error (exit 2) whose message says `needle`.
+fn usage_error(o: &Output, needle: &str) {
+    assert_eq!(o.status.code(), Some(2), "{needle:?}: {}", stderr(o));
+    assert!(stderr(o).contains(needle), "{needle:?} not in {}", stderr(o));
+}
+
+const ONE_MB: &str =
+    "\"1MB\" is 1000000 bytes, not a multiple of the block size 4096: use 1MiB (binary) or a multiple of 4096";
+
+#[test]
+fn sizes_take_fractions_and_both_unit_families() {
+    // rblk-target: volume sizes, decided before any RDMA device is looked for.
+    assert!(print_config(&["--volume", "v:1.5M"]).contains("size = 1572864"));
+    assert!(print_config(&["--volume", "v:2MiB"]).contains("size = 2097152"));
+    assert!(print_config(&["--volume", "v:4096KB"]).contains("size = 4096000"), "decimal, whole blocks");
+    usage_error(&target(&["--print-config", "--volume", "v:1MB"]), ONE_MB);
+    usage_error(
+        &target(&["--check-config", "--volume", "v:6k"]),
+        "\"6k\" is 6144 bytes, not a multiple of the block size 4096",
+    );
+    usage_error(&target(&["--check-config", "--volume", "v:0.3k"]), "\"0.3k\" is not a whole number of bytes");
+    // rblk: a decimal size is taken (the read then fails to connect: no RDMA here, exit 1) ...
+    let o = run(&["read", "rblk://127.0.0.1:9/v", "--length", "1.5M", "--timeout", "1", "--output", "/dev/null"]);
+    assert_ne!(o.status.code(), Some(2), "1.5M is a size: {}", stderr(&o));
+    // ... 1MB is not, and neither is an unknown suffix.
+    usage_error(&run(&["read", "rblk://127.0.0.1/v", "--length", "1MB"]), ONE_MB);
+    usage_error(&run(&["write", "rblk://127.0.0.1/v", "--offset", "4x"]), "\"4x\" is not a size: unknown suffix");
+    // rblk-bench: the same parser.
+    usage_error(&bench(&["rblk://127.0.0.1/v", "--bs", "1MB"]), ONE_MB);
+    usage_error(&bench(&["rblk://127.0.0.1/v", "--size", "1.5"]), "\"1.5\" is not a whole number of bytes");
+}
+
+#[test]
+fn durations_take_units_and_bare_seconds() {
+    // rblk-target's flags: units, and a bare number is still seconds (printed as the file
+    // says seconds: an integer; finer than a second: with its unit).
+    assert!(print_config(&["--keepalive-timeout", "30s"]).contains("keepalive_timeout = 30\n"));
+    let text = print_config(&["--keepalive-timeout", "1m30s", "--open-timeout", "1500ms"]);
+    assert!(text.contains("keepalive_timeout = 90\n") && text.contains("open_timeout = \"1500ms\""), "{text}");
+    assert!(print_config(&["--open-timeout", "12"]).contains("open_timeout = 12\n"));
+    let o = target(&["--check-config", "--keepalive-timeout", "soon"]);
+    usage_error(&o, "\"soon\" is not a duration: it does not start with a number");
+    assert!(stderr(&o).contains("a bare number is seconds"), "{}", stderr(&o));
+    usage_error(
+        &target(&["--check-config", "--open-timeout", "2d"]),
+        "2 days is out of range: it must be between 1 s and 1 day",
+    );
+
+    // The config file: integers as before, and strings with units.
+    let dir = std::env::temp_dir().join(format!("rblk-cli-durations-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = |text: &str| {
+        let path = dir.join("target.toml");
+        std::fs::write(&path, text).unwrap();
+        target(&["--print-config", "--allow-any-host", "--admin-socket", "none", "--config", path.to_str().unwrap()])
+    };
+    let o = config("keepalive_timeout = \"30s\"\nopen_timeout = 5\n");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("keepalive_timeout = \"30s\"") && text.contains("open_timeout = 5\n"), "{text}");
+    let o = config("keepalive_timeout = \"4s\"\n");
+    assert!(!o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(
+        stderr(&o).contains("keepalive_timeout: 4 s is out of range: it must be between 5 s and 1 day"),
+        "{}",
+        stderr(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // rblk: --timeout with a unit is taken (then the connection fails: exit 1, not 2).
+    let o = run(&["info", "rblk://127.0.0.1:9/v", "--timeout", "1500ms"]);
+    assert_ne!(o.status.code(), Some(2), "{}", stderr(&o));
+    usage_error(
+        &run(&["info", "rblk://127.0.0.1/v", "--timeout", "2x"]),
+        "\"2x\" is not a duration: unknown unit \"x\"",
+    );
+    usage_error(
+        &run(&["attach", "rblk://127.0.0.1/v", "--ctrl-loss-tmo", "2d"]),
+        "2 days is too long: it must be at most 1 day, or -1 for forever",
+    );
+    usage_error(
+        &run(&["detach", "/dev/ublkb0", "--timeout", "0"]),
+        "0 s is out of range: it must be between 1 ms and 1 day",
+    );
+    // rblk-bench: units and fio's spellings (the run then fails to connect: exit 1, not 2).
+    let o = bench(&["rblk://127.0.0.1:9/v", "--runtime", "1", "--ramp-time", "1.5s", "--reconnect_delay", "500ms"]);
+    assert_ne!(o.status.code(), Some(2), "{}", stderr(&o));
+    usage_error(&bench(&["rblk://127.0.0.1/v", "--runtime", "soon"]), "\"soon\" is not a duration");
+    usage_error(&bench(&["rblk://127.0.0.1/v", "--log", "x", "--log-interval", "5"]), "5 ms is out of range");
 }

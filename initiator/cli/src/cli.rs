@@ -16,7 +16,9 @@ use crate::{mount, nbd, ublk};
 /// Client for rblk volumes served over RDMA by rblk-target.
 ///
 /// A volume is named by a URI, rblk://HOST:PORT/VOLUME (IPv6 addresses in brackets; port 7420
-/// by default). Sizes and offsets accept binary suffixes: 4096, 4k, 1M, 1G.
+/// by default). Sizes and offsets take 4096, 4k, 1.5M, 1G (k, M, G, T and KiB, MiB, GiB, TiB
+/// are powers of 1024; KB, MB, GB, TB powers of 1000, refused unless whole 4096-byte blocks).
+/// Durations take 500ms, 15s, 2m, 1h30m; a bare number is seconds.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about)]
 pub struct Args {

@@ -24,9 +24,15 @@ pub struct Connection {
     pub host_id: Option<String>,
     #[command(flatten)]
     pub route: rblk_initiator::RouteArgs,
-    /// Give up on each control exchange (connect, open, flush) after this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
-    pub timeout: u64,
+    /// Give up on each control exchange (connect, open, flush) after this long (`10`, `1500ms`:
+    /// a bare number is seconds; at most 1 day).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = timeout_arg)]
+    pub timeout: Duration,
+}
+
+/// `--timeout`: a duration from 1 ms to a day.
+pub fn timeout_arg(text: &str) -> Result<Duration, String> {
+    rblk_initiator::parse_duration_bounded(text, Duration::from_millis(1), Some(rblk_initiator::MAX_TIMEOUT))
 }
 
 /// A volume URI, checked when the command line is parsed (a bad one is a usage error, exit 2),
@@ -97,7 +103,7 @@ impl Connection {
             key,
             key_files_tried,
             host_id: self.host_id.clone(),
-            timeout: Duration::from_secs(self.timeout),
+            timeout: self.timeout,
             reconnect,
             ..Options::default()
         };

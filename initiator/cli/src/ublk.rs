@@ -152,9 +152,10 @@ pub struct DetachArgs {
     /// `ExecStopPost=` of rblk-attach@.service.
     #[arg(long)]
     if_dead: bool,
-    /// Give up waiting for the serving process after this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
-    timeout: u64,
+    /// Give up waiting for the serving process after this long (`60`, `2m`: a bare number is
+    /// seconds; at most 1 day).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::common::timeout_arg)]
+    timeout: Duration,
 }
 
 /// `rblk attach`.
@@ -1185,10 +1186,14 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
             let pid = nix::unistd::Pid::from_raw(e.pid as i32);
             nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
                 .with_context(|| format!("signalling the serving process {}", e.pid))?;
-            let deadline = Instant::now() + Duration::from_secs(args.timeout);
+            let deadline = Instant::now() + args.timeout;
             while e.alive() {
                 if Instant::now() > deadline {
-                    bail!("the serving process {} did not stop within {} s", e.pid, args.timeout);
+                    bail!(
+                        "the serving process {} did not stop within {}",
+                        e.pid,
+                        rblk_initiator::format_duration(args.timeout)
+                    );
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
