@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
-use rblk_initiator::Wait;
+use rblk_initiator::{Bytes, Wait};
 use serde::Serialize;
 
 use crate::stats::{DirStats, Rates, ThreadUsage};
@@ -220,7 +220,7 @@ impl Report {
             stop.push(format!("runtime={r}s"));
         }
         if let Some(size) = j.size {
-            stop.push(format!("size={}", human_bytes(size)));
+            stop.push(format!("size={:#.1}", Bytes(size)));
         }
         if j.time_based {
             stop.push("time_based".into());
@@ -229,9 +229,9 @@ impl Report {
         let mix = if j.rw == "randrw" { format!(" rwmixread={}", j.rwmixread) } else { String::new() };
         let _ = writeln!(
             s,
-            "rblk-bench: rw={}{mix} bs={} iodepth={} jobs={} {stop}{}{}{}",
+            "rblk-bench: rw={}{mix} bs={:#.1} iodepth={} jobs={} {stop}{}{}{}",
             j.rw,
-            human_bytes(j.bs),
+            Bytes(j.bs),
             j.iodepth,
             j.jobs,
             if j.ramp_s > 0.0 { format!(" ramp={}s", j.ramp_s) } else { String::new() },
@@ -241,11 +241,11 @@ impl Report {
         let v = &self.volume;
         let _ = writeln!(
             s,
-            "  volume {} ({}, block {}, max_io {}{}){}",
+            "  volume {} ({:#.1}, block {}, max_io {:#.1}{}){}",
             self.uri,
-            human_bytes(v.size),
+            Bytes(v.size),
             v.block_size,
-            human_bytes(v.max_io.into()),
+            Bytes(v.max_io.into()),
             if v.volatile { ", volatile" } else { "" },
             self.device.as_deref().map(|d| format!(" via {d}")).unwrap_or_default(),
         );
@@ -253,11 +253,11 @@ impl Report {
             let Some(lat) = &d.lat_us else { continue };
             let _ = writeln!(
                 s,
-                "  {name}: IOPS={}, BW={:.1}MiB/s ({:.1}MB/s)({}/{:.1}s)",
+                "  {name}: IOPS={}, BW={:.1}MiB/s ({:.1}MB/s)({:#.1}/{:.1}s)",
                 human_count(d.iops),
                 d.bw_mib_s,
                 d.bw_mb_s,
-                human_bytes(d.bytes),
+                Bytes(d.bytes),
                 self.elapsed_s
             );
             let _ = writeln!(s, "    lat (usec): min={:.1}, avg={:.1}, max={:.1}", lat.min, lat.mean, lat.max);
@@ -366,20 +366,6 @@ pub(crate) fn human_count(x: f64) -> String {
     }
 }
 
-/// 65536 -> "64KiB", 1048576 -> "1MiB", 1536 -> "1.5KiB", 100 -> "100B".
-pub(crate) fn human_bytes(n: u64) -> String {
-    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if n >= 1 << shift {
-            return if n % (1 << shift) == 0 {
-                format!("{}{unit}", n >> shift)
-            } else {
-                format!("{:.1}{unit}", n as f64 / (1u64 << shift) as f64)
-            };
-        }
-    }
-    format!("{n}B")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,10 +395,11 @@ mod tests {
         assert_eq!(human_count(1_234.0), "1.23k");
         assert_eq!(human_count(999.4), "999");
         assert_eq!(human_count(2_500_000.0), "2.50M");
-        assert_eq!(human_bytes(4096), "4KiB");
-        assert_eq!(human_bytes(1 << 30), "1GiB");
-        assert_eq!(human_bytes(1536), "1.5KiB");
-        assert_eq!(human_bytes(100), "100B");
-        assert_eq!(human_bytes(3 * (1 << 20) + 4096), "3.0MiB");
+        // Byte counts are the project's one formatter, fio's way (no space, one decimal).
+        for (n, want) in
+            [(4096, "4KiB"), (1 << 30, "1GiB"), (1536, "1.5KiB"), (100, "100B"), (3 << 20 | 4096, "3.0MiB")]
+        {
+            assert_eq!(format!("{:#.1}", Bytes(n)), want);
+        }
     }
 }

@@ -258,7 +258,7 @@ pub fn process_cpu_time() -> (std::time::Duration, std::time::Duration) {
 /// The memlock limit as text, for registration errors.
 pub(crate) fn memlock_text() -> String {
     match memlock_limit() {
-        Some(bytes) => format!("{} KiB", bytes / 1024),
+        Some(bytes) => rblk_proto::Bytes(bytes).to_string(),
         None => "unlimited".into(),
     }
 }

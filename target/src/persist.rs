@@ -220,7 +220,12 @@ impl Backing {
         ring.transfer(self.file.as_raw_fd(), memory, &[(0, total)], Dir::Load, CHUNK, |done| {
             if Instant::now() >= next_report {
                 next_report += Duration::from_secs(1);
-                tracing::info!(volume = name, "loading: {} of {} MiB", done >> 20, total >> 20);
+                tracing::info!(
+                    volume = name,
+                    "loading: {:.1} of {}",
+                    rblk_proto::Bytes(done),
+                    rblk_proto::Bytes(total)
+                );
             }
         })?;
         Ok(started.elapsed())

@@ -86,8 +86,8 @@ impl Volume {
             volume = name,
             path = %backing.path().display(),
             direct = backing.direct(),
-            "loaded {} MiB in {:.2} s ({:.0} MiB/s)",
-            size >> 20,
+            "loaded {} in {:.2} s ({:.0} MiB/s)",
+            rblk_proto::Bytes(size),
             took.as_secs_f64(),
             (size >> 20) as f64 / took.as_secs_f64().max(1e-6)
         );
@@ -117,8 +117,8 @@ impl Volume {
         tracing::info!(
             volume = %self.name,
             device = pd.device(),
-            "registered {} MiB for memory windows in {:.0} ms",
-            self.size() >> 20,
+            "registered {} for memory windows in {:.0} ms",
+            rblk_proto::Bytes(self.size()),
             started.elapsed().as_secs_f64() * 1e3
         );
         let r = Arc::new(Registration::new(mr, Arc::clone(counters)));

@@ -118,14 +118,8 @@ pub fn open(uri: &str, conn: &Connection, mode: OpenMode, reconnect: Reconnect) 
     Ok(session.open(mode)?)
 }
 
-/// `bytes` in the largest binary unit that divides it.
+/// `bytes` in the largest binary unit that divides it (`1 GiB`, `1536 KiB`): the project's one
+/// byte formatter, [`rblk_initiator::Bytes`].
 pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
-    let mut unit = 0;
-    let mut value = bytes;
-    while unit + 1 < UNITS.len() && value >= 1024 && value % 1024 == 0 {
-        value /= 1024;
-        unit += 1;
-    }
-    format!("{value} {}", UNITS[unit])
+    rblk_initiator::Bytes(bytes).to_string()
 }
