@@ -46,7 +46,8 @@
 //!
 //! Threads and cleanup: an [`Endpoint`] has one owner, the thread that posts and polls it. A
 //! [`Waker`] (any thread) interrupts its wait. [`Pd`] and [`Mr`] are `Send + Sync` and reference
-//! counted; dropping the last handle deregisters or deallocates. Dropping an endpoint destroys its
+//! counted; dropping the last handle deregisters or deallocates. An [`Mw`] is deallocated by
+//! [`Mw::dealloc`], which says whether that worked, or by a drop. Dropping an endpoint destroys its
 //! QP, CQ and rdma_cm id (which disconnects). A buffer handed to the NIC must stay untouched by
 //! the caller until the completion of its work request is polled.
 
@@ -326,6 +327,18 @@ impl Mw {
     /// The rkey of the last bind (peers use it with the bound range's addresses).
     pub fn rkey(&self) -> u32 {
         dispatch!(MwInner, &self.inner, m => m.rkey())
+    }
+
+    /// Deallocates the window (`ibv_dealloc_mw`), which kills its rkey at once if it is bound,
+    /// from any thread, whether its QP is alive or in error. Dropping it does the same but
+    /// cannot tell. On an error the window may still be valid (and is not deallocated again):
+    /// the caller must take down the QP it is bound to, through which alone its rkey works.
+    pub fn dealloc(self) -> Result<()> {
+        match self.inner {
+            MwInner::Verbs(m) => m.dealloc(),
+            #[cfg(feature = "mem")]
+            MwInner::Mem(m) => m.dealloc(),
+        }
     }
 }
 
@@ -838,7 +851,7 @@ impl Endpoint {
     /// Over verbs: moves the QP to the error state and sends no disconnect request, so the
     /// peer hears nothing more, as from a host that died (the cm_id stays until the endpoint is
     /// dropped). For tests of a peer's loss detection; on the in-memory fabric it does
-    /// nothing (its fault injection is `mem::fail_next` and `mem::sever`).
+    /// nothing (its fault injection is `mem::fail_next`, `mem::fail_dealloc` and `mem::sever`).
     pub fn vanish(&mut self) {
         match &mut self.inner {
             EndpointInner::Verbs(e) => e.vanish(),

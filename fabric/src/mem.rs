@@ -23,8 +23,11 @@
 //!   `REJECTED`. Disconnecting or dropping either end errors both QPs and gives the listener
 //!   `Disconnected` once.
 //!
-//! Fault injection, by QP number ([`Endpoint::qp_num`](crate::Endpoint::qp_num)): [`fail_next`]
-//! and [`sever`].
+//! - A memory window's rkey works only on the QP it is bound to; deallocating it removes it, and
+//!   so does destroying that QP (a window whose deallocation failed dies with its QP).
+//!
+//! Fault injection, by QP number ([`Endpoint::qp_num`](crate::Endpoint::qp_num); [`peer_qp_num`]
+//! finds the other end's): [`fail_next`], [`fail_dealloc`] and [`sever`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read as _, Write as _};
@@ -59,6 +62,7 @@ static MRS: Mutex<BTreeMap<u32, Reg>> = Mutex::new(BTreeMap::new());
 static LISTENERS: Mutex<BTreeMap<SocketAddr, Weak<ListenerShared>>> = Mutex::new(BTreeMap::new());
 static QPS: Mutex<BTreeMap<u32, Weak<Shared>>> = Mutex::new(BTreeMap::new());
 static FAULTS: Mutex<BTreeMap<u32, (u32, WcStatus)>> = Mutex::new(BTreeMap::new());
+static DEALLOC_FAULTS: Mutex<BTreeMap<u32, u32>> = Mutex::new(BTreeMap::new());
 
 /// Makes the next `count` send-queue work requests that run on QP `qp_num` complete with
 /// `status` (an error) instead of executing, whether the QP is healthy or already flushing. As
@@ -67,6 +71,27 @@ static FAULTS: Mutex<BTreeMap<u32, (u32, WcStatus)>> = Mutex::new(BTreeMap::new(
 /// 0 cancels.
 pub fn fail_next(qp_num: u32, count: u32, status: WcStatus) {
     lock(&FAULTS).insert(qp_num, (count, status));
+}
+
+/// Makes the next `count` deallocations ([`Mw::dealloc`](crate::Mw::dealloc), or a drop) of
+/// windows bound to QP `qp_num` fail, as `ibv_dealloc_mw` can: the window stays, and its rkey
+/// keeps working on that QP until the QP is destroyed. A count of 0 cancels.
+pub fn fail_dealloc(qp_num: u32, count: u32) {
+    lock(&DEALLOC_FAULTS).insert(qp_num, count);
+}
+
+fn take_dealloc_fault(qp_num: u32) -> bool {
+    let mut faults = lock(&DEALLOC_FAULTS);
+    let Some(left) = faults.get_mut(&qp_num).filter(|left| **left > 0) else { return false };
+    *left -= 1;
+    true
+}
+
+/// The number of the QP connected to QP `qp_num` (a test at one end aims faults at the other's).
+pub fn peer_qp_num(qp_num: u32) -> Option<u32> {
+    let shared = lock(&QPS).get(&qp_num).and_then(Weak::upgrade)?;
+    let c = lock(&shared.conn);
+    c.qp.iter().map(|q| q.num).find(|&n| n != qp_num && n != 0)
 }
 
 /// Cuts the connection of QP `qp_num` as if the peer vanished: both QPs go to the error state
@@ -184,7 +209,7 @@ impl Pd {
 
     /// A type 2 window: a key that works once an endpoint of this PD binds it.
     pub(crate) fn alloc_mw(&self) -> Mw {
-        Mw { rkey: fresh_key(&lock(&MRS)), pd: self.id }
+        Mw { rkey: fresh_key(&lock(&MRS)), pd: self.id, device: Arc::clone(&self.device), gone: false }
     }
 }
 
@@ -192,20 +217,41 @@ impl Pd {
 pub(crate) struct Mw {
     rkey: u32,
     pd: u64,
+    device: Arc<str>,
+    /// Deallocated (or the attempt failed): never again.
+    gone: bool,
 }
 
 impl Mw {
     pub(crate) fn rkey(&self) -> u32 {
         self.rkey
     }
+
+    /// Deallocates the window: its rkey stops working, unless [`fail_dealloc`] makes this fail.
+    pub(crate) fn dealloc(mut self) -> Result<()> {
+        self.dealloc_once()
+    }
+
+    fn dealloc_once(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.gone, true) {
+            return Ok(());
+        }
+        let mut mrs = lock(&MRS);
+        let bound_to = mrs.get(&self.rkey).and_then(|r| r.window.as_ref().map(|(qpn, _)| *qpn));
+        if let Some(qpn) = bound_to {
+            if take_dealloc_fault(qpn) {
+                let source = io::Error::other(format!("injected fault (mem::fail_dealloc on QP {qpn:#x})"));
+                return Err(Error::Verbs { op: "ibv_dealloc_mw", device: self.device.to_string(), source });
+            }
+            mrs.remove(&self.rkey);
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Mw {
     fn drop(&mut self) {
-        let mut mrs = lock(&MRS);
-        if mrs.get(&self.rkey).is_some_and(|r| r.window.is_some()) {
-            mrs.remove(&self.rkey);
-        }
+        let _ = self.dealloc_once();
     }
 }
 
@@ -951,6 +997,9 @@ impl Drop for Endpoint {
         lock(&self.shared.conn).qp[self.side].bell = None;
         lock(&QPS).remove(&self.qpn);
         lock(&FAULTS).remove(&self.qpn);
+        lock(&DEALLOC_FAULTS).remove(&self.qpn);
+        // Windows still bound to the QP (a failed deallocation) die with it.
+        lock(&MRS).retain(|_, r| r.window.as_ref().is_none_or(|(qpn, _)| *qpn != self.qpn));
     }
 }
 
@@ -1293,5 +1342,41 @@ mod tests {
         sever(b.qp_num());
         assert_eq!(drain(&mut b), [(3, FLUSH)]);
         assert!(matches!(l.next_event(Some(soon())).unwrap(), Some(ListenerEvent::Disconnected { conn: 7 })));
+    }
+
+    /// Catches `Mw::dealloc` that cannot fail here (the target's handling of a failed
+    /// `ibv_dealloc_mw` would go untested), a failed one that still kills the rkey (tests would
+    /// pass without the target's disconnect), or a window that outlives its QP.
+    #[test]
+    fn a_failed_window_dealloc_keeps_the_rkey_until_the_qp_goes() {
+        // A window over a region of the target's, bound to its QP; the initiator's WRITE with it.
+        let window = |b: &mut Ep| {
+            let region = reg(b, 8192, Access::BIND_ONLY);
+            let mut mw = b.pd().alloc_mw().unwrap();
+            b.bind_mw(2, &mut mw, &region, 0, 8192, Access::REMOTE_READ_WRITE).unwrap();
+            assert_eq!(drain(b), [(2, WcStatus::SUCCESS)]);
+            (mw, region.addr())
+        };
+        let access = |a: &mut Ep, addr: u64, rkey: u32| {
+            a.post(&[wr(1, Op::Write { remote_addr: addr, rkey }, Local::Inline(b"x"))]).unwrap();
+            drain(a)[0].1
+        };
+        let (_l, mut a, mut b) = pair();
+        let (ok, addr) = window(&mut b);
+        let rkey = ok.rkey();
+        assert_eq!(access(&mut a, addr, rkey), WcStatus::SUCCESS);
+        ok.dealloc().expect("a plain dealloc works");
+        assert_eq!(access(&mut a, addr, rkey), WcStatus::REM_ACCESS_ERR, "a deallocated window's rkey");
+
+        let (_l, mut a, mut b) = pair();
+        let (stuck, addr) = window(&mut b);
+        let rkey = stuck.rkey();
+        assert_eq!(peer_qp_num(a.qp_num()), Some(b.qp_num()));
+        fail_dealloc(b.qp_num(), 1);
+        let e = stuck.dealloc().expect_err("injected");
+        assert!(e.to_string().contains("ibv_dealloc_mw"), "{e}");
+        assert_eq!(access(&mut a, addr, rkey), WcStatus::SUCCESS, "the window is still there");
+        drop(b);
+        assert!(lock(&MRS).get(&rkey).is_none(), "it died with its QP");
     }
 }

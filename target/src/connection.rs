@@ -300,6 +300,11 @@ impl Connection {
             }
         };
         if self.ep.take_wake() && !self.shared.is_shutting_down() {
+            if self.protocol.session().is_some_and(|s| s.window_stuck(self.conn)) {
+                return Err("the memory window bound to its QP could not be deallocated: disconnecting, so that \
+                            the window's rkey dies with the QP"
+                    .into());
+            }
             if self.shared.take_evicted(self.conn) {
                 return Err("evicted: too many connections that opened nothing (the oldest go first)".into());
             }

@@ -60,6 +60,12 @@ pub fn render(shared: &Shared) -> String {
         "Write-backs that failed (the volume is failed)",
         load(&c.writeback_failures),
     );
+    counter(
+        &mut reg,
+        "window_dealloc_failures",
+        "Memory windows whose deallocation failed (their connections were disconnected)",
+        load(&c.window_dealloc_failures),
+    );
     reg.register("flush_seconds", "FLUSH latency, write-back and fdatasync included", c.flush_seconds.clone());
     let mut out = String::new();
     // Writing into a String cannot fail.

@@ -165,6 +165,11 @@ impl Running {
         self.shared.counters.written_back_bytes.load(Ordering::SeqCst)
     }
 
+    /// Memory windows whose deallocation failed (the `window_dealloc_failures` metric).
+    pub fn window_dealloc_failures(&self) -> u64 {
+        self.shared.counters.window_dealloc_failures.load(Ordering::SeqCst)
+    }
+
     /// Current registrations and pinned bytes.
     pub fn registrations(&self) -> (u64, u64) {
         let c = &self.shared.counters;

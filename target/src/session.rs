@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::{Access, Endpoint, Mr, Mw, Pd};
+use rblk_fabric::{Access, Chain, Endpoint, Mr, Mw, Pd, Waker};
 use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
 use subtle::ConstantTimeEq;
 
@@ -41,6 +41,8 @@ pub struct Counters {
     pub written_back_bytes: AtomicU64,
     /// Write-backs that failed.
     pub writeback_failures: AtomicU64,
+    /// Memory windows whose deallocation failed (their QPs were disconnected instead).
+    pub window_dealloc_failures: AtomicU64,
     /// FLUSH latency in seconds.
     pub flush_seconds: prometheus_client::metrics::histogram::Histogram,
 }
@@ -60,6 +62,7 @@ impl Default for Counters {
             flushes: AtomicU64::new(0),
             written_back_bytes: AtomicU64::new(0),
             writeback_failures: AtomicU64::new(0),
+            window_dealloc_failures: AtomicU64::new(0),
             flush_seconds: prometheus_client::metrics::histogram::Histogram::new(crate::metrics::flush_buckets()),
         }
     }
@@ -127,26 +130,53 @@ impl Drop for Registration {
 /// A memory window bound to one connection's QP, counted in [`Counters::windows`]. Dropping it
 /// deallocates it (`ibv_dealloc_mw`), which kills its rkey at once, from any thread, whether the
 /// QP is alive or in error: that is how the target revokes a window (CLOSE, loss, replacement,
-/// a failed volume, a connection leaving).
+/// a failed volume, a connection leaving). If the deallocation fails, the rkey may still work,
+/// but only through that QP: the failure is logged and counted
+/// ([`Counters::window_dealloc_failures`]), and the connection is told to disconnect
+/// ([`Session::window_stuck`]), which takes the rkey down with its QP.
 #[derive(Debug)]
 pub struct Window {
     conn: u64,
-    mw: Mw,
+    /// The QP it is bound to.
+    qpn: u32,
+    /// None once deallocated.
+    mw: Option<Mw>,
     counters: Arc<Counters>,
+    /// Wakes the connection, to disconnect it after a failed deallocation.
+    waker: Waker,
+    /// The session's connections whose window failed to deallocate.
+    stuck: Arc<Mutex<Vec<u64>>>,
 }
 
 impl Window {
-    /// Counts `mw`, bound to connection `conn`'s QP, in.
-    fn new(conn: u64, mw: Mw, counters: Arc<Counters>) -> Window {
+    /// Counts `mw`, bound to connection `conn`'s QP `ep`, in.
+    fn new(conn: u64, ep: &Endpoint, mw: Mw, counters: Arc<Counters>, stuck: Arc<Mutex<Vec<u64>>>) -> Window {
         counters.windows.fetch_add(1, Ordering::SeqCst);
-        Window { conn, mw, counters }
+        Window { conn, qpn: ep.qp_num(), mw: Some(mw), counters, waker: ep.waker(), stuck }
     }
 }
 
 impl Drop for Window {
     fn drop(&mut self) {
         self.counters.windows.fetch_sub(1, Ordering::SeqCst);
-        tracing::debug!(conn = self.conn, rkey = format_args!("{:#x}", self.mw.rkey()), "window revoked");
+        let Some(mw) = self.mw.take() else { return };
+        let (conn, qpn, rkey) = (self.conn, self.qpn, format_args!("{:#x}", mw.rkey()));
+        match mw.dealloc() {
+            Ok(()) => tracing::debug!(conn, qpn, %rkey, "window revoked"),
+            Err(e) => {
+                self.counters.window_dealloc_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    conn,
+                    qpn,
+                    %rkey,
+                    error = %Chain(&e),
+                    "deallocating the memory window failed, so its rkey may still work: disconnecting conn {conn}, \
+                     whose QP the window is bound to, so that the rkey dies with the QP"
+                );
+                self.stuck.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
+                self.waker.wake();
+            }
+        }
     }
 }
 
@@ -223,6 +253,8 @@ pub struct Session {
     /// Its FLUSHes whose write-back runs, and when the last one ended (see
     /// [`Session::flushes`]).
     flushes: Mutex<(usize, Option<std::time::Instant>)>,
+    /// Connections whose window failed to deallocate (see [`Window`]).
+    stuck: Arc<Mutex<Vec<u64>>>,
 }
 
 /// The connections of a session (the opener and its joiners), by connection id.
@@ -261,7 +293,14 @@ impl Session {
             windows,
             counters,
             flushes: Mutex::default(),
+            stuck: Arc::default(),
         }
+    }
+
+    /// Whether the window bound to connection `conn`'s QP failed to deallocate: its rkey may
+    /// still work through that QP, so the connection must end (destroying its QP) now.
+    pub fn window_stuck(&self, conn: u64) -> bool {
+        self.stuck.lock().unwrap_or_else(|p| p.into_inner()).contains(&conn)
     }
 
     /// A FLUSH of the session's waits for its write-back (until [`Session::flush_ended`]).
@@ -319,7 +358,7 @@ impl Session {
         let rkey = ep
             .bind_mw(BIND_WR_ID, &mut mw, mr, 0, mr.len() as u64, remote_access(self.mode))
             .map_err(BindError::Fabric)?;
-        bound.push(Window::new(conn, mw, Arc::clone(&self.counters)));
+        bound.push(Window::new(conn, ep, mw, Arc::clone(&self.counters), Arc::clone(&self.stuck)));
         Ok((mr.addr(), rkey))
     }
 

@@ -493,3 +493,36 @@ fn a_failed_write_back_revokes_the_writers_windows_at_once() {
     assert_eq!(access(&mut wj, &ow, rj, Some(0x43), 4096).0, WcStatus::REM_ACCESS_ERR, "the writer's window");
     assert_eq!(access(&mut r, &or, or.rkey, None, 0), (WcStatus::SUCCESS, 0x42), "the reader's window still reads");
 }
+
+/// Would catch: a window whose deallocation fails going unnoticed (logged as revoked, counted
+/// nowhere) while the connection it is bound to stays up, so that its rkey outlives the CLOSE
+/// that revoked it. Host only: the in-memory fabric's `mem::fail_dealloc` makes the
+/// deallocation fail and leaves the window valid, as a failed `ibv_dealloc_mw` may; without the
+/// target's disconnect of B, B's QP stays up and its WRITE with its rkey still succeeds.
+#[test]
+fn a_window_that_fails_to_deallocate_takes_its_connection_down() {
+    use rblk_proto::{ConnectData, Message, OpenMode};
+    use rblk_tests::target::{Spec, Target};
+    use session::{access, connect, join, FEATURES, VOL};
+    let t = Target::start(Fabric::Mem, &Spec { volumes: vec![("v", VOL)], key: None });
+    let mut a = connect(&t, ConnectData::NewWindowSession);
+    a.hello_with(FEATURES);
+    let oa = a.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
+    let (mut b, rb) = join(&t, &oa);
+    let rb = rb.expect("a windows session gives B a window of its own");
+    assert_eq!(access(&mut b, &oa, rb, Some(0x11), 0).0, WcStatus::SUCCESS);
+    let target_qp = rblk_fabric::mem::peer_qp_num(b.ep.qp_num()).expect("B's QP at the target");
+    rblk_fabric::mem::fail_dealloc(target_qp, 1);
+
+    // CLOSE on A revokes every window of the session: B's fails to deallocate.
+    let ok = a.request(&Message::Close);
+    assert!(matches!(rblk_proto::parse(&ok), Ok((_, Message::Ok { .. }))), "{ok:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.ep.attributes().expect("B's QP").state != "ERR" {
+        assert!(Instant::now() < deadline, "B is still connected, with a window that was not deallocated");
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert_ne!(access(&mut b, &oa, rb, Some(0x22), 0).0, WcStatus::SUCCESS, "B's rkey outlived the CLOSE");
+    let Target::InProcess(r) = &t else { unreachable!("the in-memory fabric's target runs in-process") };
+    assert_eq!(r.window_dealloc_failures(), 1, "the failure is counted (rblk_target_window_dealloc_failures)");
+}

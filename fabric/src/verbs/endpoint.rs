@@ -71,7 +71,7 @@ impl Pd {
             NonNull::new(mw).ok_or_else(|| verbs_err("ibv_alloc_mw", &self.device, std::io::Error::last_os_error()))?;
         // SAFETY: `mw` was just returned by ibv_alloc_mw and is live.
         let rkey = unsafe { mw.as_ref().rkey };
-        Ok(Mw { mw, rkey, _pd: self.clone() })
+        Ok(Mw { mw, rkey, gone: false, pd: self.clone() })
     }
 
     pub(crate) fn device(&self) -> &str {
@@ -109,13 +109,15 @@ pub(crate) struct Mr {
 }
 
 /// A type 2 memory window. Its rkey works only while it is bound, and only on the QP that bound
-/// it; deallocating it (drop) invalidates it.
+/// it; deallocating it ([`Mw::dealloc`], or drop) invalidates it.
 pub(crate) struct Mw {
     mw: NonNull<sys::ibv_mw>,
     /// The rkey of the last bind (the allocation's before any).
     rkey: u32,
+    /// ibv_dealloc_mw was called (whatever it returned): never again.
+    gone: bool,
     // Holds the PD (and its device context) alive while the window exists.
-    _pd: Pd,
+    pd: Pd,
 }
 
 // SAFETY: an ibv_mw may be used and deallocated from any thread; the Mw has one owner.
@@ -127,13 +129,36 @@ impl Mw {
     pub(crate) fn rkey(&self) -> u32 {
         self.rkey
     }
+
+    /// Deallocates the window, which invalidates its rkey if it is bound; the error if
+    /// `ibv_dealloc_mw` failed. Then the window may still be valid: it is not deallocated again
+    /// (its state is unknown), and its PD is kept allocated for good, since the window may hold
+    /// it. The caller must kill the rkey another way: a type 2 window works only through the QP
+    /// it is bound to, so taking that QP down (error state, destroy) does.
+    pub(crate) fn dealloc(mut self) -> Result<()> {
+        self.dealloc_once()
+    }
+
+    fn dealloc_once(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.gone, true) {
+            return Ok(());
+        }
+        // SAFETY: `mw` came from ibv_alloc_mw and is deallocated only here, once (`gone`); its
+        // PD is alive (held). A bound window is invalidated by deallocation.
+        let ret = unsafe { sys::ibv_dealloc_mw(self.mw.as_ptr()) };
+        if ret == 0 {
+            return Ok(());
+        }
+        // The window may still be in the PD: the PD must outlive it, so it is never released.
+        std::mem::forget(self.pd.clone());
+        Err(verbs_err("ibv_dealloc_mw", &self.pd.device, std::io::Error::from_raw_os_error(ret.abs())))
+    }
 }
 
 impl Drop for Mw {
     fn drop(&mut self) {
-        // SAFETY: `mw` came from ibv_alloc_mw, is deallocated only here, and its PD is alive (held).
-        // A window still bound is invalidated by deallocation; a QP in error cannot use it either way.
-        let _ = unsafe { sys::ibv_dealloc_mw(self.mw.as_ptr()) };
+        // Dropped without `dealloc` (nobody asked for the result): as good an attempt, unheard.
+        let _ = self.dealloc_once();
     }
 }
 
