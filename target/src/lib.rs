@@ -53,6 +53,7 @@ pub mod config;
 mod connection;
 pub mod control;
 pub mod identity;
+pub mod lint;
 pub mod metrics;
 pub mod notify;
 pub mod persist;

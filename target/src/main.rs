@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser;
 use rblk_target::config::{File as ConfigFile, FileVolume, KeySource};
+use rblk_target::lint;
 use rblk_target::notify;
 use rblk_target::server::{Running, Server};
 use rblk_target::start::StartError;
@@ -55,7 +56,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         if let Some(text) = rblk_target::config::nofile_limit().and_then(|l| checked.descriptor_warning(l)) {
             eprintln!("rblk-target: warning: {text}");
         }
+        let findings = lint(&checked)?;
+        for f in &findings {
+            eprintln!("rblk-target: {f}");
+        }
+        let errors = findings.iter().filter(|f| f.level == lint::Level::Error).count();
         if args.check_config {
+            if errors > 0 {
+                anyhow::bail!("the configuration has {errors} error(s), above: a start would accept it, but it cannot work as meant");
+            }
             println!("configuration OK");
         } else {
             print!("{}", file.to_toml());
@@ -65,6 +74,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     let created = file.generate_key()?;
     let cfg = file.server_config().map_err(anyhow::Error::from)?;
     announce_key(&file, created);
+    // What --check-config fails on, a start only warns about (it accepted these before).
+    for f in lint(&cfg)? {
+        tracing::warn!("{}", f.text);
+    }
     // Before the start: a signal during a long volume load waits instead of killing us, and
     // SIGHUP no longer ends the daemon.
     let mut signals =
@@ -84,6 +97,12 @@ fn run(args: Args) -> anyhow::Result<()> {
     notify::stopping(running.durable_bytes());
     running.shutdown();
     Ok(())
+}
+
+/// The findings of `--check-config` beyond a start's checks ([`rblk_target::lint`]).
+fn lint(cfg: &rblk_target::server::Config) -> anyhow::Result<Vec<lint::Finding>> {
+    let policy = cfg.check()?;
+    Ok(lint::lint(cfg, &policy, lint::Memory::of_this_host()))
 }
 
 /// SIGHUP: the configuration again, from the file and the same flags, applied to `running`.

@@ -213,3 +213,85 @@ fn the_units_reload_checks_the_config_before_the_sighup() {
     assert_eq!(status.signal(), Some(libc::SIGHUP), "the good config's reload sent SIGHUP: {status:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--check-config` on what a start accepts but cannot work as meant (issue 27): each would
+/// pass the check ("configuration OK") without `rblk_target::lint`.
+mod configs_nobody_can_use {
+    use super::*;
+
+    fn check(path: &std::path::Path) -> (bool, String) {
+        let out = target(&["--check-config", "--config", path.to_str().unwrap()]);
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// An access list naming a host that can never log in: only db1 has a key, no shared key.
+    #[test]
+    fn an_allow_list_naming_a_host_that_cannot_log_in() {
+        let dir = std::env::temp_dir().join(format!("rblk-cli-lint-hosts-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("db1.key");
+        assert!(target(&["gen-key", key.to_str().unwrap()]).status.success());
+        let text = format!(
+            "state_dir = \"{d}\"\n[[host]]\nname = \"db1\"\nkey_file = \"{k}\"\n[[volume]]\nname = \"db\"\nsize = \"1M\"\nallow = {{ \"db-1\" = \"rw\" }}\n",
+            d = dir.display(),
+            k = key.display()
+        );
+        let (ok, stderr) = check(&config_file("lint-hosts", &text));
+        assert!(!ok, "{stderr}");
+        assert!(stderr.contains("volume db: allow names host db-1, which can never log in"), "{stderr}");
+        assert!(stderr.contains("did you mean db1?"), "{stderr}");
+        let fixed = text.replace("db-1", "db1");
+        let (ok, stderr) = check(&config_file("lint-hosts-fixed", &fixed));
+        assert!(ok, "{stderr}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A backing file in a directory the daemon's user cannot write. As root (CI), the check
+    /// runs as nobody through setpriv(1), since root may write nearly anywhere.
+    #[test]
+    fn a_backing_file_in_a_directory_this_user_cannot_write() {
+        let root = nix::unistd::Uid::effective().is_root();
+        let dir = std::env::temp_dir().join(format!("rblk-cli-lint-backing-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let backing = if root { dir.join("d.img") } else { std::path::PathBuf::from("/rblk-lint-d.img") };
+        let config = dir.join("target.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "allow_any_host = true\nadmin_socket = \"none\"\nstate_dir = \"{}\"\n[[volume]]\nname = \"d\"\nsize = \"1M\"\npath = \"{}\"\n",
+                dir.display(),
+                backing.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let bin = env!("CARGO_BIN_EXE_rblk-target");
+        let mut cmd = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", bin]);
+            c
+        } else {
+            Command::new(bin)
+        };
+        let out =
+            cmd.args(["--check-config", "--config", config.to_str().unwrap()]).output().expect("setpriv (util-linux)");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        let parent = backing.parent().unwrap().display().to_string();
+        assert!(stderr.contains("volume d: this user (uid"), "{stderr}");
+        assert!(stderr.contains(&format!("cannot create its backing file in {parent}")), "{stderr}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Volumes larger than the host's memory (every volume is held in memory).
+    #[test]
+    fn volumes_larger_than_this_hosts_memory() {
+        let text = "allow_any_host = true\nadmin_socket = \"none\"\n[[volume]]\nname = \"big\"\nsize = \"16T\"\n";
+        let (ok, stderr) = check(&config_file("lint-memory", text));
+        assert!(!ok && stderr.contains("more than this host has"), "{stderr}");
+    }
+}
