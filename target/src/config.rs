@@ -912,6 +912,47 @@ impl File {
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
     }
+
+    /// This file with every setting it leaves out filled in with the value a start uses
+    /// ([`Config::default`]), so `--print-config` shows everything in effect, as `sshd -T`
+    /// does, in a form `--config` reads back. Settings whose default is "none" (`metrics`,
+    /// `device`, `key_file`) stay out; [`File::unset_notes`] says what that means.
+    pub fn with_defaults(&self) -> File {
+        let d = Config::default();
+        let mut f = self.clone();
+        f.listen.get_or_insert_with(|| d.listen.to_string());
+        f.allow_any_host.get_or_insert(false);
+        f.state_dir.get_or_insert_with(|| std::path::PathBuf::from(DEFAULT_STATE_DIR));
+        f.open_timeout.get_or_insert_with(|| d.auth_timeout.into());
+        f.keepalive_timeout.get_or_insert_with(|| d.keepalive_timeout.into());
+        f.max_unopened.get_or_insert(d.max_unopened);
+        f.max_unopened_per_addr.get_or_insert(d.max_unopened_per_addr);
+        f.max_sessions.get_or_insert(d.max_sessions);
+        f.max_sessions_per_host.get_or_insert(d.max_sessions_per_host);
+        f.max_joins_per_session.get_or_insert(d.max_joins_per_session);
+        f.max_joins_per_host.get_or_insert(d.max_joins_per_host);
+        f.max_joins.get_or_insert(d.max_joins);
+        f.memory_windows.get_or_insert(d.memory_windows);
+        f
+    }
+
+    /// What the settings left out of [`File::with_defaults`] mean, as TOML comments.
+    pub fn unset_notes(&self) -> String {
+        let mut notes = String::new();
+        if self.metrics.is_none() {
+            notes.push_str("# metrics: not served (metrics = \"ADDR:PORT\" serves Prometheus metrics)\n");
+        }
+        if self.device.is_none() {
+            notes.push_str("# device: connections on every RDMA device are accepted\n");
+        }
+        if let KeySource::Generated(path) = self.key_source() {
+            notes.push_str(&format!(
+                "# key_file: none configured: initiators must prove the generated {}\n",
+                path.display()
+            ));
+        }
+        notes
+    }
 }
 
 impl Config {

@@ -67,7 +67,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             }
             println!("configuration OK");
         } else {
-            print!("{}", file.to_toml());
+            print!("{}{}", file.unset_notes(), file.with_defaults().to_toml());
         }
         return Ok(());
     }

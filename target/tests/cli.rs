@@ -47,7 +47,26 @@ fn print_config_shows_the_state_dir() {
     assert!(print(&[]).contains("state_dir = \"/var/lib/rblk\""), "the default is shown");
     assert!(print(&["--state-dir", "/srv/rblk-state"]).contains("state_dir = \"/srv/rblk-state\""));
     assert!(print(&["--memory-windows", "off"]).contains("memory_windows = false"));
-    assert!(!print(&[]).contains("memory_windows"), "the default (on) is not written out");
+    // Every effective setting, defaults included (as `sshd -T`): would catch --print-config
+    // printing only what was configured.
+    let all = print(&[]);
+    for line in [
+        "listen = \"0.0.0.0:7420\"",
+        "memory_windows = true",
+        "keepalive_timeout = 15",
+        "open_timeout = 10",
+        "max_sessions = 1024",
+        "max_joins_per_session = 128",
+        "allow_any_host = false",
+        "admin_socket = ",
+        "# metrics: not served",
+    ] {
+        assert!(all.contains(line), "--print-config lacks {line:?}:\n{all}");
+    }
+    // ... in a form --config reads back, meaning the same.
+    let path = config_file("print-back", &all);
+    let again = print(&["--config", path.to_str().unwrap()]);
+    assert_eq!(again, all, "--print-config's output read back by --config prints the same");
     assert!(!target(&["--print-config", "--memory-windows", "sometimes"]).status.success());
 }
 
