@@ -129,7 +129,9 @@ pub enum PolicyError {
     },
 }
 
-/// Why a host may not open a volume; sent to the initiator as the refusal's text.
+/// Why a host may not open a volume: [`AccessError::Mode`] is sent to the initiator as the
+/// refusal's text; [`AccessError::NotListed`] only goes to the log (the initiator is told the
+/// volume does not exist, as for an unknown name, so that names cannot be probed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum AccessError {
@@ -159,7 +161,13 @@ fn who(host: &Option<String>) -> &str {
     host.as_deref().unwrap_or("(anonymous: the initiator sent no host identity)")
 }
 
-/// Why AUTH failed.
+/// What an initiator is told when AUTH fails: one text for a wrong key, an unknown host and a
+/// known host without a key, so that a refusal does not tell known hosts from unknown ones. The
+/// daemon's log has the [`AuthError`].
+pub const AUTH_FAILED: &str = "authentication failed: wrong key or unknown host (the target's log says which)";
+
+/// Why AUTH failed: its Display is for the daemon's log and `--check-config`; initiators get
+/// [`AuthError::public_text`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AuthError {
     /// The MAC does not prove the key it must.
@@ -190,6 +198,22 @@ impl fmt::Display for AuthError {
                 "authentication failed: this target knows hosts by name and key only, and the initiator sent no host \
                  identity (it predates host identities)",
             ),
+        }
+    }
+}
+
+impl AuthError {
+    /// The ERROR text for the initiator: [`AUTH_FAILED`], whatever the reason, except
+    /// [`AuthError::NoHostId`]. That one depends only on the target's configuration (no shared
+    /// key) and on the initiator naming no host, so it says nothing about whether any host is
+    /// known, and an initiator from before host identities learns what to change.
+    pub fn public_text(&self) -> &'static str {
+        match self {
+            AuthError::WrongKey { .. } | AuthError::UnknownHost(_) | AuthError::NoKey(_) => AUTH_FAILED,
+            AuthError::NoHostId => {
+                "authentication failed: this target knows hosts by name and key only, and the initiator sent no host \
+                 identity (it predates host identities)"
+            }
         }
     }
 }
@@ -294,7 +318,11 @@ impl Policy {
         mac: &[u8; MAC_LEN],
         host: Option<&str>,
     ) -> Result<(), AuthError> {
-        match self.key_for(host)? {
+        let key = self.key_for(host).inspect_err(|_| {
+            // As much work as a wrong key, so that the time to the answer does not tell either.
+            rblk_proto::verify_auth_mac(&[0; 32], nonce, host, mac);
+        })?;
+        match key {
             None => Ok(()),
             Some(key) if rblk_proto::verify_auth_mac(key, nonce, host, mac) => Ok(()),
             Some(_) => Err(AuthError::WrongKey { host: host.map(str::to_owned) }),

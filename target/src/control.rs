@@ -9,6 +9,7 @@ use rblk_proto::{
     VolumeFlags, NONCE_LEN,
 };
 
+use crate::access::AccessError;
 use crate::registry::Shared;
 use crate::session::{self, Grant, Owner, Registration, Session};
 
@@ -168,8 +169,9 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                     (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
                 }
                 Err(e) => {
+                    // The log says why; the initiator is told as little (see AuthError::public_text).
                     tracing::warn!(peer = %crate::connection::Shown(peer.ip), host, "{e}");
-                    (Reply::Error(ErrorCode::AuthFailed, e.to_string()), After::AuthFailed)
+                    (Reply::Error(ErrorCode::AuthFailed, e.public_text().into()), After::AuthFailed)
                 }
             }
         }
@@ -202,12 +204,15 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 None => Owner::Anonymous(peer.ip),
             };
             let opener = Opener { conn: peer.conn, pd: pd.clone(), features: *features, owner };
-            let (reply, after) = open(shared, ep, state, opener, mode, name, resume);
-            if let Reply::Error(code, text) = &reply {
-                shared.counters.refused_opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!(peer = %crate::connection::Shown(peer.ip), host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {text}");
+            match open(shared, ep, state, opener, mode, name, resume) {
+                Ok(opened) => (opened, After::Continue),
+                Err(Refusal { code, text, after, detail }) => {
+                    shared.counters.refused_opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let why = detail.as_deref().unwrap_or(&text);
+                    tracing::warn!(peer = %crate::connection::Shown(peer.ip), host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {why}");
+                    (Reply::Error(code, text), after)
+                }
             }
-            (reply, after)
         }
         (Message::Join { .. }, State::JoinRefused { reason }) => {
             shared.counters.refused_joins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -289,8 +294,9 @@ fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: F
         shared.counters.flush_seconds.observe(started.elapsed().as_secs_f64());
         reply
     };
-    if let Some(backing) = volume.backing.as_ref().filter(|b| b.failed()) {
-        let text = format!("volume {} failed: writing to {} failed earlier", volume.name, backing.path().display());
+    if volume.backing.as_ref().is_some_and(|b| b.failed()) {
+        // The write-back's error, with the backing store's path, is in the log; not for initiators.
+        let text = format!("volume {} failed: writing it back failed earlier (see the target's log)", volume.name);
         return answer(Reply::Error(ErrorCode::VolumeFailed, text));
     }
     if session.mode == OpenMode::ReadOnly || (volume.is_volatile() && hook.is_none()) {
@@ -352,8 +358,11 @@ pub(crate) fn flushed(shared: &Shared, flush: &WriteBack) -> Option<Reply> {
         }
         Err(e) => {
             shared.counters.writeback_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // The error names the backing store and the OS's reason: the log's, not the initiator's.
+            tracing::warn!(volume = %volume.name, error = %e, "FLUSH failed: the volume fails");
             shared.fail_volume(volume);
-            Reply::Error(ErrorCode::VolumeFailed, format!("volume {} failed: {e}", volume.name))
+            let text = format!("volume {} failed: writing it back failed (see the target's log)", volume.name);
+            Reply::Error(ErrorCode::VolumeFailed, text)
         }
     };
     if let Some(hook) = &shared.fixed.flush_hook {
@@ -369,6 +378,32 @@ pub(crate) fn flushed(shared: &Shared, flush: &WriteBack) -> Option<Reply> {
 pub(crate) fn abandoned(shared: &Shared, _flush: WriteBack) {
     if let Some(hook) = &shared.fixed.flush_hook {
         hook.gone();
+    }
+}
+
+/// An OPEN refused: the ERROR the initiator gets, and what the log says when that is more.
+struct Refusal {
+    code: ErrorCode,
+    text: String,
+    after: After,
+    /// What the log says instead of `text` (a reason the initiator is not told).
+    detail: Option<String>,
+}
+
+impl Refusal {
+    /// Refused, as `After::Refused` (counts towards cutting the connection).
+    fn new(code: ErrorCode, text: impl Into<String>) -> Refusal {
+        Refusal { code, text: text.into(), after: After::Refused, detail: None }
+    }
+
+    /// Refused for want of resources: does not count towards cutting the connection.
+    fn resources(text: impl Into<String>) -> Refusal {
+        Refusal { after: After::Continue, ..Refusal::new(ErrorCode::NoResources, text) }
+    }
+
+    /// The log says `detail`; the initiator gets the text only.
+    fn logging(self, detail: String) -> Refusal {
+        Refusal { detail: Some(detail), ..self }
     }
 }
 
@@ -388,7 +423,7 @@ fn open(
     mode: OpenMode,
     name: &str,
     resume: Option<Resume>,
-) -> (Reply, After) {
+) -> Result<Reply, Refusal> {
     let Opener { conn, pd, features, owner } = opener;
     // Before anything else: the old session's exclusive open must not make this one Busy.
     if let Some(resume) = &resume {
@@ -396,37 +431,39 @@ fn open(
     }
     // Held until the session is recorded: a reload removes no volume under an OPEN.
     let catalog = shared.catalog();
-    if let Some(reason) = catalog.refused.get(name) {
-        return (
-            Reply::Error(ErrorCode::VolumeFailed, format!("volume {name} is unavailable: {reason}")),
-            After::Refused,
-        );
-    }
-    let Some(volume) = catalog.volumes.get(name) else {
-        let mut names: Vec<&str> = catalog.volumes.keys().map(String::as_str).collect();
-        names.sort_unstable();
-        return (
-            Reply::Error(
-                ErrorCode::NoSuchVolume,
-                format!("no volume named {name:?} (this target has: {})", names.join(", ")),
-            ),
-            After::Refused,
-        );
-    };
     let host = owner.host();
-    if let Err(e) = catalog.policy.may_open(name, host, mode) {
-        return (Reply::Error(ErrorCode::BadMode, e.to_string()), After::Refused);
+    // A name this host may not see is answered as one that does not exist, byte for byte, so
+    // that names cannot be probed; and the answer lists nothing (LIST lists what it may see).
+    let no_such = || Refusal::new(ErrorCode::NoSuchVolume, format!("no such volume {name}"));
+    if !catalog.volumes.contains_key(name) && !catalog.refused.contains_key(name) {
+        return Err(no_such());
     }
+    match catalog.policy.may_open(name, host, mode) {
+        Ok(()) => {}
+        Err(e @ AccessError::NotListed { .. }) => {
+            return Err(no_such().logging(format!("{e} (answered as no such volume)")))
+        }
+        // A listed host may hear what its grant is.
+        Err(e) => return Err(Refusal::new(ErrorCode::BadMode, e.to_string())),
+    }
+    if let Some(reason) = catalog.refused.get(name) {
+        // The reason names the backing store and the OS's error: the log's, not the initiator's.
+        let text = format!("volume {name} is unavailable (see the target's log)");
+        return Err(
+            Refusal::new(ErrorCode::VolumeFailed, text).logging(format!("volume {name} is unavailable: {reason}"))
+        );
+    }
+    let Some(volume) = catalog.volumes.get(name) else { return Err(no_such()) };
     if let Some(full) = shared.session_cap_reached(&owner) {
-        return (Reply::Error(ErrorCode::NoResources, full.to_string()), After::Continue);
+        return Err(Refusal::resources(full.to_string()));
     }
     if volume.failed() && mode != OpenMode::ReadOnly {
         let text = format!("volume {name} failed (its backing store could not be written): read-only opens only");
-        return (Reply::Error(ErrorCode::VolumeFailed, text), After::Refused);
+        return Err(Refusal::new(ErrorCode::VolumeFailed, text));
     }
     let id = shared.next_session_id();
     if let Err(busy) = volume.acquire(id, mode) {
-        return (Reply::Error(ErrorCode::Busy, busy.0), After::Refused);
+        return Err(Refusal::new(ErrorCode::Busy, busy.0));
     }
     let counters = Arc::clone(&shared.counters);
     let windows = features & rblk_proto::FEATURE_WINDOWS != 0;
@@ -441,7 +478,7 @@ fn open(
         Err(e) => {
             volume.release(id, mode);
             tracing::warn!(volume = name, error = %Chain(&e), "registration failed");
-            return (Reply::Error(ErrorCode::NoResources, Chain(&e).to_string()), After::Continue);
+            return Err(Refusal::resources(Chain(&e).to_string()));
         }
     };
     // From here on the session gives the open mode back when it is dropped.
@@ -455,7 +492,7 @@ fn open(
         Ok(remote) => remote,
         Err(text) => {
             tracing::warn!(volume = name, "{text}");
-            return (Reply::Error(ErrorCode::NoResources, text), After::Continue);
+            return Err(Refusal::resources(text));
         }
     };
     let mut flags = if volume.is_volatile() { VolumeFlags::VOLATILE } else { VolumeFlags::empty() };
@@ -479,14 +516,14 @@ fn open(
     };
     // Checked again atomically: another connection may have opened one meanwhile.
     if let Err(full) = shared.add_session(Arc::clone(&session)) {
-        return (Reply::Error(ErrorCode::NoResources, full.to_string()), After::Continue);
+        return Err(Refusal::resources(full.to_string()));
     }
     shared.counters.sessions_opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let access = if windows { "a memory window per QP" } else { "a registration of its own" };
     tracing::info!(volume = name, ?mode, session = id, owner = %session.owner, "opened, with {access}");
     session.join(conn);
     *state = State::Open { session };
-    (Reply::Msg(Message::Opened(opened)), After::Continue)
+    Ok(Reply::Msg(Message::Opened(opened)))
 }
 
 /// LIST: the volumes `host` may open in some mode, sorted by name, with the most it may open

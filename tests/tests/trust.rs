@@ -10,11 +10,19 @@
 //!   identity, base AUTH) refused by the new target; a host tail accepted from a peer that did
 //!   not announce the feature.
 //! - `without_a_shared_key_only_known_hosts_get_in`: unknown hosts, anonymous peers or known
-//!   hosts without keys let in when only host keys are configured; refusals that do not name
-//!   the reason.
+//!   hosts without keys let in when only host keys are configured; an initiator without host
+//!   identities not told what it lacks.
 //! - `access_lists_refuse_with_the_reason`: volumes' access lists not enforced (a read-only host
 //!   taking an exclusive open and so locking every writer out), or `*` and unlisted volumes
-//!   handled wrongly.
+//!   handled wrongly; a listed host not told the grant it has.
+//! - `auth_refusals_do_not_tell_hosts_apart`: an AUTH refusal whose bytes differ between an
+//!   unknown host, a known host without a key and a wrong key (so a peer could find out which
+//!   host names exist), or that names the host.
+//! - `unlisted_volumes_are_answered_as_unknown_names`: an OPEN of a volume the host is not on the
+//!   access list of answered differently from one of a name that does not exist (so a peer
+//!   could probe names), an answer that lists the target's volumes, a refusal's text about
+//!   a volume that could not be loaded that names its backing store or the OS's error, or one
+//!   sent before the access check.
 //! - `session_caps_per_host_and_in_all`: a host opening sessions without bound, or a cap that
 //!   does not give room back when a session ends.
 //! - `repeated_auth_failures_are_slowed_not_refused`: key guessing at full speed, or an address
@@ -49,7 +57,12 @@ rblk_tests::on_both_fabrics!(
     session_caps_per_host_and_in_all,
     repeated_auth_failures_are_slowed_not_refused,
     list_needs_authentication_and_the_feature,
+    auth_refusals_do_not_tell_hosts_apart,
+    unlisted_volumes_are_answered_as_unknown_names,
 );
+
+/// What every refused AUTH is told (the target's log says why).
+const AUTH_FAILED: &str = rblk_target::access::AUTH_FAILED;
 
 /// Writes `key` to a fresh file and returns its path.
 fn key_file(key: &[u8]) -> PathBuf {
@@ -96,7 +109,7 @@ fn refused(r: Result<(), (ErrorCode, String)>, code: ErrorCode, words: &str) {
 fn hosts_prove_their_own_keys_and_a_mac_binds_host_and_nonce(fabric: Fabric) {
     let t = Target::start_with_config(fabric, &hosts_config(true));
     raw(&t).login(Some(DB1), Some("db1")).expect("db1 with its own key");
-    refused(raw(&t).login(Some(SHARED), Some("db1")), ErrorCode::AuthFailed, "wrong key for host db1");
+    refused(raw(&t).login(Some(SHARED), Some("db1")), ErrorCode::AuthFailed, AUTH_FAILED);
     raw(&t).login(Some(SHARED), Some("web")).expect("a host without its own key proves the shared key");
     raw(&t).login(Some(SHARED), Some("elsewhere")).expect("the shared key admits any host");
 
@@ -126,15 +139,15 @@ fn hosts_prove_their_own_keys_and_a_mac_binds_host_and_nonce(fabric: Fabric) {
     let vol = Session::connect(&uri(&t, "v"), &opts(&t, "db1", Some(DB1))).unwrap().open(OpenMode::ReadOnly);
     vol.expect("the library authenticates db1 with its own key");
     match Session::connect(&uri(&t, "v"), &opts(&t, "db1", Some(SHARED))) {
-        Err(Error::Auth { reason, .. }) => assert!(reason.contains("wrong key for host db1"), "{reason}"),
+        Err(Error::Auth { reason, .. }) => assert!(reason.contains(AUTH_FAILED), "{reason}"),
         other => panic!("db1 with the shared key: {other:?}"),
     }
 }
 
 fn without_a_shared_key_only_known_hosts_get_in(fabric: Fabric) {
     let t = Target::start_with_config(fabric, &hosts_config(false));
-    refused(raw(&t).login(Some(b"guess"), Some("intruder")), ErrorCode::AuthFailed, "unknown host intruder");
-    refused(raw(&t).login(None, Some("web")), ErrorCode::AuthFailed, "no key of its own");
+    refused(raw(&t).login(Some(b"guess"), Some("intruder")), ErrorCode::AuthFailed, AUTH_FAILED);
+    refused(raw(&t).login(None, Some("web")), ErrorCode::AuthFailed, AUTH_FAILED);
     let mut old = raw(&t);
     let nonce = old.challenge(FEATURE_FLUSH_RANGES);
     let mac = rblk_proto::auth_mac(SHARED, &nonce, None).unwrap();
@@ -160,7 +173,11 @@ fn access_lists_refuse_with_the_reason(fabric: Fabric) {
     let web = open("web", "db", OpenMode::ReadOnly).expect("web may read db");
     denied(open("web", "db", OpenMode::Exclusive), "host web may not open volume db exclusively");
     denied(open("web", "db", OpenMode::ReadWrite), "may not open volume db read-write");
-    denied(open("stranger", "db", OpenMode::ReadOnly), "host stranger is not on volume db's access list");
+    // A host not on the list is told what a name that does not exist is told.
+    match open("stranger", "db", OpenMode::ReadOnly) {
+        Err(Error::Target { code: ErrorCode::NoSuchVolume, text, .. }) => assert_eq!(text, "no such volume db"),
+        other => panic!("an unlisted host's OPEN: {other:?}"),
+    }
     drop(web);
     let db1 = open("db1", "db", OpenMode::Exclusive).expect("db1 may open db exclusively");
     drop(db1);
@@ -168,7 +185,7 @@ fn access_lists_refuse_with_the_reason(fabric: Fabric) {
     let mut old = raw(&t);
     old.hello_with(FEATURE_FLUSH_RANGES);
     let (code, text) = old.open_with("db", OpenMode::ReadOnly, None).unwrap_err();
-    assert!(code == ErrorCode::BadMode && text.contains("anonymous"), "{code:?} {text}");
+    assert!(code == ErrorCode::NoSuchVolume && text == "no such volume db", "{code:?} {text}");
     old.open_with("free", OpenMode::Exclusive, None).expect("a volume without a list is open to all");
     open("anyone", "pub", OpenMode::ReadOnly).expect("* grants read-only to any host");
     denied(open("anyone", "pub", OpenMode::ReadWrite), "grants ro");
@@ -252,6 +269,98 @@ fn list_needs_authentication_and_the_feature(fabric: Fabric) {
     let mut db1 = raw(&t);
     db1.login(Some(DB1), Some("db1")).unwrap();
     assert_eq!(list(&mut db1).unwrap(), (1, vec!["v".to_owned()]));
+}
+
+/// AUTH refused for an unknown host, a known host without a key of its own (no shared key) and
+/// a known host with a wrong key, each on a fresh connection with the same requests: the ERRORs
+/// must be the same bytes, naming no host. With a shared key, unknown hosts prove it: a wrong
+/// one is refused as db1's wrong own key is.
+fn auth_refusals_do_not_tell_hosts_apart(fabric: Fabric) {
+    let refusal = |t: &Target, key: &[u8], host: &str| {
+        let mut r = raw(t);
+        let nonce = r.challenge(rblk_proto::FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+        r.request(&Message::Auth { mac: rblk_proto::auth_mac(key, &nonce, Some(host)).unwrap(), host: Some(host) })
+    };
+    let hosts_only = Target::start_with_config(fabric, &hosts_config(false));
+    let unknown = refusal(&hosts_only, b"a guess", "intruder");
+    assert_eq!(
+        rblk_proto::parse(&unknown).map(|(_, m)| m).ok(),
+        Some(Message::Error { code: ErrorCode::AuthFailed, text: AUTH_FAILED })
+    );
+    assert_eq!(refusal(&hosts_only, b"a guess", "web"), unknown, "a known host without a key of its own");
+    assert_eq!(refusal(&hosts_only, b"a guess", "db1"), unknown, "a known host with a wrong key");
+    let shared = Target::start_with_config(fabric, &hosts_config(true));
+    assert_eq!(refusal(&shared, b"a guess", "intruder"), unknown, "an unknown host with a wrong shared key");
+    assert_eq!(refusal(&shared, SHARED, "db1"), unknown, "db1 with the shared key instead of its own");
+}
+
+/// Unlisted volumes, and a durable volume that could not be loaded (its backing file is smaller
+/// than the volume), on a target that serves them and on one that has no such names: a host
+/// not on their access lists (or an anonymous one) must get the same bytes from both, naming no
+/// other volume. A host on the list learns that the broken volume is unavailable, but not its
+/// backing store's path or why, through the raw protocol, the library's error or LIST.
+fn unlisted_volumes_are_answered_as_unknown_names(fabric: Fabric) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "rblk-trust-store-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = dir.join("secret-store.img");
+    std::fs::write(&store, vec![0u8; 4096]).unwrap();
+    let pub_volume = "[[volume]]\nname = \"pub\"\nsize = \"4M\"\n";
+    let serving = Target::start_with_config(
+        fabric,
+        &format!(
+            "{pub_volume}[[volume]]\nname = \"db\"\nsize = \"4M\"\nallow = {{ db1 = \"exclusive\" }}\n\
+             [[volume]]\nname = \"broken\"\nsize = \"4M\"\npath = {store:?}\nallow = {{ db1 = \"rw\" }}\n"
+        ),
+    );
+    let without = Target::start_with_config(fabric, pub_volume);
+    let open = |t: &Target, host: Option<&str>, name: &str| {
+        let mut r = raw(t);
+        match host {
+            Some(h) => r.login(None, Some(h)).expect("names are taken as claimed"),
+            None => {
+                r.hello_with(FEATURE_FLUSH_RANGES);
+            }
+        }
+        r.request(&Message::Open { mode: OpenMode::ReadOnly, name, resume: None })
+    };
+    for name in ["db", "broken"] {
+        for host in [Some("stranger"), None] {
+            let unlisted = open(&serving, host, name);
+            let text = format!("no such volume {name}");
+            assert_eq!(
+                rblk_proto::parse(&unlisted).map(|(_, m)| m).ok(),
+                Some(Message::Error { code: ErrorCode::NoSuchVolume, text: &text }),
+                "{host:?} opening {name}"
+            );
+            assert_eq!(unlisted, open(&without, host, name), "{host:?} opening {name}: unlisted and unknown differ");
+        }
+    }
+
+    // db1 is on the list: told the volume is unavailable, not where its store is or why.
+    let secret = store.to_str().unwrap();
+    let listed = open(&serving, Some("db1"), "broken");
+    assert_eq!(
+        rblk_proto::parse(&listed).map(|(_, m)| m).ok(),
+        Some(Message::Error {
+            code: ErrorCode::VolumeFailed,
+            text: "volume broken is unavailable (see the target's log)"
+        })
+    );
+    let session = Session::connect(&uri(&serving, "broken"), &opts(&serving, "db1", None)).unwrap();
+    let e = session.open(OpenMode::ReadWrite).expect_err("a volume that could not be loaded");
+    let shown = format!("{e:?} {}", rblk_fabric::Chain(&e));
+    assert!(!shown.contains(secret) && !shown.contains("secret-store") && !shown.contains("4096"), "{shown}");
+    let mut db1 = raw(&serving);
+    db1.login(None, Some("db1")).unwrap();
+    let listing = db1.request(&Message::List { start: 0 });
+    assert!(!listing.windows(12).any(|w| w == b"secret-store"), "LIST names the backing store");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The real binaries, as a user runs them, with a key file of mode 0644: both refuse it, exit
