@@ -86,6 +86,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// Creating, sizing or sealing a memfd failed.
+    #[error("{op} for memfd {name:?} ({len} bytes) failed")]
+    Memfd {
+        /// The call, e.g. `memfd_create`.
+        op: &'static str,
+        /// The memfd's name.
+        name: String,
+        /// Its size in bytes.
+        len: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
     /// A work request completed with an error status.
     #[error("work request {wr_id:#x} failed: {status} (vendor error {vendor_err:#x})")]
     Completion {

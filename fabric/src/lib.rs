@@ -3,8 +3,10 @@
 //!
 //! The pieces, in the order a connection uses them:
 //! - [`list_devices`]: what RDMA devices, ports and addresses there are.
-//! - [`Memory`]: an anonymous mapping we own. Never borrowed as a slice: bytes are copied in and
-//!   out with [`Memory::read_at`] / [`Memory::write_at`], because a NIC may write it at any time.
+//! - [`Memory`]: a mapping we own, anonymous or of a memfd sealed against resizing (volumes).
+//!   Never borrowed as a slice: bytes are copied in and out with [`Memory::read_at`] /
+//!   [`Memory::write_at`], because a NIC may write it at any time. Never hole-punched or
+//!   `MADV_DONTNEED`ed while registered: the NIC would keep the old pages.
 //! - [`Pd`] and [`Mr`]: a protection domain and a registration of a whole [`Memory`] in it, with
 //!   the [`Access`] chosen by the caller. An `Mr` holds its `Memory` alive.
 //! - [`Listener`] / [`Request`] (passive side) and [`Endpoint::resolve`] (active side): rdma_cm

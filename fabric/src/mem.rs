@@ -1093,6 +1093,29 @@ mod tests {
         assert_eq!((attr.max_rd_atomic, attr.rnr_retry, attr.max_inline_data), (policy::READ_DEPTH, 7, 64));
     }
 
+    /// Volumes are sealed memfds (issue 28): catches a memfd mapping that cannot be registered,
+    /// or whose registration and CPU side do not see the same bytes.
+    #[test]
+    fn memfd_memory_registers_and_serves_rdma() {
+        let (_l, mut a, b) = pair();
+        let memory = Memory::memfd("rblk-test:registered", 8192).unwrap();
+        memory.write_at(0, b"cpu").unwrap();
+        let vol = b.pd().register(&memory, Access::REMOTE_READ_WRITE).unwrap();
+        let buf = reg(&a, 4096, Access::LOCAL);
+        a.post(&[wr(1, write(&vol, 4096), Local::Inline(b"nic"))]).unwrap();
+        let read = Op::Read { remote_addr: vol.addr(), rkey: vol.rkey() };
+        a.post(&[wr(2, read, Local::Region { mr: &buf, offset: 0, len: 3 })]).unwrap();
+        let mut out = [Completion::EMPTY; 2];
+        assert_eq!(a.wait(&mut out, Duration::ZERO, soon()).unwrap(), 2);
+        assert!(out.iter().all(|c| c.status == WcStatus::SUCCESS));
+        let mut got = [0u8; 3];
+        memory.read_at(4096, &mut got).unwrap();
+        assert_eq!(&got, b"nic");
+        buf.memory().read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"cpu");
+        assert!(vol.memory().fd().is_some());
+    }
+
     #[test]
     fn send_waits_for_recv_and_keeps_order() {
         let (_l, mut a, mut b) = pair();

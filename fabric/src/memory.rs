@@ -1,15 +1,26 @@
-//! Memory the process owns and may register for RDMA: anonymous mappings.
+//! Memory the process owns and may register for RDMA: anonymous mappings, and shared mappings
+//! of sealed memfds (volumes, so that their pages can one day be handed to a successor daemon).
 //!
 //! A NIC (or, in the in-memory fabric, another thread) may write this memory at any time, so it
 //! is never borrowed as `&[u8]` or `&mut [u8]`. Bytes move in and out with explicit copies through
 //! raw pointers, in the spirit of vm-memory's volatile slices.
+//!
+//! Never punch holes in, `MADV_DONTNEED` or `MADV_REMOVE` memory that may be registered: the
+//! registration keeps the old pages pinned for the NIC while the CPU faults in new ones, so the
+//! two would silently see different bytes.
 
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+
 use crate::{Error, Result};
 
-/// An anonymous, populated mapping. Cheap to share: hold it in an `Arc`.
+/// A populated mapping: anonymous ([`Memory::anonymous`]) or of a sealed memfd
+/// ([`Memory::memfd`]). Cheap to share: hold it in an `Arc`.
 #[derive(Debug)]
 pub struct Memory {
     ptr: NonNull<u8>,
@@ -17,6 +28,8 @@ pub struct Memory {
     // Owns the mapping; dropped (munmap) after every registration of it is gone, because each
     // registration holds an `Arc<Memory>`.
     _map: memmap2::MmapMut,
+    // The memfd the mapping shows; None for anonymous memory.
+    memfd: Option<File>,
 }
 
 // SAFETY: `Memory` is a raw region; every access goes through `read_at`/`write_at`, which copy
@@ -39,7 +52,47 @@ impl Memory {
         let _ = map.advise(memmap2::Advice::HugePage);
         let ptr = NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| Error::Map { len, source: std::io::Error::other("mapping returned a null pointer") })?;
-        Ok(Arc::new(Memory { ptr, len, _map: map }))
+        Ok(Arc::new(Memory { ptr, len, _map: map, memfd: None }))
+    }
+
+    /// Maps `len` zeroed bytes of a new memfd called `name` (`/proc/PID/fd` shows
+    /// `memfd:NAME`), shared, populated up front, with transparent huge pages requested (they
+    /// apply where shmem THP is enabled). The memfd is sealed `F_SEAL_SHRINK | F_SEAL_GROW`
+    /// before it is mapped: a registered shmem truncated under its mapping would SIGBUS the CPU
+    /// side while the NIC keeps the old pages. `F_SEAL_SEAL` follows, so no holder of the
+    /// descriptor can add a seal such as `F_SEAL_FUTURE_WRITE` that would keep a successor from
+    /// mapping it writable (seals are never removed; this stops new ones).
+    pub fn memfd(name: &str, len: usize) -> Result<Arc<Memory>> {
+        let fail = |op, source| Error::Memfd { op, name: name.to_owned(), len, source };
+        if len == 0 {
+            return Err(fail("memfd_create", std::io::Error::other("zero-length memfd")));
+        }
+        let fd: OwnedFd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
+            .map_err(|e| fail("memfd_create", e.into()))?;
+        let file = File::from(fd);
+        file.set_len(len as u64).map_err(|e| fail("ftruncate", e))?;
+        fcntl(&file, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL))
+            .map_err(|e| fail("fcntl(F_ADD_SEALS)", e.into()))?;
+        // SAFETY: memmap2 asks that the file not be truncated or resized while it is mapped,
+        // which would SIGBUS accesses past the new end. The memfd was just created here and is
+        // sealed against shrinking and growing (we returned above unless F_ADD_SEALS succeeded),
+        // which binds every holder of it, also one that reopens it through /proc. Writes through
+        // other mappings are fine: the mapping is never borrowed as a slice (see the module docs).
+        let mut map = unsafe { memmap2::MmapOptions::new().len(len).populate().map_mut(&file) }
+            .map_err(|source| Error::Map { len, source })?;
+        // Huge pages are an optimisation; shmem without THP simply says no.
+        let _ = map.advise(memmap2::Advice::HugePage);
+        let ptr = NonNull::new(map.as_mut_ptr())
+            .ok_or_else(|| Error::Map { len, source: std::io::Error::other("mapping returned a null pointer") })?;
+        Ok(Arc::new(Memory { ptr, len, _map: map, memfd: Some(file) }))
+    }
+
+    /// The memfd behind a [`Memory::memfd`] mapping; None for anonymous memory. It is for
+    /// handing the volume to a successor daemon (issue 28): whoever receives it must map it
+    /// shared and must never truncate it, punch holes in it or drop its pages (it is sealed
+    /// against resizing).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.memfd.as_ref().map(AsFd::as_fd)
     }
 
     /// Length in bytes.
@@ -113,5 +166,53 @@ mod tests {
         assert!(matches!(m.write_at(8190, &[0; 3]), Err(Error::OutOfRange { .. })));
         assert!(matches!(m.read_at(usize::MAX, &mut b), Err(Error::OutOfRange { .. })));
         assert!(Memory::anonymous(0).is_err());
+        assert!(Memory::anonymous(4096).unwrap().fd().is_none());
+    }
+
+    /// A memfd mapping that does not show its writes, or whose offsets are off, would lose volume
+    /// data.
+    #[test]
+    fn memfd_reads_back_what_was_written() {
+        let m = Memory::memfd("rblk-test:readback", 3 * 4096).unwrap();
+        let mut z = [0xffu8; 16];
+        m.read_at(2 * 4096, &mut z).unwrap();
+        assert_eq!(z, [0; 16], "a new memfd reads as zeroes");
+        m.write_at(4090, &[1, 2, 3, 4, 5, 6]).unwrap();
+        let mut b = [0u8; 6];
+        m.read_at(4090, &mut b).unwrap();
+        assert_eq!(b, [1, 2, 3, 4, 5, 6]);
+        // The bytes are in the memfd itself, not only in this mapping: what a successor would see.
+        let f = File::from(m.fd().unwrap().try_clone_to_owned().unwrap());
+        let mut from_file = [0u8; 6];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut from_file, 4090).unwrap();
+        assert_eq!(from_file, [1, 2, 3, 4, 5, 6]);
+        assert!(matches!(m.write_at(3 * 4096 - 2, &[0; 3]), Err(Error::OutOfRange { .. })));
+        assert!(Memory::memfd("rblk-test:empty", 0).is_err());
+    }
+
+    /// Catches a memfd that could be resized under its registration (SIGBUS on the CPU side,
+    /// stale pages on the NIC's) or that a holder of the descriptor could seal further.
+    #[test]
+    fn memfd_is_sealed_against_resizing() {
+        let m = Memory::memfd("rblk-test:sealed", 8192).unwrap();
+        let fd = m.fd().unwrap();
+        let seals = SealFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GET_SEALS).unwrap());
+        assert!(seals.contains(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL), "{seals:?}");
+        let f = File::from(fd.try_clone_to_owned().unwrap());
+        for len in [4096, 0, 16384] {
+            let e = f.set_len(len).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "ftruncate to {len}: {e}");
+        }
+        assert_eq!(f.metadata().unwrap().len(), 8192);
+        let e = fcntl(fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_FUTURE_WRITE)).unwrap_err();
+        assert_eq!(e, nix::errno::Errno::EPERM);
+        // The same through /proc, as any process that may open it would.
+        let path = std::fs::read_link(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd))).unwrap();
+        assert_eq!(path.to_string_lossy(), "/memfd:rblk-test:sealed (deleted)");
+        let reopened = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)))
+            .unwrap();
+        assert_eq!(reopened.set_len(0).unwrap_err().raw_os_error(), Some(libc::EPERM));
     }
 }

@@ -89,9 +89,10 @@ impl Pd {
         if access.mw_bind {
             flags |= AccessFlags::MemoryWindowBind;
         }
-        // SAFETY: `memory` is a live anonymous mapping of `len()` bytes that we own; the returned
-        // `Mr` is stored beside an `Arc<Memory>` (see crate::Mr), and the registration is dropped
-        // (deregistered) before that `Arc`, so the NIC never sees unmapped memory.
+        // SAFETY: `memory` is a live mapping of `len()` bytes that we own (anonymous, or of a memfd
+        // sealed against resizing, so no truncation parts the CPU's pages from the NIC's); the
+        // returned `Mr` is stored beside an `Arc<Memory>` (see crate::Mr), and the registration is
+        // dropped (deregistered) before that `Arc`, so the NIC never sees unmapped memory.
         let mr =
             unsafe { self.pd.reg_mr(memory.addr() as usize, memory.len(), flags) }.map_err(|e| Error::Register {
                 len: memory.len(),
