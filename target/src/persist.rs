@@ -1,5 +1,5 @@
-//! Durable volumes: a backing file or block device, loaded into the volume's (anonymous,
-//! registered) memory at start and written back from it on FLUSH, with io_uring.
+//! Durable volumes: a backing file or block device, loaded into the volume's (registered,
+//! sealed memfd) memory at start and written back from it on FLUSH, with io_uring.
 //!
 //! The registered memory is never a MAP_SHARED mapping of the file: NIC writes to pinned pages
 //! bypass the page tables, so the kernel would never learn they are dirty. Instead FLUSH copies

@@ -1,6 +1,8 @@
-//! The volume store: each volume's bytes live in one anonymous mapping, registered once per
-//! device for the sessions with memory windows ([`Volume::region`]) and once per session for the
-//! others; a durable volume also has a [`Backing`] store.
+//! The volume store: each volume's bytes live in one shared mapping of a sealed memfd
+//! ([`Volume::memory`], named `rblk-volume:NAME`), registered once per device for the sessions
+//! with memory windows ([`Volume::region`]) and once per session for the others; a durable volume
+//! also has a [`Backing`] store. The memfd prepares handing a volume's pages to a successor
+//! daemon (issue 28); nothing hands them over yet.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -54,6 +56,11 @@ struct Opens {
     written: bool,
 }
 
+/// The name of a volume's memfd, as `/proc/PID/fd` shows it (after `memfd:`).
+fn memfd_name(volume: &str) -> String {
+    format!("rblk-volume:{volume}")
+}
+
 /// Why an open was refused.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Busy(pub String);
@@ -61,7 +68,7 @@ pub struct Busy(pub String);
 impl Volume {
     /// Maps a zeroed RAM volume of `size` bytes.
     pub fn new(name: &str, size: u64, block_size: u32) -> rblk_fabric::Result<Volume> {
-        let memory = Memory::anonymous(size as usize)?;
+        let memory = Memory::memfd(&memfd_name(name), size as usize)?;
         Ok(Volume {
             name: name.to_owned(),
             memory,
@@ -76,7 +83,7 @@ impl Volume {
 
     /// A durable volume: maps it and loads it from `backing`.
     pub fn durable(name: &str, size: u64, block_size: u32, backing: Backing) -> Result<Volume, LoadError> {
-        let memory = Memory::anonymous(size as usize).map_err(LoadError::Memory)?;
+        let memory = Memory::memfd(&memfd_name(name), size as usize).map_err(LoadError::Memory)?;
         let took = backing.load(&memory, name).map_err(|source| BackingError::Load {
             name: name.to_owned(),
             path: backing.path().to_owned(),
@@ -257,5 +264,44 @@ mod tests {
         assert!(v.acquire(3, OpenMode::Exclusive).is_err());
         v.release(2, OpenMode::ReadWrite);
         v.acquire(3, OpenMode::Exclusive).unwrap();
+    }
+
+    /// Catches a volume mapped anonymously again (its pages could not be handed to a successor,
+    /// issue 28), or a memfd without its name or its size seals.
+    #[test]
+    fn a_volume_is_a_sealed_memfd_named_after_it() {
+        use std::os::fd::AsRawFd;
+        let v = Volume::new("vol-a", 1 << 20, 4096).unwrap();
+        let fd = v.memory.fd().expect("a volume's memory is a memfd");
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        assert_eq!(link.to_string_lossy(), "/memfd:rblk-volume:vol-a (deleted)");
+        let seals = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GET_SEALS).unwrap();
+        let want = nix::fcntl::SealFlag::F_SEAL_SHRINK | nix::fcntl::SealFlag::F_SEAL_GROW;
+        assert_eq!(seals & want.bits(), want.bits());
+        assert_eq!(v.size(), 1 << 20);
+    }
+
+    /// Catches a durable volume left on anonymous memory, or io_uring loads and write-backs
+    /// (O_DIRECT where aligned) that do not work on the memfd's shared pages.
+    #[test]
+    fn a_durable_volume_is_a_memfd_loaded_and_written_back() {
+        use std::os::unix::fs::FileExt as _;
+        let dir = std::env::temp_dir().join(format!("rblk-memfd-volume-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("d.img");
+        let b = Backing::open(&path, 1 << 20).unwrap();
+        std::fs::File::options().write(true).open(&path).unwrap().write_all_at(b"old", 4096).unwrap();
+        let v = Volume::durable("vol-d", 1 << 20, 4096, b).unwrap();
+        assert!(v.memory.fd().is_some(), "a durable volume's memory is a memfd");
+        let mut got = [0u8; 3];
+        v.memory.read_at(4096, &mut got).unwrap();
+        assert_eq!(&got, b"old");
+        v.memory.write_at(8192, b"new").unwrap();
+        v.backing.as_ref().unwrap().flush(&v.memory, &[(8192, 3)]).unwrap();
+        let mut on_disk = [0u8; 3];
+        std::fs::File::open(&path).unwrap().read_exact_at(&mut on_disk, 8192).unwrap();
+        assert_eq!(&on_disk, b"new");
+        drop(v);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
