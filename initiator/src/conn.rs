@@ -454,7 +454,9 @@ impl Conn {
                 // Filled in with the request by `expect`, which knows it.
                 request: Opcode::Error,
                 code,
-                text: text.to_owned(),
+                // Escaped here, once, for every front end that shows it (a target's text may
+                // hold terminal escapes).
+                text: rblk_proto::printable(text).into_owned(),
             }),
             other => Err(Error::Protocol {
                 addr: self.addr,

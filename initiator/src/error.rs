@@ -164,7 +164,8 @@ pub enum Error {
         request: Opcode,
         /// Its error code.
         code: ErrorCode,
-        /// Its explanation.
+        /// Its explanation, with control characters escaped ([`rblk_proto::printable`]): safe
+        /// to print.
         text: String,
     },
     /// Authentication is impossible or failed.

@@ -120,8 +120,8 @@ pub use range::Geometry;
 pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};
 pub use rblk_proto::{
     check_duration, format_duration, from_hex, parse_bounded, parse_duration, parse_duration_bounded,
-    parse_duration_in, to_hex, Bytes, ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, VolumeId, BLOCK_SIZE,
-    KEEPALIVE_INTERVAL,
+    parse_duration_in, printable, to_hex, Bytes, ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, VolumeId,
+    BLOCK_SIZE, KEEPALIVE_INTERVAL,
 };
 pub use session::{Predecessor, Session};
 pub use size::parse_size;

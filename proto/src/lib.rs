@@ -8,7 +8,8 @@
 //! of the registered receive buffer, which is reposted at once: no slice of NIC memory is ever
 //! borrowed); [`Message::encode`] writes into a caller's send
 //! buffer. Neither allocates nor does I/O. Whatever parses re-encodes to the same bytes, and
-//! whatever encodes parses back to the same message.
+//! whatever encodes parses back to the same message. Text in a message (ERROR text, volume
+//! names) is any UTF-8, controls included: show it to people through [`printable`].
 //!
 //! # Message flow
 //!
@@ -60,6 +61,7 @@ mod error;
 mod fields;
 mod header;
 mod messages;
+mod printable;
 mod size;
 
 pub use auth::{auth_mac, verify_auth_mac};
@@ -71,6 +73,7 @@ pub use header::{peek_tag, Opcode, HEADER_LEN};
 pub use messages::{
     from_hex, is_valid_host_id, parse, to_hex, Message, Opened, Resume, StatsReply, VolumeId, MAX_LIST_ENTRIES,
 };
+pub use printable::printable;
 pub use size::{check_aligned, parse_bounded, parse_size, parse_size_aligned, Bytes, SizeError, BLOCK_SIZE};
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian

@@ -324,8 +324,19 @@ fn discover(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()>
         eprintln!("rblk: the target has no volume this host may open");
         return Ok(());
     }
-    println!("{:<24} {:>14}  {:<9} ACCESS", "VOLUME", "SIZE", "STORAGE");
-    for v in &volumes {
+    for line in discover_table(&volumes) {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// `rblk discover`'s table: a header, then a line per volume. Names come from the target and
+/// may hold anything, terminal escapes included: they are shown escaped
+/// ([`rblk_initiator::printable`]). The JSON output keeps them as they are (serde_json escapes
+/// C0 controls; a name is what a script passes back in a URI).
+pub fn discover_table(volumes: &[rblk_initiator::ListEntry]) -> Vec<String> {
+    let mut lines = vec![format!("{:<24} {:>14}  {:<9} ACCESS", "VOLUME", "SIZE", "STORAGE")];
+    for v in volumes {
         let storage = if v.is_failed() {
             "failed"
         } else if v.is_volatile() {
@@ -333,9 +344,10 @@ fn discover(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()>
         } else {
             "durable"
         };
-        println!("{:<24} {:>14}  {:<9} {}", v.name(), human(v.size()), storage, mode_name(v.grant(), false));
+        let name = rblk_initiator::printable(v.name());
+        lines.push(format!("{name:<24} {:>14}  {storage:<9} {}", human(v.size()), mode_name(v.grant(), false)));
     }
-    Ok(())
+    lines
 }
 
 /// `rblk discover -o json`: an array of name, size, volatile, failed, access.
