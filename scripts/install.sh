@@ -16,7 +16,8 @@
 #
 # Installs rblk, rblk-target, rblk-bench into PREFIX/bin; rblk-target.service and
 # rblk-attach@.service into UNITDIR; the example configuration into CONFDIR/target.toml unless
-# one exists there (it is never overwritten), and creates CONFDIR/attach/. It does not enable
+# one exists there (it is never overwritten), and creates CONFDIR/attach/. With rblk-dist built,
+# also shell completions and man pages into PREFIX/share (man1, and man5 for rblk-target.toml). It does not enable
 # or start anything: then run `systemctl daemon-reload`, edit /etc/rblk/target.toml, check it with
 # `rblk-target --config /etc/rblk/target.toml --check-config` and `systemctl enable --now
 # rblk-target`.
@@ -98,13 +99,14 @@ if [[ -x $BIN_DIR/rblk-dist ]]; then
     "$BIN_DIR/rblk-dist" "$gen"
     share=$DESTDIR$PREFIX/share
     install -d "$share/bash-completion/completions" "$share/zsh/site-functions" \
-        "$share/fish/vendor_completions.d" "$share/man/man1"
+        "$share/fish/vendor_completions.d" "$share/man/man1" "$share/man/man5"
     for f in "$gen"/completions/bash/*.bash; do
         install -m 0644 "$f" "$share/bash-completion/completions/$(basename "$f" .bash)"
     done
     install -m 0644 "$gen"/completions/zsh/_* "$share/zsh/site-functions/"
     install -m 0644 "$gen"/completions/fish/*.fish "$share/fish/vendor_completions.d/"
     install -m 0644 "$gen"/man/*.1 "$share/man/man1/"
+    install -m 0644 "$gen"/man/*.5 "$share/man/man5/"    # rblk-target.toml(5)
     rm -rf "$gen"
 else
     echo "install.sh: no $BIN_DIR/rblk-dist: completions and man pages not installed (cargo build --release -p rblk-dist)" >&2

@@ -30,6 +30,9 @@ use crate::config::{
 /// admin socket (--admin-socket, root only). Those changes are not written to the config file:
 /// a later SIGHUP applies the file again, removing volumes added that way (once idle) and
 /// adding back those removed. Put a volume in the file to keep it.
+///
+/// See rblk-target.toml(5) for the config file's keys, keys and host identities, limits and
+/// the systemd units (docs/configuration.md in rblk's source).
 #[derive(Debug, Parser)]
 #[command(version, about, long_about, args_conflicts_with_subcommands = true)]
 pub struct Args {
@@ -124,7 +127,7 @@ pub struct Args {
     /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, [[host]] tables (name, key_file)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
-    /// --volume flags replace its volumes.
+    /// --volume flags replace its volumes. Every key: rblk-target.toml(5).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Print the effective configuration (file plus flags) as TOML and exit; exits non-zero,

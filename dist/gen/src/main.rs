@@ -1,9 +1,18 @@
 //! `rblk-dist OUTDIR` (arguments parsed by clap: `--help`, `--version`): writes shell completions (bash, zsh, fish) and man pages (section 1, one
 //! per command and subcommand) for rblk, rblk-bench and rblk-target, generated from their clap definitions,
-//! so they always match `--help`. `scripts/install.sh` runs it.
+//! so they always match `--help`, and the config file's page, rblk-target.toml(5), rendered from
+//! docs/configuration.md. `scripts/install.sh` runs it.
+//!
+//! Those three are the binaries users run. The workspace's others get no pages: rblk-test-client
+//! and rblk-lane-bench (tests/) are test tools, and rblk-dist is this build tool.
 //!
 //! Layout: OUTDIR/completions/{bash/NAME.bash, zsh/_NAME, fish/NAME.fish} (install bash's as
-//! `bash-completion/completions/NAME`), OUTDIR/man/NAME[-SUB].1.
+//! `bash-completion/completions/NAME`), OUTDIR/man/NAME[-SUB].1, OUTDIR/man/rblk-target.toml.5.
+
+#![forbid(unsafe_code)]
+
+mod config_page;
+mod markdown;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -13,9 +22,10 @@ use clap_complete::Shell;
 
 /// Write shell completions (bash, zsh, fish) and man pages for rblk, rblk-bench and rblk-target
 ///
-/// Generated from the binaries' own command-line definitions, so they always match `--help`.
-/// Layout: OUTDIR/completions/{bash/NAME.bash, zsh/_NAME, fish/NAME.fish},
-/// OUTDIR/man/NAME[-SUB].1. `scripts/install.sh` runs it.
+/// Generated from the binaries' own command-line definitions, so they always match `--help`,
+/// and rblk-target.toml(5) from docs/configuration.md. Layout: OUTDIR/completions/{bash/NAME.bash,
+/// zsh/_NAME, fish/NAME.fish}, OUTDIR/man/NAME[-SUB].1, OUTDIR/man/rblk-target.toml.5.
+/// `scripts/install.sh` runs it.
 #[derive(Debug, clap::Parser)]
 #[command(name = "rblk-dist", version)]
 struct Args {
@@ -45,7 +55,10 @@ fn generate(out: &Path) -> std::io::Result<usize> {
         n += completions(cmd.clone(), out)?;
         n += man_pages(cmd, &out.join("man"))?;
     }
-    Ok(n)
+    let version = rblk_target::cli::Args::command().get_version().unwrap_or_default().to_owned();
+    let page = config_page::page(&version).map_err(std::io::Error::other)?;
+    std::fs::write(out.join("man").join(config_page::FILE_NAME), page)?;
+    Ok(n + 1)
 }
 
 fn completions(mut cmd: clap::Command, out: &Path) -> std::io::Result<usize> {
@@ -92,7 +105,8 @@ mod tests {
     }
 
     /// Catches completions or man pages that are not generated (or are empty) for a command a
-    /// user runs: every binary's page and its subcommands' pages exist and name their flags.
+    /// user runs: every binary's page and its subcommands' pages exist and name their flags; the
+    /// config file's page exists, rblk-target's points to it, and the pages its SEE ALSO names exist.
     #[test]
     fn writes_completions_and_man_pages() {
         let out = std::env::temp_dir().join(format!("rblk-dist-{}", std::process::id()));
@@ -106,6 +120,12 @@ mod tests {
         assert!(read("man/rblk-bench.1").contains("iodepth"));
         assert!(read("man/rblk-target.1").contains("check\\-config"));
         assert!(read("completions/bash/rblk-target.bash").contains("--max-sessions-per-host"));
+        let config = read("man/rblk-target.toml.5");
+        assert!(config.contains(".TH rblk-target.toml 5") && config.contains("max_joins_per_host"));
+        for name in super::config_page::SEE_ALSO {
+            read(&format!("man/{name}.1"));
+        }
+        assert!(read("man/rblk-target.1").contains("rblk\\-target.toml(5)"), "rblk-target's page points to it");
         assert!(n > 10, "{n} files");
         std::fs::remove_dir_all(&out).unwrap();
     }
