@@ -12,6 +12,8 @@
 #![forbid(unsafe_code)]
 
 mod config_page;
+#[cfg(test)]
+mod doc_commands;
 mod markdown;
 
 use std::path::Path;
