@@ -838,7 +838,7 @@ summarize() { # LOG SUMMARY_JSON TABLE_TXT
     lib_python - "$@" "$REPO_ROOT/scripts/timeline-rxe.sh" <<'PY'
 import datetime, json, os, re, statistics, subprocess, sys
 
-from report import host_info
+from report import bench_report, host_info
 
 log_path, summary_path, table_path, timeline_script = sys.argv[1:5]
 out_dir = os.path.dirname(summary_path)
@@ -907,38 +907,6 @@ BLOCK_WORKLOADS = [
 ]
 # Rows whose absence fails the run: the ones the goals are measured with.
 GOAL_PATHS = ("ublk", "nvmeof", "rblk_bench")
-
-
-# rblk-bench's latency figures in the tables: its earlier layout's names, fio's percentiles.
-BENCH_PCT = {"p50": "50.000000", "p90": "90.000000", "p99": "99.000000", "p99_9": "99.900000",
-             "p99_99": "99.990000"}
-
-
-def bench_report(doc):
-    """An rblk row's report in the shape the tables read: {"total": {"iops"}, "read"/"write":
-    {"lat_us": {"p50", ...} | None}, "cpu", "target_cpu"}. rblk-bench's fio layout (-o json,
-    one entry with --group_reporting) is converted; its earlier layout (--json: guest.logs of
-    earlier runs, read again by --redraw), the merge of two processes and raw-lat's report
-    already have that shape."""
-    if "jobs" not in doc:
-        return doc
-    jobs = doc["jobs"]
-    if len(jobs) != 1:
-        raise ValueError(f"{len(jobs)} job entries in rblk-bench's report (--group_reporting makes one)")
-    job = jobs[0]
-    if job.get("error"):
-        raise ValueError(f"rblk-bench reports error {job['error']}")
-    out = {"total": {"iops": float(job["read"]["iops"]) + float(job["write"]["iops"])}}
-    for d in ("read", "write"):
-        c = job[d]["clat_ns"]
-        lat = None
-        if c.get("N"):
-            lat = {k: c["percentile"][v] / 1000.0 for k, v in BENCH_PCT.items()}
-            lat.update(min=c["min"] / 1000.0, mean=c["mean"] / 1000.0, max=c["max"] / 1000.0)
-        out[d] = {"lat_us": lat}
-    section = doc["rblk"]["sections"][0]
-    out["cpu"], out["target_cpu"] = section.get("cpu"), section.get("target_cpu")
-    return out
 
 
 def fio_job(text):

@@ -5,7 +5,7 @@
 #
 # Builds the binaries on the host, boots the rxe guest with a scratch disk, and there runs one
 # rblk-target with four durable volumes (v1..v4, 128 MiB each, on the scratch disk) and four
-# `rblk-bench --rw randrw --verify --jobs 4` processes, one per volume, for SECONDS. Meanwhile:
+# `rblk-bench --rw randrw --verify --numjobs 4` processes, one per volume, for SECONDS. Meanwhile:
 # - every 30 s the bench on v1 is SIGKILLed and started again (the target must reap its
 #   session: its queue pairs vanish without CLOSE);
 # - once, half-way, the target is restarted gracefully (SIGTERM, then start): the other benches
@@ -69,10 +69,22 @@ echo "soak: target pid $tpid, baseline resources: $baseline"
 declare -A pid_of
 runs=0
 bench() { # VOLUME SECONDS TAG
-    "$B/rblk-bench" "rblk://$RBLK_ADDR:$PORT/$1" --rw randrw --bs 4k --verify --jobs 4 --iodepth 8 \
-        --runtime "$2" --reconnect-delay 1 --quiet --json "/tmp/soak-$3.json" >"/tmp/soak-$3.out" 2>&1 &
+    "$B/rblk-bench" "rblk://$RBLK_ADDR:$PORT/$1" --rw randrw --bs 4k --verify --numjobs 4 --iodepth 8 \
+        --runtime "$2" --reconnect-delay 1 --quiet -o json --group_reporting --output "/tmp/soak-$3.json" \
+        >"/tmp/soak-$3.out" 2>&1 &
     pid_of[$3]=$!
     runs=$((runs + 1))
+}
+
+# The verify mismatches in rblk-bench's report $1 (fio's layout, read by scripts/lib/report.py's
+# one converter), or why there are none.
+mismatches() {
+    PYTHONPATH="$REPO_ROOT/scripts/lib" python3 - "$1" <<'PY' 2>&1 | tail -n 1
+import json, sys
+from report import bench_report
+v = bench_report(json.load(open(sys.argv[1])))["verify"]
+print(v["mismatches"] if v and v["blocks_checked"] else f"no blocks checked: {v}")
+PY
 }
 
 started=$(date +%s)
@@ -108,7 +120,7 @@ for tag in "${!pid_of[@]}"; do
         fail+=("bench $tag exited non-zero: $(tail -3 "/tmp/soak-$tag.out" | tr '\n' ' ')")
         continue
     fi
-    m=$(tr -d ' \n' <"/tmp/soak-$tag.json" | grep -o '"mismatches":[0-9]*' | cut -d: -f2)
+    m=$(mismatches "/tmp/soak-$tag.json") || true
     [[ $m == 0 ]] || fail+=("bench $tag: $m mismatches")
 done
 

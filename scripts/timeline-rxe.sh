@@ -343,7 +343,7 @@ guest_main() {
     log "bench: rblk-bench randread 4k QD1 for ${secs}s, traced ${tsecs}s"
     local bpid rc=0
     "$bin/rblk-bench" "$uri" --device "$dev" --quiet --rw randread --bs 4k --iodepth 1 --runtime "$secs" \
-        --json "$work/bench.json" >"$work/bench.out" 2>&1 &
+        -o json --output "$work/bench.json" >"$work/bench.out" 2>&1 &
     bpid=$!
     sleep "$WARM_SECS"
     if kill -0 "$bpid" 2>/dev/null; then
@@ -356,8 +356,9 @@ guest_main() {
     if ((rc != 0)); then
         fail bench "rblk-bench exited with status $rc: $(oneline "$work/bench.out")"
     else
-        printf '@@path bench bench_p50_us %s\n' "$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["read"]["lat_us"]["p50"])' \
-            "$work/bench.json" 2>/dev/null || true)"
+        # fio's layout, read by scripts/lib/report.py's one converter (compare-rxe.sh's too).
+        printf '@@path bench bench_p50_us %s\n' "$(lib_python -c 'import json, sys; from report import bench_report
+print(bench_report(json.load(open(sys.argv[1])))["read"]["lat_us"]["p50"])' "$work/bench.json" 2>/dev/null || true)"
     fi
 
     echo 0 >"$tr/events/enable"
