@@ -602,15 +602,16 @@ MERGE
                 return 1
             }
             rm -f "$work/nbd.sock"
+            # Its one stdout line, once it serves, is the export's URI (nbd+unix:///?socket=PATH).
             "$bin/rblk" nbd "$uri" --device "$dev" --listen "unix:$work/nbd.sock" >"$work/nbd.out" 2>"$work/nbd.log" &
             blk_pid=$!
             for _ in $(seq 1 300); do
-                grep -q '^rblk nbd: serving' "$work/nbd.out" && break
+                grep -q '^nbd+unix:' "$work/nbd.out" && break
                 kill -0 "$blk_pid" 2>/dev/null || break
                 sleep 0.1
             done
-            grep -q '^rblk nbd: serving' "$work/nbd.out" || {
-                blk_err="rblk nbd did not start serving: $(oneline "$work/nbd.out" "$work/nbd.log")"
+            grep -q '^nbd+unix:' "$work/nbd.out" || {
+                blk_err="rblk nbd printed no nbd+unix: URI (it did not start serving): $(oneline "$work/nbd.out" "$work/nbd.log")"
                 return 1
             }
             timeout 60 nbd-client -unix "$work/nbd.sock" /dev/nbd0 -block-size 4096 >"$work/nbdc.log" 2>&1 || {
@@ -621,15 +622,18 @@ MERGE
             ;;
         fuse)
             mkdir -p "$mnt"
+            # Its one stdout line is the loop device; the pid is on stderr ("rblk: pid N serves
+            # MOUNTPOINT", then "rblk: serving in the background (pid N); ...").
             timeout 120 "$bin/rblk" mount "$uri" "$mnt" --device "$dev" --queues 1 --loop --daemon \
-                >"$work/mount.out" 2>&1 || {
-                blk_err="rblk mount --loop --daemon failed: $(oneline "$work/mount.out")"
+                >"$work/mount.out" 2>"$work/mount.log" || {
+                blk_err="rblk mount --loop --daemon failed: $(oneline "$work/mount.out" "$work/mount.log")"
                 return 1
             }
-            blk_dev=$(grep -o '/dev/loop[0-9]*' "$work/mount.out" | head -n 1) || true
-            blk_pid=$(sed -n 's/.*(pid \([0-9]*\).*/\1/p' "$work/mount.out" | head -n 1)
-            [[ -n $blk_dev && -n $blk_pid ]] || {
-                blk_err="no loop device or pid in rblk mount's output: $(oneline "$work/mount.out")"
+            blk_dev=$(sed -n 1p "$work/mount.out")
+            blk_pid=$(sed -n -e 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' \
+                -e 's/^rblk: serving in the background (pid \([0-9][0-9]*\)).*/\1/p' "$work/mount.log" | head -n 1)
+            [[ $blk_dev == /dev/loop* && -n $blk_pid ]] || {
+                blk_err="rblk mount printed no /dev/loopN line (stdout) or no 'rblk: pid N serves' line (stderr): $(oneline "$work/mount.out" "$work/mount.log")"
                 return 1
             }
             ;;
