@@ -45,6 +45,33 @@ impl fmt::Display for Finding {
     }
 }
 
+/// Sizes in the config file written with a decimal unit (`64GB`): those meant binary units
+/// (64 GiB) before sizes took both unit families, and now mean 64 x 10^9 bytes. A whole number
+/// of blocks either way, so nothing refuses them: a warning says so, since a durable volume
+/// whose size changes starts as a new instance (its initiators report unflushed writes lost).
+pub fn decimal_sizes(file: &crate::config::File) -> Vec<Finding> {
+    let mut found = Vec::new();
+    for v in &file.volumes {
+        let crate::config::Size::Text(text) = &v.size else { continue };
+        let binary = text.trim().trim_end_matches(['B', 'b']);
+        let (Ok(now), Ok(before)) = (rblk_proto::parse_size(text), rblk_proto::parse_size(binary)) else { continue };
+        if now != before {
+            found.push(Finding {
+                level: Level::Warning,
+                text: format!(
+                    "volume {}: size {text:?} is decimal ({now} bytes, {}); before sizes took both unit families it \
+                     was {}: write {binary:?} or \"{binary}iB\" to keep that size (a durable volume whose size \
+                     changes starts as a new instance, and its initiators report unflushed writes as lost)",
+                    v.name,
+                    rblk_proto::Bytes(now),
+                    rblk_proto::Bytes(before),
+                ),
+            });
+        }
+    }
+    found
+}
+
 /// The host's memory, from `/proc/meminfo` (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Memory {
@@ -254,6 +281,24 @@ mod tests {
         let mut none = Vec::new();
         backing_stores(&cfg, &mut none, &|_: &Path, _: bool| Ok(()));
         assert!(none.is_empty());
+    }
+
+    /// Would catch a config size with a decimal unit (`64GB`, which meant 64 GiB before sizes
+    /// took both unit families) passing without a word.
+    #[test]
+    fn decimal_units_in_the_config_are_warned_about() {
+        let file: crate::config::File = toml::from_str(
+            "[[volume]]\nname = \"a\"\nsize = \"64GB\"\n[[volume]]\nname = \"b\"\nsize = \"64G\"\n[[volume]]\nname = \"c\"\nsize = \"64GiB\"\n[[volume]]\nname = \"d\"\nsize = 4096\n",
+        )
+        .unwrap();
+        let found = decimal_sizes(&file);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].level == Level::Warning
+                && found[0].text.starts_with("volume a: size \"64GB\" is decimal (64000000000 bytes"),
+            "{found:?}"
+        );
+        assert!(found[0].text.contains("it was 64 GiB"), "{found:?}");
     }
 
     /// Would catch volumes larger than the host's memory passing the check, and a warning

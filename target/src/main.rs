@@ -56,7 +56,8 @@ fn run(args: Args) -> anyhow::Result<()> {
         if let Some(text) = rblk_target::config::nofile_limit().and_then(|l| checked.descriptor_warning(l)) {
             eprintln!("rblk-target: warning: {text}");
         }
-        let findings = lint(&checked)?;
+        let mut findings = lint(&checked)?;
+        findings.extend(lint::decimal_sizes(&file));
         for f in &findings {
             eprintln!("rblk-target: {f}");
         }
@@ -75,7 +76,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let cfg = file.server_config().map_err(anyhow::Error::from)?;
     announce_key(&file, created);
     // What --check-config fails on, a start only warns about (it accepted these before).
-    for f in lint(&cfg)? {
+    for f in lint(&cfg)?.into_iter().chain(lint::decimal_sizes(&file)) {
         tracing::warn!("{}", f.text);
     }
     // Before the start: a signal during a long volume load waits instead of killing us, and
