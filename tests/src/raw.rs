@@ -196,3 +196,40 @@ impl Raw {
         self.open_with(name, mode, None).unwrap_or_else(|e| panic!("OPEN {name} refused: {e:?}"))
     }
 }
+
+/// The target side of [`Raw`]: accepts the connection `req` (a control channel on a QP of
+/// `pd`) and answers each control message it receives with what `reply` returns for it (None:
+/// no answer), until the peer goes or nothing arrives for `idle`. For tests that play a target
+/// no rblk-target would be (an older one, a rogue one).
+pub fn serve_scripted<'r>(
+    req: rblk_fabric::Request,
+    pd: &rblk_fabric::Pd,
+    conn: u64,
+    idle: Duration,
+    mut reply: impl FnMut(&Message<'_>) -> Option<Message<'r>>,
+) {
+    let cfg = QpConfig { send_depth: 18, recv_depth: 16, max_inline: 128 };
+    let Ok(mut ep) = req.into_endpoint(pd, &cfg, conn) else { return };
+    let Ok(mut chan) = Channel::new(pd) else { return };
+    if chan.post_recvs(&mut ep).is_err() || ep.accept().is_err() {
+        return;
+    }
+    let mut out = [Completion::EMPTY; 8];
+    let mut buf = [0u8; MSG_SIZE];
+    loop {
+        let Ok(n) = ep.wait(&mut out, Duration::ZERO, Instant::now() + idle) else { return };
+        if n == 0 {
+            return;
+        }
+        for c in out[..n].iter().filter(|c| channel::is_control(c.wr_id)) {
+            let Ok(Event::Received(len)) = chan.on_completion(&mut ep, c, &mut buf) else {
+                continue;
+            };
+            let Ok((tag, msg)) = rblk_proto::parse(&buf[..len]) else { return };
+            let Some(answer) = reply(&msg) else { continue };
+            if chan.send(&mut ep, tag, &answer).is_err() {
+                return;
+            }
+        }
+    }
+}

@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rblk_fabric::channel::{self, Channel, Event};
-use rblk_fabric::{Completion, Fabric, Listener, ListenerEvent, QpConfig};
+use rblk_fabric::{Fabric, Listener, ListenerEvent};
 use rblk_proto::{ChallengeFlags, ErrorCode, ListEntry, Message, Opcode, OpenMode};
+use rblk_tests::raw::serve_scripted;
 
 /// Retitles an xterm and rings its bell.
 const EVIL: &str = "\x1b]0;pwned\x07";
@@ -32,43 +32,21 @@ fn rogue_target() -> SocketAddr {
                 _ => return,
             };
             let pd = req.alloc_pd().unwrap();
-            let cfg = QpConfig { send_depth: 18, recv_depth: 16, max_inline: 128 };
-            let mut ep = req.into_endpoint(&pd, &cfg, conn).unwrap();
-            let mut chan = Channel::new(&pd).unwrap();
-            chan.post_recvs(&mut ep).unwrap();
-            ep.accept().unwrap();
             thread::spawn(move || {
-                let mut out = [Completion::EMPTY; 8];
-                let mut buf = [0u8; rblk_proto::MSG_SIZE];
                 let entry = [ListEntry::new(EVIL, 1 << 20, 0, OpenMode::Exclusive).unwrap()];
                 let text = format!("volume {EVIL} is gone{EVIL}");
-                loop {
-                    let Ok(n) = ep.wait(&mut out, Duration::ZERO, Instant::now() + Duration::from_secs(30)) else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    for c in out[..n].iter().filter(|c| channel::is_control(c.wr_id)) {
-                        let Ok(Event::Received(len)) = chan.on_completion(&mut ep, c, &mut buf) else { continue };
-                        let Ok((tag, msg)) = rblk_proto::parse(&buf[..len]) else { return };
-                        let reply = match msg {
-                            Message::Hello { .. } => Message::Challenge {
-                                flags: ChallengeFlags::empty(),
-                                features: rblk_proto::FEATURES,
-                                nonce: [0; rblk_proto::NONCE_LEN],
-                            },
-                            Message::Auth { .. } => Message::Ok { answers: Opcode::Auth },
-                            Message::List { .. } => Message::ListReply { total: 1, entries: &entry },
-                            Message::Open { .. } => Message::Error { code: ErrorCode::NoSuchVolume, text: &text },
-                            Message::Close => Message::Ok { answers: Opcode::Close },
-                            _ => continue,
-                        };
-                        if chan.send(&mut ep, tag, &reply).is_err() {
-                            return;
-                        }
-                    }
-                }
+                serve_scripted(req, &pd, conn, Duration::from_secs(30), |msg| match msg {
+                    Message::Hello { .. } => Some(Message::Challenge {
+                        flags: ChallengeFlags::empty(),
+                        features: rblk_proto::FEATURES,
+                        nonce: [0; rblk_proto::NONCE_LEN],
+                    }),
+                    Message::Auth { .. } => Some(Message::Ok { answers: Opcode::Auth }),
+                    Message::List { .. } => Some(Message::ListReply { total: 1, entries: &entry }),
+                    Message::Open { .. } => Some(Message::Error { code: ErrorCode::NoSuchVolume, text: &text }),
+                    Message::Close => Some(Message::Ok { answers: Opcode::Close }),
+                    _ => None,
+                });
             });
         }
     });

@@ -359,8 +359,8 @@ fn a_target_with_windows_off_gives_todays_session_registration(fabric: Fabric) {
 /// one rkey), JOIN (a plain OK), FLUSH, STATS and CLOSE over the in-memory fabric, one session at
 /// a time. Returns its address and the connect kinds it saw, in order.
 fn old_target(size: usize) -> (SocketAddr, Arc<std::sync::Mutex<Vec<u16>>>) {
-    use rblk_fabric::channel::{self, Channel, Event};
     use rblk_proto::{ChallengeFlags, ConnectData, FlushedFlags, Message, Opcode, Opened, StatsReply, VolumeFlags};
+    use rblk_tests::raw::serve_scripted;
     let listener = Listener::bind(Fabric::Mem, "127.0.0.1:0".parse().unwrap(), None).unwrap();
     let addr = listener.local_addr().unwrap();
     let kinds = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -390,51 +390,31 @@ fn old_target(size: usize) -> (SocketAddr, Arc<std::sync::Mutex<Vec<u16>>>) {
                     continue;
                 }
             };
-            let cfg = QpConfig { send_depth: 18, recv_depth: 16, max_inline: 128 };
-            let mut ep = req.into_endpoint(&pd, &cfg, conn).unwrap();
-            let mut chan = Channel::new(&pd).unwrap();
-            chan.post_recvs(&mut ep).unwrap();
-            ep.accept().unwrap();
             thread::spawn(move || {
-                let mut out = [Completion::EMPTY; 8];
-                let mut buf = [0u8; rblk_proto::MSG_SIZE];
-                loop {
-                    let Ok(n) = ep.wait(&mut out, Duration::ZERO, Instant::now() + STEP * 4) else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    for c in out[..n].iter().filter(|c| channel::is_control(c.wr_id)) {
-                        let Ok(Event::Received(len)) = chan.on_completion(&mut ep, c, &mut buf) else { continue };
-                        let Ok((tag, msg)) = rblk_proto::parse(&buf[..len]) else { return };
-                        let reply = match msg {
-                            Message::Hello { .. } => Message::Challenge {
-                                flags: ChallengeFlags::empty(),
-                                features: rblk_proto::FEATURES & !rblk_proto::FEATURE_WINDOWS,
-                                nonce: [0; rblk_proto::NONCE_LEN],
-                            },
-                            Message::Auth { .. } => Message::Ok { answers: Opcode::Auth },
-                            Message::Open { .. } => Message::Opened(Opened {
-                                remote_addr: mr.addr(),
-                                size: size as u64,
-                                rkey: mr.rkey(),
-                                block_size: 4096,
-                                max_io: 1 << 20,
-                                flags: VolumeFlags::VOLATILE,
-                                session_id: 7,
-                                token: [7; rblk_proto::TOKEN_LEN],
-                                instance: Some(rblk_proto::VolumeId([1; 16])),
-                            }),
-                            Message::Join { .. } => Message::Ok { answers: Opcode::Join },
-                            Message::Flush(_) => Message::Flushed { flags: FlushedFlags::VOLATILE },
-                            Message::Stats => Message::StatsReply(StatsReply::default()),
-                            Message::Close => Message::Ok { answers: Opcode::Close },
-                            _ => continue,
-                        };
-                        if chan.send(&mut ep, tag, &reply).is_err() {
-                            return;
-                        }
-                    }
-                }
+                serve_scripted(req, &pd, conn, STEP * 4, |msg| match msg {
+                    Message::Hello { .. } => Some(Message::Challenge {
+                        flags: ChallengeFlags::empty(),
+                        features: rblk_proto::FEATURES & !rblk_proto::FEATURE_WINDOWS,
+                        nonce: [0; rblk_proto::NONCE_LEN],
+                    }),
+                    Message::Auth { .. } => Some(Message::Ok { answers: Opcode::Auth }),
+                    Message::Open { .. } => Some(Message::Opened(Opened {
+                        remote_addr: mr.addr(),
+                        size: size as u64,
+                        rkey: mr.rkey(),
+                        block_size: 4096,
+                        max_io: 1 << 20,
+                        flags: VolumeFlags::VOLATILE,
+                        session_id: 7,
+                        token: [7; rblk_proto::TOKEN_LEN],
+                        instance: Some(rblk_proto::VolumeId([1; 16])),
+                    })),
+                    Message::Join { .. } => Some(Message::Ok { answers: Opcode::Join }),
+                    Message::Flush(_) => Some(Message::Flushed { flags: FlushedFlags::VOLATILE }),
+                    Message::Stats => Some(Message::StatsReply(StatsReply::default())),
+                    Message::Close => Some(Message::Ok { answers: Opcode::Close }),
+                    _ => None,
+                });
             });
         }
     });
