@@ -221,7 +221,8 @@ fn the_units_reload_checks_the_config_before_the_sighup() {
     let broken = config_file("reload-broken", "allow_any_host = true\n[[volume]]\nname = \"v\"\nsize = \"12345\"\n");
 
     // A stand-in for the daemon: SIGHUP kills it (sleep's default action), so it shows one came.
-    let mut daemon = Command::new("sleep").arg("60").spawn().unwrap();
+    // SIGHUP's default action even where it is inherited ignored (nohup, some CI runners).
+    let mut daemon = Command::new("env").args(["--default-signal=HUP", "sleep", "60"]).spawn().unwrap();
     let refused = run(&broken, daemon.id()).expect_err("a reload with a broken config must fail");
     assert!(refused.contains("multiple of 4096"), "the failure says why: {refused}");
     std::thread::sleep(std::time::Duration::from_millis(200));
