@@ -32,22 +32,39 @@ pub fn lock_file(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// Who may use a directory [`check_dir`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirUse {
+    /// Others may read it, but only its owner, this user or root, may write to it (so nobody
+    /// else can replace what is made in it): an admin socket's directory.
+    OwnerWrites,
+    /// Nobody but this user may reach it at all: it is this user's, with no group or other
+    /// access (mode 0700 or narrower), for a socket whose every client may read and write a
+    /// volume.
+    OwnerOnly,
+}
+
 /// Checks that `dir`, where a private file or socket is to be made, is a directory (not a
-/// symlink to one) that belongs to this user or root and that no group or other user may
-/// write (so nobody else can replace what is made in it); `Err` says why in words.
-pub fn check_dir(dir: &Path) -> Result<(), String> {
+/// symlink to one) that others can use no more than `how` allows; `Err` says why in words and
+/// how to fix it.
+pub fn check_dir(dir: &Path, how: DirUse) -> Result<(), String> {
     let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if !meta.is_dir() {
         return Err(format!("{} is not a directory (a symlink?)", dir.display()));
     }
     let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me && meta.uid() != 0 {
-        return Err(format!("{} belongs to uid {}, neither this user (uid {me}) nor root", dir.display(), meta.uid()));
+    let (owner_ok, forbidden, risk, fix) = match how {
+        DirUse::OwnerWrites => (meta.uid() == me || meta.uid() == 0, 0o022, "may write to it", "chmod go-w"),
+        DirUse::OwnerOnly => (meta.uid() == me, 0o077, "could reach what is made in it", "chmod 700"),
+    };
+    if !owner_ok {
+        let allowed = if how == DirUse::OwnerWrites { "neither this user nor root" } else { "not this user" };
+        return Err(format!("{} belongs to uid {}, {allowed} (uid {me})", dir.display(), meta.uid()));
     }
     let mode = meta.mode() & 0o7777;
-    if mode & 0o022 != 0 {
+    if mode & forbidden != 0 {
         return Err(format!(
-            "{} has mode {mode:04o}: other users may write to it (chmod go-w {}, or choose another directory)",
+            "{} has mode {mode:04o}: other users {risk} ({fix} {}, or choose another directory)",
             dir.display(),
             dir.display()
         ));
@@ -70,7 +87,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        check_dir(&dir).unwrap();
+        check_dir(&dir, DirUse::OwnerWrites).unwrap();
+        assert!(check_dir(&dir, DirUse::OwnerOnly).unwrap_err().contains("mode 0755"), "0755 is not owner-only");
         let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o002));
         let log = dir.join("log");
         append(&log).unwrap();
@@ -83,9 +101,9 @@ mod tests {
         assert!(create_new(&link).is_err() && lock_file(&link).is_err());
         assert!(!target.exists(), "nothing was made through the link");
         assert!(create_new(&log).is_err(), "create_new never opens an existing file");
-        assert!(check_dir(&link).unwrap_err().contains("not a directory"));
+        assert!(check_dir(&link, DirUse::OwnerWrites).unwrap_err().contains("not a directory"));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-        assert!(check_dir(&dir).unwrap_err().contains("mode 0777"));
+        assert!(check_dir(&dir, DirUse::OwnerWrites).unwrap_err().contains("mode 0777"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -213,7 +213,8 @@ pub fn check_path(path: &Path) -> Result<(), SocketError> {
     // An existing directory must be safe: whoever may write to it could replace the socket
     // (a missing one is made with mode 0700 by `serve`).
     match path.parent().filter(|d| !d.as_os_str().is_empty() && d.exists()) {
-        Some(dir) => rblk_fabric::private::check_dir(dir).map_err(SocketError::UnsafeDir),
+        Some(dir) => rblk_fabric::private::check_dir(dir, rblk_fabric::private::DirUse::OwnerWrites)
+            .map_err(SocketError::UnsafeDir),
         None => Ok(()),
     }
 }

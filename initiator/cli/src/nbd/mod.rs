@@ -163,7 +163,7 @@ fn private_socket(volume: &str, root: bool) -> anyhow::Result<PathBuf> {
 
 /// Makes `dir` (mode 0700) or checks that it is this user's, a directory, and mode 0700.
 fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    use std::os::unix::fs::DirBuilderExt as _;
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
@@ -172,27 +172,8 @@ fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
     }
-    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("checking {}", dir.display()))?;
-    let me = nix::unistd::geteuid().as_raw();
-    if !meta.is_dir() {
-        bail!("{} is not a directory (a symlink?): refusing to put the NBD socket there", dir.display());
-    }
-    if meta.uid() != me {
-        bail!(
-            "{} belongs to uid {}, not to this user (uid {me}): refusing to put the NBD socket there",
-            dir.display(),
-            meta.uid()
-        );
-    }
-    if meta.mode() & 0o077 != 0 {
-        bail!(
-            "{} has mode {:04o}: others could reach the NBD socket in it (`chmod 700 {}`, or give --listen)",
-            dir.display(),
-            meta.mode() & 0o7777,
-            dir.display()
-        );
-    }
-    Ok(())
+    rblk_fabric::private::check_dir(dir, rblk_fabric::private::DirUse::OwnerOnly)
+        .map_err(|why| anyhow::anyhow!("{why}: refusing to put the NBD socket there (or give --listen)"))
 }
 
 /// A listening socket.
