@@ -59,6 +59,7 @@
 pub mod channel;
 mod completion;
 mod error;
+pub mod fdpass;
 pub mod keyfile;
 pub mod liveness;
 #[cfg(feature = "mem")]
@@ -525,6 +526,19 @@ impl Listener {
     /// A descriptor that becomes readable when an event is pending (for poll/epoll).
     pub fn fd(&self) -> RawFd {
         dispatch!(ListenerInner, &self.inner, l => l.fd())
+    }
+
+    /// Stops listening: the port is free (another daemon may bind it) and new connect requests
+    /// are refused, while the connections accepted so far keep their events here. A target
+    /// closes it while it hands its volumes to a successor.
+    pub fn close_port(&mut self) {
+        dispatch!(ListenerInner, &mut self.inner, l => l.close_port())
+    }
+
+    /// Listens on the same address (and port) again after [`Listener::close_port`]; nothing to
+    /// do when it is open.
+    pub fn reopen_port(&mut self) -> Result<()> {
+        dispatch!(ListenerInner, &mut self.inner, l => l.reopen_port())
     }
 
     /// The next event, waiting until `deadline` (None: don't wait). `Ok(None)` when none came.

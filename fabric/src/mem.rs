@@ -355,9 +355,37 @@ impl Listener {
     }
 }
 
+impl Listener {
+    /// Takes the address out of the table (connects are refused, as by a closed port); the
+    /// connections accepted so far keep their events.
+    pub(crate) fn close_port(&mut self) {
+        let mut table = lock(&LISTENERS);
+        if table.get(&self.shared.addr).is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.shared))) {
+            table.remove(&self.shared.addr);
+        }
+    }
+
+    /// Puts the address back, unless another listener took it meanwhile (EADDRINUSE).
+    pub(crate) fn reopen_port(&mut self) -> Result<()> {
+        let mut table = lock(&LISTENERS);
+        match table.get(&self.shared.addr) {
+            Some(w) if std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.shared)) => Ok(()),
+            Some(w) if w.strong_count() > 0 => {
+                let source = io::Error::from_raw_os_error(libc::EADDRINUSE);
+                Err(Error::Cm { op: "rdma_bind_addr", addr: AddrDisplay(Some(self.shared.addr)), source })
+            }
+            _ => {
+                table.insert(self.shared.addr, Arc::downgrade(&self.shared));
+                Ok(())
+            }
+        }
+    }
+}
+
 impl Drop for Listener {
     fn drop(&mut self) {
-        lock(&LISTENERS).remove(&self.shared.addr);
+        // Only our own entry: after a handover the address may be another listener's.
+        self.close_port();
     }
 }
 

@@ -87,6 +87,35 @@ impl Memory {
         Ok(Arc::new(Memory { ptr, len, _map: map, memfd: Some(file) }))
     }
 
+    /// Maps a memfd another process made with [`Memory::memfd`] and handed over (its pages, not
+    /// a copy: both mappings show the same bytes), after checking that it is what it must be:
+    /// sealed against shrinking and growing, and exactly `len` bytes long. Populated and with
+    /// huge pages requested, as [`Memory::memfd`]. `name` is for errors.
+    pub fn from_memfd(name: &str, fd: OwnedFd, len: usize) -> Result<Arc<Memory>> {
+        let fail = |op, source| Error::Memfd { op, name: name.to_owned(), len, source };
+        let file = File::from(fd);
+        let seals = fcntl(&file, FcntlArg::F_GET_SEALS).map_err(|e| fail("fcntl(F_GET_SEALS)", e.into()))?;
+        let want = (SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW).bits();
+        if seals & want != want {
+            return Err(fail("fcntl(F_GET_SEALS)", std::io::Error::other("not sealed against resizing")));
+        }
+        let have = file.metadata().map_err(|e| fail("fstat", e))?.len();
+        if have != len as u64 || len == 0 {
+            return Err(fail("fstat", std::io::Error::other(format!("it holds {have} bytes, not {len}"))));
+        }
+        // SAFETY: memmap2 asks that the file not be truncated or resized while it is mapped. We
+        // returned above unless the memfd carries F_SEAL_SHRINK and F_SEAL_GROW, which bind every
+        // holder and can never be removed, and unless its size is the `len` mapped. Writes
+        // through other mappings (the predecessor's, a NIC's) are fine: the mapping is never
+        // borrowed as a slice (see the module docs).
+        let mut map = unsafe { memmap2::MmapOptions::new().len(len).populate().map_mut(&file) }
+            .map_err(|source| Error::Map { len, source })?;
+        let _ = map.advise(memmap2::Advice::HugePage);
+        let ptr = NonNull::new(map.as_mut_ptr())
+            .ok_or_else(|| Error::Map { len, source: std::io::Error::other("mapping returned a null pointer") })?;
+        Ok(Arc::new(Memory { ptr, len, _map: map, memfd: Some(file) }))
+    }
+
     /// The memfd behind a [`Memory::memfd`] mapping; None for anonymous memory. It is for
     /// handing the volume to a successor daemon (issue 28): whoever receives it must map it
     /// shared and must never truncate it, punch holes in it or drop its pages (it is sealed
@@ -155,6 +184,7 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Chain;
 
     #[test]
     fn read_write_and_bounds() {
@@ -188,6 +218,30 @@ mod tests {
         assert_eq!(from_file, [1, 2, 3, 4, 5, 6]);
         assert!(matches!(m.write_at(3 * 4096 - 2, &[0; 3]), Err(Error::OutOfRange { .. })));
         assert!(Memory::memfd("rblk-test:empty", 0).is_err());
+    }
+
+    /// Catches a successor that maps a copy instead of the same pages (a handed-over volume
+    /// would lose every write made after the handover began), or that maps a memfd of the
+    /// wrong size or one that could still be resized.
+    #[test]
+    fn a_handed_memfd_maps_the_same_pages_and_is_checked() {
+        let m = Memory::memfd("rblk-test:handed", 8192).unwrap();
+        m.write_at(100, b"before").unwrap();
+        let dup = || m.fd().unwrap().try_clone_to_owned().unwrap();
+        let n = Memory::from_memfd("handed", dup(), 8192).unwrap();
+        let mut got = [0u8; 6];
+        n.read_at(100, &mut got).unwrap();
+        assert_eq!(&got, b"before");
+        m.write_at(4096, b"after").unwrap();
+        let mut got = [0u8; 5];
+        n.read_at(4096, &mut got).unwrap();
+        assert_eq!(&got, b"after", "a write through the old mapping shows in the new one");
+        let e = Memory::from_memfd("handed", dup(), 4096).unwrap_err();
+        assert!(Chain(&e).to_string().contains("holds 8192 bytes, not 4096"), "{}", Chain(&e));
+        let unsealed = nix::sys::memfd::memfd_create("rblk-test:unsealed", MFdFlags::MFD_CLOEXEC).unwrap();
+        File::from(unsealed.try_clone().unwrap()).set_len(8192).unwrap();
+        let e = Memory::from_memfd("unsealed", unsealed, 8192).unwrap_err();
+        assert!(Chain(&e).to_string().contains("not sealed"), "{}", Chain(&e));
     }
 
     /// Catches a memfd that could be resized under its registration (SIGBUS on the CPU side,

@@ -66,6 +66,15 @@ pub enum Request {
         /// Its name.
         name: String,
     },
+    /// Hand every volume to the service manager's file descriptor store and exit, for systemd
+    /// to start the successor with them (see [`crate::handover`]).
+    Handover,
+    /// From a successor (`rblk-target --takeover`): hand every volume to it over this
+    /// connection (see [`crate::handover`]); the state formats it reads.
+    Takeover {
+        /// State formats the successor reads.
+        formats: Vec<u32>,
+    },
 }
 
 /// One volume in a list reply.
@@ -121,7 +130,7 @@ pub enum AdminError {
     #[error("protocol version {0} is not served (this daemon speaks version {VERSION})")]
     Version(String),
     /// An op this daemon does not know.
-    #[error("unknown op {0:?} (add, remove or list)")]
+    #[error("unknown op {0:?} (add, remove, list or handover)")]
     UnknownOp(String),
     /// Add of a name already served.
     #[error("volume {0} exists")]
@@ -154,6 +163,9 @@ pub enum AdminError {
     /// The target is stopping.
     #[error("the target is shutting down")]
     ShuttingDown,
+    /// A handover cannot be done.
+    #[error("no handover: {0}")]
+    Handover(String),
 }
 
 impl AdminError {
@@ -170,6 +182,7 @@ impl AdminError {
             AdminError::Invalid(_) | AdminError::Config(_) => "invalid",
             AdminError::Refused { .. } => "refused",
             AdminError::ShuttingDown => "shutting_down",
+            AdminError::Handover(_) => "handover",
         }
     }
 }
@@ -303,7 +316,7 @@ fn accept(listener: &UnixListener, shared: &Arc<Shared>) {
 }
 
 /// One connection: requests until EOF.
-fn client(shared: &Shared, stream: UnixStream) {
+fn client(shared: &Arc<Shared>, stream: UnixStream) {
     let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
     let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
     let Ok(mut out) = stream.try_clone() else { return };
@@ -317,6 +330,11 @@ fn client(shared: &Shared, stream: UnixStream) {
                 debug!(error = %e, "admin connection ended");
                 return;
             }
+        }
+        if let Ok(Request::Takeover { formats }) = parse(&line) {
+            // The connection is the handover's from here on.
+            let _ = reader.get_ref().set_write_timeout(None);
+            return crate::handover::give(shared, reader, &formats);
         }
         let reply = if line.last() == Some(&b'\n') {
             handle(shared, &line)
@@ -341,7 +359,7 @@ fn refusal(e: &AdminError) -> Reply {
 }
 
 /// Parses and carries out one request line.
-pub(crate) fn handle(shared: &Shared, line: &[u8]) -> Reply {
+pub(crate) fn handle(shared: &Arc<Shared>, line: &[u8]) -> Reply {
     let result = parse(line).and_then(|request| {
         debug!(?request, "admin request");
         run(shared, request)
@@ -372,7 +390,9 @@ pub fn parse(line: &[u8]) -> Result<Request, AdminError> {
         None => return Err(AdminError::Malformed("no \"version\" field".into())),
     }
     match map.get("op") {
-        Some(serde_json::Value::String(op)) if !["list", "add", "remove"].contains(&op.as_str()) => {
+        Some(serde_json::Value::String(op))
+            if !["list", "add", "remove", "handover", "takeover"].contains(&op.as_str()) =>
+        {
             return Err(AdminError::UnknownOp(op.clone()))
         }
         Some(serde_json::Value::String(_)) => {}
@@ -381,12 +401,27 @@ pub fn parse(line: &[u8]) -> Result<Request, AdminError> {
     serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| AdminError::Malformed(e.to_string()))
 }
 
-fn run(shared: &Shared, request: Request) -> Result<(String, Option<Vec<VolumeInfo>>), AdminError> {
+fn run(shared: &Arc<Shared>, request: Request) -> Result<(String, Option<Vec<VolumeInfo>>), AdminError> {
     match request {
         Request::List => Ok((String::new(), Some(list(shared)))),
         Request::Add { volume } => add(shared, &volume).map(|m| (m, None)),
         Request::Remove { name } => remove(shared, &name).map(|m| (m, None)),
+        Request::Handover => handover(shared).map(|m| (m, None)),
+        // Handled by the connection (it carries descriptors); here only when malformed.
+        Request::Takeover { .. } => Err(AdminError::Malformed("takeover ends its connection's requests".into())),
     }
+}
+
+fn handover(shared: &Arc<Shared>) -> Result<String, AdminError> {
+    let store = shared.fd_store.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(crate::registry::Sink(sink)) = store.as_ref() else {
+        return Err(AdminError::Handover(
+            "this daemon was not started by systemd with a file descriptor store (NOTIFY_SOCKET): start the \
+             successor with `rblk-target --takeover` instead"
+                .into(),
+        ));
+    };
+    crate::handover::give_to_store(shared, sink).map_err(AdminError::Handover)
 }
 
 /// Every volume served and every one refused, by name.
@@ -427,7 +462,7 @@ fn add(shared: &Shared, v: &FileVolume) -> Result<String, AdminError> {
     let spec = v.spec().map_err(AdminError::Config)?;
     let size = spec.size;
     let mut current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
-    if shared.is_shutting_down() {
+    if shared.is_shutting_down() || shared.handed_over().is_some() {
         return Err(AdminError::ShuttingDown);
     }
     if shared.catalog().volumes.contains_key(&v.name) || current.volumes.iter().any(|c| c.name == v.name) {
@@ -452,7 +487,7 @@ fn add(shared: &Shared, v: &FileVolume) -> Result<String, AdminError> {
 
 fn remove(shared: &Shared, name: &str) -> Result<String, AdminError> {
     let mut current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
-    if shared.is_shutting_down() {
+    if shared.is_shutting_down() || shared.handed_over().is_some() {
         return Err(AdminError::ShuttingDown);
     }
     let (served, sessions) = {
@@ -519,6 +554,21 @@ pub enum ClientError {
     },
 }
 
+fn client_error(path: &Path, source: std::io::Error) -> ClientError {
+    match source.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            ClientError::NotRunning(path.to_owned())
+        }
+        std::io::ErrorKind::PermissionDenied => ClientError::PermissionDenied(path.to_owned()),
+        _ => ClientError::Io { path: path.to_owned(), source },
+    }
+}
+
+/// Connects to the admin socket at `path`.
+pub fn connect(path: &Path) -> Result<UnixStream, ClientError> {
+    UnixStream::connect(path).map_err(|e| client_error(path, e))
+}
+
 /// Sends `request` to the admin socket at `path` and returns the daemon's reply if it carried
 /// the request out.
 pub fn request(path: &Path, request: &Request) -> Result<Reply, ClientError> {
@@ -538,14 +588,8 @@ pub fn request(path: &Path, request: &Request) -> Result<Reply, ClientError> {
 
 /// Sends one raw line (a newline is added) and returns the reply line (tests send bad ones).
 pub fn request_line(path: &Path, line: &[u8]) -> Result<String, ClientError> {
-    let io = |source: std::io::Error| match source.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-            ClientError::NotRunning(path.to_owned())
-        }
-        std::io::ErrorKind::PermissionDenied => ClientError::PermissionDenied(path.to_owned()),
-        _ => ClientError::Io { path: path.to_owned(), source },
-    };
-    let mut stream = UnixStream::connect(path).map_err(io)?;
+    let io = |source| client_error(path, source);
+    let mut stream = connect(path)?;
     // A durable volume's load can take minutes.
     stream.set_read_timeout(None).map_err(io)?;
     let mut text = line.to_vec();

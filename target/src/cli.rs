@@ -140,6 +140,16 @@ pub struct Args {
     /// Prints "configuration OK" and exits 0, or prints the reason and exits non-zero.
     #[arg(long, conflicts_with = "print_config")]
     pub check_config: bool,
+    /// Take the volumes over from the daemon serving the admin socket (--admin-socket, or the
+    /// config's), instead of creating and loading them: an upgrade that loses nothing and
+    /// copies no volume data. The running daemon stops listening and hands over its volumes'
+    /// memory and backing stores; this one maps the same pages, serves the same volume
+    /// instances, and the old one disconnects its sessions and exits 0 (initiators reconnect
+    /// and replay). A configuration that changes a served volume's size or backing path, or
+    /// the block size, is refused and the old daemon serves on, as it does if this one fails
+    /// before it is ready. Under systemd use `rblk-target admin handover` instead.
+    #[arg(long, conflicts_with_all = ["print_config", "check_config"])]
+    pub takeover: bool,
 }
 
 /// `rblk-target` subcommands.
@@ -193,6 +203,13 @@ pub enum AdminOp {
         /// Its name.
         name: String,
     },
+    /// Hand every volume to a successor through systemd's file descriptor store and exit with
+    /// status 75, which the unit lists in RestartForceExitStatus=: systemd starts the new
+    /// binary, which takes the volumes (the same memory, backing stores and instances) instead
+    /// of loading them; initiators reconnect and replay. Nothing is written back or read. For
+    /// a daemon run by systemd (rblk-target.service); elsewhere start the successor with
+    /// `rblk-target --takeover`.
+    Handover,
     /// The volumes served: size, open sessions, state.
     List {
         /// JSON (the daemon's list as it sent it), for scripts.

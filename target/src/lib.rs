@@ -52,6 +52,7 @@ pub mod cli;
 pub mod config;
 mod connection;
 pub mod control;
+pub mod handover;
 pub mod identity;
 pub mod lint;
 pub mod metrics;

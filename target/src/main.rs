@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser;
 use rblk_target::config::{File as ConfigFile, FileVolume, KeySource};
+use rblk_target::handover::{self, Handed};
 use rblk_target::lint;
 use rblk_target::notify;
 use rblk_target::server::{Running, Server};
@@ -22,7 +23,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("rblk-target: {e:#}");
             if e.downcast_ref::<StartError>().is_some_and(|e| matches!(e, StartError::NoDevice(_))) {
@@ -33,10 +34,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.command {
-        Some(Command::Admin(admin)) => return run_admin(admin),
-        Some(Command::GenKey { file }) => return gen_key(file),
+        Some(Command::Admin(admin)) => return run_admin(admin).map(|()| ExitCode::SUCCESS),
+        Some(Command::GenKey { file }) => return gen_key(file).map(|()| ExitCode::SUCCESS),
         None => {}
     }
     let file = args.effective()?;
@@ -70,7 +71,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         } else {
             print!("{}{}", file.unset_notes(), file.with_defaults().to_toml());
         }
-        return Ok(());
+        return Ok(ExitCode::SUCCESS);
     }
     let created = file.generate_key()?;
     let cfg = file.server_config().map_err(anyhow::Error::from)?;
@@ -83,10 +84,41 @@ fn run(args: Args) -> anyhow::Result<()> {
     // SIGHUP no longer ends the daemon.
     let mut signals =
         signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
-    let running = Server::start_with(cfg, &mut notify::progress)?;
+    // A handover through systemd's fd store: the descriptors came back at this start.
+    let stored = Handed::from_store(rblk_fabric::fdpass::listen_fds().context("reading LISTEN_FDS")?)?;
+    let mut running = match (stored, args.takeover) {
+        (Some(handed), _) => {
+            eprintln!(
+                "rblk-target: taking the volumes over from the file descriptor store ({})",
+                handed.state().daemon
+            );
+            Server::take_over(cfg, handed, &mut notify::progress)?
+        }
+        (None, true) => {
+            let socket = cfg.admin_socket.clone().context(
+                "--takeover talks to the running daemon's admin socket, and the configuration has none \
+                 (admin_socket = \"none\")",
+            )?;
+            let handed = Handed::request(&socket)?;
+            eprintln!(
+                "rblk-target: {} (pid {}) handed over {} volume(s)",
+                handed.state().daemon,
+                handed.state().pid,
+                handed.state().volumes.len()
+            );
+            Server::take_over(cfg, handed, &mut notify::progress)?
+        }
+        (None, false) => Server::start_with(cfg, &mut notify::progress)?,
+    };
     eprintln!("rblk-target: listening on {}", running.local_addr());
     notify::ready(&notify::serving(running.volumes().len(), running.local_addr()));
-    // Sleeps until a signal arrives: an idle daemon uses no CPU.
+    handover::forget_stored(&running.finish_takeover());
+    if notify::has_service_manager() {
+        running.set_fd_store(Box::new(notify::store_fd));
+    }
+    let closer = signals.handle();
+    running.on_handed_over(move || closer.close());
+    // Sleeps until a signal arrives (or a handover ends it): an idle daemon uses no CPU.
     for signal in signals.forever() {
         if signal == SIGHUP {
             reload(&args, &running);
@@ -95,9 +127,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!(signal, "signal received: shutting down");
         break;
     }
+    if let Some(status) = running.handed_over() {
+        notify::stopping(0);
+        running.shutdown();
+        eprintln!("rblk-target: the volumes were handed over: exiting with status {status}");
+        return Ok(ExitCode::from(status));
+    }
     notify::stopping(running.durable_bytes());
     running.shutdown();
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The findings of `--check-config` beyond a start's checks ([`rblk_target::lint`]).
@@ -183,6 +221,7 @@ fn run_admin(admin: &Admin) -> anyhow::Result<()> {
             },
         },
         AdminOp::Remove { name } => Request::Remove { name: name.clone() },
+        AdminOp::Handover => Request::Handover,
         AdminOp::List { .. } => Request::List,
     };
     let reply = admin::request(&admin.socket, &request)?;

@@ -72,6 +72,33 @@ pub fn stopping(durable_bytes: u64) {
     }
 }
 
+/// Whether a service manager listens (`NOTIFY_SOCKET` is set): only then can `admin handover`
+/// use its file descriptor store.
+pub fn has_service_manager() -> bool {
+    std::env::var_os("NOTIFY_SOCKET").is_some()
+}
+
+/// Puts `fd` in the service manager's file descriptor store as `name` (`FDSTORE=1`). After the
+/// handover's state record (the last one sent) it waits, with a barrier (`BARRIER=1`, at most
+/// 5 s), until the service manager has read every message, so that none is lost when the
+/// daemon exits right after.
+pub fn store_fd(name: &str, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsFd as _;
+    sd_notify::notify_with_fds(false, &[NotifyState::FdStore, NotifyState::FdName(name)], &[fd])?;
+    if name != crate::handover::STATE_FDNAME {
+        return Ok(());
+    }
+    let (r, w) = nix::unistd::pipe()?;
+    sd_notify::notify_with_fds(false, &[NotifyState::Custom("BARRIER=1")], &[w.as_fd()])?;
+    drop(w);
+    // The read end hangs up once the service manager closed its copy of the write end.
+    let mut poll = [nix::poll::PollFd::new(r.as_fd(), nix::poll::PollFlags::POLLIN)];
+    match nix::poll::poll(&mut poll, nix::poll::PollTimeout::from(5000u16))? {
+        0 => Err(std::io::Error::other("the service manager did not answer the barrier within 5 s")),
+        _ => Ok(()),
+    }
+}
+
 /// The `STATUS=` of a serving daemon.
 pub fn serving(volumes: usize, addr: std::net::SocketAddr) -> String {
     format!("serving {volumes} volume{} on {addr}", if volumes == 1 { "" } else { "s" })

@@ -191,6 +191,36 @@ impl Backing {
         Ok(Backing { path: path.to_owned(), file, direct, ring: Mutex::new(ring), failed: AtomicBool::new(false) })
     }
 
+    /// A backing store a predecessor daemon handed over: `file` is its open file description,
+    /// so its claim (see the module docs) comes with it and is not taken again. Refuses a file
+    /// that is no longer the one at `path` (replaced meanwhile), or smaller than the volume.
+    /// `failed`: a write-back failed in the predecessor, and the volume stays failed.
+    pub fn adopt(path: &Path, file: File, size: u64, failed: bool) -> Result<Backing, BackingError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let at = || path.to_owned();
+        let there = std::fs::metadata(path).map_err(|source| BackingError::Open { path: at(), source })?;
+        let handed = file.metadata().map_err(|source| BackingError::Size { path: at(), source })?;
+        if (there.dev(), there.ino(), there.rdev()) != (handed.dev(), handed.ino(), handed.rdev()) {
+            let source = io::Error::other("the path names another file than the one handed over (replaced meanwhile?)");
+            return Err(BackingError::Open { path: at(), source });
+        }
+        let have = (&file).seek(SeekFrom::End(0)).map_err(|source| BackingError::Size { path: at(), source })?;
+        if have < size {
+            return Err(BackingError::TooSmall { path: at(), have, size });
+        }
+        let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)
+            .map_err(|e| BackingError::Open { path: at(), source: e.into() })?;
+        let direct = flags & libc::O_DIRECT != 0;
+        let ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: at(), source })?;
+        Ok(Backing { path: path.to_owned(), file, direct, ring: Mutex::new(ring), failed: AtomicBool::new(failed) })
+    }
+
+    /// The open backing store, for handing it to a successor daemon (the claim is its open
+    /// file description's).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// The path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -278,6 +308,8 @@ struct GroupState {
     finished: u64,
     /// A runner ([`Group::run`]) is at work.
     running: bool,
+    /// No pass starts ([`Group::hold`]): FLUSHes queue until [`Group::release`].
+    held: bool,
     /// The first pass that failed, and why.
     failed: Option<(u64, String)>,
     /// Who to wake when pass `n` finished.
@@ -310,16 +342,38 @@ impl Group {
         if let Some(w) = waker {
             st.wakers.push((ticket, w));
         }
-        let start = !st.running;
-        st.running = true;
+        let start = !st.running && !st.held;
+        st.running |= start;
         (Ticket(ticket), start)
+    }
+
+    /// Starts no more passes, and waits for the one running (if any) to finish: then no
+    /// write-back of this group is under way until [`Group::release`]. FLUSHes that arrive
+    /// meanwhile queue their ranges and wait. A daemon handing its volumes to a successor holds
+    /// them, so that no FLUSH runs in both.
+    pub fn hold(&self) {
+        let mut st = self.state();
+        st.held = true;
+        while st.running {
+            st = self.finished.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Undoes [`Group::hold`]. Returns true when FLUSHes queued meanwhile: then the caller
+    /// must call [`Group::run`], as after [`Group::enqueue`].
+    pub fn release(&self) -> bool {
+        let mut st = self.state();
+        st.held = false;
+        let start = !st.running && !st.pending.is_empty();
+        st.running |= start;
+        start
     }
 
     /// Runs passes with `pass` while FLUSHes wait for one, then stops (the next
     /// [`enqueue`](Group::enqueue) asks for a new runner).
     pub fn run(&self, mut pass: impl FnMut(Vec<(u64, u64)>) -> io::Result<()>) {
         let mut st = self.state();
-        while !st.pending.is_empty() {
+        while !st.pending.is_empty() && !st.held {
             let ranges = std::mem::take(&mut st.pending);
             st.started += 1;
             let n = st.started;
@@ -340,6 +394,8 @@ impl Group {
             self.finished.notify_all();
         }
         st.running = false;
+        // A hold waits for this.
+        self.finished.notify_all();
     }
 
     /// The outcome of the FLUSH holding `ticket`, once its pass finished.
@@ -439,6 +495,62 @@ mod tests {
         assert_eq!(passes, vec![vec![(0, 4096)], vec![(4096, 4096), (8192, 4096), (12288, 4096)]]);
         assert_eq!(g.passes(), 2);
         assert!(later.iter().all(|&t| g.wait(t).is_ok()));
+    }
+
+    /// Catches a FLUSH that starts a write-back while its volume is being handed to a
+    /// successor (both daemons would write the same ranges), and a hold that returns while a
+    /// pass still runs or that loses the FLUSHes queued behind it.
+    #[test]
+    fn a_hold_waits_for_the_running_pass_and_starts_none() {
+        let g = std::sync::Arc::new(Group::default());
+        let (t1, start) = g.enqueue(&[(0, 4096)], None);
+        assert!(start);
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let runner = {
+            let g = std::sync::Arc::clone(&g);
+            std::thread::spawn(move || {
+                let mut passes = Vec::new();
+                g.run(|ranges| {
+                    passes.push(ranges);
+                    entered_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                    Ok(())
+                });
+                passes
+            })
+        };
+        entered.recv().unwrap();
+        let (held_tx, held) = std::sync::mpsc::channel();
+        let holder = {
+            let g = std::sync::Arc::clone(&g);
+            std::thread::spawn(move || {
+                g.hold();
+                held_tx.send(()).unwrap();
+            })
+        };
+        // Queued while pass 1 runs and the hold waits: the runner must not take it.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let (t2, start) = g.enqueue(&[(4096, 4096)], None);
+        assert!(!start);
+        assert!(held.try_recv().is_err(), "the hold returned while pass 1 ran");
+        go.send(()).unwrap();
+        held.recv().unwrap();
+        holder.join().unwrap();
+        assert_eq!(runner.join().unwrap(), vec![vec![(0, 4096)]], "a pass started under the hold");
+        assert!(g.wait(t1).is_ok());
+        assert!(g.result(t2).is_none());
+        let (t3, start) = g.enqueue(&[(8192, 4096)], None);
+        assert!(!start, "no runner starts while held");
+        assert!(g.release(), "FLUSHes queued under the hold need a runner");
+        let mut passes = Vec::new();
+        g.run(|r| {
+            passes.push(r);
+            Ok(())
+        });
+        assert_eq!(passes, vec![vec![(4096, 4096), (8192, 4096)]]);
+        assert!(g.wait(t2).is_ok() && g.wait(t3).is_ok());
+        assert!(!g.release(), "nothing queued: no runner needed");
     }
 
     #[test]

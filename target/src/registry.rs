@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use rblk_fabric::{Chain, Request, Waker};
@@ -125,7 +125,49 @@ pub struct Shared {
     /// The configuration applied last (at start, by a reload or an admin request); held while
     /// one of them applies another, so they take turns.
     pub(crate) current: Mutex<Config>,
+    /// Whether the rdma_cm port should be open, and whether it is (the listener thread
+    /// follows; a handover closes it).
+    port: Mutex<Port>,
+    port_changed: Condvar,
+    /// Wakes the listener thread.
+    pub(crate) listener_waker: std::sync::OnceLock<Waker>,
+    /// Set once the volumes were handed to a successor: the exit status (no final flush, no
+    /// identity kept: the successor serves them).
+    handed_over: std::sync::OnceLock<u8>,
+    /// Called once the volumes were handed over (the daemon exits).
+    on_handed_over: Mutex<Option<Callback>>,
+    /// Where `admin handover` puts the descriptors (the service manager's store).
+    pub(crate) fd_store: Mutex<Option<Sink>>,
 }
+
+/// Whether the rdma_cm port should be and is open, and why it could not be reopened.
+#[derive(Debug)]
+struct Port {
+    want_open: bool,
+    open: bool,
+    error: Option<String>,
+}
+
+/// A callback kept in [`Shared`].
+pub(crate) struct Callback(pub Box<dyn FnOnce() + Send>);
+
+impl std::fmt::Debug for Callback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Callback")
+    }
+}
+
+/// The fd store sink kept in [`Shared`].
+pub(crate) struct Sink(pub crate::handover::StoreSink);
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sink")
+    }
+}
+
+/// How long a handover waits for the listener thread to close the port.
+const PORT_WAIT: Duration = Duration::from_secs(10);
 
 impl Shared {
     /// The registry of a target starting with `cfg`, serving `catalog`.
@@ -149,6 +191,87 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             fixed: Fixed::of(cfg),
             current: Mutex::new(cfg.clone()),
+            port: Mutex::new(Port { want_open: true, open: true, error: None }),
+            port_changed: Condvar::new(),
+            listener_waker: std::sync::OnceLock::new(),
+            handed_over: std::sync::OnceLock::new(),
+            on_handed_over: Mutex::default(),
+            fd_store: Mutex::default(),
+        }
+    }
+
+    /// Asks the listener thread to close (false) or reopen (true) the rdma_cm port and waits
+    /// until it did; closing fails if the listener does not answer within [`PORT_WAIT`].
+    /// Reopening that fails is retried by the listener; the error is returned.
+    pub(crate) fn set_port_open(&self, open: bool) -> Result<(), String> {
+        let mut port = self.port.lock().unwrap_or_else(|p| p.into_inner());
+        port.want_open = open;
+        port.error = None;
+        if let Some(w) = self.listener_waker.get() {
+            w.wake();
+        }
+        let deadline = Instant::now() + PORT_WAIT;
+        while port.open != open && port.error.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "the listener did not {} the port within {PORT_WAIT:?}",
+                    if open { "reopen" } else { "close" }
+                ));
+            }
+            port = self.port_changed.wait_timeout(port, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        port.error.clone().map_or(Ok(()), Err)
+    }
+
+    /// The listener thread: makes `listener`'s port what [`Shared::set_port_open`] asked for.
+    /// Returns true while a reopen failed (to retry soon).
+    pub(crate) fn sync_port(&self, listener: &mut rblk_fabric::Listener) -> bool {
+        let mut port = self.port.lock().unwrap_or_else(|p| p.into_inner());
+        if port.want_open == port.open {
+            return false;
+        }
+        if port.want_open {
+            match listener.reopen_port() {
+                Ok(()) => {
+                    port.open = true;
+                    port.error = None;
+                    info!("listening again");
+                }
+                Err(e) => port.error = Some(Chain(&e).to_string()),
+            }
+        } else {
+            listener.close_port();
+            port.open = false;
+            info!("stopped listening: the port is free for a successor");
+        }
+        self.port_changed.notify_all();
+        port.want_open != port.open
+    }
+
+    /// The volumes were handed to a successor: this daemon will exit with `status` and must
+    /// not write them back or keep their identities.
+    pub(crate) fn finish_handover(&self, status: u8) {
+        let _ = self.handed_over.set(status);
+    }
+
+    /// After [`Shared::finish_handover`]: tells whoever runs the daemon to stop it.
+    pub(crate) fn exit_after_handover(&self) {
+        if let Some(Callback(f)) = self.on_handed_over.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            f();
+        }
+    }
+
+    /// The exit status, once the volumes were handed over.
+    pub fn handed_over(&self) -> Option<u8> {
+        self.handed_over.get().copied()
+    }
+
+    /// Runs `f` once the volumes were handed over (at once if they were).
+    pub(crate) fn on_handed_over(&self, f: Box<dyn FnOnce() + Send>) {
+        *self.on_handed_over.lock().unwrap_or_else(|p| p.into_inner()) = Some(Callback(f));
+        if self.handed_over().is_some() {
+            self.exit_after_handover();
         }
     }
 

@@ -13,6 +13,7 @@ pub use crate::start::{Progress, StartError};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread;
@@ -22,6 +23,7 @@ use rblk_fabric::{Chain, Fabric, Listener, ListenerEvent, Waker};
 use tracing::{debug, info, warn};
 
 use crate::connection;
+use crate::handover::Handed;
 use crate::identity;
 use crate::registry::{final_flush, load_volume, log_serving, warn_memlock, Catalog, Shared};
 use crate::reload::ReloadReport;
@@ -42,6 +44,22 @@ pub struct Running {
     metrics: Option<rblk_metrics::Endpoint>,
     /// The admin socket (see [`crate::admin`]).
     admin: Option<crate::admin::Serving>,
+    /// After a takeover, until [`Running::finish_takeover`]: what waits for the old daemon to
+    /// be gone.
+    taken: Option<Box<Taken>>,
+}
+
+/// What a successor does once its old daemon is gone (see [`Running::finish_takeover`]).
+#[derive(Debug)]
+struct Taken {
+    /// The old daemon's admin socket, which it removes at exit.
+    old_socket: Option<std::path::PathBuf>,
+    /// Handed volumes the configuration does not serve: removed as a reload removes them.
+    leftovers: Vec<Volume>,
+    /// The fd store names that held the handover.
+    stored: Vec<String>,
+    metrics: Option<SocketAddr>,
+    admin_socket: Option<std::path::PathBuf>,
 }
 
 impl Server {
@@ -53,6 +71,36 @@ impl Server {
 
     /// [`Server::start`], telling `progress` about each volume before it is created or loaded.
     pub fn start_with(cfg: Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<Running, StartError> {
+        Server::start_inner(cfg, progress, None)
+    }
+
+    /// Starts as the successor of the daemon that handed its volumes over (see
+    /// [`crate::handover`]): the handed volumes the configuration serves are taken (the same
+    /// pages, backing stores and instances), the others created or loaded as at a start. When
+    /// it returns, the listener accepts connections and the old daemon is exiting; call
+    /// [`Running::finish_takeover`] next. On an error the old daemon (when there is one to
+    /// tell) serves on.
+    pub fn take_over(
+        cfg: Config,
+        mut handed: Handed,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<Running, StartError> {
+        if let Err(e) = handed.check(cfg.block_size, &cfg.volumes) {
+            handed.abort(&e.to_string());
+            return Err(e.into());
+        }
+        let started = Server::start_inner(cfg, progress, Some(&mut handed));
+        if let Err(e) = &started {
+            handed.abort(&Chain(e).to_string());
+        }
+        started
+    }
+
+    fn start_inner(
+        cfg: Config,
+        progress: &mut dyn FnMut(Progress<'_>),
+        mut handed: Option<&mut Handed>,
+    ) -> Result<Running, StartError> {
         // Configuration mistakes first: a host without RDMA reports them as such.
         let policy = cfg.check()?;
         if cfg.fabric == Fabric::Verbs {
@@ -69,6 +117,11 @@ impl Server {
         for (i, v) in cfg.volumes.iter().enumerate() {
             let durable = v.path.is_some();
             progress(Progress::Loading { name: &v.name, index: i + 1, count, size: v.size, durable });
+            if let Some(taken) = handed.as_deref_mut().and_then(|h| h.take(&v.name)) {
+                volumes.insert(v.name.clone(), Arc::new(taken?));
+                specs.insert(v.name.clone(), v.clone());
+                continue;
+            }
             match load_volume(v, cfg.block_size, &identity) {
                 Ok(vol) => {
                     volumes.insert(v.name.clone(), Arc::new(vol));
@@ -86,7 +139,11 @@ impl Server {
         if volumes.is_empty() && !refused.is_empty() {
             return Err(StartError::NoVolumes(refused.into_values().collect::<Vec<_>>().join("; ")));
         }
-        let listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())
+        let leftovers = match handed.as_deref_mut() {
+            Some(h) => h.take_rest().into_iter().collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
+        };
+        let mut listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().unwrap_or(cfg.listen);
         let catalog = Catalog { volumes, refused, policy, specs };
@@ -101,31 +158,54 @@ impl Server {
         if let Some(text) = crate::config::nofile_limit().and_then(|l| cfg.descriptor_warning(l)) {
             warn!("{text}");
         }
-        let metrics = match cfg.metrics {
-            Some(at) => {
-                let s = Arc::clone(&shared);
-                let endpoint = rblk_metrics::Endpoint::serve(at, move || crate::metrics::render(&s))
-                    .map_err(|source| StartError::Metrics { addr: at, source })?;
-                let bound = endpoint.local_addr();
-                info!(%bound, "serving metrics at http://{bound}/metrics");
-                Some(endpoint)
+        // A successor serves its metrics and admin socket once the old daemon let them go
+        // (Running::finish_takeover).
+        let (metrics, admin, taken) = match handed {
+            None => (serve_metrics(&shared, cfg.metrics)?, serve_admin(&shared, cfg.admin_socket.as_deref())?, None),
+            Some(h) => {
+                // The point of no return: the old daemon disconnects and exits once it answers.
+                h.ready()?;
+                let taken = Taken {
+                    old_socket: h.old_socket().map(Path::to_owned),
+                    leftovers,
+                    stored: h.stored_names().to_vec(),
+                    metrics: cfg.metrics,
+                    admin_socket: cfg.admin_socket.clone(),
+                };
+                (None, None, Some(Box::new(taken)))
             }
-            None => None,
-        };
-        let admin = match &cfg.admin_socket {
-            Some(path) => Some(crate::admin::serve(path, Arc::clone(&shared)).map_err(StartError::Admin)?),
-            None => None,
         };
         let s = Arc::clone(&shared);
         let wake_listener = listener.waker();
+        let _ = shared.listener_waker.set(listener.waker());
         let listener = thread::Builder::new()
             .name("rblk-listener".into())
-            .spawn(move || listen(&s, &listener))
+            .spawn(move || listen(&s, &mut listener))
             .expect("spawning the listener thread");
         info!(%addr, "listening");
-        Ok(Running { addr, shared, listener: Some(listener), wake_listener, metrics, admin })
+        Ok(Running { addr, shared, listener: Some(listener), wake_listener, metrics, admin, taken })
     }
 }
+
+fn serve_metrics(shared: &Arc<Shared>, at: Option<SocketAddr>) -> Result<Option<rblk_metrics::Endpoint>, StartError> {
+    let Some(at) = at else { return Ok(None) };
+    let s = Arc::clone(shared);
+    let endpoint = rblk_metrics::Endpoint::serve(at, move || crate::metrics::render(&s))
+        .map_err(|source| StartError::Metrics { addr: at, source })?;
+    let bound = endpoint.local_addr();
+    info!(%bound, "serving metrics at http://{bound}/metrics");
+    Ok(Some(endpoint))
+}
+
+fn serve_admin(shared: &Arc<Shared>, path: Option<&Path>) -> Result<Option<crate::admin::Serving>, StartError> {
+    match path {
+        Some(path) => Ok(Some(crate::admin::serve(path, Arc::clone(shared)).map_err(StartError::Admin)?)),
+        None => Ok(None),
+    }
+}
+
+/// How long a successor waits for its old daemon's admin socket to go.
+const OLD_SOCKET_WAIT: Duration = Duration::from_secs(60);
 
 impl Running {
     /// The address it listens on.
@@ -181,6 +261,53 @@ impl Running {
         self.stop();
     }
 
+    /// After [`Server::take_over`]: waits (at most a minute) until the old daemon removed its
+    /// admin socket at exit, then serves the metrics endpoint and the admin socket, and removes
+    /// the handed volumes the configuration does not serve (a durable one is flushed, as a
+    /// reload removes it). Returns the fd store names that held the handover, to be removed
+    /// from the store now that this daemon serves ([`crate::handover::forget_stored`]).
+    /// Failures here are logged, not fatal: the volumes are served already.
+    pub fn finish_takeover(&mut self) -> Vec<String> {
+        let Some(taken) = self.taken.take() else { return Vec::new() };
+        if let Some(old) = &taken.old_socket {
+            let deadline = Instant::now() + OLD_SOCKET_WAIT;
+            while std::os::unix::net::UnixStream::connect(old).is_ok() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        match serve_metrics(&self.shared, taken.metrics) {
+            Ok(m) => self.metrics = m,
+            Err(e) => tracing::error!("after the takeover: {}", Chain(&e)),
+        }
+        match serve_admin(&self.shared, taken.admin_socket.as_deref()) {
+            Ok(a) => self.admin = a,
+            Err(e) => tracing::error!("after the takeover: {}", Chain(&e)),
+        }
+        for v in taken.leftovers {
+            final_flush(&self.shared.identity, &v);
+            info!(volume = %v.name, "handed over but not in the configuration: removed");
+        }
+        taken.stored
+    }
+
+    /// The exit status once the volumes were handed to a successor (0 after `--takeover`,
+    /// [`crate::handover::EXIT_HANDED_OVER`] after a handover to the service manager).
+    pub fn handed_over(&self) -> Option<u8> {
+        self.shared.handed_over()
+    }
+
+    /// Runs `f` (once) when the volumes were handed to a successor: the daemon should then
+    /// [`Running::shutdown`], which disconnects the sessions without a final flush.
+    pub fn on_handed_over(&self, f: impl FnOnce() + Send + 'static) {
+        self.shared.on_handed_over(Box::new(f));
+    }
+
+    /// Where `rblk-target admin handover` puts the descriptors: the service manager's file
+    /// descriptor store (the daemon's `FDSTORE=1`); without one it is refused.
+    pub fn set_fd_store(&self, sink: crate::handover::StoreSink) {
+        *self.shared.fd_store.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::registry::Sink(sink));
+    }
+
     /// Where the admin socket is, if there is one.
     pub fn admin_socket(&self) -> Option<&std::path::Path> {
         self.admin.as_ref().map(crate::admin::Serving::path)
@@ -223,12 +350,15 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// Back-off after a failed listener wait.
 const BACKOFF: Duration = Duration::from_millis(200);
 
-fn listen(shared: &Arc<Shared>, listener: &Listener) {
+fn listen(shared: &Arc<Shared>, listener: &mut Listener) {
     let mut threads: Vec<thread::JoinHandle<()>> = Vec::new();
     let mut next_conn = 1u64;
     while !shared.is_shutting_down() {
+        // A handover closes the port and, if it falls through, reopens it (retried until it
+        // works).
+        let retry = shared.sync_port(listener);
         // Sleeps until a CM event or the shutdown waker: nothing to do while idle.
-        let event = match listener.next_event(Some(Instant::now() + IDLE)) {
+        let event = match listener.next_event(Some(Instant::now() + if retry { BACKOFF } else { IDLE })) {
             Ok(Some(e)) => e,
             Ok(None) => continue,
             Err(e) => {
@@ -261,6 +391,11 @@ fn listen(shared: &Arc<Shared>, listener: &Listener) {
     }
     for s in shared.take_sessions() {
         s.release();
+    }
+    if shared.handed_over().is_some() {
+        // The successor serves the same pages and writes them back when asked.
+        info!("shut down after handing the volumes over: nothing written back here");
+        return;
     }
     // Graceful shutdown keeps everything written, flushed or not.
     let volumes: Vec<Arc<Volume>> = shared.catalog().volumes.values().cloned().collect();

@@ -70,6 +70,10 @@ pub enum StartError {
     /// The admin socket could not be served.
     #[error(transparent)]
     Admin(crate::admin::SocketError),
+    /// Taking the volumes over from the running daemon failed (it serves on, unless it went
+    /// away).
+    #[error(transparent)]
+    Handover(#[from] crate::handover::HandoverError),
     /// Listening failed.
     #[error("cannot listen on {addr}")]
     Listen {

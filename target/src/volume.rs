@@ -1,8 +1,8 @@
 //! The volume store: each volume's bytes live in one shared mapping of a sealed memfd
 //! ([`Volume::memory`], named `rblk-volume:NAME`), registered once per device for the sessions
 //! with memory windows ([`Volume::region`]) and once per session for the others; a durable volume
-//! also has a [`Backing`] store. The memfd prepares handing a volume's pages to a successor
-//! daemon (issue 28); nothing hands them over yet.
+//! also has a [`Backing`] store. A daemon hands its volumes to a successor by their memfds (see
+//! [`crate::handover`]): the successor maps the same pages ([`Volume::adopt`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -110,6 +110,41 @@ impl Volume {
         })
     }
 
+    /// A volume a predecessor daemon handed over: its `memory` (the same pages), its backing
+    /// store, its instance identity, and whether a session could have written it since it was
+    /// last written back whole ([`Volume::written`]), which decides what a final flush writes.
+    pub fn adopt(
+        name: &str,
+        memory: Arc<Memory>,
+        block_size: u32,
+        backing: Option<Backing>,
+        instance: VolumeId,
+        written: bool,
+    ) -> Volume {
+        Volume {
+            name: name.to_owned(),
+            memory,
+            block_size,
+            backing,
+            instance,
+            writeback: Group::default(),
+            opens: Mutex::new(Opens { written, ..Opens::default() }),
+            regions: Mutex::default(),
+        }
+    }
+
+    /// Starts no more write-back passes and waits for the running one (see [`Group::hold`]).
+    pub fn hold_write_back(&self) {
+        self.writeback.hold();
+    }
+
+    /// Undoes [`Volume::hold_write_back`]: FLUSHes queued meanwhile get their pass.
+    pub fn release_write_back(self: &Arc<Self>) {
+        if self.writeback.release() {
+            self.spawn_passes(None);
+        }
+    }
+
     /// The volume's one registration in `pd` (the target's window domain of its device), with
     /// no remote access of its own: windows bound to QPs grant that ([`Access::BIND_ONLY`]).
     /// Registered at the first OPEN with windows on the device and kept while the volume is
@@ -145,16 +180,20 @@ impl Volume {
     ) -> Ticket {
         let (ticket, start) = self.writeback.enqueue(ranges, Some(waker));
         if start {
-            let v = Arc::clone(self);
-            let hook = before_pass.clone();
-            let spawned =
-                std::thread::Builder::new().name("rblk-writeback".into()).spawn(move || v.run_passes(hook.as_ref()));
-            if let Err(e) = spawned {
-                tracing::warn!(volume = %self.name, error = %e, "no thread for the write-back: it runs on the connection's");
-                self.run_passes(before_pass.as_ref());
-            }
+            self.spawn_passes(before_pass);
         }
         ticket
+    }
+
+    fn spawn_passes(self: &Arc<Self>, before_pass: Option<crate::control::FlushHook>) {
+        let v = Arc::clone(self);
+        let hook = before_pass.clone();
+        let spawned =
+            std::thread::Builder::new().name("rblk-writeback".into()).spawn(move || v.run_passes(hook.as_ref()));
+        if let Err(e) = spawned {
+            tracing::warn!(volume = %self.name, error = %e, "no thread for the write-back: it runs on this thread");
+            self.run_passes(before_pass.as_ref());
+        }
     }
 
     /// The outcome of the write-back holding `ticket`, once it finished.

@@ -175,14 +175,23 @@ impl Mr {
 /// A listening rdma_cm id.
 pub(crate) struct Listener {
     channel: Arc<CmChannel>,
-    id: CmId,
+    /// None while the port is closed ([`Listener::close_port`]).
+    id: Option<CmId>,
+    /// The address bound (its port too when 0 was asked for), for reopening.
+    addr: SocketAddr,
     device: Option<String>,
 }
 
 impl Listener {
     pub(crate) fn bind(addr: SocketAddr, device: Option<&str>) -> Result<Listener> {
         let channel = CmChannel::new()?;
-        let id = CmId::new(&channel)?;
+        let id = Self::listen_on(&channel, addr, device)?;
+        let addr = id.local_addr().unwrap_or(addr);
+        Ok(Listener { channel, id: Some(id), addr, device: device.map(str::to_owned) })
+    }
+
+    fn listen_on(channel: &Arc<CmChannel>, addr: SocketAddr, device: Option<&str>) -> Result<CmId> {
+        let id = CmId::new(channel)?;
         id.bind(addr)?;
         if let (Some(want), Some(have)) = (device, id.device_name()) {
             if want != have {
@@ -190,11 +199,25 @@ impl Listener {
             }
         }
         id.listen(128)?;
-        Ok(Listener { channel, id, device: device.map(str::to_owned) })
+        Ok(id)
+    }
+
+    /// Destroys the listening id: the port is free for another process, while the connections
+    /// accepted so far keep their events on the channel.
+    pub(crate) fn close_port(&mut self) {
+        self.id = None;
+    }
+
+    /// Listens on the same address again.
+    pub(crate) fn reopen_port(&mut self) -> Result<()> {
+        if self.id.is_none() {
+            self.id = Some(Self::listen_on(&self.channel, self.addr, self.device.as_deref())?);
+        }
+        Ok(())
     }
 
     pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
-        self.id.local_addr()
+        Some(self.addr)
     }
 
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {

@@ -1,0 +1,643 @@
+//! Handing the volumes to a successor daemon: an upgrade (or a restart) that loses nothing and
+//! reads or writes no volume data.
+//!
+//! Every volume's bytes live in a sealed memfd ([`crate::volume`]), and a durable volume's
+//! backing store is claimed by its open file description ([`crate::persist`]). A handover
+//! passes those descriptors, with a small versioned [`State`] record (names, sizes, backing
+//! paths, instance identities, and whether a session could have written each volume since its
+//! last whole write-back), to the successor, which maps the same pages and serves them under
+//! the same instance identities. Initiators lose their connections, reconnect, find the same
+//! instances and replay what was in flight; a durable volume's next FLUSH writes what its
+//! initiators wrote, as it would have.
+//!
+//! Two ways, both asked for explicitly (SIGTERM stays a plain stop with a final flush):
+//!
+//! - **`rblk-target --takeover`** (any machine): the successor connects to the running daemon's
+//!   admin socket and sends `{"version":1,"op":"takeover","formats":[1]}`. The daemon stops
+//!   listening (the port is free), holds its volumes' write-backs (a FLUSH under way finishes;
+//!   later ones wait), and sends the state and the descriptors (SCM_RIGHTS, [`rblk_fabric::fdpass`]).
+//!   The successor checks them against its configuration, maps, binds the port and says
+//!   `takeover-ready`; the old daemon answers `bye`, disconnects its sessions without a final
+//!   flush and exits 0; only then does the successor accept connections. Until `bye` the old
+//!   daemon holds every descriptor: a successor that refuses (`takeover-abort`), crashes or
+//!   stays silent past the deadline leaves it listening and flushing again, having lost
+//!   nothing. A successor whose old daemon vanishes before `bye` refuses to serve (it cannot
+//!   know what the other did last), rather than half-serving.
+//! - **`rblk-target admin handover`** (under systemd): the daemon does the same up to the
+//!   descriptors, which it puts in the service manager's file descriptor store (`FDSTORE=1`,
+//!   named `rblk-fd-N` and [`STATE_FDNAME`]), then exits with [`EXIT_HANDED_OVER`], which the
+//!   unit lists in `RestartForceExitStatus=`. systemd starts the successor with the descriptors
+//!   (`LISTEN_FDS`, `LISTEN_FDNAMES`); it takes the volumes from them, and once READY removes
+//!   them from the store (`FDSTOREREMOVE=1`). A successor that fails before READY is restarted
+//!   with the descriptors still stored.
+//!
+//! The successor refuses a state [`FORMAT`] it does not know, a `block_size` other than the
+//! state's, and a configuration that changes a handed volume's size or backing path; volumes
+//! only in its configuration are created or loaded as at a start, and volumes only in the
+//! state are removed once the old daemon is gone, as a reload removes them (a durable one is
+//! flushed). Memory windows, registrations and rkeys are the successor's own: registration
+//! happens at each volume's first OPEN, as at a start.
+
+use std::collections::HashMap;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rblk_proto::VolumeId;
+use tracing::{info, warn};
+
+use crate::persist::Backing;
+use crate::registry::Shared;
+use crate::volume::Volume;
+
+/// The [`State`] record's format. A successor that does not know the format it is handed
+/// refuses the handover (and the old daemon serves on). Raised when a field changes meaning or
+/// a field a successor must understand is added.
+pub const FORMAT: u32 = 1;
+/// The fd store name of the state record (a sealed memfd holding its JSON).
+pub const STATE_FDNAME: &str = "rblk-state";
+/// The fd store names of the volumes' descriptors: this, then the index in [`State`].
+pub const FD_PREFIX: &str = "rblk-fd-";
+/// The exit status after a handover to the service manager (EX_TEMPFAIL): the unit lists it in
+/// `RestartForceExitStatus=`, so systemd starts the successor at once.
+pub const EXIT_HANDED_OVER: u8 = 75;
+/// The longest a state record or a reply frame may be.
+const MAX_FRAME: usize = 16 << 20;
+/// How long the old daemon waits for the successor's verdict, beyond [`verdict_allowance`].
+const VERDICT_BASE: Duration = Duration::from_secs(60);
+/// How long the successor waits for the old daemon's `bye`.
+const BYE_WAIT: Duration = Duration::from_secs(30);
+
+/// What is handed over besides the descriptors.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct State {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// The old daemon's pid.
+    pub pid: u32,
+    /// The old daemon's version (`rblk-target X.Y.Z`), for the log.
+    pub daemon: String,
+    /// Its block size (a successor with another one refuses).
+    pub block_size: u32,
+    /// The volumes it served.
+    pub volumes: Vec<HandedVolume>,
+}
+
+/// One volume in a [`State`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HandedVolume {
+    /// Its name.
+    pub name: String,
+    /// Its size in bytes (its memfd's).
+    pub size: u64,
+    /// A durable volume's backing store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// Its instance identity (32 hex digits): the successor serves the same instance.
+    pub instance: String,
+    /// Whether a session could have written it since it was last written back whole: the
+    /// successor's final flush writes it back whole only then.
+    pub written: bool,
+    /// A write-back failed: it stays failed.
+    pub failed: bool,
+    /// Its memfd: an index into the descriptors.
+    pub memfd: usize,
+    /// Its backing store's descriptor: an index into the descriptors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing: Option<usize>,
+}
+
+/// Why a handover did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandoverError {
+    /// The old daemon cannot be reached.
+    #[error("cannot reach the running daemon to take over from")]
+    Connect(#[source] crate::admin::ClientError),
+    /// The old daemon refused (it serves on).
+    #[error("the running daemon refused the handover: {0}")]
+    Refused(String),
+    /// The state's format is not one this daemon reads.
+    #[error("the handed state has format {0}, which this rblk-target does not read (it reads format {FORMAT}): upgrade in steps, or restart")]
+    Format(String),
+    /// The state is not a state.
+    #[error("the handed state is malformed: {0}")]
+    Malformed(String),
+    /// The configuration changes what a handover cannot change.
+    #[error("the new configuration changes what a handover keeps: {0}; keep them as they are for the handover (a reload can remove and re-add a volume afterwards), or stop and start instead")]
+    Changed(String),
+    /// A handed volume could not be taken.
+    #[error("cannot take volume {name}: {reason}")]
+    Volume {
+        /// Which.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Talking to the old daemon failed.
+    #[error("the handover conversation failed: {0}")]
+    Io(#[source] std::io::Error),
+    /// The old daemon went away before it confirmed.
+    #[error("the old daemon went away before it confirmed the handover: not serving its volumes (nobody can tell what it did last); start it again, or start this one without --takeover")]
+    OldDaemonGone,
+}
+
+/// What the successor was handed: the state, the descriptors, and the way back to the old
+/// daemon (None when they came from the service manager's store).
+#[derive(Debug)]
+pub struct Handed {
+    state: State,
+    fds: Vec<Option<OwnedFd>>,
+    peer: Option<UnixStream>,
+    /// The old daemon's admin socket, which goes when it exits.
+    socket: Option<PathBuf>,
+    /// The fd store names to remove once serving.
+    stored: Vec<String>,
+    started: Instant,
+}
+
+impl Handed {
+    /// Asks the daemon serving the admin socket at `socket` to hand its volumes over, and
+    /// receives them. It has stopped listening and holds its write-backs when this returns Ok.
+    pub fn request(socket: &Path) -> Result<Handed, HandoverError> {
+        let started = Instant::now();
+        let stream = crate::admin::connect(socket).map_err(HandoverError::Connect)?;
+        let line = format!("{{\"version\":{},\"op\":\"takeover\",\"formats\":[{FORMAT}]}}\n", crate::admin::VERSION);
+        (&stream).write_all(line.as_bytes()).map_err(HandoverError::Io)?;
+        let (reply, mut fds) = recv_frame(&stream)?;
+        let reply: TakeoverReply =
+            serde_json::from_slice(&reply).map_err(|e| HandoverError::Malformed(format!("the reply: {e}")))?;
+        if !reply.ok {
+            return Err(HandoverError::Refused(reply.message));
+        }
+        while fds.len() < reply.fds {
+            let (_, more) = recv_frame(&stream)?;
+            if more.is_empty() {
+                return Err(HandoverError::Malformed("a descriptor frame without descriptors".into()));
+            }
+            fds.extend(more);
+        }
+        let mut handed = Handed {
+            state: State { format: 0, pid: 0, daemon: String::new(), block_size: 0, volumes: Vec::new() },
+            fds: fds.into_iter().map(Some).collect(),
+            peer: Some(stream),
+            socket: Some(socket.to_owned()),
+            stored: Vec::new(),
+            started,
+        };
+        match reply.state.ok_or_else(|| HandoverError::Malformed("no state".into())).and_then(parse_state) {
+            Ok(state) => handed.state = state,
+            Err(e) => {
+                handed.abort(&e.to_string());
+                return Err(e);
+            }
+        }
+        Ok(handed)
+    }
+
+    /// The handover in the service manager's store, among the descriptors passed at start
+    /// (`LISTEN_FDS`); None when there is no state record. Stray `rblk-fd-N` descriptors
+    /// without a state record are closed and removed from the store.
+    pub fn from_store(passed: Vec<(String, OwnedFd)>) -> Result<Option<Handed>, HandoverError> {
+        let mut state = None;
+        let mut by_index = HashMap::new();
+        let mut stored = Vec::new();
+        for (name, fd) in passed {
+            if name == STATE_FDNAME {
+                state = Some(fd);
+            } else if let Some(i) = name.strip_prefix(FD_PREFIX).and_then(|i| i.parse::<usize>().ok()) {
+                by_index.insert(i, fd);
+            } else {
+                warn!(name, "ignoring a descriptor passed at start that is not rblk-target's");
+                continue;
+            }
+            stored.push(name);
+        }
+        let Some(state) = state else {
+            if !stored.is_empty() {
+                warn!(count = stored.len(), "descriptors of an unfinished handover without its state: dropped");
+                crate::handover::forget_stored(&stored);
+            }
+            return Ok(None);
+        };
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::fs::File::from(state), &mut text)
+            .map_err(|e| HandoverError::Malformed(format!("the state record cannot be read: {e}")))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| HandoverError::Malformed(format!("the state record: {e}")))?;
+        let state = parse_state(value)?;
+        let count = by_index.keys().max().map_or(0, |m| m + 1);
+        let fds = (0..count).map(|i| by_index.remove(&i)).collect();
+        Ok(Some(Handed { state, fds, peer: None, socket: None, stored, started: Instant::now() }))
+    }
+
+    /// The state handed over.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The fd store names to remove once the successor serves (see [`forget_stored`]).
+    pub fn stored_names(&self) -> &[String] {
+        &self.stored
+    }
+
+    /// Tells the old daemon the handover is off (it serves on), with the reason.
+    pub(crate) fn abort(&mut self, reason: &str) {
+        if let Some(peer) = self.peer.take() {
+            let line = serde_json::json!({"version": crate::admin::VERSION, "op": "takeover-abort", "reason": reason});
+            let _ = (&peer).write_all(format!("{line}\n").as_bytes());
+        }
+    }
+
+    /// Tells the old daemon the successor is ready to accept connections, and waits for its
+    /// `bye`: after it, the old daemon disconnects its sessions and exits.
+    pub(crate) fn ready(&mut self) -> Result<(), HandoverError> {
+        let Some(peer) = self.peer.as_ref() else { return Ok(()) };
+        let line = format!("{{\"version\":{},\"op\":\"takeover-ready\"}}\n", crate::admin::VERSION);
+        let _ = peer.set_read_timeout(Some(BYE_WAIT));
+        if (&*peer).write_all(line.as_bytes()).is_err() {
+            return Err(HandoverError::OldDaemonGone);
+        }
+        match recv_frame(peer) {
+            Ok((bye, _)) if serde_json::from_slice::<TakeoverReply>(&bye).is_ok_and(|r| r.ok) => {
+                info!(
+                    pid = self.state.pid,
+                    took = ?self.started.elapsed(),
+                    "took over {} volume(s) from {}",
+                    self.state.volumes.len(),
+                    self.state.daemon
+                );
+                Ok(())
+            }
+            _ => Err(HandoverError::OldDaemonGone),
+        }
+    }
+
+    /// Checks the state against the configuration the successor starts with: the same block
+    /// size, and every handed volume it keeps with the same size and backing path.
+    pub fn check(&self, block_size: u32, volumes: &[crate::config::VolumeSpec]) -> Result<(), HandoverError> {
+        let mut changed = Vec::new();
+        if block_size != self.state.block_size {
+            changed.push(format!("block_size {} -> {block_size}", self.state.block_size));
+        }
+        for h in &self.state.volumes {
+            let Some(v) = volumes.iter().find(|v| v.name == h.name) else { continue };
+            if v.size != h.size {
+                changed.push(format!("volume {} size {} -> {}", h.name, h.size, v.size));
+            }
+            let same_path = match (&h.path, &v.path) {
+                (None, None) => true,
+                (Some(a), Some(b)) => canonical(a) == canonical(b),
+                _ => false,
+            };
+            if !same_path {
+                let show =
+                    |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "RAM".to_owned(), |p| p.display().to_string());
+                changed.push(format!("volume {} backing {} -> {}", h.name, show(&h.path), show(&v.path)));
+            }
+        }
+        if changed.is_empty() {
+            Ok(())
+        } else {
+            Err(HandoverError::Changed(changed.join(", ")))
+        }
+    }
+
+    /// Takes handed volume `name`: its memory mapped from its memfd (the same pages), its
+    /// backing store adopted with its claim. None when the state has no such volume.
+    pub(crate) fn take(&mut self, name: &str) -> Option<Result<Volume, HandoverError>> {
+        let i = self.state.volumes.iter().position(|h| h.name == name)?;
+        let h = self.state.volumes.remove(i);
+        Some(self.adopt(h))
+    }
+
+    /// The handed volumes the successor's configuration did not take ([`Handed::take`]).
+    pub(crate) fn take_rest(&mut self) -> Vec<Result<Volume, HandoverError>> {
+        let rest = std::mem::take(&mut self.state.volumes);
+        rest.into_iter().map(|h| self.adopt(h)).collect()
+    }
+
+    fn adopt(&mut self, h: HandedVolume) -> Result<Volume, HandoverError> {
+        let fail = |reason: String| HandoverError::Volume { name: h.name.clone(), reason };
+        let mut fd = |i: usize| {
+            self.fds.get_mut(i).and_then(Option::take).ok_or_else(|| fail(format!("descriptor {i} is missing")))
+        };
+        let memfd = fd(h.memfd)?;
+        let backing_fd = h.backing.map(&mut fd).transpose()?;
+        let instance = VolumeId::from_hex(&h.instance).ok_or_else(|| fail(format!("bad instance {:?}", h.instance)))?;
+        let size = usize::try_from(h.size).map_err(|_| fail("too large".into()))?;
+        let memory = rblk_fabric::Memory::from_memfd(&h.name, memfd, size)
+            .map_err(|e| fail(rblk_fabric::Chain(&e).to_string()))?;
+        let backing = match (&h.path, backing_fd) {
+            (Some(path), Some(fd)) => Some(
+                Backing::adopt(path, std::fs::File::from(fd), h.size, h.failed)
+                    .map_err(|e| fail(rblk_fabric::Chain(&e).to_string()))?,
+            ),
+            (None, None) => None,
+            _ => return Err(fail("a backing path without its descriptor, or the reverse".into())),
+        };
+        info!(volume = %h.name, instance = %instance, written = h.written, "taking the volume over: the same pages and instance");
+        Ok(Volume::adopt(&h.name, memory, self.state.block_size, backing, instance, h.written))
+    }
+
+    /// The old daemon's admin socket, which it removes when it exits.
+    pub(crate) fn old_socket(&self) -> Option<&Path> {
+        self.socket.as_deref()
+    }
+}
+
+/// The reply frame of a takeover request, and the `bye` frame.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct TakeoverReply {
+    version: u64,
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    message: String,
+    /// The state, as JSON (its format is checked before it is read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    state: Option<serde_json::Value>,
+    /// How many descriptors follow (with this frame and the next ones).
+    #[serde(default)]
+    fds: usize,
+}
+
+/// Reads a state record, refusing a format other than [`FORMAT`] before anything else.
+pub fn parse_state(value: serde_json::Value) -> Result<State, HandoverError> {
+    match value.get("format") {
+        Some(f) if f.as_u64() == Some(u64::from(FORMAT)) => {}
+        Some(f) => return Err(HandoverError::Format(f.to_string())),
+        None => return Err(HandoverError::Malformed("no format".into())),
+    }
+    serde_json::from_value(value).map_err(|e| HandoverError::Malformed(e.to_string()))
+}
+
+fn send_frame(stream: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    let mut bytes = (payload.len() as u32).to_le_bytes().to_vec();
+    bytes.extend_from_slice(payload);
+    rblk_fabric::fdpass::send(stream, &bytes, fds)
+}
+
+fn recv_frame(stream: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), HandoverError> {
+    let mut len = [0u8; 4];
+    let gone = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            HandoverError::OldDaemonGone
+        } else {
+            HandoverError::Io(e)
+        }
+    };
+    let mut fds = rblk_fabric::fdpass::recv(stream, &mut len).map_err(gone)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(HandoverError::Malformed(format!("a frame of {len} bytes")));
+    }
+    let mut payload = vec![0u8; len];
+    if len > 0 {
+        fds.extend(rblk_fabric::fdpass::recv(stream, &mut payload).map_err(gone)?);
+    }
+    Ok((payload, fds))
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned())
+}
+
+/// Removes `names` from the service manager's fd store (`FDSTOREREMOVE=1`), e.g. once the
+/// successor serves what they held. Nothing without `NOTIFY_SOCKET`.
+pub fn forget_stored(names: &[String]) {
+    for name in names {
+        let states = [sd_notify::NotifyState::FdStoreRemove, sd_notify::NotifyState::FdName(name)];
+        if let Err(e) = sd_notify::notify(false, &states) {
+            warn!(name, error = %e, "cannot remove a descriptor from the service manager's store");
+        }
+    }
+}
+
+/// Where the descriptors of a handover to the service manager go: one call per descriptor
+/// with its fd store name, the state record last. The daemon's is `FDSTORE=1` through
+/// `NOTIFY_SOCKET`; tests collect them.
+pub type StoreSink = Box<dyn Fn(&str, BorrowedFd<'_>) -> std::io::Result<()> + Send + Sync>;
+
+// ---- The old daemon's side ----
+
+/// Everything the old daemon holds still for the handover: the volumes (their write-backs
+/// held) and the state describing them.
+struct Prepared {
+    volumes: Vec<Arc<Volume>>,
+    state: State,
+}
+
+impl Prepared {
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        let mut fds = Vec::new();
+        for v in &self.volumes {
+            if let Some(fd) = v.memory.fd() {
+                fds.push(fd);
+            }
+            if let Some(b) = &v.backing {
+                fds.push(b.file().as_fd());
+            }
+        }
+        fds
+    }
+}
+
+/// Stops listening and holds every volume's write-backs (waiting for the passes under way),
+/// then describes the volumes. Undone by [`resume`].
+fn prepare(shared: &Arc<Shared>) -> Result<Prepared, String> {
+    shared.set_port_open(false)?;
+    let mut volumes: Vec<Arc<Volume>> = shared.catalog().volumes.values().cloned().collect();
+    volumes.sort_by(|a, b| a.name.cmp(&b.name));
+    for v in &volumes {
+        v.hold_write_back();
+    }
+    let mut handed = Vec::new();
+    let mut next = 0;
+    for v in &volumes {
+        if v.memory.fd().is_none() {
+            resume(shared, &volumes);
+            return Err(format!("volume {}'s memory is not a memfd", v.name));
+        }
+        // The descriptors' order is Prepared::fds's: each memfd, then its backing store.
+        let memfd = next;
+        let backing = v.backing.as_ref().map(|_| memfd + 1);
+        next = backing.unwrap_or(memfd) + 1;
+        handed.push(HandedVolume {
+            name: v.name.clone(),
+            size: v.size(),
+            path: v.backing.as_ref().map(|b| b.path().to_owned()),
+            instance: v.instance.to_string(),
+            written: v.written(),
+            failed: v.failed(),
+            memfd,
+            backing,
+        });
+    }
+    let state = State {
+        format: FORMAT,
+        pid: std::process::id(),
+        daemon: format!("rblk-target {}", env!("CARGO_PKG_VERSION")),
+        block_size: shared.fixed.block_size,
+        volumes: handed,
+    };
+    Ok(Prepared { volumes, state })
+}
+
+/// Undoes [`prepare`]: the write-backs run again, the port reopens.
+fn resume(shared: &Arc<Shared>, volumes: &[Arc<Volume>]) {
+    for v in volumes {
+        v.release_write_back();
+    }
+    if let Err(e) = shared.set_port_open(true) {
+        tracing::error!("cannot listen again after the handover fell through (the listener retries): {e}");
+    }
+    info!("serving on: listening and flushing again");
+}
+
+fn reply_frame(ok: bool, error: Option<&str>, message: &str, state: Option<&State>, fds: usize) -> Vec<u8> {
+    let reply = TakeoverReply {
+        version: crate::admin::VERSION,
+        ok,
+        error: error.map(str::to_owned),
+        message: message.to_owned(),
+        state: state.map(|s| serde_json::to_value(s).unwrap_or_default()),
+        fds,
+    };
+    serde_json::to_vec(&reply).unwrap_or_default()
+}
+
+/// How long the successor may take to map, register and bind: [`VERDICT_BASE`] plus the time
+/// its memory takes to populate, at a pessimistic 100 MiB/s.
+fn verdict_allowance(bytes: u64) -> Duration {
+    VERDICT_BASE + Duration::from_secs(bytes / (100 << 20))
+}
+
+/// The old daemon's side of `--takeover` (the admin connection's request was `takeover`):
+/// prepare, send, wait for the verdict, then either finish (the daemon exits) or serve on.
+pub(crate) fn give(shared: &Arc<Shared>, mut reader: BufReader<UnixStream>, formats: &[u32]) {
+    let out = reader.get_ref().try_clone();
+    let Ok(out) = out else { return };
+    let refuse = |code: &str, message: &str| {
+        warn!("takeover refused: {message}");
+        let _ = send_frame(&out, &reply_frame(false, Some(code), message, None, 0), &[]);
+    };
+    if !formats.contains(&FORMAT) {
+        let text = format!("this daemon hands over state format {FORMAT}; the successor reads {formats:?}");
+        return refuse("format", &text);
+    }
+    // No reload or admin change while the volumes are being handed over.
+    let _current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
+    if shared.is_shutting_down() || shared.handed_over().is_some() {
+        return refuse("shutting_down", "the target is shutting down");
+    }
+    info!("a successor asks to take the volumes over: stopping listening, holding write-backs");
+    let prepared = match prepare(shared) {
+        Ok(p) => p,
+        Err(e) => return refuse("refused", &format!("cannot prepare the handover: {e}")),
+    };
+    let fds = prepared.fds();
+    let bytes: u64 = prepared.volumes.iter().map(|v| v.size()).sum();
+    let message = format!("handing over {} volume(s)", prepared.volumes.len());
+    let sent = (|| {
+        let mut chunks = fds.chunks(rblk_fabric::fdpass::MAX_FDS);
+        let first = chunks.next().unwrap_or(&[]);
+        send_frame(&out, &reply_frame(true, None, &message, Some(&prepared.state), fds.len()), first)?;
+        for chunk in chunks {
+            send_frame(&out, b"+", chunk)?;
+        }
+        Ok::<(), std::io::Error>(())
+    })();
+    if let Err(e) = sent {
+        warn!(error = %e, "the successor went away while the volumes were sent");
+        return resume(shared, &prepared.volumes);
+    }
+    let _ = reader.get_ref().set_read_timeout(Some(verdict_allowance(bytes)));
+    let mut line = String::new();
+    let verdict = match reader.read_line(&mut line) {
+        Ok(0) => Err("the successor went away before it was ready".to_owned()),
+        Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(v) if v["op"] == "takeover-ready" => Ok(()),
+            Ok(v) if v["op"] == "takeover-abort" => {
+                Err(format!("the successor refused: {}", v["reason"].as_str().unwrap_or("no reason given")))
+            }
+            _ => Err(format!("the successor said something else: {}", line.trim())),
+        },
+        Err(e) => Err(format!("no word from the successor: {e}")),
+    };
+    if let Err(why) = verdict {
+        warn!("the handover fell through ({why}): nothing was lost");
+        return resume(shared, &prepared.volumes);
+    }
+    // From here on this daemon writes nothing back: the successor owns the volumes.
+    shared.finish_handover(0);
+    let _ = send_frame(&out, &reply_frame(true, None, "bye", None, 0), &[]);
+    info!("the successor is ready: disconnecting and exiting without a final flush");
+    shared.exit_after_handover();
+}
+
+/// The old daemon's side of `admin handover` under systemd: the descriptors and a state
+/// record go to the service manager's store through `sink`; then the daemon exits with
+/// [`EXIT_HANDED_OVER`]. Returns the reply's message.
+pub(crate) fn give_to_store(shared: &Arc<Shared>, sink: &StoreSink) -> Result<String, String> {
+    let _current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
+    if shared.is_shutting_down() || shared.handed_over().is_some() {
+        return Err("the target is shutting down".into());
+    }
+    let prepared = prepare(shared)?;
+    let pushed = (|| {
+        let record = state_memfd(&prepared.state)?;
+        for (i, fd) in prepared.fds().into_iter().enumerate() {
+            sink(&format!("{FD_PREFIX}{i}"), fd)?;
+        }
+        sink(STATE_FDNAME, record.as_fd())
+    })();
+    if let Err(e) = pushed {
+        resume(shared, &prepared.volumes);
+        return Err(format!(
+            "the service manager did not take the descriptors ({e}): is FileDescriptorStoreMax= set in the unit?"
+        ));
+    }
+    shared.finish_handover(EXIT_HANDED_OVER);
+    shared.exit_after_handover();
+    Ok(format!(
+        "handed {} volume(s) to the service manager: exiting with status {EXIT_HANDED_OVER}, and systemd starts the \
+         successor with them (RestartForceExitStatus={EXIT_HANDED_OVER})",
+        prepared.volumes.len()
+    ))
+}
+
+/// The state record as a sealed memfd, read from its start.
+fn state_memfd(state: &State) -> std::io::Result<std::fs::File> {
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    let fd = memfd_create("rblk-handover-state", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(&serde_json::to_vec(state).map_err(std::io::Error::other)?)?;
+    std::io::Seek::rewind(&mut file)?;
+    let seals = nix::fcntl::SealFlag::F_SEAL_SHRINK
+        | nix::fcntl::SealFlag::F_SEAL_GROW
+        | nix::fcntl::SealFlag::F_SEAL_WRITE
+        | nix::fcntl::SealFlag::F_SEAL_SEAL;
+    nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_ADD_SEALS(seals))?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches a successor that would read a state record of a format it does not know (it
+    /// would serve volumes with fields it misreads).
+    #[test]
+    fn an_unknown_state_format_is_refused_before_it_is_read() {
+        let e = parse_state(serde_json::json!({"format": 2, "anything": "else"})).unwrap_err();
+        assert!(matches!(e, HandoverError::Format(ref f) if f == "2"), "{e}");
+        assert!(e.to_string().contains("format 2") && e.to_string().contains("reads format 1"), "{e}");
+        assert!(matches!(parse_state(serde_json::json!({"pid": 1})), Err(HandoverError::Malformed(_))));
+        let s = State { format: FORMAT, pid: 7, daemon: "d".into(), block_size: 4096, volumes: vec![] };
+        assert_eq!(parse_state(serde_json::to_value(&s).unwrap()).unwrap(), s);
+    }
+}

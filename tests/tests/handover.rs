@@ -1,0 +1,327 @@
+//! A target handing its volumes to a successor (`rblk-target --takeover`, `rblk-target admin
+//! handover` through systemd's fd store), with both servers in this process over the in-memory
+//! fabric and an initiator engine that keeps writing across it. The same handover between two
+//! daemon processes over rxe is in `recovery.rs` (`a_takeover_*`).
+//!
+//! What each would catch:
+//! - `mem_a_takeover_keeps_a_ram_volume_and_its_instance`: the successor serving fresh memory,
+//!   or a new instance (the engine's reconnect would find "contents lost" and fail), or an old
+//!   daemon that keeps its port (the successor's bind fails).
+//! - `mem_a_durable_volume_writes_back_only_what_is_dirty_after_a_takeover`: a successor that
+//!   loads or writes back the whole volume, or loses the written state (its final flush would
+//!   skip the volume: `written` travelled as false).
+//! - `mem_unflushed_writes_reach_the_file_at_the_successors_stop`: the written state lost on
+//!   the way (the successor's stop would skip a volume nobody flushed).
+//! - `mem_a_changed_size_is_refused_and_the_old_daemon_serves_on`: a successor serving a volume
+//!   at another size, and an old daemon that stays deaf (port closed, write-backs held) after a
+//!   refusal: the FLUSH after it would hang.
+//! - `mem_a_successor_that_dies_before_ready_changes_nothing`: the same when the successor
+//!   vanishes with the descriptors before it said ready.
+//! - `mem_an_unknown_state_format_is_refused_on_both_sides`: a successor that reads a format it
+//!   does not know, and an old daemon that hands over one its successor cannot read.
+//! - `mem_a_handover_through_the_fd_store`: the systemd path: descriptors under their names, the
+//!   state record last, the exit status systemd restarts on, and the successor taking them from
+//!   `LISTEN_FDS` (emulated: the names and descriptors the sink got).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rblk_fabric::Fabric;
+use rblk_initiator::{Engine, OpenMode, Options, Reconnect, Session};
+use rblk_target::config::VolumeSpec;
+use rblk_target::handover::{Handed, HandoverError, EXIT_HANDED_OVER, STATE_FDNAME};
+use rblk_target::server::{Config, Running, Server};
+use rblk_target::start::StartError;
+use rblk_tests::workload::pattern;
+
+const MIB: u64 = 1 << 20;
+const PIECE: u64 = 16 << 10;
+
+static PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A temp dir, an address and a config for one test.
+struct Setup {
+    cfg: Config,
+    dir: PathBuf,
+}
+
+impl Setup {
+    fn new(durable: bool) -> Setup {
+        let port = 47000 + PORT.fetch_add(1, Ordering::Relaxed) + (std::process::id() % 500) as u16 * 20;
+        let dir = std::env::temp_dir().join(format!("rblk-handover-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = durable.then(|| dir.join("v.img"));
+        let cfg = Config {
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            volumes: vec![VolumeSpec { name: "v".into(), size: 4 * MIB, path }],
+            fabric: Fabric::Mem,
+            state_dir: Some(dir.join("state")),
+            admin_socket: Some(dir.join("admin.sock")),
+            ..Config::default()
+        };
+        Setup { cfg, dir }
+    }
+
+    fn engine(&self) -> Engine {
+        let reconnect = Reconnect {
+            delay: Duration::from_millis(50),
+            ctrl_loss_tmo: Some(Duration::from_secs(30)),
+            fast_io_fail_tmo: None,
+        };
+        let opts = Options { fabric: Fabric::Mem, timeout: Duration::from_secs(2), reconnect, ..Options::default() };
+        let uri = format!("rblk://{}/v", self.cfg.listen);
+        let vol = Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+        Engine::new(vol, 1).unwrap()
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.cfg.admin_socket.clone().unwrap()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn data(seed: u64, offset: u64, len: u64) -> Vec<u8> {
+    let mut v = vec![0; len as usize];
+    pattern(seed, offset, &mut v);
+    v
+}
+
+fn write(e: &Engine, seed: u64, at: u64, count: u64) {
+    for i in 0..count {
+        let offset = at + i * PIECE;
+        e.write_at(&data(seed, offset, PIECE), offset).expect("write");
+    }
+}
+
+fn check(e: &Engine, seed: u64, at: u64, count: u64) {
+    let mut got = vec![0; (count * PIECE) as usize];
+    e.read_at(&mut got, at).expect("read");
+    for i in 0..count {
+        let offset = at + i * PIECE;
+        let s = (i * PIECE) as usize;
+        assert!(got[s..s + PIECE as usize] == data(seed, offset, PIECE)[..], "piece at {offset} differs");
+    }
+}
+
+/// `--takeover` as the daemon does it: asks `old`'s admin socket, takes over with `cfg`, and
+/// once `old` handed over, stops it (the old daemon's exit) and finishes.
+fn take_over(old: Running, cfg: Config) -> Result<Running, Box<(StartError, Running)>> {
+    let socket = cfg.admin_socket.clone().unwrap();
+    let successor = std::thread::spawn(move || {
+        let handed = Handed::request(&socket)?;
+        Server::take_over(cfg, handed, &mut |_| {})
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while old.handed_over().is_none() && !successor.is_finished() {
+        assert!(Instant::now() < deadline, "neither a handover nor an error within 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let new = if old.handed_over().is_some() {
+        assert_eq!(old.handed_over(), Some(0), "--takeover: the old daemon exits 0");
+        old.shutdown();
+        successor.join().unwrap().expect("the successor serves")
+    } else {
+        return Err(Box::new((successor.join().unwrap().expect_err("no handover, so an error"), old)));
+    };
+    let mut new = new;
+    assert!(new.finish_takeover().is_empty(), "nothing in an fd store");
+    Ok(new)
+}
+
+#[test]
+fn mem_a_takeover_keeps_a_ram_volume_and_its_instance() {
+    let s = Setup::new(false);
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    write(&e, 1, 0, 16);
+    let new = take_over(old, s.cfg.clone()).map_err(|b| b.0).expect("takeover");
+    // The engine's next I/O finds its connection gone, reconnects to the successor, finds the
+    // same instance and goes on.
+    write(&e, 2, 16 * PIECE, 16);
+    check(&e, 1, 0, 16);
+    check(&e, 2, 16 * PIECE, 16);
+    assert!(e.reconnects() >= 1, "the engine reconnected to the successor");
+    assert_eq!(new.volumes(), vec!["v".to_owned()]);
+    assert!(new.admin_socket().is_some(), "the successor serves the admin socket once the old one is gone");
+    let list = rblk_target::admin::request(&s.socket(), &rblk_target::admin::Request::List).unwrap();
+    assert_eq!(list.volumes.unwrap()[0].sessions, 1, "the engine's session is the successor's now");
+    // A second takeover, of the successor.
+    let third = take_over(new, s.cfg.clone()).map_err(|b| b.0).expect("a second takeover");
+    write(&e, 3, 32 * PIECE, 4);
+    check(&e, 1, 0, 16);
+    check(&e, 3, 32 * PIECE, 4);
+    drop(e);
+    third.shutdown();
+}
+
+#[test]
+fn mem_a_durable_volume_writes_back_only_what_is_dirty_after_a_takeover() {
+    let s = Setup::new(true);
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    write(&e, 1, 0, 64);
+    e.flush().expect("a flush before");
+    write(&e, 2, 0, 2);
+    assert!(old.written_back_bytes() == 64 * PIECE, "{}", old.written_back_bytes());
+    let new = take_over(old, s.cfg.clone()).map_err(|b| b.0).expect("takeover");
+    assert_eq!(new.written_back_bytes(), 0, "a takeover reads and writes nothing");
+    assert!(!e.flush().expect("the flush after the takeover"), "durable");
+    assert_eq!(new.written_back_bytes(), 2 * PIECE, "the first FLUSH writes exactly the dirty pieces");
+    // A graceful stop of the successor writes the volume back whole (it was written since
+    // its load): the file holds everything.
+    drop(e);
+    new.shutdown();
+    let file = std::fs::read(s.cfg.volumes[0].path.as_ref().unwrap()).unwrap();
+    let piece = |i: u64| &file[(i * PIECE) as usize..((i + 1) * PIECE) as usize];
+    for i in 0..64 {
+        let seed = if i < 2 { 2 } else { 1 };
+        assert!(piece(i) == &data(seed, i * PIECE, PIECE)[..], "piece {i} of the backing file");
+    }
+}
+
+/// Catches the written state lost on the way (sent as false, or not sent): the successor's
+/// stop would skip the volume, and writes nobody flushed, made before the handover by an
+/// initiator that then went away, would never reach the backing store.
+#[test]
+fn mem_unflushed_writes_reach_the_file_at_the_successors_stop() {
+    let s = Setup::new(true);
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    write(&e, 7, 0, 2);
+    drop(e);
+    let new = take_over(old, s.cfg.clone()).map_err(|b| b.0).expect("takeover");
+    new.shutdown();
+    let file = std::fs::read(s.cfg.volumes[0].path.as_ref().unwrap()).unwrap();
+    assert!(file[..PIECE as usize] == data(7, 0, PIECE)[..], "the successor's stop did not write the volume back");
+}
+
+#[test]
+fn mem_a_changed_size_is_refused_and_the_old_daemon_serves_on() {
+    let s = Setup::new(true);
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    write(&e, 1, 0, 4);
+    let mut bigger = s.cfg.clone();
+    bigger.volumes[0].size = 8 * MIB;
+    let (err, old) = *take_over(old, bigger).expect_err("a changed size is refused");
+    let text = rblk_fabric::Chain(&err).to_string();
+    assert!(text.contains("volume v size 4194304 -> 8388608"), "{text}");
+    assert!(matches!(err, StartError::Handover(HandoverError::Changed(_))), "{err:?}");
+    assert_eq!(old.handed_over(), None);
+    serves_on(&s, &old, &e);
+    drop(e);
+    old.shutdown();
+}
+
+/// The old daemon after a handover fell through: its sessions go on, FLUSHes are written back,
+/// and it listens again (a new session opens).
+fn serves_on(s: &Setup, old: &Running, e: &Engine) {
+    write(e, 5, 8 * PIECE, 4);
+    let before = old.written_back_bytes();
+    assert!(!e.flush().expect("a flush after the handover fell through"));
+    assert!(old.written_back_bytes() > before, "the write-backs run again");
+    assert_eq!(e.reconnects(), 0, "the engine never lost its session");
+    let ro = Session::connect(
+        &format!("rblk://{}/v", s.cfg.listen),
+        &Options { fabric: Fabric::Mem, timeout: Duration::from_secs(2), ..Options::default() },
+    )
+    .expect("the old daemon listens again")
+    .open(OpenMode::ReadOnly)
+    .unwrap();
+    drop(ro);
+}
+
+#[test]
+fn mem_a_successor_that_dies_before_ready_changes_nothing() {
+    let s = Setup::new(true);
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    write(&e, 1, 0, 4);
+    let handed = Handed::request(&s.socket()).expect("the old daemon hands over");
+    assert_eq!(handed.state().volumes.len(), 1);
+    assert!(handed.state().volumes[0].written, "a writer has it open");
+    // The successor dies holding the descriptors, before it said ready.
+    drop(handed);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listening = Session::connect(
+            &format!("rblk://{}/v", s.cfg.listen),
+            &Options { fabric: Fabric::Mem, timeout: Duration::from_secs(1), ..Options::default() },
+        );
+        if listening.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old daemon did not listen again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    serves_on(&s, &old, &e);
+    // And a real takeover still works afterwards.
+    let new = take_over(old, s.cfg.clone()).map_err(|b| b.0).expect("takeover after a failed one");
+    check(&e, 1, 0, 4);
+    drop(e);
+    new.shutdown();
+}
+
+#[test]
+fn mem_an_unknown_state_format_is_refused_on_both_sides() {
+    let s = Setup::new(false);
+    let old = Server::start(s.cfg.clone()).unwrap();
+    // A successor that reads only format 2.
+    let mut stream = rblk_target::admin::connect(&s.socket()).unwrap();
+    std::io::Write::write_all(&mut stream, b"{\"version\":1,\"op\":\"takeover\",\"formats\":[2]}\n").unwrap();
+    let mut len = [0u8; 4];
+    assert!(rblk_fabric::fdpass::recv(&stream, &mut len).unwrap().is_empty(), "no descriptors with a refusal");
+    let mut reply = vec![0u8; u32::from_le_bytes(len) as usize];
+    rblk_fabric::fdpass::recv(&stream, &mut reply).unwrap();
+    let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(reply["ok"], false);
+    assert_eq!(reply["error"], "format");
+    assert_eq!(old.handed_over(), None);
+    // A state record of format 2 in the fd store: the successor refuses before reading it.
+    let path = s.dir.join("state-format-2");
+    std::fs::write(&path, br#"{"format":2}"#).unwrap();
+    let record = OwnedFd::from(std::fs::File::open(&path).unwrap());
+    let err = Handed::from_store(vec![(STATE_FDNAME.to_owned(), record)]).unwrap_err();
+    assert!(matches!(err, HandoverError::Format(ref f) if f == "2"), "{err}");
+    old.shutdown();
+}
+
+#[test]
+fn mem_a_handover_through_the_fd_store() {
+    let s = Setup::new(true);
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let store: Arc<Mutex<Vec<(String, OwnedFd)>>> = Arc::default();
+    let sink = Arc::clone(&store);
+    old.set_fd_store(Box::new(move |name, fd| {
+        sink.lock().unwrap().push((name.to_owned(), fd.try_clone_to_owned()?));
+        Ok(())
+    }));
+    let e = s.engine();
+    write(&e, 1, 0, 4);
+    let reply = rblk_target::admin::request(&s.socket(), &rblk_target::admin::Request::Handover).expect("handover");
+    assert!(reply.message.contains(&format!("status {EXIT_HANDED_OVER}")), "{}", reply.message);
+    assert_eq!(old.handed_over(), Some(EXIT_HANDED_OVER));
+    old.shutdown();
+    let stored = std::mem::take(&mut *store.lock().unwrap());
+    let names: Vec<&str> = stored.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["rblk-fd-0", "rblk-fd-1", STATE_FDNAME], "memfd, backing store, then the state record last");
+    let handed = Handed::from_store(stored).unwrap().expect("a handover in the store");
+    let mut new = Server::take_over(s.cfg.clone(), handed, &mut |_| {}).expect("the successor serves");
+    assert_eq!(new.finish_takeover().len(), 3, "every stored name is to be removed from the store");
+    write(&e, 2, 4 * PIECE, 4);
+    check(&e, 1, 0, 4);
+    assert!(!e.flush().unwrap());
+    assert_eq!(new.written_back_bytes(), 8 * PIECE, "the dirty pieces from before and after");
+    drop(e);
+    new.shutdown();
+}
