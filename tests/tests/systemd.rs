@@ -352,6 +352,27 @@ fn installed_units_pass_systemd_analyze_verify() {
     let _ = std::fs::remove_dir_all(root);
 }
 
+/// Catches a unit that would lose the volumes of `rblk-target admin handover`: without the
+/// exit status in RestartForceExitStatus= systemd leaves the service stopped (and empties the
+/// store), without FileDescriptorStoreMax= it drops every descriptor the daemon stores.
+#[test]
+fn the_unit_restarts_after_a_handover_and_keeps_its_descriptors() {
+    let unit = std::fs::read_to_string(repo().join("dist/systemd/rblk-target.service")).unwrap();
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+            .unwrap_or_else(|| panic!("the unit has no {key}="))
+            .to_owned()
+    };
+    let status = rblk_target::handover::EXIT_HANDED_OVER.to_string();
+    assert!(value("RestartForceExitStatus").split_whitespace().any(|s| s == status), "{unit}");
+    let max: usize = value("FileDescriptorStoreMax").parse().unwrap();
+    // Every volume a default max_sessions could serve would be too many to ask; at least a
+    // few hundred durable volumes (two descriptors each) and the state record.
+    assert!(max >= 2 * 256 + 1, "FileDescriptorStoreMax={max}");
+    assert_eq!(value("Type"), "notify", "the fd store takes FDSTORE=1 through NOTIFY_SOCKET");
+}
+
 mod guest {
     use super::*;
     use rblk_tests::rxe::rdma;
