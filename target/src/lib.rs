@@ -14,7 +14,8 @@
 //! protocol), `connection` (admission and the connection loop: control messages, keepalives,
 //! loss detection), [`server`] (start, the rdma_cm listener, shutdown), [`reload`] (configuration
 //! changes at run time: SIGHUP), [`admin`] (the admin socket: volumes added, removed and listed
-//! at run time), [`metrics`] (the Prometheus text), [`notify`] (systemd readiness, for the
+//! at run time), [`handover`] (the volumes handed to a successor daemon: `--takeover`, `admin
+//! handover`), [`metrics`] (the Prometheus text), [`notify`] (systemd readiness, for the
 //! binary).
 //!
 //! ```no_run
