@@ -157,6 +157,8 @@ pub struct Handed {
     /// The fd store names to remove once serving.
     stored: Vec<String>,
     started: Instant,
+    /// How many volumes were handed over.
+    handed: usize,
 }
 
 impl Handed {
@@ -187,9 +189,13 @@ impl Handed {
             socket: Some(socket.to_owned()),
             stored: Vec::new(),
             started,
+            handed: 0,
         };
         match reply.state.ok_or_else(|| HandoverError::Malformed("no state".into())).and_then(parse_state) {
-            Ok(state) => handed.state = state,
+            Ok(state) => {
+                handed.handed = state.volumes.len();
+                handed.state = state;
+            }
             Err(e) => {
                 handed.abort(&e.to_string());
                 return Err(e);
@@ -231,7 +237,8 @@ impl Handed {
         let state = parse_state(value)?;
         let count = by_index.keys().max().map_or(0, |m| m + 1);
         let fds = (0..count).map(|i| by_index.remove(&i)).collect();
-        Ok(Some(Handed { state, fds, peer: None, socket: None, stored, started: Instant::now() }))
+        let handed = state.volumes.len();
+        Ok(Some(Handed { state, fds, peer: None, socket: None, stored, started: Instant::now(), handed }))
     }
 
     /// The state handed over.
@@ -267,7 +274,7 @@ impl Handed {
                     pid = self.state.pid,
                     took = ?self.started.elapsed(),
                     "took over {} volume(s) from {}",
-                    self.state.volumes.len(),
+                    self.handed,
                     self.state.daemon
                 );
                 Ok(())

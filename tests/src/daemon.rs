@@ -67,8 +67,17 @@ impl Daemon {
         Daemon::start_exactly(SocketAddr::new(rdma.addr, port()), args)
     }
 
+    /// [`Daemon::start_at`] of the binary at `program` (a copy elsewhere: an upgrade).
+    pub fn start_program_at(program: &std::path::Path, addr: SocketAddr, args: &[&str]) -> Daemon {
+        Daemon::start_program(program, addr, &[&defaults(args)[..], args].concat())
+    }
+
     fn start_exactly(addr: SocketAddr, args: &[&str]) -> Daemon {
-        let mut child = Command::new(bin("rblk-target"))
+        Daemon::start_program(&bin("rblk-target"), addr, args)
+    }
+
+    fn start_program(program: &std::path::Path, addr: SocketAddr, args: &[&str]) -> Daemon {
+        let mut child = Command::new(program)
             .arg("--listen")
             .arg(addr.to_string())
             .args(args)
@@ -196,6 +205,20 @@ impl Daemon {
     /// True while the process runs.
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// Waits (at most `within`) for it to exit on its own; None if it did not.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return Some(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL (a crash), then the exit status.

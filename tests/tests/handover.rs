@@ -1,7 +1,8 @@
 //! A target handing its volumes to a successor (`rblk-target --takeover`, `rblk-target admin
 //! handover` through systemd's fd store), with both servers in this process over the in-memory
-//! fabric and an initiator engine that keeps writing across it. The same handover between two
-//! daemon processes over rxe is in `recovery.rs` (`a_takeover_*`).
+//! fabric and an initiator engine that keeps writing across it; and between two daemon
+//! processes over rxe in the guest (`guest::*`): `rblk attach` under fio verify across three
+//! takeovers by a copy of the binary, and a durable volume's write-back and crash after one.
 //!
 //! What each would catch:
 //! - `mem_a_takeover_keeps_a_ram_volume_and_its_instance`: the successor serving fresh memory,
@@ -324,4 +325,152 @@ fn mem_a_handover_through_the_fd_store() {
     assert_eq!(new.written_back_bytes(), 8 * PIECE, "the dirty pieces from before and after");
     drop(e);
     new.shutdown();
+}
+
+mod guest {
+    use super::*;
+    use rblk_tests::blockdev::{attach, detach, fio, fio_errors, ublk_drv, wait_child};
+    use rblk_tests::daemon::{bin, Daemon};
+    use rblk_tests::rxe::rdma;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rblk-handover-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// The successor from a copy of the binary at another path (as an upgrade installs one):
+    /// takes over from `old` with `args`, and `old` exits 0. Returns it and how long from its
+    /// start to listening.
+    fn take_over(program: &std::path::Path, mut old: Daemon, args: &[&str]) -> (Daemon, Duration) {
+        let t0 = Instant::now();
+        let new = Daemon::start_program_at(program, old.addr, &[args, &["--takeover"]].concat());
+        let took = t0.elapsed();
+        let status = old.wait_exit(Duration::from_secs(30)).expect("the old daemon exits after the handover");
+        assert!(status.success(), "the old daemon exits 0 after a takeover: {status}");
+        assert!(new.wait_log(&["took over 1 volume(s)"], Duration::from_secs(1)), "the successor says it took over");
+        (new, took)
+    }
+
+    /// Catches a handover that loses or reorders I/O on the block device users mount (fio
+    /// errors, verify mismatches), serves a new instance (the device would fail I/O as
+    /// "contents lost"), or leaves the device waiting (fio's time runs out).
+    #[test]
+    #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+    fn a_ram_volume_under_fio_verify_survives_three_takeovers() {
+        ublk_drv();
+        let d = dir("fio");
+        let next = d.join("rblk-target-next");
+        std::fs::copy(bin("rblk-target"), &next).unwrap();
+        let sock = d.join("admin.sock").display().to_string();
+        let args = ["--volume", "v:32M", "--admin-socket", &sock];
+        let mut target = Daemon::start(&rdma(), &args);
+        let log = d.join("attach.log").display().to_string();
+        let a = attach(&format!("rblk://{}/v", target.addr), &format!("--reconnect-delay 1 --log-file {log}"));
+        // Four jobs on 4 MiB each, writes paced (150/s each) so the run spans the takeovers.
+        let mut job = fio(
+            &a.dev,
+            &[
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=16",
+                "--numjobs=4",
+                "--size=4M",
+                "--offset_increment=4M",
+                "--rate_iops=,150",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+                "--do_verify=1",
+            ],
+        );
+        let mut took = Vec::new();
+        for round in 0..3 {
+            std::thread::sleep(Duration::from_secs(2));
+            assert!(job.try_wait().unwrap().is_none(), "fio ended before takeover {round}");
+            let (t, d) = take_over(&next, target, &args);
+            target = t;
+            took.push(d);
+        }
+        let out = wait_child(&mut job, Duration::from_secs(300), "fio");
+        let terse = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "fio failed: {terse}");
+        assert_eq!(fio_errors(&terse), 0, "fio reported errors: {terse}");
+        let attach_log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            !attach_log.contains("new instance") && !attach_log.contains("contents lost"),
+            "the device saw a new instance:\n{attach_log}"
+        );
+        assert!(attach_log.matches("reconnected after").count() >= 3, "three reconnects:\n{attach_log}");
+        eprintln!("handover: successor start to listening, per takeover: {took:?}");
+        detach(&a.dev);
+        drop(target);
+        let _ = std::fs::remove_dir_all(d);
+    }
+
+    fn written_back(metrics: &str) -> u64 {
+        let out = std::process::Command::new("curl")
+            .args(["-sf", &format!("http://{metrics}/metrics")])
+            .output()
+            .expect("run curl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find(|l| l.starts_with("rblk_target_written_back_bytes"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no written_back_bytes in {text}")) as u64
+    }
+
+    /// Catches a successor that writes back more than the initiator left dirty (the whole
+    /// volume: the dirty state did not travel), and a FLUSH after a takeover whose bytes do not
+    /// reach the backing store (a SIGKILL right after it would lose them).
+    #[test]
+    #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+    fn a_durable_volume_after_a_takeover_flushes_only_what_is_dirty_and_survives_a_kill() {
+        let durable = rblk_tests::scratch::durable("v", 8 * MIB, "handover-durable");
+        let d = dir("durable");
+        let sock = d.join("admin.sock").display().to_string();
+        let mut args: Vec<&str> = durable.iter().map(String::as_str).collect();
+        args.extend(["--admin-socket", &sock]);
+        let old = Daemon::start(&rdma(), &args);
+        let addr = old.addr;
+        let uri = format!("rblk://{addr}/v");
+        let reconnect = Reconnect {
+            delay: Duration::from_millis(200),
+            ctrl_loss_tmo: Some(Duration::from_secs(60)),
+            fast_io_fail_tmo: None,
+        };
+        let opts = Options { reconnect, ..Options::default() };
+        let e = Engine::new(Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap(), 1).unwrap();
+        write(&e, 1, 0, 32);
+        e.flush().unwrap();
+        write(&e, 2, 0, 2);
+        let metrics = format!("127.0.0.1:{}", 9600 + std::process::id() % 300);
+        let mut with_metrics = args.clone();
+        with_metrics.extend(["--metrics", &metrics]);
+        let (new, _) = take_over(&bin("rblk-target"), old, &with_metrics);
+        // The successor serves its metrics once the old daemon is gone.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::process::Command::new("curl")
+            .args(["-sf", &format!("http://{metrics}/metrics")])
+            .output()
+            .map_or(true, |o| !o.status.success())
+        {
+            assert!(Instant::now() < deadline, "no metrics from the successor");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(written_back(&metrics), 0, "the takeover wrote nothing back");
+        assert!(!e.flush().expect("the FLUSH after the takeover"), "durable");
+        assert_eq!(written_back(&metrics), 2 * PIECE, "the FLUSH wrote exactly the dirty pieces");
+        drop(e);
+        assert!(!new.kill().success(), "SIGKILL");
+        let again = Daemon::start_at(addr, &args);
+        let vol = Session::connect(&uri, &Options::default()).unwrap().open(OpenMode::ReadOnly).unwrap();
+        let e = Engine::new(vol, 1).unwrap();
+        check(&e, 2, 0, 2);
+        check(&e, 1, 2 * PIECE, 30);
+        drop(e);
+        drop(again);
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
