@@ -30,6 +30,23 @@ macro_rules! on_both_fabrics {
     };
 }
 
+/// How many rounds a repeated fault scenario (a target restarted or killed again and again) runs:
+/// `RBLK_SOAK_ROUNDS` when set (`scripts/soak-restarts.sh` sets 3), else `ci` (what CI runs).
+/// Panics on 0 or on a value that is not a number: a soak that ran no round must not pass.
+pub fn rounds(ci: usize) -> usize {
+    rounds_from(std::env::var("RBLK_SOAK_ROUNDS"), ci)
+}
+
+fn rounds_from(var: Result<String, std::env::VarError>, ci: usize) -> usize {
+    let n = match var {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| panic!("RBLK_SOAK_ROUNDS={v:?}: not a number of rounds")),
+        Err(std::env::VarError::NotPresent) => ci,
+        Err(e) => panic!("RBLK_SOAK_ROUNDS: {e}"),
+    };
+    assert!(n > 0, "RBLK_SOAK_ROUNDS=0 (or a default of 0): a soak needs at least one round");
+    n
+}
+
 /// Runs a bash script; fails the test with its output unless it succeeds. Returns stdout.
 pub fn sh(script: &str) -> String {
     let out = std::process::Command::new("bash")
@@ -47,4 +64,35 @@ pub fn sh(script: &str) -> String {
         eprintln!("{stderr}");
     }
     stdout.into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rounds_from;
+    use std::env::VarError;
+
+    #[test]
+    fn rounds_default_and_override() {
+        assert_eq!(rounds_from(Err(VarError::NotPresent), 1), 1);
+        assert_eq!(rounds_from(Ok("3".into()), 1), 3);
+        assert_eq!(rounds_from(Ok(" 5\n".into()), 1), 5);
+    }
+
+    #[test]
+    #[should_panic(expected = "at least one round")]
+    fn zero_rounds_fail() {
+        rounds_from(Ok("0".into()), 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "not a number of rounds")]
+    fn garbage_rounds_fail() {
+        rounds_from(Ok("three".into()), 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "not a number of rounds")]
+    fn empty_rounds_fail() {
+        rounds_from(Ok(String::new()), 1);
+    }
 }

@@ -8,11 +8,17 @@
 //! connections instead, and `a_failed_path_moves_to_the_other_address` takes an address away.
 //!
 //! What each would catch:
-//! - `fio_verify_on_ublk_survives_three_graceful_restarts`: replay and waiting across restarts
+//! - `fio_verify_on_ublk_survives_graceful_restarts`: replay and waiting across restarts
 //!   (an I/O failed or lost shows as a fio error or a verify failure); the stall is printed.
-//! - `flushed_data_reads_back_across_three_sigkills`: reconnect to a crashed durable volume
-//!   whose data was flushed (a new instance with nothing dirty must continue).
-//! - `nbd_and_fuse_loop_keep_ext4_across_restarts`: the same for `rblk nbd` and `rblk mount`.
+//!   CI restarts once; the soak (`scripts/soak-restarts.sh`) restarts 3 times.
+//! - `flushed_data_reads_back_across_sigkills`: reconnect to a crashed durable volume whose data
+//!   was flushed (a new instance with nothing dirty must continue). CI kills once; the soak 3
+//!   times.
+//! - `nbd_and_fuse_loop_keep_ext4_across_restarts`: the same for `rblk nbd` and `rblk mount`
+//!   (files written across a graceful restart, a SIGKILL after sync, checksums read back from
+//!   the device, e2fsck). CI runs one round of both per front end; the soak 3 rounds.
+//!
+//! Those three take their number of rounds from `RBLK_SOAK_ROUNDS` ([`rblk_tests::rounds`]).
 //! - `bench_verify_across_a_restart_has_no_mismatch`: the library path (rblk-bench's queues).
 //! - `a_crash_with_unflushed_writes_fails_the_next_fsync`: the write loss reaches fsync, and the
 //!   region reads back as last flushed.
@@ -153,17 +159,24 @@ fn read_loop(
     }
 }
 
+/// `len` pseudo-random bytes from `seed` (xorshift, eight bytes a step: a debug build under TCG
+/// makes megabytes of them).
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut data = Vec::with_capacity(len + 8);
+    while data.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    data.truncate(len);
+    data
+}
+
 /// `len` random bytes, written to `dev` at `offset` with O_DIRECT and flushed (fsync).
 fn fill(dev: &str, offset: u64, len: usize, seed: u64) -> Arc<Vec<u8>> {
-    let mut x = seed | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let data = random(len, seed);
     let path = format!("/tmp/rblk-recovery-fill-{}-{seed}", std::process::id());
     std::fs::write(&path, &data).unwrap();
     sh(&format!(
@@ -184,18 +197,26 @@ fn read_direct(dev: &str, offset: u64, len: usize) -> Vec<u8> {
 
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn fio_verify_on_ublk_survives_three_graceful_restarts() {
+fn fio_verify_on_ublk_survives_graceful_restarts() {
     ublk_drv();
-    let a_ = durable("fio", 128 * MIB);
+    let rounds = rblk_tests::rounds(1);
+    // Four jobs on their own regions, writes paced (150/s each) so the run spans the restarts:
+    // 7 MiB a job for each restart (about 12 s; a round is 4 s and a stall of about 7 s under
+    // TCG) and 1 MiB more.
+    // Every block is verified at the end.
+    let job_size = 7 * MIB * rounds as u64 + MIB;
+    // 128 MiB, the probe at 96 MiB, unless many rounds need more: the volume's size is part of
+    // the stall (a restart flushes it and loads it again), so the stall stays comparable.
+    let probe_at = (4 * job_size).max(96 * MIB);
+    let a_ = durable("fio", probe_at + 32 * MIB);
     let mut d = Daemon::start(&rdma(), &args(&a_));
     let addr = d.addr;
     let log = log_file("fio");
     let a = attach(&uri(addr), &format!("--queues 2 --depth 32 --reconnect-delay 1 --log-file {log}"));
     // A region outside fio's, flushed, for the stall probe.
-    let probe_data = fill(&a.dev, 96 * MIB, 4 * MIB as usize, 1);
-    let probe = Reader::start(&a.dev, 96 * MIB, probe_data);
-    // Four jobs on their own 16 MiB regions, writes paced (150/s each) so the run spans the
-    // restarts; every block is verified at the end.
+    let probe_data = fill(&a.dev, probe_at, 4 * MIB as usize, 1);
+    let probe = Reader::start(&a.dev, probe_at, probe_data);
+    let (size, increment) = (format!("--size={}M", job_size / MIB), format!("--offset_increment={}M", job_size / MIB));
     let mut job = fio(
         &a.dev,
         &[
@@ -203,8 +224,8 @@ fn fio_verify_on_ublk_survives_three_graceful_restarts() {
             "--bs=4k",
             "--iodepth=16",
             "--numjobs=4",
-            "--size=16M",
-            "--offset_increment=16M",
+            &size,
+            &increment,
             "--rate_iops=,150",
             "--verify=crc32c",
             "--verify_fatal=1",
@@ -212,7 +233,7 @@ fn fio_verify_on_ublk_survives_three_graceful_restarts() {
         ],
     );
     let mut stalls = Vec::new();
-    for round in 0..3 {
+    for round in 0..rounds {
         std::thread::sleep(Duration::from_secs(4));
         assert!(job.try_wait().unwrap().is_none(), "fio ended before restart {round}");
         let t0 = Instant::now();
@@ -238,15 +259,16 @@ fn fio_verify_on_ublk_survives_three_graceful_restarts() {
     eprintln!(
         "recovery: I/O stall across a graceful restart (SIGTERM to the first read through the new target): {stalls:?}"
     );
-    assert!(count_in(&log, "reconnected after") >= 3, "three reconnects logged in {log}");
+    assert!(count_in(&log, "reconnected after") >= rounds, "{rounds} reconnects logged in {log}");
     detach(&a.dev);
     drop(d);
 }
 
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn flushed_data_reads_back_across_three_sigkills() {
+fn flushed_data_reads_back_across_sigkills() {
     ublk_drv();
+    let rounds = rblk_tests::rounds(1);
     let a_ = durable("kill", 64 * MIB);
     let mut d = Daemon::start(&rdma(), &args(&a_));
     let addr = d.addr;
@@ -255,7 +277,7 @@ fn flushed_data_reads_back_across_three_sigkills() {
     let data = fill(&a.dev, 0, 16 * MIB as usize, 2);
     let reader = Reader::start(&a.dev, 0, data);
     let mut stalls = Vec::new();
-    for round in 0..3 {
+    for round in 0..rounds {
         std::thread::sleep(Duration::from_secs(3));
         let before = reader.reads();
         let t0 = Instant::now();
@@ -273,45 +295,80 @@ fn flushed_data_reads_back_across_three_sigkills() {
     let (reads, errors) = reader.finish();
     assert_eq!(errors, 0, "reads of flushed data failed or differed across SIGKILLs ({reads} good)");
     eprintln!("recovery: I/O stall across a SIGKILL and restart (SIGKILL to the first read through the new target): {stalls:?}");
-    assert!(count_in(&log, "reconnected after") >= 3, "three reconnects logged in {log}");
+    assert!(count_in(&log, "reconnected after") >= rounds, "{rounds} reconnects logged in {log}");
     detach(&a.dev);
     drop(d);
 }
 
-/// ext4 with files on `dev`: written, the target restarted gracefully while more are written,
-/// SIGKILLed after a sync, and everything checked, then e2fsck. Returns the running target.
-fn ext4_across_restarts(dev: &str, d: Daemon, target_args: &[String], tag: &str) -> Daemon {
+/// ext4 with files on `dev`, then `rounds` times: the target restarted gracefully while more
+/// files are written, SIGKILLed after a sync, and every file checked against its checksum with
+/// the page cache dropped; then e2fsck. Returns the running target.
+///
+/// The files are written from here, not by a shell loop: under TCG each exec of a host tool over
+/// 9p costs 0.1-0.3 s, and the loop's 100 execs per front end were most of this test's time.
+fn ext4_across_restarts(dev: &str, mut d: Daemon, target_args: &[String], tag: &str, rounds: usize) -> Daemon {
     let dir = format!("/tmp/rblk-recovery-{tag}-mnt");
-    sh(&format!(
-        "mkfs.ext4 -q -F {dev}; mkdir -p {dir}; mount {dev} {dir}
-         for i in $(seq 1 20); do head -c $((RANDOM * 8 + i)) /dev/urandom > {dir}/a$i; done; sync"
-    ));
-    let addr = d.addr;
-    let writer = {
+    let sums = format!("/tmp/rblk-recovery-{tag}.sums");
+    sh(&format!("mkfs.ext4 -q -F {dev}; mkdir -p {dir}; mount {dev} {dir}"));
+    // Sizes up to 256 KiB, as `head -c $((RANDOM * 8))` made them.
+    let write = {
         let dir = dir.clone();
-        std::thread::spawn(move || {
-            sh(&format!(
-                "for i in $(seq 1 40); do head -c $((RANDOM * 8 + i)) /dev/urandom > {dir}/b$i; sleep 0.1; done; sync"
-            ))
-        })
+        move |name: &str, seed: u64| {
+            std::fs::write(format!("{dir}/{name}"), random((seed * 7919 % 262_144) as usize + 1, seed)).unwrap();
+        }
     };
-    std::thread::sleep(Duration::from_secs(1));
-    assert!(d.stop().success());
-    let d = Daemon::start_at(addr, &args(target_args));
-    writer.join().unwrap();
-    sh(&format!("(cd {dir} && sha256sum a* b* > /tmp/rblk-recovery-{tag}.sums); sync"));
-    assert!(!d.kill().success());
-    let d = Daemon::start_at(addr, &args(target_args));
-    sh(&format!(
-        "echo 3 > /proc/sys/vm/drop_caches; (cd {dir} && sha256sum --check --quiet /tmp/rblk-recovery-{tag}.sums)
-         test $(ls {dir} | grep -c '^[ab]') = 60; umount {dir}; e2fsck -fn {dev}"
-    ));
+    for i in 0..20 {
+        write(&format!("a{i}"), i + 1);
+    }
+    sh("sync");
+    let mut files: u64 = 20;
+    let addr = d.addr;
+    for round in 0..rounds {
+        // Writes before, during and after the restart: the writer goes on until it has written
+        // three files through the new target.
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (stop, written, write) = (Arc::clone(&stop), Arc::clone(&written), write.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    write(&format!("b{round}-{n}"), 1000 * (round as u64 + 1) + n);
+                    n += 1;
+                    written.store(n, Ordering::SeqCst);
+                    // Four files a second: a few dozen a round, which 64 MiB hold for many rounds.
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                n
+            })
+        };
+        std::thread::sleep(Duration::from_secs(1));
+        assert!(d.stop().success());
+        d = Daemon::start_at(addr, &args(target_args));
+        let after = written.load(Ordering::SeqCst) + 3;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while written.load(Ordering::SeqCst) < after {
+            assert!(Instant::now() < deadline, "no file written within 60 s of restart {round}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::SeqCst);
+        files += writer.join().unwrap();
+        sh(&format!("(cd {dir} && sha256sum a* b* > {sums}); sync"));
+        assert!(!d.kill().success());
+        d = Daemon::start_at(addr, &args(target_args));
+        sh(&format!(
+            "echo 3 > /proc/sys/vm/drop_caches; (cd {dir} && sha256sum --check --quiet {sums})
+             test $(ls {dir} | grep -c '^[ab]') = {files}"
+        ));
+    }
+    sh(&format!("umount {dir}; e2fsck -fn {dev}"));
     d
 }
 
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn nbd_and_fuse_loop_keep_ext4_across_restarts() {
+    let rounds = rblk_tests::rounds(1);
     // rblk nbd + the kernel's NBD client.
     let a_ = durable("nbd", 64 * MIB);
     let d = Daemon::start(&rdma(), &args(&a_));
@@ -331,11 +388,11 @@ fn nbd_and_fuse_loop_keep_ext4_across_restarts() {
          nbd-client -unix {sock} /dev/nbd0 -block-size 4096
          for i in $(seq 100); do test $(cat /sys/block/nbd0/size) != 0 && break; sleep 0.1; done"
     ));
-    let d = ext4_across_restarts("/dev/nbd0", d, &a_, "nbd");
+    let d = ext4_across_restarts("/dev/nbd0", d, &a_, "nbd", rounds);
     sh("nbd-client -d /dev/nbd0");
     let _ = Command::new("kill").arg(nbd.id().to_string()).status();
     let _ = nbd.wait();
-    assert!(count_in(&log, "reconnected after") >= 2, "rblk nbd reconnected twice: {log}");
+    assert!(count_in(&log, "reconnected after") >= 2 * rounds, "rblk nbd reconnected twice a round: {log}");
     drop(d);
 
     // rblk mount --loop (FUSE, then a loop device on its file).
@@ -349,9 +406,9 @@ fn nbd_and_fuse_loop_keep_ext4_across_restarts() {
     // `rblk mount --loop` prints exactly one stdout line: the loop device.
     let dev = out.trim_end();
     assert!(dev.starts_with("/dev/loop") && !dev.contains('\n'), "stdout must be exactly the loop device: {out:?}");
-    let d = ext4_across_restarts(dev, d, &a_, "fuse");
+    let d = ext4_across_restarts(dev, d, &a_, "fuse", rounds);
     sh(&format!("{} umount {mnt}", rblk()));
-    assert!(count_in(&log, "reconnected after") >= 2, "rblk mount reconnected twice: {log}");
+    assert!(count_in(&log, "reconnected after") >= 2 * rounds, "rblk mount reconnected twice a round: {log}");
     drop(d);
 }
 
