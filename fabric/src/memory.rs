@@ -73,18 +73,7 @@ impl Memory {
         file.set_len(len as u64).map_err(|e| fail("ftruncate", e))?;
         fcntl(&file, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL))
             .map_err(|e| fail("fcntl(F_ADD_SEALS)", e.into()))?;
-        // SAFETY: memmap2 asks that the file not be truncated or resized while it is mapped,
-        // which would SIGBUS accesses past the new end. The memfd was just created here and is
-        // sealed against shrinking and growing (we returned above unless F_ADD_SEALS succeeded),
-        // which binds every holder of it, also one that reopens it through /proc. Writes through
-        // other mappings are fine: the mapping is never borrowed as a slice (see the module docs).
-        let mut map = unsafe { memmap2::MmapOptions::new().len(len).populate().map_mut(&file) }
-            .map_err(|source| Error::Map { len, source })?;
-        // Huge pages are an optimisation; shmem without THP simply says no.
-        let _ = map.advise(memmap2::Advice::HugePage);
-        let ptr = NonNull::new(map.as_mut_ptr())
-            .ok_or_else(|| Error::Map { len, source: std::io::Error::other("mapping returned a null pointer") })?;
-        Ok(Arc::new(Memory { ptr, len, _map: map, memfd: Some(file) }))
+        Self::map_memfd(name, file, len)
     }
 
     /// Maps a memfd another process made with [`Memory::memfd`] and handed over (its pages, not
@@ -92,8 +81,13 @@ impl Memory {
     /// sealed against shrinking and growing, and exactly `len` bytes long. Populated and with
     /// huge pages requested, as [`Memory::memfd`]. `name` is for errors.
     pub fn from_memfd(name: &str, fd: OwnedFd, len: usize) -> Result<Arc<Memory>> {
+        Self::map_memfd(name, File::from(fd), len)
+    }
+
+    /// Maps `file`, a memfd, shared: after checking it is sealed against resizing and holds
+    /// exactly `len` bytes, which is what makes the mapping sound (see the SAFETY comment).
+    fn map_memfd(name: &str, file: File, len: usize) -> Result<Arc<Memory>> {
         let fail = |op, source| Error::Memfd { op, name: name.to_owned(), len, source };
-        let file = File::from(fd);
         let seals = fcntl(&file, FcntlArg::F_GET_SEALS).map_err(|e| fail("fcntl(F_GET_SEALS)", e.into()))?;
         let want = (SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW).bits();
         if seals & want != want {
@@ -103,13 +97,15 @@ impl Memory {
         if have != len as u64 || len == 0 {
             return Err(fail("fstat", std::io::Error::other(format!("it holds {have} bytes, not {len}"))));
         }
-        // SAFETY: memmap2 asks that the file not be truncated or resized while it is mapped. We
-        // returned above unless the memfd carries F_SEAL_SHRINK and F_SEAL_GROW, which bind every
-        // holder and can never be removed, and unless its size is the `len` mapped. Writes
-        // through other mappings (the predecessor's, a NIC's) are fine: the mapping is never
-        // borrowed as a slice (see the module docs).
+        // SAFETY: memmap2 asks that the file not be truncated or resized while it is mapped,
+        // which would SIGBUS accesses past the new end. We returned above unless the memfd
+        // carries F_SEAL_SHRINK and F_SEAL_GROW, which bind every holder of it (also one that
+        // reopens it through /proc) and can never be removed, and unless its size is the `len`
+        // mapped. Writes through other mappings (a predecessor's, a NIC's) are fine: the mapping
+        // is never borrowed as a slice (see the module docs).
         let mut map = unsafe { memmap2::MmapOptions::new().len(len).populate().map_mut(&file) }
             .map_err(|source| Error::Map { len, source })?;
+        // Huge pages are an optimisation; shmem without THP simply says no.
         let _ = map.advise(memmap2::Advice::HugePage);
         let ptr = NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| Error::Map { len, source: std::io::Error::other("mapping returned a null pointer") })?;

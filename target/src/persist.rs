@@ -455,26 +455,35 @@ pub fn coalesce(ranges: impl IntoIterator<Item = (u64, u64)>, limit: u64) -> Vec
 mod tests {
     use super::*;
 
+    /// Runs `g`'s passes on a thread that says when a pass starts (`entered`) and finishes it
+    /// only when told (`go`); the thread returns the passes' ranges.
+    #[allow(clippy::type_complexity)]
+    fn gated_runner(
+        g: &std::sync::Arc<Group>,
+    ) -> (std::thread::JoinHandle<Vec<Vec<(u64, u64)>>>, std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>)
+    {
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let g = std::sync::Arc::clone(g);
+        let runner = std::thread::spawn(move || {
+            let mut passes = Vec::new();
+            g.run(|ranges| {
+                passes.push(ranges);
+                entered_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                Ok(())
+            });
+            passes
+        });
+        (runner, entered, go)
+    }
+
     #[test]
     fn concurrent_flushes_share_the_next_pass() {
         let g = std::sync::Arc::new(Group::default());
         let (t1, start) = g.enqueue(&[(0, 4096)], None);
         assert!(start, "nobody runs passes yet");
-        let (entered_tx, entered) = std::sync::mpsc::channel();
-        let (go, go_rx) = std::sync::mpsc::channel::<()>();
-        let runner = {
-            let g = std::sync::Arc::clone(&g);
-            std::thread::spawn(move || {
-                let mut passes = Vec::new();
-                g.run(|ranges| {
-                    passes.push(ranges);
-                    entered_tx.send(()).unwrap();
-                    go_rx.recv().unwrap();
-                    Ok(())
-                });
-                passes
-            })
-        };
+        let (runner, entered, go) = gated_runner(&g);
         entered.recv().unwrap();
         // Three FLUSHes arrive while pass 1 runs: none is covered by it, all share pass 2.
         let later: Vec<Ticket> = (1..4u64)
@@ -505,21 +514,7 @@ mod tests {
         let g = std::sync::Arc::new(Group::default());
         let (t1, start) = g.enqueue(&[(0, 4096)], None);
         assert!(start);
-        let (entered_tx, entered) = std::sync::mpsc::channel();
-        let (go, go_rx) = std::sync::mpsc::channel::<()>();
-        let runner = {
-            let g = std::sync::Arc::clone(&g);
-            std::thread::spawn(move || {
-                let mut passes = Vec::new();
-                g.run(|ranges| {
-                    passes.push(ranges);
-                    entered_tx.send(()).unwrap();
-                    go_rx.recv().unwrap();
-                    Ok(())
-                });
-                passes
-            })
-        };
+        let (runner, entered, go) = gated_runner(&g);
         entered.recv().unwrap();
         let (held_tx, held) = std::sync::mpsc::channel();
         let holder = {
