@@ -18,6 +18,8 @@
 //!   refusal: the FLUSH after it would hang.
 //! - `mem_a_successor_that_dies_before_ready_changes_nothing`: the same when the successor
 //!   vanishes with the descriptors before it said ready.
+//! - `mem_a_successor_whose_old_daemon_vanishes_before_bye_refuses`: a successor that serves
+//!   after its old daemon died mid-handover (half-serving what nobody can vouch for).
 //! - `mem_an_unknown_state_format_is_refused_on_both_sides`: a successor that reads a format it
 //!   does not know, and an old daemon that hands over one its successor cannot read.
 //! - `mem_a_handover_through_the_fd_store`: the systemd path: descriptors under their names, the
@@ -271,6 +273,54 @@ fn mem_a_successor_that_dies_before_ready_changes_nothing() {
     check(&e, 1, 0, 4);
     drop(e);
     new.shutdown();
+}
+
+/// Catches a successor that serves after its old daemon died mid-handover (before it confirmed
+/// with `bye`): nobody can tell what the old daemon did last, so the successor must refuse and
+/// must not be listening. The old daemon here is a stand-in that hands over one memfd and
+/// vanishes at `takeover-ready`, as a SIGKILL would leave it.
+#[test]
+fn mem_a_successor_whose_old_daemon_vanishes_before_bye_refuses() {
+    use std::io::BufRead as _;
+    use std::os::fd::AsFd as _;
+    let s = Setup::new(false);
+    let listener = std::os::unix::net::UnixListener::bind(s.socket()).unwrap();
+    let stand_in = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.contains("\"op\":\"takeover\""), "{line}");
+        let memory = rblk_fabric::Memory::memfd("rblk-volume:v", (4 * MIB) as usize).unwrap();
+        let reply = serde_json::json!({
+            "version": 1, "ok": true, "message": "handing over 1 volume(s)", "fds": 1,
+            "state": {"format": 1, "pid": 1, "daemon": "stand-in", "block_size": 4096, "volumes": [
+                {"name": "v", "size": 4 * MIB, "instance": "00112233445566778899aabbccddeeff",
+                 "written": false, "failed": false, "memfd": 0}]},
+        });
+        let payload = serde_json::to_vec(&reply).unwrap();
+        let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&payload);
+        rblk_fabric::fdpass::send(&stream, &frame, &[memory.fd().unwrap().as_fd()]).unwrap();
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.contains("takeover-ready"), "{line}");
+        // Gone without a bye.
+    });
+    let handed = Handed::request(&s.socket()).expect("the stand-in hands over");
+    let err = Server::take_over(s.cfg.clone(), handed, &mut |_| {}).expect_err("no bye: the successor must refuse");
+    stand_in.join().unwrap();
+    assert!(matches!(err, StartError::Handover(HandoverError::OldDaemonGone)), "{err:?}");
+    let opts = Options {
+        fabric: Fabric::Mem,
+        timeout: Duration::from_secs(1),
+        reconnect: Reconnect::NEVER,
+        ..Options::default()
+    };
+    assert!(
+        Session::connect(&format!("rblk://{}/v", s.cfg.listen), &opts).is_err(),
+        "the refusing successor must not be listening"
+    );
 }
 
 #[test]
