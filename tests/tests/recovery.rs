@@ -17,8 +17,6 @@
 //! - `nbd_and_fuse_loop_keep_ext4_across_restarts`: the same for `rblk nbd` and `rblk mount`
 //!   (files written across a graceful restart, a SIGKILL after sync, checksums read back from
 //!   the device, e2fsck). CI runs one round of both per front end; the soak 3 rounds.
-//!
-//! Those three take their number of rounds from `RBLK_SOAK_ROUNDS` ([`rblk_tests::rounds`]).
 //! - `bench_verify_across_a_restart_has_no_mismatch`: the library path (rblk-bench's queues).
 //! - `a_crash_with_unflushed_writes_fails_the_next_fsync`: the write loss reaches fsync, and the
 //!   region reads back as last flushed.
@@ -28,6 +26,8 @@
 //!   than the initiator's 15 s).
 //! - `ctrl_loss_tmo_fails_io_after_the_timeout_and_the_device_detaches`: giving up.
 //! - `a_failed_path_moves_to_the_other_address`: multi-address failover.
+//!
+//! The first three take their number of rounds from `RBLK_SOAK_ROUNDS` ([`rblk_tests::rounds`]).
 
 use std::fs::{File, OpenOptions};
 use std::net::SocketAddr;
@@ -202,8 +202,7 @@ fn fio_verify_on_ublk_survives_graceful_restarts() {
     let rounds = rblk_tests::rounds(1);
     // Four jobs on their own regions, writes paced (150/s each) so the run spans the restarts:
     // 7 MiB a job for each restart (about 12 s; a round is 4 s and a stall of about 7 s under
-    // TCG) and 1 MiB more.
-    // Every block is verified at the end.
+    // TCG) and 1 MiB more. Every block is verified at the end.
     let job_size = 7 * MIB * rounds as u64 + MIB;
     // 128 MiB, the probe at 96 MiB, unless many rounds need more: the volume's size is part of
     // the stall (a restart flushes it and loads it again), so the stall stays comparable.
