@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Restart soak over rxe, kept out of CI (about 6 minutes of guest time with 3 rounds):
+# Restart soak over rxe, kept out of CI (about 5 minutes of guest time with 3 rounds):
 #
 #   scripts/soak-restarts.sh [ROUNDS]        # default 3
 #
