@@ -575,6 +575,15 @@ pub(crate) fn give(shared: &Arc<Shared>, mut reader: BufReader<UnixStream>, form
         },
         Err(e) => Err(format!("no word from the successor: {e}")),
     };
+    let verdict = verdict.and_then(|()| {
+        // A stop that began meanwhile keeps the volumes here (its final flush waits for this
+        // decision: see server::listen); the successor, told nothing, refuses.
+        if shared.is_shutting_down() {
+            Err("this daemon is stopping".to_owned())
+        } else {
+            Ok(())
+        }
+    });
     if let Err(why) = verdict {
         warn!("the handover fell through ({why}): nothing was lost");
         return resume(shared, &prepared.volumes);

@@ -392,6 +392,10 @@ fn listen(shared: &Arc<Shared>, listener: &mut Listener) {
     for s in shared.take_sessions() {
         s.release();
     }
+    // A handover under way decides first (it holds the configuration lock until the successor
+    // answered): either the volumes were handed over, or this daemon keeps them and flushes.
+    let decided = shared.current.lock().unwrap_or_else(|p| p.into_inner());
+    drop(decided);
     if shared.handed_over().is_some() {
         // The successor serves the same pages and writes them back when asked.
         info!("shut down after handing the volumes over: nothing written back here");
