@@ -11,6 +11,8 @@
 //! - `mem_a_durable_volume_writes_back_only_what_is_dirty_after_a_takeover`: a successor that
 //!   loads or writes back the whole volume, or loses the written state (its final flush would
 //!   skip the volume: `written` travelled as false).
+//! - `mem_a_takeover_adds_and_removes_volumes_as_a_reload_does`: volumes only in the new
+//!   configuration created, those only in the old one removed (a durable one written back).
 //! - `mem_unflushed_writes_reach_the_file_at_the_successors_stop`: the written state lost on
 //!   the way (the successor's stop would skip a volume nobody flushed).
 //! - `mem_a_changed_size_is_refused_and_the_old_daemon_serves_on`: a successor serving a volume
@@ -165,6 +167,30 @@ fn mem_a_takeover_keeps_a_ram_volume_and_its_instance() {
     check(&e, 3, 32 * PIECE, 4);
     drop(e);
     third.shutdown();
+}
+
+/// Catches a successor that serves only what it was handed (a volume new in its configuration
+/// missing) or keeps serving what its configuration dropped, and a removed durable volume whose
+/// unflushed writes are not written back at its removal (a reload's rule).
+#[test]
+fn mem_a_takeover_adds_and_removes_volumes_as_a_reload_does() {
+    let s = Setup::new(false);
+    let mut old_cfg = s.cfg.clone();
+    let gone = s.dir.join("gone.img");
+    old_cfg.volumes.push(VolumeSpec { name: "gone".into(), size: MIB, path: Some(gone.clone()) });
+    let old = Server::start(old_cfg).unwrap();
+    let opts = Options { fabric: Fabric::Mem, timeout: Duration::from_secs(2), ..Options::default() };
+    let mut v =
+        Session::connect(&format!("rblk://{}/gone", s.cfg.listen), &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+    v.write_at(&data(9, 0, PIECE), 0).unwrap();
+    drop(v);
+    let mut new_cfg = s.cfg.clone();
+    new_cfg.volumes.push(VolumeSpec { name: "added".into(), size: MIB, path: None });
+    let new = take_over(old, new_cfg).map_err(|b| b.0).expect("takeover");
+    assert_eq!(new.volumes(), vec!["added".to_owned(), "v".to_owned()]);
+    let file = std::fs::read(&gone).unwrap();
+    assert!(file[..PIECE as usize] == data(9, 0, PIECE)[..], "the removed volume was written back at its removal");
+    new.shutdown();
 }
 
 #[test]
