@@ -9,8 +9,7 @@
 #   graceful target restarts;
 # - `flushed_data_reads_back_across_sigkills`: flushed data read back across ROUNDS SIGKILLs;
 # - `nbd_and_fuse_loop_keep_ext4_across_restarts`: ext4 on `rblk nbd` and on `rblk mount --loop`,
-#   each across a graceful restart and a SIGKILL, checksums and e2fsck (one round: a rewrite with
-#   rounds failed e2fsck in 4 of 6 runs, not understood yet; see docs/tests.md).
+#   each across ROUNDS graceful restarts and ROUNDS SIGKILLs, checksums and e2fsck.
 # CI runs the same tests with one round. Takes /tmp/rblk-guest.lock (one guest boot at a time).
 set -euo pipefail
 

@@ -10,6 +10,9 @@
 //!   pair fail and the target sees the disconnect (a link flap).
 //! - `a_graceful_restart_is_invisible_to_io`: waiting while the target is down (I/O submitted
 //!   then is parked, not failed) and the identity check letting a durable volume continue.
+//! - `writes_around_a_graceful_restart_are_in_the_file_after_the_next_flush`: a write completed
+//!   or replayed across three graceful restarts that the next FLUSH does not write back (the
+//!   backing file is read while the target runs: only FLUSH writes it then).
 //! - `a_restarted_ram_volume_fails_with_contents_lost`: the identity check; without it the new
 //!   instance's zeros would be served as the old data.
 //! - `a_crash_fails_the_next_flush_once`: the loss of unflushed writes on a new durable instance
@@ -470,4 +473,71 @@ fn a_successor_of_a_lost_instance_fails() {
     let err = vol.flush().expect_err("the first FLUSH after the lost writes");
     assert!(matches!(err, Error::WritesLost { .. }), "{err}");
     vol.flush().expect("reported once");
+}
+
+/// Catches a write lost for durability around a graceful restart: one that completed (or was
+/// replayed) while the target went down and came back, and that the next FLUSH then did not
+/// write back. After that FLUSH the backing file must hold every piece's last write, read
+/// straight from the file while the target still runs (nothing but FLUSH writes it then).
+#[test]
+fn writes_around_a_graceful_restart_are_in_the_file_after_the_next_flush() {
+    let t = Target::new(true, rblk_proto::KEEPALIVE_TIMEOUT);
+    let e = engine(&t, policy(Some(Duration::from_secs(30)), None));
+    let mut lane = e.lane(8, PIECE as usize).unwrap();
+    let pieces = 4 * MIB / PIECE;
+    let mut model = vec![0u64; pieces as usize];
+    let path = t.dir.join("v.img");
+    let t = std::sync::Arc::new(std::sync::Mutex::new(t));
+    let restarter = {
+        let t = std::sync::Arc::clone(&t);
+        std::thread::spawn(move || {
+            for _ in 0..3 {
+                std::thread::sleep(Duration::from_millis(40));
+                t.lock().unwrap().stop();
+                std::thread::sleep(Duration::from_millis(60));
+                t.lock().unwrap().start();
+            }
+        })
+    };
+    let mut round = 0u64;
+    let mut after = 0;
+    while after < 20 {
+        round += 1;
+        if restarter.is_finished() {
+            after += 1;
+        }
+        for i in 0..8 {
+            let piece = (round * 8 + i + round / 3) % pieces;
+            let offset = piece * PIECE;
+            lane.submit(Request {
+                tag: i,
+                op: IoOp::Write,
+                offset,
+                len: PIECE,
+                fua: false,
+                data: Data::Bytes(data(round, offset, PIECE)),
+            });
+        }
+        for r in finish(&mut lane, 8) {
+            r.expect("a write across graceful restarts");
+        }
+        for i in 0..8 {
+            model[((round * 8 + i + round / 3) % pieces) as usize] = round;
+        }
+    }
+    restarter.join().unwrap();
+    assert!(e.reconnects() >= 3, "the session reconnected at each restart");
+    e.flush().expect("the flush after the restarts");
+    let file = std::fs::read(&path).unwrap();
+    let mut wrong = Vec::new();
+    for (piece, &seed) in model.iter().enumerate() {
+        if seed == 0 {
+            continue;
+        }
+        let offset = piece as u64 * PIECE;
+        if file[offset as usize..(offset + PIECE) as usize] != data(seed, offset, PIECE)[..] {
+            wrong.push(piece);
+        }
+    }
+    assert!(wrong.is_empty(), "pieces not in the file after the FLUSH: {wrong:?}");
 }
