@@ -177,9 +177,10 @@ fn read_back(uri: &str, offset: u64, len: u64) -> Vec<u8> {
 fn a_server_killed_mid_flush_loses_nothing_synced_across_a_target_crash() {
     ublk_drv();
     let rdma = rdma();
-    // Each write to the backing device takes 700 ms: a FLUSH's write-back is still running when
-    // the server is killed.
-    let disk = scratch::SlowDisk::new("midflush", 8 * MIB, 700);
+    // Each write to the backing device takes 2 s: a FLUSH's write-back is still running when
+    // the server is killed. (700 ms was too little under TCG: once in a CI run, the `dd` of R1,
+    // an exec over 9p and a 1 MiB write through ublk, outlasted the FLUSH.)
+    let disk = scratch::SlowDisk::new("midflush", 8 * MIB, 2000);
     let state = scratch::dir().join("midflush.state");
     let _ = std::fs::remove_dir_all(&state);
     let spec = format!("m:{}:{}", 8 * MIB, disk.path.display());
