@@ -182,26 +182,22 @@ impl Handed {
             }
             fds.extend(more);
         }
-        let mut handed = Handed {
-            state: State { format: 0, pid: 0, daemon: String::new(), block_size: 0, volumes: Vec::new() },
+        let state = match reply.state.ok_or_else(|| HandoverError::Malformed("no state".into())).and_then(parse_state) {
+            Ok(state) => state,
+            Err(e) => {
+                send_abort(&stream, &e.to_string());
+                return Err(e);
+            }
+        };
+        Ok(Handed {
+            handed: state.volumes.len(),
+            state,
             fds: fds.into_iter().map(Some).collect(),
             peer: Some(stream),
             socket: Some(socket.to_owned()),
             stored: Vec::new(),
             started,
-            handed: 0,
-        };
-        match reply.state.ok_or_else(|| HandoverError::Malformed("no state".into())).and_then(parse_state) {
-            Ok(state) => {
-                handed.handed = state.volumes.len();
-                handed.state = state;
-            }
-            Err(e) => {
-                handed.abort(&e.to_string());
-                return Err(e);
-            }
-        }
-        Ok(handed)
+        })
     }
 
     /// The handover in the service manager's store, among the descriptors passed at start
@@ -254,8 +250,7 @@ impl Handed {
     /// Tells the old daemon the handover is off (it serves on), with the reason.
     pub(crate) fn abort(&mut self, reason: &str) {
         if let Some(peer) = self.peer.take() {
-            let line = serde_json::json!({"version": crate::admin::VERSION, "op": "takeover-abort", "reason": reason});
-            let _ = (&peer).write_all(format!("{line}\n").as_bytes());
+            send_abort(&peer, reason);
         }
     }
 
@@ -354,6 +349,12 @@ impl Handed {
     pub(crate) fn old_socket(&self) -> Option<&Path> {
         self.socket.as_deref()
     }
+}
+
+/// Tells the old daemon at the other end of `peer` that the handover is off (it serves on).
+fn send_abort(peer: &UnixStream, reason: &str) {
+    let line = serde_json::json!({"version": crate::admin::VERSION, "op": "takeover-abort", "reason": reason});
+    let _ = (&*peer).write_all(format!("{line}\n").as_bytes());
 }
 
 /// The reply frame of a takeover request, and the `bye` frame.
