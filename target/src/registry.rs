@@ -130,7 +130,7 @@ pub struct Shared {
     port: Mutex<Port>,
     port_changed: Condvar,
     /// Wakes the listener thread.
-    pub(crate) listener_waker: std::sync::OnceLock<Waker>,
+    pub(crate) listener_waker: Waker,
     /// Set once the volumes were handed to a successor: the exit status (no final flush, no
     /// identity kept: the successor serves them).
     handed_over: std::sync::OnceLock<u8>,
@@ -170,8 +170,9 @@ impl std::fmt::Debug for Sink {
 const PORT_WAIT: Duration = Duration::from_secs(10);
 
 impl Shared {
-    /// The registry of a target starting with `cfg`, serving `catalog`.
-    pub(crate) fn new(cfg: &Config, catalog: Catalog, identity: identity::Store) -> Shared {
+    /// The registry of a target starting with `cfg`, serving `catalog`; `listener_waker` wakes
+    /// its listener thread.
+    pub(crate) fn new(cfg: &Config, catalog: Catalog, identity: identity::Store, listener_waker: Waker) -> Shared {
         Shared {
             catalog: RwLock::new(catalog),
             limits: RwLock::new(Limits::of(cfg)),
@@ -193,7 +194,7 @@ impl Shared {
             current: Mutex::new(cfg.clone()),
             port: Mutex::new(Port { want_open: true, open: true, error: None }),
             port_changed: Condvar::new(),
-            listener_waker: std::sync::OnceLock::new(),
+            listener_waker,
             handed_over: std::sync::OnceLock::new(),
             on_handed_over: Mutex::default(),
             fd_store: Mutex::default(),
@@ -207,9 +208,7 @@ impl Shared {
         let mut port = self.port.lock().unwrap_or_else(|p| p.into_inner());
         port.want_open = open;
         port.error = None;
-        if let Some(w) = self.listener_waker.get() {
-            w.wake();
-        }
+        self.listener_waker.wake();
         let deadline = Instant::now() + PORT_WAIT;
         while port.open != open && port.error.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());

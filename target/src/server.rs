@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rblk_fabric::{Chain, Fabric, Listener, ListenerEvent, Waker};
+use rblk_fabric::{Chain, Fabric, Listener, ListenerEvent};
 use tracing::{debug, info, warn};
 
 use crate::connection;
@@ -39,7 +39,6 @@ pub struct Running {
     addr: SocketAddr,
     pub(crate) shared: Arc<Shared>,
     listener: Option<thread::JoinHandle<()>>,
-    wake_listener: Waker,
     /// The metrics endpoint (stopped with the target).
     metrics: Option<rblk_metrics::Endpoint>,
     /// The admin socket (see [`crate::admin`]).
@@ -147,7 +146,7 @@ impl Server {
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().unwrap_or(cfg.listen);
         let catalog = Catalog { volumes, refused, policy, specs };
-        let shared = Arc::new(Shared::new(&cfg, catalog, identity));
+        let shared = Arc::new(Shared::new(&cfg, catalog, identity, listener.waker()));
         if !shared.auth_required() {
             warn!("no --key-file and no host keys: this target serves ANY initiator that can reach {addr}");
         }
@@ -176,14 +175,12 @@ impl Server {
             }
         };
         let s = Arc::clone(&shared);
-        let wake_listener = listener.waker();
-        let _ = shared.listener_waker.set(listener.waker());
         let listener = thread::Builder::new()
             .name("rblk-listener".into())
             .spawn(move || listen(&s, &mut listener))
             .expect("spawning the listener thread");
         info!(%addr, "listening");
-        Ok(Running { addr, shared, listener: Some(listener), wake_listener, metrics, admin, taken })
+        Ok(Running { addr, shared, listener: Some(listener), metrics, admin, taken })
     }
 }
 
@@ -330,7 +327,7 @@ impl Running {
         if let Some(admin) = self.admin.take() {
             admin.stop();
         }
-        self.wake_listener.wake();
+        self.shared.listener_waker.wake();
         if let Some(t) = self.listener.take() {
             let _ = t.join();
         }
