@@ -86,6 +86,28 @@ pub fn fio(dev: &str, extra: &[&str]) -> Child {
         .expect("spawn fio")
 }
 
+/// fio writing `dev` in four jobs, each on its own `job_mib` MiB region, 4 KiB random writes at
+/// QD16 paced to 150 a second per job (so the run spans the faults a test injects meanwhile),
+/// every block verified (crc32c) at the end; started, not waited for.
+pub fn fio_paced_verified_writes(dev: &str, job_mib: u64) -> Child {
+    let (size, increment) = (format!("--size={job_mib}M"), format!("--offset_increment={job_mib}M"));
+    fio(
+        dev,
+        &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=16",
+            "--numjobs=4",
+            &size,
+            &increment,
+            "--rate_iops=,150",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--do_verify=1",
+        ],
+    )
+}
+
 /// Waits for `child` at most `limit` (the test fails after that, naming `what`); its exit status
 /// and stdout.
 pub fn wait_child(child: &mut Child, limit: Duration, what: &str) -> std::process::Output {

@@ -405,7 +405,7 @@ fn mem_a_handover_through_the_fd_store() {
 
 mod guest {
     use super::*;
-    use rblk_tests::blockdev::{attach, detach, fio, fio_errors, ublk_drv, wait_child};
+    use rblk_tests::blockdev::{attach, detach, fio_errors, fio_paced_verified_writes, ublk_drv, wait_child};
     use rblk_tests::daemon::{bin, Daemon};
     use rblk_tests::rxe::rdma;
 
@@ -445,21 +445,7 @@ mod guest {
         let log = d.join("attach.log").display().to_string();
         let a = attach(&format!("rblk://{}/v", target.addr), &format!("--reconnect-delay 1 --log-file {log}"));
         // Four jobs on 4 MiB each, writes paced (150/s each) so the run spans the takeovers.
-        let mut job = fio(
-            &a.dev,
-            &[
-                "--rw=randwrite",
-                "--bs=4k",
-                "--iodepth=16",
-                "--numjobs=4",
-                "--size=4M",
-                "--offset_increment=4M",
-                "--rate_iops=,150",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-                "--do_verify=1",
-            ],
-        );
+        let mut job = fio_paced_verified_writes(&a.dev, 4);
         let mut took = Vec::new();
         for round in 0..3 {
             std::thread::sleep(Duration::from_secs(2));

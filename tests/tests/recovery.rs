@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rblk_tests::blockdev::{attach, detach, fio, fio_errors, rblk, ublk_drv, wait_child};
+use rblk_tests::blockdev::{attach, detach, fio_errors, fio_paced_verified_writes, rblk, ublk_drv, wait_child};
 use rblk_tests::daemon::{bin, Daemon};
 use rblk_tests::rxe::rdma;
 use rblk_tests::scratch;
@@ -215,22 +215,7 @@ fn fio_verify_on_ublk_survives_graceful_restarts() {
     // A region outside fio's, flushed, for the stall probe.
     let probe_data = fill(&a.dev, probe_at, 4 * MIB as usize, 1);
     let probe = Reader::start(&a.dev, probe_at, probe_data);
-    let (size, increment) = (format!("--size={}M", job_size / MIB), format!("--offset_increment={}M", job_size / MIB));
-    let mut job = fio(
-        &a.dev,
-        &[
-            "--rw=randwrite",
-            "--bs=4k",
-            "--iodepth=16",
-            "--numjobs=4",
-            &size,
-            &increment,
-            "--rate_iops=,150",
-            "--verify=crc32c",
-            "--verify_fatal=1",
-            "--do_verify=1",
-        ],
-    );
+    let mut job = fio_paced_verified_writes(&a.dev, job_size / MIB);
     let mut stalls = Vec::new();
     for round in 0..rounds {
         std::thread::sleep(Duration::from_secs(4));
