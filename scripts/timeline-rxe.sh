@@ -105,6 +105,10 @@
 # - A function with no kprobe on the running kernel (not in available_filter_functions, renamed,
 #   inlined, or the probe refused) makes its boundary "n/a"; the run goes on. The guest log lists
 #   the probes set and those missing (@@meta kprobes / kprobes_missing).
+# - Kprobes on rxe's task functions have crashed this guest's 6.12 kernel (a NULL call from
+#   rxe_sender, a panic in interrupt, on 2026-12-02 and 2026-12-03): RBLK_TIMELINE_SKIP_KPROBES="F ..."
+#   leaves those functions unprobed (they are then "missing"), e.g. "rxe_requester rxe_xmit_packet
+#   rxe_receiver rxe_responder rxe_completer" keeps only rxe_post_send and rxe_cq_post of rxe's.
 # - rxe_requester, rxe_receiver and rxe_completer run in loops until they return -EAGAIN: only
 #   their first call after the previous boundary counts, so a stage ends when the work item
 #   starts, not when it did the work. rxe_xmit_packet stands for "on the wire".
@@ -210,8 +214,10 @@ guest_main() {
         IFS='|'
         echo "${KPROBES[*]}"
     ))( |\$)" "$tr/available_filter_functions" | tr -d ' ' | sort -u) || true
+    local -A skip=()
+    for f in ${RBLK_TIMELINE_SKIP_KPROBES:-}; do skip[$f]=1; done
     for f in "${KPROBES[@]}"; do
-        if grep -qx "$f" <<<"$funcs" &&
+        if [[ -z ${skip[$f]:-} ]] && grep -qx "$f" <<<"$funcs" &&
             echo "p:rblk/$f $f" >>"$tr/kprobe_events" 2>/dev/null; then
             set+="$f "
         else

@@ -302,15 +302,23 @@ fn device_reads(dev: &str) -> u64 {
 /// commands (they wait in the kernel as task work until the thread enters it: the ring's
 /// TASKRUN flag is what tells the spin to), a spin that does not poll the lane's CQ, a `--wait`
 /// or `--spin` that does not reach the queue loop, and a sleep counter that does not count.
+///
+/// The `--wait sleep` run also writes the queue thread's stage log (`--stage-log`), which must
+/// hold every request's stages in their order (taken, staged, finished, committed) and as many
+/// sleeps as the thread counted: catches a log not written at the thread's stop, a stage
+/// recorded in the wrong place or not at all, and sleeps it misses.
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn the_queue_thread_spins_while_work_is_near_and_sleeps_when_told_to() {
     let t = target(&[("v", 64 * MIB)]);
     let port = 9900 + (std::process::id() % 90) as u16;
+    let stage_log = std::env::temp_dir().join(format!("rblk-stages-{}", std::process::id()));
     let mut per_read = Vec::new();
+    let mut sleeps_counted = 0;
     for (mode, port) in [("sleep", port), ("adaptive --spin 50ms", port + 1)] {
         let metrics = format!("127.0.0.1:{port}");
-        let a = attach(&uri(&t, "v"), &format!("--wait {mode} --metrics {metrics}"));
+        let log_arg = if mode == "sleep" { format!(" --stage-log {}", stage_log.display()) } else { String::new() };
+        let a = attach(&uri(&t, "v"), &format!("--wait {mode} --metrics {metrics}{log_arg}"));
         let sleeps = || -> u64 {
             let out = sh(&format!("curl -sf http://{metrics}/metrics"));
             let line = out.lines().find(|l| l.starts_with("rblk_initiator_queue_sleeps_total")).expect("sleep counter");
@@ -329,8 +337,12 @@ fn the_queue_thread_spins_while_work_is_near_and_sleeps_when_told_to() {
         eprintln!("--wait {mode}: {ios} reads, {switched:.3} context switches and {slept:.3} sleeps per read");
         assert!(ios >= 100.0, "too few reads to judge: {ios}");
         per_read.push((switched, slept));
+        if mode == "sleep" {
+            sleeps_counted = sleeps();
+        }
         detach(&a.dev);
     }
+    check_stage_log(&stage_log.with_extension("q0"), sleeps_counted);
     let [(s_switched, s_slept), (a_switched, a_slept)] = per_read[..] else { unreachable!() };
     assert!(
         s_switched >= 0.9 && s_slept >= 0.9,
@@ -341,6 +353,43 @@ fn the_queue_thread_spins_while_work_is_near_and_sleeps_when_told_to() {
         "--wait adaptive --spin 50ms: {a_switched:.3} switches and {a_slept:.3} sleeps per read: the spin did not find \
          the work"
     );
+}
+
+/// Reads an `rblk attach --stage-log` file (initiator/cli/src/stages.rs's format): every tag's
+/// requests go seen -> submitted -> done -> resumed, and the log's sleeps are at least the
+/// `counted` ones (read before the detach; the idle thread sleeps a few times more until then).
+fn check_stage_log(path: &std::path::Path, counted: u64) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("no stage log {}: {e}", path.display()));
+    let mut lines = text.lines();
+    let head = lines.next().unwrap();
+    assert!(head.starts_with("# rblk stage log 1:") && head.contains("dropped 0"), "{head}");
+    let num = |name: &str| -> u64 {
+        let item = head.split([' ', ',', ';']).find(|i| i.ends_with(&format!("={name}"))).expect(name);
+        item.split('=').next().unwrap().parse().unwrap()
+    };
+    let order = [num("seen"), num("submitted"), num("done"), num("resumed")];
+    let sleep = num("sleep");
+    let (mut last_ns, mut sleeps, mut requests) = (0, 0, 0);
+    let mut at = std::collections::HashMap::new();
+    for line in lines {
+        let f: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+        let (ns, stage, arg) = (f[0], f[1], f[2]);
+        assert!(ns >= last_ns, "time goes back at {line:?}");
+        last_ns = ns;
+        if stage == sleep {
+            sleeps += 1;
+        }
+        if let Some(i) = order.iter().position(|&s| s == stage) {
+            let prev = at.insert(arg, i);
+            let expected = if i == 0 { prev.is_none() || prev == Some(3) } else { prev == Some(i - 1) };
+            assert!(expected, "tag {arg}: stage {stage} after {prev:?}");
+            requests += u64::from(i == 3);
+        }
+    }
+    eprintln!("stage log: {requests} requests, {sleeps} sleeps (the counter said {counted} before the detach)");
+    assert!(requests >= 100, "{requests} requests in the stage log");
+    assert!(sleeps >= counted && sleeps <= counted + 20, "{sleeps} sleeps in the log, {counted} counted");
+    let _ = std::fs::remove_file(path);
 }
 
 /// Catches a per-session JOIN cap (or its least value, `MIN_JOINS_PER_SESSION`) below what

@@ -23,5 +23,6 @@ pub mod list;
 pub mod metrics;
 pub mod mount;
 pub mod nbd;
+pub mod stages;
 pub mod stdio;
 pub mod ublk;

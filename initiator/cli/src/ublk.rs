@@ -54,6 +54,7 @@ use rblk_initiator::{Buffer, Chain, Continuity, Engine, Lane, OpenMode, Predeces
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};
+use crate::stages::{Stage, StageLog};
 
 /// The deepest queue: the kernel allows 4096 tags, a queue pair of the initiator 1024.
 pub const MAX_DEPTH: u32 = if rblk_initiator::MAX_DEPTH < sys::UBLK_MAX_QUEUE_DEPTH {
@@ -125,6 +126,11 @@ pub struct AttachArgs {
     /// queue loop and wait policy with the RDMA step removed). Refused unless RBLK_ALLOW_NULL=1.
     #[arg(long, hide = true)]
     null_io: bool,
+    /// Write each queue thread's own timestamps of its requests' stages (taken from the kernel,
+    /// staged, posted, finished, committed) and of its waits to FILE.q0, FILE.q1, ... when it
+    /// stops, for scripts/stages-rxe.sh (see docs/timeline-rxe.md). Costs a timestamp per stage.
+    #[arg(long, value_name = "FILE", value_parser = absolute_arg)]
+    stage_log: Option<PathBuf>,
     #[command(flatten)]
     format: crate::common::Format,
     #[command(flatten)]
@@ -156,6 +162,11 @@ pub struct DetachArgs {
     /// seconds; at most 1 day).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::common::timeout_arg)]
     timeout: Duration,
+}
+
+/// A path made absolute now: the background process of `--daemon` works from `/`.
+fn absolute_arg(text: &str) -> Result<PathBuf, String> {
+    std::path::absolute(text).map_err(|e| format!("{text}: {e}"))
 }
 
 /// `rblk attach`.
@@ -231,6 +242,8 @@ struct QueueState {
     /// The poll's linked timeout, and the retry timer's (the kernel reads them at submission).
     second: types::Timespec,
     retry: Cell<types::Timespec>,
+    /// `--stage-log`.
+    stages: Option<StageLog>,
 }
 
 /// `user_data` of this loop's own ring entries. Both libublk marks are set: its futures carry
@@ -241,11 +254,22 @@ const POLL_TIMEOUT_UD: u64 = OWN | 2;
 const RETRY_UD: u64 = OWN | 3;
 
 impl QueueState {
+    fn note(&self, stage: Stage, arg: u16) {
+        if let Some(log) = &self.stages {
+            log.note(stage, arg);
+        }
+    }
+
     /// Posts what the tags submitted and hands finished requests to their tags' tasks. Returns
     /// whether it woke any.
     fn deliver(&self) -> bool {
         let mut lane = self.lane.borrow_mut();
-        if let Err(e) = lane.progress() {
+        let before = lane.in_flight();
+        let progressed = lane.progress();
+        if lane.in_flight() > before {
+            self.note(Stage::Posted, u16::try_from(lane.in_flight() - before).unwrap_or(u16::MAX));
+        }
+        if let Err(e) = progressed {
             if !self.broken.replace(true) {
                 tracing::error!(error = %Chain(&e), "the queue pair failed: requests fail with EIO");
             }
@@ -253,6 +277,7 @@ impl QueueState {
         let mut woke = false;
         while let Some(f) = lane.next() {
             let Some(slot) = usize::try_from(f.tag).ok().and_then(|t| self.mailboxes.get(t)) else { continue };
+            self.note(Stage::Done, f.tag as u16);
             slot.done.set(Some(f));
             if let Some(w) = slot.waker.borrow_mut().take() {
                 w.wake();
@@ -279,7 +304,9 @@ impl QueueState {
             // A request that finished before the arm raises no event: look once more.
             if !self.deliver() {
                 self.lane.borrow().note_sleep();
+                self.note(Stage::Sleep, 0);
                 libublk::uring_poll_io_fn::<squeue::Entry>(q, None, 1)?;
+                self.note(Stage::Woke, 0);
             }
         }
         if adapts {
@@ -305,7 +332,9 @@ impl QueueState {
                 let post = first && !r.submission().is_empty();
                 let collect = r.completion().is_empty() && (!self.taskrun_flag || r.submission().taskrun());
                 if !zero && (post || collect) {
+                    let posting = u16::try_from(r.submission().len()).unwrap_or(u16::MAX);
                     r.submit().map_err(UblkError::IOError)?;
+                    self.note(if post { Stage::EnterPost } else { Stage::EnterCollect }, posting);
                 }
                 Ok(!r.completion().is_empty())
             })?;
@@ -388,6 +417,7 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
     let addr = |b: &Option<Buffer>| b.as_ref().map_or(std::ptr::null(), |b| b.addr() as usize as *const u8);
     q.submit_io_prep_cmd(tag, BufDesc::RawAddress(addr(&buf)), 0, None).await?;
     loop {
+        st.note(Stage::Seen, tag);
         let iod = *q.get_iod(tag);
         let op = iod.op_flags & 0xff;
         let fua = iod.op_flags & sys::UBLK_IO_F_FUA != 0;
@@ -411,6 +441,7 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
                 let r = Request { tag: tag.into(), op, offset, len: len.into(), fua, data };
                 // Staged only: the event loop posts every tag's request with one doorbell.
                 st.lane.borrow_mut().submit(r);
+                st.note(Stage::Submitted, tag);
                 let mut f = Finish(&st.mailboxes[tag as usize]).await;
                 if let Data::Registered(b) = std::mem::take(&mut f.data) {
                     buf = Some(b);
@@ -422,6 +453,7 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
             // The buffer went back to the pool with a failed submission: take one again.
             buf = st.lane.borrow().alloc_buffer();
         }
+        st.note(Stage::Resumed, tag);
         q.submit_io_commit_cmd(tag, BufDesc::RawAddress(addr(&buf)), res).await?;
     }
 }
@@ -440,7 +472,7 @@ async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState) {
     }
 }
 
-fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
+fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stage_log: Option<&Path>) {
     // Named for ps, top and /proc/PID/task/*/comm: `rblk-q0`, `rblk-q1`, ...
     if let Ok(name) = std::ffi::CString::new(format!("rblk-q{qid}")) {
         let _ = nix::sys::prctl::set_name(&name);
@@ -479,6 +511,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
         retrying: Cell::new(false),
         second: types::Timespec::new().sec(1),
         retry: Cell::new(types::Timespec::new()),
+        stages: stage_log.map(|base| StageLog::new(base, qid)),
     };
     let exe = smol::LocalExecutor::new();
     let mut tags = Vec::with_capacity(depth.into());
@@ -496,14 +529,23 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
     dev.notify_buffer_registration_complete(false);
     smol::block_on(exe.run(async {
         // Run the tags, then post what they submitted and hand out what finished, until quiet.
-        let run_ops = || loop {
-            while exe.try_tick() {}
-            if !st.deliver() {
-                break;
+        let run_ops = || {
+            st.note(Stage::RunOps, 0);
+            loop {
+                while exe.try_tick() {}
+                if !st.deliver() {
+                    break;
+                }
             }
+            st.note(Stage::RunOpsEnd, 0);
         };
         let is_done = || tags.iter().all(|t| t.is_finished());
-        let wait = || async { st.wait(&q) };
+        let wait = || async {
+            st.note(Stage::Wait, 0);
+            let r = st.wait(&q);
+            st.note(Stage::WaitEnd, 0);
+            r
+        };
         let reap = |timed_out| {
             libublk::uring_async::ublk_reap_io_events_with_update_queue(&q, timed_out, None, |cqe| st.completed(cqe))
         };
@@ -512,6 +554,12 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool) {
         }
     }));
     drop(ticker);
+    if let Some(log) = &st.stages {
+        match log.write() {
+            Ok(path) => tracing::info!(qid, path = %path.display(), "stage log written"),
+            Err(e) => tracing::warn!(qid, error = %e, "writing the stage log failed"),
+        }
+    }
     // The queue is down (our STOP, or the device deleted elsewhere): wake the main thread.
     let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGTERM);
 }
@@ -1032,9 +1080,10 @@ fn run(
     };
     let q_lanes = Arc::clone(&lanes);
     let null_io = args.null_io;
+    let stage_log = args.stage_log.clone();
     let q_fn = move |qid: u16, dev: &UblkDev| {
         let lane = q_lanes.lock().unwrap_or_else(PoisonError::into_inner).get_mut(qid as usize).and_then(Option::take);
-        queue_thread(qid, dev, lane, null_io);
+        queue_thread(qid, dev, lane, null_io, stage_log.as_deref());
     };
     let (detached, log_file) = (args.run.detached, args.run.log_file.clone());
     let ready = Arc::new(Mutex::new(None::<anyhow::Error>));
