@@ -224,7 +224,8 @@ guest_main() {
             missing+="$f "
         fi
     done
-    printf '@@meta kprobes %s\n@@meta kprobes_missing %s\n' "$set" "$missing"
+    printf '@@meta kprobes %s\n@@meta kprobes_missing %s\n@@meta kprobes_skipped %s\n' "$set" "$missing" \
+        "${!skip[*]}"
     printf '@@meta trace_clock %s\n' "$(sed 's/.*\[\(.*\)\].*/\1/' "$tr/trace_clock")"
     local -a events=(block/block_rq_issue block/block_rq_complete io_uring sched/sched_switch
         sched/sched_wakeup raw_syscalls/sys_enter raw_syscalls/sys_exit)
@@ -418,6 +419,7 @@ if cur is not None:
     fails.append({"path": cur, "error": "the guest's output ends inside its trace"})
 
 kprobes = set(meta.get("kprobes", "").split())
+skipped = set(meta.get("kprobes_skipped", "").split())
 SYS = {0: "read", 1: "write", 7: "poll", 16: "ioctl", 19: "readv", 20: "writev", 24: "sched_yield",
        202: "futex", 208: "io_getevents", 209: "io_submit", 228: "clock_gettime", 230: "clock_nanosleep",
        232: "epoll_wait", 233: "epoll_ctl", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait",
@@ -702,7 +704,8 @@ def analyse(path, text, info):
         miss = needs_missing(matchers[label]) if label in matchers else None
         d = {"stage": label, "seen_share": seen[label] / ios, "first": n == 0}
         if miss and not seen[label]:
-            d["missing"] = f"no kprobe {miss} on this kernel"
+            d["missing"] = (f"{miss} not probed (RBLK_TIMELINE_SKIP_KPROBES)" if miss in skipped
+                            else f"no kprobe {miss} on this kernel")
         s = st(per[label])
         if s:
             d.update(s)
