@@ -475,14 +475,7 @@ host_main() {
         --secs=*) secs=${1#*=} ;;
         --target=*) target=${1#*=} ;;
         --redraw) redraw=1 ;;
-        -h | --help)
-            usage
-            exit 0
-            ;;
-        -*)
-            usage >&2
-            exit 2
-            ;;
+        -*) help_or_usage_error "$1" ;;
         *) dirs+=("$1") ;;
         esac
         shift

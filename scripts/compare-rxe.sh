@@ -1564,14 +1564,7 @@ host_main() {
         --redraw)
             redraw=1
             ;;
-        -h | --help)
-            usage
-            exit 0
-            ;;
-        *)
-            usage >&2
-            exit 2
-            ;;
+        *) help_or_usage_error "$1" ;;
         esac
         shift
     done

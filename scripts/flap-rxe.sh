@@ -347,14 +347,7 @@ host_main() {
             shift
             ;;
         --ram) mode=ram ;;
-        -h | --help)
-            usage
-            exit 0
-            ;;
-        *)
-            usage >&2
-            exit 2
-            ;;
+        *) help_or_usage_error "$1" ;;
         esac
         shift
     done

@@ -153,14 +153,7 @@ host_main() {
             shift
             ;;
         --redraw) redraw=1 ;;
-        -h | --help)
-            usage
-            exit 0
-            ;;
-        *)
-            usage >&2
-            exit 2
-            ;;
+        *) help_or_usage_error "$1" ;;
         esac
         shift
     done

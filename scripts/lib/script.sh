@@ -19,6 +19,21 @@ usage() {
 
 is_count() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
 
+# help_or_usage_error ARG: the end of every script's option loop: -h/--help prints the usage and
+# exits 0; any other ARG prints it to stderr and exits 2.
+help_or_usage_error() {
+    case $1 in
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    *)
+        usage >&2
+        exit 2
+        ;;
+    esac
+}
+
 # script_main ARGC USAGE ARGS...: `SCRIPT --in-guest` with ARGC more arguments (USAGE names them)
 # is the script's part in the guest, guest_main; anything else runs host_main.
 script_main() {
