@@ -89,6 +89,7 @@ def analyse(events, window_s=None):
     counts = {s: 0 for s in NEEDED}
     loop_ns = {"wait": 0, "run_ops": 0, "asleep": 0}
     opened = {}
+    spin_passes = 0
     for t, s, arg in ev:
         counts[s] += 1
         if s in ("seen", "submitted", "done", "resumed"):
@@ -129,6 +130,8 @@ def analyse(events, window_s=None):
             if committing and not outstanding:
                 next_seen_from = t
             committing = []
+        if s == "wait_end":
+            spin_passes += arg
         if s in ("wait", "run_ops", "sleep"):
             opened[s] = t
         elif s in ("wait_end", "run_ops_end", "woke"):
@@ -142,6 +145,8 @@ def analyse(events, window_s=None):
         "span_s": span / 1e9,
         "stages": {k: _summary(v) for k, v in stages.items()},
         "thread_share": {k: v / span for k, v in loop_ns.items()},
+        # Time waiting but not asleep, per pass of the spin: what noticing work costs.
+        "spin_pass_us": ((loop_ns["wait"] - loop_ns["asleep"]) / spin_passes / 1000) if spin_passes else None,
         "per_request": {
             "loop_passes": counts["wait"] / n,
             "io_uring_enter": (counts["enter_post"] + counts["enter_collect"] + counts["sleep"]) / n,
@@ -164,6 +169,8 @@ def table(r, title):
     out.append(f"  thread: waiting {sh['wait'] * 100:.0f}% (asleep {sh['asleep'] * 100:.0f}%), running tasks "
                f"{sh['run_ops'] * 100:.0f}%; per request: {pr['loop_passes']:.2f} loop passes, "
                f"{pr['io_uring_enter']:.2f} io_uring_enter, {pr['sleeps']:.2f} sleeps, {pr['posts']:.2f} doorbells")
+    if r.get("spin_pass_us") is not None:
+        out.append(f"  one pass of the wait's spin (time waiting awake / passes): {r['spin_pass_us']:.1f} us")
     return "\n".join(out)
 
 

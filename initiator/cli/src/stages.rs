@@ -45,7 +45,7 @@ pub enum Stage {
     RunOpsEnd = 10,
     /// The loop waits (spins, then sleeps) ...
     Wait = 11,
-    /// ... until there is work.
+    /// ... until there is work (ARG: how many passes its spin made).
     WaitEnd = 12,
 }
 

@@ -244,6 +244,8 @@ struct QueueState {
     retry: Cell<types::Timespec>,
     /// `--stage-log`.
     stages: Option<StageLog>,
+    /// Passes the last wait's spin made (for the stage log).
+    spun: Cell<u32>,
 }
 
 /// `user_data` of this loop's own ring entries. Both libublk marks are set: its futures carry
@@ -324,6 +326,7 @@ impl QueueState {
         }
         let zero = budget.is_zero();
         let mut first = true;
+        self.spun.set(0);
         loop {
             let ready = with_task_io_ring_mut(|r| -> Result<bool, UblkError> {
                 // Posting, or collecting what the kernel holds as task work (a new ublk
@@ -339,6 +342,7 @@ impl QueueState {
                 Ok(!r.completion().is_empty())
             })?;
             first = false;
+            self.spun.set(self.spun.get() + 1);
             if ready || self.deliver() {
                 return Ok(true);
             }
@@ -508,6 +512,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
         null_io,
         taskrun_flag,
         polling: Cell::new(false),
+        spun: Cell::new(0),
         retrying: Cell::new(false),
         second: types::Timespec::new().sec(1),
         retry: Cell::new(types::Timespec::new()),
@@ -543,7 +548,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
         let wait = || async {
             st.note(Stage::Wait, 0);
             let r = st.wait(&q);
-            st.note(Stage::WaitEnd, 0);
+            st.note(Stage::WaitEnd, u16::try_from(st.spun.get()).unwrap_or(u16::MAX));
             r
         };
         let reap = |timed_out| {
