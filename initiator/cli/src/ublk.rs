@@ -244,8 +244,6 @@ struct QueueState {
     retry: Cell<types::Timespec>,
     /// `--stage-log`.
     stages: Option<StageLog>,
-    /// Passes the last wait's spin made (for the stage log).
-    spun: Cell<u32>,
 }
 
 /// `user_data` of this loop's own ring entries. Both libublk marks are set: its futures carry
@@ -266,10 +264,10 @@ impl QueueState {
     /// whether it woke any.
     fn deliver(&self) -> bool {
         let mut lane = self.lane.borrow_mut();
-        let before = lane.in_flight();
+        let before = self.stages.is_some().then(|| lane.in_flight());
         let progressed = lane.progress();
-        if lane.in_flight() > before {
-            self.note(Stage::Posted, u16::try_from(lane.in_flight() - before).unwrap_or(u16::MAX));
+        if let Some(posted) = before.and_then(|b| lane.in_flight().checked_sub(b)).filter(|&n| n > 0) {
+            self.note(Stage::Posted, u16::try_from(posted).unwrap_or(u16::MAX));
         }
         if let Err(e) = progressed {
             if !self.broken.replace(true) {
@@ -295,13 +293,15 @@ impl QueueState {
     /// `io_uring_enter`, so a busy queue pays no wakeups and no re-arms. Err: the queue is going
     /// down.
     fn wait(&self, q: &UblkQueue<'_>) -> Result<bool, UblkError> {
+        self.note(Stage::Wait, 0);
         let started = Instant::now();
         let near = self.lane.borrow().in_flight();
         let (budget, adapts) = {
             let w = self.waiter.borrow();
             (w.budget(near), w.adapts(near))
         };
-        if !self.spin(q, started, budget)? {
+        let (found, passes) = self.spin(q, started, budget)?;
+        if !found {
             self.arm_for_sleep(q)?;
             // A request that finished before the arm raises no event: look once more.
             if !self.deliver() {
@@ -314,25 +314,26 @@ impl QueueState {
         if adapts {
             self.waiter.borrow_mut().record(started.elapsed());
         }
+        self.note(Stage::WaitEnd, u16::try_from(passes).unwrap_or(u16::MAX));
         Ok(false)
     }
 
     /// Spins for `budget` until the ring has a completion or a request finished. Whatever the
     /// budget, posts the ring's new entries first (the tags' COMMIT_AND_FETCHes) unless the
-    /// sleep that follows a zero budget would.
-    fn spin(&self, q: &UblkQueue<'_>, started: Instant, budget: Duration) -> Result<bool, UblkError> {
+    /// sleep that follows a zero budget would. Returns whether it found work, and how many
+    /// passes it made (for the stage log).
+    fn spin(&self, q: &UblkQueue<'_>, started: Instant, budget: Duration) -> Result<(bool, u32), UblkError> {
         if q.is_stopping() {
-            return libublk::uring_poll_io_fn::<squeue::Entry>(q, None, 0).map(|_| true);
+            return libublk::uring_poll_io_fn::<squeue::Entry>(q, None, 0).map(|_| (true, 0));
         }
         let zero = budget.is_zero();
-        let mut first = true;
-        self.spun.set(0);
+        let mut passes = 0;
         loop {
             let ready = with_task_io_ring_mut(|r| -> Result<bool, UblkError> {
                 // Posting, or collecting what the kernel holds as task work (a new ublk
                 // command): an enter with nothing to wait for. A zero budget leaves both to the
                 // sleep's enter.
-                let post = first && !r.submission().is_empty();
+                let post = passes == 0 && !r.submission().is_empty();
                 let collect = r.completion().is_empty() && (!self.taskrun_flag || r.submission().taskrun());
                 if !zero && (post || collect) {
                     let posting = u16::try_from(r.submission().len()).unwrap_or(u16::MAX);
@@ -341,13 +342,12 @@ impl QueueState {
                 }
                 Ok(!r.completion().is_empty())
             })?;
-            first = false;
-            self.spun.set(self.spun.get() + 1);
+            passes += 1;
             if ready || self.deliver() {
-                return Ok(true);
+                return Ok((true, passes));
             }
             if started.elapsed() >= budget {
-                return Ok(false);
+                return Ok((false, passes));
             }
             std::hint::spin_loop();
         }
@@ -512,7 +512,6 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
         null_io,
         taskrun_flag,
         polling: Cell::new(false),
-        spun: Cell::new(0),
         retrying: Cell::new(false),
         second: types::Timespec::new().sec(1),
         retry: Cell::new(types::Timespec::new()),
@@ -545,12 +544,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
             st.note(Stage::RunOpsEnd, 0);
         };
         let is_done = || tags.iter().all(|t| t.is_finished());
-        let wait = || async {
-            st.note(Stage::Wait, 0);
-            let r = st.wait(&q);
-            st.note(Stage::WaitEnd, u16::try_from(st.spun.get()).unwrap_or(u16::MAX));
-            r
-        };
+        let wait = || async { st.wait(&q) };
         let reap = |timed_out| {
             libublk::uring_async::ublk_reap_io_events_with_update_queue(&q, timed_out, None, |cqe| st.completed(cqe))
         };
