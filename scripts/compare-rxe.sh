@@ -224,6 +224,11 @@ guest_main() {
 
     printf '@@meta guest_kernel %s\n' "$(uname -r)"
     printf '@@meta guest_cpus %s\n' "$(nproc)"
+    # The idle loop matters under TCG: a halted vCPU takes tens of microseconds to wake.
+    printf '@@meta guest_idle %s\n' "$(idle=$(sed -n 's/^\(.* \)\{0,1\}idle=\([a-z]*\).*/\2/p' /proc/cmdline); echo "${idle:-halt}")"
+    # A clock source other than the TSC makes every clock read a system call (no vDSO): the
+    # spinning loops slow down, so the rounds' figures would not be comparable.
+    printf '@@meta clocksource_start %s\n' "$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
     printf '@@meta clk_tck %s\n' "$hz"
     printf '@@meta perftest %s\n' "$(ib_read_bw --version 2>&1 | head -n 1)"
     printf '@@meta rblk_bench %s\n' "$("$bin/rblk-bench" --version)"
@@ -827,6 +832,7 @@ MERGE
     # The QD1 per-stage timeline (scripts/timeline-rxe.sh's part in the guest, with its own
     # rblk-target and NVMe-oF/RDMA export): its raw output goes to the host as a file, streamed,
     # so that the paths it finished reach the host even if the guest dies on a later one.
+    printf '@@meta clocksource_end %s\n' "$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
     log "timeline: scripts/timeline-rxe.sh --in-guest $TIMELINE_SECS $TIMELINE_TRACE_SECS (QD1 per-stage timeline)"
     rc=0
     printf '@@file %s\n' timeline-guest.log
@@ -1301,10 +1307,19 @@ if all_cpu:
         f"max {max(all_cpu) * 100:.2f}% over {len(all_cpu)} runs"
         + (f"; idle with no session: {idle * 100:.2f}%" if idle is not None else "")
     )
+def clocksource_text(meta):
+    start, end = meta.get("clocksource_start"), meta.get("clocksource_end")
+    if not start:
+        return "?"
+    if end and end != start:
+        return f"{start}, then {end} (clock reads became system calls: rounds before and after differ)"
+    return start
+
+
 out.append(
     f"{rounds} round(s) of {secs} s per run, interleaved; perftest bandwidth runs with '{bw_args}'; "
-    f"guest kernel {meta.get('guest_kernel', '?')}, {meta.get('guest_cpus', '?')} vCPUs (qemu TCG), "
-    f"active MTU {meta.get('active_mtu', '?')}; {meta.get('perftest', '')}; {meta.get('rblk_bench', '')}"
+    f"guest kernel {meta.get('guest_kernel', '?')}, {meta.get('guest_cpus', '?')} vCPUs (qemu TCG, "
+    f"idle vCPUs {meta.get('guest_idle') or 'halt'}, clock source {clocksource_text(meta)}), active MTU {meta.get('active_mtu', '?')}; {meta.get('perftest', '')}; {meta.get('rblk_bench', '')}"
 )
 blk_cpu_summary = {
     p: {"median": statistics.median(blk_cpu[p]), "max": max(blk_cpu[p]), "runs": len(blk_cpu[p])}
@@ -1383,7 +1398,8 @@ doc = {
     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "host": host_info(),
     "guest": {"kernel": meta.get("guest_kernel"), "cpus": int(meta.get("guest_cpus", "0") or 0), "accel": "tcg",
-              "active_mtu": meta.get("active_mtu"), "clk_tck": hz},
+              "idle": meta.get("guest_idle") or "halt",
+              "clocksource": [meta.get("clocksource_start"), meta.get("clocksource_end")], "active_mtu": meta.get("active_mtu"), "clk_tck": hz},
     "guest_run_secs": float(meta["guest_run_secs"]) if meta.get("guest_run_secs") else None,
     "guest_lock_wait_secs": float(meta["guest_lock_wait_secs"]) if meta.get("guest_lock_wait_secs") else None,
     "complete": complete,

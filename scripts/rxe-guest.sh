@@ -24,6 +24,7 @@
 # Environment:
 #   RXE_GUEST_TIMEOUT   seconds the whole qemu run may take (default 1800)
 #   RXE_GUEST_MEM       guest memory (default 4G); RXE_GUEST_SMP: vCPUs (default 2)
+#   RXE_GUEST_APPEND    more of the guest kernel's command line (e.g. idle=poll)
 #   RXE_GUEST_SUITES    Debian suites to take the kernel from, in order of preference
 #                       (default "bookworm-backports bookworm")
 #   RXE_GUEST_REFRESH=1 look up the newest kernel again instead of using the cached one
@@ -46,6 +47,7 @@ GUEST_DIR=$REPO_ROOT/build/guest
 TIMEOUT=${RXE_GUEST_TIMEOUT:-1800}
 MEM=${RXE_GUEST_MEM:-4G}
 SMP=${RXE_GUEST_SMP:-2}
+APPEND=${RXE_GUEST_APPEND:-}
 SUITES=${RXE_GUEST_SUITES:-bookworm-backports bookworm}
 
 # Fixed facts about the guest, shared by the host side and the guest scripts.
@@ -546,7 +548,7 @@ main() {
         qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp "$SMP"
         -nodefaults -no-user-config -display none -no-reboot -nic none
         -kernel "$tree/boot/vmlinuz-$kver" -initrd "$initramfs"
-        -append "console=ttyS0 quiet loglevel=1 panic=-1 oops=panic mitigations=off"
+        -append "console=ttyS0 quiet loglevel=1 panic=-1 oops=panic mitigations=off${APPEND:+ $APPEND}"
         # Three output files the host tails (files, not stdio, so a closed stdin is no issue):
         # ttyS0, the kernel console; two virtio serial ports, CMD's stdout and stderr.
         -chardev "file,id=con,path=$(qemu_escape "$RUN_DIR/console.log"),append=on" -serial chardev:con

@@ -27,7 +27,10 @@
 #   io_uring:*                                           every io_uring event 6.12 has
 #   sched:sched_switch, sched:sched_wakeup               filtered to the path's own threads (fio's
 #                                                        processes, the attach process's or
-#                                                        rblk-bench's threads) when the filter takes
+#                                                        rblk-bench's threads) when the filter takes;
+#                                                        sched_switch also to and from the idle task
+#                                                        (pid 0), on every vCPU
+#   workqueue:workqueue_execute_start                    every work item (rxe's run as work items)
 #   raw_syscalls:sys_enter, raw_syscalls:sys_exit        the same threads (io_uring_enter, io_submit,
 #                                                        io_getevents, write, ...)
 #   kprobes (group rblk) on the functions below that     ublk_drv and rxe have no tracepoints in 6.12
@@ -61,6 +64,8 @@
 #   io_uring_enter returns                 raw_syscalls:sys_exit NR 426 of the queue thread
 #   RDMA READ posted                       kprobe rxe_post_send by the queue thread (the doorbell
 #                                          write on the uverbs fd)
+#   rxe's first work item starts           workqueue:workqueue_execute_start of an rdma_rxe function
+#                                          (6.12: do_work, the QP's send task: the post queued it)
 #   rxe requester runs                     kprobe rxe_requester (called by rxe_sender, rxe's send
 #                                          task, a work item)
 #   request on the wire                    kprobe rxe_xmit_packet (loopback: straight to rxe_rcv)
@@ -84,13 +89,14 @@
 #   nvmeof: fio io_submit, nvme_rdma_queue_rq (kprobe, before the issue), block_rq_issue (on the
 #   multipath path device nvmeXcYnZ when the kernel has multipath: the parser takes the device
 #   with the most reads that is not null_blk when /dev/nvmeXnY has none), command SEND
-#   posted (rxe_post_send), rxe requester, request on the wire, nvmet_rdma_recv_done (kprobe: the
-#   target's CQ handler got the command), block_rq_issue and block_rq_complete on null_blk (the
+#   posted (rxe_post_send), rxe's first work item, rxe requester, request on the wire,
+#   nvmet_rdma_recv_done (kprobe: the target's CQ handler got the command), block_rq_issue and block_rq_complete on null_blk (the
 #   target's backing device), nvmet_rdma_queue_response (kprobe: data + response posted),
 #   rxe_post_send, rxe requester again, on the wire, initiator's responder runs (rxe_receiver:
 #   the data WRITE and the response SEND land), CQE posted, nvme_rdma_recv_done (kprobe: the host's
 #   completion, in softirq), block_rq_complete, fio woken, fio io_getevents returns.
-#   bench: RDMA READ posted (rxe_post_send by rblk-bench's I/O thread), rxe requester, on the wire,
+#   bench: RDMA READ posted (rxe_post_send by rblk-bench's I/O thread), rxe's first work item,
+#   rxe requester, on the wire,
 #   target's responder, response on the wire, rxe completer, CQE posted, completion event, bench
 #   thread woken, on CPU, and the next READ posted (the end: that stage holds noticing the CQE by
 #   polling it in user space, which leaves no kernel record, and issuing the next I/O).
@@ -100,6 +106,11 @@
 # all system calls of the serving thread (ublk: the thread that calls ublk_ch_uring_cmd; NVMe-oF:
 # fio's job, the kernel serves it in softirq and work items; rblk-bench: its posting thread) and
 # its context switches (sched_switch away from it; "voluntary" = it was not runnable), and fio's.
+# And rxe's worker: in what share of I/Os rxe's first work item after the post (ublk, rblk-bench:
+# the READ; NVMe-oF: the command SEND) ran on a vCPU that was idle at the post (a switch from the
+# idle task on that vCPU between the post and the item), the post -> item time from idle and
+# otherwise, and how long that vCPU had been idle before the post. Under TCG waking a halted vCPU
+# is slow, so this separates a slow wakeup from slow work.
 #
 # What may be missing or doubtful:
 # - A function with no kprobe on the running kernel (not in available_filter_functions, renamed,
@@ -228,12 +239,14 @@ guest_main() {
         "${!skip[*]}"
     printf '@@meta trace_clock %s\n' "$(sed 's/.*\[\(.*\)\].*/\1/' "$tr/trace_clock")"
     local -a events=(block/block_rq_issue block/block_rq_complete io_uring sched/sched_switch
-        sched/sched_wakeup raw_syscalls/sys_enter raw_syscalls/sys_exit)
+        sched/sched_wakeup raw_syscalls/sys_enter raw_syscalls/sys_exit workqueue/workqueue_execute_start)
     [[ -n $set ]] && events+=(rblk)
 
     # Sets the filters to the thread ids given ("" clears them).
     filters() {
-        local sw="" wk="" sc="" t
+        # Switches to and from the idle task (pid 0) too: whether rxe's worker had to wake a
+        # halted vCPU, and how long it had been idle.
+        local sw="prev_pid == 0 || next_pid == 0" wk="" sc="" t
         for t in "$@"; do
             sw+="${sw:+ || }prev_pid == $t || next_pid == $t"
             wk+="${wk:+ || }pid == $t"
@@ -431,7 +444,7 @@ BLK = re.compile(r"^(\d+),(\d+) (\S+)(?: \d+)? \((.*?)\) (\d+) \+ (\d+)")
 
 
 class Ev:
-    __slots__ = ("t", "pid", "comm", "name", "f", "nr", "dev", "rw", "sector", "a", "b", "state")
+    __slots__ = ("t", "pid", "cpu", "comm", "name", "f", "nr", "dev", "rw", "sector", "a", "b", "state")
 
 
 def parse(text):
@@ -444,6 +457,7 @@ def parse(text):
             continue
         e = Ev()
         e.comm, e.pid, e.t, e.name, e.f = m.group(1).strip(), int(m.group(2)), float(m.group(4)) * 1e6, m.group(5), m.group(6)
+        e.cpu = int(m.group(3))
         e.nr = e.dev = e.rw = e.sector = e.a = e.b = e.state = None
         if e.name in ("block_rq_issue", "block_rq_complete"):
             b = BLK.match(e.f)
@@ -501,7 +515,12 @@ def blk(kind, devkey):
 
 
 # (label, matcher, requires-label or None)
+def rxe_work(e, c):
+    return e.name == "workqueue_execute_start" and "rdma_rxe" in e.f
+
+
 RXE_READ = [
+    ("rxe's first work item starts (workqueue_execute_start)", rxe_work, None),
     ("rxe requester runs (rxe_requester)", kp("rxe_requester"), None),
     ("request on the wire (rxe_xmit_packet)", kp("rxe_xmit_packet"), None),
     ("target's responder runs (rxe_receiver)", kp_any(["rxe_receiver", "rxe_responder"]), None),
@@ -542,6 +561,7 @@ SPEC = {
         "start": "block_rq_issue",
         "mid": [
             ("command SEND posted (rxe_post_send)", kp("rxe_post_send"), None),
+            ("rxe's first work item starts (workqueue_execute_start)", rxe_work, None),
             ("rxe requester runs (rxe_requester)", kp("rxe_requester"), None),
             ("request on the wire (rxe_xmit_packet)", kp("rxe_xmit_packet"), None),
             ("target got the command (nvmet_rdma_recv_done)", kp("nvmet_rdma_recv_done"), None),
@@ -575,6 +595,10 @@ SPEC = {
     },
 }
 START_LABEL = {"block_rq_issue": "block_rq_issue", "post": "RDMA READ posted (rxe_post_send)"}
+# The first post of an I/O and rxe's first work item after it: whether that item's vCPU was idle
+# (halted) at the post, so that the post had to wake it.
+FIRST_POSTS = ("RDMA READ posted (rxe_post_send)", "command SEND posted (rxe_post_send)")
+RXE_WORK = "rxe's first work item starts (workqueue_execute_start)"
 END_LABEL = {"block_rq_complete": "block_rq_complete", "post": "next READ posted (rxe_post_send)"}
 
 
@@ -641,6 +665,8 @@ def analyse(path, text, info):
     per = {l: [] for l in labels}
     seen = {l: 0 for l in labels}
     totals = {"block": [], "app": []}
+    wake = {True: [], False: []}  # post -> rxe's first work item, by whether its vCPU was idle
+    idle_for = []  # how long that vCPU had been idle at the post
     ios = 0
     span_lo = span_hi = None
     # I/Os 1..n-2: each has a previous I/O's end and a next I/O's start to bound pre/post searches.
@@ -672,6 +698,16 @@ def analyse(path, text, info):
                 marks.append((label, evs[k].t, k))
                 pos = k
         ios += 1
+        post_k = next((k for label, _, k in marks if label in FIRST_POSTS), None)
+        work_k = next((k for label, _, k in marks if label == RXE_WORK), None)
+        if post_k is not None and work_k is not None and work_k > post_k:
+            cpu = evs[work_k].cpu
+            idle = any(evs[k].name == "sched_switch" and evs[k].a == 0 and evs[k].cpu == cpu
+                       for k in range(post_k + 1, work_k))
+            wake[idle].append(evs[work_k].t - evs[post_k].t)
+            went = next((k for k in range(post_k - 1, wins[w - 1][0], -1) if evs[k].name == "sched_switch" and evs[k].cpu == cpu), None)
+            if idle and went is not None and evs[went].b == 0:
+                idle_for.append(evs[post_k].t - evs[went].t)
         for n, (label, t, _) in enumerate(marks):
             seen[label] += 1
             if n > 0:
@@ -720,6 +756,9 @@ def analyse(path, text, info):
         "switches_per_io": len(sw_srv) / ios, "involuntary_switches_per_io": invol(sw_srv) / ios,
         "fio_switches_per_io": (len(sw_fio) / ios) if fio_job is not None else None,
         "io_uring_events_per_io": {k: v / ios for k, v in iou.most_common()},
+        "rxe_worker": {"idle_share": len(wake[True]) / (len(wake[True]) + len(wake[False])),
+                       "from_idle_us": st(wake[True]), "from_busy_us": st(wake[False]),
+                       "idle_before_post_us": st(idle_for)} if wake[True] or wake[False] else None,
         "fio_p50_us": float(info["fio_p50_us"]) if info.get("fio_p50_us") else None,
         "bench_p50_us": info.get("bench_p50_us") or None,
         "trace_events": len(evs),
@@ -779,6 +818,13 @@ for p, r in results.items():
     out.append(f"  serving thread's system calls per I/O: {sc}")
     iu = ", ".join(f"{k[9:]} {v:.2f}" for k, v in r["io_uring_events_per_io"].items()) or "none"
     out.append(f"  io_uring events per I/O: {iu}")
+    w = r.get("rxe_worker")
+    if w:
+        med = lambda x: "n/a" if not x else f1(x["median_us"])
+        out.append(f"  rxe's first work item ran on a vCPU idle at the post for {w['idle_share'] * 100:.0f}% of I/Os; "
+                   f"post -> that item starts: median {med(w['from_idle_us'])} us from idle, "
+                   f"{med(w['from_busy_us'])} us otherwise; idle for a median {med(w['idle_before_post_us'])} us "
+                   "before the post")
 out.append("")
 out.append(f"guest kernel {meta.get('guest_kernel', '?')}, {meta.get('guest_cpus', '?')} vCPUs (qemu TCG); trace clock "
            f"{meta.get('trace_clock', '?')}; kprobes set: {meta.get('kprobes', '').strip() or 'none'}; missing: "
