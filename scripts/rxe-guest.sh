@@ -25,6 +25,11 @@
 #   RXE_GUEST_TIMEOUT   seconds the whole qemu run may take (default 1800)
 #   RXE_GUEST_MEM       guest memory (default 4G); RXE_GUEST_SMP: vCPUs (default 2)
 #   RXE_GUEST_APPEND    more of the guest kernel's command line (e.g. idle=poll)
+#
+# The guest kernel runs with tsc=reliable: TCG's TSC follows the host's clock, but the kernel's
+# clocksource watchdog, which compares it with the HPET, misjudges it when the vCPUs are starved
+# and switches to the HPET (it did in a compare-rxe.sh run on 2026-12-04), after which every
+# clock read in the guest is a system call and spinning loops slow down mid-run.
 #   RXE_GUEST_SUITES    Debian suites to take the kernel from, in order of preference
 #                       (default "bookworm-backports bookworm")
 #   RXE_GUEST_REFRESH=1 look up the newest kernel again instead of using the cached one
@@ -548,7 +553,7 @@ main() {
         qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp "$SMP"
         -nodefaults -no-user-config -display none -no-reboot -nic none
         -kernel "$tree/boot/vmlinuz-$kver" -initrd "$initramfs"
-        -append "console=ttyS0 quiet loglevel=1 panic=-1 oops=panic mitigations=off${APPEND:+ $APPEND}"
+        -append "console=ttyS0 quiet loglevel=1 panic=-1 oops=panic mitigations=off tsc=reliable${APPEND:+ $APPEND}"
         # Three output files the host tails (files, not stdio, so a closed stdin is no issue):
         # ttyS0, the kernel console; two virtio serial ports, CMD's stdout and stderr.
         -chardev "file,id=con,path=$(qemu_escape "$RUN_DIR/console.log"),append=on" -serial chardev:con

@@ -35,6 +35,10 @@
 #                                                        io_getevents, write, ...)
 #   kprobes (group rblk) on the functions below that     ublk_drv and rxe have no tracepoints in 6.12
 #   available_filter_functions lists
+# All of them are enabled once, before the first path runs, with tracing off; each window only
+# switches tracing on and sets the filters (enabling an event patches kernel code, and under TCG
+# patching code the other vCPU runs has crashed the guest). So the kprobes' traps also cost
+# outside the windows: the "untraced-ish p50" is fio's over the whole run, probes included.
 # The trace goes to the host gzipped (base64 between @@trace markers in build/timeline/guest.log);
 # the parsing is done there.
 #
@@ -271,13 +275,9 @@ guest_main() {
         shift
         filters "$@"
         : >"$tr/trace"
-        for e in "${events[@]}"; do
-            echo 1 >"$tr/events/$e/enable"
-        done
         echo 1 >"$tr/tracing_on"
         sleep "$tsecs"
         echo 0 >"$tr/tracing_on"
-        echo 0 >"$tr/events/enable"
         cat "$tr/trace" >"$work/trace.txt"
         log "  $path: $(grep -vc '^#' "$work/trace.txt") trace lines, $(du -k "$work/trace.txt" | cut -f1) KiB"
         printf '@@trace %s\n' "$path"
@@ -285,6 +285,16 @@ guest_main() {
         printf '@@endtrace %s\n' "$path"
         rm -f "$work/trace.txt"
     }
+    # Every event is enabled now, with tracing off and before any workload runs; the windows only
+    # switch tracing_on and the filters, which patch no code. Enabling an event patches the
+    # kernel's text (static keys; a kprobe's int3 or jump), and under TCG patching code that the
+    # other vCPU is running has crashed this guest: a NULL call from rxe_sender, an int3 left in
+    # process_one_work, a NULL call from blk_mq_dispatch_rq_list when ublk_queue_rq's kprobe was
+    # armed under fio (2026-12-02 to 2026-12-04).
+    filters
+    for e in "${events[@]}"; do
+        echo 1 >"$tr/events/$e/enable"
+    done
     # The thread ids of processes $@.
     tids_of() {
         local p t
