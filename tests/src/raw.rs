@@ -86,6 +86,37 @@ impl Raw {
         }
     }
 
+    /// Waits for the completion of this QP's own work request `wr_id` (a raw READ or WRITE),
+    /// reaping the control channel's completions that come before it. A SEND's completion can
+    /// arrive after the reply that answered it ([`Raw::reply`] returns at the reply), so the next
+    /// completion on the CQ is not necessarily the raw request's: taking it for that would report
+    /// a stale SUCCESS for an access the target refused. Err if waiting on the CQ fails; panics
+    /// on a message that arrives meanwhile (nothing here asked for one) and after 30 s.
+    pub fn wait_for(&mut self, wr_id: u64) -> rblk_fabric::Result<Completion> {
+        assert!(!channel::is_control(wr_id), "wr_id {wr_id:#x} is one of the control channel's");
+        let deadline = Instant::now() + STEP;
+        let mut out = [Completion::EMPTY; 1];
+        loop {
+            let n = self.ep.wait(&mut out, Duration::from_micros(50), deadline)?;
+            assert!(n > 0 || Instant::now() < deadline, "no completion of wr_id {wr_id} within {STEP:?}");
+            let Some(c) = out[..n].first() else { continue };
+            if c.wr_id == wr_id {
+                return Ok(*c);
+            }
+            assert!(channel::is_control(c.wr_id), "a completion of wr_id {:#x} while waiting for {wr_id}", c.wr_id);
+            // A SEND's completion frees its slot; a RECV flushed by a failed QP is an error the
+            // raw request's own completion (which came first) already reported.
+            if let Ok(Event::Received(len)) = self.channel.on_completion(&mut self.ep, c, &mut self.buf) {
+                let bytes = &self.buf[..len];
+                assert!(
+                    matches!(rblk_proto::parse(bytes), Ok((_, Message::Keepalive))),
+                    "a message arrived while waiting for wr_id {wr_id}: {:?}",
+                    rblk_proto::parse(bytes)
+                );
+            }
+        }
+    }
+
     /// SENDs `bytes` (any content, at most MSG_SIZE) through the control channel; false if the
     /// connection is gone or its send queue stays full.
     pub fn try_send_bytes(&mut self, bytes: &[u8]) -> bool {

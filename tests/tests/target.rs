@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use rblk_fabric::{Access, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
 use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, Opened, StatsReply};
 use rblk_tests::raw::Raw;
-use rblk_tests::rxe::wait_one;
 use rblk_tests::target::{Spec, Target};
 
 const MIB: usize = 1 << 20;
@@ -46,7 +45,7 @@ fn transfer(r: &mut Raw, o: &Opened, buf: &rblk_fabric::Mr, write: bool, offset:
         signaled: true,
     }])
     .unwrap();
-    wait_one(&mut r.ep).status
+    r.wait_for(9).expect("wait for the access").status
 }
 
 fn filled(r: &Raw, len: usize, byte: u8) -> rblk_fabric::Mr {

@@ -8,8 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::channel;
-use rblk_fabric::{Access, Completion, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
+use rblk_fabric::{Access, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
 use rblk_proto::{
     ConnectData, ErrorCode, Message, OpenMode, Opened, Resume, StatsReply, VolumeId, FEATURES, FEATURE_RECONNECT,
 };
@@ -63,20 +62,12 @@ fn access_all(rs: &mut [Raw], o: &Opened, write: bool) -> Vec<Result<WcStatus, r
         }]));
         bufs.push(buf);
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
     let results = rs
         .iter_mut()
         .zip(posted)
         .map(|(r, posted)| {
             posted?;
-            let mut out = [Completion::EMPTY; 8];
-            loop {
-                let n = r.ep.wait(&mut out, Duration::from_micros(50), deadline)?;
-                if let Some(c) = out[..n].iter().find(|c| !channel::is_control(c.wr_id)) {
-                    return Ok(c.status);
-                }
-                assert!(Instant::now() < deadline, "no completion for the one-sided access");
-            }
+            Ok(r.wait_for(9)?.status)
         })
         .collect();
     drop(bufs);

@@ -178,7 +178,6 @@ mod session {
     use rblk_fabric::{Access, Memory, Mr, Op, WcStatus, WorkRequest};
     use rblk_proto::{ConnectData, Message, Opened};
     use rblk_tests::raw::Raw;
-    use rblk_tests::rxe::wait_one;
     use rblk_tests::target::Target;
 
     pub const VOL: u64 = 4 << 20;
@@ -221,7 +220,7 @@ mod session {
             signaled: true,
         }])
         .unwrap();
-        let status = wait_one(&mut r.ep).status;
+        let status = r.wait_for(9).expect("wait for the access").status;
         let mut first = [0u8; 1];
         buf.memory().read_at(0, &mut first).unwrap();
         (status, first[0])
