@@ -227,8 +227,10 @@ guest_main() {
     # The idle loop matters under TCG: a halted vCPU takes tens of microseconds to wake.
     printf '@@meta guest_idle %s\n' "$(idle=$(sed -n 's/^\(.* \)\{0,1\}idle=\([a-z]*\).*/\2/p' /proc/cmdline); echo "${idle:-halt}")"
     # A clock source other than the TSC makes every clock read a system call (no vDSO): the
-    # spinning loops slow down, so the rounds' figures would not be comparable.
-    printf '@@meta clocksource_start %s\n' "$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+    # spinning loops slow down, so the rounds' figures would not be comparable. Recorded before
+    # the rounds and again after them.
+    clocksource() { cat /sys/devices/system/clocksource/clocksource0/current_clocksource; }
+    printf '@@meta clocksource_start %s\n' "$(clocksource)"
     printf '@@meta clk_tck %s\n' "$hz"
     printf '@@meta perftest %s\n' "$(ib_read_bw --version 2>&1 | head -n 1)"
     printf '@@meta rblk_bench %s\n' "$("$bin/rblk-bench" --version)"
@@ -832,7 +834,7 @@ MERGE
     # The QD1 per-stage timeline (scripts/timeline-rxe.sh's part in the guest, with its own
     # rblk-target and NVMe-oF/RDMA export): its raw output goes to the host as a file, streamed,
     # so that the paths it finished reach the host even if the guest dies on a later one.
-    printf '@@meta clocksource_end %s\n' "$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+    printf '@@meta clocksource_end %s\n' "$(clocksource)"
     log "timeline: scripts/timeline-rxe.sh --in-guest $TIMELINE_SECS $TIMELINE_TRACE_SECS (QD1 per-stage timeline)"
     rc=0
     printf '@@file %s\n' timeline-guest.log

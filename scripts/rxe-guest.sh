@@ -25,11 +25,6 @@
 #   RXE_GUEST_TIMEOUT   seconds the whole qemu run may take (default 1800)
 #   RXE_GUEST_MEM       guest memory (default 4G); RXE_GUEST_SMP: vCPUs (default 2)
 #   RXE_GUEST_APPEND    more of the guest kernel's command line (e.g. idle=poll)
-#
-# The guest kernel runs with tsc=reliable: TCG's TSC follows the host's clock, but the kernel's
-# clocksource watchdog, which compares it with the HPET, misjudges it when the vCPUs are starved
-# and switches to the HPET (it did in a compare-rxe.sh run on 2026-12-04), after which every
-# clock read in the guest is a system call and spinning loops slow down mid-run.
 #   RXE_GUEST_SUITES    Debian suites to take the kernel from, in order of preference
 #                       (default "bookworm-backports bookworm")
 #   RXE_GUEST_REFRESH=1 look up the newest kernel again instead of using the cached one
@@ -38,6 +33,11 @@
 #                       a power cut: as soon as CMD prints TEXT on stdout, kill qemu with SIGKILL
 #                       (the guest gets no chance to flush anything) and exit 0
 # Exit status: CMD's, or 125 when the guest failed (boot failure, setup failure, panic, timeout).
+#
+# The guest kernel runs with tsc=reliable: TCG's TSC follows the host's clock, but the kernel's
+# clocksource watchdog, which compares it with the HPET, misjudges it when the vCPUs are starved
+# and switches to the HPET (it did in a compare-rxe.sh run on 2026-12-04), after which every
+# clock read in the guest is a system call and spinning loops slow down mid-run.
 #
 # Everything downloaded or built is cached under build/guest/: the private apt state, the kernel .deb,
 # the unpacked kernel + modules (after depmod) and the initramfs (keyed on kernel version and on a

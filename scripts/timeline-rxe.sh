@@ -529,8 +529,15 @@ def rxe_work(e, c):
     return e.name == "workqueue_execute_start" and "rdma_rxe" in e.f
 
 
+# The first post of an I/O (ublk, bench: the READ; nvmeof: the command SEND) and rxe's first work
+# item after it: analyse() asks whether that item's vCPU was idle (halted) at the post.
+READ_POSTED = "RDMA READ posted (rxe_post_send)"
+SEND_POSTED = "command SEND posted (rxe_post_send)"
+FIRST_POSTS = (READ_POSTED, SEND_POSTED)
+RXE_WORK = "rxe's first work item starts (workqueue_execute_start)"
+
 RXE_READ = [
-    ("rxe's first work item starts (workqueue_execute_start)", rxe_work, None),
+    (RXE_WORK, rxe_work, None),
     ("rxe requester runs (rxe_requester)", kp("rxe_requester"), None),
     ("request on the wire (rxe_xmit_packet)", kp("rxe_xmit_packet"), None),
     ("target's responder runs (rxe_receiver)", kp_any(["rxe_receiver", "rxe_responder"]), None),
@@ -549,7 +556,7 @@ SPEC = {
             ("queue thread on CPU (sched_switch in)", on_cpu("srv"), "queue thread woken (sched_wakeup)"),
             ("ublk task work runs (kprobe)", kp_any(["ublk_rq_task_work_cb", "ublk_cmd_tw_cb"], "srv"), None),
             ("io_uring_enter returns (sys_exit)", sysx("sys_exit", NR_IO_URING_ENTER, "srv"), None),
-            ("RDMA READ posted (rxe_post_send)", kp("rxe_post_send", "srv"), None),
+            (READ_POSTED, kp("rxe_post_send", "srv"), None),
         ] + RXE_READ + [
             ("completion event (ib_uverbs_comp_handler)", kp("ib_uverbs_comp_handler"), None),
             ("poll task work queued (io_uring_task_add)", ev("io_uring_task_add"), "completion event (ib_uverbs_comp_handler)"),
@@ -570,8 +577,8 @@ SPEC = {
                 ("nvme_rdma_queue_rq (kprobe)", kp("nvme_rdma_queue_rq"), None)],
         "start": "block_rq_issue",
         "mid": [
-            ("command SEND posted (rxe_post_send)", kp("rxe_post_send"), None),
-            ("rxe's first work item starts (workqueue_execute_start)", rxe_work, None),
+            (SEND_POSTED, kp("rxe_post_send"), None),
+            (RXE_WORK, rxe_work, None),
             ("rxe requester runs (rxe_requester)", kp("rxe_requester"), None),
             ("request on the wire (rxe_xmit_packet)", kp("rxe_xmit_packet"), None),
             ("target got the command (nvmet_rdma_recv_done)", kp("nvmet_rdma_recv_done"), None),
@@ -604,11 +611,7 @@ SPEC = {
         "post": [],
     },
 }
-START_LABEL = {"block_rq_issue": "block_rq_issue", "post": "RDMA READ posted (rxe_post_send)"}
-# The first post of an I/O and rxe's first work item after it: whether that item's vCPU was idle
-# (halted) at the post, so that the post had to wake it.
-FIRST_POSTS = ("RDMA READ posted (rxe_post_send)", "command SEND posted (rxe_post_send)")
-RXE_WORK = "rxe's first work item starts (workqueue_execute_start)"
+START_LABEL = {"block_rq_issue": "block_rq_issue", "post": READ_POSTED}
 END_LABEL = {"block_rq_complete": "block_rq_complete", "post": "next READ posted (rxe_post_send)"}
 
 

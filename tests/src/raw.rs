@@ -73,15 +73,21 @@ impl Raw {
                     c.ok().expect("raw send completed");
                     continue;
                 }
-                match self.channel.on_completion(&mut self.ep, c, &mut self.buf).expect("control completion") {
-                    Event::Sent => {}
-                    Event::Received(len) => {
-                        let bytes = self.buf[..len].to_vec();
-                        if !matches!(rblk_proto::parse(&bytes), Ok((_, Message::Keepalive))) {
-                            return bytes;
-                        }
-                    }
+                if let Some(bytes) = self.on_control(c).expect("control completion") {
+                    return bytes;
                 }
+            }
+        }
+    }
+
+    /// Hands the control channel's completion `c` to it (a SEND's frees its slot, a RECV's is
+    /// reposted): the message received, unless it is none or a KEEPALIVE.
+    fn on_control(&mut self, c: &Completion) -> rblk_fabric::Result<Option<Vec<u8>>> {
+        match self.channel.on_completion(&mut self.ep, c, &mut self.buf)? {
+            Event::Sent => Ok(None),
+            Event::Received(len) => {
+                let bytes = &self.buf[..len];
+                Ok((!matches!(rblk_proto::parse(bytes), Ok((_, Message::Keepalive)))).then(|| bytes.to_vec()))
             }
         }
     }
@@ -106,13 +112,8 @@ impl Raw {
             assert!(channel::is_control(c.wr_id), "a completion of wr_id {:#x} while waiting for {wr_id}", c.wr_id);
             // A SEND's completion frees its slot; a RECV flushed by a failed QP is an error the
             // raw request's own completion (which came first) already reported.
-            if let Ok(Event::Received(len)) = self.channel.on_completion(&mut self.ep, c, &mut self.buf) {
-                let bytes = &self.buf[..len];
-                assert!(
-                    matches!(rblk_proto::parse(bytes), Ok((_, Message::Keepalive))),
-                    "a message arrived while waiting for wr_id {wr_id}: {:?}",
-                    rblk_proto::parse(bytes)
-                );
+            if let Ok(Some(bytes)) = self.on_control(c) {
+                panic!("a message arrived while waiting for wr_id {wr_id}: {:?}", rblk_proto::parse(&bytes));
             }
         }
     }
@@ -147,14 +148,8 @@ impl Raw {
                 if !channel::is_control(c.wr_id) {
                     continue;
                 }
-                match self.channel.on_completion(&mut self.ep, c, &mut self.buf).ok()? {
-                    Event::Sent => {}
-                    Event::Received(len) => {
-                        let bytes = self.buf[..len].to_vec();
-                        if !matches!(rblk_proto::parse(&bytes), Ok((_, Message::Keepalive))) {
-                            return Some(bytes);
-                        }
-                    }
+                if let Some(bytes) = self.on_control(c).ok()? {
+                    return Some(bytes);
                 }
             }
         }
