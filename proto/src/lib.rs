@@ -16,6 +16,8 @@
 //! ```text
 //! first QP of a session    ConnectData::NewSession, then
 //!                          HELLO -> CHALLENGE [-> AUTH(host) -> OK(AUTH)] -> OPEN -> OPENED
+//!                          (with FEATURE_MUTUAL_AUTH: AUTH carries the initiator's nonce and v2 MAC,
+//!                          OK(AUTH) the target's identity and proof: AUTH_PROOF)
 //!                          (ConnectData::NewWindowSession asks for per-QP windows)
 //! further QPs              ConnectData::Join { session_id, token }, then JOIN -> OK(JOIN)
 //!                          (JOINED: OK(JOIN) with the QP's rkey, with FEATURE_WINDOWS)
@@ -64,7 +66,7 @@ mod messages;
 mod printable;
 mod size;
 
-pub use auth::{auth_mac, verify_auth_mac};
+pub use auth::{auth_mac, mutual_mac, verify_auth_mac, verify_mutual_mac, Direction, Transcript};
 pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN};
 pub use duration::{check_duration, format_duration, parse_duration, parse_duration_bounded, parse_duration_in};
 pub use error::{EncodeError, ParseError};
@@ -122,10 +124,23 @@ pub const FEATURE_LIST: u64 = 16;
 /// registration in a protection domain of its own and one session-wide rkey.
 pub const FEATURE_WINDOWS: u64 = 32;
 
+/// Feature bit: mutual authentication (v2). AUTH carries a tail with the initiator's nonce and
+/// a MAC ([`mutual_mac`], [`Direction::InitiatorToTarget`]) of a [`Transcript`]: the HELLO and
+/// CHALLENGE words, both nonces, the host and both rdma_cm addresses, under a key derived for
+/// that direction. The target answers with OK(AUTH) carrying its identity and its own proof
+/// ([`Message::AuthProof`]), sent only after it verified the initiator. Without it AUTH is
+/// today's v1 message (the nonce and host under the key itself) and nothing proves the target.
+pub const FEATURE_MUTUAL_AUTH: u64 = 64;
+
 /// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
 /// intersection of both sets.
-pub const FEATURES: u64 =
-    FEATURE_FLUSH_RANGES | FEATURE_KEEPALIVE | FEATURE_RECONNECT | FEATURE_HOST_ID | FEATURE_LIST | FEATURE_WINDOWS;
+pub const FEATURES: u64 = FEATURE_FLUSH_RANGES
+    | FEATURE_KEEPALIVE
+    | FEATURE_RECONNECT
+    | FEATURE_HOST_ID
+    | FEATURE_LIST
+    | FEATURE_WINDOWS
+    | FEATURE_MUTUAL_AUTH;
 
 /// TCP-style port the target listens on through rdma_cm.
 pub const DEFAULT_PORT: u16 = 7420;
@@ -176,6 +191,10 @@ pub const MAC_LEN: usize = 32;
 
 /// Bytes in a session token.
 pub const TOKEN_LEN: usize = 16;
+
+/// Length of a target's identity ([`Message::AuthProof`]): random bytes the target makes once
+/// (`STATE_DIR/target.id`), which initiators pin per address.
+pub const TARGET_ID_LEN: usize = 16;
 
 const _: () = {
     assert!(MAX_FLUSH_RANGES == 254);

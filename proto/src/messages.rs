@@ -6,7 +6,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::header::{split, write_frame, HEADER_LEN};
 use crate::{
     ChallengeFlags, EncodeError, ErrorCode, Flush, FlushedFlags, ListEntry, Opcode, OpenMode, ParseError, Range,
-    VolumeFlags, MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_VOLUME_NAME, NONCE_LEN, TOKEN_LEN,
+    VolumeFlags, MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_VOLUME_NAME, NONCE_LEN, TARGET_ID_LEN,
+    TOKEN_LEN,
 };
 
 #[cfg(test)]
@@ -45,6 +46,18 @@ pub enum Message<'a> {
         /// The initiator's host identity: 1 to [`MAX_HOST_ID`] printable ASCII bytes (a
         /// hostname or an NVMe-style NQN).
         host: Option<&'a str>,
+    },
+    /// Initiator → target, with [`FEATURE_MUTUAL_AUTH`](crate::FEATURE_MUTUAL_AUTH): AUTH v2.
+    /// On the wire it is AUTH with a zero MAC, the host tail, and a tail of the initiator's
+    /// nonce and its v2 MAC ([`mutual_mac`](crate::mutual_mac) of the
+    /// [`Transcript`](crate::Transcript), [`Direction::InitiatorToTarget`](crate::Direction)).
+    MutualAuth {
+        /// The initiator's host identity, as in [`Message::Auth`].
+        host: &'a str,
+        /// Fresh random bytes of the initiator's, which the target's proof must cover.
+        nonce: [u8; NONCE_LEN],
+        /// The v2 MAC.
+        mac: [u8; MAC_LEN],
     },
     /// Initiator → target: open a volume.
     Open {
@@ -106,6 +119,16 @@ pub enum Message<'a> {
     Joined {
         /// The joining QP's rkey for the volume (at OPENED's `remote_addr`).
         rkey: u32,
+    },
+    /// Target → initiator: success of a [`Message::MutualAuth`], sent only after the target
+    /// verified it. On the wire it is OK(AUTH) with a tail: the target's identity and its proof
+    /// of the key ([`mutual_mac`](crate::mutual_mac),
+    /// [`Direction::TargetToInitiator`](crate::Direction), binding the identity too).
+    AuthProof {
+        /// The target's identity (random, made once: `STATE_DIR/target.id`).
+        target_id: [u8; TARGET_ID_LEN],
+        /// The target's v2 MAC.
+        mac: [u8; MAC_LEN],
     },
     /// Target → initiator: a request failed.
     Error {
@@ -251,6 +274,15 @@ struct HostBody {
 const HOST_FIELD: usize = MAX_HOST_ID.next_multiple_of(8);
 const _: () = assert!(size_of::<HostBody>() == 232);
 
+/// Follows [`HostBody`] in AUTH v2 ([`Message::MutualAuth`]).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct MutualBody {
+    nonce: [u8; NONCE_LEN],
+    mac: [u8; MAC_LEN],
+}
+const _: () = assert!(size_of::<MutualBody>() == 64);
+
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct OpenBody {
@@ -352,6 +384,15 @@ struct JoinedBody {
 }
 const _: () = assert!(size_of::<JoinedBody>() == 8);
 
+/// Follows [`OkBody`] answering AUTH v2 ([`Message::AuthProof`]).
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct ProofBody {
+    target_id: [u8; TARGET_ID_LEN],
+    mac: [u8; MAC_LEN],
+}
+const _: () = assert!(size_of::<ProofBody>() == 48);
+
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct ListBody {
@@ -408,21 +449,17 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
             }
         }
         Opcode::Auth => {
+            let v2 = size_of::<AuthBody>() + size_of::<HostBody>() + size_of::<MutualBody>();
+            if body.len() == v2 {
+                let (b, rest) = body.split_at(size_of::<AuthBody>());
+                let (h, m) = rest.split_at(size_of::<HostBody>());
+                let (b, h, m): (&AuthBody, &HostBody, &MutualBody) =
+                    (fixed(opcode, b)?, fixed(opcode, h)?, fixed(opcode, m)?);
+                zero(b.mac == [0; MAC_LEN], "auth.mac (v2 carries its MAC in the tail)")?;
+                return Ok(Message::MutualAuth { host: parse_host(h)?, nonce: m.nonce, mac: m.mac });
+            }
             let (b, host) = with_tail::<AuthBody, HostBody>(opcode, body)?;
-            let host = match host {
-                None => None,
-                Some(h) => {
-                    zero(h.reserved == [0; 7], "auth.reserved")?;
-                    let (name, padding) = h.host.split_at_checked(h.host_len.into()).ok_or(ParseError::BadCount {
-                        field: "auth.host_len",
-                        count: h.host_len.into(),
-                        max: MAX_HOST_ID as u64,
-                    })?;
-                    zero(padding.iter().all(|&byte| byte == 0), "auth.host padding")?;
-                    Some(check_host(name)?)
-                }
-            };
-            Message::Auth { mac: b.mac, host }
+            Message::Auth { mac: b.mac, host: host.map(parse_host).transpose()? }
         }
         Opcode::Open => {
             let (b, resume) = with_tail::<OpenBody, JoinBody>(opcode, body)?;
@@ -519,6 +556,16 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
         }
         Opcode::Close => empty(opcode, body, Message::Close)?,
         Opcode::Keepalive => empty(opcode, body, Message::Keepalive)?,
+        Opcode::Ok if body.len() == size_of::<OkBody>() + size_of::<ProofBody>() => {
+            let (b, p) = body.split_at(size_of::<OkBody>());
+            let (b, p): (&OkBody, &ProofBody) = (fixed(opcode, b)?, fixed(opcode, p)?);
+            zero(b.reserved == [0; 6], "ok.reserved")?;
+            // Only AUTH's answer carries a proof.
+            if b.answers.get() != u16::from(Opcode::Auth) {
+                return Err(bad_length(opcode, size_of::<OkBody>(), body.len()));
+            }
+            Message::AuthProof { target_id: p.target_id, mac: p.mac }
+        }
         Opcode::Ok => {
             let (b, joined) = with_tail::<OkBody, JoinedBody>(opcode, body)?;
             zero(b.reserved == [0; 6], "ok.reserved")?;
@@ -557,6 +604,18 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
             Message::Error { code, text }
         }
     })
+}
+
+/// AUTH's host tail.
+fn parse_host(h: &HostBody) -> Result<&str, ParseError> {
+    zero(h.reserved == [0; 7], "auth.reserved")?;
+    let (name, padding) = h.host.split_at_checked(h.host_len.into()).ok_or(ParseError::BadCount {
+        field: "auth.host_len",
+        count: h.host_len.into(),
+        max: MAX_HOST_ID as u64,
+    })?;
+    zero(padding.iter().all(|&byte| byte == 0), "auth.host padding")?;
+    check_host(name)
 }
 
 /// The whole body as a `T`, or the length error naming what the opcode needs.
@@ -658,6 +717,17 @@ impl Opened {
     }
 }
 
+/// AUTH's host tail for `host`.
+fn host_body(host: &str) -> Result<HostBody, EncodeError> {
+    let host = check_host(host.as_bytes())?;
+    let mut tail = HostBody { host_len: 0, reserved: [0; 7], host: [0; HOST_FIELD] };
+    // check_host bounded the length by MAX_HOST_ID, which fits a u8.
+    tail.host_len = u8::try_from(host.len()).unwrap_or(u8::MAX);
+    let (dst, _) = tail.host.split_at_mut(host.len());
+    dst.copy_from_slice(host.as_bytes());
+    Ok(tail)
+}
+
 /// `text` cut to at most `max` bytes, on a char boundary.
 fn truncate(text: &str, max: usize) -> &str {
     (0..=text.len().min(max)).rev().find_map(|end| text.get(..end)).unwrap_or_default()
@@ -669,7 +739,7 @@ impl Message<'_> {
         match self {
             Self::Hello { .. } => Opcode::Hello,
             Self::Challenge { .. } => Opcode::Challenge,
-            Self::Auth { .. } => Opcode::Auth,
+            Self::Auth { .. } | Self::MutualAuth { .. } => Opcode::Auth,
             Self::Open { .. } => Opcode::Open,
             Self::Opened(_) => Opcode::Opened,
             Self::Join { .. } => Opcode::Join,
@@ -681,7 +751,7 @@ impl Message<'_> {
             Self::Keepalive => Opcode::Keepalive,
             Self::List { .. } => Opcode::List,
             Self::ListReply { .. } => Opcode::ListReply,
-            Self::Ok { .. } | Self::Joined { .. } => Opcode::Ok,
+            Self::Ok { .. } | Self::Joined { .. } | Self::AuthProof { .. } => Opcode::Ok,
             Self::Error { .. } => Opcode::Error,
         }
     }
@@ -708,14 +778,13 @@ impl Message<'_> {
             .as_bytes()]),
             Self::Auth { mac, host: None } => frame(&[AuthBody { mac }.as_bytes()]),
             Self::Auth { mac, host: Some(host) } => {
-                let host = check_host(host.as_bytes())?;
-                let mut tail = HostBody { host_len: 0, reserved: [0; 7], host: [0; HOST_FIELD] };
-                // check_host bounded the length by MAX_HOST_ID, which fits a u8.
-                tail.host_len = u8::try_from(host.len()).unwrap_or(u8::MAX);
-                let (dst, _) = tail.host.split_at_mut(host.len());
-                dst.copy_from_slice(host.as_bytes());
-                frame(&[AuthBody { mac }.as_bytes(), tail.as_bytes()])
+                frame(&[AuthBody { mac }.as_bytes(), host_body(host)?.as_bytes()])
             }
+            Self::MutualAuth { host, nonce, mac } => frame(&[
+                AuthBody { mac: [0; MAC_LEN] }.as_bytes(),
+                host_body(host)?.as_bytes(),
+                MutualBody { nonce, mac }.as_bytes(),
+            ]),
             Self::Open { mode, name, resume } => {
                 let name = check_name(name.as_bytes())?;
                 let mut body =
@@ -795,6 +864,10 @@ impl Message<'_> {
                 check_answers(answers)?;
                 frame(&[OkBody { answers: U16::new(answers.into()), reserved: [0; 6] }.as_bytes()])
             }
+            Self::AuthProof { target_id, mac } => frame(&[
+                OkBody { answers: U16::new(Opcode::Auth.into()), reserved: [0; 6] }.as_bytes(),
+                ProofBody { target_id, mac }.as_bytes(),
+            ]),
             Self::Joined { rkey } => frame(&[
                 OkBody { answers: U16::new(Opcode::Join.into()), reserved: [0; 6] }.as_bytes(),
                 JoinedBody { rkey: U32::new(rkey), reserved: U32::ZERO }.as_bytes(),

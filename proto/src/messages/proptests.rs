@@ -50,6 +50,10 @@ fn arb_message() -> impl Strategy<Value = Message<'static>> {
         }),
         (any::<[u8; MAC_LEN]>(), proptest::option::of("[!-~]{1,223}"))
             .prop_map(|(mac, host)| Message::Auth { mac, host: host.map(|h| &*h.leak()) }),
+        ("[!-~]{1,223}", any::<[u8; NONCE_LEN]>(), any::<[u8; MAC_LEN]>())
+            .prop_map(|(host, nonce, mac)| Message::MutualAuth { host: host.leak(), nonce, mac }),
+        any::<([u8; crate::TARGET_ID_LEN], [u8; MAC_LEN])>()
+            .prop_map(|(target_id, mac)| Message::AuthProof { target_id, mac }),
         // At most 16 chars of at most 4 bytes: within MAX_VOLUME_NAME.
         (select(OpenMode::ALL), "\\PC{1,16}", proptest::option::of(any::<(u64, [u8; TOKEN_LEN])>())).prop_map(
             |(mode, name, resume)| Message::Open {

@@ -88,6 +88,9 @@ fn make_samples() -> Vec<Message<'static>> {
         Message::Auth { mac: [7; MAC_LEN], host: None },
         Message::Auth { mac: [8; MAC_LEN], host: Some("nqn.2014-08.org.nvmexpress:uuid:1b4e28ba-2fa1-11d2-883f") },
         Message::Auth { mac: [0; MAC_LEN], host: Some(long_host) },
+        Message::MutualAuth { host: "db1", nonce: [1; NONCE_LEN], mac: [2; MAC_LEN] },
+        Message::MutualAuth { host: long_host, nonce: [0xff; NONCE_LEN], mac: [0; MAC_LEN] },
+        Message::AuthProof { target_id: [3; crate::TARGET_ID_LEN], mac: [4; MAC_LEN] },
         Message::Open { mode: OpenMode::ReadOnly, name: "v", resume: None },
         Message::Open {
             mode: OpenMode::ReadWrite,
@@ -521,6 +524,34 @@ fn joined_is_ok_join_with_an_rkey_tail() {
         assert!(matches!(parse(&ok(answers, &tail(1, 0))), Err(ParseError::BadLength { .. })), "{answers:?}");
     }
     assert!(matches!(parse(&ok(Opcode::Join, &[0; 4])), Err(ParseError::BadLength { .. })));
+}
+
+/// Would catch: a v2 AUTH whose zero base MAC is not checked (two encodings of one message), a
+/// proof tail accepted on an OK that does not answer AUTH, or a v2 body of the wrong length
+/// taken for a v1 one.
+#[test]
+fn mutual_auth_and_its_proof_are_tails_of_auth_and_ok() {
+    let v2 = encode_vec(&Message::MutualAuth { host: "db1", nonce: [1; NONCE_LEN], mac: [2; MAC_LEN] }, TAG);
+    let body_len = v2.len() - HEADER_LEN;
+    assert_eq!(body_len, size_of::<AuthBody>() + 232 + size_of::<MutualBody>());
+    let mut nonzero = v2.clone();
+    nonzero[HEADER_LEN] = 1;
+    assert_eq!(
+        parse(&nonzero),
+        Err(ParseError::Reserved { field: "auth.mac (v2 carries its MAC in the tail)" })
+    );
+    // One byte short of the v2 body is neither v1 nor v2.
+    let short = raw(Opcode::Auth.into(), &v2[HEADER_LEN..v2.len() - 1]);
+    assert!(matches!(parse(&short), Err(ParseError::BadLength { .. })));
+    let proof = encode_vec(&Message::AuthProof { target_id: [3; crate::TARGET_ID_LEN], mac: [4; MAC_LEN] }, TAG);
+    for answers in [Opcode::Join, Opcode::Close] {
+        let mut other = proof.clone();
+        other[HEADER_LEN..HEADER_LEN + 2].copy_from_slice(&u16::from(answers).to_le_bytes());
+        assert!(matches!(parse(&other), Err(ParseError::BadLength { .. })), "{answers:?}");
+    }
+    let mut reserved = proof.clone();
+    reserved[HEADER_LEN + 7] = 1;
+    assert_eq!(parse(&reserved), Err(ParseError::Reserved { field: "ok.reserved" }));
 }
 
 #[test]
