@@ -132,6 +132,9 @@ pub struct Args {
     #[arg(long, env = "RBLK_HOST_ID", value_name = "NAME",
           value_parser = |t: &str| rblk_initiator::check_host_id(t).map(|()| t.to_owned()))]
     pub host_id: Option<String>,
+    /// Which target the key may be proved to.
+    #[command(flatten)]
+    pub trust: rblk_initiator::TrustArgs,
     /// Device, source address and type of service.
     #[command(flatten)]
     pub route: rblk_initiator::RouteArgs,
@@ -333,18 +336,16 @@ impl Args {
 
     /// How to connect.
     pub fn options(&self) -> Result<Options> {
-        let (key, key_files_tried) =
-            Options::find_key(self.key_file.as_deref()).map_err(crate::Error::initiator("reading the key file"))?;
         let defaults = Options::default();
         let mut options = Options {
-            key,
-            key_files_tried,
             host_id: self.host_id.clone(),
             timeout: self.timeout,
             reconnect: self.reconnect.reconnect(),
             ..defaults
         };
+        options.find_key(self.key_file.as_deref()).map_err(crate::Error::initiator("reading the key file"))?;
         self.route.apply(&mut options);
+        self.trust.apply(&mut options);
         Ok(options)
     }
 }

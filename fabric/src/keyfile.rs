@@ -102,6 +102,14 @@ pub fn read_or_generate(path: &Path) -> io::Result<(Vec<u8>, bool)> {
     Ok((read(path)?, created))
 }
 
+/// Random bytes from the OS (nonces, tokens, identities): the project's one source of them.
+/// Panics if the OS source fails, which leaves nothing safe to do.
+pub fn random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).expect("the OS random source failed");
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

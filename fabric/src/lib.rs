@@ -78,6 +78,7 @@ use std::time::{Duration, Instant};
 
 pub use completion::{Completion, WcOpcode, WcStatus};
 pub use error::{memlock_limit, process_cpu_time, AddrDisplay, Chain, Error, Result};
+pub use keyfile::random;
 pub use memory::Memory;
 
 /// Which fabric to use.

@@ -27,6 +27,11 @@ pub(crate) enum Reply {
     Ok(Opcode),
     /// OK(JOIN) with the joining QP's window rkey.
     Joined(u32),
+    /// OK(AUTH) with the target's identity and proof (AUTH v2).
+    AuthProof {
+        target_id: [u8; rblk_proto::TARGET_ID_LEN],
+        mac: [u8; rblk_proto::MAC_LEN],
+    },
     Flushed(FlushedFlags),
     Stats(StatsReply),
     List {
@@ -42,6 +47,7 @@ impl Reply {
             Reply::Opened(_) => "OPENED".into(),
             Reply::Ok(op) => format!("OK({op:?})"),
             Reply::Joined(_) => "OK(JOIN) with an rkey".into(),
+            Reply::AuthProof { .. } => "OK(AUTH) with the target's proof".into(),
             Reply::Flushed(_) => "FLUSHED".into(),
             Reply::Stats(_) => "STATS_REPLY".into(),
             Reply::List { .. } => "LIST_REPLY".into(),
@@ -446,6 +452,7 @@ impl Conn {
             Message::Opened(opened) => Ok(Reply::Opened(opened)),
             Message::Ok { answers } => Ok(Reply::Ok(answers)),
             Message::Joined { rkey } => Ok(Reply::Joined(rkey)),
+            Message::AuthProof { target_id, mac } => Ok(Reply::AuthProof { target_id, mac }),
             Message::Flushed { flags } => Ok(Reply::Flushed(flags)),
             Message::StatsReply(stats) => Ok(Reply::Stats(stats)),
             Message::ListReply { total, entries } => Ok(Reply::List { total, entries: entries.to_vec() }),

@@ -99,6 +99,7 @@ mod range;
 mod session;
 mod size;
 mod stats;
+pub mod trust;
 mod uri;
 mod volume;
 mod wait;
@@ -114,7 +115,7 @@ pub use options::{
     DEFAULT_TIMEOUT, MAX_RECONNECT_TIME, MAX_SPIN, MAX_TIMEOUT,
 };
 #[cfg(feature = "clap")]
-pub use options::{ReconnectArgs, RouteArgs};
+pub use options::{ReconnectArgs, RouteArgs, TrustArgs};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};
@@ -126,6 +127,7 @@ pub use rblk_proto::{
 pub use session::{Predecessor, Session};
 pub use size::parse_size;
 pub use stats::{EngineStats, Latency};
+pub use trust::{KNOWN_TARGETS, KNOWN_TARGETS_ENV};
 pub use uri::{ToUri, Uri};
 pub use volume::Volume;
 pub use wait::{Wait, Waiter, MAX_ADAPTIVE_SPIN};

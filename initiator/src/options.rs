@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rblk_fabric::{Fabric, Route};
@@ -135,6 +135,37 @@ impl RouteArgs {
     }
 }
 
+/// The trust flags of rblk's programs (`--target-id`, `--known-targets`, `--allow-v1-target`),
+/// for `#[command(flatten)]`: which target a key may be proved to. Feature `clap`.
+#[cfg(feature = "clap")]
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TrustArgs {
+    /// The identity the target must prove: 32 hexadecimal digits, the target's
+    /// STATE_DIR/target.id (its start log says it too). Without it, the identity pinned for the
+    /// target's address in --known-targets, pinned there at the first connection.
+    #[arg(long, value_name = "ID", value_parser = crate::trust::parse_target_id)]
+    pub target_id: Option<[u8; rblk_proto::TARGET_ID_LEN]>,
+    /// Where target identities are pinned by address, as ssh's known_hosts (one
+    /// `ADDRESS:PORT ID` a line) [default: /var/lib/rblk/known_targets].
+    #[arg(long, env = "RBLK_KNOWN_TARGETS", value_name = "PATH")]
+    pub known_targets: Option<PathBuf>,
+    /// With a key, also accept a target that cannot prove it holds the key (an rblk-target
+    /// from before mutual authentication), with a warning: whoever answers at its address
+    /// could relay this host's proof to another target.
+    #[arg(long)]
+    pub allow_v1_target: bool,
+}
+
+#[cfg(feature = "clap")]
+impl TrustArgs {
+    /// Sets `options`' expected target identity, pin file and v1 leniency from the flags.
+    pub fn apply(&self, options: &mut Options) {
+        options.target_id = self.target_id;
+        options.known_targets = Some(crate::trust::known_targets_path(self.known_targets.as_deref()));
+        options.allow_v1_target = self.allow_v1_target;
+    }
+}
+
 /// The reconnect flags of rblk's programs (`--reconnect-delay`, `--ctrl-loss-tmo`,
 /// `--fast-io-fail-tmo`, nvme-cli's names; a bare number is seconds, as nvme-cli takes them, and
 /// units work too: `500ms`, `10m`; the underscore spellings work too), for
@@ -213,6 +244,20 @@ pub struct Options {
     /// Where the key was looked for without being found (see [`Options::find_key`]), each with
     /// why it was passed over: named when a target refuses for want of a key.
     pub key_files_tried: Vec<String>,
+    /// `key` is the key a target on this host made ([`LOCAL_TARGET_KEY`], found by
+    /// [`Options::find_key`], not given): it is used only for this host's own addresses, so a
+    /// target elsewhere never gets a proof made with it.
+    pub key_is_local_target: bool,
+    /// With a key, also accept a target that cannot prove it holds the key (one that predates
+    /// [`FEATURE_MUTUAL_AUTH`](rblk_proto::FEATURE_MUTUAL_AUTH)): v1 AUTH, with a warning.
+    /// Its proof could be relayed to another target by whoever answers at the address.
+    pub allow_v1_target: bool,
+    /// The identity the target must prove (`--target-id`), instead of the one pinned for its
+    /// address.
+    pub target_id: Option<[u8; rblk_proto::TARGET_ID_LEN]>,
+    /// Where target identities are pinned by address on first use ([`crate::KNOWN_TARGETS`]);
+    /// None pins nothing (a library user without a state directory).
+    pub known_targets: Option<PathBuf>,
     /// The host identity sent to targets with host identities (their access lists and
     /// per-host caps go by it): a hostname or an NVMe-style NQN, 1 to
     /// [`MAX_HOST_ID`](rblk_proto::MAX_HOST_ID) printable ASCII characters. None: the machine's
@@ -247,6 +292,10 @@ impl Default for Options {
             tos: None,
             key: None,
             key_files_tried: Vec::new(),
+            key_is_local_target: false,
+            allow_v1_target: false,
+            target_id: None,
+            known_targets: None,
             host_id: None,
             timeout: DEFAULT_TIMEOUT,
             io_timeout: DEFAULT_IO_TIMEOUT,
@@ -275,6 +324,10 @@ impl fmt::Debug for Options {
             .field("tos", &self.tos)
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
             .field("key_files_tried", &self.key_files_tried)
+            .field("key_is_local_target", &self.key_is_local_target)
+            .field("allow_v1_target", &self.allow_v1_target)
+            .field("target_id", &self.target_id.as_ref().map(|id| rblk_proto::to_hex(id)))
+            .field("known_targets", &self.known_targets)
             .field("host_id", &self.host_id)
             .field("timeout", &self.timeout)
             .field("io_timeout", &self.io_timeout)
@@ -316,21 +369,32 @@ impl Options {
         rblk_fabric::keyfile::read(path).map_err(|source| Error::KeyFile { path: path.to_owned(), source })
     }
 
-    /// Finds the key: `flag` (`--key-file`), else the file `RBLK_KEY_FILE` names, else
-    /// [`LOCAL_TARGET_KEY`] (the key a target on this host made) when it can be read. A file
-    /// named by the flag or the variable must be a good key file; the local target's is
-    /// skipped when it cannot be opened (absent, or not ours to read). Returns the key, if
-    /// any, and the files passed over (for [`Options::key_files_tried`]).
-    pub fn find_key(flag: Option<&Path>) -> Result<(Option<Vec<u8>>, Vec<String>)> {
+    /// Finds the key and sets [`key`](Self::key), [`key_files_tried`](Self::key_files_tried)
+    /// and [`key_is_local_target`](Self::key_is_local_target): `flag` (`--key-file`), else the
+    /// file `RBLK_KEY_FILE` names, else [`LOCAL_TARGET_KEY`] (the key a target on this host
+    /// made, used for this host's addresses only) when it can be read. A file named by the flag
+    /// or the variable must be a good key file; the local target's is skipped when it cannot
+    /// be opened (absent, or not ours to read).
+    pub fn find_key(&mut self, flag: Option<&Path>) -> Result<()> {
         let env = std::env::var_os(KEY_FILE_ENV).filter(|v| !v.is_empty());
+        (self.key, self.key_files_tried, self.key_is_local_target) = (None, Vec::new(), false);
         if let Some(path) = flag.or(env.as_deref().map(Path::new)) {
-            return Ok((Some(Options::key_from_file(path)?), Vec::new()));
+            self.key = Some(Options::key_from_file(path)?);
+            return Ok(());
         }
         let local = Path::new(LOCAL_TARGET_KEY);
         match std::fs::File::open(local) {
-            Ok(_) => Ok((Some(Options::key_from_file(local)?), Vec::new())),
-            Err(e) => Ok((None, vec![format!("{LOCAL_TARGET_KEY} ({e})")])),
+            Ok(_) => (self.key, self.key_is_local_target) = (Some(Options::key_from_file(local)?), true),
+            Err(e) => self.key_files_tried.push(format!("{LOCAL_TARGET_KEY} ({e})")),
         }
+        Ok(())
+    }
+
+    /// The key to prove to a target at `ip`: [`key`](Self::key), unless it is the local
+    /// target's and `ip` is not this host's.
+    pub fn key_for(&self, ip: IpAddr) -> Option<&[u8]> {
+        let usable = !self.key_is_local_target || crate::trust::is_local_addr(ip);
+        self.key.as_deref().filter(|_| usable)
     }
 
     /// Writes a new key to `path` as `rblk-target gen-key` does ([`rblk_fabric::keyfile::generate`]):
@@ -344,6 +408,9 @@ impl Options {
     pub fn missing_key_reason(&self) -> String {
         let mut tried = vec!["no --key-file".to_owned(), format!("no {KEY_FILE_ENV}")];
         tried.extend(self.key_files_tried.iter().cloned());
+        if self.key_is_local_target {
+            tried.push(format!("{LOCAL_TARGET_KEY} (this host's target's key: not used for other hosts)"));
+        }
         format!(
             "target requires a key (--key-file FILE or {KEY_FILE_ENV} with the target's key; tried: {})",
             tried.join(", ")
@@ -390,7 +457,17 @@ mod tests {
         assert!(matches!(e, Error::KeyFile { .. }) && e.to_string().contains("missing"), "{e}");
         // A named file is used (and must be good); without one the refusal names what was tried.
         write(&key, 0o600);
-        assert_eq!(Options::find_key(Some(&path)).unwrap().0.as_deref(), Some(&key[..]));
+        let mut found = Options::default();
+        found.find_key(Some(&path)).unwrap();
+        assert_eq!(found.key.as_deref(), Some(&key[..]));
+        assert!(!found.key_is_local_target, "a named key is used for every address");
+        assert_eq!(found.key_for("203.0.113.7".parse().unwrap()), Some(&key[..]));
+        // The local target's key: only for this host's addresses (would catch it being proved to
+        // any target the URI names, the relay's start).
+        let local = Options { key: Some(key.to_vec()), key_is_local_target: true, ..Options::default() };
+        assert_eq!(local.key_for("127.0.0.1".parse().unwrap()), Some(&key[..]));
+        assert_eq!(local.key_for("203.0.113.7".parse().unwrap()), None);
+        assert!(local.missing_key_reason().contains("not used for other hosts"));
         let opts = Options { key_files_tried: vec!["/x/target.key (denied)".into()], ..Options::default() };
         let reason = opts.missing_key_reason();
         assert!(reason.contains("--key-file") && reason.contains("/x/target.key (denied)"), "{reason}");

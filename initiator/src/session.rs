@@ -6,7 +6,7 @@ use std::time::Instant;
 use rblk_fabric::{Chain, Pd};
 use rblk_proto::{
     ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, VolumeFlags, FEATURES, FEATURE_HOST_ID,
-    FEATURE_KEEPALIVE, FEATURE_RECONNECT, FEATURE_WINDOWS, MAC_LEN,
+    FEATURE_KEEPALIVE, FEATURE_MUTUAL_AUTH, FEATURE_RECONNECT, FEATURE_WINDOWS, MAC_LEN,
 };
 
 use crate::conn::{self, Conn, Dest, Reply};
@@ -160,12 +160,12 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
     let addr = dest.addr;
     let (mut conn, ours) = connect_first(dest, pd, opts)?;
     let deadline = Instant::now() + opts.timeout;
-    let (flags, features, nonce) =
+    let (flags, offered, nonce) =
         conn.expect(&Message::Hello { features: ours }, deadline, "CHALLENGE", |r| match r {
             Reply::Challenge { flags, features, nonce } => Some((flags, features, nonce)),
             _ => None,
         })?;
-    let features = ours & features;
+    let features = ours & offered;
     conn.send_keepalives(features & FEATURE_KEEPALIVE != 0);
     let authenticated = flags.contains(ChallengeFlags::AUTH_REQUIRED);
     // With host identities the initiator always names its host (access lists and caps use
@@ -175,34 +175,156 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
     } else {
         None
     };
-    if authenticated || host.is_some() {
-        let mac = match (opts.key.as_deref(), authenticated) {
-            (Some(key), _) => rblk_proto::auth_mac(key, &nonce, host.as_deref())
-                .ok_or_else(|| Error::Auth { addr, reason: "unusable key".into() })?,
-            (None, false) => [0; MAC_LEN],
-            (None, true) => {
-                return Err(Error::Auth { addr, reason: opts.missing_key_reason() });
-            }
-        };
-        let deadline = Instant::now() + opts.timeout;
-        let acked = conn.expect(&Message::Auth { mac, host: host.as_deref() }, deadline, "OK(AUTH)", |r| match r {
-            Reply::Ok(Opcode::Auth) => Some(()),
-            _ => None,
-        });
-        match acked {
-            Ok(()) => {}
-            Err(Error::Target { code, text, .. }) => {
-                let why = if text.is_empty() { code.to_string() } else { text };
-                return Err(Error::Auth { addr, reason: format!("the target refused authentication ({why})") });
-            }
-            Err(e) => return Err(e),
+    let key = opts.key_for(addr.ip());
+    if let (Some(_), false) = (key, authenticated) {
+        if !opts.key_is_local_target {
+            // A target that asks for no key proves none: whoever answers at this address.
+            return Err(Error::Auth {
+                addr,
+                reason: "the target does not require a key, so it cannot prove it holds this one: refusing to \
+                         trust it (without --key-file or RBLK_KEY_FILE, rblk talks to targets that serve anyone)"
+                    .into(),
+            });
         }
-    }
-    if !authenticated && opts.key.is_some() {
         tracing::warn!(%addr, "the target does not require a key: it serves anyone");
+    }
+    let key = key.filter(|_| authenticated);
+    if let Some(key) = key {
+        if features & FEATURE_MUTUAL_AUTH != 0 {
+            let words = Words { hello: ours, flags: flags.bits(), offered };
+            mutual_auth(&mut conn, dest, opts, key, host.as_deref(), words, nonce)?;
+        } else if opts.allow_v1_target {
+            tracing::warn!(%addr, "the target cannot prove it holds the key (it predates mutual authentication): \
+                                   allowed by --allow-v1-target");
+            v1_auth(&mut conn, addr, rblk_proto::auth_mac(key, &nonce, host.as_deref()), host.as_deref(), opts)?;
+        } else {
+            return Err(Error::Auth {
+                addr,
+                reason: "the target cannot prove it holds the key (it predates mutual authentication, or \
+                         something in between stripped it): upgrade rblk-target, or accept it with --allow-v1-target"
+                    .into(),
+            });
+        }
+    } else if authenticated {
+        return Err(Error::Auth { addr, reason: opts.missing_key_reason() });
+    } else if host.is_some() {
+        // No key asked for: the host only names itself, with no MAC.
+        v1_auth(&mut conn, addr, Some([0; MAC_LEN]), host.as_deref(), opts)?;
     }
     tracing::debug!(authenticated, features, "session started");
     Ok((conn, features, authenticated))
+}
+
+/// HELLO's and CHALLENGE's words as sent.
+struct Words {
+    hello: u64,
+    flags: u32,
+    offered: u64,
+}
+
+/// AUTH v1 with `mac` (None: the key cannot be used), answered by OK(AUTH).
+fn v1_auth(conn: &mut Conn, addr: SocketAddr, mac: Option<[u8; MAC_LEN]>, host: Option<&str>, opts: &Options) -> Result<()> {
+    let mac = mac.ok_or_else(|| Error::Auth { addr, reason: "unusable key".into() })?;
+    let deadline = Instant::now() + opts.timeout;
+    let acked = conn.expect(&Message::Auth { mac, host }, deadline, "OK(AUTH)", |r| match r {
+        Reply::Ok(Opcode::Auth) => Some(()),
+        _ => None,
+    });
+    acked.map_err(|e| refused(addr, e))
+}
+
+/// An ERROR answering AUTH as the reason authentication failed.
+fn refused(addr: SocketAddr, e: Error) -> Error {
+    match e {
+        Error::Target { code, text, .. } => {
+            let why = if text.is_empty() { code.to_string() } else { text };
+            Error::Auth { addr, reason: format!("the target refused authentication ({why})") }
+        }
+        e => e,
+    }
+}
+
+/// AUTH v2: proves `key` over the whole exchange and this connection's addresses, then checks
+/// the target's proof and its identity (given, or pinned for the address).
+fn mutual_auth(
+    conn: &mut Conn,
+    dest: &Dest,
+    opts: &Options,
+    key: &[u8],
+    host: Option<&str>,
+    words: Words,
+    target_nonce: [u8; rblk_proto::NONCE_LEN],
+) -> Result<()> {
+    use rblk_proto::Direction;
+    let addr = dest.addr;
+    let host = host.ok_or_else(|| Error::Auth {
+        addr,
+        reason: "mutual authentication names this host, and it has no usable hostname: give --host-id".into(),
+    })?;
+    // The addresses as this side sees them: a relay in between sees others.
+    let (Some(target_addr), Some(initiator_addr)) = (conn.ep.peer(), conn.ep.local()) else {
+        return Err(Error::Auth { addr, reason: "the connection's addresses are unknown".into() });
+    };
+    let transcript = rblk_proto::Transcript {
+        hello_features: words.hello,
+        challenge_flags: words.flags,
+        challenge_features: words.offered,
+        target_nonce,
+        initiator_nonce: rblk_fabric::random(),
+        host,
+        target_addr,
+        initiator_addr,
+    };
+    let mac = rblk_proto::mutual_mac(key, Direction::InitiatorToTarget, &transcript, None)
+        .ok_or_else(|| Error::Auth { addr, reason: "unusable key".into() })?;
+    let deadline = Instant::now() + opts.timeout;
+    let msg = Message::MutualAuth { host, nonce: transcript.initiator_nonce, mac };
+    let (target_id, proof) = conn
+        .expect(&msg, deadline, "OK(AUTH) with the target's proof", |r| match r {
+            Reply::AuthProof { target_id, mac } => Some((target_id, mac)),
+            _ => None,
+        })
+        .map_err(|e| refused(addr, e))?;
+    if !rblk_proto::verify_mutual_mac(key, Direction::TargetToInitiator, &transcript, Some(&target_id), &proof) {
+        return Err(Error::Auth {
+            addr,
+            reason: "the target's proof is wrong: it does not hold this key, or something in between changed the \
+                     exchange"
+                .into(),
+        });
+    }
+    check_identity(addr, opts, &target_id)
+}
+
+/// The target's identity must be `--target-id`, else the one pinned for its address; an
+/// address seen for the first time is pinned.
+fn check_identity(addr: SocketAddr, opts: &Options, got: &[u8; rblk_proto::TARGET_ID_LEN]) -> Result<()> {
+    use crate::trust::{lookup, pin, Pin};
+    let changed = |expected: &[u8; rblk_proto::TARGET_ID_LEN], source: String| Error::Auth {
+        addr,
+        reason: format!(
+            "TARGET IDENTITY CHANGED: the target proved the key as {}, but {source} says {}. Another holder of \
+             the key may be answering at this address. If the target's state directory was replaced on purpose, \
+             remove that line (or give --target-id)",
+            rblk_proto::to_hex(got),
+            rblk_proto::to_hex(expected)
+        ),
+    };
+    if let Some(expected) = &opts.target_id {
+        return if expected == got { Ok(()) } else { Err(changed(expected, "--target-id".into())) };
+    }
+    let Some(path) = &opts.known_targets else { return Ok(()) };
+    match lookup(path, addr).map_err(|reason| Error::Auth { addr, reason })? {
+        Pin::Known(expected, _) if &expected == got => Ok(()),
+        Pin::Known(expected, line) => Err(changed(&expected, format!("{}:{line}", path.display()))),
+        Pin::Unknown => {
+            match pin(path, addr, got) {
+                Ok(()) => tracing::info!(%addr, target_id = %rblk_proto::to_hex(got), path = %path.display(), "pinned the target's identity"),
+                Err(e) => tracing::warn!(%addr, path = %path.display(), "cannot pin the target's identity: {e}"),
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Connects a session's first queue pair, asking for memory windows if `opts` does, and returns

@@ -9,10 +9,10 @@
 //! - A volume with an access list may be opened only by the hosts it names (or `*`), in the
 //!   modes granted; a volume without one by any host that got in.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-use rblk_proto::{OpenMode, MAC_LEN, NONCE_LEN};
+use rblk_proto::{OpenMode, Transcript, MAC_LEN, NONCE_LEN, TARGET_ID_LEN};
 
 /// What a host may do with a volume. Each grant includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -85,12 +85,15 @@ pub type Acl = BTreeMap<String, Grant>;
 pub const ANY_HOST: &str = "*";
 
 /// A known host.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct HostSpec {
     /// Its identity, as the initiator presents it (`rblk --host-id`, default its hostname).
     pub name: String,
     /// Its own key; None: it proves the shared key, if any.
     pub key: Option<Vec<u8>>,
+    /// It must authenticate with AUTH v2 ([`rblk_proto::FEATURE_MUTUAL_AUTH`]): its v1 AUTH is
+    /// refused, so its key cannot be relayed through an older initiator.
+    pub require_mutual_auth: bool,
 }
 
 // Never print a key.
@@ -99,6 +102,7 @@ impl fmt::Debug for HostSpec {
         f.debug_struct("HostSpec")
             .field("name", &self.name)
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("require_mutual_auth", &self.require_mutual_auth)
             .finish()
     }
 }
@@ -166,6 +170,11 @@ fn who(host: &Option<String>) -> &str {
 /// daemon's log has the [`AuthError`].
 pub const AUTH_FAILED: &str = "authentication failed: wrong key or unknown host (the target's log says which)";
 
+/// What an initiator that predates mutual authentication is told by a target that requires it
+/// of every host.
+pub const MUTUAL_REQUIRED: &str =
+    "authentication refused: this target requires mutual authentication (AUTH v2); upgrade rblk on this host";
+
 /// Why AUTH failed: its Display is for the daemon's log and `--check-config`; initiators get
 /// [`AuthError::public_text`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +190,14 @@ pub enum AuthError {
     NoHostId,
     /// A known host without a key of its own, on a target without a shared key.
     NoKey(String),
+    /// A v1 AUTH (no proof of the target, no binding to the connection) from a host that must
+    /// use v2: everywhere (`require_mutual_auth` at the top of the config) or this host.
+    MutualRequired {
+        /// The host, if it named one.
+        host: Option<String>,
+        /// Required of every host, not only this one (so the refusal may say so).
+        everywhere: bool,
+    },
 }
 
 impl fmt::Display for AuthError {
@@ -198,6 +215,13 @@ impl fmt::Display for AuthError {
                 "authentication failed: this target knows hosts by name and key only, and the initiator sent no host \
                  identity (it predates host identities)",
             ),
+            AuthError::MutualRequired { host, everywhere } => write!(
+                f,
+                "authentication refused: host {} sent a v1 AUTH, and {} requires mutual authentication (an rblk \
+                 from before it cannot log in)",
+                who(host),
+                if *everywhere { "this target" } else { "its [[host]] entry" }
+            ),
         }
     }
 }
@@ -209,7 +233,12 @@ impl AuthError {
     /// known, and an initiator from before host identities learns what to change.
     pub fn public_text(&self) -> &'static str {
         match self {
-            AuthError::WrongKey { .. } | AuthError::UnknownHost(_) | AuthError::NoKey(_) => AUTH_FAILED,
+            AuthError::WrongKey { .. }
+            | AuthError::UnknownHost(_)
+            | AuthError::NoKey(_)
+            | AuthError::MutualRequired { everywhere: false, .. } => AUTH_FAILED,
+            // Depends only on the target's configuration: it tells nothing about any host.
+            AuthError::MutualRequired { everywhere: true, .. } => MUTUAL_REQUIRED,
             AuthError::NoHostId => {
                 "authentication failed: this target knows hosts by name and key only, and the initiator sent no host \
                  identity (it predates host identities)"
@@ -224,6 +253,10 @@ pub struct Policy {
     shared_key: Option<Vec<u8>>,
     hosts: HashMap<String, Option<Vec<u8>>>,
     acls: HashMap<String, Acl>,
+    /// Every host must use AUTH v2.
+    mutual_everywhere: bool,
+    /// These hosts must.
+    mutual_hosts: HashSet<String>,
 }
 
 // Never print a key.
@@ -233,6 +266,8 @@ impl fmt::Debug for Policy {
             .field("shared_key", &self.shared_key.as_ref().map(|_| "<redacted>"))
             .field("hosts", &self.hosts.keys().collect::<Vec<_>>())
             .field("acls", &self.acls)
+            .field("mutual_everywhere", &self.mutual_everywhere)
+            .field("mutual_hosts", &self.mutual_hosts)
             .finish()
     }
 }
@@ -263,7 +298,18 @@ impl Policy {
                 return Err(PolicyError::BadAclEntry { volume: volume.clone(), entry: bad.clone() });
             }
         }
-        Ok(Policy { shared_key, hosts: known, acls })
+        let mutual_hosts = hosts.iter().filter(|h| h.require_mutual_auth).map(|h| h.name.clone()).collect();
+        Ok(Policy { shared_key, hosts: known, acls, mutual_everywhere: false, mutual_hosts })
+    }
+
+    /// Requires AUTH v2 of every host (`require_mutual_auth` at the top of the config).
+    pub fn require_mutual_auth(&mut self, everywhere: bool) {
+        self.mutual_everywhere = everywhere;
+    }
+
+    /// Whether `host` (None: anonymous) must use AUTH v2.
+    pub fn mutual_required(&self, host: Option<&str>) -> bool {
+        self.mutual_everywhere || host.is_some_and(|h| self.mutual_hosts.contains(h))
     }
 
     /// The access list of `volume`, if it has one.
@@ -322,11 +368,37 @@ impl Policy {
             // As much work as a wrong key, so that the time to the answer does not tell either.
             rblk_proto::verify_auth_mac(&[0; 32], nonce, host, mac);
         })?;
+        if key.is_some() && self.mutual_required(host) {
+            return Err(AuthError::MutualRequired { host: host.map(str::to_owned), everywhere: self.mutual_everywhere });
+        }
         match key {
             None => Ok(()),
             Some(key) if rblk_proto::verify_auth_mac(key, nonce, host, mac) => Ok(()),
             Some(_) => Err(AuthError::WrongKey { host: host.map(str::to_owned) }),
         }
+    }
+
+    /// Checks AUTH v2: `mac` over `transcript` under the key its host must prove, and returns
+    /// the target's proof for [`Message::AuthProof`](rblk_proto::Message::AuthProof) (made only
+    /// now, after the initiator proved the key). Err(None) when no key is configured at all:
+    /// there is nothing to prove either way.
+    pub fn authenticate_mutual(
+        &self,
+        transcript: &Transcript<'_>,
+        mac: &[u8; MAC_LEN],
+        target_id: &[u8; TARGET_ID_LEN],
+    ) -> Result<[u8; MAC_LEN], Option<AuthError>> {
+        use rblk_proto::Direction;
+        let host = Some(transcript.host);
+        let key = self.key_for(host).inspect_err(|_| {
+            rblk_proto::verify_mutual_mac(&[0; 32], Direction::InitiatorToTarget, transcript, None, mac);
+        })?;
+        let Some(key) = key else { return Err(None) };
+        if !rblk_proto::verify_mutual_mac(key, Direction::InitiatorToTarget, transcript, None, mac) {
+            return Err(Some(AuthError::WrongKey { host: host.map(str::to_owned) }));
+        }
+        rblk_proto::mutual_mac(key, Direction::TargetToInitiator, transcript, Some(target_id))
+            .ok_or(Some(AuthError::WrongKey { host: host.map(str::to_owned) }))
     }
 
     /// Whether `host` (None: anonymous) may open `volume` in `mode`.
@@ -362,8 +434,8 @@ mod tests {
 
     fn policy(shared: Option<&[u8]>) -> Policy {
         let hosts = [
-            HostSpec { name: "db1".into(), key: Some(b"db1-key".to_vec()) },
-            HostSpec { name: "web".into(), key: None },
+            HostSpec { name: "db1".into(), key: Some(b"db1-key".to_vec()), ..HostSpec::default() },
+            HostSpec { name: "web".into(), key: None, ..HostSpec::default() },
         ];
         let acl: Acl = [("db1".to_owned(), Grant::Exclusive), ("web".to_owned(), Grant::ReadOnly)].into();
         let open: Acl = [("*".to_owned(), Grant::ReadWrite)].into();
@@ -424,7 +496,7 @@ mod tests {
 
     #[test]
     fn bad_policies() {
-        let h = |n: &str| HostSpec { name: n.into(), key: None };
+        let h = |n: &str| HostSpec { name: n.into(), key: None, ..HostSpec::default() };
         let err = |r: Result<Policy, PolicyError>| r.map(drop).unwrap_err();
         assert_eq!(err(Policy::new(None, &[h("a b")], HashMap::new(), &[])), PolicyError::BadHostName("a b".into()));
         assert_eq!(
@@ -439,6 +511,6 @@ mod tests {
         assert_eq!(e, PolicyError::BadAclEntry { volume: "v".into(), entry: "x y".into() });
         assert_eq!("rw".parse(), Ok(Grant::ReadWrite));
         assert_eq!("write".parse::<Grant>(), Err(BadGrant("write".into())));
-        assert!(format!("{:?}", HostSpec { name: "a".into(), key: Some(b"s3cret".to_vec()) }).contains("redacted"));
+        assert!(format!("{:?}", HostSpec { name: "a".into(), key: Some(b"s3cret".to_vec()), ..HostSpec::default() }).contains("redacted"));
     }
 }

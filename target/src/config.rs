@@ -74,6 +74,12 @@ pub struct Config {
     pub key: Option<Vec<u8>>,
     /// Known hosts and their own keys (see [`crate::access`]).
     pub hosts: Vec<HostSpec>,
+    /// Every host must authenticate with AUTH v2 ([`rblk_proto::FEATURE_MUTUAL_AUTH`]); until
+    /// this is on, initiators that predate it still answer any nonce with v1.
+    pub require_mutual_auth: bool,
+    /// The target's identity ([`rblk_proto::Message::AuthProof`]): `STATE_DIR/target.id` for
+    /// the daemon ([`File::target_id`]); None: a random one for this process.
+    pub target_id: Option<[u8; rblk_proto::TARGET_ID_LEN]>,
     /// Access lists by volume name; a volume without one is open to every host that got in.
     pub acls: HashMap<String, Acl>,
     /// Open sessions at most, in all.
@@ -207,6 +213,8 @@ impl Default for Config {
             volumes: vec![VolumeSpec { name: "vol0".into(), size: 1 << 30, path: None }],
             key: None,
             hosts: Vec::new(),
+            require_mutual_auth: false,
+            target_id: None,
             acls: HashMap::new(),
             max_sessions: MAX_SESSIONS,
             max_sessions_per_host: MAX_SESSIONS_PER_HOST,
@@ -348,6 +356,14 @@ pub enum ConfigError {
         /// Why.
         #[source]
         source: std::io::Error,
+    },
+    /// The target's identity (`STATE_DIR/target.id`) cannot be read or made.
+    #[error("the target identity {}: {reason}", path.display())]
+    TargetId {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
     },
     /// The generated key could not be made.
     #[error("cannot create the key {}{}", path.display(), not_ours(source, "writable"))]
@@ -659,6 +675,9 @@ pub fn read_key_file(path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
 /// allowed: `STATE_DIR/target.key`.
 pub const GENERATED_KEY: &str = "target.key";
 
+/// The target's identity, in the state dir: 32 hexadecimal digits (see [`File::target_id`]).
+pub const TARGET_ID: &str = "target.id";
+
 /// Where the daemon's key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
@@ -692,6 +711,10 @@ pub struct File {
     /// Serve without keys when none is configured (instead of the generated key).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_any_host: Option<bool>,
+    /// Refuse v1 AUTH from every host: only initiators that also prove the connection and
+    /// check the target's proof get in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub require_mutual_auth: Option<bool>,
     /// State directory (durable volumes' identities).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<std::path::PathBuf>,
@@ -767,6 +790,9 @@ pub struct FileHost {
     /// Its own key file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_file: Option<std::path::PathBuf>,
+    /// Refuse this host's v1 AUTH.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub require_mutual_auth: Option<bool>,
 }
 
 impl File {
@@ -828,7 +854,7 @@ impl File {
             .iter()
             .map(|h| {
                 let key = h.key_file.as_deref().map(read_key_file).transpose()?;
-                Ok(HostSpec { name: h.name.clone(), key })
+                Ok(HostSpec { name: h.name.clone(), key, require_mutual_auth: h.require_mutual_auth == Some(true) })
             })
             .collect()
     }
@@ -862,6 +888,8 @@ impl File {
                 _ => self.key_file.as_deref().map(read_key_file).transpose()?,
             },
             hosts: self.host_specs()?,
+            require_mutual_auth: self.require_mutual_auth == Some(true),
+            target_id: self.target_id()?,
             acls: self.acls(),
             state_dir: self.state_dir.clone(),
             auth_timeout: open_timeout.unwrap_or(defaults.auth_timeout),
@@ -908,6 +936,53 @@ impl File {
         }
     }
 
+    /// The target's identity from `STATE_DIR/target.id` ([`TARGET_ID`]), if it was made (a
+    /// start makes it first, with [`File::generate_target_id`]); None leaves a random one for
+    /// the process (`--check-config` before the first start).
+    pub fn target_id(&self) -> Result<Option<[u8; rblk_proto::TARGET_ID_LEN]>, ConfigError> {
+        let path = self.target_id_path();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => rblk_proto::from_hex::<{ rblk_proto::TARGET_ID_LEN }>(text.trim())
+                .map(Some)
+                .ok_or(ConfigError::TargetId { path, reason: "not 32 hexadecimal digits".into() }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ConfigError::TargetId { path, reason: e.to_string() }),
+        }
+    }
+
+    /// Makes `STATE_DIR/target.id` if it does not exist yet (a start does this with the key);
+    /// true when it was made now. It is not a secret: initiators pin it (per address) and are
+    /// told it after they proved the key.
+    pub fn generate_target_id(&self) -> Result<bool, ConfigError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.target_id_path();
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| ConfigError::TargetId { path: path.clone(), reason: e.to_string() })?;
+        }
+        let id: [u8; rblk_proto::TARGET_ID_LEN] = crate::session::random();
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{}\n", rblk_proto::to_hex(&id)).as_bytes()).and_then(|()| f.sync_all()));
+        match made {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => {
+                // Never leave a half-written identity behind for the next start to refuse.
+                let _ = std::fs::remove_file(&path);
+                Err(ConfigError::TargetId { path, reason: e.to_string() })
+            }
+        }
+    }
+
+    fn target_id_path(&self) -> std::path::PathBuf {
+        self.state_dir.as_deref().unwrap_or(std::path::Path::new(DEFAULT_STATE_DIR)).join(TARGET_ID)
+    }
+
     /// The effective configuration as TOML (`--print-config`).
     pub fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
@@ -922,6 +997,7 @@ impl File {
         let mut f = self.clone();
         f.listen.get_or_insert_with(|| d.listen.to_string());
         f.allow_any_host.get_or_insert(false);
+        f.require_mutual_auth.get_or_insert(false);
         f.state_dir.get_or_insert_with(|| std::path::PathBuf::from(DEFAULT_STATE_DIR));
         f.open_timeout.get_or_insert_with(|| d.auth_timeout.into());
         f.keepalive_timeout.get_or_insert_with(|| d.keepalive_timeout.into());
@@ -993,7 +1069,9 @@ impl Config {
             return Err(StartError::Access(crate::access::PolicyError::EmptySharedKey));
         }
         let names: Vec<&str> = self.volumes.iter().map(|v| v.name.as_str()).collect();
-        Policy::new(self.key.clone(), &self.hosts, self.acls.clone(), &names).map_err(StartError::Access)
+        let mut policy = Policy::new(self.key.clone(), &self.hosts, self.acls.clone(), &names).map_err(StartError::Access)?;
+        policy.require_mutual_auth(self.require_mutual_auth);
+        Ok(policy)
     }
 }
 
@@ -1057,7 +1135,7 @@ mod tests {
         let text = "max_sessions_per_host = 2\nopen_timeout = 3\n[[host]]\nname = \"db1\"\n[[volume]]\nname = \"a\"\nsize = \"4k\"\nallow = { db1 = \"exclusive\", \"*\" = \"ro\" }\n[[volume]]\nname = \"b\"\nsize = \"4k\"\n";
         let f: File = toml::from_str(text).unwrap();
         assert_eq!((f.max_sessions_per_host, f.open_timeout.clone()), (Some(2), Some(Timeout::Seconds(3))));
-        assert_eq!(f.host_specs().unwrap(), vec![HostSpec { name: "db1".into(), key: None }]);
+        assert_eq!(f.host_specs().unwrap(), vec![HostSpec { name: "db1".into(), key: None, ..HostSpec::default() }]);
         let acls = f.acls();
         assert_eq!(acls.len(), 1, "only volumes with a list");
         assert_eq!(acls["a"]["db1"], crate::access::Grant::Exclusive);

@@ -33,6 +33,8 @@ pub enum State {
         nonce: [u8; NONCE_LEN],
         /// Negotiated features: HELLO's and [`rblk_proto::FEATURES`].
         features: u64,
+        /// HELLO's and CHALLENGE's words as sent, which AUTH v2 binds.
+        words: Words,
     },
     /// Authenticated (or no key configured): may OPEN.
     Ready {
@@ -66,6 +68,18 @@ pub enum State {
         /// The session it had.
         session: Option<Arc<Session>>,
     },
+}
+
+/// HELLO's and CHALLENGE's words as they went over the wire (AUTH v2's
+/// [`Transcript`](rblk_proto::Transcript) covers them).
+#[derive(Debug, Clone, Copy)]
+pub struct Words {
+    /// HELLO's features.
+    pub hello: u64,
+    /// CHALLENGE's flags.
+    pub flags: u32,
+    /// CHALLENGE's features.
+    pub offered: u64,
 }
 
 /// A reply to send, built from values the handler owns.
@@ -143,7 +157,8 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             let nonce = session::nonce();
             let auth = shared.auth_required();
             let flags = if auth { ChallengeFlags::AUTH_REQUIRED } else { ChallengeFlags::empty() };
-            *state = State::Challenged { pd: pd.clone(), nonce, features: features & offered };
+            let words = Words { hello: features, flags: flags.bits(), offered };
+            *state = State::Challenged { pd: pd.clone(), nonce, features: features & offered, words };
             (Reply::Msg(Message::Challenge { flags, features: offered, nonce }), After::Continue)
         }
         (Message::Auth { host: Some(_), .. }, State::Challenged { features, .. })
@@ -160,7 +175,55 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             ),
             After::Refused,
         ),
-        (Message::Auth { mac, host }, State::Challenged { pd, nonce, features }) => {
+        (Message::MutualAuth { .. }, State::Challenged { features, .. })
+            if features & rblk_proto::FEATURE_MUTUAL_AUTH == 0 =>
+        {
+            let text = "AUTH v2, but HELLO did not announce mutual authentication".into();
+            (Reply::Error(ErrorCode::Unexpected, text), After::Refused)
+        }
+        (Message::MutualAuth { .. }, State::Challenged { .. }) if !shared.auth_required() => (
+            Reply::Error(
+                ErrorCode::Unexpected,
+                "this target has no key: AUTH is not expected (CHALLENGE said so)".into(),
+            ),
+            After::Refused,
+        ),
+        (Message::MutualAuth { host, nonce: initiator_nonce, mac }, State::Challenged { pd, nonce, features, words }) => {
+            // The addresses as this side sees them: a relay in between sees others.
+            let (Some(target_addr), Some(initiator_addr)) = (ep.local(), ep.peer()) else {
+                let text = "AUTH v2 needs the connection's addresses, and the fabric does not know them".into();
+                return (Reply::Error(ErrorCode::Unexpected, text), After::Refused);
+            };
+            let transcript = rblk_proto::Transcript {
+                hello_features: words.hello,
+                challenge_flags: words.flags,
+                challenge_features: words.offered,
+                target_nonce: *nonce,
+                initiator_nonce,
+                host,
+                target_addr,
+                initiator_addr,
+            };
+            let proved = shared.catalog().policy.authenticate_mutual(&transcript, &mac, &shared.target_id);
+            match proved {
+                Ok(proof) => {
+                    shared.auth_succeeded(peer.ip);
+                    *state = State::Ready { pd: pd.clone(), features: *features, host: Some(Arc::from(host)) };
+                    let reply = Message::AuthProof { target_id: shared.target_id, mac: proof };
+                    (Reply::Msg(reply), After::Continue)
+                }
+                // auth_required() was true a moment ago: a reload took every key away since.
+                Err(None) => (
+                    Reply::Error(ErrorCode::Unexpected, "this target has no key: AUTH is not expected".into()),
+                    After::Refused,
+                ),
+                Err(Some(e)) => {
+                    tracing::warn!(peer = %crate::connection::Shown(peer.ip), host, "{e} (AUTH v2)");
+                    (Reply::Error(ErrorCode::AuthFailed, e.public_text().into()), After::AuthFailed)
+                }
+            }
+        }
+        (Message::Auth { mac, host }, State::Challenged { pd, nonce, features, .. }) => {
             let authenticated = shared.catalog().policy.authenticate(nonce, &mac, host);
             match authenticated {
                 Ok(()) => {

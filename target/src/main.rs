@@ -74,8 +74,13 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let created = file.generate_key()?;
+    file.generate_target_id()?;
     let cfg = file.server_config().map_err(anyhow::Error::from)?;
     announce_key(&file, created);
+    if let Some(id) = cfg.target_id {
+        // What `rblk --target-id` pins ahead of a first connection.
+        tracing::info!(target_id = %rblk_proto::to_hex(&id), "target identity");
+    }
     // What --check-config fails on, a start only warns about (it accepted these before).
     for f in lint(&cfg)?.into_iter().chain(lint::decimal_sizes(&file)) {
         tracing::warn!("{}", f.text);

@@ -98,6 +98,8 @@ pub struct Shared {
     pub(crate) limits: RwLock<Limits>,
     /// Largest I/O.
     pub max_io: u32,
+    /// What AUTH v2's proof names (see [`Config::target_id`]).
+    pub target_id: [u8; rblk_proto::TARGET_ID_LEN],
     /// Registration counters.
     pub counters: Arc<Counters>,
     pub(crate) identity: identity::Store,
@@ -177,6 +179,7 @@ impl Shared {
             catalog: RwLock::new(catalog),
             limits: RwLock::new(Limits::of(cfg)),
             max_io: cfg.max_io,
+            target_id: cfg.target_id.unwrap_or_else(session::random),
             counters: Arc::default(),
             identity,
             unopened: Mutex::default(),

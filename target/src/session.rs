@@ -442,12 +442,7 @@ impl Drop for Session {
     }
 }
 
-/// Random bytes from the OS.
-pub fn random<const N: usize>() -> [u8; N] {
-    let mut b = [0u8; N];
-    getrandom::fill(&mut b).expect("the OS random source failed");
-    b
-}
+pub use rblk_fabric::random;
 
 /// A fresh challenge nonce.
 pub fn nonce() -> [u8; NONCE_LEN] {

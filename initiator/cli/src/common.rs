@@ -24,6 +24,8 @@ pub struct Connection {
     pub host_id: Option<String>,
     #[command(flatten)]
     pub route: rblk_initiator::RouteArgs,
+    #[command(flatten)]
+    pub trust: rblk_initiator::TrustArgs,
     /// Give up on each control exchange (connect, open, flush) after this long (`10`, `1500ms`:
     /// a bare number is seconds; at most 1 day).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = timeout_arg)]
@@ -98,16 +100,15 @@ pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
 impl Connection {
     /// The library's options for these flags, with `reconnect` as the reconnect policy.
     pub fn options(&self, reconnect: Reconnect) -> anyhow::Result<Options> {
-        let (key, key_files_tried) = Options::find_key(self.key_file.as_deref())?;
         let mut options = Options {
-            key,
-            key_files_tried,
             host_id: self.host_id.clone(),
             timeout: self.timeout,
             reconnect,
             ..Options::default()
         };
+        options.find_key(self.key_file.as_deref())?;
         self.route.apply(&mut options);
+        self.trust.apply(&mut options);
         Ok(options)
     }
 }
