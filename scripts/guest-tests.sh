@@ -18,6 +18,10 @@ set -uo pipefail # no -e: a failing executable is counted, not fatal
 
 PER_EXE_TIMEOUT=${RBLK_GUEST_TEST_TIMEOUT:-900}
 
+# Every test starts its own targets, many on the same address and port with other identities:
+# rblk pins nothing here unless a test names its own pin file (tests/tests/mutual.rs does).
+export RBLK_KNOWN_TARGETS=none
+
 passed=0 failed=0 broken=0
 failed_tests=() broken_exes=()
 

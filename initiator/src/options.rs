@@ -146,7 +146,7 @@ pub struct TrustArgs {
     #[arg(long, value_name = "ID", value_parser = crate::trust::parse_target_id)]
     pub target_id: Option<[u8; rblk_proto::TARGET_ID_LEN]>,
     /// Where target identities are pinned by address, as ssh's known_hosts (one
-    /// `ADDRESS:PORT ID` a line) [default: /var/lib/rblk/known_targets].
+    /// `ADDRESS:PORT ID` a line); `none` pins nothing [default: /var/lib/rblk/known_targets].
     #[arg(long, env = "RBLK_KNOWN_TARGETS", value_name = "PATH")]
     pub known_targets: Option<PathBuf>,
     /// With a key, also accept a target that cannot prove it holds the key (an rblk-target
@@ -161,7 +161,7 @@ impl TrustArgs {
     /// Sets `options`' expected target identity, pin file and v1 leniency from the flags.
     pub fn apply(&self, options: &mut Options) {
         options.target_id = self.target_id;
-        options.known_targets = Some(crate::trust::known_targets_path(self.known_targets.as_deref()));
+        options.known_targets = crate::trust::known_targets_path(self.known_targets.as_deref());
         options.allow_v1_target = self.allow_v1_target;
     }
 }

@@ -121,10 +121,12 @@ fn effective_uid() -> u32 {
     std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
 }
 
-/// The pin file to use: `flag`, else [`KNOWN_TARGETS_ENV`], else [`KNOWN_TARGETS`].
-pub fn known_targets_path(flag: Option<&Path>) -> PathBuf {
+/// The pin file to use: `flag`, else [`KNOWN_TARGETS_ENV`], else [`KNOWN_TARGETS`]; `none`
+/// pins nothing (identities are then checked only against `--target-id`).
+pub fn known_targets_path(flag: Option<&Path>) -> Option<PathBuf> {
     let env = std::env::var_os(KNOWN_TARGETS_ENV).filter(|v| !v.is_empty());
-    flag.map(Path::to_owned).or(env.map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(KNOWN_TARGETS))
+    let path = flag.map(Path::to_owned).or(env.map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(KNOWN_TARGETS));
+    (path != Path::new("none")).then_some(path)
 }
 
 #[cfg(test)]
