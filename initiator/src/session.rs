@@ -223,7 +223,13 @@ struct Words {
 }
 
 /// AUTH v1 with `mac` (None: the key cannot be used), answered by OK(AUTH).
-fn v1_auth(conn: &mut Conn, addr: SocketAddr, mac: Option<[u8; MAC_LEN]>, host: Option<&str>, opts: &Options) -> Result<()> {
+fn v1_auth(
+    conn: &mut Conn,
+    addr: SocketAddr,
+    mac: Option<[u8; MAC_LEN]>,
+    host: Option<&str>,
+    opts: &Options,
+) -> Result<()> {
     let mac = mac.ok_or_else(|| Error::Auth { addr, reason: "unusable key".into() })?;
     let deadline = Instant::now() + opts.timeout;
     let acked = conn.expect(&Message::Auth { mac, host }, deadline, "OK(AUTH)", |r| match r {
@@ -319,7 +325,9 @@ fn check_identity(addr: SocketAddr, opts: &Options, got: &[u8; rblk_proto::TARGE
         Pin::Known(expected, line) => Err(changed(&expected, format!("{}:{line}", path.display()))),
         Pin::Unknown => {
             match pin(path, addr, got) {
-                Ok(()) => tracing::info!(%addr, target_id = %rblk_proto::to_hex(got), path = %path.display(), "pinned the target's identity"),
+                Ok(()) => {
+                    tracing::info!(%addr, target_id = %rblk_proto::to_hex(got), path = %path.display(), "pinned the target's identity")
+                }
                 Err(e) => tracing::warn!(%addr, path = %path.display(), "cannot pin the target's identity: {e}"),
             }
             Ok(())

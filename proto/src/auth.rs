@@ -111,9 +111,7 @@ fn mutual_hmac(
     target_id: Option<&[u8; TARGET_ID_LEN]>,
 ) -> Option<Hmac<sha2::Sha256>> {
     let mut derived = [0u8; 32];
-    Hkdf::<sha2::Sha256>::new(Some(b"rblk mutual authentication"), key)
-        .expand(direction.label(), &mut derived)
-        .ok()?;
+    Hkdf::<sha2::Sha256>::new(Some(b"rblk mutual authentication"), key).expand(direction.label(), &mut derived).ok()?;
     let mut m = Hmac::<sha2::Sha256>::new_from_slice(&derived).ok()?;
     // Every field has a fixed length or a length prefix, so no two transcripts encode alike.
     m.update(direction.label());
@@ -201,7 +199,13 @@ mod tests {
         let i2t = mutual_mac(key, Direction::InitiatorToTarget, &t, None).unwrap();
         assert!(verify_mutual_mac(key, Direction::InitiatorToTarget, &t, None, &i2t));
         assert!(!verify_mutual_mac(key, Direction::TargetToInitiator, &t, None, &i2t), "reflected");
-        assert!(!verify_mutual_mac(b"another key, also 32 bytes or more", Direction::InitiatorToTarget, &t, None, &i2t));
+        assert!(!verify_mutual_mac(
+            b"another key, also 32 bytes or more",
+            Direction::InitiatorToTarget,
+            &t,
+            None,
+            &i2t
+        ));
         assert_ne!(i2t, auth_mac(key, &t.target_nonce, Some(t.host)).unwrap(), "v1's MAC");
         let t2i = mutual_mac(key, Direction::TargetToInitiator, &t, Some(&id)).unwrap();
         assert!(verify_mutual_mac(key, Direction::TargetToInitiator, &t, Some(&id), &t2i));

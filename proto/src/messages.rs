@@ -777,9 +777,7 @@ impl Message<'_> {
             }
             .as_bytes()]),
             Self::Auth { mac, host: None } => frame(&[AuthBody { mac }.as_bytes()]),
-            Self::Auth { mac, host: Some(host) } => {
-                frame(&[AuthBody { mac }.as_bytes(), host_body(host)?.as_bytes()])
-            }
+            Self::Auth { mac, host: Some(host) } => frame(&[AuthBody { mac }.as_bytes(), host_body(host)?.as_bytes()]),
             Self::MutualAuth { host, nonce, mac } => frame(&[
                 AuthBody { mac: [0; MAC_LEN] }.as_bytes(),
                 host_body(host)?.as_bytes(),

@@ -369,7 +369,10 @@ impl Policy {
             rblk_proto::verify_auth_mac(&[0; 32], nonce, host, mac);
         })?;
         if key.is_some() && self.mutual_required(host) {
-            return Err(AuthError::MutualRequired { host: host.map(str::to_owned), everywhere: self.mutual_everywhere });
+            return Err(AuthError::MutualRequired {
+                host: host.map(str::to_owned),
+                everywhere: self.mutual_everywhere,
+            });
         }
         match key {
             None => Ok(()),
@@ -511,6 +514,7 @@ mod tests {
         assert_eq!(e, PolicyError::BadAclEntry { volume: "v".into(), entry: "x y".into() });
         assert_eq!("rw".parse(), Ok(Grant::ReadWrite));
         assert_eq!("write".parse::<Grant>(), Err(BadGrant("write".into())));
-        assert!(format!("{:?}", HostSpec { name: "a".into(), key: Some(b"s3cret".to_vec()), ..HostSpec::default() }).contains("redacted"));
+        assert!(format!("{:?}", HostSpec { name: "a".into(), key: Some(b"s3cret".to_vec()), ..HostSpec::default() })
+            .contains("redacted"));
     }
 }

@@ -123,8 +123,8 @@ pub struct Args {
     /// per session). Applies at start only.
     #[arg(long, value_name = "on|off", value_parser = on_off)]
     pub memory_windows: Option<bool>,
-    /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, allow_any_host, state_dir, the limits above
-    /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, [[host]] tables (name, key_file)
+    /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, allow_any_host, require_mutual_auth, state_dir, the limits above
+    /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, [[host]] tables (name, key_file, require_mutual_auth)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
     /// --volume flags replace its volumes. Every key: rblk-target.toml(5).

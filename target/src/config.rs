@@ -962,12 +962,10 @@ impl File {
                 .map_err(|e| ConfigError::TargetId { path: path.clone(), reason: e.to_string() })?;
         }
         let id: [u8; rblk_proto::TARGET_ID_LEN] = crate::session::random();
-        let made = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&path)
-            .and_then(|mut f| f.write_all(format!("{}\n", rblk_proto::to_hex(&id)).as_bytes()).and_then(|()| f.sync_all()));
+        let made =
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path).and_then(|mut f| {
+                f.write_all(format!("{}\n", rblk_proto::to_hex(&id)).as_bytes()).and_then(|()| f.sync_all())
+            });
         match made {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
@@ -1069,7 +1067,8 @@ impl Config {
             return Err(StartError::Access(crate::access::PolicyError::EmptySharedKey));
         }
         let names: Vec<&str> = self.volumes.iter().map(|v| v.name.as_str()).collect();
-        let mut policy = Policy::new(self.key.clone(), &self.hosts, self.acls.clone(), &names).map_err(StartError::Access)?;
+        let mut policy =
+            Policy::new(self.key.clone(), &self.hosts, self.acls.clone(), &names).map_err(StartError::Access)?;
         policy.require_mutual_auth(self.require_mutual_auth);
         Ok(policy)
     }

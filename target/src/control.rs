@@ -188,7 +188,10 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             ),
             After::Refused,
         ),
-        (Message::MutualAuth { host, nonce: initiator_nonce, mac }, State::Challenged { pd, nonce, features, words }) => {
+        (
+            Message::MutualAuth { host, nonce: initiator_nonce, mac },
+            State::Challenged { pd, nonce, features, words },
+        ) => {
             // The addresses as this side sees them: a relay in between sees others.
             let (Some(target_addr), Some(initiator_addr)) = (ep.local(), ep.peer()) else {
                 let text = "AUTH v2 needs the connection's addresses, and the fabric does not know them".into();

@@ -222,7 +222,10 @@ mod tests {
         Config {
             volumes: vec![VolumeSpec::new("db", 1 << 20, None).unwrap()],
             key: shared.map(<[u8]>::to_vec),
-            hosts: hosts.iter().map(|(n, k)| HostSpec { name: (*n).into(), key: k.then(|| b"k".repeat(32)), ..HostSpec::default() }).collect(),
+            hosts: hosts
+                .iter()
+                .map(|(n, k)| HostSpec { name: (*n).into(), key: k.then(|| b"k".repeat(32)), ..HostSpec::default() })
+                .collect(),
             acls: [("db".to_owned(), acl)].into(),
             ..Config::default()
         }

@@ -293,7 +293,11 @@ fn start(keyed: bool) -> Running {
         fabric: Fabric::Mem,
         volumes: vec![volume("v"), volume("acl")],
         key: keyed.then(|| KEY.to_vec()),
-        hosts: if keyed { vec![HostSpec { name: "db1".into(), key: Some(DB1_KEY.to_vec()), ..HostSpec::default() }] } else { Vec::new() },
+        hosts: if keyed {
+            vec![HostSpec { name: "db1".into(), key: Some(DB1_KEY.to_vec()), ..HostSpec::default() }]
+        } else {
+            Vec::new()
+        },
         acls: [("acl".to_owned(), acl)].into(),
         // Guessing is what the fuzzer does: no holding back here.
         max_auth_delay: Duration::ZERO,

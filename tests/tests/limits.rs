@@ -317,7 +317,8 @@ fn rxe_a_stopped_initiator_is_reaped_by_its_silence() {
 /// 3 per host and 4 in all.
 fn serve_join_caps() -> (Running, Vec<u8>) {
     let key = vec![7u8; 32];
-    let hosts = ["a", "b"].map(|name| rblk_target::access::HostSpec { name: name.into(), ..Default::default() }).to_vec();
+    let hosts =
+        ["a", "b"].map(|name| rblk_target::access::HostSpec { name: name.into(), ..Default::default() }).to_vec();
     let r = serve_with(Config {
         key: Some(key.clone()),
         hosts,

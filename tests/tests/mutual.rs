@@ -120,8 +120,7 @@ fn relay(fabric: Fabric, target: SocketAddr, tamper: Tamper) -> (SocketAddr, Arc
                 let hello = Message::Hello { features: strip(features) };
                 match rblk_proto::parse(&upstream.request(&hello)) {
                     Ok((_, Message::Challenge { flags, features, nonce })) => {
-                        let flags =
-                            if tamper == Tamper::ClearAuthRequired { ChallengeFlags::empty() } else { flags };
+                        let flags = if tamper == Tamper::ClearAuthRequired { ChallengeFlags::empty() } else { flags };
                         Some(Message::Challenge { flags, features: strip(features), nonce })
                     }
                     other => panic!("the target answered HELLO with {other:?}"),

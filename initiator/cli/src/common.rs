@@ -100,12 +100,8 @@ pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
 impl Connection {
     /// The library's options for these flags, with `reconnect` as the reconnect policy.
     pub fn options(&self, reconnect: Reconnect) -> anyhow::Result<Options> {
-        let mut options = Options {
-            host_id: self.host_id.clone(),
-            timeout: self.timeout,
-            reconnect,
-            ..Options::default()
-        };
+        let mut options =
+            Options { host_id: self.host_id.clone(), timeout: self.timeout, reconnect, ..Options::default() };
         options.find_key(self.key_file.as_deref())?;
         self.route.apply(&mut options);
         self.trust.apply(&mut options);

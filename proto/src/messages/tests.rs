@@ -536,10 +536,7 @@ fn mutual_auth_and_its_proof_are_tails_of_auth_and_ok() {
     assert_eq!(body_len, size_of::<AuthBody>() + 232 + size_of::<MutualBody>());
     let mut nonzero = v2.clone();
     nonzero[HEADER_LEN] = 1;
-    assert_eq!(
-        parse(&nonzero),
-        Err(ParseError::Reserved { field: "auth.mac (v2 carries its MAC in the tail)" })
-    );
+    assert_eq!(parse(&nonzero), Err(ParseError::Reserved { field: "auth.mac (v2 carries its MAC in the tail)" }));
     // One byte short of the v2 body is neither v1 nor v2.
     let short = raw(Opcode::Auth.into(), &v2[HEADER_LEN..v2.len() - 1]);
     assert!(matches!(parse(&short), Err(ParseError::BadLength { .. })));
