@@ -115,6 +115,9 @@ fn arb_valid_bytes() -> impl Strategy<Value = Vec<u8>> {
         (any::<[u8; 32]>(), proptest::option::of("[!-~]{1,40}"))
             .prop_map(|(mac, host)| (mac, host.map(|h| &*h.leak())))
             .prop_map(|(mac, host)| Message::Auth { mac, host }),
+        ("[!-~]{1,40}", any::<[u8; NONCE_LEN]>(), any::<[u8; 32]>())
+            .prop_map(|(host, nonce, mac)| Message::MutualAuth { host: host.leak(), nonce, mac }),
+        any::<([u8; 16], [u8; 32])>().prop_map(|(target_id, mac)| Message::AuthProof { target_id, mac }),
         ("[a-z]{1,8}", any::<bool>()).prop_map(|(name, resume)| Message::Open {
             mode: OpenMode::ReadWrite,
             name: name.leak(),
@@ -196,6 +199,9 @@ enum Msg {
     Hello(u64),
     /// A right MAC (`true`) for the connection's nonce, or a wrong one; as host `HOSTS[i]`.
     Auth(bool, Option<u8>),
+    /// AUTH v2 as host `HOSTS[i]` with a MAC that proves nothing (the right one needs the
+    /// connection's addresses: tests/tests/mutual.rs sends it).
+    MutualAuth(u8),
     /// Mode 1-3, `VOLUMES[i]`, resume: 0 none, 1 the last session, 2 a made-up one.
     Open(u8, u8, u8),
     /// JOIN the last session (`true`) or a made-up one.
@@ -208,7 +214,7 @@ enum Msg {
     /// LIST from this index.
     List(u32),
     /// A target-to-initiator message sent as a request: 0 CHALLENGE, 1 OPENED, 2 OK, 3 ERROR,
-    /// 4 STATS_REPLY, 5 FLUSHED.
+    /// 4 STATS_REPLY, 5 FLUSHED, 6 OK(AUTH) with a proof.
     Reply(u8),
 }
 
@@ -238,6 +244,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
     prop_oneof![
         4 => prop_oneof![Just(rblk_proto::FEATURES), Just(0u64), any::<u64>()].prop_map(Msg::Hello),
         4 => (any::<bool>(), proptest::option::of(0u8..3)).prop_map(|(good, host)| Msg::Auth(good, host)),
+        2 => (0u8..3).prop_map(Msg::MutualAuth),
         4 => (1u8..=3, 0u8..3, 0u8..3).prop_map(|(m, v, r)| Msg::Open(m, v, r)),
         2 => any::<bool>().prop_map(Msg::Join),
         2 => proptest::option::of(vec((0u64..1 << 24, 1u64..1 << 23), 0..4)).prop_map(Msg::Flush),
@@ -245,7 +252,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         1 => Just(Msg::Close),
         1 => Just(Msg::Keepalive),
         1 => prop_oneof![Just(0u32), any::<u32>()].prop_map(Msg::List),
-        1 => (0u8..6).prop_map(Msg::Reply),
+        1 => (0u8..7).prop_map(Msg::Reply),
     ]
 }
 
@@ -340,6 +347,11 @@ fn encode(msg: &Msg, keyed: bool, conn: usize, known: &Known, buf: &mut [u8]) ->
             let mac = if *good { rblk_proto::auth_mac(key, &nonce, host)? } else { [0xa5; 32] };
             Message::Auth { mac, host }
         }
+        Msg::MutualAuth(host) => Message::MutualAuth {
+            host: HOSTS[usize::from(*host) % HOSTS.len()],
+            nonce: [0x11; NONCE_LEN],
+            mac: [0xa5; 32],
+        },
         Msg::Open(mode, volume, resume) => Message::Open {
             mode: OpenMode::try_from(*mode).ok()?,
             name: VOLUMES[usize::from(*volume) % VOLUMES.len()],
@@ -368,6 +380,7 @@ fn encode(msg: &Msg, keyed: bool, conn: usize, known: &Known, buf: &mut [u8]) ->
             2 => Message::Ok { answers: Opcode::Close },
             3 => Message::Error { code: ErrorCode::Internal, text: "from the initiator" },
             4 => Message::StatsReply(StatsReply::default()),
+            6 => Message::AuthProof { target_id: [6; 16], mac: [6; 32] },
             _ => Message::Flushed { flags: FlushedFlags::VOLATILE },
         },
     };
