@@ -17,7 +17,8 @@
 //! -> {"version":1,"ok":false,"error":"busy","message":"volume v1 has 1 open session(s): ..."}
 //! ```
 //!
-//! `add` takes the fields of a `[[volume]]` of the config file. Changes go through the same
+//! `add` takes the fields of a `[[volume]]` of the config file; `access` answers with `access`:
+//! the hosts, keys (short fingerprints) and access lists in force ([`crate::access_changes`]). Changes go through the same
 //! code as a reload ([`crate::reload`]): an add is the configuration applied last plus that
 //! volume, a remove the same without it, refused while sessions have it open. They are not
 //! written to the config file: the next SIGHUP applies the file again, so it removes volumes
