@@ -5,18 +5,19 @@
 //! in-memory fabric), with hand-made control messages and one-sided READs.
 //!
 //! What each would catch (each fails with its mechanism removed):
-//! - `a_host_whose_key_changed_or_went_away_loses_its_sessions`: a reload that applies keys only
-//!   to the next AUTH (without `Shared::revoke` in the reload, the old rkey still READs and the
-//!   JOIN with the valid token is let in), a replaced key (not only a removed host) overlooked,
-//!   sessions of hosts whose key did not change released too, and a report that does not name
-//!   the change or the released session.
-//! - `a_host_off_an_allow_list_loses_that_volume_only`: access lists rechecked only at OPEN (the
-//!   session of the volume it left keeps working), or a host's other sessions released with it;
-//!   and, first, a reload that narrows nothing (a host and a volume added) releasing anything.
-//! - `a_widening_reload_is_refused_unless_the_file_confirms_it`: authentication turned off or
-//!   `*` added to an allow list by a reload without `confirm_widen = true` (the check removed,
-//!   the keyless peer gets in), the refusal not saying what it would widen and how to confirm
-//!   it, and a confirmed widening not applied or not reported.
+//! - `a_reload_revokes_at_once_and_widens_only_when_confirmed` (both fabrics): a reload that
+//!   applies keys only to the next AUTH (without `Shared::revoke` ending the session the old
+//!   rkey still READs and the JOIN with the valid token is answered JOINED), a
+//!   replaced key (not only a removed host) overlooked, a host whose key did not change released
+//!   too, a report that does not name the change or the released session; then authentication
+//!   turned off or `*` added to an allow list by a reload without `confirm_widen = true` (the
+//!   check removed, the keyless peer gets in), a refusal that does not say what would widen and
+//!   how to confirm it, and a confirmed widening not applied, not reported, or releasing anyone.
+//! - `mem_a_host_removed_from_the_hosts_loses_its_sessions`: a host taken out of the hosts (and
+//!   so unable to log in) keeping its session.
+//! - `mem_a_host_off_an_allow_list_loses_that_volume_only`: access lists rechecked only at OPEN
+//!   (the session of the volume it left keeps working), or a host's other sessions released with
+//!   it; and, first, a reload that narrows nothing (a host and a volume added) releasing anything.
 //! - `check_config_compares_with_the_running_daemon` (host only: the binary's `--check-config`
 //!   against an in-process target's admin socket): a check that says "configuration OK" for a
 //!   file the running daemon would refuse at the reload `ExecReload=` runs it before, or that
@@ -34,11 +35,19 @@ const DB1_NEW: &[u8] = b"db1's next secret, at least 32 bytes";
 const WEB: &[u8] = b"web's own secret, at least 32 bytes!";
 const SHARED: &[u8] = b"the shared secret, 32 bytes or more";
 
-rblk_tests::on_both_fabrics!(
-    a_host_whose_key_changed_or_went_away_loses_its_sessions,
-    a_host_off_an_allow_list_loses_that_volume_only,
-    a_widening_reload_is_refused_unless_the_file_confirms_it,
-);
+rblk_tests::on_both_fabrics!(a_reload_revokes_at_once_and_widens_only_when_confirmed);
+
+// The rest only over the in-memory fabric: what they add is which sessions a policy revokes,
+// the same code on both fabrics; the guest budget goes to the one above.
+#[test]
+fn mem_a_host_removed_from_the_hosts_loses_its_sessions() {
+    a_host_removed_from_the_hosts_loses_its_sessions(Fabric::Mem);
+}
+
+#[test]
+fn mem_a_host_off_an_allow_list_loses_that_volume_only() {
+    a_host_off_an_allow_list_loses_that_volume_only(Fabric::Mem);
+}
 
 /// Writes `key` to a fresh file (mode 0600) and returns its path.
 fn key_file(key: &[u8]) -> PathBuf {
@@ -106,22 +115,52 @@ fn join_refused(t: &Target, o: &Opened) {
     }
 }
 
-fn a_host_whose_key_changed_or_went_away_loses_its_sessions(fabric: Fabric) {
+fn a_reload_revokes_at_once_and_widens_only_when_confirmed(fabric: Fabric) {
+    let keyed = format!("key_file = {:?}\n{}", key_file(SHARED), host("web", Some(WEB)));
+    let v = volume("v", "db1 = \"rw\", web = \"rw\"");
+    let t = Target::start_with_config(fabric, &format!("{keyed}{}{v}", host("db1", Some(DB1))));
+    let (mut db1, o1) = open(&t, Some(DB1), "db1", "v");
+    let (mut web, ow) = open(&t, Some(WEB), "web", "v");
+    reads(&mut db1, &o1, "db1");
+
+    // db1's key replaced: its session ends now; web's key did not change.
+    let report = t.reload(&format!("{keyed}{}{v}", host("db1", Some(DB1_NEW)))).expect("reload");
+    assert!(report.contains("access: host db1's key replaced"), "{report}");
+    assert!(report.contains("released 1 session(s)") && report.contains("(host db1)"), "{report}");
+    read_fails(&mut db1, &o1, "db1");
+    join_refused(&t, &o1);
+    reads(&mut web, &ow, "web");
+
+    // Widenings: refused, nothing changed, unless the file confirms them.
+    let keyless_opens = || {
+        let mut r = Raw::connect(t.fabric(), t.addr(), ConnectData::NewSession).expect("connect");
+        r.hello_with(FEATURES & !FEATURE_KEEPALIVE);
+        r.open_with("v", OpenMode::ReadOnly, None).is_ok()
+    };
+    let db1 = host("db1", Some(DB1_NEW));
+    let starred = volume("v", "db1 = \"rw\", web = \"rw\", \"*\" = \"ro\"");
+    let e = t.reload(&format!("{keyed}{db1}{starred}")).expect_err("* added");
+    assert!(e.contains("widens access (volume v allows * ro)") && e.contains("confirm_widen = true"), "{e}");
+    // Authentication off (the test daemons run with --allow-any-host, so no key left means none).
+    let open_file = volume("v", "");
+    let e = t.reload(&open_file).expect_err("authentication off");
+    assert!(e.contains("authentication off") && e.contains("allow list removed"), "{e}");
+    assert!(!keyless_opens(), "nothing changed: a peer without the key is still refused");
+    reads(&mut web, &ow, "web");
+
+    let report = t.reload(&format!("confirm_widen = true\n{open_file}")).expect("a confirmed widening");
+    assert!(report.contains("access: authentication off") && report.contains("shared key removed"), "{report}");
+    assert!(!report.contains("released"), "widening takes nothing away: {report}");
+    assert!(keyless_opens(), "a confirmed widening applies");
+    reads(&mut web, &ow, "web");
+}
+
+fn a_host_removed_from_the_hosts_loses_its_sessions(fabric: Fabric) {
     let web = host("web", Some(WEB));
     let t = Target::start_with_config(fabric, &format!("{}{web}{}", host("db1", Some(DB1)), volume("v", "")));
     let (mut db1, o1) = open(&t, Some(DB1), "db1", "v");
     let (mut w, ow) = open(&t, Some(WEB), "web", "v");
-    reads(&mut db1, &o1, "db1");
-
-    // db1's key replaced: its session ends now; web's key did not change.
-    let report = t.reload(&format!("{}{web}{}", host("db1", Some(DB1_NEW)), volume("v", ""))).expect("reload");
-    assert!(report.contains("host db1's key replaced") && report.contains("released 1 session(s)"), "{report}");
-    read_fails(&mut db1, &o1, "db1");
-    join_refused(&t, &o1);
-    reads(&mut w, &ow, "web");
-
-    // db1 with its new key, then gone from the hosts (no shared key: it cannot log in at all).
-    let (mut db1, o1) = open(&t, Some(DB1_NEW), "db1", "v");
+    // No shared key: db1 cannot log in at all any more.
     let report = t.reload(&format!("{web}{}", volume("v", ""))).expect("reload");
     assert!(report.contains("host db1 removed") && report.contains("released 1 session(s)"), "{report}");
     read_fails(&mut db1, &o1, "db1");
@@ -151,30 +190,6 @@ fn a_host_off_an_allow_list_loses_that_volume_only(fabric: Fabric) {
     join_refused(&t, &oa);
     reads(&mut db1_b, &ob, "db1 (b)");
     reads(&mut web_a, &owa, "web (a)");
-}
-
-fn a_widening_reload_is_refused_unless_the_file_confirms_it(fabric: Fabric) {
-    let keyed = format!("key_file = {:?}\n", key_file(SHARED));
-    let t = Target::start_with_config(fabric, &format!("{keyed}{}", volume("v", "db1 = \"rw\"")));
-    let (mut db1, o) = open(&t, Some(SHARED), "db1", "v");
-    let keyless_opens = || {
-        let mut r = Raw::connect(t.fabric(), t.addr(), ConnectData::NewSession).expect("connect");
-        r.hello_with(FEATURES & !FEATURE_KEEPALIVE);
-        r.open_with("v", OpenMode::ReadOnly, None).is_ok()
-    };
-
-    let e = t.reload(&format!("{keyed}{}", volume("v", "db1 = \"rw\", \"*\" = \"ro\""))).expect_err("* added");
-    assert!(e.contains("widens access (volume v allows * ro)") && e.contains("confirm_widen = true"), "{e}");
-    // Authentication off (the test daemons run with --allow-any-host, so no key left means none).
-    let open_file = volume("v", "");
-    let e = t.reload(&open_file).expect_err("authentication off");
-    assert!(e.contains("authentication off") && e.contains("allow list removed"), "{e}");
-    assert!(!keyless_opens(), "nothing changed: a peer without the key is still refused");
-    reads(&mut db1, &o, "db1");
-
-    let report = t.reload(&format!("confirm_widen = true\n{open_file}")).expect("a confirmed widening");
-    assert!(report.contains("access: authentication off") && report.contains("shared key removed"), "{report}");
-    assert!(keyless_opens(), "a confirmed widening applies");
 }
 
 /// The daemon binary's `--check-config` against a running target's admin socket (an in-process
