@@ -9,7 +9,8 @@
 //!   applies keys only to the next AUTH (without `Shared::revoke` ending the session the old
 //!   rkey still READs and the JOIN with the valid token is answered JOINED), a
 //!   replaced key (not only a removed host) overlooked, a host whose key did not change released
-//!   too, a report that does not name the change or the released session; then authentication
+//!   too, a report that does not name the change or the released session, an OPEN on a
+//!   connection authenticated under the old key let through; then authentication
 //!   turned off or `*` added to an allow list by a reload without `confirm_widen = true` (the
 //!   check removed, the keyless peer gets in), a refusal that does not say what would widen and
 //!   how to confirm it, and a confirmed widening not applied, not reported, or releasing anyone.
@@ -26,7 +27,7 @@
 use std::path::PathBuf;
 
 use rblk_fabric::{Access, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
-use rblk_proto::{ConnectData, Message, OpenMode, Opened, FEATURES, FEATURE_KEEPALIVE};
+use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, Opened, FEATURES, FEATURE_KEEPALIVE};
 use rblk_tests::raw::Raw;
 use rblk_tests::target::Target;
 
@@ -122,6 +123,9 @@ fn a_reload_revokes_at_once_and_widens_only_when_confirmed(fabric: Fabric) {
     let (mut db1, o1) = open(&t, Some(DB1), "db1", "v");
     let (mut web, ow) = open(&t, Some(WEB), "web", "v");
     reads(&mut db1, &o1, "db1");
+    // A connection of db1's that authenticated and has not opened yet.
+    let mut ready = Raw::connect(t.fabric(), t.addr(), ConnectData::NewSession).expect("connect");
+    ready.login(Some(DB1), Some("db1")).expect("db1 logs in");
 
     // db1's key replaced: its session ends now; web's key did not change.
     let report = t.reload(&format!("{keyed}{}{v}", host("db1", Some(DB1_NEW)))).expect("reload");
@@ -130,6 +134,8 @@ fn a_reload_revokes_at_once_and_widens_only_when_confirmed(fabric: Fabric) {
     read_fails(&mut db1, &o1, "db1");
     join_refused(&t, &o1);
     reads(&mut web, &ow, "web");
+    let (code, text) = ready.open_with("v", OpenMode::ReadOnly, None).expect_err("an OPEN under the old key");
+    assert!(code == ErrorCode::AuthFailed && text.contains("keys changed"), "{code:?} {text}");
 
     // Widenings: refused, nothing changed, unless the file confirms them.
     let keyless_opens = || {
