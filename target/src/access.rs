@@ -13,6 +13,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use rblk_proto::{OpenMode, Transcript, MAC_LEN, NONCE_LEN, TARGET_ID_LEN};
+use subtle::ConstantTimeEq as _;
+
+use crate::access_changes::Access;
 
 /// What a host may do with a volume. Each grant includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -346,6 +349,7 @@ impl Policy {
             },
             None => match &self.shared_key {
                 Some(shared) => Ok(Some(shared)),
+                None if !self.auth_required() => Ok(None),
                 None => Err(AuthError::NoHostId),
             },
         }
@@ -404,6 +408,51 @@ impl Policy {
             .ok_or(Some(AuthError::WrongKey { host: host.map(str::to_owned) }))
     }
 
+    /// What an initiator calling itself `host` (None: anonymous) proves when it authenticates
+    /// under this policy: the connection keeps it, and its session, for
+    /// [`revokes`](Self::revokes).
+    pub fn credential(&self, host: Option<&str>) -> Credential {
+        Credential(self.key_for(host).ok().flatten().map(fingerprint), false)
+    }
+
+    /// Why a connection of `host` that proved `proven` (and the session it opened, `open`:
+    /// volume and mode) may not go on under this policy, or None if it may: the key the host
+    /// must prove now is another one, or there is none it can (a reload replaced or removed
+    /// it, or keys were configured where there were none), or the access list no longer
+    /// grants the open. A policy without any key revokes no key.
+    pub fn revokes(&self, host: Option<&str>, proven: &Credential, open: Option<(&str, OpenMode)>) -> Option<Revoked> {
+        let key_holds = match self.key_for(host) {
+            Ok(None) => true,
+            Ok(Some(key)) => proven.0.is_some_and(|p| bool::from(p.ct_eq(&fingerprint(key)))),
+            Err(_) => false,
+        };
+        if !key_holds {
+            return Some(Revoked::Key);
+        }
+        if proven.0.is_some() && !proven.1 && self.mutual_required(host) {
+            return Some(Revoked::Mutual);
+        }
+        let (volume, mode) = open?;
+        self.may_open(volume, host, mode).err().map(Revoked::Access)
+    }
+
+    /// Who may get in and open which of `volumes` under this policy, keys by fingerprint only:
+    /// what a reload and `--check-config` compare ([`crate::access_changes`]).
+    pub fn snapshot<'a>(&self, volumes: impl IntoIterator<Item = &'a str>) -> Access {
+        let short = |key: &Vec<u8>| rblk_proto::to_hex(&fingerprint(key)[..8]);
+        Access {
+            shared_key: self.shared_key.as_ref().map(short),
+            hosts: self.hosts.iter().map(|(h, key)| (h.clone(), key.as_ref().map(short))).collect(),
+            volumes: volumes.into_iter().map(|v| (v.to_owned(), self.acls.get(v).cloned())).collect(),
+            mutual: self
+                .mutual_hosts
+                .iter()
+                .cloned()
+                .chain(self.mutual_everywhere.then(|| ANY_HOST.to_owned()))
+                .collect(),
+        }
+    }
+
     /// Whether `host` (None: anonymous) may open `volume` in `mode`.
     pub fn may_open(&self, volume: &str, host: Option<&str>, mode: OpenMode) -> Result<(), AccessError> {
         let Some(acl) = self.acls.get(volume) else { return Ok(()) };
@@ -413,6 +462,59 @@ impl Policy {
             Some(g) if g.permits(mode) => Ok(()),
             Some(&grant) => Err(AccessError::Mode { host, volume, mode, grant }),
             None => Err(AccessError::NotListed { host, volume }),
+        }
+    }
+}
+
+/// What a connection proved at AUTH: a fingerprint of the key ([`fingerprint`]); none where
+/// the target had no key (names taken as claimed).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Credential(Option<[u8; 32]>, bool);
+
+impl Credential {
+    /// Nothing proven: the target had no key.
+    pub const NONE: Credential = Credential(None, false);
+
+    /// The same proven with AUTH v2 (which a reload that turns `require_mutual_auth` on keeps).
+    pub fn mutual(self) -> Credential {
+        Credential(self.0, true)
+    }
+}
+
+// A fingerprint is not a key, but it need not be in logs either.
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "Credential(a key)" } else { "Credential(none)" })
+    }
+}
+
+/// A key's fingerprint: HMAC-SHA256 under the key of a fixed label. It tells keys apart (a
+/// reload compares them) without holding or showing the key.
+pub fn fingerprint(key: &[u8]) -> [u8; 32] {
+    use hmac::Mac as _;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes keys of any length");
+    m.update(b"rblk key fingerprint");
+    m.finalize().into_bytes().into()
+}
+
+/// Why a reload ends a session (see [`Policy::revokes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Revoked {
+    /// The key its connection proved is not the one its host must prove now.
+    Key,
+    /// The access list no longer grants its open.
+    Access(AccessError),
+    /// It authenticated with v1, and its host must now use v2 (`require_mutual_auth`).
+    Mutual,
+}
+
+impl fmt::Display for Revoked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Revoked::Key => f.write_str("the key it authenticated with is no longer the one its host must prove"),
+            Revoked::Access(e) => e.fmt(f),
+            Revoked::Mutual => f.write_str("it authenticated with v1, and its host must now use mutual authentication"),
         }
     }
 }
@@ -495,6 +597,67 @@ mod tests {
         assert_eq!(p.may_open("scratch", Some("anyone"), OpenMode::ReadWrite), Ok(()), "*");
         assert!(p.may_open("scratch", None, OpenMode::Exclusive).is_err());
         assert_eq!(p.may_open("free", None, OpenMode::Exclusive), Ok(()), "no list: open to all");
+    }
+
+    /// Would catch a session kept after its host's key was replaced or removed (or after keys
+    /// were configured on an open target), one released though nothing it relied on changed
+    /// (its key the same, or authentication turned off), and access lists not rechecked.
+    #[test]
+    fn what_a_new_policy_revokes() {
+        let before = policy(Some(b"shared"));
+        let (db1, web, anon) =
+            (before.credential(Some("db1")), before.credential(Some("web")), before.credential(None));
+        assert_ne!(db1, web, "own and shared keys differ");
+        assert_eq!(web, anon, "both prove the shared key");
+        let ro = Some(("db", OpenMode::ReadOnly));
+        assert_eq!(before.revokes(Some("db1"), &db1, Some(("db", OpenMode::Exclusive))), None);
+        assert_eq!(before.revokes(Some("web"), &web, ro), None);
+        assert_eq!(policy(Some(b"shared")).revokes(Some("db1"), &db1, None), None, "the same keys again");
+
+        let hosts = |db1_key: Option<&[u8]>| {
+            [
+                HostSpec { name: "db1".into(), key: db1_key.map(<[u8]>::to_vec), ..HostSpec::default() },
+                HostSpec { name: "web".into(), key: None, ..HostSpec::default() },
+            ]
+        };
+        let with = |shared: Option<&[u8]>, db1_key: Option<&[u8]>, acls: HashMap<String, Acl>| {
+            Policy::new(shared.map(<[u8]>::to_vec), &hosts(db1_key), acls, &["db", "scratch", "free"]).unwrap()
+        };
+        let replaced = with(Some(b"shared"), Some(b"db1-new"), HashMap::new());
+        assert_eq!(replaced.revokes(Some("db1"), &db1, None), Some(Revoked::Key), "db1's key replaced");
+        assert_eq!(replaced.revokes(Some("web"), &web, None), None, "web's key is the same");
+        let removed = with(Some(b"shared"), None, HashMap::new());
+        assert_eq!(removed.revokes(Some("db1"), &db1, None), Some(Revoked::Key), "db1 proves the shared key now");
+        let no_shared = with(None, Some(b"db1-key"), HashMap::new());
+        assert_eq!(no_shared.revokes(None, &anon, None), Some(Revoked::Key), "anonymous can no longer log in");
+        assert_eq!(no_shared.revokes(Some("db1"), &db1, None), None);
+
+        let open = Policy::new(None, &[], HashMap::new(), &["db"]).unwrap();
+        assert_eq!(open.revokes(Some("db1"), &db1, None), None, "authentication off takes nothing away");
+
+        // require_mutual_auth turned on: v1 sessions go, v2 ones stay (would catch a v1 session
+        // outliving the requirement, the relay's session among them).
+        let mut mutual = policy(Some(b"shared"));
+        mutual.require_mutual_auth(true);
+        assert_eq!(mutual.revokes(Some("db1"), &db1, None), Some(Revoked::Mutual));
+        assert_eq!(mutual.revokes(Some("db1"), &db1.mutual(), None), None);
+        assert_eq!(before.revokes(Some("db1"), &open.credential(Some("db1")), None), Some(Revoked::Key), "keys on");
+
+        let narrowed = with(
+            Some(b"shared"),
+            Some(b"db1-key"),
+            [("db".to_owned(), [("web".to_owned(), Grant::ReadOnly)].into())].into(),
+        );
+        assert!(matches!(
+            narrowed.revokes(Some("db1"), &db1, Some(("db", OpenMode::Exclusive))),
+            Some(Revoked::Access(AccessError::NotListed { .. }))
+        ));
+        assert_eq!(narrowed.revokes(Some("db1"), &db1, Some(("free", OpenMode::Exclusive))), None, "other volumes");
+        assert_eq!(narrowed.revokes(Some("web"), &web, ro), None);
+        assert!(
+            narrowed.revokes(Some("web"), &web, Some(("db", OpenMode::ReadWrite))).is_some(),
+            "a mode no longer granted"
+        );
     }
 
     #[test]

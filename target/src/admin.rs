@@ -12,11 +12,13 @@
 //! {"version":1,"op":"list"}
 //! {"version":1,"op":"add","volume":{"name":"v1","size":"64M","path":"/srv/v1.img","allow":{"db1":"rw"}}}
 //! {"version":1,"op":"remove","name":"v1"}
+//! {"version":1,"op":"access"}
 //! -> {"version":1,"ok":true,"message":"...","volumes":[{"name":..,"size":..,"sessions":..,"state":..},..]}
 //! -> {"version":1,"ok":false,"error":"busy","message":"volume v1 has 1 open session(s): ..."}
 //! ```
 //!
-//! `add` takes the fields of a `[[volume]]` of the config file. Changes go through the same
+//! `add` takes the fields of a `[[volume]]` of the config file; `access` answers with `access`:
+//! the hosts, keys (short fingerprints) and access lists in force ([`crate::access_changes`]). Changes go through the same
 //! code as a reload ([`crate::reload`]): an add is the configuration applied last plus that
 //! volume, a remove the same without it, refused while sessions have it open. They are not
 //! written to the config file: the next SIGHUP applies the file again, so it removes volumes
@@ -69,6 +71,9 @@ pub enum Request {
     /// Hand every volume to the service manager's file descriptor store and exit, for systemd
     /// to start the successor with them (see [`crate::handover`]).
     Handover,
+    /// Who may get in and open what, keys by fingerprint only (`--check-config` compares a
+    /// file with it: see [`crate::access_changes`]).
+    Access,
     /// From a successor (`rblk-target --takeover`): hand every volume to it over this
     /// connection (see [`crate::handover`]); the state formats it reads.
     Takeover {
@@ -114,6 +119,9 @@ pub struct Reply {
     /// The volumes, for a list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volumes: Option<Vec<VolumeInfo>>,
+    /// The access policy, for `access`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<crate::access_changes::Access>,
 }
 
 /// Why a request was not carried out.
@@ -130,7 +138,7 @@ pub enum AdminError {
     #[error("protocol version {0} is not served (this daemon speaks version {VERSION})")]
     Version(String),
     /// An op this daemon does not know.
-    #[error("unknown op {0:?} (add, remove, list or handover)")]
+    #[error("unknown op {0:?} (add, remove, list, access or handover)")]
     UnknownOp(String),
     /// Add of a name already served.
     #[error("volume {0} exists")]
@@ -355,21 +363,22 @@ fn client(shared: &Arc<Shared>, stream: UnixStream) {
 fn refusal(e: &AdminError) -> Reply {
     // The whole chain: the client prints the message alone.
     let message = rblk_fabric::Chain(e).to_string();
-    Reply { version: VERSION, ok: false, error: Some(e.code().to_owned()), message, volumes: None }
+    Reply { version: VERSION, ok: false, error: Some(e.code().to_owned()), message, volumes: None, access: None }
 }
 
 /// Parses and carries out one request line.
 pub(crate) fn handle(shared: &Arc<Shared>, line: &[u8]) -> Reply {
     let result = parse(line).and_then(|request| {
         debug!(?request, "admin request");
-        run(shared, request)
+        let access = (request == Request::Access).then(|| shared.access());
+        run(shared, request).map(|(message, volumes)| (message, volumes, access))
     });
     match result {
-        Ok((message, volumes)) => {
+        Ok((message, volumes, access)) => {
             if !message.is_empty() {
                 info!("admin: {message}");
             }
-            Reply { version: VERSION, ok: true, error: None, message, volumes }
+            Reply { version: VERSION, ok: true, error: None, message, volumes, access }
         }
         Err(e) => {
             warn!(error = %e, "admin request refused");
@@ -391,7 +400,7 @@ pub fn parse(line: &[u8]) -> Result<Request, AdminError> {
     }
     match map.get("op") {
         Some(serde_json::Value::String(op))
-            if !["list", "add", "remove", "handover", "takeover"].contains(&op.as_str()) =>
+            if !["list", "add", "remove", "access", "handover", "takeover"].contains(&op.as_str()) =>
         {
             return Err(AdminError::UnknownOp(op.clone()))
         }
@@ -404,6 +413,8 @@ pub fn parse(line: &[u8]) -> Result<Request, AdminError> {
 fn run(shared: &Arc<Shared>, request: Request) -> Result<(String, Option<Vec<VolumeInfo>>), AdminError> {
     match request {
         Request::List => Ok((String::new(), Some(list(shared)))),
+        // The reply's `access` (see handle).
+        Request::Access => Ok((String::new(), None)),
         Request::Add { volume } => add(shared, &volume).map(|m| (m, None)),
         Request::Remove { name } => remove(shared, &name).map(|m| (m, None)),
         Request::Handover => handover(shared).map(|m| (m, None)),

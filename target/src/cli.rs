@@ -124,7 +124,7 @@ pub struct Args {
     #[arg(long, value_name = "on|off", value_parser = on_off)]
     pub memory_windows: Option<bool>,
     /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, allow_any_host, require_mutual_auth, state_dir, the limits above
-    /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, [[host]] tables (name, key_file, require_mutual_auth)
+    /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, confirm_widen, [[host]] tables (name, key_file, require_mutual_auth)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
     /// --volume flags replace its volumes. Every key: rblk-target.toml(5).
@@ -136,8 +136,11 @@ pub struct Args {
     pub print_config: bool,
     /// Check the effective configuration (file plus flags) without RDMA hardware and exit:
     /// addresses, sizes, duplicate volumes, key files (readable, non-empty), backing paths
-    /// (the file or device exists, or its directory does), host names and access lists.
-    /// Prints "configuration OK" and exits 0, or prints the reason and exits non-zero.
+    /// (the file or device exists, or its directory does), host names and access lists. With a
+    /// daemon serving the admin socket, also prints the access changes a reload would make there,
+    /// and fails where that reload would be refused (it widens access, and the file does not say
+    /// confirm_widen = true). Prints "configuration OK" and exits 0, or prints the reason and
+    /// exits non-zero.
     #[arg(long, conflicts_with = "print_config")]
     pub check_config: bool,
     /// Take the volumes over from the daemon serving the admin socket (--admin-socket, or the

@@ -10,6 +10,7 @@
 //! key_file = "/etc/rblk/key"     # shared key: any host that holds it may connect (without
 //!                                # any key: STATE_DIR/target.key, made at the first start)
 //! allow_any_host = false         # true: no key at all, every initiator gets in
+//! confirm_widen = false          # true: a reload may widen access (allow_any_host, allow lists)
 //! state_dir = "/var/lib/rblk"    # durable volumes' identities across clean shutdowns (default)
 //! open_timeout = 10              # seconds a connection may take to open a session (default;
 //!                                # or a string with units, "10s", "1m30s")
@@ -125,6 +126,9 @@ pub struct Config {
     pub max_unopened: usize,
     /// See [`Config::max_unopened`].
     pub max_unopened_per_addr: usize,
+    /// A reload may widen access (see [`crate::access_changes`]): set only by the config file's
+    /// `confirm_widen`, never by a flag, since a SIGHUP carries none.
+    pub confirm_widen: bool,
     /// A test hook: FLUSHes wait at it while it is held (see [`crate::control::FlushHook`]). None in the daemon.
     #[doc(hidden)]
     pub flush_hook: Option<crate::control::FlushHook>,
@@ -231,6 +235,7 @@ impl Default for Config {
             max_unopened: MAX_UNOPENED,
             max_unopened_per_addr: MAX_UNOPENED_PER_ADDR,
             memory_windows: true,
+            confirm_widen: false,
             flush_hook: None,
         }
     }
@@ -748,6 +753,9 @@ pub struct File {
     /// Memory windows where the device and the initiator have them (default true).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_windows: Option<bool>,
+    /// A reload may widen access (authentication off, an allow list removed, `*` added).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirm_widen: Option<bool>,
     /// Known hosts.
     #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<FileHost>,
@@ -902,6 +910,7 @@ impl File {
             max_joins_per_host: self.max_joins_per_host.unwrap_or(defaults.max_joins_per_host),
             max_joins: self.max_joins.unwrap_or(defaults.max_joins),
             memory_windows: self.memory_windows.unwrap_or(defaults.memory_windows),
+            confirm_widen: self.confirm_widen.unwrap_or(defaults.confirm_widen),
             ..defaults
         };
         cfg.check().map_err(ConfigError::Check)?;

@@ -32,7 +32,7 @@ pub(crate) enum AdmitError {
     },
     #[error("{}: join of unknown session {session_id} or bad token", rblk_fabric::AddrDisplay(*peer))]
     UnknownSession { peer: Option<SocketAddr>, session_id: u64 },
-    #[error("{}: join of session {session_id} that a reconnect replaced", rblk_fabric::AddrDisplay(*peer))]
+    #[error("{}: join of session {session_id}, which ended (replaced by a reconnect, or revoked by a reload)", rblk_fabric::AddrDisplay(*peer))]
     Replaced { peer: Option<SocketAddr>, session_id: u64 },
     #[error("{}: {step}", rblk_fabric::AddrDisplay(*peer))]
     Fabric {
@@ -308,8 +308,8 @@ impl Connection {
             if self.shared.take_evicted(self.conn) {
                 return Err("evicted: too many connections that opened nothing (the oldest go first)".into());
             }
-            if self.protocol.session().is_some_and(|s| s.is_replaced()) {
-                return Err("session replaced by a reconnect".into());
+            if let Some(ended) = self.protocol.session().and_then(|s| s.ended()) {
+                return Err(ended.to_string().into());
             }
             if self.shared.take_woken(self.conn) {
                 return Err("peer disconnected".into());
@@ -527,7 +527,7 @@ impl Connection {
         shared.take_evicted(conn);
         shared.take_woken(conn);
         if let Some(session) = protocol.session() {
-            if session.leave(conn) && !session.is_replaced() {
+            if session.leave(conn) && session.ended().is_none() {
                 info!(session = session.id, "last connection gone: deregistering");
                 shared.drop_session(session);
             }

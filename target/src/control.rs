@@ -9,7 +9,7 @@ use rblk_proto::{
     VolumeFlags, NONCE_LEN,
 };
 
-use crate::access::AccessError;
+use crate::access::{AccessError, Credential};
 use crate::registry::Shared;
 use crate::session::{self, Grant, Owner, Registration, Session};
 
@@ -44,6 +44,9 @@ pub enum State {
         features: u64,
         /// The host AUTH named (None: anonymous).
         host: Option<Arc<str>>,
+        /// What AUTH proved: OPEN and LIST are refused once a reload changed the key the host
+        /// must prove.
+        credential: Credential,
     },
     /// A further QP, admitted by its connect data, waiting for JOIN.
     Joining {
@@ -207,11 +210,16 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 target_addr,
                 initiator_addr,
             };
-            let proved = shared.catalog().policy.authenticate_mutual(&transcript, &mac, &shared.target_id);
+            let proved = {
+                let policy = &shared.catalog().policy;
+                let proof = policy.authenticate_mutual(&transcript, &mac, &shared.target_id);
+                proof.map(|proof| (proof, policy.credential(Some(host)).mutual()))
+            };
             match proved {
-                Ok(proof) => {
+                Ok((proof, credential)) => {
                     shared.auth_succeeded(peer.ip);
-                    *state = State::Ready { pd: pd.clone(), features: *features, host: Some(Arc::from(host)) };
+                    let host = Some(Arc::from(host));
+                    *state = State::Ready { pd: pd.clone(), features: *features, host, credential };
                     let reply = Message::AuthProof { target_id: shared.target_id, mac: proof };
                     (Reply::Msg(reply), After::Continue)
                 }
@@ -227,11 +235,15 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             }
         }
         (Message::Auth { mac, host }, State::Challenged { pd, nonce, features, .. }) => {
-            let authenticated = shared.catalog().policy.authenticate(nonce, &mac, host);
+            let authenticated = {
+                let policy = &shared.catalog().policy;
+                policy.authenticate(nonce, &mac, host).map(|()| policy.credential(host))
+            };
             match authenticated {
-                Ok(()) => {
+                Ok(credential) => {
                     shared.auth_succeeded(peer.ip);
-                    *state = State::Ready { pd: pd.clone(), features: *features, host: host.map(Arc::from) };
+                    *state =
+                        State::Ready { pd: pd.clone(), features: *features, host: host.map(Arc::from), credential };
                     (Reply::Msg(Message::Ok { answers: rblk_proto::Opcode::Auth }), After::Continue)
                 }
                 Err(e) => {
@@ -249,7 +261,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             if !shared.auth_required() =>
         {
             // No key configured and no host named: HELLO was enough, for an anonymous host.
-            *state = State::Ready { pd: pd.clone(), features: *features, host: None };
+            *state = State::Ready { pd: pd.clone(), features: *features, host: None, credential: Credential::NONE };
             handle(shared, peer, ep, state, bytes)
         }
         (msg @ (Message::Open { .. } | Message::List { .. }), State::Challenged { .. }) => {
@@ -263,13 +275,14 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             let text = "OPEN resumes a session, but HELLO did not announce the reconnect feature".into();
             (Reply::Error(ErrorCode::Unexpected, text), After::Refused)
         }
-        (Message::Open { mode, name, resume }, State::Ready { pd, features, host }) => {
+        (Message::Open { mode, name, resume }, State::Ready { pd, features, host, credential }) => {
             let host = host.clone();
             let owner = match &host {
                 Some(h) => Owner::Host(Arc::clone(h)),
                 None => Owner::Anonymous(peer.ip),
             };
-            let opener = Opener { conn: peer.conn, pd: pd.clone(), features: *features, owner };
+            let opener =
+                Opener { conn: peer.conn, pd: pd.clone(), features: *features, owner, credential: *credential };
             match open(shared, ep, state, opener, mode, name, resume) {
                 Ok(opened) => (opened, After::Continue),
                 Err(Refusal { code, text, after, detail }) => {
@@ -289,6 +302,9 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             if session.id != session_id || !session.token_matches(&token) {
                 return (Reply::Error(ErrorCode::BadSession, "JOIN does not match the session".into()), After::Close);
             }
+            if let Some(ended) = session.ended() {
+                return (Reply::Error(ErrorCode::BadSession, format!("JOIN refused: {ended}")), After::Close);
+            }
             let session = Arc::clone(session);
             let reply = if session.uses_windows() {
                 match session.bind(ep, peer.conn) {
@@ -304,7 +320,12 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             *state = State::Open { session };
             (Reply::Msg(reply), After::Continue)
         }
-        (Message::List { start }, State::Ready { host, .. }) => (list(shared, host.as_deref(), start), After::Continue),
+        (Message::List { start }, State::Ready { host, credential, .. }) => {
+            if let Some(why) = shared.catalog().policy.revokes(host.as_deref(), credential, None) {
+                return (Reply::Error(ErrorCode::AuthFailed, revoked_text(&why)), After::Close);
+            }
+            (list(shared, host.as_deref(), start), After::Continue)
+        }
         (Message::List { start }, State::Open { session }) => {
             (list(shared, session.owner.host(), start), After::Continue)
         }
@@ -479,6 +500,13 @@ struct Opener {
     pd: Pd,
     features: u64,
     owner: Owner,
+    credential: Credential,
+}
+
+/// The refusal of a connection that authenticated before a reload changed the key its host
+/// must prove (see [`crate::access::Policy::revokes`]).
+fn revoked_text(why: &crate::access::Revoked) -> String {
+    format!("{why}: the target's keys changed since this connection authenticated; connect again")
 }
 
 fn open(
@@ -490,14 +518,18 @@ fn open(
     name: &str,
     resume: Option<Resume>,
 ) -> Result<Reply, Refusal> {
-    let Opener { conn, pd, features, owner } = opener;
+    let Opener { conn, pd, features, owner, credential } = opener;
     // Before anything else: the old session's exclusive open must not make this one Busy.
     if let Some(resume) = &resume {
         shared.replace_session(resume);
     }
-    // Held until the session is recorded: a reload removes no volume under an OPEN.
+    // Held until the session is recorded: a reload removes no volume under an OPEN, and
+    // revokes (see Shared::apply) every session recorded before it changes the policy.
     let catalog = shared.catalog();
     let host = owner.host();
+    if let Some(why) = catalog.policy.revokes(host, &credential, None) {
+        return Err(Refusal { after: After::Close, ..Refusal::new(ErrorCode::AuthFailed, revoked_text(&why)) });
+    }
     // A name this host may not see is answered as one that does not exist, byte for byte, so
     // that names cannot be probed; and the answer lists nothing (LIST lists what it may see).
     let no_such = || Refusal::new(ErrorCode::NoSuchVolume, format!("no such volume {name}"));
@@ -548,7 +580,8 @@ fn open(
         }
     };
     // From here on the session gives the open mode back when it is dropped.
-    let session = Arc::new(Session::new(id, pd, Arc::clone(volume), mode, grant, counters, features, owner));
+    let session =
+        Arc::new(Session::new(id, pd, Arc::clone(volume), mode, grant, counters, features, owner, credential));
     let remote = if windows {
         session.bind(ep, conn).map_err(|e| Chain(&e).to_string())
     } else {

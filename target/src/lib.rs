@@ -7,7 +7,8 @@
 //! (what starting reports: progress and errors), [`volume`] (the volume store: memory and open
 //! modes), [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and
 //! write-back), [`identity`] (volume instance identities, kept across clean shutdowns in the
-//! state dir), [`access`] (keys, host identities and volume access lists), [`session`] (a
+//! state dir), [`access`] (keys, host identities and volume access lists), [`access_changes`]
+//! (what a reload changes about them, and which changes widen access), [`session`] (a
 //! session's protection domain and its access to the volume: a memory window per QP over the
 //! volume's one registration, or a registration of its own), [`registry`] (what every thread
 //! shares: volumes, limits, sessions, connections), [`control`] (one connection's control
@@ -48,6 +49,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod access;
+pub mod access_changes;
 pub mod admin;
 pub mod cli;
 pub mod config;

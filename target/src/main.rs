@@ -67,6 +67,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             if errors > 0 {
                 anyhow::bail!("the configuration has {errors} error(s), above: a start would accept it, but it cannot work as meant");
             }
+            compare_with_running(&checked)?;
             println!("configuration OK");
         } else {
             print!("{}{}", file.unset_notes(), file.with_defaults().to_toml());
@@ -147,6 +148,34 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn lint(cfg: &rblk_target::server::Config) -> anyhow::Result<Vec<lint::Finding>> {
     let policy = cfg.check()?;
     Ok(lint::lint(cfg, &policy, lint::Memory::of_this_host()))
+}
+
+/// `--check-config` against the daemon serving the admin socket, if one does: prints the access
+/// changes a reload of `cfg` would make there, and fails if that reload would be refused for
+/// widening access without `confirm_widen = true`. Without a daemon there is nothing to compare.
+fn compare_with_running(cfg: &rblk_target::server::Config) -> anyhow::Result<()> {
+    use rblk_target::access_changes;
+    let Some(socket) = cfg.admin_socket.as_deref() else { return Ok(()) };
+    let running = match admin::request(socket, &Request::Access).map(|reply| reply.access) {
+        Ok(Some(access)) => access,
+        Err(admin::ClientError::NotRunning(_)) => return Ok(()),
+        Ok(None) | Err(_) => {
+            eprintln!(
+                "rblk-target: note: the daemon at {} did not tell its access policy (not root, or an older daemon): \
+                 access changes not compared",
+                socket.display()
+            );
+            return Ok(());
+        }
+    };
+    let new = cfg.check()?.snapshot(cfg.volumes.iter().map(|v| v.name.as_str()));
+    for change in access_changes::changes(&running, &new) {
+        let widens = if change.widens() { " (widens access)" } else { "" };
+        eprintln!("rblk-target: against the running daemon: {change}{widens}");
+    }
+    access_changes::check(&running, &new, cfg.confirm_widen)
+        .with_context(|| format!("the daemon at {} would refuse this configuration at a reload", socket.display()))?;
+    Ok(())
 }
 
 /// SIGHUP: the configuration again, from the file and the same flags, applied to `running`.

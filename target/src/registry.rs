@@ -14,11 +14,12 @@ use rblk_proto::Resume;
 use tracing::{info, warn};
 
 use crate::access::Policy;
+use crate::access_changes::{Access, AccessChange};
 use crate::config::{Config, Fixed, Limits, VolumeSpec};
 use crate::identity;
 use crate::persist::Backing;
 use crate::reload::ReloadReport;
-use crate::session::{self, Counters, Owner, Session};
+use crate::session::{self, Counters, Ended, Owner, Session};
 use crate::start::{Progress, StartError};
 use crate::volume::{LoadError, Volume};
 
@@ -511,16 +512,7 @@ impl Shared {
             );
             return;
         };
-        let conns = old.replace();
-        self.forget_session(&old);
-        {
-            let wakers = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-            for conn in &conns {
-                if let Some(w) = wakers.get(conn) {
-                    w.wake();
-                }
-            }
-        }
+        self.end_session(&old, Ended::Replaced);
         if !old.wait_until_empty(REPLACE_WAIT) {
             warn!(
                 session = old.id,
@@ -529,6 +521,44 @@ impl Shared {
             );
         }
         info!("session {} replaced by a reconnect", old.id);
+    }
+
+    /// Ends session `s` from outside (see [`Session::end`]): its rkeys die now, it is
+    /// forgotten (a JOIN to it finds nothing), and its connections are woken, to end.
+    fn end_session(&self, s: &Arc<Session>, how: Ended) {
+        let conns = s.end(how);
+        self.forget_session(s);
+        let wakers = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        for conn in &conns {
+            if let Some(w) = wakers.get(conn) {
+                w.wake();
+            }
+        }
+    }
+
+    /// After a reload installed `policy` (the caller holds the catalog for writing, so no OPEN
+    /// is under way): ends every session the policy no longer admits ([`Policy::revokes`]), as
+    /// SPDK's `nvmf_subsystem_remove_host` disconnects the host. Returns them, for the report.
+    fn revoke(&self, policy: &Policy) -> Vec<(u64, String)> {
+        let sessions: Vec<Arc<Session>> =
+            self.sessions.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let mut released = Vec::new();
+        for s in sessions {
+            let open = Some((s.volume.name.as_str(), s.mode));
+            let Some(why) = policy.revokes(s.owner.host(), &s.credential, open) else { continue };
+            self.end_session(&s, Ended::Revoked);
+            warn!(session = s.id, owner = %s.owner, volume = %s.volume.name, "reload: session released: {why}");
+            released.push((s.id, format!("session {} of volume {} ({}): {why}", s.id, s.volume.name, s.owner)));
+        }
+        released.sort_unstable();
+        released
+    }
+
+    /// Who may get in and open what now (keys by fingerprint): the volumes served and those
+    /// that could not be loaded, with their access lists.
+    pub fn access(&self) -> Access {
+        let catalog = self.catalog();
+        catalog.policy.snapshot(catalog.volumes.keys().chain(catalog.refused.keys()).map(String::as_str))
     }
 
     /// After a failed write-back: revokes the access of every read-write session of `volume`
@@ -634,6 +664,12 @@ impl Shared {
         let mut policy = new.check()?;
         let shared = self;
         let mut report = ReloadReport::default();
+        // Before anything changes: a widening the file does not confirm changes nothing.
+        let access = policy.snapshot(new.volumes.iter().map(|v| v.name.as_str()));
+        report.access = crate::access_changes::check(&self.access(), &access, new.confirm_widen)?;
+        if report.access.iter().any(AccessChange::widens) {
+            warn!("reload: widening access, as confirm_widen = true allows");
+        }
         let fixed = &self.fixed;
         let differs = [
             ("listen", new.listen != fixed.listen),
@@ -698,6 +734,7 @@ impl Shared {
             }
             catalog.refused.retain(|name, _| wanted.contains_key(name.as_str()));
             catalog.policy = policy;
+            report.released = shared.revoke(&catalog.policy);
             *shared.limits.write().unwrap_or_else(|p| p.into_inner()) = Limits::of(&new);
             let to_load: Vec<crate::config::VolumeSpec> =
                 new.volumes.iter().filter(|v| !catalog.volumes.contains_key(&v.name)).cloned().collect();

@@ -16,8 +16,12 @@
 //!   reload, add it again.
 //! - An added volume is created (or loaded from its backing store) before OPEN can find it; a
 //!   volume that failed to load earlier is tried again.
-//! - Hosts, keys and access lists apply to the next AUTH and OPEN; limits to connections and
-//!   sessions from now on. `listen`, `device`, `state_dir`, block size and max I/O need a
+//! - Hosts, keys and access lists apply to the next AUTH and OPEN, and take access away at
+//!   once: sessions whose host must now prove another key (or cannot log in at all), or that
+//!   the access lists no longer allow, are released (their rkeys die) and their connections
+//!   end; a JOIN to one is refused. A change that widens access is refused unless the file
+//!   says `confirm_widen = true` (see [`crate::access_changes`]). Limits apply to connections
+//!   and sessions from now on. `listen`, `device`, `state_dir`, block size and max I/O need a
 //!   restart (reported).
 
 use std::fmt;
@@ -39,10 +43,15 @@ pub struct ReloadReport {
     pub unchanged: Vec<(String, String)>,
     /// Settings that differ but only a restart applies.
     pub needs_restart: Vec<String>,
+    /// Who may get in and open what, as it changed.
+    pub access: Vec<crate::access_changes::AccessChange>,
+    /// Sessions released because the new policy no longer admits them: id, and whose session
+    /// of which volume and why.
+    pub released: Vec<(u64, String)>,
 }
 
 impl ReloadReport {
-    /// True when no volume changed and nothing was left undone.
+    /// True when nothing changed and nothing was left undone.
     pub fn is_quiet(&self) -> bool {
         *self == ReloadReport::default()
     }
@@ -69,8 +78,15 @@ impl fmt::Display for ReloadReport {
         if !self.needs_restart.is_empty() {
             parts.push(format!("needs a restart: {}", self.needs_restart.join(", ")));
         }
+        if !self.access.is_empty() {
+            parts.push(format!("access: {}", crate::access_changes::describe(&self.access)));
+        }
+        if !self.released.is_empty() {
+            let each: Vec<&str> = self.released.iter().map(|(_, what)| what.as_str()).collect();
+            parts.push(format!("released {} session(s): {}", self.released.len(), each.join("; ")));
+        }
         if parts.is_empty() {
-            f.write_str("no volume changed")
+            f.write_str("nothing changed")
         } else {
             f.write_str(&parts.join("; "))
         }

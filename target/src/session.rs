@@ -11,6 +11,7 @@ use rblk_fabric::{Access, Chain, Endpoint, Mr, Mw, Pd, Waker};
 use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
 use subtle::ConstantTimeEq;
 
+use crate::access::Credential;
 use crate::volume::Volume;
 
 /// The target's counters: registrations (for STATS), and what the metrics endpoint reports
@@ -242,6 +243,9 @@ pub struct Session {
     pub features: u64,
     /// Whom it counts against.
     pub owner: Owner,
+    /// What its opening connection proved at AUTH (a reload that changes the key its host must
+    /// prove ends the session: see [`crate::access::Policy::revokes`]).
+    pub credential: Credential,
     members: Mutex<Members>,
     /// Signalled when a member leaves.
     left: Condvar,
@@ -261,8 +265,26 @@ pub struct Session {
 #[derive(Debug, Default)]
 struct Members {
     conns: Vec<u64>,
-    /// A reconnect replaced the session: nobody may join any more.
-    replaced: bool,
+    /// Set once the session was ended from outside: nobody may join any more.
+    ended: Option<Ended>,
+}
+
+/// Why a session was ended from outside, before its connections went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// A reconnecting OPEN replaced it.
+    Replaced,
+    /// A reload revoked its access.
+    Revoked,
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Ended::Replaced => "session replaced by a reconnect",
+            Ended::Revoked => "session's access revoked by a reload",
+        })
+    }
 }
 
 impl Session {
@@ -277,6 +299,7 @@ impl Session {
         counters: Arc<Counters>,
         features: u64,
         owner: Owner,
+        credential: Credential,
     ) -> Session {
         let windows = matches!(grant, Grant::Windows { .. });
         Session {
@@ -287,6 +310,7 @@ impl Session {
             mode,
             features,
             owner,
+            credential,
             members: Mutex::default(),
             left: Condvar::new(),
             grant: Mutex::new(Some(grant)),
@@ -363,13 +387,13 @@ impl Session {
     }
 
     /// Counts connection `conn` in (the opener, or a joiner once admitted). False if the
-    /// session was replaced: the connection must not serve it.
+    /// session was ended (replaced or revoked): the connection must not serve it.
     pub fn join(&self, conn: u64) -> bool {
         let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
-        if !m.replaced {
+        if m.ended.is_none() {
             m.conns.push(conn);
         }
-        !m.replaced
+        m.ended.is_none()
     }
 
     /// Revokes the window bound to connection `conn`'s QP, if any: before that QP is destroyed
@@ -393,22 +417,22 @@ impl Session {
         self.members.lock().unwrap_or_else(|p| p.into_inner()).conns.len()
     }
 
-    /// For a reconnecting OPEN: refuses further joins, deregisters (see [`Session::release`])
-    /// and returns the ids of the connections still serving the session, which the caller wakes
-    /// so that they end.
-    pub fn replace(&self) -> Vec<u64> {
+    /// For a reconnecting OPEN or a reload that revokes it: refuses further joins, deregisters
+    /// (see [`Session::release`]) and returns the ids of the connections still serving the
+    /// session, which the caller wakes so that they end.
+    pub fn end(&self, how: Ended) -> Vec<u64> {
         let conns = {
             let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
-            m.replaced = true;
+            m.ended.get_or_insert(how);
             m.conns.clone()
         };
         self.release();
         conns
     }
 
-    /// True once a reconnect replaced the session.
-    pub fn is_replaced(&self) -> bool {
-        self.members.lock().unwrap_or_else(|p| p.into_inner()).replaced
+    /// Whether (and why) the session was ended from outside.
+    pub fn ended(&self) -> Option<Ended> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner()).ended
     }
 
     /// Waits until every connection has left, at most `timeout`. True if they all did.

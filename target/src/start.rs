@@ -55,6 +55,9 @@ pub enum StartError {
     /// Hosts or access lists do not make sense.
     #[error("access configuration")]
     Access(#[source] crate::access::PolicyError),
+    /// A reload would widen access, and the file does not say `confirm_widen = true`.
+    #[error(transparent)]
+    Widens(#[from] crate::access_changes::Unconfirmed),
     /// Every volume was refused.
     #[error("no volume to serve: {0}")]
     NoVolumes(String),

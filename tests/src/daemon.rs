@@ -28,6 +28,8 @@ pub struct Daemon {
     /// Its stderr lines so far are forwarded to the test's stderr.
     _log: std::thread::JoinHandle<()>,
     lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Its `--config` file, if it was started with one.
+    config: Option<PathBuf>,
 }
 
 /// `--admin-socket none` unless the test chose one: daemons of one test run side by side, and
@@ -104,7 +106,7 @@ impl Daemon {
             let _ = child.kill();
             panic!("rblk-target did not start listening on {addr}");
         }
-        Daemon { child, addr, _log: log, lines }
+        Daemon { child, addr, _log: log, lines, config: config_arg(args) }
     }
 
     /// Starts `rblk-target --listen ADDR:PORT` with `args` and extra environment `env` (e.g.
@@ -133,7 +135,7 @@ impl Daemon {
                 kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line);
             }
         });
-        Daemon { child, addr, _log: log, lines }
+        Daemon { child, addr, _log: log, lines, config: config_arg(args) }
     }
 
     /// Waits until a log line contains all of `words`, at most `within`; false if none did.
@@ -146,6 +148,26 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(50));
         }
         false
+    }
+
+    /// Writes `toml` to its `--config` file and sends SIGHUP: the daemon's line saying the
+    /// reload's outcome, Ok for `configuration reloaded: REPORT`, Err for `reload refused: WHY`.
+    pub fn reload(&self, toml: &str) -> Result<String, String> {
+        const DONE: [&str; 2] = ["rblk-target: configuration reloaded", "rblk-target: reload refused"];
+        let path = self.config.as_ref().expect("the daemon was started with --config");
+        let before: usize = DONE.iter().map(|d| self.log_lines(&[d]).len()).sum();
+        std::fs::write(path, toml).expect("write the config file");
+        self.signal("HUP");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let lines = self.log_lines(&[]);
+            let done: Vec<&String> = lines.iter().filter(|l| DONE.iter().any(|d| l.starts_with(d))).collect();
+            if let Some(line) = done.get(before) {
+                return if line.starts_with(DONE[0]) { Ok((*line).clone()) } else { Err((*line).clone()) };
+            }
+            assert!(std::time::Instant::now() < deadline, "no reload outcome logged within 30 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Sends `signal` (a name for kill(1): HUP, TERM, ...).
@@ -243,6 +265,11 @@ impl Daemon {
         let _ = self.child.kill();
         self.child.wait().expect("wait")
     }
+}
+
+/// The value of `--config` in `args`.
+fn config_arg(args: &[&str]) -> Option<PathBuf> {
+    args.iter().position(|a| *a == "--config").and_then(|i| args.get(i + 1)).map(PathBuf::from)
 }
 
 impl Drop for Daemon {

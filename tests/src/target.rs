@@ -96,6 +96,23 @@ impl Target {
         }
     }
 
+    /// Applies a config file's text again, as a SIGHUP does: over verbs the daemon's `--config`
+    /// file rewritten and SIGHUP sent (see [`Daemon::reload`]), in memory the same file built
+    /// as [`Target::start_with_config`] builds it and [`Running::reload`]. Ok: what the reload
+    /// did (the report as the daemon logs it); Err: why it was refused, nothing changed.
+    pub fn reload(&self, toml: &str) -> Result<String, String> {
+        match self {
+            Target::Process(d) => d.reload(toml),
+            Target::InProcess(r) => {
+                let mut file: rblk_target::config::File = toml::from_str(toml).expect("test config parses");
+                file.allow_any_host.get_or_insert(true);
+                let cfg = file.server_config().expect("test config is valid");
+                let cfg = Config { listen: r.local_addr(), fabric: Fabric::Mem, state_dir: None, ..cfg };
+                r.reload(cfg).map(|report| report.to_string()).map_err(|e| rblk_fabric::Chain(&e).to_string())
+            }
+        }
+    }
+
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         match self {

@@ -180,17 +180,18 @@ fn reload_applies_keys_access_lists_and_limits() {
     raw.login(Some(b"k3y"), None).expect("AUTH with the new key");
     raw.open_with("a", OpenMode::ReadWrite, None).expect("OPEN after AUTH");
     drop(raw);
-    // An access list: b read-only for every host.
+    // An access list: b read-only for every host (the key goes again: a widening, confirmed).
     let listed = Config {
         acls: [("b".to_owned(), [("*".to_owned(), rblk_target::access::Grant::ReadOnly)].into())].into(),
+        confirm_widen: true,
         ..cfg.clone()
     };
     r.reload(listed).expect("reload with an access list");
     assert_eq!(open_code(&r, "b"), Err(ErrorCode::BadMode));
     assert!(hello(&r).open_with("b", OpenMode::ReadOnly, None).is_ok());
     idle(&r);
-    // One session at most.
-    r.reload(Config { max_sessions: 1, ..cfg }).expect("reload with a session cap");
+    // One session at most (b's list goes again: a widening, confirmed).
+    r.reload(Config { max_sessions: 1, confirm_widen: true, ..cfg }).expect("reload with a session cap");
     let (_first, opened) = open(&r, "a");
     opened.expect("the first session");
     assert_eq!(open_code(&r, "b"), Err(ErrorCode::NoResources));
