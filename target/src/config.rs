@@ -411,13 +411,15 @@ pub enum ConfigError {
     /// A backing path that is a directory, a character device, ...
     #[error("backing store {} is neither a regular file nor a block device", .0.display())]
     BackingKind(std::path::PathBuf),
-    /// A missing backing file whose parent is not a directory.
-    #[error("backing store {}: {} is not a directory", path.display(), parent.display())]
-    BackingParent {
+    /// A backing path through a directory or symlink someone other than root or this user
+    /// controls ([`rblk_fabric::trusted::walk`]).
+    #[error("backing store {} is refused", path.display())]
+    BackingUntrusted {
         /// The backing path.
         path: std::path::PathBuf,
-        /// Its parent.
-        parent: std::path::PathBuf,
+        /// Which component, and why.
+        #[source]
+        source: rblk_fabric::trusted::PathError,
     },
     /// A missing backing file whose directory cannot be used.
     #[error("backing store {} does not exist, and its directory {} cannot be used to create it", path.display(), parent.display())]
@@ -899,7 +901,8 @@ impl File {
     pub fn generate_key(&self) -> Result<bool, ConfigError> {
         let KeySource::Generated(path) = self.key_source() else { return Ok(false) };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|source| ConfigError::KeyCreate { path: path.clone(), source })?;
+            rblk_fabric::trusted::ensure_dir(dir)
+                .map_err(|e| ConfigError::KeyCreate { path: path.clone(), source: e.into() })?;
         }
         match rblk_fabric::keyfile::generate(&path) {
             Ok(()) => Ok(true),
@@ -963,7 +966,8 @@ impl Config {
     /// existing file or block device, or a missing file in an existing directory) and no
     /// backing store shared by two volumes; a non-empty shared key; host names and access
     /// lists (of configured volumes only); an admin socket path that fits a socket address
-    /// and holds nothing but a socket. [`crate::server::Server::start`] and
+    /// and holds nothing but a socket; a state directory that only root and this user control.
+    /// [`crate::server::Server::start`] and
     /// [`crate::server::Running::reload`] run it first; returns the checked access policy.
     ///
     /// A backing store that exists but cannot be opened or is too small is found only when
@@ -989,6 +993,11 @@ impl Config {
         if let Some(path) = &self.admin_socket {
             crate::admin::check_path(path).map_err(StartError::Admin)?;
         }
+        if let Some(dir) = &self.state_dir {
+            // Its records and key are trusted as they are: nobody else may be able to plant them.
+            rblk_fabric::trusted::check_dir_path(dir)
+                .map_err(|source| StartError::StateDir { path: dir.clone(), source })?;
+        }
         if self.key.as_ref().is_some_and(Vec::is_empty) {
             return Err(StartError::Access(crate::access::PolicyError::EmptySharedKey));
         }
@@ -998,23 +1007,21 @@ impl Config {
 }
 
 /// A backing path that can work: an existing regular file or block device, or a file to be
-/// created in an existing directory.
+/// created in an existing directory, on a path no one but root and this user controls (the walk
+/// [`crate::persist::Backing::open`] takes).
 fn check_backing_path(path: &std::path::Path) -> Result<(), ConfigError> {
-    use std::os::unix::fs::FileTypeExt as _;
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() || m.file_type().is_block_device() => Ok(()),
-        Ok(_) => Err(ConfigError::BackingKind(path.to_owned())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    let walked = match rblk_fabric::trusted::walk(path, rblk_fabric::trusted::Last::Any) {
+        Ok(w) => w,
+        Err(e) if e.is_not_found() => {
             let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            match std::fs::metadata(parent) {
-                Ok(m) if m.is_dir() => Ok(()),
-                Ok(_) => Err(ConfigError::BackingParent { path: path.to_owned(), parent: parent.to_owned() }),
-                Err(source) => {
-                    Err(ConfigError::BackingDir { path: path.to_owned(), parent: parent.to_owned(), source })
-                }
-            }
+            return Err(ConfigError::BackingDir { path: path.to_owned(), parent: parent.to_owned(), source: e.into() });
         }
-        Err(source) => Err(ConfigError::Backing { path: path.to_owned(), source }),
+        Err(source) => return Err(ConfigError::BackingUntrusted { path: path.to_owned(), source }),
+    };
+    let kind = walked.stat().map(|st| st.st_mode & libc::S_IFMT);
+    match kind {
+        None | Some(libc::S_IFREG | libc::S_IFBLK) => Ok(()),
+        Some(_) => Err(ConfigError::BackingKind(path.to_owned())),
     }
 }
 

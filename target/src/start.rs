@@ -55,6 +55,16 @@ pub enum StartError {
     /// Hosts or access lists do not make sense.
     #[error("access configuration")]
     Access(#[source] crate::access::PolicyError),
+    /// The state directory (or a directory above it) is controlled by someone other than root
+    /// or this user, who could plant a key or an identity record in it.
+    #[error("state directory {} is refused", path.display())]
+    StateDir {
+        /// The state directory.
+        path: std::path::PathBuf,
+        /// Which component, and why.
+        #[source]
+        source: rblk_fabric::trusted::PathError,
+    },
     /// Every volume was refused.
     #[error("no volume to serve: {0}")]
     NoVolumes(String),
