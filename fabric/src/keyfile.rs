@@ -1,14 +1,17 @@
 //! Key files, read and made the same way by the target and the initiator: one line of at least
 //! [`MIN_KEY_LEN`] bytes (trailing whitespace is not part of the key), in a file that neither
-//! group nor others can read (OpenSSH refuses such private keys too). [`generate`] writes 64 hex
+//! group nor others can read, owned by root or this user, on a path only they control (OpenSSH
+//! refuses such private keys too, and checks the path with `safe_path()`). [`generate`] writes 64 hex
 //! digits (256 random bits) with mode 0600 and never replaces a file.
 //!
 //! Errors are `io::Error`s (the callers' errors name the path); those that are not the system's
 //! carry a [`KeyError`] that says how to fix the file.
 
 use std::io::{self, Read as _, Write as _};
-use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
+
+use crate::trusted;
 
 /// The shortest key accepted: one observed AUTH allows an offline guess of the key, so it must
 /// carry at least 256 bits if it is random (and more if it is not).
@@ -35,12 +38,20 @@ pub enum KeyError {
     /// Not a regular file.
     #[error("the key file is not a regular file")]
     NotFile,
+    /// Owned by someone other than root or this user, who could change the key.
+    #[error("the key file belongs to uid {uid}, neither root nor this user (uid {me}); chown it")]
+    Owner {
+        /// Its owner.
+        uid: u32,
+        /// This (effective) user.
+        me: u32,
+    },
 }
 
 impl From<KeyError> for io::Error {
     fn from(e: KeyError) -> io::Error {
         let kind = match e {
-            KeyError::Mode(_) => io::ErrorKind::PermissionDenied,
+            KeyError::Mode(_) | KeyError::Owner { .. } => io::ErrorKind::PermissionDenied,
             _ => io::ErrorKind::InvalidData,
         };
         io::Error::new(kind, e)
@@ -57,10 +68,13 @@ pub fn key_from_bytes(bytes: &[u8]) -> Result<Vec<u8>, KeyError> {
     }
 }
 
-/// Reads a key file: a regular file that group and others cannot read, holding a key that
-/// [`key_from_bytes`] accepts. Mode and contents are those of the one open file.
+/// Reads a key file: a regular file that group and others cannot read, owned by root or this
+/// (effective) user, reached through directories and links that only they control
+/// ([`trusted::walk`]), holding a key that [`key_from_bytes`] accepts. Mode, owner and contents
+/// are those of the one open file.
 pub fn read(path: &Path) -> io::Result<Vec<u8>> {
-    let mut file = std::fs::File::open(path)?;
+    let walked = trusted::walk(path, trusted::Last::Any)?;
+    let mut file = walked.open(nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_NONBLOCK)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(KeyError::NotFile.into());
@@ -68,6 +82,10 @@ pub fn read(path: &Path) -> io::Result<Vec<u8>> {
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(KeyError::Mode(mode).into());
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(KeyError::Owner { uid: meta.uid(), me }.into());
     }
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)?;
@@ -118,6 +136,8 @@ mod tests {
         let d = std::env::temp_dir().join(format!("rblk-keyfile-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
+        // Whatever the umask: read() refuses a key in a directory others may write to.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         d
     }
 
@@ -160,6 +180,31 @@ mod tests {
         }
         write(&p, &[b'k'; 40], 0o400);
         assert_eq!(read(&p).unwrap(), [b'k'; 40]);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    /// Would catch: a key file only its mode is checked for, so that a 0600 key owned by
+    /// another user (who may rewrite it) is adopted, or one reached through a symlink that user
+    /// planted in a directory they may write to (OpenSSH's `safe_path()` refuses both).
+    #[test]
+    fn a_key_someone_else_controls_is_refused() {
+        let d = dir("owner");
+        let p = d.join("k");
+        write(&p, &[b'k'; 40], 0o600);
+        std::os::unix::fs::chown(&p, Some(4321), None).unwrap();
+        let e = read(&p).unwrap_err();
+        assert_eq!(key_error(&e), Some(&KeyError::Owner { uid: 4321, me: 0 }));
+        assert!(e.to_string().contains("chown"), "{e}");
+        std::os::unix::fs::chown(&p, Some(0), None).unwrap();
+        let public = d.join("public");
+        std::fs::create_dir(&public).unwrap();
+        std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let link = public.join("k");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert_eq!(read(&link).unwrap(), [b'k'; 40], "root's own link");
+        std::os::unix::fs::lchown(&link, Some(4321), None).unwrap();
+        let e = read(&link).unwrap_err();
+        assert!(e.to_string().contains("symlink owned by uid 4321"), "{e}");
         std::fs::remove_dir_all(d).unwrap();
     }
 

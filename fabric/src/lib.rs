@@ -67,6 +67,7 @@ pub mod mem;
 mod memory;
 pub mod policy;
 pub mod private;
+pub mod trusted;
 mod verbs;
 
 use std::io::{Read as _, Write as _};

@@ -124,7 +124,7 @@ pub use rblk_proto::{
     parse_duration_in, printable, to_hex, Bytes, ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, VolumeId,
     BLOCK_SIZE, KEEPALIVE_INTERVAL,
 };
-pub use session::{Predecessor, Session};
+pub use session::{Predecessor, Session, MAX_LISTED};
 pub use size::parse_size;
 pub use stats::{EngineStats, Latency};
 pub use trust::{KNOWN_TARGETS, KNOWN_TARGETS_ENV};

@@ -837,7 +837,8 @@ impl Queue {
                     // stage_zeroes registers the region before it stages.
                     (None, None) => continue,
                 };
-                // The range was checked against the volume when staged.
+                // The range was checked against the volume when staged, and every OPENED (a
+                // reconnect's too) was refused unless address + size fits 64 bits (open_on).
                 let remote_addr = *remote_addr + slot.offset;
                 let op = match slot.dir {
                     Direction::Read => Op::Read { remote_addr, rkey: *rkey },

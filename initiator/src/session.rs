@@ -103,7 +103,8 @@ impl Session {
         Ok((vol, verdict))
     }
 
-    /// The volumes this host may open on the target (LIST: `nvme discover`'s counterpart),
+    /// The volumes this host may open on the target (LIST: `nvme discover`'s counterpart), at
+    /// most [`MAX_LISTED`],
     /// sorted by name, each with its size, whether it is volatile or failed, and the most this
     /// host may open it for. Registers and opens nothing. Fails with [`Error::Protocol`] on a
     /// target that predates LIST.
@@ -123,6 +124,17 @@ impl Session {
                 Reply::List { total, entries } => Some((total, entries)),
                 _ => None,
             })?;
+            // The target's count is not trusted to size anything: past MAX_LISTED, or a reply
+            // that goes beyond its own total, is refused, not followed.
+            if total as usize > MAX_LISTED || all.len() + entries.len() > total as usize {
+                let got = format!("a LIST reply of {} entries from {} of {total}", entries.len(), all.len());
+                self.conn.break_with("bad LIST_REPLY");
+                return Err(Error::Protocol {
+                    addr: self.addr(),
+                    expected: "at most MAX_LISTED (65536) volumes, no more than announced",
+                    got,
+                });
+            }
             let done = entries.is_empty();
             all.extend(entries);
             if done || all.len() >= total as usize {
@@ -356,8 +368,12 @@ fn connect_first(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<(Conn, 
     Ok((conn, FEATURES & !FEATURE_WINDOWS))
 }
 
+/// The most volumes [`Session::list`] takes from one target: a target's LIST total beyond it is
+/// refused, so that a hostile one cannot grow the initiator's memory without bound.
+pub const MAX_LISTED: usize = 1 << 16;
+
 /// OPEN of `name` on a session's first queue pair; `resume` names the session a reconnect
-/// replaces.
+/// replaces. Refuses an OPENED whose address range does not fit 64 bits.
 pub(crate) fn open_on(
     conn: &mut Conn,
     mode: OpenMode,
@@ -366,10 +382,18 @@ pub(crate) fn open_on(
     timeout: std::time::Duration,
 ) -> Result<Opened> {
     let deadline = Instant::now() + timeout;
-    conn.expect(&Message::Open { mode, name, resume }, deadline, "OPENED", |r| match r {
+    let opened = conn.expect(&Message::Open { mode, name, resume }, deadline, "OPENED", |r| match r {
         Reply::Opened(o) => Some(o),
         _ => None,
-    })
+    })?;
+    // Every OPENED, a reconnect's and a takeover's too: the data path adds offsets below `size`
+    // to `remote_addr` unchecked.
+    if opened.remote_addr.checked_add(opened.size).is_none() {
+        let got = format!("OPENED with address {:#x} and size {}", opened.remote_addr, opened.size);
+        conn.break_with("bad OPENED");
+        return Err(Error::Protocol { addr: conn.addr, expected: "a volume address range that fits 64 bits", got });
+    }
+    Ok(opened)
 }
 
 /// What a process that served a volume knew about its session, kept (by `rblk attach`, in its

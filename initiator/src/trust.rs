@@ -4,11 +4,11 @@
 //! `--target-id`). The exchange itself is in `session.rs`; the proofs in
 //! [`rblk_proto::mutual_mac`].
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use rblk_fabric::trusted::{self, Last, OFlag};
 use rblk_proto::TARGET_ID_LEN;
 
 /// Where the initiator pins target identities by address, when nothing else is named.
@@ -49,23 +49,27 @@ fn addr_key(addr: SocketAddr) -> String {
     SocketAddr::new(addr.ip().to_canonical(), addr.port()).to_string()
 }
 
-/// Looks `addr` up in the pin file at `path`: `ADDR:PORT HEX` lines, `#` comments. A file
-/// that others may write proves nothing and is refused, as is one that does not parse (a line
-/// not understood could be the pin that matters).
+/// Looks `addr` up in the pin file at `path`: `ADDR:PORT HEX` lines, `#` comments. The file
+/// is reached as key files are ([`rblk_fabric::trusted`]): a file, or a directory above it, that
+/// someone other than root or this user controls proves nothing and is refused, as is a line
+/// that does not parse (it could be the pin that matters).
 pub fn lookup(path: &Path, addr: SocketAddr) -> std::result::Result<Pin, String> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Pin::Unknown),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    let walked = match trusted::walk(path, Last::Private) {
+        Ok(w) => w,
+        Err(e) if e.is_not_found() => return Ok(Pin::Unknown),
+        Err(e) => return Err(format!("pin file: {e}")),
     };
-    let meta = file.metadata().map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    check_owner(path, &meta)?;
-    if meta.len() > MAX_KNOWN_TARGETS {
+    if walked.stat().is_none() {
+        return Ok(Pin::Unknown);
+    }
+    let file = walked.open(OFlag::O_RDONLY).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut text = String::new();
+    file.take(MAX_KNOWN_TARGETS + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_KNOWN_TARGETS {
         return Err(format!("{} is larger than {MAX_KNOWN_TARGETS} bytes: not a pin file", path.display()));
     }
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_KNOWN_TARGETS), &mut text)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let key = addr_key(addr);
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -84,41 +88,19 @@ pub fn lookup(path: &Path, addr: SocketAddr) -> std::result::Result<Pin, String>
 }
 
 /// Pins `id` for `addr`: appends one line (one `write` with `O_APPEND`, so concurrent initiators
-/// do not interleave), creating the file (0644) and its directory (0755) if they are missing.
+/// do not interleave), making the file (0644) and its directory (0755) if they are missing,
+/// through the same checked walk as [`lookup`].
 pub fn pin(path: &Path, addr: SocketAddr, id: &[u8; TARGET_ID_LEN]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+        trusted::ensure_dir(dir).map_err(std::io::Error::other)?;
     }
-    let mut f = std::fs::OpenOptions::new().append(true).create(true).mode(0o644).open(path)?;
-    let meta = f.metadata()?;
-    check_owner(path, &meta).map_err(std::io::Error::other)?;
+    let walked = trusted::walk(path, Last::Private).map_err(std::io::Error::other)?;
+    let mut f = match walked.stat() {
+        Some(_) => walked.open(OFlag::O_WRONLY | OFlag::O_APPEND)?,
+        None => walked.create(0o644)?,
+    };
     f.write_all(format!("{} {}\n", addr_key(addr), rblk_proto::to_hex(id)).as_bytes())?;
     f.sync_all()
-}
-
-/// A pin file must be ours (or root's) and written by no one else.
-fn check_owner(path: &Path, meta: &std::fs::Metadata) -> std::result::Result<(), String> {
-    let me = effective_uid();
-    if meta.uid() != 0 && meta.uid() != me {
-        return Err(format!(
-            "{} belongs to uid {}, not to root or this user: its pins prove nothing",
-            path.display(),
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "{} is writable by group or others (mode {:o}): its pins prove nothing (chmod go-w)",
-            path.display(),
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
-}
-
-/// This process's effective uid, read from /proc (no libc call: this crate forbids `unsafe`).
-fn effective_uid() -> u32 {
-    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
 }
 
 /// The pin file to use: `flag`, else [`KNOWN_TARGETS_ENV`], else [`KNOWN_TARGETS`]; `none`
@@ -151,7 +133,7 @@ mod tests {
         assert_eq!(lookup(&path, "10.0.0.2:7420".parse().unwrap()), Ok(Pin::Unknown));
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(lookup(&path, a).unwrap_err().contains("writable by group or others"));
+        assert!(lookup(&path, a).is_err(), "a pin file others may write");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         std::fs::write(&path, "10.0.0.1:7420 nothex\n").unwrap();
         assert!(lookup(&path, a).unwrap_err().contains(":1: "), "a bad line is an error");

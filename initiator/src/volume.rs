@@ -13,7 +13,7 @@ use crate::control::Control;
 use crate::engine::Lane;
 use crate::io_state::SessionIo;
 use crate::link::Link;
-use crate::{Direction, Error, Geometry, Options, Queue, Result, Uri};
+use crate::{Direction, Geometry, Options, Queue, Result, Uri};
 
 /// A volume opened by a [`Session`](crate::Session).
 ///
@@ -39,7 +39,7 @@ impl Volume {
 
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        mut conn: Conn,
+        conn: Conn,
         uri: Uri,
         dests: Vec<Dest>,
         at: usize,
@@ -48,11 +48,6 @@ impl Volume {
         mode: OpenMode,
         opened: Opened,
     ) -> Result<Volume> {
-        if opened.remote_addr.checked_add(opened.size).is_none() {
-            let got = format!("OPENED with address {:#x} and size {}", opened.remote_addr, opened.size);
-            conn.break_with("bad OPENED");
-            return Err(Error::Protocol { addr: conn.addr, expected: "a volume address range that fits 64 bits", got });
-        }
         let geo = Geometry::from_opened(&opened, mode == OpenMode::ReadOnly);
         let io = Arc::new(SessionIo::default());
         let name = uri.volume().to_owned();

@@ -64,8 +64,8 @@ pub struct Args {
     pub volumes: Vec<VolumeSpec>,
     /// Shared key file: initiators must prove they hold the same key (HMAC-SHA256 over a nonce
     /// and their host name) before they may open anything. At least 32 bytes on one line, mode
-    /// 0600 (make one with `rblk-target gen-key FILE`). Hosts with their own keys are set in the
-    /// config file. Without any key configured the daemon uses STATE_DIR/target.key, made at
+    /// 0600, owned by root or this user (make one with `rblk-target gen-key FILE`). Hosts with
+    /// their own keys are set in the config file. Without any key configured the daemon uses STATE_DIR/target.key, made at
     /// its first start; `rblk` on the same host finds it there.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     pub key_file: Option<PathBuf>,

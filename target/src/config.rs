@@ -432,13 +432,15 @@ pub enum ConfigError {
     /// A backing path that is a directory, a character device, ...
     #[error("backing store {} is neither a regular file nor a block device", .0.display())]
     BackingKind(std::path::PathBuf),
-    /// A missing backing file whose parent is not a directory.
-    #[error("backing store {}: {} is not a directory", path.display(), parent.display())]
-    BackingParent {
+    /// A backing path through a directory or symlink someone other than root or this user
+    /// controls ([`rblk_fabric::trusted::walk`]).
+    #[error("backing store {} is refused", path.display())]
+    BackingUntrusted {
         /// The backing path.
         path: std::path::PathBuf,
-        /// Its parent.
-        parent: std::path::PathBuf,
+        /// Which component, and why.
+        #[source]
+        source: rblk_fabric::trusted::PathError,
     },
     /// A missing backing file whose directory cannot be used.
     #[error("backing store {} does not exist, and its directory {} cannot be used to create it", path.display(), parent.display())]
@@ -936,7 +938,8 @@ impl File {
     pub fn generate_key(&self) -> Result<bool, ConfigError> {
         let KeySource::Generated(path) = self.key_source() else { return Ok(false) };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|source| ConfigError::KeyCreate { path: path.clone(), source })?;
+            rblk_fabric::trusted::ensure_dir(dir)
+                .map_err(|e| ConfigError::KeyCreate { path: path.clone(), source: e.into() })?;
         }
         match rblk_fabric::keyfile::generate(&path) {
             Ok(()) => Ok(true),
@@ -949,14 +952,23 @@ impl File {
     /// start makes it first, with [`File::generate_target_id`]); None leaves a random one for
     /// the process (`--check-config` before the first start).
     pub fn target_id(&self) -> Result<Option<[u8; rblk_proto::TARGET_ID_LEN]>, ConfigError> {
+        use std::io::Read;
         let path = self.target_id_path();
-        match std::fs::read_to_string(&path) {
-            Ok(text) => rblk_proto::from_hex::<{ rblk_proto::TARGET_ID_LEN }>(text.trim())
-                .map(Some)
-                .ok_or(ConfigError::TargetId { path, reason: "not 32 hexadecimal digits".into() }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(ConfigError::TargetId { path, reason: e.to_string() }),
-        }
+        let err = |reason: String| ConfigError::TargetId { path: path.clone(), reason };
+        let walked = match rblk_fabric::trusted::walk(&path, rblk_fabric::trusted::Last::Private) {
+            Ok(w) if w.stat().is_some() => w,
+            Ok(_) => return Ok(None),
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(err(e.to_string())),
+        };
+        let mut text = String::new();
+        walked
+            .open(rblk_fabric::trusted::OFlag::O_RDONLY)
+            .and_then(|f| f.take(64).read_to_string(&mut text))
+            .map_err(|e| err(e.to_string()))?;
+        rblk_proto::from_hex::<{ rblk_proto::TARGET_ID_LEN }>(text.trim())
+            .map(Some)
+            .ok_or_else(|| err("not 32 hexadecimal digits".into()))
     }
 
     /// Makes `STATE_DIR/target.id` if it does not exist yet (a start does this with the key);
@@ -964,24 +976,28 @@ impl File {
     /// told it after they proved the key.
     pub fn generate_target_id(&self) -> Result<bool, ConfigError> {
         use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         let path = self.target_id_path();
+        let err = |reason: String| ConfigError::TargetId { path: path.clone(), reason };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| ConfigError::TargetId { path: path.clone(), reason: e.to_string() })?;
+            rblk_fabric::trusted::ensure_dir(dir).map_err(|e| err(e.to_string()))?;
+        }
+        let walked =
+            rblk_fabric::trusted::walk(&path, rblk_fabric::trusted::Last::Private).map_err(|e| err(e.to_string()))?;
+        if walked.stat().is_some() {
+            return Ok(false);
         }
         let id: [u8; rblk_proto::TARGET_ID_LEN] = crate::session::random();
-        let made =
-            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path).and_then(|mut f| {
-                f.write_all(format!("{}\n", rblk_proto::to_hex(&id)).as_bytes()).and_then(|()| f.sync_all())
-            });
-        match made {
+        let written = walked.create(0o644).and_then(|mut f| {
+            f.write_all(format!("{}\n", rblk_proto::to_hex(&id)).as_bytes())?;
+            f.sync_all()
+        });
+        match written {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
             Err(e) => {
                 // Never leave a half-written identity behind for the next start to refuse.
                 let _ = std::fs::remove_file(&path);
-                Err(ConfigError::TargetId { path, reason: e.to_string() })
+                Err(err(e.to_string()))
             }
         }
     }
@@ -1046,7 +1062,8 @@ impl Config {
     /// existing file or block device, or a missing file in an existing directory) and no
     /// backing store shared by two volumes; a non-empty shared key; host names and access
     /// lists (of configured volumes only); an admin socket path that fits a socket address
-    /// and holds nothing but a socket. [`crate::server::Server::start`] and
+    /// and holds nothing but a socket; a state directory that only root and this user control.
+    /// [`crate::server::Server::start`] and
     /// [`crate::server::Running::reload`] run it first; returns the checked access policy.
     ///
     /// A backing store that exists but cannot be opened or is too small is found only when
@@ -1072,6 +1089,11 @@ impl Config {
         if let Some(path) = &self.admin_socket {
             crate::admin::check_path(path).map_err(StartError::Admin)?;
         }
+        if let Some(dir) = &self.state_dir {
+            // Its records and key are trusted as they are: nobody else may be able to plant them.
+            rblk_fabric::trusted::check_dir_path(dir)
+                .map_err(|source| StartError::StateDir { path: dir.clone(), source })?;
+        }
         if self.key.as_ref().is_some_and(Vec::is_empty) {
             return Err(StartError::Access(crate::access::PolicyError::EmptySharedKey));
         }
@@ -1084,23 +1106,21 @@ impl Config {
 }
 
 /// A backing path that can work: an existing regular file or block device, or a file to be
-/// created in an existing directory.
+/// created in an existing directory, on a path no one but root and this user controls (the walk
+/// [`crate::persist::Backing::open`] takes).
 fn check_backing_path(path: &std::path::Path) -> Result<(), ConfigError> {
-    use std::os::unix::fs::FileTypeExt as _;
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() || m.file_type().is_block_device() => Ok(()),
-        Ok(_) => Err(ConfigError::BackingKind(path.to_owned())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    let walked = match rblk_fabric::trusted::walk(path, rblk_fabric::trusted::Last::Any) {
+        Ok(w) => w,
+        Err(e) if e.is_not_found() => {
             let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-            match std::fs::metadata(parent) {
-                Ok(m) if m.is_dir() => Ok(()),
-                Ok(_) => Err(ConfigError::BackingParent { path: path.to_owned(), parent: parent.to_owned() }),
-                Err(source) => {
-                    Err(ConfigError::BackingDir { path: path.to_owned(), parent: parent.to_owned(), source })
-                }
-            }
+            return Err(ConfigError::BackingDir { path: path.to_owned(), parent: parent.to_owned(), source: e.into() });
         }
-        Err(source) => Err(ConfigError::Backing { path: path.to_owned(), source }),
+        Err(source) => return Err(ConfigError::BackingUntrusted { path: path.to_owned(), source }),
+    };
+    let kind = walked.stat().map(|st| st.st_mode & libc::S_IFMT);
+    match kind {
+        None | Some(libc::S_IFREG | libc::S_IFBLK) => Ok(()),
+        Some(_) => Err(ConfigError::BackingKind(path.to_owned())),
     }
 }
 
@@ -1364,5 +1384,27 @@ max_joins = 20
         assert_eq!(parse_listen("[::1]:9").unwrap().port(), 9);
         assert!(parse_listen("[::1]").unwrap().is_ipv6());
         assert!(parse_listen("nope").is_err());
+    }
+
+    /// Would catch an identity that changes between starts (every pin would then cry wolf), one
+    /// made again over an existing file, or one adopted from a file another user planted.
+    #[test]
+    fn the_target_identity_is_made_once_and_only_trusted_files_are_read() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("rblk-config-id-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let f = toml::from_str::<File>(&format!("state_dir = {:?}", dir.join("state"))).unwrap();
+        assert_eq!(f.target_id().unwrap(), None, "none before the first start");
+        assert!(f.generate_target_id().unwrap());
+        let id = f.target_id().unwrap().expect("made");
+        assert!(!f.generate_target_id().unwrap(), "kept");
+        assert_eq!(f.target_id().unwrap(), Some(id));
+        let path = dir.join("state").join(TARGET_ID);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(f.target_id().is_err(), "a file others may write is not this target's identity");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&path, "nothex\n").unwrap();
+        assert!(Chain(&f.target_id().unwrap_err()).to_string().contains("32 hexadecimal digits"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -532,7 +532,9 @@ fn open(
     }
     // A name this host may not see is answered as one that does not exist, byte for byte, so
     // that names cannot be probed; and the answer lists nothing (LIST lists what it may see).
-    let no_such = || Refusal::new(ErrorCode::NoSuchVolume, format!("no such volume {name}"));
+    // The name is the initiator's (any UTF-8): escaped, or a newline in it would forge a line
+    // in the log ("OPEN refused: ..."), and an escape would drive the reader's terminal.
+    let no_such = || Refusal::new(ErrorCode::NoSuchVolume, format!("no such volume {}", rblk_proto::printable(name)));
     if !catalog.volumes.contains_key(name) && !catalog.refused.contains_key(name) {
         return Err(no_such());
     }

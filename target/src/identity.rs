@@ -158,11 +158,12 @@ impl Store {
         let dir = self.dir.as_ref()?;
         let mut usable = self.usable.lock().unwrap_or_else(|p| p.into_inner());
         if *usable == Usable::Unchecked {
-            match std::fs::create_dir_all(dir) {
+            // Made if missing, and trusted: a record planted by someone else would be adopted.
+            match rblk_fabric::trusted::ensure_dir(dir) {
                 Ok(()) => *usable = Usable::Yes,
                 Err(e) => {
                     drop(usable);
-                    self.unusable(&format!("cannot create {}: {e}", dir.display()));
+                    self.unusable(&format!("cannot use {}: {e}", dir.display()));
                     return None;
                 }
             }
@@ -237,6 +238,7 @@ mod tests {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let backing = dir.join("backing.img");
         File::create(&backing).unwrap().set_len(1 << 20).unwrap();
         (dir, backing)
@@ -323,6 +325,23 @@ mod tests {
         let b = none.take("v", Some(&fp(&backing)));
         assert!(!none.save("v", &fp(&backing), b));
         assert_ne!(none.take("v", Some(&fp(&backing))), b);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Would catch a state directory used whoever may write to it: a record planted there (by
+    /// another user, in a world-writable directory) would give a volume the identity its
+    /// initiators know after contents changed behind their back.
+    #[test]
+    fn a_state_dir_others_may_write_is_not_used() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let (dir, backing) = setup();
+        let state = dir.join("state");
+        let store = Store::new(Some(state.clone()));
+        let a = store.take("v", Some(&fp(&backing)));
+        assert!(store.save("v", &fp(&backing), a));
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let store = Store::new(Some(state));
+        assert_ne!(store.take("v", Some(&fp(&backing))), a, "the record in a world-writable directory");
         let _ = std::fs::remove_dir_all(dir);
     }
 

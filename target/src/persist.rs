@@ -16,10 +16,10 @@
 //! off the connections' threads, and each pass takes every range asked for while the one before
 //! it ran.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt};
+use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -79,6 +79,22 @@ pub enum BackingError {
     )]
     InUse {
         /// The file or device.
+        path: PathBuf,
+    },
+    /// A directory or symlink on its path, or the entry itself, is controlled by someone other
+    /// than root or this user: it could be pointed at another file or device.
+    #[error("backing store {} is not opened", path.display())]
+    Untrusted {
+        /// The path.
+        path: PathBuf,
+        /// Which component, and why.
+        #[source]
+        source: rblk_fabric::trusted::PathError,
+    },
+    /// Neither a regular file nor a block device.
+    #[error("backing store {} is neither a regular file nor a block device", path.display())]
+    Kind {
+        /// The path.
         path: PathBuf,
     },
     /// Its claim could not be taken for another reason.
@@ -143,30 +159,40 @@ pub struct Backing {
 
 impl Backing {
     /// Opens (creating, with mode 0600, and sizing a missing file) the backing store at `path`
-    /// for a volume of `size` bytes, and claims it (see the module docs). Refuses one that is too
-    /// small, unreadable, not writable or claimed already, naming the path.
+    /// for a volume of `size` bytes, and claims it (see the module docs). The path is walked
+    /// with [`rblk_fabric::trusted::walk`]: a symlink or directory on it that someone other than
+    /// root or this user controls is refused. Whether it is a file or a block device is decided
+    /// from the descriptor opened (a block device is claimed by that same open), never from the
+    /// name. Refuses one that is too small, unreadable, not writable or claimed already, naming
+    /// the path.
     pub fn open(path: &Path, size: u64) -> Result<Backing, BackingError> {
         let at = || path.to_owned();
-        if !path.exists() {
-            let f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(|source| BackingError::Create { path: at(), source })?;
+        let walked = rblk_fabric::trusted::walk(path, rblk_fabric::trusted::Last::Any).map_err(|e| match e {
+            // A missing directory: the file cannot be made.
+            e if e.is_not_found() => BackingError::Create { path: at(), source: e.into() },
+            source => BackingError::Untrusted { path: at(), source },
+        })?;
+        Backing::open_walked(&walked, path, size)
+    }
+
+    /// [`Backing::open`] once the path is walked: what is opened is the entry the walk found
+    /// (one replaced since is refused), its kind taken from the descriptor.
+    fn open_walked(walked: &rblk_fabric::trusted::Walked, path: &Path, size: u64) -> Result<Backing, BackingError> {
+        use nix::fcntl::OFlag;
+        let at = || path.to_owned();
+        if walked.stat().is_none() {
+            let f = walked.create(0o600).map_err(|source| BackingError::Create { path: at(), source })?;
             f.set_len(size).map_err(|source| BackingError::Resize { path: at(), size, source })?;
         }
-        let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        // O_EXCL without O_CREAT claims a block device (EBUSY while anyone else holds it so, or
+        // it is mounted) and means nothing for a regular file: so the kind need not be known
+        // before the open, and is taken from the descriptor it gives.
         let open = |direct: bool| {
-            let mut o = OpenOptions::new();
-            o.read(true).write(true);
-            // O_EXCL on a block device: EBUSY while anyone else holds it so, or it is mounted.
-            let excl = if block { libc::O_EXCL } else { 0 };
-            o.custom_flags(if direct { libc::O_DIRECT | excl } else { excl });
-            o.open(path)
+            let flags = OFlag::O_RDWR | OFlag::O_EXCL | OFlag::O_NONBLOCK;
+            walked.open(if direct { flags | OFlag::O_DIRECT } else { flags })
         };
         let failed = |source: io::Error| match source.raw_os_error() {
-            Some(libc::EBUSY) if block => BackingError::InUse { path: at() },
+            Some(libc::EBUSY) => BackingError::InUse { path: at() },
             _ => BackingError::Open { path: at(), source },
         };
         // O_DIRECT where the file system allows it (tmpfs does not); every transfer is 4 KiB
@@ -176,12 +202,17 @@ impl Backing {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false).map_err(failed)?, false),
             Err(source) => return Err(failed(source)),
         };
-        if !block {
+        let kind = file.metadata().map_err(|source| BackingError::Open { path: at(), source })?.file_type();
+        if kind.is_file() {
             claim(&file).map_err(|source| match source.raw_os_error() {
                 Some(libc::EAGAIN | libc::EACCES) => BackingError::InUse { path: at() },
                 _ => BackingError::Lock { path: at(), source },
             })?;
+        } else if !kind.is_block_device() {
+            return Err(BackingError::Kind { path: at() });
         }
+        // Back to blocking I/O (O_NONBLOCK only kept the open of a FIFO swapped in from waiting).
+        clear_nonblock(&file).map_err(|source| BackingError::Open { path: at(), source })?;
         // Seeking to the end sizes regular files and block devices alike.
         let have = file.seek(SeekFrom::End(0)).map_err(|source| BackingError::Size { path: at(), source })?;
         if have < size {
@@ -193,14 +224,17 @@ impl Backing {
 
     /// A backing store a predecessor daemon handed over: `file` is its open file description,
     /// so its claim (see the module docs) comes with it and is not taken again. Refuses a file
-    /// that is no longer the one at `path` (replaced meanwhile), or smaller than the volume.
+    /// that is no longer the one at `path` (replaced meanwhile, or reached through a path that
+    /// someone else controls: [`rblk_fabric::trusted::walk`]), or smaller than the volume.
     /// `failed`: a write-back failed in the predecessor, and the volume stays failed.
     pub fn adopt(path: &Path, file: File, size: u64, failed: bool) -> Result<Backing, BackingError> {
         use std::os::unix::fs::MetadataExt as _;
         let at = || path.to_owned();
-        let there = std::fs::metadata(path).map_err(|source| BackingError::Open { path: at(), source })?;
+        let walked = rblk_fabric::trusted::walk(path, rblk_fabric::trusted::Last::Any)
+            .map_err(|source| BackingError::Untrusted { path: at(), source })?;
+        let there = walked.stat().map(|st| (st.st_dev, st.st_ino, st.st_rdev));
         let handed = file.metadata().map_err(|source| BackingError::Size { path: at(), source })?;
-        if (there.dev(), there.ino(), there.rdev()) != (handed.dev(), handed.ino(), handed.rdev()) {
+        if there != Some((handed.dev(), handed.ino(), handed.rdev())) {
             let source = io::Error::other("the path names another file than the one handed over (replaced meanwhile?)");
             return Err(BackingError::Open { path: at(), source });
         }
@@ -277,6 +311,13 @@ impl Backing {
         }
         result
     }
+}
+
+fn clear_nonblock(file: &File) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_retain(fcntl(file, FcntlArg::F_GETFL)?);
+    fcntl(file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+    Ok(())
 }
 
 /// Takes an exclusive OFD lock on the whole of `file`, without waiting. It belongs to the open
@@ -609,9 +650,120 @@ mod tests {
         assert!(matches!(err, BackingError::InUse { .. }), "{err}");
         let text = err.to_string();
         assert!(text.contains(&path.display().to_string()) && text.contains("in use by another process"), "{text}");
-        // The claim goes with the open file description.
+        // The claim goes with the open file description (and a child forked meanwhile holds it
+        // until it execs: no Loop is made meanwhile).
+        let _forks = FORKS.lock().unwrap_or_else(|p| p.into_inner());
         drop(first);
         Backing::open(&path, 1 << 20).expect("free again");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Held while `losetup` runs, and by a test that needs the last descriptor it drops to be
+    /// the last one: a child shares the parent's open file descriptions until it execs.
+    static FORKS: Mutex<()> = Mutex::new(());
+
+    fn losetup(args: &[&std::ffi::OsStr]) -> std::process::Output {
+        let _forks = FORKS.lock().unwrap_or_else(|p| p.into_inner());
+        std::process::Command::new("losetup").args(args).output().unwrap()
+    }
+
+    /// A loop device over a 1 MiB file, detached on drop.
+    struct Loop {
+        dev: PathBuf,
+        dir: PathBuf,
+    }
+
+    impl Loop {
+        fn new(name: &str) -> Loop {
+            use std::os::unix::fs::PermissionsExt as _;
+            let dir = std::env::temp_dir().join(format!("rblk-loop-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let file = dir.join("disk");
+            std::fs::File::create(&file).unwrap().set_len(1 << 20).unwrap();
+            let out = losetup(&["--find".as_ref(), "--show".as_ref(), file.as_os_str()]);
+            assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+            let dev = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+            Loop { dev, dir }
+        }
+
+        /// A node for the device in the loop's (root-owned, 0755) directory.
+        fn node(&self, name: &str) -> PathBuf {
+            use std::os::unix::fs::MetadataExt as _;
+            let rdev = std::fs::metadata(&self.dev).unwrap().rdev();
+            let node = self.dir.join(name);
+            nix::sys::stat::mknod(
+                &node,
+                nix::sys::stat::SFlag::S_IFBLK,
+                nix::sys::stat::Mode::from_bits_truncate(0o600),
+                rdev,
+            )
+            .unwrap();
+            node
+        }
+    }
+
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            losetup(&["-d".as_ref(), self.dev.as_os_str()]);
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// Would catch a block device opened without `O_EXCL` (served while mounted or while
+    /// another daemon serves it), and a `/dev/VG/LV`-style root-owned link refused.
+    #[test]
+    fn a_block_device_is_claimed_through_a_root_owned_link() {
+        let lp = Loop::new("claim");
+        std::fs::create_dir(lp.dir.join("vg")).unwrap();
+        std::os::unix::fs::symlink(&lp.dev, lp.dir.join("vg/lv")).unwrap();
+        let b = Backing::open(&lp.dir.join("vg/lv"), 1 << 20).expect("a root-owned link to a block device");
+        let err = Backing::open(&lp.dev, 1 << 20).unwrap_err();
+        assert!(matches!(err, BackingError::InUse { .. }), "{err}");
+        drop(b);
+        Backing::open(&lp.dev, 1 << 20).expect("free again");
+    }
+
+    /// Would catch the kind of a backing store decided before it is opened: a regular file
+    /// when the path was looked at, swapped for a block device node before the open, would be
+    /// opened without the block device's claim. The open must refuse what it did not check.
+    #[test]
+    fn a_block_device_swapped_in_after_the_check_is_refused() {
+        let lp = Loop::new("swap");
+        let path = lp.dir.join("v.img");
+        std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
+        let walked = rblk_fabric::trusted::walk(&path, rblk_fabric::trusted::Last::Any).unwrap();
+        std::fs::rename(lp.node("node"), &path).unwrap();
+        let err = Backing::open_walked(&walked, &path, 1 << 20).unwrap_err();
+        assert!(rblk_fabric::Chain(&err).to_string().contains("replaced while being opened"), "{err}");
+        // Opened afresh it is a block device, and claimed.
+        let b = Backing::open(&path, 1 << 20).unwrap();
+        assert!(b.file().metadata().unwrap().file_type().is_block_device());
+        assert!(matches!(Backing::open(&lp.dev, 1 << 20).unwrap_err(), BackingError::InUse { .. }));
+    }
+
+    /// Would catch a backing path followed through a symlink that another user planted in a
+    /// directory they may write to: the daemon would serve (and write on FLUSH) whatever it
+    /// points at.
+    #[test]
+    fn a_planted_link_is_not_followed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let lp = Loop::new("planted");
+        let victim = lp.dir.join("victim");
+        std::fs::write(&victim, vec![7u8; 1 << 20]).unwrap();
+        let public = lp.dir.join("public");
+        std::fs::create_dir(&public).unwrap();
+        std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        for (name, to) in [("v.img", &victim), ("d.img", &lp.dev)] {
+            let link = public.join(name);
+            std::os::unix::fs::symlink(to, &link).unwrap();
+            std::os::unix::fs::lchown(&link, Some(4321), None).unwrap();
+            let err = Backing::open(&link, 1 << 20).unwrap_err();
+            assert!(matches!(err, BackingError::Untrusted { .. }), "{err}");
+            let text = rblk_fabric::Chain(&err).to_string();
+            assert!(text.contains("symlink owned by uid 4321"), "{text}");
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), vec![7u8; 1 << 20]);
     }
 }

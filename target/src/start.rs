@@ -58,6 +58,16 @@ pub enum StartError {
     /// A reload would widen access, and the file does not say `confirm_widen = true`.
     #[error(transparent)]
     Widens(#[from] crate::access_changes::Unconfirmed),
+    /// The state directory (or a directory above it) is controlled by someone other than root
+    /// or this user, who could plant a key or an identity record in it.
+    #[error("state directory {} is refused", path.display())]
+    StateDir {
+        /// The state directory.
+        path: std::path::PathBuf,
+        /// Which component, and why.
+        #[source]
+        source: rblk_fabric::trusted::PathError,
+    },
     /// Every volume was refused.
     #[error("no volume to serve: {0}")]
     NoVolumes(String),

@@ -1,5 +1,5 @@
 //! A rogue target, over the in-memory fabric: what it sends people's terminals must arrive
-//! escaped. ERROR text and volume names are any UTF-8 the protocol allows, and a target (or
+//! escaped, and what it says about sizes and addresses must be checked. ERROR text and volume names are any UTF-8 the protocol allows, and a target (or
 //! anyone on its cleartext path) could fill them with terminal escapes.
 //!
 //! What it would catch:
@@ -7,6 +7,11 @@
 //!   (and so every front end, `rblk-bench` and the logs) with its control characters raw, or a
 //!   volume name from LIST that `rblk discover` prints raw. OpenSSH escapes a server's strings
 //!   the same way.
+//! - `a_hostile_list_total_is_refused`: a LIST whose `total` the initiator follows without bound
+//!   (a target claiming four billion volumes grows `rblk discover`'s memory until it dies), or
+//!   whose pages run past their own total.
+//! - `a_reconnects_overflowing_opened_is_refused`: a reconnect's OPENED taken without checking
+//!   `remote_addr + size` (only the first OPENED was checked).
 
 use std::net::SocketAddr;
 use std::thread;
@@ -76,4 +81,138 @@ fn a_targets_escapes_are_shown_escaped() {
     let volumes = session.list().expect("LIST");
     assert_eq!(volumes[0].name(), EVIL, "the library hands the name over as it is (it names the volume)");
     assert_escaped(&rblk::cli::discover_table(&volumes).join("\n"), "rblk discover's table");
+}
+
+/// Serves HELLO, AUTH and a LIST that claims `total` volumes, a full page per request, until
+/// more than [`rblk_initiator::MAX_LISTED`] entries were sent, then empty pages.
+fn listing_target(total: u32) -> SocketAddr {
+    let listener = Listener::bind(Fabric::Mem, "127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        let Ok(Some(ListenerEvent::Request(req))) = listener.next_event(Some(Instant::now() + Duration::from_secs(30)))
+        else {
+            return;
+        };
+        let pd = req.alloc_pd().unwrap();
+        let page: Vec<ListEntry> = (0..rblk_proto::MAX_LIST_ENTRIES)
+            .map(|i| ListEntry::new(&format!("v{i}"), 1 << 20, 0, OpenMode::Exclusive).unwrap())
+            .collect();
+        serve_scripted(req, &pd, 0, Duration::from_secs(30), |msg| match msg {
+            Message::Hello { .. } => Some(Message::Challenge {
+                flags: ChallengeFlags::empty(),
+                features: rblk_proto::FEATURES,
+                nonce: [0; rblk_proto::NONCE_LEN],
+            }),
+            Message::Auth { .. } => Some(Message::Ok { answers: Opcode::Auth }),
+            Message::List { start } if (*start as usize) <= rblk_initiator::MAX_LISTED => {
+                Some(Message::ListReply { total, entries: &page })
+            }
+            Message::List { .. } => Some(Message::ListReply { total, entries: &[] }),
+            _ => None,
+        });
+    });
+    addr
+}
+
+/// Catches an initiator that trusts LIST's `total`: a hostile target that claims four billion
+/// volumes would grow `rblk discover`'s memory without bound (here it stops after
+/// [`rblk_initiator::MAX_LISTED`], and the list must not get that far), and one whose pages run
+/// past the total it gave.
+#[test]
+fn a_hostile_list_total_is_refused() {
+    let opts = rblk_initiator::Options { fabric: Fabric::Mem, ..rblk_initiator::Options::default() };
+    for total in [u32::MAX, 3] {
+        let target = rblk_initiator::Uri::parse_target(&format!("rblk://{}", listing_target(total))).unwrap();
+        let mut session = rblk_initiator::Session::connect(&target, &opts).expect("connect");
+        let e = session.list().expect_err("a LIST beyond the bound, or beyond its own total");
+        assert!(matches!(e, rblk_initiator::Error::Protocol { .. }), "{e:?}");
+        assert!(e.to_string().contains(&format!("of {total}")), "{e}");
+    }
+}
+
+/// Catches a reconnect that takes the target's new OPENED without checking its address range:
+/// `remote_addr + size` past 64 bits made the data path's address arithmetic overflow (a panic
+/// in debug builds, wrapped addresses in release). The first OPENED is sound, the reconnect's
+/// is not: the reconnect must be refused, never succeed.
+#[test]
+fn a_reconnects_overflowing_opened_is_refused() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let listener = Listener::bind(Fabric::Mem, "127.0.0.1:0".parse().unwrap(), None).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let resumed = Arc::new(AtomicU32::new(0));
+    let seen = Arc::clone(&resumed);
+    thread::spawn(move || {
+        for conn in 0.. {
+            let req = match listener.next_event(Some(Instant::now() + Duration::from_secs(30))) {
+                Ok(Some(ListenerEvent::Request(r))) => r,
+                Ok(Some(_)) => continue,
+                _ => return,
+            };
+            let pd = req.alloc_pd().unwrap();
+            let seen = Arc::clone(&seen);
+            thread::spawn(move || {
+                // The first connection goes quiet (the initiator's keepalive finds it gone).
+                let idle = if conn == 0 { Duration::from_millis(300) } else { Duration::from_secs(30) };
+                serve_scripted(req, &pd, conn, idle, |msg| match msg {
+                    Message::Hello { .. } => Some(Message::Challenge {
+                        flags: ChallengeFlags::empty(),
+                        features: rblk_proto::FEATURE_RECONNECT | rblk_proto::FEATURE_KEEPALIVE,
+                        nonce: [0; rblk_proto::NONCE_LEN],
+                    }),
+                    Message::Auth { .. } => Some(Message::Ok { answers: Opcode::Auth }),
+                    Message::Open { resume, .. } => {
+                        let remote_addr = if resume.is_some() {
+                            seen.fetch_add(1, Ordering::SeqCst);
+                            u64::MAX - 4095
+                        } else {
+                            0x1000
+                        };
+                        Some(Message::Opened(rblk_proto::Opened {
+                            remote_addr,
+                            size: 1 << 20,
+                            rkey: 1,
+                            block_size: 4096,
+                            max_io: 1 << 20,
+                            flags: rblk_proto::VolumeFlags::empty(),
+                            session_id: 1 + u64::from(resume.is_some()),
+                            token: [7; rblk_proto::TOKEN_LEN],
+                            instance: Some(rblk_proto::VolumeId([9; 16])),
+                        }))
+                    }
+                    _ => None,
+                });
+            });
+        }
+    });
+    let reconnect = rblk_initiator::Reconnect {
+        delay: Duration::from_millis(100),
+        ctrl_loss_tmo: Some(Duration::from_secs(2)),
+        fast_io_fail_tmo: None,
+    };
+    let opts = rblk_initiator::Options {
+        fabric: Fabric::Mem,
+        timeout: Duration::from_secs(1),
+        reconnect,
+        ..rblk_initiator::Options::default()
+    };
+    let mut vol = rblk_initiator::Session::connect(&format!("rblk://{addr}/v"), &opts)
+        .expect("connect")
+        .open(OpenMode::ReadWrite)
+        .expect("the first OPENED is sound");
+    assert!(vol.can_reconnect());
+    thread::sleep(Duration::from_millis(500));
+    // Keepalives find the first connection gone; then every resume is answered so, until
+    // ctrl_loss_tmo ends the session.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = Ok(());
+    while Instant::now() < deadline && (resumed.load(Ordering::SeqCst) == 0 || last.is_ok()) {
+        last = vol.keepalive();
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(resumed.load(Ordering::SeqCst) >= 1, "the initiator never tried to resume");
+    assert_eq!(vol.reconnects(), 0, "a reconnect to an overflowing address range succeeded");
+    let e = last.expect_err("the session is not back");
+    let mut buf = vec![0u8; 4096];
+    assert!(vol.read_at(&mut buf, 0).is_err(), "I/O after the refused reconnect: {e}");
 }

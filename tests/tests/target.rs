@@ -54,6 +54,8 @@ fn filled(r: &Raw, len: usize, byte: u8) -> rblk_fabric::Mr {
     m
 }
 
+/// Also catches an OPEN's name logged raw (issue 39): the refusal's text, which the target logs
+/// too, must hold the name escaped ([`rblk_proto::printable`]).
 fn malformed_and_wrong_version_hello_get_errors_and_the_daemon_keeps_serving(fabric: Fabric) {
     let d = Target::start(fabric, &volume("v", 4 * MIB));
 
@@ -84,6 +86,14 @@ fn malformed_and_wrong_version_hello_get_errors_and_the_daemon_keeps_serving(fab
         error_of(&other.request(&Message::Open { mode: OpenMode::ReadOnly, name: "nope", resume: None }));
     assert_eq!(code, ErrorCode::NoSuchVolume);
     assert_eq!(text, "no such volume nope", "names no volume the target has");
+    // The same text goes into the target's log: a name with a newline must not forge a line
+    // there (nor an escape drive the terminal that reads it).
+    let mut forger = raw(&d);
+    forger.request(&Message::Hello { features: 0 });
+    let name = "x\nrblk-target: INFO opened, with a registration\x1b[2J";
+    let (code, text) = error_of(&forger.request(&Message::Open { mode: OpenMode::ReadOnly, name, resume: None }));
+    assert_eq!(code, ErrorCode::NoSuchVolume);
+    assert_eq!(text, r"no such volume x\nrblk-target: INFO opened, with a registration\x1b[2J");
 }
 
 fn read_only_rkey_refuses_writes_at_the_target(fabric: Fabric) {

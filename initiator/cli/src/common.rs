@@ -14,8 +14,9 @@ use rblk_initiator::{OpenMode, Options, Reconnect, Session, Volume};
 pub struct Connection {
     /// Key file, for targets that require one: the target's shared key (its --key-file, or the
     /// STATE_DIR/target.key it made), or this host's own key from the target's `[[host]]` entry.
-    /// One line of at least 32 bytes, mode 0600. Default: /var/lib/rblk/target.key when it can
-    /// be read (a target on this host).
+    /// One line of at least 32 bytes, mode 0600, owned by root or you, in directories only you
+    /// or root may write. Default: /var/lib/rblk/target.key when it can be read (a target on
+    /// this host).
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     pub key_file: Option<PathBuf>,
     /// This host's identity for the target's access lists and per-host keys (like an NVMe host
