@@ -300,6 +300,10 @@ impl Args {
         } else if self.config.is_none() {
             file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), ..FileVolume::default() }];
         }
+        // What `rblk-target admin add|remove` saved.
+        if let Some(dir) = file.state_dir.clone() {
+            crate::saved::Saved::load(&dir)?.apply_to(&mut file, &dir)?;
+        }
         Ok(file)
     }
 }

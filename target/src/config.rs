@@ -119,6 +119,9 @@ pub struct Config {
     pub max_unopened: usize,
     /// See [`Config::max_unopened`].
     pub max_unopened_per_addr: usize,
+    /// Volumes a reload (or a successor taking the volumes over) may remove although they
+    /// would lose data: RAM volumes sessions could have written (see [`crate::reload`]).
+    pub confirm_remove: Vec<String>,
     /// A test hook: FLUSHes wait at it while it is held (see [`crate::control::FlushHook`]). None in the daemon.
     #[doc(hidden)]
     pub flush_hook: Option<crate::control::FlushHook>,
@@ -223,6 +226,7 @@ impl Default for Config {
             max_unopened: MAX_UNOPENED,
             max_unopened_per_addr: MAX_UNOPENED_PER_ADDR,
             memory_windows: true,
+            confirm_remove: Vec::new(),
             flush_hook: None,
         }
     }
@@ -450,6 +454,9 @@ pub enum ConfigError {
     /// The checks of the whole configuration ([`Config::check`]).
     #[error(transparent)]
     Check(StartError),
+    /// `STATE_DIR/admin.toml` (see [`crate::saved`]) cannot be used.
+    #[error(transparent)]
+    Saved(#[from] crate::saved::SavedError),
 }
 
 /// The hint for a generated key this user may not make or read: the state dir is root's.
@@ -725,6 +732,10 @@ pub struct File {
     /// Memory windows where the device and the initiator have them (default true).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_windows: Option<bool>,
+    /// Volumes a reload or a handover may remove although their contents go with them (RAM
+    /// volumes that sessions wrote).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub confirm_remove: Vec<String>,
     /// Known hosts.
     #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<FileHost>,
@@ -874,6 +885,7 @@ impl File {
             max_joins_per_host: self.max_joins_per_host.unwrap_or(defaults.max_joins_per_host),
             max_joins: self.max_joins.unwrap_or(defaults.max_joins),
             memory_windows: self.memory_windows.unwrap_or(defaults.memory_windows),
+            confirm_remove: self.confirm_remove.clone(),
             ..defaults
         };
         cfg.check().map_err(ConfigError::Check)?;
@@ -891,6 +903,18 @@ impl File {
             let dir = self.state_dir.as_deref().unwrap_or(std::path::Path::new(DEFAULT_STATE_DIR));
             KeySource::Generated(dir.join(GENERATED_KEY))
         }
+    }
+
+    /// This file as `--check-config` checks it: a generated key the first start would make
+    /// is not made for the check (its absence is no error).
+    pub fn as_checked(&self) -> File {
+        let mut checked = self.clone();
+        if let KeySource::Generated(path) = self.key_source() {
+            if !path.exists() {
+                checked.allow_any_host = Some(true);
+            }
+        }
+        checked
     }
 
     /// Makes the generated key if this configuration uses it and it does not exist yet (a

@@ -55,6 +55,16 @@ pub enum StartError {
     /// Hosts or access lists do not make sense.
     #[error("access configuration")]
     Access(#[source] crate::access::PolicyError),
+    /// A reload would remove RAM volumes that sessions wrote, and the file does not confirm it.
+    #[error(
+        "the configuration removes RAM volume(s) {} that sessions have written: their contents would be lost; \
+         keep them in the configuration, or list them in confirm_remove = [...] to remove them",
+        .0.join(", ")
+    )]
+    WouldLoseData(Vec<String>),
+    /// A reload during a handover.
+    #[error("a handover is under way: reload once it is over")]
+    HandoverUnderWay,
     /// Every volume was refused.
     #[error("no volume to serve: {0}")]
     NoVolumes(String),
