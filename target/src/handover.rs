@@ -459,6 +459,15 @@ pub fn preflight(socket: &Path) -> Result<Vec<crate::admin::Expected>, HandoverE
 /// `STATE_DIR/admin.toml`) does not pass `--check-config` (which the unit's `ExecStartPre=`
 /// runs), or it would drop or change a volume ([`check`]).
 pub fn check_successor(argv: &[std::ffi::OsString], served: &[crate::admin::Expected]) -> Result<(), HandoverError> {
+    let cfg = successor_config(argv)?;
+    let handed: Vec<VolumeSpec> =
+        served.iter().map(|v| VolumeSpec { name: v.name.clone(), size: v.size, path: v.path.clone() }).collect();
+    check(cfg.block_size, &handed, &cfg)
+}
+
+/// The configuration a daemon started with `argv` builds (the config file, `admin.toml`, the
+/// flags), checked as `--check-config` checks it; refused with the reason.
+pub fn successor_config(argv: &[std::ffi::OsString]) -> Result<crate::config::Config, HandoverError> {
     use clap::Parser as _;
     let refuse = |why: String| HandoverError::Successor(why);
     let shown = argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
@@ -478,9 +487,7 @@ pub fn check_successor(argv: &[std::ffi::OsString], served: &[crate::admin::Expe
     if !errors.is_empty() {
         return Err(refuse(format!("--check-config fails: {}", errors.join("; "))));
     }
-    let handed: Vec<VolumeSpec> =
-        served.iter().map(|v| VolumeSpec { name: v.name.clone(), size: v.size, path: v.path.clone() }).collect();
-    check(cfg.block_size, &handed, &cfg)
+    Ok(cfg)
 }
 
 /// The successor's checks of the volumes a daemon hands over (`block_size`, `handed`) against
