@@ -716,10 +716,14 @@ fn line_on(mut stream: UnixStream, path: &Path, line: &[u8]) -> Result<String, C
     stream.set_read_timeout(None).map_err(io)?;
     let mut text = line.to_vec();
     text.push(b'\n');
-    stream.write_all(&text).map_err(io)?;
+    // A daemon that refuses the connection (see `accept`) may answer and close before the
+    // request is written: its answer says why, better than the broken pipe.
+    let wrote = stream.write_all(&text);
     let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply).map_err(io)?;
+    let read = BufReader::new(stream).read_line(&mut reply);
     if reply.is_empty() {
+        wrote.map_err(io)?;
+        read.map_err(io)?;
         return Err(ClientError::BadReply(path.to_owned(), "the daemon closed the connection".into()));
     }
     Ok(reply)

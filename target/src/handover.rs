@@ -32,10 +32,15 @@
 //!   with the descriptors still stored.
 //!
 //! The successor refuses a state [`FORMAT`] it does not know, a `block_size` other than the
-//! state's, and a configuration that changes a handed volume's size or backing path; volumes
-//! only in its configuration are created or loaded as at a start, and volumes only in the
-//! state are removed once the old daemon is gone, as a reload removes them (a durable one is
-//! flushed). Memory windows, registrations and rkeys are the successor's own: registration
+//! state's, and a configuration that changes a handed volume's size or backing path or lacks
+//! one that `confirm_remove` does not list ([`check`]); volumes only in its configuration are
+//! created or loaded as at a start, and confirmed volumes only in the state are removed once
+//! the old daemon is gone, as a reload removes them (a durable one is flushed). `admin
+//! handover` runs the same checks from the new binary before the daemon exits ([`preflight`]).
+//!
+//! Waits are bounded by silence, not size: each side gives up after [`SILENCE`] without a word
+//! from the other, and the successor reports each volume it maps or loads, and every
+//! [`PROGRESS_EVERY`] during one, so a large handover never times out. Memory windows, registrations and rkeys are the successor's own: registration
 //! happens at each volume's first OPEN, as at a start.
 
 use std::collections::HashMap;
@@ -827,6 +832,21 @@ fn state_memfd(state: &State) -> std::io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Catches a state record read without bound (a huge or endless descriptor in the fd store
+    /// would exhaust the successor's memory before anything is checked): past [`MAX_FRAME`]
+    /// it is refused, with a clear error, unread.
+    #[test]
+    fn a_state_record_past_the_cap_is_refused() {
+        use nix::sys::memfd::{memfd_create, MFdFlags};
+        let record = std::fs::File::from(memfd_create("rblk-test-state", MFdFlags::MFD_CLOEXEC).unwrap());
+        let mut text = format!("{{\"format\":{FORMAT},\"pad\":\"").into_bytes();
+        text.resize(MAX_FRAME + 1, b'x');
+        (&record).write_all(&text).unwrap();
+        std::io::Seek::rewind(&mut &record).unwrap();
+        let err = Handed::from_store(vec![(STATE_FDNAME.to_owned(), record.into())]).unwrap_err();
+        assert!(err.to_string().contains(&format!("larger than {MAX_FRAME} bytes")), "{err}");
+    }
 
     /// Catches a successor that would read a state record of a format it does not know (it
     /// would serve volumes with fields it misreads).

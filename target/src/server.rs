@@ -53,7 +53,8 @@ pub struct Running {
 struct Taken {
     /// The old daemon's admin socket, which it removes at exit.
     old_socket: Option<std::path::PathBuf>,
-    /// Handed volumes the configuration does not serve: removed as a reload removes them.
+    /// Handed volumes the configuration does not serve (confirm_remove lists them): removed as
+    /// a reload removes them.
     leftovers: Vec<Volume>,
     /// The fd store names that held the handover.
     stored: Vec<String>,

@@ -138,8 +138,9 @@ fn take_over(old: Running, cfg: Config) -> Result<Running, Box<(StartError, Runn
 }
 
 /// Catches the loss of issue 39: a RAM volume added with `admin add` and holding data is gone
-/// after a SIGHUP (the file applied again without it), a takeover (the successor's
-/// configuration lacks it: `take_rest`'s leftovers removed) or a restart (the admin change not
+/// after a SIGHUP (the file applied again without it), a takeover or a handover through the
+/// fd store (the successor's configuration lacks it: `take_rest`'s leftovers removed) or a
+/// restart (the admin change not
 /// saved, or not read back); and a reload without `confirm_remove` that removes such a volume
 /// anyway. With `admin.toml` not read by `Args::effective`, the reload removes `extra`; with
 /// the `confirm_remove` check gone, the reload that lacks it succeeds.
@@ -173,6 +174,25 @@ fn an_admin_added_ram_volume_survives_reload_takeover_and_restart() {
     let (err, new) = *take_over(new, without.clone()).expect_err("a successor dropping a volume is refused");
     assert!(matches!(err, StartError::Handover(HandoverError::Changed(_))), "{err:?}");
     assert!(Chain(&err).to_string().contains("volume extra is not in the configuration"), "{}", Chain(&err));
+    check_marker(&s, "extra", 2);
+
+    // A handover through the service manager's fd store, after `admin handover`'s checks.
+    let store: Arc<Mutex<Vec<(String, OwnedFd)>>> = Arc::default();
+    let sink = Arc::clone(&store);
+    new.set_fd_store(Box::new(move |name, fd| {
+        sink.lock().unwrap().push((name.to_owned(), fd.try_clone_to_owned()?));
+        Ok(())
+    }));
+    let expect = vec![
+        Expected { name: "extra".into(), size: MIB, path: None },
+        Expected { name: "v".into(), size: 4 * MIB, path: None },
+    ];
+    handover::check_successor(&s.argv(), &expect).expect("the successor's checks pass");
+    admin::request(&s.socket(), &Request::Handover { expect: Some(expect) }).expect("handover");
+    new.shutdown();
+    let handed = Handed::from_store(std::mem::take(&mut *store.lock().unwrap())).unwrap().expect("in the store");
+    let mut new = Server::take_over(s.config().unwrap(), handed, &mut |_| {}).expect("the successor serves");
+    new.finish_takeover();
     check_marker(&s, "extra", 2);
 
     // A restart reads admin.toml: the volume is there again (empty: RAM).
@@ -293,4 +313,87 @@ fn the_admin_socket_refuses_other_users() {
         admin::request(&s.socket(), &Request::List).expect("root still is");
     }
     r.shutdown();
+}
+
+mod guest {
+    use super::*;
+    use rblk_tests::blockdev::{attach, detach, fio, ublk_drv, wait_child};
+    use rblk_tests::daemon::{bin, Daemon};
+    use rblk_tests::rxe::rdma;
+
+    /// fio's crc32c pattern on the first 2 MiB of `dev`: written and verified (`write`), or
+    /// only verified (`verify`); fails the test on any error or mismatch.
+    fn fio_marker(dev: &str, verify_only: bool) {
+        let mut args = vec!["--rw=write", "--bs=64k", "--size=2M", "--verify=crc32c", "--verify_fatal=1"];
+        if verify_only {
+            args.push("--verify_only");
+        }
+        let out = wait_child(&mut fio(dev, &args), Duration::from_secs(60), "fio");
+        let terse = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "fio (verify only: {verify_only}) failed: {terse}");
+    }
+
+    /// Catches, between daemon processes over rxe, the loss of issue 39: a RAM volume added
+    /// with `rblk-target admin add` and holding data (fio's verify pattern, through `rblk
+    /// attach`) gone after a SIGHUP (the file applied again without it) or a `--takeover` (the
+    /// successor's configuration lacks it, its leftovers removed): fio's verify fails, or the
+    /// device sees a new instance. And a successor whose configuration conflicts (the volume's
+    /// size changed) that is not refused, or after whose refusal the old daemon stops serving:
+    /// the verify after it fails.
+    #[test]
+    #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+    fn an_admin_added_volume_keeps_its_contents_across_sighup_and_takeover() {
+        ublk_drv();
+        let d = std::env::temp_dir().join(format!("rblk-kept-guest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let config = d.join("target.toml");
+        std::fs::write(&config, "[[volume]]\nname = \"v\"\nsize = \"4M\"\n").unwrap();
+        let (sock, state) = (d.join("admin.sock"), d.join("state"));
+        let args: Vec<String> = ["--config", config.to_str().unwrap(), "--state-dir", state.to_str().unwrap()]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .chain(["--admin-socket".to_owned(), sock.display().to_string()])
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let old = Daemon::start(&rdma(), &args);
+        let out = std::process::Command::new(bin("rblk-target"))
+            .args(["admin", "--socket", sock.to_str().unwrap(), "add", "extra:16M"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "admin add: {}", String::from_utf8_lossy(&out.stderr));
+        let log = d.join("attach.log").display().to_string();
+        let a = attach(&format!("rblk://{}/extra", old.addr), &format!("--reconnect-delay 1 --log-file {log}"));
+        fio_marker(&a.dev, false);
+
+        old.signal("HUP");
+        assert!(old.wait_log(&["configuration reloaded"], Duration::from_secs(10)), "the SIGHUP was applied");
+        fio_marker(&a.dev, true);
+
+        // A successor whose configuration conflicts: refused, the old daemon serves on.
+        let conflicting = d.join("conflicting.toml");
+        std::fs::write(&conflicting, "[[volume]]\nname = \"v\"\nsize = \"8M\"\n").unwrap();
+        let refused = std::process::Command::new(bin("rblk-target"))
+            .args(["--allow-any-host", "--listen", &old.addr.to_string(), "--takeover", "--config"])
+            .arg(&conflicting)
+            .args(&args[2..])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && stderr.contains("volume v size 4194304 -> 8388608"), "{stderr}");
+        fio_marker(&a.dev, true);
+
+        // A takeover reading the same file and admin.toml keeps the volume and its contents.
+        let mut old = old;
+        let new = Daemon::start_at(old.addr, &[&args[..], &["--takeover"]].concat());
+        let status = old.wait_exit(Duration::from_secs(30)).expect("the old daemon exits after the handover");
+        assert!(status.success(), "{status}");
+        assert!(new.wait_log(&["took over 2 volume(s)"], Duration::from_secs(5)), "both volumes taken over");
+        fio_marker(&a.dev, true);
+        let attach_log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(!attach_log.contains("new instance") && !attach_log.contains("contents lost"), "{attach_log}");
+        detach(&a.dev);
+        drop(new);
+        let _ = std::fs::remove_dir_all(d);
+    }
 }
