@@ -86,6 +86,13 @@ for unit in rblk-target.service rblk-attach@.service; do
     mv -f "$unitdir/$unit.tmp" "$unitdir/$unit"
 done
 
+# Drop-ins (settings only newer systemd versions know, kept out of the units).
+for dropin in "$REPO_ROOT"/dist/systemd/*.service.d/*.conf; do
+    dir=$unitdir/$(basename "$(dirname "$dropin")")
+    install -d -m 0755 "$dir"
+    install -m 0644 "$dropin" "$dir/$(basename "$dropin")"
+done
+
 if [[ -e $confdir/target.toml ]]; then
     echo "install.sh: keeping the existing $confdir/target.toml (the example is $REPO_ROOT/dist/rblk-target.toml)" >&2
 else

@@ -84,7 +84,8 @@ impl Memory {
 
     /// Maps a memfd another process made with [`Memory::memfd`] and handed over (its pages, not
     /// a copy: both mappings show the same bytes), after checking that it is what it must be:
-    /// sealed against shrinking and growing, and exactly `len` bytes long. Populated and with
+    /// sealed against shrinking, growing and further seals (`F_SEAL_SEAL`), and exactly `len`
+    /// bytes long. Populated and with
     /// huge pages requested, as [`Memory::memfd`]. `name` is for errors.
     pub fn from_memfd(name: &str, fd: OwnedFd, len: usize) -> Result<Arc<Memory>> {
         Self::map_memfd(name, File::from(fd), len)
@@ -95,9 +96,16 @@ impl Memory {
     fn map_memfd(name: &str, file: File, len: usize) -> Result<Arc<Memory>> {
         let fail = |op, source| Error::Memfd { op, name: name.to_owned(), len, source };
         let seals = fcntl(&file, FcntlArg::F_GET_SEALS).map_err(|e| fail("fcntl(F_GET_SEALS)", e.into()))?;
-        let want = (SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW).bits();
+        // F_SEAL_SEAL too: without it, another holder of the descriptor could still add
+        // F_SEAL_FUTURE_WRITE or F_SEAL_WRITE after our checks.
+        let want = (SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL).bits();
         if seals & want != want {
-            return Err(fail("fcntl(F_GET_SEALS)", std::io::Error::other("not sealed against resizing")));
+            return Err(fail(
+                "fcntl(F_GET_SEALS)",
+                std::io::Error::other(
+                    "not sealed against resizing and further seals (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL)",
+                ),
+            ));
         }
         let have = file.metadata().map_err(|e| fail("fstat", e))?.len();
         if have != len as u64 || len == 0 {
@@ -249,6 +257,21 @@ mod tests {
         File::from(unsealed.try_clone().unwrap()).set_len(8192).unwrap();
         let e = Memory::from_memfd("unsealed", unsealed, 8192).unwrap_err();
         assert!(Chain(&e).to_string().contains("not sealed"), "{}", Chain(&e));
+    }
+
+    /// Catches a successor that adopts a memfd without `F_SEAL_SEAL`: whoever else holds it
+    /// could then add `F_SEAL_WRITE` or `F_SEAL_FUTURE_WRITE` after the check, and the volume's
+    /// writes would fail under the new owner.
+    #[test]
+    fn a_handed_memfd_without_seal_seal_is_refused() {
+        let fd = memfd_create("rblk-test:open-seals", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).unwrap();
+        let file = File::from(fd);
+        file.set_len(8192).unwrap();
+        fcntl(&file, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW)).unwrap();
+        let e = Memory::from_memfd("open-seals", file.try_clone().unwrap().into(), 8192).unwrap_err();
+        assert!(Chain(&e).to_string().contains("F_SEAL_SEAL"), "{}", Chain(&e));
+        fcntl(&file, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SEAL)).unwrap();
+        Memory::from_memfd("sealed", file.into(), 8192).expect("with F_SEAL_SEAL it maps");
     }
 
     /// Catches a memfd that could be resized under its registration (SIGBUS on the CPU side,

@@ -32,6 +32,37 @@ pub fn lock_file(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
+/// Replaces `path` with `bytes` atomically and durably: written to `PATH.tmp` (made anew with
+/// mode 0600, never through a symlink), fsynced, renamed over `path`, and the directory fsynced,
+/// so a crash leaves the old file or the new one, never a torn one. A failure removes the
+/// temporary file.
+pub fn replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let written = (|| {
+        // Left by a crash mid-write: made again.
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let mut f = create_new(&tmp)?;
+        io::Write::write_all(&mut f, bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        sync_dir(path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Makes a creation, rename or removal in `path`'s directory durable.
+pub fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))).and_then(|d| d.sync_all())
+}
+
 /// Who may use a directory [`check_dir`] accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DirUse {
@@ -104,6 +135,17 @@ mod tests {
         assert!(check_dir(&link, DirUse::OwnerWrites).unwrap_err().contains("not a directory"));
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         assert!(check_dir(&dir, DirUse::OwnerWrites).unwrap_err().contains("mode 0777"));
+
+        // replace: no symlink followed at the temporary name, mode 0600, old or new only.
+        let state = dir.join("state");
+        std::fs::write(&state, "old").unwrap();
+        let tmp_target = dir.join("tmp-target");
+        std::os::unix::fs::symlink(&tmp_target, dir.join("state.tmp")).unwrap();
+        replace(&state, b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&state).unwrap(), "new");
+        assert!(!tmp_target.exists(), "a link planted at the temporary name is replaced, not followed");
+        assert!(!dir.join("state.tmp").exists(), "the temporary file is renamed away");
+        assert_eq!(std::fs::metadata(&state).unwrap().permissions().mode() & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,8 +3,11 @@
 //! JSON-RPC socket (`/var/tmp/spdk.sock`) does for nvmf_tgt.
 //!
 //! Access: the socket is created mode 0600 (under a umask, so it is never wider) in a
-//! directory the daemon creates mode 0700 if missing: only its owner (root) can connect. A
-//! start refuses a path where another daemon's socket answers, and replaces a stale one.
+//! directory the daemon creates mode 0700 if missing: only its owner (root) can connect. The
+//! peer's credentials (`SO_PEERCRED`) are checked too, both ways: the daemon answers only root
+//! and its own user, whatever the socket's mode became, and a client (a successor taking the
+//! volumes over too) talks only to a daemon run by root or by itself ([`check_peer`]). A start
+//! refuses a path where another daemon's socket answers, and replaces a stale one.
 //!
 //! Protocol: one JSON object per line each way, [`VERSION`] in every request and reply.
 //!
@@ -20,9 +23,10 @@
 //! `add` takes the fields of a `[[volume]]` of the config file; `access` answers with `access`:
 //! the hosts, keys (short fingerprints) and access lists in force ([`crate::access_changes`]). Changes go through the same
 //! code as a reload ([`crate::reload`]): an add is the configuration applied last plus that
-//! volume, a remove the same without it, refused while sessions have it open. They are not
-//! written to the config file: the next SIGHUP applies the file again, so it removes volumes
-//! added here (once idle) and adds back those removed here.
+//! volume, a remove the same without it, refused while sessions have it open. Each is saved in
+//! `STATE_DIR/admin.toml` ([`crate::saved`]) before it applies (and the file restored if it
+//! does not), so a restart, a SIGHUP and a handover keep it: they read that file with the
+//! config file.
 //!
 //! A request line longer than [`MAX_LINE`] is refused and the connection closed; a client that
 //! goes away before the end of its line changes nothing; a silent one is cut after
@@ -70,7 +74,12 @@ pub enum Request {
     },
     /// Hand every volume to the service manager's file descriptor store and exit, for systemd
     /// to start the successor with them (see [`crate::handover`]).
-    Handover,
+    Handover {
+        /// The volumes the successor's checks passed ([`crate::handover::preflight`]): the
+        /// daemon refuses if it serves others now (one was added or removed meanwhile).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expect: Option<Vec<Expected>>,
+    },
     /// Who may get in and open what, keys by fingerprint only (`--check-config` compares a
     /// file with it: see [`crate::access_changes`]).
     Access,
@@ -80,6 +89,19 @@ pub enum Request {
         /// State formats the successor reads.
         formats: Vec<u32>,
     },
+}
+
+/// A volume as the successor's checks saw it (see [`Request::Handover`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expected {
+    /// Name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Backing store of a durable volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
 }
 
 /// One volume in a list reply.
@@ -174,6 +196,12 @@ pub enum AdminError {
     /// A handover cannot be done.
     #[error("no handover: {0}")]
     Handover(String),
+    /// The client is neither root nor the daemon's user.
+    #[error("not allowed: {0}: only root and the daemon's user may use the admin socket")]
+    Forbidden(String),
+    /// `STATE_DIR/admin.toml` could not be read or written: nothing changed.
+    #[error(transparent)]
+    Saved(crate::saved::SavedError),
 }
 
 impl AdminError {
@@ -191,6 +219,8 @@ impl AdminError {
             AdminError::Refused { .. } => "refused",
             AdminError::ShuttingDown => "shutting_down",
             AdminError::Handover(_) => "handover",
+            AdminError::Forbidden(_) => "forbidden",
+            AdminError::Saved(_) => "saved",
         }
     }
 }
@@ -220,6 +250,23 @@ pub enum SocketError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Whether the process at the other end of `stream` may be trusted with the admin socket:
+/// root or this process's own user (`SO_PEERCRED`, as the kernel recorded it at connect).
+/// `Err` names the peer's uid.
+pub fn check_peer(stream: &UnixStream) -> Result<(), String> {
+    let creds = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+    peer_allowed(creds.uid(), nix::unistd::geteuid().as_raw())
+}
+
+fn peer_allowed(peer: u32, me: u32) -> Result<(), String> {
+    if peer == 0 || peer == me {
+        Ok(())
+    } else {
+        Err(format!("uid {peer} is neither root nor the daemon's user (uid {me})"))
+    }
 }
 
 /// Checks that `path` can be an admin socket without touching it (`--check-config`).
@@ -306,6 +353,15 @@ fn accept(listener: &UnixListener, shared: &Arc<Shared>) {
         }
         match stream {
             Ok(stream) => {
+                if let Err(why) = check_peer(&stream) {
+                    warn!("admin socket: refusing a connection: {why}");
+                    let reply = refusal(&AdminError::Forbidden(why));
+                    let mut text = serde_json::to_vec(&reply).unwrap_or_default();
+                    text.push(b'\n');
+                    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+                    let _ = (&stream).write_all(&text);
+                    continue;
+                }
                 let shared = Arc::clone(shared);
                 if let Err(e) =
                     thread::Builder::new().name("rblk-admin-conn".into()).spawn(move || client(&shared, stream))
@@ -417,13 +473,13 @@ fn run(shared: &Arc<Shared>, request: Request) -> Result<(String, Option<Vec<Vol
         Request::Access => Ok((String::new(), None)),
         Request::Add { volume } => add(shared, &volume).map(|m| (m, None)),
         Request::Remove { name } => remove(shared, &name).map(|m| (m, None)),
-        Request::Handover => handover(shared).map(|m| (m, None)),
+        Request::Handover { expect } => handover(shared, expect.as_deref()).map(|m| (m, None)),
         // Handled by the connection (it carries descriptors); here only when malformed.
         Request::Takeover { .. } => Err(AdminError::Malformed("takeover ends its connection's requests".into())),
     }
 }
 
-fn handover(shared: &Arc<Shared>) -> Result<String, AdminError> {
+fn handover(shared: &Arc<Shared>, expect: Option<&[Expected]>) -> Result<String, AdminError> {
     let store = shared.fd_store.lock().unwrap_or_else(|p| p.into_inner());
     let Some(crate::registry::Sink(sink)) = store.as_ref() else {
         return Err(AdminError::Handover(
@@ -432,7 +488,7 @@ fn handover(shared: &Arc<Shared>) -> Result<String, AdminError> {
                 .into(),
         ));
     };
-    crate::handover::give_to_store(shared, sink).map_err(AdminError::Handover)
+    crate::handover::give_to_store(shared, sink, expect).map_err(AdminError::Handover)
 }
 
 /// Every volume served and every one refused, by name.
@@ -484,12 +540,20 @@ fn add(shared: &Shared, v: &FileVolume) -> Result<String, AdminError> {
     if !v.allow.is_empty() {
         new.acls.insert(v.name.clone(), v.allow.clone());
     }
-    let report = shared.apply(&mut current, new, &mut |_| {}).map_err(AdminError::Invalid)?;
+    let undo = save(shared, |s| s.added(v))?;
+    let report = match shared.apply(&mut current, new, &mut |_| {}) {
+        Ok(report) => report,
+        Err(e) => {
+            undo.restore();
+            return Err(AdminError::Invalid(e));
+        }
+    };
     if let Some((_, why)) = report.refused.iter().find(|(name, _)| *name == v.name) {
         // Not kept for a later retry, as a refused volume of the file would be.
         current.volumes.retain(|c| c.name != v.name);
         current.acls.remove(&v.name);
         shared.catalog.write().unwrap_or_else(|p| p.into_inner()).refused.remove(&v.name);
+        undo.restore();
         return Err(AdminError::Refused { name: v.name.clone(), reason: why.clone() });
     }
     let what = v.path.as_ref().map_or_else(|| "RAM, volatile".to_owned(), |p| format!("durable, {}", p.display()));
@@ -508,6 +572,7 @@ fn remove(shared: &Shared, name: &str) -> Result<String, AdminError> {
     if !served {
         // A configured volume that could not be loaded: forgotten.
         if current.volumes.iter().any(|v| v.name == name) {
+            save(shared, |s| s.removed(name))?;
             current.volumes.retain(|v| v.name != name);
             current.acls.remove(name);
             shared.catalog.write().unwrap_or_else(|p| p.into_inner()).refused.remove(name);
@@ -522,15 +587,59 @@ fn remove(shared: &Shared, name: &str) -> Result<String, AdminError> {
     let mut new = current.clone();
     new.volumes.retain(|v| v.name != name);
     new.acls.remove(name);
+    // Removed by name: what it holds goes with it, as asked.
+    new.confirm_remove.push(name.to_owned());
+    let undo = save(shared, |s| s.removed(name))?;
     // The last volume may go too: a target may serve none (an empty config starts empty, and
     // `admin add` fills it).
-    let report = shared.apply(&mut current, new, &mut |_| {}).map_err(AdminError::Invalid)?;
+    let report = match shared.apply(&mut current, new, &mut |_| {}) {
+        Ok(report) => report,
+        Err(e) => {
+            undo.restore();
+            return Err(AdminError::Invalid(e));
+        }
+    };
+    current.confirm_remove = before.confirm_remove.clone();
     if let Some((_, sessions)) = report.busy.iter().find(|(n, _)| n == name) {
         // Opened just now: it stays, and stays configured (no removal pending).
         *current = before;
+        undo.restore();
         return Err(AdminError::Busy { name: name.to_owned(), sessions: *sessions });
     }
     Ok(format!("removed volume {name}"))
+}
+
+/// What `STATE_DIR/admin.toml` held before a change, to put back if the change does not apply.
+struct Undo<'a> {
+    dir: Option<&'a Path>,
+    before: crate::saved::Saved,
+}
+
+impl Undo<'_> {
+    fn restore(self) {
+        if let Some(dir) = self.dir {
+            if let Err(e) = self.before.store(dir) {
+                tracing::error!(
+                    "cannot restore {}: {}",
+                    crate::saved::Saved::path(dir).display(),
+                    rblk_fabric::Chain(&e)
+                );
+            }
+        }
+    }
+}
+
+/// Saves a change to `STATE_DIR/admin.toml` before it applies (nothing without a state dir);
+/// an error changes nothing.
+fn save(shared: &Shared, change: impl FnOnce(&mut crate::saved::Saved)) -> Result<Undo<'_>, AdminError> {
+    let Some(dir) = shared.fixed.state_dir.as_deref() else {
+        return Ok(Undo { dir: None, before: crate::saved::Saved::default() });
+    };
+    let before = crate::saved::Saved::load(dir).map_err(AdminError::Saved)?;
+    let mut after = before.clone();
+    change(&mut after);
+    after.store(dir).map_err(AdminError::Saved)?;
+    Ok(Undo { dir: Some(dir), before })
 }
 
 /// Why a client request failed.
@@ -543,6 +652,9 @@ pub enum ClientError {
     /// The socket is not ours to use.
     #[error("permission denied on {0}: the admin socket is its owner's only (mode 0600): run as root")]
     PermissionDenied(PathBuf),
+    /// The process serving the socket is neither root nor this user: not talked to.
+    #[error("admin socket {0}: the process serving it is not to be trusted: {1}")]
+    UntrustedServer(PathBuf, String),
     /// Talking to it failed.
     #[error("admin socket {path}")]
     Io {
@@ -577,17 +689,24 @@ fn client_error(path: &Path, source: std::io::Error) -> ClientError {
 
 /// Connects to the admin socket at `path`.
 pub fn connect(path: &Path) -> Result<UnixStream, ClientError> {
-    UnixStream::connect(path).map_err(|e| client_error(path, e))
+    let stream = UnixStream::connect(path).map_err(|e| client_error(path, e))?;
+    check_peer(&stream).map_err(|why| ClientError::UntrustedServer(path.to_owned(), why))?;
+    Ok(stream)
 }
 
 /// Sends `request` to the admin socket at `path` and returns the daemon's reply if it carried
 /// the request out.
 pub fn request(path: &Path, request: &Request) -> Result<Reply, ClientError> {
+    request_on(connect(path)?, path, request)
+}
+
+/// [`request`] on a connection made with [`connect`] to `path`.
+pub fn request_on(stream: UnixStream, path: &Path, request: &Request) -> Result<Reply, ClientError> {
     let mut value = serde_json::to_value(request).map_err(|e| ClientError::BadReply(path.to_owned(), e.to_string()))?;
     if let serde_json::Value::Object(map) = &mut value {
         map.insert("version".into(), VERSION.into());
     }
-    let reply = request_line(path, value.to_string().as_bytes())?;
+    let reply = line_on(stream, path, value.to_string().as_bytes())?;
     let reply: Reply =
         serde_json::from_str(&reply).map_err(|e| ClientError::BadReply(path.to_owned(), e.to_string()))?;
     if reply.ok {
@@ -599,16 +718,23 @@ pub fn request(path: &Path, request: &Request) -> Result<Reply, ClientError> {
 
 /// Sends one raw line (a newline is added) and returns the reply line (tests send bad ones).
 pub fn request_line(path: &Path, line: &[u8]) -> Result<String, ClientError> {
+    line_on(connect(path)?, path, line)
+}
+
+fn line_on(mut stream: UnixStream, path: &Path, line: &[u8]) -> Result<String, ClientError> {
     let io = |source| client_error(path, source);
-    let mut stream = connect(path)?;
     // A durable volume's load can take minutes.
     stream.set_read_timeout(None).map_err(io)?;
     let mut text = line.to_vec();
     text.push(b'\n');
-    stream.write_all(&text).map_err(io)?;
+    // A daemon that refuses the connection (see `accept`) may answer and close before the
+    // request is written: its answer says why, better than the broken pipe.
+    let wrote = stream.write_all(&text);
     let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply).map_err(io)?;
+    let read = BufReader::new(stream).read_line(&mut reply);
     if reply.is_empty() {
+        wrote.map_err(io)?;
+        read.map_err(io)?;
         return Err(ClientError::BadReply(path.to_owned(), "the daemon closed the connection".into()));
     }
     Ok(reply)

@@ -27,9 +27,9 @@ use crate::config::{
 /// accepts connections, and its progress while it loads volumes.
 ///
 /// Live volumes: `rblk-target admin add|remove|list` talks to the running daemon over its
-/// admin socket (--admin-socket, root only). Those changes are not written to the config file:
-/// a later SIGHUP applies the file again, removing volumes added that way (once idle) and
-/// adding back those removed. Put a volume in the file to keep it.
+/// admin socket (--admin-socket, root only). Those changes are saved in STATE_DIR/admin.toml,
+/// which every start, SIGHUP and successor reads with the config file. A SIGHUP that would
+/// remove a RAM volume holding data is refused unless the config file's confirm_remove lists it.
 ///
 /// See rblk-target.toml(5) for the config file's keys, keys and host identities, limits and
 /// the systemd units (docs/configuration.md in rblk's source).
@@ -149,8 +149,9 @@ pub struct Args {
     /// memory and backing stores; this one maps the same pages, serves the same volume
     /// instances, and the old one disconnects its sessions and exits 0 (initiators reconnect
     /// and replay). A configuration that changes a served volume's size or backing path, or
-    /// the block size, is refused and the old daemon serves on, as it does if this one fails
-    /// before it is ready. Under systemd use `rblk-target admin handover` instead.
+    /// the block size, or drops a served volume (unless confirm_remove lists it), is refused
+    /// and the old daemon serves on, as it does if this one fails before it is ready. Under
+    /// systemd use `rblk-target admin handover` instead.
     #[arg(long, conflicts_with_all = ["print_config", "check_config"])]
     pub takeover: bool,
 }
@@ -161,9 +162,9 @@ pub enum Command {
     /// Add, remove and list volumes of the running daemon, through its admin socket.
     ///
     /// Changes apply at once, by the same rules as a SIGHUP reload (a volume with open
-    /// sessions is not removed), and are not persisted: the next SIGHUP applies the config
-    /// file again, which removes volumes added here and adds back volumes removed here. Exits
-    /// non-zero with the daemon's reason when it refuses.
+    /// sessions is not removed), and are saved in STATE_DIR/admin.toml, which starts, reloads
+    /// and handovers read with the config file. Exits non-zero with the daemon's reason when it
+    /// refuses.
     Admin(Admin),
     /// Write a new key to FILE: 64 hex digits (256 random bits) and a newline, mode 0600.
     /// Refuses to overwrite an existing file. Copy it (keeping mode 0600) to the initiators
@@ -211,7 +212,9 @@ pub enum AdminOp {
     /// binary, which takes the volumes (the same memory, backing stores and instances) instead
     /// of loading them; initiators reconnect and replay. Nothing is written back or read. For
     /// a daemon run by systemd (rblk-target.service); elsewhere start the successor with
-    /// `rblk-target --takeover`.
+    /// `rblk-target --takeover`. Run it with the new binary: first it runs the successor's
+    /// checks (the daemon's arguments, --check-config, every served volume kept with its size
+    /// and path), and on a refusal the daemon serves on.
     Handover,
     /// The volumes served: size, open sessions, state.
     List {
@@ -302,6 +305,10 @@ impl Args {
                 .collect();
         } else if self.config.is_none() {
             file.volumes = vec![FileVolume { name: "vol0".into(), size: "1G".into(), ..FileVolume::default() }];
+        }
+        // What `rblk-target admin add|remove` saved.
+        if let Some(dir) = file.state_dir.clone() {
+            crate::saved::Saved::load(&dir)?.apply_to(&mut file, &dir)?;
         }
         Ok(file)
     }

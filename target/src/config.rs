@@ -129,6 +129,9 @@ pub struct Config {
     /// A reload may widen access (see [`crate::access_changes`]): set only by the config file's
     /// `confirm_widen`, never by a flag, since a SIGHUP carries none.
     pub confirm_widen: bool,
+    /// Volumes a reload (or a successor taking the volumes over) may remove although they
+    /// would lose data: RAM volumes sessions could have written (see [`crate::reload`]).
+    pub confirm_remove: Vec<String>,
     /// A test hook: FLUSHes wait at it while it is held (see [`crate::control::FlushHook`]). None in the daemon.
     #[doc(hidden)]
     pub flush_hook: Option<crate::control::FlushHook>,
@@ -236,6 +239,7 @@ impl Default for Config {
             max_unopened_per_addr: MAX_UNOPENED_PER_ADDR,
             memory_windows: true,
             confirm_widen: false,
+            confirm_remove: Vec::new(),
             flush_hook: None,
         }
     }
@@ -473,6 +477,9 @@ pub enum ConfigError {
     /// The checks of the whole configuration ([`Config::check`]).
     #[error(transparent)]
     Check(StartError),
+    /// `STATE_DIR/admin.toml` (see [`crate::saved`]) cannot be used.
+    #[error(transparent)]
+    Saved(#[from] crate::saved::SavedError),
 }
 
 /// The hint for a generated key this user may not make or read: the state dir is root's.
@@ -758,6 +765,10 @@ pub struct File {
     /// A reload may widen access (authentication off, an allow list removed, `*` added).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirm_widen: Option<bool>,
+    /// Volumes a reload or a handover may remove although their contents go with them (RAM
+    /// volumes that sessions wrote).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub confirm_remove: Vec<String>,
     /// Known hosts.
     #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<FileHost>,
@@ -913,6 +924,7 @@ impl File {
             max_joins: self.max_joins.unwrap_or(defaults.max_joins),
             memory_windows: self.memory_windows.unwrap_or(defaults.memory_windows),
             confirm_widen: self.confirm_widen.unwrap_or(defaults.confirm_widen),
+            confirm_remove: self.confirm_remove.clone(),
             ..defaults
         };
         cfg.check().map_err(ConfigError::Check)?;
@@ -930,6 +942,18 @@ impl File {
             let dir = self.state_dir.as_deref().unwrap_or(std::path::Path::new(DEFAULT_STATE_DIR));
             KeySource::Generated(dir.join(GENERATED_KEY))
         }
+    }
+
+    /// This file as `--check-config` checks it: a generated key the first start would make
+    /// is not made for the check (its absence is no error).
+    pub fn as_checked(&self) -> File {
+        let mut checked = self.clone();
+        if let KeySource::Generated(path) = self.key_source() {
+            if !path.exists() {
+                checked.allow_any_host = Some(true);
+            }
+        }
+        checked
     }
 
     /// Makes the generated key if this configuration uses it and it does not exist yet (a

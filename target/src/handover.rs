@@ -32,15 +32,21 @@
 //!   with the descriptors still stored.
 //!
 //! The successor refuses a state [`FORMAT`] it does not know, a `block_size` other than the
-//! state's, and a configuration that changes a handed volume's size or backing path; volumes
-//! only in its configuration are created or loaded as at a start, and volumes only in the
-//! state are removed once the old daemon is gone, as a reload removes them (a durable one is
-//! flushed). Memory windows, registrations and rkeys are the successor's own: registration
+//! state's, and a configuration that changes a handed volume's size or backing path or lacks
+//! one that `confirm_remove` does not list ([`check`]); volumes only in its configuration are
+//! created or loaded as at a start, and confirmed volumes only in the state are removed once
+//! the old daemon is gone, as a reload removes them (a durable one is flushed). `admin
+//! handover` runs the same checks from the new binary before the daemon exits ([`preflight`]).
+//!
+//! Waits are bounded by silence, not size: each side gives up after [`SILENCE`] without a word
+//! from the other, and the successor reports each volume it maps or loads, and every
+//! [`PROGRESS_EVERY`] during one, so a large handover never times out. Memory windows, registrations and rkeys are the successor's own: registration
 //! happens at each volume's first OPEN, as at a start.
 
 use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,6 +55,7 @@ use std::time::{Duration, Instant};
 use rblk_proto::VolumeId;
 use tracing::{info, warn};
 
+use crate::config::VolumeSpec;
 use crate::persist::Backing;
 use crate::registry::Shared;
 use crate::volume::Volume;
@@ -64,12 +71,16 @@ pub const FD_PREFIX: &str = "rblk-fd-";
 /// The exit status after a handover to the service manager (EX_TEMPFAIL): the unit lists it in
 /// `RestartForceExitStatus=`, so systemd starts the successor at once.
 pub const EXIT_HANDED_OVER: u8 = 75;
-/// The longest a state record or a reply frame may be.
-const MAX_FRAME: usize = 16 << 20;
-/// How long the old daemon waits for the successor's verdict, beyond [`verdict_allowance`].
-const VERDICT_BASE: Duration = Duration::from_secs(60);
-/// How long the successor waits for the old daemon's `bye`.
-const BYE_WAIT: Duration = Duration::from_secs(30);
+/// The longest a state record or a reply frame may be: a state record past it is refused
+/// unread.
+pub const MAX_FRAME: usize = 16 << 20;
+/// How long either side of a handover waits without a word from the other (a reply, a
+/// descriptor frame, a progress report, the verdict, `bye`) before it gives up; the old
+/// daemon then serves on.
+pub const SILENCE: Duration = Duration::from_secs(30);
+/// The successor reports progress at least this often during one long step (mapping a large
+/// volume, loading a durable one).
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(4);
 
 /// What is handed over besides the descriptors.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -140,6 +151,9 @@ pub enum HandoverError {
     /// Talking to the old daemon failed.
     #[error("the handover conversation failed: {0}")]
     Io(#[source] std::io::Error),
+    /// `rblk-target admin handover`: the successor would refuse (the daemon serves on).
+    #[error("the successor would not start: {0}; the running daemon serves on")]
+    Successor(String),
     /// The old daemon went away before it confirmed.
     #[error("the old daemon went away before it confirmed the handover: not serving its volumes (nobody can tell what it did last); start it again, or start this one without --takeover")]
     OldDaemonGone,
@@ -150,7 +164,8 @@ pub enum HandoverError {
 #[derive(Debug)]
 pub struct Handed {
     state: State,
-    fds: Vec<Option<OwnedFd>>,
+    /// Behind a lock so that a volume can be adopted while progress is reported.
+    fds: std::sync::Mutex<Vec<Option<OwnedFd>>>,
     peer: Option<UnixStream>,
     /// The old daemon's admin socket, which goes when it exits.
     socket: Option<PathBuf>,
@@ -167,6 +182,7 @@ impl Handed {
     pub fn request(socket: &Path) -> Result<Handed, HandoverError> {
         let started = Instant::now();
         let stream = crate::admin::connect(socket).map_err(HandoverError::Connect)?;
+        stream.set_read_timeout(Some(SILENCE)).map_err(HandoverError::Io)?;
         let line = format!("{{\"version\":{},\"op\":\"takeover\",\"formats\":[{FORMAT}]}}\n", crate::admin::VERSION);
         (&stream).write_all(line.as_bytes()).map_err(HandoverError::Io)?;
         let (reply, mut fds) = recv_frame(&stream)?;
@@ -192,7 +208,7 @@ impl Handed {
         Ok(Handed {
             handed: state.volumes.len(),
             state,
-            fds: fds.into_iter().map(Some).collect(),
+            fds: std::sync::Mutex::new(fds.into_iter().map(Some).collect()),
             peer: Some(stream),
             socket: Some(socket.to_owned()),
             stored: Vec::new(),
@@ -226,13 +242,21 @@ impl Handed {
             return Ok(None);
         };
         let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::fs::File::from(state), &mut text)
-            .map_err(|e| HandoverError::Malformed(format!("the state record cannot be read: {e}")))?;
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(std::fs::File::from(state), MAX_FRAME as u64 + 1),
+            &mut text,
+        )
+        .map_err(|e| HandoverError::Malformed(format!("the state record cannot be read: {e}")))?;
+        if text.len() > MAX_FRAME {
+            return Err(HandoverError::Malformed(format!(
+                "the state record is larger than {MAX_FRAME} bytes: refused unread"
+            )));
+        }
         let value: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| HandoverError::Malformed(format!("the state record: {e}")))?;
         let state = parse_state(value)?;
         let count = by_index.keys().max().map_or(0, |m| m + 1);
-        let fds = (0..count).map(|i| by_index.remove(&i)).collect();
+        let fds = std::sync::Mutex::new((0..count).map(|i| by_index.remove(&i)).collect());
         let handed = state.volumes.len();
         Ok(Some(Handed { state, fds, peer: None, socket: None, stored, started: Instant::now(), handed }))
     }
@@ -259,7 +283,7 @@ impl Handed {
     pub(crate) fn ready(&mut self) -> Result<(), HandoverError> {
         let Some(peer) = self.peer.as_ref() else { return Ok(()) };
         let line = format!("{{\"version\":{},\"op\":\"takeover-ready\"}}\n", crate::admin::VERSION);
-        let _ = peer.set_read_timeout(Some(BYE_WAIT));
+        let _ = peer.set_read_timeout(Some(SILENCE));
         if (&*peer).write_all(line.as_bytes()).is_err() {
             return Err(HandoverError::OldDaemonGone);
         }
@@ -278,34 +302,49 @@ impl Handed {
         }
     }
 
-    /// Checks the state against the configuration the successor starts with: the same block
-    /// size, and every handed volume it keeps with the same size and backing path.
-    pub fn check(&self, block_size: u32, volumes: &[crate::config::VolumeSpec]) -> Result<(), HandoverError> {
-        let mut changed = Vec::new();
-        if block_size != self.state.block_size {
-            changed.push(format!("block_size {} -> {block_size}", self.state.block_size));
+    /// Checks the state against the configuration the successor starts with ([`check`]).
+    pub fn check(&self, cfg: &crate::config::Config) -> Result<(), HandoverError> {
+        let handed: Vec<VolumeSpec> = self
+            .state
+            .volumes
+            .iter()
+            .map(|h| VolumeSpec { name: h.name.clone(), size: h.size, path: h.path.clone() })
+            .collect();
+        check(self.state.block_size, &handed, cfg)
+    }
+
+    /// Tells the old daemon the successor is making progress (`what`), so that it keeps
+    /// waiting ([`SILENCE`]). Nothing after a handover from the fd store.
+    pub(crate) fn progress(&self, what: &str) {
+        if let Some(peer) = &self.peer {
+            let line = serde_json::json!({"version": crate::admin::VERSION, "op": "takeover-progress", "what": what});
+            let _ = (&*peer).write_all(format!("{line}\n").as_bytes());
         }
-        for h in &self.state.volumes {
-            let Some(v) = volumes.iter().find(|v| v.name == h.name) else { continue };
-            if v.size != h.size {
-                changed.push(format!("volume {} size {} -> {}", h.name, h.size, v.size));
-            }
-            let same_path = match (&h.path, &v.path) {
-                (None, None) => true,
-                (Some(a), Some(b)) => canonical(a) == canonical(b),
-                _ => false,
-            };
-            if !same_path {
-                let show =
-                    |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "RAM".to_owned(), |p| p.display().to_string());
-                changed.push(format!("volume {} backing {} -> {}", h.name, show(&h.path), show(&v.path)));
-            }
-        }
-        if changed.is_empty() {
-            Ok(())
-        } else {
-            Err(HandoverError::Changed(changed.join(", ")))
-        }
+    }
+
+    /// Runs `f`, one step that may take long, reporting `what` at once and every
+    /// [`PROGRESS_EVERY`] until it returns.
+    pub(crate) fn step<T>(&self, what: &str, f: impl FnOnce() -> T) -> T {
+        self.progress(what);
+        let Some(peer) = self.peer.as_ref().and_then(|p| p.try_clone().ok()) else { return f() };
+        let (done, ticks) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                let started = Instant::now();
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = ticks.recv_timeout(PROGRESS_EVERY) {
+                    let line = serde_json::json!({
+                        "version": crate::admin::VERSION, "op": "takeover-progress",
+                        "what": format!("{what} ({} s)", started.elapsed().as_secs()),
+                    });
+                    if (&peer).write_all(format!("{line}\n").as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            });
+            let out = f();
+            drop(done);
+            out
+        })
     }
 
     /// Takes handed volume `name`: its memory mapped from its memfd (the same pages), its
@@ -313,22 +352,30 @@ impl Handed {
     pub(crate) fn take(&mut self, name: &str) -> Option<Result<Volume, HandoverError>> {
         let i = self.state.volumes.iter().position(|h| h.name == name)?;
         let h = self.state.volumes.remove(i);
-        Some(self.adopt(h))
+        let what = format!("mapping volume {} ({} bytes)", h.name, h.size);
+        Some(self.step(&what, || self.adopt(h)))
     }
 
-    /// The handed volumes the successor's configuration did not take ([`Handed::take`]).
+    /// The handed volumes the successor's configuration did not take ([`Handed::take`]):
+    /// those it confirmed removing ([`check`] refuses the others).
     pub(crate) fn take_rest(&mut self) -> Vec<Result<Volume, HandoverError>> {
         let rest = std::mem::take(&mut self.state.volumes);
-        rest.into_iter().map(|h| self.adopt(h)).collect()
+        rest.into_iter()
+            .map(|h| {
+                let what = format!("mapping volume {} to remove it", h.name);
+                self.step(&what, || self.adopt(h))
+            })
+            .collect()
     }
 
-    fn adopt(&mut self, h: HandedVolume) -> Result<Volume, HandoverError> {
+    fn adopt(&self, h: HandedVolume) -> Result<Volume, HandoverError> {
         let fail = |reason: String| HandoverError::Volume { name: h.name.clone(), reason };
-        let mut fd = |i: usize| {
-            self.fds.get_mut(i).and_then(Option::take).ok_or_else(|| fail(format!("descriptor {i} is missing")))
+        let fd = |i: usize| {
+            let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
+            fds.get_mut(i).and_then(Option::take).ok_or_else(|| fail(format!("descriptor {i} is missing")))
         };
         let memfd = fd(h.memfd)?;
-        let backing_fd = h.backing.map(&mut fd).transpose()?;
+        let backing_fd = h.backing.map(fd).transpose()?;
         let instance = VolumeId::from_hex(&h.instance).ok_or_else(|| fail(format!("bad instance {:?}", h.instance)))?;
         let size = usize::try_from(h.size).map_err(|_| fail("too large".into()))?;
         let memory = rblk_fabric::Memory::from_memfd(&h.name, memfd, size)
@@ -381,6 +428,112 @@ pub fn parse_state(value: serde_json::Value) -> Result<State, HandoverError> {
         None => return Err(HandoverError::Malformed("no format".into())),
     }
     serde_json::from_value(value).map_err(|e| HandoverError::Malformed(e.to_string()))
+}
+
+/// `rblk-target admin handover`, run by the successor's binary: before it asks the daemon
+/// serving `socket` to hand its volumes to the service manager and exit, the checks the
+/// successor will run ([`check_successor`]) against the daemon's arguments (its
+/// `/proc/PID/cmdline`, the PID from `SO_PEERCRED`; systemd starts the successor with the
+/// same `ExecStart=`) and the volumes it serves. Returns those volumes, for the daemon to
+/// refuse if they changed meanwhile ([`crate::admin::Request::Handover`]).
+pub fn preflight(socket: &Path) -> Result<Vec<crate::admin::Expected>, HandoverError> {
+    let stream = crate::admin::connect(socket).map_err(HandoverError::Connect)?;
+    let creds = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| HandoverError::Io(e.into()))?;
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", creds.pid())).map_err(HandoverError::Io)?;
+    let argv: Vec<std::ffi::OsString> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| std::ffi::OsStr::from_bytes(a).to_owned())
+        .collect();
+    let reply =
+        crate::admin::request_on(stream, socket, &crate::admin::Request::List).map_err(HandoverError::Connect)?;
+    let served: Vec<crate::admin::Expected> = reply
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|v| v.state != "refused")
+        .map(|v| crate::admin::Expected { name: v.name, size: v.size, path: v.path })
+        .collect();
+    check_successor(&argv, &served)?;
+    Ok(served)
+}
+
+/// What the successor started with `argv` would do with the volumes `served`: refused (the
+/// daemon serves on) if its arguments do not parse, its configuration (with
+/// `STATE_DIR/admin.toml`) does not pass `--check-config` (which the unit's `ExecStartPre=`
+/// runs), or it would drop or change a volume ([`check`]).
+pub fn check_successor(argv: &[std::ffi::OsString], served: &[crate::admin::Expected]) -> Result<(), HandoverError> {
+    let cfg = successor_config(argv)?;
+    let handed: Vec<VolumeSpec> =
+        served.iter().map(|v| VolumeSpec { name: v.name.clone(), size: v.size, path: v.path.clone() }).collect();
+    check(cfg.block_size, &handed, &cfg)
+}
+
+/// The configuration a daemon started with `argv` builds (the config file, `admin.toml`, the
+/// flags), checked as `--check-config` checks it; refused with the reason.
+pub fn successor_config(argv: &[std::ffi::OsString]) -> Result<crate::config::Config, HandoverError> {
+    use clap::Parser as _;
+    let refuse = |why: String| HandoverError::Successor(why);
+    let shown = argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+    let args = crate::cli::Args::try_parse_from(argv)
+        .map_err(|e| refuse(format!("it does not take the daemon's arguments ({shown}): {}", e.kind())))?;
+    if args.command.is_some() || args.print_config || args.check_config {
+        return Err(refuse(format!("the daemon's arguments ({shown}) do not start a daemon")));
+    }
+    let file = args.effective().map_err(|e| refuse(rblk_fabric::Chain(&e).to_string()))?;
+    let cfg = file.as_checked().server_config().map_err(|e| refuse(rblk_fabric::Chain(&e).to_string()))?;
+    let policy = cfg.check().map_err(|e| refuse(rblk_fabric::Chain(&e).to_string()))?;
+    let errors: Vec<String> = crate::lint::lint(&cfg, &policy, crate::lint::Memory::of_this_host())
+        .into_iter()
+        .filter(|f| f.level == crate::lint::Level::Error)
+        .map(|f| f.text)
+        .collect();
+    if !errors.is_empty() {
+        return Err(refuse(format!("--check-config fails: {}", errors.join("; "))));
+    }
+    Ok(cfg)
+}
+
+/// The successor's checks of the volumes a daemon hands over (`block_size`, `handed`) against
+/// the configuration it starts with: the same block size, every handed volume kept with the
+/// same size and backing path, or dropped only when `confirm_remove` lists it. Run by the
+/// successor before it serves, and by `rblk-target admin handover` before it asks the daemon
+/// to exit ([`preflight`]).
+pub fn check(block_size: u32, handed: &[VolumeSpec], cfg: &crate::config::Config) -> Result<(), HandoverError> {
+    let mut changed = Vec::new();
+    if cfg.block_size != block_size {
+        changed.push(format!("block_size {block_size} -> {}", cfg.block_size));
+    }
+    for h in handed {
+        let Some(v) = cfg.volumes.iter().find(|v| v.name == h.name) else {
+            if !cfg.confirm_remove.contains(&h.name) {
+                changed.push(format!(
+                    "volume {} is not in the configuration (in neither the config file nor admin.toml: add it, or \
+                     list it in confirm_remove to drop it and its contents)",
+                    h.name
+                ));
+            }
+            continue;
+        };
+        if v.size != h.size {
+            changed.push(format!("volume {} size {} -> {}", h.name, h.size, v.size));
+        }
+        let same_path = match (&h.path, &v.path) {
+            (None, None) => true,
+            (Some(a), Some(b)) => canonical(a) == canonical(b),
+            _ => false,
+        };
+        if !same_path {
+            let show = |p: &Option<PathBuf>| p.as_ref().map_or_else(|| "RAM".to_owned(), |p| p.display().to_string());
+            changed.push(format!("volume {} backing {} -> {}", h.name, show(&h.path), show(&v.path)));
+        }
+    }
+    if changed.is_empty() {
+        Ok(())
+    } else {
+        Err(HandoverError::Changed(changed.join(", ")))
+    }
 }
 
 fn send_frame(stream: &UnixStream, payload: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
@@ -500,6 +653,10 @@ fn resume(shared: &Arc<Shared>, volumes: &[Arc<Volume>]) {
     for v in volumes {
         v.release_write_back();
     }
+    if shared.is_shutting_down() {
+        // The listener thread is stopping and reopens nothing.
+        return;
+    }
     if let Err(e) = shared.set_port_open(true) {
         tracing::error!("cannot listen again after the handover fell through (the listener retries): {e}");
     }
@@ -516,12 +673,6 @@ fn reply_frame(ok: bool, error: Option<&str>, message: &str, state: Option<&Stat
         fds,
     };
     serde_json::to_vec(&reply).unwrap_or_default()
-}
-
-/// How long the successor may take to map, register and bind: [`VERDICT_BASE`] plus the time
-/// its memory takes to populate, at a pessimistic 100 MiB/s.
-fn verdict_allowance(bytes: u64) -> Duration {
-    VERDICT_BASE + Duration::from_secs(bytes / (100 << 20))
 }
 
 /// The old daemon's side of `--takeover` (the admin connection's request was `takeover`):
@@ -563,28 +714,7 @@ pub(crate) fn give(shared: &Arc<Shared>, mut reader: BufReader<UnixStream>, form
         warn!(error = %e, "the successor went away while the volumes were sent");
         return resume(shared, &prepared.volumes);
     }
-    let _ = reader.get_ref().set_read_timeout(Some(verdict_allowance(bytes)));
-    let mut line = String::new();
-    let verdict = match reader.read_line(&mut line) {
-        Ok(0) => Err("the successor went away before it was ready".to_owned()),
-        Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
-            Ok(v) if v["op"] == "takeover-ready" => Ok(()),
-            Ok(v) if v["op"] == "takeover-abort" => {
-                Err(format!("the successor refused: {}", v["reason"].as_str().unwrap_or("no reason given")))
-            }
-            _ => Err(format!("the successor said something else: {}", line.trim())),
-        },
-        Err(e) => Err(format!("no word from the successor: {e}")),
-    };
-    let verdict = verdict.and_then(|()| {
-        // A stop that began meanwhile keeps the volumes here (its final flush waits for this
-        // decision: see server::listen); the successor, told nothing, refuses.
-        if shared.is_shutting_down() {
-            Err("this daemon is stopping".to_owned())
-        } else {
-            Ok(())
-        }
-    });
+    let verdict = verdict(shared, &mut reader, bytes);
     if let Err(why) = verdict {
         warn!("the handover fell through ({why}): nothing was lost");
         return resume(shared, &prepared.volumes);
@@ -596,13 +726,70 @@ pub(crate) fn give(shared: &Arc<Shared>, mut reader: BufReader<UnixStream>, form
     shared.exit_after_handover();
 }
 
+/// Waits for the successor's verdict: `takeover-ready`, or `takeover-abort`; its progress
+/// reports (`takeover-progress`) keep the wait going, [`SILENCE`] without any ends it, so the
+/// wait does not grow with the volumes' size. A stop that began meanwhile ends it at the next
+/// report: the volumes stay here (its final flush waits for this decision: see
+/// server::listen), and the successor, told nothing, refuses.
+fn verdict(shared: &Shared, reader: &mut BufReader<UnixStream>, bytes: u64) -> Result<(), String> {
+    let _ = reader.get_ref().set_read_timeout(Some(SILENCE));
+    loop {
+        let mut line = String::new();
+        let heard = match reader.read_line(&mut line) {
+            Ok(0) => Err("the successor went away before it was ready".to_owned()),
+            Ok(_) => match serde_json::from_str::<serde_json::Value>(&line) {
+                Ok(v) if v["op"] == "takeover-ready" => Ok(true),
+                Ok(v) if v["op"] == "takeover-progress" => {
+                    tracing::debug!(bytes, "successor: {}", v["what"].as_str().unwrap_or("progress"));
+                    Ok(false)
+                }
+                Ok(v) if v["op"] == "takeover-abort" => {
+                    Err(format!("the successor refused: {}", v["reason"].as_str().unwrap_or("no reason given")))
+                }
+                _ => Err(format!("the successor said something else: {}", line.trim())),
+            },
+            Err(e) => Err(format!("no word from the successor for {SILENCE:?}: {e}")),
+        };
+        if shared.is_shutting_down() {
+            return Err("this daemon is stopping".to_owned());
+        }
+        if heard? {
+            return Ok(());
+        }
+    }
+}
+
 /// The old daemon's side of `admin handover` under systemd: the descriptors and a state
 /// record go to the service manager's store through `sink`; then the daemon exits with
 /// [`EXIT_HANDED_OVER`]. Returns the reply's message.
-pub(crate) fn give_to_store(shared: &Arc<Shared>, sink: &StoreSink) -> Result<String, String> {
+pub(crate) fn give_to_store(
+    shared: &Arc<Shared>,
+    sink: &StoreSink,
+    expect: Option<&[crate::admin::Expected]>,
+) -> Result<String, String> {
     let _current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
     if shared.is_shutting_down() || shared.handed_over().is_some() {
         return Err("the target is shutting down".into());
+    }
+    if let Some(expect) = expect {
+        let mut served: Vec<crate::admin::Expected> = shared
+            .catalog()
+            .volumes
+            .values()
+            .map(|v| crate::admin::Expected {
+                name: v.name.clone(),
+                size: v.size(),
+                path: v.backing.as_ref().map(|b| b.path().to_owned()),
+            })
+            .collect();
+        served.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut expect = expect.to_vec();
+        expect.sort_by(|a, b| a.name.cmp(&b.name));
+        if served != expect {
+            return Err("the volumes served changed since the successor's checks (an admin add or remove, a \
+                        reload): run `rblk-target admin handover` again"
+                .into());
+        }
     }
     let prepared = prepare(shared)?;
     let pushed = (|| {
@@ -645,6 +832,21 @@ fn state_memfd(state: &State) -> std::io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Catches a state record read without bound (a huge or endless descriptor in the fd store
+    /// would exhaust the successor's memory before anything is checked): past [`MAX_FRAME`]
+    /// it is refused, with a clear error, unread.
+    #[test]
+    fn a_state_record_past_the_cap_is_refused() {
+        use nix::sys::memfd::{memfd_create, MFdFlags};
+        let record = std::fs::File::from(memfd_create("rblk-test-state", MFdFlags::MFD_CLOEXEC).unwrap());
+        let mut text = format!("{{\"format\":{FORMAT},\"pad\":\"").into_bytes();
+        text.resize(MAX_FRAME + 1, b'x');
+        (&record).write_all(&text).unwrap();
+        std::io::Seek::rewind(&mut &record).unwrap();
+        let err = Handed::from_store(vec![(STATE_FDNAME.to_owned(), record.into())]).unwrap_err();
+        assert!(err.to_string().contains(&format!("larger than {MAX_FRAME} bytes")), "{err}");
+    }
 
     /// Catches a successor that would read a state record of a format it does not know (it
     /// would serve volumes with fields it misreads).

@@ -14,7 +14,7 @@
 //! happened); a state directory that cannot be used is reported once.
 
 use std::fs::File;
-use std::io::{self, Seek as _, SeekFrom, Write as _};
+use std::io::{self, Seek as _, SeekFrom};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -128,25 +128,12 @@ impl Store {
             "{HEADER}\nid {id}\ndev {}\nino {}\nrdev {}\nsize {}\n",
             current.dev, current.ino, current.rdev, current.size
         );
-        let mut tmp = path.clone().into_os_string();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let written = (|| {
-            // Left by a crash mid-write: made again, owner only, never through a symlink.
-            let _ = std::fs::remove_file(&tmp);
-            let mut f = rblk_fabric::private::create_new(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            sync_dir(&path)
-        })();
-        match written {
+        match rblk_fabric::private::replace(&path, text.as_bytes()) {
             Ok(()) => {
                 info!(volume = name, "identity {id} kept for the next start in {}", path.display());
                 true
             }
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
                 self.unusable(&format!("cannot write {}: {e}", path.display()));
                 false
             }
@@ -215,12 +202,7 @@ fn remove_durably(path: &Path) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    sync_dir(path)
-}
-
-/// Makes a creation, rename or removal in `path`'s directory durable.
-fn sync_dir(path: &Path) -> io::Result<()> {
-    File::open(path.parent().unwrap_or(Path::new("."))).and_then(|d| d.sync_all())
+    rblk_fabric::private::sync_dir(path)
 }
 
 #[cfg(test)]

@@ -63,6 +63,7 @@ pub mod notify;
 pub mod persist;
 pub mod registry;
 pub mod reload;
+pub mod saved;
 pub mod server;
 pub mod session;
 pub mod start;

@@ -43,16 +43,12 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = args.effective()?;
     // Checked like a start would (a bad file neither prints and exits 0 nor makes a key); a
     // key the first start would make is not made for the check.
-    let mut checked = file.clone();
     if let KeySource::Generated(path) = file.key_source() {
-        if !path.exists() {
-            if args.print_config || args.check_config {
-                eprintln!("rblk-target: no key is configured: the first start makes {}", path.display());
-            }
-            checked.allow_any_host = Some(true);
+        if !path.exists() && (args.print_config || args.check_config) {
+            eprintln!("rblk-target: no key is configured: the first start makes {}", path.display());
         }
     }
-    let checked = checked.server_config().map_err(anyhow::Error::from)?;
+    let checked = file.as_checked().server_config().map_err(anyhow::Error::from)?;
     if args.print_config || args.check_config {
         if let Some(text) = rblk_target::config::nofile_limit().and_then(|l| checked.descriptor_warning(l)) {
             eprintln!("rblk-target: warning: {text}");
@@ -70,7 +66,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             compare_with_running(&checked)?;
             println!("configuration OK");
         } else {
-            print!("{}{}", file.unset_notes(), file.with_defaults().to_toml());
+            let saved = match &file.state_dir {
+                Some(dir) => rblk_target::saved::Saved::load(dir)?.note(dir),
+                None => String::new(),
+            };
+            print!("{}{saved}{}", file.unset_notes(), file.with_defaults().to_toml());
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -255,7 +255,11 @@ fn run_admin(admin: &Admin) -> anyhow::Result<()> {
             },
         },
         AdminOp::Remove { name } => Request::Remove { name: name.clone() },
-        AdminOp::Handover => Request::Handover,
+        AdminOp::Handover => {
+            let expect = handover::preflight(&admin.socket)?;
+            eprintln!("rblk-target: the successor's checks pass for {} volume(s)", expect.len());
+            Request::Handover { expect: Some(expect) }
+        }
         AdminOp::List { .. } => Request::List,
     };
     let reply = admin::request(&admin.socket, &request)?;

@@ -227,6 +227,11 @@ impl Shared {
         port.error.clone().map_or(Ok(()), Err)
     }
 
+    /// Whether a handover is under way (it closed the port and has not reopened it).
+    pub(crate) fn handing_over(&self) -> bool {
+        !self.port.lock().unwrap_or_else(|p| p.into_inner()).want_open
+    }
+
     /// The listener thread: makes `listener`'s port what [`Shared::set_port_open`] asked for.
     /// Returns true while a reopen failed (to retry soon).
     pub(crate) fn sync_port(&self, listener: &mut rblk_fabric::Listener) -> bool {
@@ -691,6 +696,18 @@ impl Shared {
         // Removals, the new policy and limits, in one step for OPEN.
         let (gone, to_load) = {
             let mut catalog = shared.catalog.write().unwrap_or_else(|p| p.into_inner());
+            // RAM volumes whose contents would go with them: only when the file says so.
+            let mut losing: Vec<String> = catalog
+                .volumes
+                .values()
+                .filter(|v| !wanted.contains_key(v.name.as_str()) && v.is_volatile() && v.written())
+                .filter(|v| catalog.sessions_of(&v.name) == 0 && !new.confirm_remove.contains(&v.name))
+                .map(|v| v.name.clone())
+                .collect();
+            if !losing.is_empty() {
+                losing.sort_unstable();
+                return Err(StartError::WouldLoseData(losing));
+            }
             let mut gone: Vec<Arc<Volume>> = Vec::new();
             let mut names: Vec<String> = catalog.volumes.keys().cloned().collect();
             names.sort_unstable();

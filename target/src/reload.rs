@@ -9,6 +9,10 @@
 //! Rules:
 //! - A configuration that does not pass [`Config::check`](crate::config::Config::check) changes
 //!   nothing.
+//! - A reload that would remove a RAM volume sessions could have written (opened read-write
+//!   since it was created or handed over) is refused, nothing changed, unless the file lists it
+//!   in `confirm_remove`: its contents would go with it. `rblk-target admin remove` names its
+//!   volume, which confirms it.
 //! - A removed volume with open sessions stays (served as before, with its old access list)
 //!   and is reported busy; the next reload tries again. An idle one goes: a durable one after
 //!   the final flush that shutdown does, its identity kept for a later re-add.

@@ -53,7 +53,8 @@ pub struct Running {
 struct Taken {
     /// The old daemon's admin socket, which it removes at exit.
     old_socket: Option<std::path::PathBuf>,
-    /// Handed volumes the configuration does not serve: removed as a reload removes them.
+    /// Handed volumes the configuration does not serve (confirm_remove lists them): removed as
+    /// a reload removes them.
     leftovers: Vec<Volume>,
     /// The fd store names that held the handover.
     stored: Vec<String>,
@@ -84,7 +85,7 @@ impl Server {
         mut handed: Handed,
         progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<Running, StartError> {
-        if let Err(e) = handed.check(cfg.block_size, &cfg.volumes) {
+        if let Err(e) = handed.check(&cfg) {
             handed.abort(&e.to_string());
             return Err(e.into());
         }
@@ -121,7 +122,12 @@ impl Server {
                 specs.insert(v.name.clone(), v.clone());
                 continue;
             }
-            match load_volume(v, cfg.block_size, &identity) {
+            let load = || load_volume(v, cfg.block_size, &identity);
+            let loaded = match handed.as_deref() {
+                Some(h) => h.step(&format!("creating or loading volume {} ({} bytes)", v.name, v.size), load),
+                None => load(),
+            };
+            match loaded {
                 Ok(vol) => {
                     volumes.insert(v.name.clone(), Arc::new(vol));
                     specs.insert(v.name.clone(), v.clone());
@@ -317,8 +323,20 @@ impl Running {
     }
 
     /// [`Running::reload`], telling `progress` about each volume before it is loaded.
+    /// Refused while a handover is under way, rather than waiting for it (a SIGHUP must not
+    /// keep the daemon from its next signal).
     pub fn reload_with(&self, new: Config, progress: &mut dyn FnMut(Progress<'_>)) -> Result<ReloadReport, StartError> {
-        let mut current = self.shared.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut current = loop {
+            match self.shared.current.try_lock() {
+                Ok(c) => break c,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if self.shared.handing_over() => {
+                    return Err(StartError::HandoverUnderWay)
+                }
+                // An admin request applying: its turn first.
+                Err(std::sync::TryLockError::WouldBlock) => thread::sleep(Duration::from_millis(10)),
+            }
+        };
         self.shared.apply(&mut current, new, progress)
     }
 

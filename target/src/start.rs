@@ -68,6 +68,16 @@ pub enum StartError {
         #[source]
         source: rblk_fabric::trusted::PathError,
     },
+    /// A reload would remove RAM volumes that sessions wrote, and the file does not confirm it.
+    #[error(
+        "the configuration removes RAM volume(s) {} that sessions have written: their contents would be lost; \
+         keep them in the configuration, or list them in confirm_remove = [...] to remove them",
+        .0.join(", ")
+    )]
+    WouldLoseData(Vec<String>),
+    /// A reload during a handover.
+    #[error("a handover is under way: reload once it is over")]
+    HandoverUnderWay,
     /// Every volume was refused.
     #[error("no volume to serve: {0}")]
     NoVolumes(String),

@@ -300,7 +300,9 @@ fn admin_adds_a_volume_rblk_uses_and_removes_it() {
     let started = Instant::now();
     let socket = temp_dir("guest").join("admin.sock");
     let socket_arg = format!("--admin-socket={}", socket.display());
-    let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "a:4M", &socket_arg]);
+    // A state dir of its own: admin changes are saved in STATE_DIR/admin.toml.
+    let state_arg = format!("--state-dir={}", socket.with_file_name("state").display());
+    let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "a:4M", &socket_arg, &state_arg]);
     let out = admin_cli(&socket, &["add", "live:8M"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let ls = String::from_utf8_lossy(&rblk(&["discover", &format!("rblk://{}", d.addr)]).stdout).into_owned();

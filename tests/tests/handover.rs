@@ -170,8 +170,10 @@ fn mem_a_takeover_keeps_a_ram_volume_and_its_instance() {
 }
 
 /// Catches a successor that serves only what it was handed (a volume new in its configuration
-/// missing) or keeps serving what its configuration dropped, and a removed durable volume whose
-/// unflushed writes are not written back at its removal (a reload's rule).
+/// missing), one that drops a handed volume its configuration lacks without `confirm_remove`
+/// (the loss of issue 39: its contents gone) or keeps serving one it confirmed dropping, and a
+/// removed durable volume whose unflushed writes are not written back at its removal (a
+/// reload's rule).
 #[test]
 fn mem_a_takeover_adds_and_removes_volumes_as_a_reload_does() {
     let s = Setup::new(false);
@@ -186,6 +188,10 @@ fn mem_a_takeover_adds_and_removes_volumes_as_a_reload_does() {
     drop(v);
     let mut new_cfg = s.cfg.clone();
     new_cfg.volumes.push(VolumeSpec { name: "added".into(), size: MIB, path: None });
+    let (err, old) = *take_over(old, new_cfg.clone()).expect_err("dropping a volume unconfirmed is refused");
+    let text = rblk_fabric::Chain(&err).to_string();
+    assert!(text.contains("volume gone is not in the configuration") && text.contains("confirm_remove"), "{text}");
+    new_cfg.confirm_remove = vec!["gone".into()];
     let new = take_over(old, new_cfg).map_err(|b| b.0).expect("takeover");
     assert_eq!(new.volumes(), vec!["added".to_owned(), "v".to_owned()]);
     let file = std::fs::read(&gone).unwrap();
@@ -329,7 +335,10 @@ fn mem_a_successor_whose_old_daemon_vanishes_before_bye_refuses() {
         frame.extend_from_slice(&payload);
         rblk_fabric::fdpass::send(&stream, &frame, &[memory.fd().unwrap().as_fd()]).unwrap();
         line.clear();
-        reader.read_line(&mut line).unwrap();
+        while line.is_empty() || line.contains("takeover-progress") {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+        }
         assert!(line.contains("takeover-ready"), "{line}");
         // Gone without a bye.
     });
@@ -385,7 +394,8 @@ fn mem_a_handover_through_the_fd_store() {
     }));
     let e = s.engine();
     write(&e, 1, 0, 4);
-    let reply = rblk_target::admin::request(&s.socket(), &rblk_target::admin::Request::Handover).expect("handover");
+    let reply = rblk_target::admin::request(&s.socket(), &rblk_target::admin::Request::Handover { expect: None })
+        .expect("handover");
     assert!(reply.message.contains(&format!("status {EXIT_HANDED_OVER}")), "{}", reply.message);
     assert_eq!(old.handed_over(), Some(EXIT_HANDED_OVER));
     old.shutdown();

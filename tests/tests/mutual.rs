@@ -291,7 +291,8 @@ fn an_initiator_refuses_a_target_that_cannot_prove_the_key() {
 #[test]
 fn target_identities_are_pinned_per_address() {
     let target = keyed_target(Fabric::Mem, "");
-    let pins = temp_path("known_targets");
+    // In a directory of its own: pins live only in directories no one else may write.
+    let pins = temp_path("pins").join("known_targets");
     let pinned = Options { known_targets: Some(pins.clone()), ..opts(Fabric::Mem, Some(KEY)) };
     Session::connect(&uri(target.addr()), &pinned).expect("first connection: pinned");
     let text = std::fs::read_to_string(&pins).expect("the pin file was made");
@@ -310,5 +311,5 @@ fn target_identities_are_pinned_per_address() {
     let wrong = Options { target_id: Some([0xab; TARGET_ID_LEN]), ..given };
     let e = Session::connect(&uri(target.addr()), &wrong).expect_err("--target-id differs");
     assert!(e.to_string().contains("--target-id"), "{e}");
-    std::fs::remove_file(&pins).unwrap();
+    std::fs::remove_dir_all(pins.parent().unwrap()).unwrap();
 }

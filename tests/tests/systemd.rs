@@ -124,7 +124,8 @@ fn reload_removes_an_idle_volume() {
     let r = start(&config(vec![ram("a", 4 * MIB), ram("b", 4 * MIB)]));
     assert_eq!(open_code(&r, "b"), Ok(()));
     idle(&r);
-    let keep_a = config(vec![ram("a", 4 * MIB)]);
+    // b was opened read-write: a RAM volume that could hold data goes only when confirmed.
+    let keep_a = Config { confirm_remove: vec!["b".into()], ..config(vec![ram("a", 4 * MIB)]) };
     reload_until_removed(&r, &keep_a, "b");
     assert_eq!(r.registrations(), (0, 0), "nothing of b is left registered");
     assert_eq!(open_code(&r, "b"), Err(ErrorCode::NoSuchVolume));
@@ -136,7 +137,8 @@ fn an_open_volume_is_kept_and_reported_busy() {
     let r = start(&config(vec![ram("a", 4 * MIB), ram("b", 4 * MIB)]));
     let (held, opened) = open(&r, "b");
     opened.expect("OPEN b");
-    let keep_a = config(vec![ram("a", 4 * MIB)]);
+    // b was opened read-write: a RAM volume that could hold data goes only when confirmed.
+    let keep_a = Config { confirm_remove: vec!["b".into()], ..config(vec![ram("a", 4 * MIB)]) };
     let report = r.reload(keep_a.clone()).expect("reload");
     assert_eq!(report.busy, [("b".to_owned(), 1)]);
     assert!(report.removed.is_empty(), "{report:?}");
@@ -312,6 +314,7 @@ fn installed_units_pass_systemd_analyze_verify() {
         "etc/rblk/target.toml",
         "etc/systemd/system/rblk-target.service",
         "etc/systemd/system/rblk-attach@.service",
+        "etc/systemd/system/rblk-target.service.d/fdstore-preserve.conf",
     ] {
         assert!(dest.join(file).exists(), "install.sh did not install {file}");
     }
@@ -348,7 +351,13 @@ fn installed_units_pass_systemd_analyze_verify() {
     let stderr = String::from_utf8_lossy(&verify.stderr);
     // It exits 0 on unknown keys and bad values, only warning: every warning about our files
     // names their path, which contains "rblk".
-    let ours: Vec<&str> = stderr.lines().filter(|l| l.contains("rblk")).collect();
+    // Before systemd 254 the drop-in's FileDescriptorStorePreserve= is unknown: warned about
+    // and ignored, the unit itself verifying clean.
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("rblk"))
+        .filter(|l| !(l.contains("fdstore-preserve.conf") && l.contains("Unknown key 'FileDescriptorStorePreserve'")))
+        .collect();
     assert!(verify.status.success() && ours.is_empty(), "systemd-analyze verify: {verify:?}\n{stderr}");
     let _ = std::fs::remove_dir_all(dest);
     let _ = std::fs::remove_dir_all(root);
@@ -380,7 +389,9 @@ fn the_units_stay_sandboxed() {
 
 /// Catches a unit that would lose the volumes of `rblk-target admin handover`: without the
 /// exit status in RestartForceExitStatus= systemd leaves the service stopped (and empties the
-/// store), without FileDescriptorStoreMax= it drops every descriptor the daemon stores.
+/// store), without FileDescriptorStoreMax= it drops every descriptor the daemon stores, and
+/// without the FileDescriptorStorePreserve=yes drop-in a successor failing until the unit
+/// fails takes the store with it.
 #[test]
 fn the_unit_restarts_after_a_handover_and_keeps_its_descriptors() {
     let unit = std::fs::read_to_string(repo().join("dist/systemd/rblk-target.service")).unwrap();
@@ -397,6 +408,12 @@ fn the_unit_restarts_after_a_handover_and_keeps_its_descriptors() {
     // few hundred durable volumes (two descriptors each) and the state record.
     assert!(max > 2 * 256, "FileDescriptorStoreMax={max}");
     assert_eq!(value("Type"), "notify", "the fd store takes FDSTORE=1 through NOTIFY_SOCKET");
+    // Kept when the successor fails (systemd 254+), from a drop-in so that the unit itself
+    // verifies on systemd 252.
+    assert!(!unit.contains("FileDescriptorStorePreserve"), "in the unit, systemd before 254 warns about it");
+    let dropin =
+        std::fs::read_to_string(repo().join("dist/systemd/rblk-target.service.d/fdstore-preserve.conf")).unwrap();
+    assert!(dropin.lines().any(|l| l == "FileDescriptorStorePreserve=yes") && dropin.contains("[Service]"), "{dropin}");
 }
 
 mod guest {
