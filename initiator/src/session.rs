@@ -317,7 +317,7 @@ fn mutual_auth(
 /// The target's identity must be `--target-id`, else the one pinned for its address; an
 /// address seen for the first time is pinned.
 fn check_identity(addr: SocketAddr, opts: &Options, got: &[u8; rblk_proto::TARGET_ID_LEN]) -> Result<()> {
-    use crate::trust::{lookup, pin, Pin};
+    use crate::trust::{lookup, pin, Pin, PinError};
     let changed = |expected: &[u8; rblk_proto::TARGET_ID_LEN], source: String| Error::Auth {
         addr,
         reason: format!(
@@ -332,7 +332,15 @@ fn check_identity(addr: SocketAddr, opts: &Options, got: &[u8; rblk_proto::TARGE
         return if expected == got { Ok(()) } else { Err(changed(expected, "--target-id".into())) };
     }
     let Some(path) = &opts.known_targets else { return Ok(()) };
-    match lookup(path, addr).map_err(|reason| Error::Auth { addr, reason })? {
+    let pinned = match lookup(path, addr) {
+        Ok(pin) => pin,
+        Err(PinError::Unreadable(why)) => {
+            tracing::warn!(%addr, "{why}: the target's identity is not checked (give --known-targets or --target-id)");
+            return Ok(());
+        }
+        Err(PinError::Bad(reason)) => return Err(Error::Auth { addr, reason }),
+    };
+    match pinned {
         Pin::Known(expected, _) if &expected == got => Ok(()),
         Pin::Known(expected, line) => Err(changed(&expected, format!("{}:{line}", path.display()))),
         Pin::Unknown => {

@@ -34,6 +34,24 @@ pub fn is_local_addr(ip: IpAddr) -> bool {
     ip.is_loopback() || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
+/// Why the pin file says nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PinError {
+    /// This user may not read it (a user other than root, with root's pins in a 0700
+    /// directory): pins do not protect this run.
+    Unreadable(String),
+    /// It is not to be trusted, or does not parse: refuse, do not skip it.
+    Bad(String),
+}
+
+impl std::fmt::Display for PinError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PinError::Unreadable(t) | PinError::Bad(t) => f.write_str(t),
+        }
+    }
+}
+
 /// What the pin file says of an address.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Pin {
@@ -53,22 +71,30 @@ fn addr_key(addr: SocketAddr) -> String {
 /// is reached as key files are ([`rblk_fabric::trusted`]): a file, or a directory above it, that
 /// someone other than root or this user controls proves nothing and is refused, as is a line
 /// that does not parse (it could be the pin that matters).
-pub fn lookup(path: &Path, addr: SocketAddr) -> std::result::Result<Pin, String> {
+pub fn lookup(path: &Path, addr: SocketAddr) -> std::result::Result<Pin, PinError> {
+    let denied = |e: &dyn std::fmt::Display| PinError::Unreadable(format!("cannot read {}: {e}", path.display()));
     let walked = match trusted::walk(path, Last::Private) {
         Ok(w) => w,
         Err(e) if e.is_not_found() => return Ok(Pin::Unknown),
-        Err(e) => return Err(format!("pin file: {e}")),
+        Err(trusted::PathError::Io { source, .. }) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(denied(&source))
+        }
+        Err(e) => return Err(PinError::Bad(format!("pin file: {e}"))),
     };
     if walked.stat().is_none() {
         return Ok(Pin::Unknown);
     }
-    let file = walked.open(OFlag::O_RDONLY).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let file = walked.open(OFlag::O_RDONLY).map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => denied(&e),
+        _ => PinError::Bad(format!("cannot read {}: {e}", path.display())),
+    })?;
+    let bad = PinError::Bad;
     let mut text = String::new();
     file.take(MAX_KNOWN_TARGETS + 1)
         .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
     if text.len() as u64 > MAX_KNOWN_TARGETS {
-        return Err(format!("{} is larger than {MAX_KNOWN_TARGETS} bytes: not a pin file", path.display()));
+        return Err(bad(format!("{} is larger than {MAX_KNOWN_TARGETS} bytes: not a pin file", path.display())));
     }
     let key = addr_key(addr);
     for (n, line) in text.lines().enumerate() {
@@ -76,10 +102,10 @@ pub fn lookup(path: &Path, addr: SocketAddr) -> std::result::Result<Pin, String>
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let bad = || format!("{}:{}: not `ADDRESS:PORT TARGET-ID`", path.display(), n + 1);
-        let (a, id) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
-        let a: SocketAddr = a.parse().map_err(|_| bad())?;
-        let id = parse_target_id(id).map_err(|e| format!("{}:{}: {e}", path.display(), n + 1))?;
+        let malformed = || bad(format!("{}:{}: not `ADDRESS:PORT TARGET-ID`", path.display(), n + 1));
+        let (a, id) = line.split_once(char::is_whitespace).ok_or_else(malformed)?;
+        let a: SocketAddr = a.parse().map_err(|_| malformed())?;
+        let id = parse_target_id(id).map_err(|e| bad(format!("{}:{}: {e}", path.display(), n + 1)))?;
         if addr_key(a) == key {
             return Ok(Pin::Known(id, n + 1));
         }
@@ -136,7 +162,7 @@ mod tests {
         assert!(lookup(&path, a).is_err(), "a pin file others may write");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         std::fs::write(&path, "10.0.0.1:7420 nothex\n").unwrap();
-        assert!(lookup(&path, a).unwrap_err().contains(":1: "), "a bad line is an error");
+        assert!(matches!(lookup(&path, a), Err(PinError::Bad(t)) if t.contains(":1: ")), "a bad line is an error");
         assert!(parse_target_id("00112233445566778899aabbccddeeff").is_ok());
         assert!(parse_target_id("0011").is_err());
         std::fs::remove_dir_all(&dir).unwrap();
