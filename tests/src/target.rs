@@ -1,6 +1,7 @@
 //! A target under test: the real daemon process over rxe, or the same server in-process over the
 //! in-memory fabric, behind one interface so each scenario runs on both.
 
+use std::os::unix::fs::DirBuilderExt as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU16, Ordering};
 
@@ -78,7 +79,11 @@ impl Target {
                     std::env::temp_dir().join(format!("rblk-config-{}-{}.toml", std::process::id(), next_port()));
                 std::fs::write(&path, toml).expect("write config file");
                 let path = path.display().to_string();
-                Target::Process(Daemon::start(&rdma, &["--config", &path, "--state-dir", "/tmp"]))
+                // A state dir of the test process's own: the daemon refuses one others may write (/tmp).
+                let state = std::env::temp_dir().join(format!("rblk-state-{}", std::process::id()));
+                std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&state).expect("state dir");
+                let state = state.display().to_string();
+                Target::Process(Daemon::start(&rdma, &["--config", &path, "--state-dir", &state]))
             }
             Fabric::Mem => {
                 let mut file: rblk_target::config::File = toml::from_str(toml).expect("test config parses");
