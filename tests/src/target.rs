@@ -1,8 +1,8 @@
 //! A target under test: the real daemon process over rxe, or the same server in-process over the
 //! in-memory fabric, behind one interface so each scenario runs on both.
 
-use std::os::unix::fs::DirBuilderExt as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::DirBuilderExt as _;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use rblk_fabric::Fabric;
