@@ -148,7 +148,7 @@ impl Server {
             Some(h) => h.take_rest().into_iter().collect::<Result<Vec<_>, _>>()?,
             None => Vec::new(),
         };
-        let mut listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())
+        let mut listener = Listener::bind_backlog(cfg.fabric, cfg.listen, cfg.device.as_deref(), cfg.listen_backlog)
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().unwrap_or(cfg.listen);
         let catalog = Catalog { volumes, refused, policy, specs };
