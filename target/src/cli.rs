@@ -145,8 +145,10 @@ pub struct Args {
     /// (the file or device exists, or its directory does), host names and access lists. With a
     /// daemon serving the admin socket, also prints the access changes a reload would make there,
     /// and fails where that reload would be refused (it widens access, and the file does not say
-    /// confirm_widen = true). Prints "configuration OK" and exits 0, or prints the reason and
-    /// exits non-zero.
+    /// confirm_widen = true). Warns, without failing, when the caps need more file
+    /// descriptors, tasks or pinned memory than this process's hard limits allow (the daemon
+    /// raises its soft limits to the hard ones at start). Prints "configuration OK" and exits 0,
+    /// or prints the reason and exits non-zero.
     #[arg(long, conflicts_with = "print_config")]
     pub check_config: bool,
     /// Take the volumes over from the daemon serving the admin socket (--admin-socket, or the
