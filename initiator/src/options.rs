@@ -25,9 +25,9 @@ pub const DEFAULT_RECONNECT_DELAY: Duration = Duration::from_secs(2);
 /// `--ctrl-loss-tmo`.
 pub const DEFAULT_CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
 
-/// The shortest pause between reconnect attempts that jitter may draw ([`Reconnect::pause`]),
-/// unless `delay` itself is shorter.
-pub const MIN_RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+/// Reconnect delays up to this one are kept exact ([`Reconnect::pause`]); longer ones (the
+/// default among them) are jittered, so no pause is ever below half of it.
+pub const EXACT_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 
 /// What a session does when it loses its target (a queue pair's error completion, keepalives
 /// stopping): reconnect about every `delay` (jittered, [`Reconnect::pause`]), holding I/O
@@ -53,15 +53,19 @@ impl Default for Reconnect {
 }
 
 impl Reconnect {
-    /// The pause before the next attempt for a random `draw`: uniform in [0.5, 1.5) x `delay`,
-    /// never below [`MIN_RECONNECT_PAUSE`] (or `delay`, when that is shorter). Sessions that
-    /// lost one target together (a target restart ends a thousand at once) then retry spread
-    /// over a whole `delay` instead of in the same millisecond, as nvme-cli's fixed delay would.
+    /// The pause before the next attempt for a random `draw`: uniform in [0.5, 1.5) x `delay`
+    /// for delays above [`EXACT_RECONNECT_DELAY`] (so never below half a second), `delay`
+    /// itself up to it. Sessions that lost one target together (a target restart ends a
+    /// thousand at once) then retry spread over a whole `delay` instead of in the same
+    /// millisecond, as nvme-cli's fixed delay would have them. A delay of a second or less is
+    /// one set for a quick return after a short flap, and kept exactly as asked.
     pub fn pause(&self, draw: u64) -> Duration {
+        if self.delay <= EXACT_RECONNECT_DELAY {
+            return self.delay;
+        }
         let delay = self.delay.as_nanos();
         let spread = (delay * u128::from(draw)) >> 64;
-        let nanos = u64::try_from(delay / 2 + spread).unwrap_or(u64::MAX);
-        Duration::from_nanos(nanos).max(MIN_RECONNECT_PAUSE.min(self.delay))
+        Duration::from_nanos(u64::try_from(delay / 2 + spread).unwrap_or(u64::MAX))
     }
 
     /// [`Reconnect::pause`] with a fresh draw from the OS random source.
@@ -196,7 +200,7 @@ impl TrustArgs {
 pub struct ReconnectArgs {
     /// After losing the target, try to reconnect this often (the first try is at once; `2`,
     /// `500ms`: a bare number is seconds; at most 1 day), on average: each pause is drawn
-    /// between 0.5x and 1.5x of it (at least 100 ms), so sessions that lost one target do not
+    /// between 0.5x and 1.5x of it when above 1 s, so sessions that lost one target do not
     /// all retry at once. I/O waits meanwhile and what was in flight is sent again.
     #[arg(
         long,
@@ -452,8 +456,8 @@ mod tests {
     use super::*;
 
     /// Would catch a reconnect delay without jitter (every session that lost one target
-    /// retrying in the same millisecond), jitter outside [0.5x, 1.5x), a pause below the floor,
-    /// and one draw reused for every attempt.
+    /// retrying in the same millisecond), jitter outside [0.5x, 1.5x), short delays (a second
+    /// or less, asked for a quick return) not kept exact, and one draw reused for every attempt.
     #[test]
     fn reconnect_pauses_are_jittered() {
         let r = Reconnect::default();
@@ -466,12 +470,12 @@ mod tests {
         assert!(distinct.len() > 990, "fresh draws differ: {} distinct of 1000", distinct.len());
         let (lo, hi) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
         assert!(*hi - *lo > Duration::from_millis(1500), "spread over the range: {lo:?}..{hi:?}");
-        let short = Reconnect { delay: Duration::from_millis(150), ..r };
-        assert_eq!(short.pause(0), MIN_RECONNECT_PAUSE, "never below the floor");
-        let tiny = Reconnect { delay: Duration::from_millis(20), ..r };
-        assert_eq!(tiny.pause(0), Duration::from_millis(20), "nor above a delay shorter than it");
-        let zero = Reconnect { delay: Duration::ZERO, ..r };
-        assert_eq!(zero.pause(u64::MAX), Duration::ZERO);
+        let just_above = Reconnect { delay: EXACT_RECONNECT_DELAY + Duration::from_millis(2), ..r };
+        assert_eq!(just_above.pause(0), Duration::from_millis(501), "never below half a second");
+        for delay in [EXACT_RECONNECT_DELAY, Duration::from_millis(100), Duration::ZERO] {
+            let exact = Reconnect { delay, ..r };
+            assert_eq!((exact.pause(0), exact.pause(u64::MAX)), (delay, delay), "{delay:?} kept exact");
+        }
         let day = Reconnect { delay: MAX_RECONNECT_TIME, ..r };
         assert!(day.pause(u64::MAX) < MAX_RECONNECT_TIME * 3 / 2, "no overflow at the longest delay");
     }
