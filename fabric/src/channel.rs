@@ -15,6 +15,10 @@ use crate::{Access, Completion, Endpoint, Error, Local, Memory, Mr, Op, Pd, Resu
 pub const CONTROL_BIT: u64 = 1 << 63;
 const SEND_BIT: u64 = 1 << 62;
 
+/// Bytes of registered (pinned) buffers one channel holds: a receive and a send buffer of
+/// [`MSG_SIZE`] per credit.
+pub const PINNED_BYTES: usize = (RECV_COUNT + SEND_COUNT) * MSG_SIZE;
+
 /// Largest message sent inline (copied into the work request) instead of from a send buffer.
 const INLINE_MAX: usize = 64;
 
@@ -42,7 +46,7 @@ pub struct Channel {
 impl Channel {
     /// Allocates and registers the buffers in `pd` (the endpoint's PD).
     pub fn new(pd: &Pd) -> Result<Channel> {
-        let memory: Arc<Memory> = Memory::anonymous((RECV_COUNT + SEND_COUNT) * MSG_SIZE)?;
+        let memory: Arc<Memory> = Memory::anonymous(PINNED_BYTES)?;
         let bufs = pd.register(&memory, Access::LOCAL)?;
         Ok(Channel { bufs, free_sends: (0..SEND_COUNT).rev().collect() })
     }

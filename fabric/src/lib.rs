@@ -504,12 +504,21 @@ impl std::fmt::Debug for Listener {
 
 impl Listener {
     /// Binds and listens on `addr` (a wildcard address hears every device), accepting only
-    /// requests arriving on `device` when given.
+    /// requests arriving on `device` when given, with [`policy::LISTEN_BACKLOG`].
     pub fn bind(fabric: Fabric, addr: SocketAddr, device: Option<&str>) -> Result<Listener> {
+        Listener::bind_backlog(fabric, addr, device, policy::LISTEN_BACKLOG)
+    }
+
+    /// [`Listener::bind`] with `backlog` connect requests at most waiting to be taken (by
+    /// [`Listener::next_event`]): later ones are rejected, as the kernel's rdma_cm does (which
+    /// also caps `backlog` at `net.rdma_ucm.max_backlog`); the in-memory fabric keeps the same
+    /// count. 0 is taken as 1.
+    pub fn bind_backlog(fabric: Fabric, addr: SocketAddr, device: Option<&str>, backlog: u32) -> Result<Listener> {
+        let backlog = backlog.max(1);
         let inner = match fabric {
-            Fabric::Verbs => ListenerInner::Verbs(verbs::Listener::bind(addr, device)?),
+            Fabric::Verbs => ListenerInner::Verbs(verbs::Listener::bind(addr, device, backlog)?),
             #[cfg(feature = "mem")]
-            Fabric::Mem => ListenerInner::Mem(mem::Listener::bind(addr, device)?),
+            Fabric::Mem => ListenerInner::Mem(mem::Listener::bind(addr, device, backlog)?),
         };
         Ok(Listener { inner, wake: WakePair::new()? })
     }

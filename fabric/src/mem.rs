@@ -281,12 +281,28 @@ struct ListenerShared {
     events: Mutex<VecDeque<ListenerEvent<Request>>>,
     // One byte per queued event, so the read end is readable exactly while events are pending.
     tx: UnixStream,
+    /// Connect requests queued at most, as `rdma_listen`'s backlog (ucma counts the requests
+    /// not yet taken off the channel).
+    backlog: usize,
 }
 
 impl ListenerShared {
     fn push(&self, ev: ListenerEvent<Request>) {
         let mut events = lock(&self.events);
         events.push_back(ev);
+        let _ = (&self.tx).write(&[1]);
+    }
+
+    /// Queues a connect request unless `backlog` of them wait already: then it is dropped,
+    /// which rejects it, as the kernel does past the backlog.
+    fn push_request(&self, request: Request) {
+        let mut events = lock(&self.events);
+        if events.iter().filter(|e| matches!(e, ListenerEvent::Request(_))).count() >= self.backlog {
+            drop(events);
+            drop(request);
+            return;
+        }
+        events.push_back(ListenerEvent::Request(request));
         let _ = (&self.tx).write(&[1]);
     }
 }
@@ -306,7 +322,7 @@ pub(crate) struct Listener {
 }
 
 impl Listener {
-    pub(crate) fn bind(addr: SocketAddr, device: Option<&str>) -> Result<Listener> {
+    pub(crate) fn bind(addr: SocketAddr, device: Option<&str>, backlog: u32) -> Result<Listener> {
         let mut table = lock(&LISTENERS);
         // As in the kernel, a wildcard address takes its port on every address.
         let taken = |a: SocketAddr, table: &BTreeMap<SocketAddr, Weak<ListenerShared>>| {
@@ -326,7 +342,8 @@ impl Listener {
         }
         let (rx, tx) = bell()?;
         let events = Mutex::new(VecDeque::new());
-        let shared = Arc::new(ListenerShared { addr, device: device.map(str::to_owned), events, tx });
+        let backlog = usize::try_from(backlog).unwrap_or(usize::MAX);
+        let shared = Arc::new(ListenerShared { addr, device: device.map(str::to_owned), events, tx, backlog });
         table.insert(addr, Arc::downgrade(&shared));
         Ok(Listener { shared, rx })
     }
@@ -777,7 +794,7 @@ impl Endpoint {
             local: self.peer,
             device: self.pd.device().to_owned(),
         };
-        listener.push(ListenerEvent::Request(request));
+        listener.push_request(request);
         drop(listener);
         let mut c = lock(&self.shared.conn);
         loop {
@@ -1319,6 +1336,53 @@ mod tests {
         let v6 = Route { source: Some("::1".parse().unwrap()), ..Route::default() };
         let err = Ep::resolve(Fabric::Mem, addr, None, &v6, &cfg(), soon()).unwrap_err();
         assert!(matches!(err, Error::SourceFamily { .. }), "{err}");
+    }
+
+    /// Would catch a backlog that is not passed to the listener, or not counted: with a
+    /// backlog of 2, a third waiting request is rejected at once (not queued), and once the
+    /// target takes one off the channel there is room for another.
+    #[test]
+    fn the_backlog_bounds_waiting_requests() {
+        let l = L::bind_backlog(Fabric::Mem, "127.0.0.1:0".parse().unwrap(), None, 2).unwrap();
+        let addr = l.local_addr().unwrap();
+        let connect = move || {
+            std::thread::spawn(move || {
+                let mut ep = Ep::resolve(Fabric::Mem, addr, None, &Route::default(), &cfg(), soon()).unwrap();
+                ep.connect(&[], soon())
+            })
+        };
+        let waiting = [connect(), connect()];
+        while lock(&l_shared(&l).events).len() < 2 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let third = connect().join().unwrap();
+        assert!(matches!(third, Err(Error::Connect { event: "REJECTED", .. })), "{third:?}");
+        let Some(ListenerEvent::Request(taken)) = l.next_event(None).unwrap() else { panic!() };
+        let fourth = connect();
+        while lock(&l_shared(&l).events).len() < 2 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut requests = vec![taken];
+        while let Some(ListenerEvent::Request(r)) = l.next_event(None).unwrap() {
+            requests.push(r);
+        }
+        assert_eq!(requests.len(), 3, "two queued after the first was taken");
+        let pd = requests[0].alloc_pd().unwrap();
+        let mut accepted = Vec::new();
+        for (conn, r) in requests.into_iter().enumerate() {
+            accepted.push(r.into_endpoint(&pd, &cfg(), conn as u64).unwrap());
+            accepted.last_mut().unwrap().accept().unwrap();
+        }
+        for t in waiting.into_iter().chain([fourth]) {
+            t.join().unwrap().expect("a request within the backlog is served");
+        }
+    }
+
+    fn l_shared(l: &L) -> Arc<ListenerShared> {
+        match &l.inner {
+            crate::ListenerInner::Mem(m) => Arc::clone(&m.shared),
+            crate::ListenerInner::Verbs(_) => unreachable!("an in-memory listener"),
+        }
     }
 
     #[test]

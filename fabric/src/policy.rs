@@ -26,5 +26,9 @@ pub const MIN_RNR_TIMER: u8 = 12;
 pub const MAX_PRIVATE_DATA: usize = 56;
 /// Completions taken per poll call.
 pub const POLL_BATCH: usize = 32;
+/// Connect requests a listener lets wait for the target to take them ([`crate::Listener::bind`]):
+/// `rdma_listen`'s backlog. Past it the kernel rejects new requests, which a reconnect storm of
+/// many sessions would hit. The kernel caps it at `net.rdma_ucm.max_backlog` (1024 by default).
+pub const LISTEN_BACKLOG: u32 = 1024;
 /// How long a waiter spins on its CQ before arming it and sleeping.
 pub const SPIN: std::time::Duration = std::time::Duration::from_micros(20);

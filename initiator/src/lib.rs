@@ -112,7 +112,7 @@ pub use error::{Direction, Error, InvalidReason, Result};
 pub use link::{Continuity, LinkState};
 pub use options::{
     check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,
-    DEFAULT_TIMEOUT, MAX_RECONNECT_TIME, MAX_SPIN, MAX_TIMEOUT,
+    DEFAULT_TIMEOUT, EXACT_RECONNECT_DELAY, MAX_RECONNECT_TIME, MAX_SPIN, MAX_TIMEOUT,
 };
 #[cfg(feature = "clap")]
 pub use options::{ReconnectArgs, RouteArgs, TrustArgs};

@@ -324,7 +324,7 @@ impl Link {
             tracing::warn!(
                 volume = self.name,
                 addr = %self.dests[st.at].addr,
-                "the session to the target was lost ({reason}); reconnecting every {}",
+                "the session to the target was lost ({reason}); reconnecting about every {}",
                 secs(self.opts.reconnect.delay)
             );
             self.set_health(
@@ -567,7 +567,8 @@ impl Link {
         let mut st = lock(&self.state);
         if let Health::Down(o) = &mut st.health {
             o.attempts += 1;
-            o.next_attempt = Instant::now() + self.opts.reconnect.delay;
+            let pause = self.opts.reconnect.next_pause();
+            o.next_attempt = Instant::now() + pause;
             if let Some(e) = last {
                 o.reason = Chain(&e).to_string();
             }
@@ -577,7 +578,7 @@ impl Link {
                 down = %secs(o.since.elapsed()),
                 "reconnecting failed ({}); next attempt in {}",
                 o.reason,
-                secs(self.opts.reconnect.delay)
+                secs(pause)
             );
         }
         drop(st);

@@ -25,12 +25,17 @@ pub const DEFAULT_RECONNECT_DELAY: Duration = Duration::from_secs(2);
 /// `--ctrl-loss-tmo`.
 pub const DEFAULT_CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
 
+/// Reconnect delays up to this one are kept exact ([`Reconnect::pause`]); longer ones (the
+/// default among them) are jittered, so no pause is ever below half of it.
+pub const EXACT_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+
 /// What a session does when it loses its target (a queue pair's error completion, keepalives
-/// stopping): reconnect every `delay`, holding I/O meanwhile, and replay what was in flight.
-/// nvme-cli's names and meanings.
+/// stopping): reconnect about every `delay` (jittered, [`Reconnect::pause`]), holding I/O
+/// meanwhile, and replay what was in flight. nvme-cli's names and meanings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reconnect {
-    /// Pause between attempts (the first one is immediate).
+    /// Pause between attempts (the first one is immediate), on average: each pause is drawn
+    /// afresh between 0.5x and 1.5x of it ([`Reconnect::pause`]).
     pub delay: Duration,
     /// Give up this long after the loss: every waiting and later I/O fails. `Some(ZERO)`: do
     /// not reconnect at all (fail at once); `None`: retry forever.
@@ -48,6 +53,26 @@ impl Default for Reconnect {
 }
 
 impl Reconnect {
+    /// The pause before the next attempt for a random `draw`: uniform in [0.5, 1.5) x `delay`
+    /// for delays above [`EXACT_RECONNECT_DELAY`] (so never below half a second), `delay`
+    /// itself up to it. Sessions that lost one target together (a target restart ends a
+    /// thousand at once) then retry spread over a whole `delay` instead of in the same
+    /// millisecond, as nvme-cli's fixed delay would have them. A delay of a second or less is
+    /// one set for a quick return after a short flap, and kept exactly as asked.
+    pub fn pause(&self, draw: u64) -> Duration {
+        if self.delay <= EXACT_RECONNECT_DELAY {
+            return self.delay;
+        }
+        let delay = self.delay.as_nanos();
+        let spread = (delay * u128::from(draw)) >> 64;
+        Duration::from_nanos(u64::try_from(delay / 2 + spread).unwrap_or(u64::MAX))
+    }
+
+    /// [`Reconnect::pause`] with a fresh draw from the OS random source.
+    pub fn next_pause(&self) -> Duration {
+        self.pause(u64::from_le_bytes(rblk_fabric::random()))
+    }
+
     /// Never reconnect: a lost session fails at once (ctrl_loss_tmo 0).
     pub const NEVER: Reconnect =
         Reconnect { delay: DEFAULT_RECONNECT_DELAY, ctrl_loss_tmo: Some(Duration::ZERO), fast_io_fail_tmo: None };
@@ -174,8 +199,9 @@ impl TrustArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReconnectArgs {
     /// After losing the target, try to reconnect this often (the first try is at once; `2`,
-    /// `500ms`: a bare number is seconds; at most 1 day). I/O waits meanwhile and what was in
-    /// flight is sent again.
+    /// `500ms`: a bare number is seconds; at most 1 day), on average: each pause is drawn
+    /// between 0.5x and 1.5x of it when above 1 s, so sessions that lost one target do not
+    /// all retry at once. I/O waits meanwhile and what was in flight is sent again.
     #[arg(
         long,
         alias = "reconnect_delay",
@@ -428,6 +454,31 @@ pub const LOCAL_TARGET_KEY: &str = "/var/lib/rblk/target.key";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Would catch a reconnect delay without jitter (every session that lost one target
+    /// retrying in the same millisecond), jitter outside [0.5x, 1.5x), short delays (a second
+    /// or less, asked for a quick return) not kept exact, and one draw reused for every attempt.
+    #[test]
+    fn reconnect_pauses_are_jittered() {
+        let r = Reconnect::default();
+        assert_eq!(r.pause(0), Duration::from_secs(1), "the least draw: half the delay");
+        assert_eq!(r.pause(u64::MAX / 2 + 1), Duration::from_secs(2), "the middle draw: the delay");
+        assert!(r.pause(u64::MAX) < Duration::from_secs(3) && r.pause(u64::MAX) > Duration::from_millis(2999));
+        let draws: Vec<Duration> = (0..1000).map(|_| r.next_pause()).collect();
+        assert!(draws.iter().all(|d| (Duration::from_secs(1)..Duration::from_secs(3)).contains(d)), "{draws:?}");
+        let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
+        assert!(distinct.len() > 990, "fresh draws differ: {} distinct of 1000", distinct.len());
+        let (lo, hi) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
+        assert!(*hi - *lo > Duration::from_millis(1500), "spread over the range: {lo:?}..{hi:?}");
+        let just_above = Reconnect { delay: EXACT_RECONNECT_DELAY + Duration::from_millis(2), ..r };
+        assert_eq!(just_above.pause(0), Duration::from_millis(501), "never below half a second");
+        for delay in [EXACT_RECONNECT_DELAY, Duration::from_millis(100), Duration::ZERO] {
+            let exact = Reconnect { delay, ..r };
+            assert_eq!((exact.pause(0), exact.pause(u64::MAX)), (delay, delay), "{delay:?} kept exact");
+        }
+        let day = Reconnect { delay: MAX_RECONNECT_TIME, ..r };
+        assert!(day.pause(u64::MAX) < MAX_RECONNECT_TIME * 3 / 2, "no overflow at the longest delay");
+    }
 
     /// Would catch: the initiator accepting a key file that group or others can read (only
     /// warning, as it did), a short key, or a reader other than the target's (the newline kept).

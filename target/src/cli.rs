@@ -11,8 +11,8 @@ use crate::access::{BadGrant, Grant};
 use rblk_fabric::Chain;
 
 use crate::config::{
-    parse_listen, ConfigError, File, FileVolume, VolumeSpec, DEFAULT_STATE_DIR, MAX_TIMEOUT, MIN_KEEPALIVE_TIMEOUT,
-    MIN_OPEN_TIMEOUT,
+    parse_listen, ConfigError, File, FileVolume, VolumeSpec, DEFAULT_STATE_DIR, MAX_LISTEN_BACKLOG, MAX_TIMEOUT,
+    MIN_KEEPALIVE_TIMEOUT, MIN_LISTEN_BACKLOG, MIN_OPEN_TIMEOUT,
 };
 
 /// Serve block volumes held in registered memory over RDMA (InfiniBand, RoCEv2, rxe).
@@ -123,8 +123,14 @@ pub struct Args {
     /// per session). Applies at start only.
     #[arg(long, value_name = "on|off", value_parser = on_off)]
     pub memory_windows: Option<bool>,
+    /// Connect requests that may wait for the daemon to take them (rdma_listen's backlog),
+    /// 1 to 65536: past it the kernel rejects new ones, and their initiators retry later. The
+    /// kernel caps it at net.rdma_ucm.max_backlog (1024 unless raised with sysctl;
+    /// --check-config warns when it is lower). Applies at start only. Default: 1024.
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, MIN_LISTEN_BACKLOG.into(), Some(MAX_LISTEN_BACKLOG.into())))]
+    pub listen_backlog: Option<u64>,
     /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, allow_any_host, require_mutual_auth, state_dir, the limits above
-    /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, confirm_widen, [[host]] tables (name, key_file, require_mutual_auth)
+    /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, listen_backlog, confirm_widen, [[host]] tables (name, key_file, require_mutual_auth)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
     /// --volume flags replace its volumes. Every key: rblk-target.toml(5).
@@ -139,8 +145,10 @@ pub struct Args {
     /// (the file or device exists, or its directory does), host names and access lists. With a
     /// daemon serving the admin socket, also prints the access changes a reload would make there,
     /// and fails where that reload would be refused (it widens access, and the file does not say
-    /// confirm_widen = true). Prints "configuration OK" and exits 0, or prints the reason and
-    /// exits non-zero.
+    /// confirm_widen = true). Warns, without failing, when the caps need more file
+    /// descriptors, tasks or pinned memory than this process's hard limits allow (the daemon
+    /// raises its soft limits to the hard ones at start). Prints "configuration OK" and exits 0,
+    /// or prints the reason and exits non-zero.
     #[arg(long, conflicts_with = "print_config")]
     pub check_config: bool,
     /// Take the volumes over from the daemon serving the admin socket (--admin-socket, or the
@@ -289,6 +297,9 @@ impl Args {
         if self.memory_windows.is_some() {
             file.memory_windows = self.memory_windows;
         }
+        if let Some(n) = self.listen_backlog {
+            file.listen_backlog = Some(u32::try_from(n).unwrap_or(u32::MAX));
+        }
         if file.state_dir.is_none() {
             file.state_dir = Some(DEFAULT_STATE_DIR.into());
         }
@@ -330,6 +341,16 @@ mod tests {
 
     fn effective(args: &[&str]) -> File {
         Args::try_parse_from([&["rblk-target"], args].concat()).unwrap().effective().unwrap()
+    }
+
+    /// Would catch `--listen-backlog` not overriding the file's, or out-of-range values taken.
+    #[test]
+    fn listen_backlog_flag() {
+        assert_eq!(effective(&["--listen-backlog", "8"]).listen_backlog, Some(8));
+        assert_eq!(effective(&[]).listen_backlog, None, "the default comes from Config");
+        for bad in ["0", "65537", "many"] {
+            assert!(Args::try_parse_from(["rblk-target", "--listen-backlog", bad]).is_err(), "{bad}");
+        }
     }
 
     /// Would catch: the default vol0 served next to a config file's volumes, or instead of an

@@ -14,7 +14,8 @@
 //! shares: volumes, limits, sessions, connections), [`control`] (one connection's control
 //! protocol), `connection` (admission and the connection loop: control messages, keepalives,
 //! loss detection), [`server`] (start, the rdma_cm listener, shutdown), [`reload`] (configuration
-//! changes at run time: SIGHUP), [`admin`] (the admin socket: volumes added, removed and listed
+//! changes at run time: SIGHUP), [`resources`] (what the caps need from the host's limits:
+//! descriptors, tasks, pinned memory), [`admin`] (the admin socket: volumes added, removed and listed
 //! at run time), [`handover`] (the volumes handed to a successor daemon: `--takeover`, `admin
 //! handover`), [`metrics`] (the Prometheus text), [`notify`] (systemd readiness, for the
 //! binary).
@@ -63,6 +64,7 @@ pub mod notify;
 pub mod persist;
 pub mod registry;
 pub mod reload;
+pub mod resources;
 pub mod saved;
 pub mod server;
 pub mod session;

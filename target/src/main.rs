@@ -50,7 +50,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let checked = file.as_checked().server_config().map_err(anyhow::Error::from)?;
     if args.print_config || args.check_config {
-        if let Some(text) = rblk_target::config::nofile_limit().and_then(|l| checked.descriptor_warning(l)) {
+        for text in rblk_target::resources::warnings(&checked) {
             eprintln!("rblk-target: warning: {text}");
         }
         let mut findings = lint(&checked)?;
@@ -74,6 +74,8 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    // As daemons do: the limits --check-config judged are the hard ones.
+    rblk_target::resources::raise_soft_limits();
     let created = file.generate_key()?;
     file.generate_target_id()?;
     let cfg = file.server_config().map_err(anyhow::Error::from)?;

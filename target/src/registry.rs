@@ -685,6 +685,7 @@ impl Shared {
             ("block_size", new.block_size != fixed.block_size),
             ("max_io", new.max_io != fixed.max_io),
             ("memory_windows", new.memory_windows != fixed.memory_windows),
+            ("listen_backlog", new.listen_backlog != fixed.listen_backlog),
         ];
         for (setting, _) in differs.iter().filter(|(_, d)| *d) {
             warn!("reload: {setting} changed, which only a restart applies");

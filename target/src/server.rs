@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::connection;
 use crate::handover::Handed;
 use crate::identity;
-use crate::registry::{final_flush, load_volume, log_serving, warn_memlock, Catalog, Shared};
+use crate::registry::{final_flush, load_volume, log_serving, Catalog, Shared};
 use crate::reload::ReloadReport;
 use crate::volume::{LoadError, Volume};
 
@@ -148,7 +148,7 @@ impl Server {
             Some(h) => h.take_rest().into_iter().collect::<Result<Vec<_>, _>>()?,
             None => Vec::new(),
         };
-        let mut listener = Listener::bind(cfg.fabric, cfg.listen, cfg.device.as_deref())
+        let mut listener = Listener::bind_backlog(cfg.fabric, cfg.listen, cfg.device.as_deref(), cfg.listen_backlog)
             .map_err(|source| StartError::Listen { addr: cfg.listen, source })?;
         let addr = listener.local_addr().unwrap_or(cfg.listen);
         let catalog = Catalog { volumes, refused, policy, specs };
@@ -159,8 +159,7 @@ impl Server {
         for v in shared.catalog().volumes.values() {
             log_serving(v);
         }
-        warn_memlock(&shared);
-        if let Some(text) = crate::config::nofile_limit().and_then(|l| cfg.descriptor_warning(l)) {
+        for text in crate::resources::warnings(&cfg) {
             warn!("{text}");
         }
         // A successor serves its metrics and admin socket once the old daemon let them go

@@ -402,13 +402,15 @@ fn joins_past_the_caps_are_refused_and_another_host_gets_in() {
     r.shutdown();
 }
 
-/// Catches `--check-config` silent about caps that need more file descriptors than
-/// RLIMIT_NOFILE allows (systemd's default soft limit is 1024; the default caps need about
-/// 21000): connections past the limit would fail at random instead of being refused by a cap.
+/// Catches `--check-config` silent about caps that need more file descriptors than the hard
+/// RLIMIT_NOFILE allows (the default caps need about 15600): connections past the limit would
+/// fail at random instead of being refused by a cap. And (issue 43's trap) one that warns about
+/// a soft limit alone, which the daemon raises to the hard one at start: the stock config
+/// checked by hand warned on every check.
 #[test]
 fn check_config_warns_when_the_caps_need_more_descriptors_than_the_limit() {
-    let check = |caps: &str| {
-        let script = format!("ulimit -n 1024 && exec \"$0\" --check-config --allow-any-host --volume v:1M {caps}");
+    let check = |ulimit: &str, caps: &str| {
+        let script = format!("ulimit {ulimit} && exec \"$0\" --check-config --allow-any-host --volume v:1M {caps}");
         let out = std::process::Command::new("sh")
             .args(["-c", &script, rblk_tests::daemon::bin("rblk-target").to_str().unwrap()])
             .output()
@@ -416,10 +418,16 @@ fn check_config_warns_when_the_caps_need_more_descriptors_than_the_limit() {
         assert!(out.status.success(), "{out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    let stderr = check("");
+    let stderr = check("-n 1024", "");
     assert!(stderr.contains("warning") && stderr.contains("RLIMIT_NOFILE allows (1024)"), "{stderr}");
-    let stderr = check("--max-unopened 16 --max-sessions 64 --max-joins 128");
+    let stderr = check("-n 1024", "--max-unopened 16 --max-sessions 64 --max-joins 128");
     assert!(!stderr.contains("RLIMIT_NOFILE"), "caps that fit warned: {stderr}");
+    let hard = std::process::Command::new("sh").args(["-c", "ulimit -H -n"]).output().unwrap().stdout;
+    let hard = String::from_utf8_lossy(&hard).trim().parse::<u64>().unwrap_or(u64::MAX);
+    if hard >= 16 * 1024 {
+        let stderr = check("-S -n 1024", "");
+        assert!(!stderr.contains("RLIMIT_NOFILE"), "a soft limit alone warned (hard {hard}): {stderr}");
+    }
 }
 
 // ----- Over rxe: JOIN caps against a daemon short of file descriptors (issue 24) -----

@@ -387,6 +387,42 @@ fn the_units_stay_sandboxed() {
     }
 }
 
+/// Catches a unit whose limits do not fit the caps of the stock config (and the defaults):
+/// `LimitNOFILE=`, `TasksMax=` or `LimitMEMLOCK=` below what they need, so that connections
+/// within the caps would fail at random, and `--check-config` under the unit would warn. Also
+/// that caps raised past the unit's limits are judged too much for them.
+#[test]
+fn the_units_limits_fit_the_caps() {
+    use rblk_target::resources::{judge, Limits, TaskLimit};
+    let unit = std::fs::read_to_string(repo().join("dist/systemd/rblk-target.service")).unwrap();
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+            .unwrap_or_else(|| panic!("the unit has no {key}="))
+            .to_owned()
+    };
+    let number = |key: &str| match value(key).as_str() {
+        "infinity" => None,
+        n => Some(n.parse::<u64>().unwrap_or_else(|_| panic!("{key}={n}"))),
+    };
+    let limits = Limits {
+        descriptors: number("LimitNOFILE"),
+        tasks: number("TasksMax").map(|max| TaskLimit { max, source: "TasksMax=".into() }),
+        pinned: number("LimitMEMLOCK"),
+        max_backlog: None,
+        devices: 1,
+    };
+    assert!(limits.descriptors.is_some() && limits.tasks.is_some(), "the unit bounds descriptors and tasks");
+    let stock = rblk_target::config::File::read(&repo().join("dist/rblk-target.toml")).unwrap();
+    let stock = rblk_target::config::File { allow_any_host: Some(true), ..stock }.server_config().unwrap();
+    for cfg in [&stock, &Config::default()] {
+        assert_eq!(judge(cfg, &limits), Vec::<String>::new(), "the unit's limits must fit the caps");
+    }
+    let raised = Config { max_joins: 16 * 1024, ..stock };
+    let warned = judge(&raised, &limits).join("\n");
+    assert!(warned.contains("LimitNOFILE=") && warned.contains("TasksMax="), "{warned}");
+}
+
 /// Catches a unit that would lose the volumes of `rblk-target admin handover`: without the
 /// exit status in RestartForceExitStatus= systemd leaves the service stopped (and empties the
 /// store), without FileDescriptorStoreMax= it drops every descriptor the daemon stores, and

@@ -180,17 +180,19 @@ pub(crate) struct Listener {
     /// The address bound (its port too when 0 was asked for), for reopening.
     addr: SocketAddr,
     device: Option<String>,
+    /// `rdma_listen`'s backlog, for reopening too.
+    backlog: u32,
 }
 
 impl Listener {
-    pub(crate) fn bind(addr: SocketAddr, device: Option<&str>) -> Result<Listener> {
+    pub(crate) fn bind(addr: SocketAddr, device: Option<&str>, backlog: u32) -> Result<Listener> {
         let channel = CmChannel::new()?;
-        let id = Self::listen_on(&channel, addr, device)?;
+        let id = Self::listen_on(&channel, addr, device, backlog)?;
         let addr = id.local_addr().unwrap_or(addr);
-        Ok(Listener { channel, id: Some(id), addr, device: device.map(str::to_owned) })
+        Ok(Listener { channel, id: Some(id), addr, device: device.map(str::to_owned), backlog })
     }
 
-    fn listen_on(channel: &Arc<CmChannel>, addr: SocketAddr, device: Option<&str>) -> Result<CmId> {
+    fn listen_on(channel: &Arc<CmChannel>, addr: SocketAddr, device: Option<&str>, backlog: u32) -> Result<CmId> {
         let id = CmId::new(channel)?;
         id.bind(addr)?;
         if let (Some(want), Some(have)) = (device, id.device_name()) {
@@ -198,7 +200,7 @@ impl Listener {
                 return Err(Error::WrongDevice { addr, found: have.into(), wanted: want.into() });
             }
         }
-        id.listen(128)?;
+        id.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
         Ok(id)
     }
 
@@ -211,7 +213,7 @@ impl Listener {
     /// Listens on the same address again.
     pub(crate) fn reopen_port(&mut self) -> Result<()> {
         if self.id.is_none() {
-            self.id = Some(Self::listen_on(&self.channel, self.addr, self.device.as_deref())?);
+            self.id = Some(Self::listen_on(&self.channel, self.addr, self.device.as_deref(), self.backlog)?);
         }
         Ok(())
     }
