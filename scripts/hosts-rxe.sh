@@ -56,7 +56,8 @@ source "$REPO_ROOT/scripts/lib/script.sh"
 # In the guest. Raw results on stdout (scripts/lib/hosts.py reads them):
 #   @@meta KEY VALUE...
 #   @@step phase=P sessions=N qps=Q threads=T fds=F rss_kb=R vmpin_kb=V cpu_ticks=C
-#          client_cpu_ticks=C window_s=W clk_tck=HZ
+#          client_cpu_ticks=C window_s=W clk_tck=HZ reconnects=R failed=F (the hold client's
+#          sessions' reconnects so far and those that gave up: a row with either is not idle)
 #   @@open P N open_ms p50 ... (rblk-test-client open-time's line)
 #   @@bench P N JSON           (rblk-bench -o json, on one line)
 #   @@stop P N MESSAGE         (why the phase could not grow further)
@@ -230,10 +231,20 @@ measure_step() {
     t0=$EPOCHREALTIME c0=$(cpu_ticks "$tpid") h0=$(cpu_ticks "$hpid" || echo 0)
     sleep "$idle"
     t1=$EPOCHREALTIME c1=$(cpu_ticks "$tpid") h1=$(cpu_ticks "$hpid" || echo 0)
-    printf '@@step phase=%s sessions=%s qps=%s threads=%s fds=%s rss_kb=%s vmpin_kb=%s cpu_ticks=%s client_cpu_ticks=%s window_s=%s clk_tck=%s\n' \
+    # Were the held sessions up all along? (A lost one reconnects: not idle.)
+    local reconnects=-1 failed=-1 lines _
+    lines=$(grep -c '^status' "$work/hold.$phase.out" || true)
+    printf 'status\n' >&9 || true
+    for _ in $(seq 1 300); do
+        (($(grep -c '^status' "$work/hold.$phase.out" || true) > lines)) && break
+        sleep 0.1
+    done
+    read -r _ _ _ _ reconnects _ failed < <(grep '^status' "$work/hold.$phase.out" | tail -n 1) || true
+    printf '@@step phase=%s sessions=%s qps=%s threads=%s fds=%s rss_kb=%s vmpin_kb=%s cpu_ticks=%s client_cpu_ticks=%s window_s=%s clk_tck=%s reconnects=%s failed=%s\n' \
         "$phase" "$n" $((n * qps)) "$(count_dir "/proc/$tpid/task")" "$(count_dir "/proc/$tpid/fd")" \
         "$(status_kb "$tpid" VmRSS)" "$(status_kb "$tpid" VmPin)" $((c1 - c0)) $((h1 - h0)) \
-        "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" "$(getconf CLK_TCK)"
+        "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" "$(getconf CLK_TCK)" \
+        "${reconnects:--1}" "${failed:--1}"
     local line
     if line=$(timeout 900 "$bin/rblk-test-client" open-time "$uri" --count "$opens" 2>"$work/open.err"); then
         printf '@@open %s %s %s\n' "$phase" "$n" "$line"

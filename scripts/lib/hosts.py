@@ -165,9 +165,16 @@ def derive(doc):
     return doc
 
 
+def lost(row):
+    """Did the held sessions reconnect or give up by the end of the row's idle window (then it
+    was no idle step)? Unknown (a log before the hold client said) reads as no."""
+    return row.get("reconnects", 0) > 0 or row.get("failed", 0) > 0
+
+
 def nearest(steps, qps):
-    """The row of the most QPs at most `qps` (the goal's row, or the nearest below it)."""
-    rows = [r for r in steps if r["qps"] <= qps]
+    """The row of the most QPs at most `qps` (the goal's row, or the nearest below it) whose
+    sessions stayed up."""
+    rows = [r for r in steps if r["qps"] <= qps and not lost(r)]
     return max(rows, key=lambda r: (r["qps"], r["phase"])) if rows else None
 
 
@@ -179,10 +186,11 @@ def goals(doc):
         out.append({"goal": goal, "bound": bound, "measured": measured,
                     "row": f"{row['phase']} {row['sessions']} sessions, {row['qps']} QPs" if row else None})
 
-    top = max(steps, key=lambda r: r["qps"]) if steps else None
+    up = [r for r in steps if not lost(r)]
+    top = max(up, key=lambda r: r["qps"]) if up else None
     most = max(steps, key=lambda r: r["threads"]) if steps else None
     add("target threads, most over the run", "workers + 4", most and most["threads"], most)
-    for qps, bound in ((2000, 1.0), (4096, 2.0)):
+    for qps, bound in ((2000, 1.0), (4096, 2.0)):  # the most QPs up to the goal's
         r = nearest(steps, qps)
         add(f"target CPU idle at {qps} QPs, % of a core", bound, r and r["cpu_pct"], r)
     r = top if top and "open_p50_ratio" in top else None
@@ -247,6 +255,10 @@ def table(doc):
         v = g["measured"]
         shown = "-" if v is None else (f"{v:,.2f}" if isinstance(v, float) else str(v))
         out.append(f"  {g['goal']}: {shown} (goal {g['bound']}){' at ' + g['row'] if g['row'] else ''}")
+    for r in doc["steps"]:
+        if lost(r):
+            out.append(f"not idle: {r['phase']} {r['sessions']} sessions: the held sessions reconnected "
+                       f"{r.get('reconnects')} times, {r.get('failed')} gave up (the goals skip this row)")
     for s in doc["stops"]:
         out.append(f"stopped growing: {s['phase']} at {s['sessions']} sessions: {s['reason']}")
     for s in doc["skips"]:

@@ -22,7 +22,7 @@ class Parse(unittest.TestCase):
     def test_steps_carry_their_open_time_and_bench(self):
         doc = recorded()
         self.assertEqual([(r["phase"], r["qps"]) for r in doc["steps"]],
-                         [("1qp", 1), ("1qp", 10), ("1qp", 100), ("2qp", 20), ("2qp", 2000)])
+                         [("1qp", 1), ("1qp", 10), ("1qp", 100), ("2qp", 20), ("2qp", 2000), ("2qp", 3000)])
         r = row(doc, "2qp", 1000)
         self.assertEqual((r["threads"], r["fds"], r["rss_kb"], r["vmpin_kb"]), (2002, 6013, 483000, 321000))
         self.assertEqual(r["open"], {"p50": 223.0, "min": 100.0, "max": 900.0, "rate": 3.0, "p99": 700.0})
@@ -108,6 +108,16 @@ class Goals(unittest.TestCase):
         self.assertEqual(cm["row"], "1qp 10 sessions, 10 QPs")
         self.assertAlmostEqual(self.goal(doc, "rblk-bench QD1 IOPS")["measured"], 0.69)
         self.assertAlmostEqual(self.goal(doc, "rblk-bench QD1 p99")["measured"], 2.5)
+
+    def test_a_row_whose_sessions_were_lost_is_no_goal_row(self):
+        # 2qp 1500 (3000 QPs): the held sessions reconnected; the 4096-QP goals read 2000 QPs.
+        doc = recorded()
+        self.assertTrue(hosts.lost(row(doc, "2qp", 1500)))
+        self.assertFalse(hosts.lost(row(doc, "2qp", 1000)))
+        self.assertEqual(self.goal(doc, "target CPU idle at 4096")["row"], "2qp 1000 sessions, 2000 QPs")
+        self.assertEqual(self.goal(doc, "open time p50 at the most")["row"], "2qp 1000 sessions, 2000 QPs")
+        self.assertIn("not idle: 2qp 1500 sessions: the held sessions reconnected 1499 times",
+                      hosts.table(doc))
 
     def test_no_rows_no_figures(self):
         doc = hosts.summarize([])

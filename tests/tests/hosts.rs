@@ -45,7 +45,7 @@ fn hosts_rxe_redraws_its_table_and_summary_from_a_recorded_log() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let steps = doc["steps"].as_array().unwrap();
-    assert_eq!(steps.len(), 5, "{doc}");
+    assert_eq!(steps.len(), 6, "{doc}");
     let top = &steps[4];
     assert_eq!(top["qps"], 2000, "{top}");
     assert_eq!(top["bench"]["iops"], 6900.0, "{top}");

@@ -14,7 +14,8 @@
 //!     "held N qps M", and keep them alive (the protocol's keepalives, every QP ticked each
 //!     second) until stdin closes; a line "grow N" on stdin opens more until N are held, then
 //!     prints "held N qps M" again, after "stopped: ERROR" if an open failed (what is held
-//!     stays held)
+//!     stays held); a line "status" prints "status held N reconnects R failed F" (reconnects
+//!     of the held sessions so far, sessions that gave up)
 //! rblk-test-client raw-lat URI --count N [--depth D] [--threads T]
 //!     N 4 KiB RDMA READs in all, D at a time (default 1) on each of T queues (default 1, one
 //!     thread each), posted and busy-polled straight on the queues' endpoints (the fabric layer
@@ -347,11 +348,16 @@ fn hold(args: &[String]) -> Result<(), String> {
     });
     loop {
         match rx.recv_timeout(TICK.saturating_sub(last_tick.elapsed())) {
+            Ok(line) if line == "status" => {
+                let reconnects: u64 = held.iter().map(|h| h.vol.reconnects()).sum();
+                let failed = held.iter().filter(|h| h.vol.failed()).count();
+                println!("status held {} reconnects {reconnects} failed {failed}", held.len());
+            }
             Ok(line) => {
                 let want: usize = line
                     .strip_prefix("grow ")
                     .and_then(|w| w.trim().parse().ok())
-                    .ok_or(format!("stdin: {line:?}: expected \"grow N\""))?;
+                    .ok_or(format!("stdin: {line:?}: expected \"grow N\" or \"status\""))?;
                 while held.len() < want {
                     match Held::open(uri, qps) {
                         Ok(h) => held.push(h),
