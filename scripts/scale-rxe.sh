@@ -67,7 +67,7 @@ guest_mode() {
     local v line
     for v in s64m s1g s4g; do
         line=$("$bin/rblk-test-client" open-time "$base/$v" --count "$opens")
-        read -r _ _ p50 _ min _ max _ rate <<<"$line"
+        read -r _ _ p50 _ min _ max _ rate _ <<<"$line"
         printf '%-8s %10s %10s %10s %14s\n' "$v" "$p50" "$min" "$max" "$rate"
     done
 

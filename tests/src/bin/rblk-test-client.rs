@@ -8,9 +8,14 @@
 //!     write the region over and over until killed; prints "hammering" once I/O runs
 //! rblk-test-client open-time URI --count N
 //!     connect, OPEN (read-only) and close N sessions one after the other; prints
-//!     "open_ms p50 P min MIN max MAX rate R" (R: sessions opened and closed per second)
-//! rblk-test-client hold URI --sessions N
-//!     open N read-only sessions, print "held N", and keep them until stdin closes
+//!     "open_ms p50 P min MIN max MAX rate R p99 Q" (R: sessions opened and closed per second)
+//! rblk-test-client hold URI --sessions N [--qps Q]
+//!     open N read-only sessions, each with Q-1 further queue pairs (JOINs; default Q 1), print
+//!     "held N qps M", and keep them alive (the protocol's keepalives, every QP ticked each
+//!     second) until stdin closes; a line "grow N" on stdin opens more until N are held, then
+//!     prints "held N qps M" again, after "stopped: ERROR" if an open failed (what is held
+//!     stays held); a line "status" prints "status held N reconnects R failed F" (reconnects
+//!     of the held sessions so far, sessions that gave up)
 //! rblk-test-client raw-lat URI --count N [--depth D] [--threads T]
 //!     N 4 KiB RDMA READs in all, D at a time (default 1) on each of T queues (default 1, one
 //!     thread each), posted and busy-polled straight on the queues' endpoints (the fabric layer
@@ -27,7 +32,7 @@
 //!     new text, then "joined J refused R failed F", and holds every connection until stdin
 //!     closes
 //! ```
-//! (`open-time` and `hold` are scripts/scale-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
+//! (`open-time` and `hold` are scripts/scale-rxe.sh's and scripts/hosts-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
 //! `keyless` the trust tests', `joins` the JOIN-cap test's attacker in tests/tests/limits.rs.)
 
 use std::path::PathBuf;
@@ -184,7 +189,13 @@ fn open_time(args: &[String]) -> Result<(), String> {
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     ms.sort_by(f64::total_cmp);
-    println!("open_ms p50 {:.1} min {:.1} max {:.1} rate {rate:.2}", ms[n / 2], ms[0], ms[n - 1]);
+    println!(
+        "open_ms p50 {:.1} min {:.1} max {:.1} rate {rate:.2} p99 {:.1}",
+        ms[n / 2],
+        ms[0],
+        ms[n - 1],
+        ms[(n * 99 / 100).min(n - 1)]
+    );
     Ok(())
 }
 
@@ -282,11 +293,87 @@ fn raw_reads(
     Ok(us)
 }
 
+/// One session held by `hold`: its volume (the first QP) and its JOINed queues.
+struct Held {
+    vol: rblk_initiator::Volume,
+    queues: Vec<rblk_initiator::Queue>,
+}
+
+impl Held {
+    /// A read-only session with `qps - 1` further queue pairs of depth 1 and one 4 KiB buffer
+    /// (an idle peer's smallest footprint).
+    fn open(uri: &str, qps: usize) -> Result<Held, String> {
+        let vol = open_ro(uri)?;
+        let queues = (1..qps)
+            .map(|_| vol.queue_with(1, 4096).map_err(|e| format!("JOIN: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Held { vol, queues })
+    }
+
+    /// Takes what arrived and sends the KEEPALIVEs due, on every QP of the session.
+    fn tick(&mut self) -> Result<(), String> {
+        for q in &mut self.queues {
+            q.tick();
+        }
+        self.vol.keepalive().map_err(|e| format!("keepalive: {e}"))
+    }
+}
+
 fn hold(args: &[String]) -> Result<(), String> {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
     let uri = args.get(2).ok_or("missing URI")?;
     let n = count(args, "--sessions")?;
-    let held = (0..n).map(|_| open_ro(uri)).collect::<Result<Vec<_>, _>>()?;
-    println!("held {}", held.len());
-    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
-    Ok(())
+    let qps = if args.iter().any(|a| a == "--qps") { count(args, "--qps")? } else { 1 };
+    // Ticked every second: the target ends a connection it has not heard from for 15 s.
+    const TICK: Duration = Duration::from_secs(1);
+    let mut held = (0..n).map(|_| Held::open(uri, qps)).collect::<Result<Vec<_>, _>>()?;
+    let mut last_tick = Instant::now();
+    fn tick_all(held: &mut [Held], last: &mut Instant) -> Result<(), String> {
+        for h in held.iter_mut() {
+            h.tick()?;
+        }
+        *last = Instant::now();
+        Ok(())
+    }
+    println!("held {} qps {}", held.len(), held.len() * qps);
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        match rx.recv_timeout(TICK.saturating_sub(last_tick.elapsed())) {
+            Ok(line) if line == "status" => {
+                let reconnects: u64 = held.iter().map(|h| h.vol.reconnects()).sum();
+                let failed = held.iter().filter(|h| h.vol.failed()).count();
+                println!("status held {} reconnects {reconnects} failed {failed}", held.len());
+            }
+            Ok(line) => {
+                let want: usize = line
+                    .strip_prefix("grow ")
+                    .and_then(|w| w.trim().parse().ok())
+                    .ok_or(format!("stdin: {line:?}: expected \"grow N\" or \"status\""))?;
+                while held.len() < want {
+                    match Held::open(uri, qps) {
+                        Ok(h) => held.push(h),
+                        Err(e) => {
+                            println!("stopped: {e}");
+                            break;
+                        }
+                    }
+                    if last_tick.elapsed() >= TICK {
+                        tick_all(&mut held, &mut last_tick)?;
+                    }
+                }
+                println!("held {} qps {}", held.len(), held.len() * qps);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => tick_all(&mut held, &mut last_tick)?,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+        }
+    }
 }

@@ -1,0 +1,143 @@
+"""Unit tests of hosts.py on a recorded guest log (testdata/hosts-guest.log: two phases, a cap
+that stopped the growth, a skipped step, a failure, cmtime's table). Run from tests/tests/hosts.rs
+(cargo test), or: cd scripts/lib && python3 -m unittest test_hosts"""
+import os
+import unittest
+
+import hosts
+
+LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata", "hosts-guest.log")
+
+
+def recorded():
+    with open(LOG) as f:
+        return hosts.summarize(f)
+
+
+def row(doc, phase, sessions):
+    return next(r for r in doc["steps"] if r["phase"] == phase and r["sessions"] == sessions)
+
+
+class Parse(unittest.TestCase):
+    def test_steps_carry_their_open_time_and_bench(self):
+        doc = recorded()
+        self.assertEqual([(r["phase"], r["qps"]) for r in doc["steps"]],
+                         [("1qp", 1), ("1qp", 10), ("1qp", 100), ("2qp", 20), ("2qp", 2000), ("2qp", 3000)])
+        r = row(doc, "2qp", 1000)
+        self.assertEqual((r["threads"], r["fds"], r["rss_kb"], r["vmpin_kb"]), (2002, 6013, 483000, 321000))
+        self.assertEqual(r["open"], {"p50": 223.0, "min": 100.0, "max": 900.0, "rate": 3.0, "p99": 700.0})
+        self.assertEqual(r["bench"], {"iops": 6900.0, "p50_us": 94.5, "p99_us": 300.0})
+
+    def test_cmtime_table(self):
+        t = recorded()["cmtime"][100]
+        self.assertEqual(t["connect"], {"total_ms": 500.0, "max_ms": 20.0, "min_us": 2000.0, "us_per_conn": 5000.0})
+        self.assertEqual(t["resolve addr"]["us_per_conn"], 500.0)
+        self.assertNotIn("step", t)  # the header is no step
+
+    def test_stops_skips_failures(self):
+        doc = recorded()
+        self.assertEqual(doc["stops"], [{"phase": "2qp", "sessions": 1000,
+                                         "reason": "JOIN: the target refused: out of resources (max_joins)"}])
+        self.assertEqual([(s["phase"], s["sessions"]) for s in doc["skips"]], [("2qp", 2048), ("cmtime", 2000)])
+        self.assertEqual(doc["failures"], [{"what": "bench-2qp-2048", "error": "rblk-bench: connect: timed out"}])
+        self.assertEqual(doc["meta"]["nofile_default"], "1024/4096")
+
+    def test_open_time_without_p99_reads(self):
+        # open-time's line before it printed p99 (guest logs of earlier builds).
+        self.assertEqual(hosts.parse_open("open_ms p50 1.5 min 1.0 max 2.0 rate 3.00".split()),
+                         {"p50": 1.5, "min": 1.0, "max": 2.0, "rate": 3.0})
+
+    def test_a_result_without_its_step_is_an_error(self):
+        with self.assertRaises(hosts.LogError):
+            hosts.parse(["@@open 1qp 5 open_ms p50 1.0 min 1.0 max 1.0 rate 1.0"])
+        with self.assertRaises(hosts.LogError):
+            hosts.parse(["@@step phase=1qp sessions"])
+
+    def test_cmtime_cut_short_is_a_failure(self):
+        doc = hosts.parse(["@@cmtime 10", "connect      :  1.00 1.00 1.00 1.00"])
+        self.assertEqual(doc["failures"][0]["what"], "cmtime")
+
+
+class Derive(unittest.TestCase):
+    def test_cpu_share_of_a_core(self):
+        doc = recorded()
+        # 377 ticks at 100 Hz over 10 s: 3.77 s of CPU, 37.7% of one core.
+        self.assertAlmostEqual(row(doc, "2qp", 1000)["cpu_pct"], 37.7)
+        self.assertAlmostEqual(row(doc, "2qp", 1000)["client_cpu_pct"], 10.0)
+
+    def test_per_qp_costs_against_the_phase_first_row(self):
+        r = row(recorded(), "1qp", 100)
+        # 99 QPs more than the 1-session row: 12672 KiB more RSS and pinned, 297 fds, 99 threads.
+        self.assertAlmostEqual(r["rss_kb_per_qp"], 128.0)
+        self.assertAlmostEqual(r["vmpin_kb_per_qp"], 128.0)
+        self.assertAlmostEqual(r["fds_per_qp"], 3.0)
+        self.assertAlmostEqual(r["threads_per_qp"], 1.0)
+        self.assertIsNone(row(recorded(), "1qp", 1)["rss_kb_per_qp"])
+
+    def test_open_ratios_against_the_phase_ten_session_row(self):
+        doc = recorded()
+        self.assertAlmostEqual(row(doc, "1qp", 100)["open_p50_ratio"], 48.0 / 32.0)
+        self.assertAlmostEqual(row(doc, "1qp", 100)["open_p99_ratio"], 2.0)
+        self.assertAlmostEqual(row(doc, "2qp", 1000)["open_p50_ratio"], 223.0 / 40.0)
+        self.assertAlmostEqual(row(doc, "2qp", 1000)["open_p99_ratio"], 10.0)
+
+    def test_bench_ratios_against_the_first_1qp_row(self):
+        r = row(recorded(), "2qp", 1000)
+        self.assertAlmostEqual(r["iops_ratio"], 0.69)
+        self.assertAlmostEqual(r["p99_ratio"], 2.5)
+
+    def test_cmtime_per_connection_setup(self):
+        doc = recorded()
+        self.assertEqual(doc["cmtime_connect_us"], 5000.0)
+        self.assertEqual(doc["cmtime_conn_us"], 500.0 + 300.0 + 700.0 + 5000.0)
+
+
+class Goals(unittest.TestCase):
+    def goal(self, doc, start):
+        return next(g for g in doc["goals"] if g["goal"].startswith(start))
+
+    def test_goals_read_the_right_rows(self):
+        doc = recorded()
+        self.assertEqual(self.goal(doc, "target threads")["measured"], 2002)
+        cpu = self.goal(doc, "target CPU idle at 2000")
+        self.assertAlmostEqual(cpu["measured"], 37.7)
+        self.assertEqual(cpu["row"], "2qp 1000 sessions, 2000 QPs")
+        self.assertAlmostEqual(self.goal(doc, "open time p50 at the most")["measured"], 223.0 / 40.0)
+        cm = self.goal(doc, "open time p50 (10 sessions held)")
+        self.assertAlmostEqual(cm["measured"], 32000.0 / 6500.0)
+        self.assertEqual(cm["row"], "1qp 10 sessions, 10 QPs")
+        self.assertAlmostEqual(self.goal(doc, "rblk-bench QD1 IOPS")["measured"], 0.69)
+        self.assertAlmostEqual(self.goal(doc, "rblk-bench QD1 p99")["measured"], 2.5)
+
+    def test_a_row_whose_sessions_were_lost_is_no_goal_row(self):
+        # 2qp 1500 (3000 QPs): the held sessions reconnected; the 4096-QP goals read 2000 QPs.
+        doc = recorded()
+        self.assertTrue(hosts.lost(row(doc, "2qp", 1500)))
+        self.assertFalse(hosts.lost(row(doc, "2qp", 1000)))
+        self.assertEqual(self.goal(doc, "target CPU idle at 4096")["row"], "2qp 1000 sessions, 2000 QPs")
+        self.assertEqual(self.goal(doc, "open time p50 at the most")["row"], "2qp 1000 sessions, 2000 QPs")
+        self.assertIn("not idle: 2qp 1500 sessions: the held sessions reconnected 1499 times",
+                      hosts.table(doc))
+
+    def test_no_rows_no_figures(self):
+        doc = hosts.summarize([])
+        self.assertTrue(all(g["measured"] is None for g in doc["goals"]))
+
+
+class Table(unittest.TestCase):
+    def test_table_lines(self):
+        text = hosts.table(recorded())
+        lines = text.splitlines()
+        head = next(i for i, l in enumerate(lines) if l.lstrip().startswith("phase"))
+        self.assertEqual(lines[head + 5].split(),
+                         ["2qp", "1000", "2000", "2002", "6013", "472", "313", "37.7", "10.0", "223.0",
+                          "700.0", "6,900", "94.5", "300.0", "0.69", "2.50"])
+        self.assertIn("1qp   100 QPs: 128.0 KiB RSS, 128.0 KiB pinned, 3.00 fds, 1.00 threads", text)
+        self.assertIn("cmtime -c 100: connect 5000 us/conn (total 500 ms, slowest 20.0 ms), "
+                      "resolve + create qp + connect 6500 us/conn", text)
+        self.assertIn("stopped growing: 2qp at 1000 sessions: JOIN: the target refused", text)
+        self.assertIn("failed: bench-2qp-2048: rblk-bench: connect: timed out", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
