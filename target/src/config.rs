@@ -132,6 +132,9 @@ pub struct Config {
     /// Volumes a reload (or a successor taking the volumes over) may remove although they
     /// would lose data: RAM volumes sessions could have written (see [`crate::reload`]).
     pub confirm_remove: Vec<String>,
+    /// Worker threads serving the connections, each many of them (each waits for all of its
+    /// connections at once); at least 1. Default: [`default_workers`].
+    pub workers: usize,
     /// A test hook: FLUSHes wait at it while it is held (see [`crate::control::FlushHook`]). None in the daemon.
     #[doc(hidden)]
     pub flush_hook: Option<crate::control::FlushHook>,
@@ -173,6 +176,15 @@ impl Config {
 pub fn nofile_limit() -> Option<u64> {
     let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).ok()?;
     (soft != nix::sys::resource::RLIM_INFINITY).then_some(soft)
+}
+
+/// The most worker threads [`default_workers`] picks.
+pub const MAX_DEFAULT_WORKERS: usize = 4;
+
+/// Default [`Config::workers`]: the CPUs this process may run on (its affinity mask), at most
+/// [`MAX_DEFAULT_WORKERS`], at least 1.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).clamp(1, MAX_DEFAULT_WORKERS)
 }
 
 /// Default [`Config::auth_timeout`].
@@ -240,6 +252,7 @@ impl Default for Config {
             memory_windows: true,
             confirm_widen: false,
             confirm_remove: Vec::new(),
+            workers: default_workers(),
             flush_hook: None,
         }
     }
@@ -288,6 +301,7 @@ pub(crate) struct Fixed {
     pub(crate) block_size: u32,
     pub(crate) max_io: u32,
     pub(crate) memory_windows: bool,
+    pub(crate) workers: usize,
     pub(crate) flush_hook: Option<crate::control::FlushHook>,
 }
 
@@ -302,6 +316,7 @@ impl Fixed {
             block_size: cfg.block_size,
             max_io: cfg.max_io,
             memory_windows: cfg.memory_windows,
+            workers: cfg.workers,
             flush_hook: cfg.flush_hook.clone(),
         }
     }
@@ -762,6 +777,9 @@ pub struct File {
     /// Memory windows where the device and the initiator have them (default true).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_windows: Option<bool>,
+    /// Worker threads serving the connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
     /// A reload may widen access (authentication off, an allow list removed, `*` added).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirm_widen: Option<bool>,
@@ -839,6 +857,7 @@ impl File {
             ("max_sessions_per_host", self.max_sessions_per_host),
             ("max_joins_per_host", self.max_joins_per_host),
             ("max_joins", self.max_joins),
+            ("workers", self.workers),
         ];
         if let Some((key, _)) = counts.iter().find(|(_, n)| *n == Some(0)) {
             return Err(ConfigError::ZeroCount(key));
@@ -925,6 +944,7 @@ impl File {
             memory_windows: self.memory_windows.unwrap_or(defaults.memory_windows),
             confirm_widen: self.confirm_widen.unwrap_or(defaults.confirm_widen),
             confirm_remove: self.confirm_remove.clone(),
+            workers: self.workers.unwrap_or(defaults.workers).max(1),
             ..defaults
         };
         cfg.check().map_err(ConfigError::Check)?;
@@ -1056,6 +1076,7 @@ impl File {
         f.max_joins_per_host.get_or_insert(d.max_joins_per_host);
         f.max_joins.get_or_insert(d.max_joins);
         f.memory_windows.get_or_insert(d.memory_windows);
+        f.workers.get_or_insert(d.workers);
         f
     }
 

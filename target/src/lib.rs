@@ -70,3 +70,4 @@ pub mod start;
 #[allow(unsafe_code)]
 pub mod uring;
 pub mod volume;
+mod worker;
