@@ -89,7 +89,7 @@ impl Catalog {
     }
 }
 
-/// State shared by the listener and the connection threads.
+/// State shared by the listener, the workers and the other threads of the daemon.
 #[derive(Debug)]
 pub struct Shared {
     /// Behind a lock rather than swapped atomically (arc-swap): an OPEN holds it for reading
