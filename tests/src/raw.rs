@@ -292,3 +292,20 @@ pub fn serve_scripted<'r>(
         }
     }
 }
+
+/// A scripted target for one connection on the in-memory fabric (a fresh loopback address):
+/// [`serve_scripted`] answers it with `reply`. Returns the address to connect to.
+pub fn scripted_target(reply: impl FnMut(&Message<'_>) -> Option<Message<'static>> + Send + 'static) -> SocketAddr {
+    let listener = rblk_fabric::Listener::bind(Fabric::Mem, "127.0.0.1:0".parse().expect("loopback"), None)
+        .expect("a scripted target listens");
+    let addr = listener.local_addr().expect("its address");
+    std::thread::spawn(move || {
+        let Ok(Some(rblk_fabric::ListenerEvent::Request(req))) = listener.next_event(Some(Instant::now() + STEP))
+        else {
+            return;
+        };
+        let Ok(pd) = req.alloc_pd() else { return };
+        serve_scripted(req, &pd, 0, STEP, reply);
+    });
+    addr
+}

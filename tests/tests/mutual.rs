@@ -31,7 +31,7 @@ use rblk_proto::{
     ChallengeFlags, ConnectData, Direction, ErrorCode, Message, Opcode, OpenMode, Transcript, FEATURES,
     FEATURE_KEEPALIVE, FEATURE_MUTUAL_AUTH, MAC_LEN, TARGET_ID_LEN,
 };
-use rblk_tests::raw::{serve_scripted, Raw};
+use rblk_tests::raw::{scripted_target, serve_scripted, Raw};
 use rblk_tests::target::Target;
 
 const KEY: &[u8] = b"the shared secret, 32 bytes or more";
@@ -257,25 +257,15 @@ fn the_target_checks_the_words_and_requires_v2_when_told(fabric: Fabric) {
 
 /// A target that answers HELLO (AUTH required, every feature) and then AUTH with `answer`.
 fn rogue(answer: Message<'static>) -> SocketAddr {
-    let listener = Listener::bind(Fabric::Mem, "127.0.0.1:0".parse().unwrap(), None).unwrap();
-    let addr = listener.local_addr().unwrap();
-    thread::spawn(move || {
-        let Ok(Some(ListenerEvent::Request(req))) = listener.next_event(Some(Instant::now() + Duration::from_secs(30)))
-        else {
-            return;
-        };
-        let pd = req.alloc_pd().unwrap();
-        serve_scripted(req, &pd, 0, Duration::from_secs(20), |msg| match msg {
-            Message::Hello { .. } => Some(Message::Challenge {
-                flags: ChallengeFlags::AUTH_REQUIRED,
-                features: FEATURES,
-                nonce: [5; rblk_proto::NONCE_LEN],
-            }),
-            Message::MutualAuth { .. } | Message::Auth { .. } => Some(answer),
-            _ => None,
-        });
-    });
-    addr
+    scripted_target(move |msg| match msg {
+        Message::Hello { .. } => Some(Message::Challenge {
+            flags: ChallengeFlags::AUTH_REQUIRED,
+            features: FEATURES,
+            nonce: [5; rblk_proto::NONCE_LEN],
+        }),
+        Message::MutualAuth { .. } | Message::Auth { .. } => Some(answer),
+        _ => None,
+    })
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::{Fabric, Listener, ListenerEvent};
 use rblk_proto::{ChallengeFlags, ErrorCode, ListEntry, Message, Opcode, OpenMode};
-use rblk_tests::raw::serve_scripted;
+use rblk_tests::raw::{scripted_target, serve_scripted};
 
 /// Retitles an xterm and rings its bell.
 const EVIL: &str = "\x1b]0;pwned\x07";
@@ -86,32 +86,26 @@ fn a_targets_escapes_are_shown_escaped() {
 /// Serves HELLO, AUTH and a LIST that claims `total` volumes, a full page per request, until
 /// more than [`rblk_initiator::MAX_LISTED`] entries were sent, then empty pages.
 fn listing_target(total: u32) -> SocketAddr {
-    let listener = Listener::bind(Fabric::Mem, "127.0.0.1:0".parse().unwrap(), None).unwrap();
-    let addr = listener.local_addr().unwrap();
-    thread::spawn(move || {
-        let Ok(Some(ListenerEvent::Request(req))) = listener.next_event(Some(Instant::now() + Duration::from_secs(30)))
-        else {
-            return;
-        };
-        let pd = req.alloc_pd().unwrap();
-        let page: Vec<ListEntry> = (0..rblk_proto::MAX_LIST_ENTRIES)
-            .map(|i| ListEntry::new(&format!("v{i}"), 1 << 20, 0, OpenMode::Exclusive).unwrap())
-            .collect();
-        serve_scripted(req, &pd, 0, Duration::from_secs(30), |msg| match msg {
-            Message::Hello { .. } => Some(Message::Challenge {
-                flags: ChallengeFlags::empty(),
-                features: rblk_proto::FEATURES,
-                nonce: [0; rblk_proto::NONCE_LEN],
-            }),
-            Message::Auth { .. } => Some(Message::Ok { answers: Opcode::Auth }),
-            Message::List { start } if (*start as usize) <= rblk_initiator::MAX_LISTED => {
-                Some(Message::ListReply { total, entries: &page })
-            }
-            Message::List { .. } => Some(Message::ListReply { total, entries: &[] }),
-            _ => None,
-        });
-    });
-    addr
+    // Leaked: the replies borrow it for as long as the target thread lives.
+    let page: &'static [ListEntry] = (0..rblk_proto::MAX_LIST_ENTRIES)
+        .map(|i| ListEntry::new(&format!("v{i}"), 1 << 20, 0, OpenMode::Exclusive).unwrap())
+        .collect::<Vec<_>>()
+        .leak();
+    scripted_target(move |msg| match msg {
+        Message::Hello { .. } => Some(Message::Challenge {
+            flags: ChallengeFlags::empty(),
+            features: rblk_proto::FEATURES,
+            nonce: [0; rblk_proto::NONCE_LEN],
+        }),
+        Message::Auth { .. } => Some(Message::Ok { answers: Opcode::Auth }),
+        Message::List { start }
+            if usize::try_from(start.to_owned()).unwrap_or(usize::MAX) <= rblk_initiator::MAX_LISTED =>
+        {
+            Some(Message::ListReply { total, entries: page })
+        }
+        Message::List { .. } => Some(Message::ListReply { total, entries: &[] }),
+        _ => None,
+    })
 }
 
 /// Catches an initiator that trusts LIST's `total`: a hostile target that claims four billion
