@@ -418,8 +418,7 @@ fn the_units_limits_fit_the_caps() {
     for cfg in [&stock, &Config::default()] {
         assert_eq!(judge(cfg, &limits), Vec::<String>::new(), "the unit's limits must fit the caps");
     }
-    // Connections cost a descriptor each and no task; workers a task each.
-    let raised = Config { max_joins: 64 * 1024, workers: 10_000, ..stock };
+    let raised = Config { max_joins: 16 * 1024, ..stock };
     let warned = judge(&raised, &limits).join("\n");
     assert!(warned.contains("LimitNOFILE=") && warned.contains("TasksMax="), "{warned}");
 }
