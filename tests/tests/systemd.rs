@@ -364,6 +364,14 @@ fn installed_units_pass_systemd_analyze_verify() {
 }
 
 /// The exposure `systemd-analyze security --offline=yes` gives a unit file (0 to 10).
+/// The value of the first `KEY=` line of a unit file's text.
+fn unit_value(unit: &str, key: &str) -> String {
+    unit.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("the unit has no {key}="))
+        .to_owned()
+}
+
 fn exposure(unit: &Path) -> f64 {
     let out = std::process::Command::new("systemd-analyze")
         .args(["security", "--offline=yes", "--no-pager"])
@@ -395,12 +403,7 @@ fn the_units_stay_sandboxed() {
 fn the_units_limits_fit_the_caps() {
     use rblk_target::resources::{judge, Limits, TaskLimit};
     let unit = std::fs::read_to_string(repo().join("dist/systemd/rblk-target.service")).unwrap();
-    let value = |key: &str| {
-        unit.lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-            .unwrap_or_else(|| panic!("the unit has no {key}="))
-            .to_owned()
-    };
+    let value = |key: &str| unit_value(&unit, key);
     let number = |key: &str| match value(key).as_str() {
         "infinity" => None,
         n => Some(n.parse::<u64>().unwrap_or_else(|_| panic!("{key}={n}"))),
@@ -431,12 +434,7 @@ fn the_units_limits_fit_the_caps() {
 #[test]
 fn the_unit_restarts_after_a_handover_and_keeps_its_descriptors() {
     let unit = std::fs::read_to_string(repo().join("dist/systemd/rblk-target.service")).unwrap();
-    let value = |key: &str| {
-        unit.lines()
-            .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-            .unwrap_or_else(|| panic!("the unit has no {key}="))
-            .to_owned()
-    };
+    let value = |key: &str| unit_value(&unit, key);
     let status = rblk_target::handover::EXIT_HANDED_OVER.to_string();
     assert!(value("RestartForceExitStatus").split_whitespace().any(|s| s == status), "{unit}");
     let max: usize = value("FileDescriptorStoreMax").parse().unwrap();
