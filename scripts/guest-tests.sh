@@ -31,8 +31,9 @@ LOG=/tmp/guest-test.$$.log
 
 # Run one test executable; update the counters.
 run_one() { # EXE
-    local exe=$1 name=${1##*/} log=$LOG rc=0
-    printf '\n== guest: %s ==\n' "$name"
+    local exe=$1 name=${1##*/} log=$LOG rc=0 up=""
+    read -r up _ </proc/uptime # the guest's clock, to place a kernel report printed on the console
+    printf '\n== guest: %s (guest uptime %s s) ==\n' "$name" "$up"
     if [[ ! -x $exe ]]; then
         echo "guest-tests: $exe is missing or not executable"
         broken=$((broken + 1))

@@ -241,6 +241,24 @@ fi
 
 : >"$SHARE/ready" # the host prints the boot time when it sees this
 
+# loglevel=1 keeps the console quiet (a serial console is slow under TCG), but it also keeps a soft
+# lockup's or a hung task's stack (KERN_DEFAULT) off it, and CI keeps only the host's streams: copy
+# each such report, with the lines after it, to stderr. (A CI run once showed only "soft lockup -
+# CPU#1 stuck for 939s! [kworker/u8:0:12]" and no stack to say what looped.)
+kernel_reports() {
+    local line n=0
+    while IFS= read -r line; do
+        case $line in
+        *"soft lockup"* | *"blocked for more than"* | *"rcu"*"stall"* | *"WARNING: CPU"* | *"BUG:"*) n=60 ;;
+        esac
+        if ((n > 0)); then
+            printf 'rxe-guest(kernel): %s\n' "$line" >&2
+            n=$((n - 1))
+        fi
+    done < <(exec dmesg --follow --noescape --level=emerg,alert,crit,err,warn)
+}
+kernel_reports &
+
 ulimit -l unlimited
 cd "$RXE_CWD" || fail "cannot cd to $RXE_CWD"
 # Run the command with exactly the environment the host chose (like env -i, without its exec), its
