@@ -57,6 +57,17 @@ pub fn attach(uri: &str, extra: &str) -> Attached {
     Attached { dev: dev.to_owned(), pid }
 }
 
+/// A test that fails while its device is attached detaches it, so the device cannot fail the
+/// next test (a CI run once left `/dev/ublkb0` behind, and `ublk.rs`'s "no device left behind"
+/// check failed on it). A passing test detaches it itself and checks what that prints.
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if std::thread::panicking() && Path::new(&self.dev).exists() {
+            let _ = Command::new(rblk()).args(["detach", &self.dev]).stdin(Stdio::null()).output();
+        }
+    }
+}
+
 /// `rblk detach DEV`; its output.
 pub fn detach(dev: &str) -> String {
     sh(&format!("{} detach {dev}", rblk()))

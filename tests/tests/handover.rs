@@ -457,12 +457,22 @@ mod guest {
         // Four jobs on 4 MiB each, writes paced (150/s each) so the run spans the takeovers.
         let mut job = fio_paced_verified_writes(&a.dev, 4);
         let mut took = Vec::new();
+        let mut back = Vec::new();
+        let reconnects = || std::fs::read_to_string(&log).unwrap_or_default().matches("reconnected after").count();
         for round in 0..3 {
             std::thread::sleep(Duration::from_secs(2));
             assert!(job.try_wait().unwrap().is_none(), "fio ended before takeover {round}");
             let (t, d) = take_over(&next, target, &args);
+            let start = Instant::now();
             target = t;
             took.push(d);
+            // Each takeover gets its own reconnect: the next waits for it (else two takeovers
+            // close together are one pause to the initiator, and one reconnect).
+            while reconnects() <= round {
+                assert!(start.elapsed() < Duration::from_secs(60), "no reconnect 60 s after takeover {round}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            back.push(start.elapsed());
         }
         let out = wait_child(&mut job, Duration::from_secs(300), "fio");
         let terse = String::from_utf8_lossy(&out.stdout);
@@ -474,7 +484,7 @@ mod guest {
             "the device saw a new instance:\n{attach_log}"
         );
         assert!(attach_log.matches("reconnected after").count() >= 3, "three reconnects:\n{attach_log}");
-        eprintln!("handover: successor start to listening, per takeover: {took:?}");
+        eprintln!("handover: successor start to listening, per takeover: {took:?}; takeover to reconnect: {back:?}");
         detach(&a.dev);
         drop(target);
         let _ = std::fs::remove_dir_all(d);
