@@ -683,6 +683,14 @@ impl Connection {
         }
     }
 
+    /// Sends the peer a disconnect and moves the QP to the error state, at once; [`end`]
+    /// does the rest (and does not disconnect twice).
+    ///
+    /// [`end`]: Connection::end
+    pub(crate) fn disconnect(&mut self) {
+        self.ep.disconnect();
+    }
+
     /// Disconnects, and takes the connection out of the registry and of its session (off the
     /// worker: destroying a QP, and deregistering a session's volume with its last connection,
     /// may take time).

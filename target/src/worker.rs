@@ -321,9 +321,13 @@ impl Worker {
         Some(conn)
     }
 
-    /// Ends `conn` on the slow-work thread.
-    fn end(&mut self, conn: Box<Connection>, reason: crate::connection::Reason) {
+    /// Ends `conn`: its disconnect goes out now, the rest of its teardown (destroying the QP,
+    /// perhaps deregistering its session's volume) on the slow-work thread. The peer learns at
+    /// once that it must reconnect, not after the teardowns queued before this one (at a
+    /// shutdown or a takeover, every connection's).
+    fn end(&mut self, mut conn: Box<Connection>, reason: crate::connection::Reason) {
         self.handle.count.fetch_sub(1, Ordering::Relaxed);
+        conn.disconnect();
         self.submit(move || conn.end(reason));
     }
 
