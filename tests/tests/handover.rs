@@ -454,13 +454,14 @@ mod guest {
         let mut target = Daemon::start(&rdma(), &args);
         let log = d.join("attach.log").display().to_string();
         let a = attach(&format!("rblk://{}/v", target.addr), &format!("--reconnect-delay 1 --log-file {log}"));
-        // Four jobs on 4 MiB each, writes paced (150/s each) so the run spans the takeovers.
-        let mut job = fio_paced_verified_writes(&a.dev, 4);
+        // Four jobs on 6 MiB each, writes paced (150/s each: about 10 s of writes) so the run
+        // spans the three takeovers, each a second of I/O, the takeover and its reconnect.
+        let mut job = fio_paced_verified_writes(&a.dev, 6);
         let mut took = Vec::new();
         let mut back = Vec::new();
         let reconnects = || std::fs::read_to_string(&log).unwrap_or_default().matches("reconnected after").count();
         for round in 0..3 {
-            std::thread::sleep(Duration::from_secs(2));
+            std::thread::sleep(Duration::from_secs(1));
             assert!(job.try_wait().unwrap().is_none(), "fio ended before takeover {round}");
             let (t, d) = take_over(&next, target, &args);
             let start = Instant::now();
