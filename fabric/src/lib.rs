@@ -66,6 +66,7 @@ pub mod liveness;
 pub mod mem;
 mod memory;
 pub mod policy;
+pub mod poller;
 pub mod private;
 pub mod trusted;
 mod verbs;
@@ -662,7 +663,17 @@ enum EndpointInner {
 /// One reliable-connected queue pair with its completion queue.
 pub struct Endpoint {
     inner: EndpointInner,
-    wake: WakePair,
+    wake: Wake,
+}
+
+/// How an endpoint's waiter is woken.
+#[derive(Debug)]
+enum Wake {
+    /// Its own socket pair, which [`Endpoint::wait`] watches.
+    Pair(WakePair),
+    /// The waker of an event loop that waits for [`Endpoint::event_fd`] itself (see
+    /// [`Endpoint::set_waker`]).
+    External(Waker),
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -689,7 +700,7 @@ impl WakePair {
     }
 
     fn waker(&self) -> Waker {
-        Waker { tx: Arc::clone(&self.tx) }
+        Waker { inner: WakerInner::Pair(Arc::clone(&self.tx)) }
     }
 
     /// Empties the pipe; true if a wake-up was pending.
@@ -706,22 +717,46 @@ impl WakePair {
     }
 }
 
-/// Interrupts an [`Endpoint::wait`] or a [`Listener::next_event`] from another thread.
+/// Interrupts an [`Endpoint::wait`] or a [`Listener::next_event`] from another thread, or
+/// queues its tag on a [`poller::WakeQueue`] (an event loop serving many endpoints).
 #[derive(Debug, Clone)]
 pub struct Waker {
-    tx: Arc<UnixStream>,
+    inner: WakerInner,
+}
+
+#[derive(Debug, Clone)]
+enum WakerInner {
+    Pair(Arc<UnixStream>),
+    Tagged(Arc<poller::WakeQueue>, u64),
 }
 
 impl Waker {
+    pub(crate) fn tagged(queue: Arc<poller::WakeQueue>, tag: u64) -> Waker {
+        Waker { inner: WakerInner::Tagged(queue, tag) }
+    }
+
     /// Wakes the endpoint's waiter (now, or at its next wait).
     pub fn wake(&self) {
-        let _ = (&*self.tx).write(&[1]);
+        match &self.inner {
+            WakerInner::Pair(tx) => {
+                let _ = (&**tx).write(&[1]);
+            }
+            WakerInner::Tagged(queue, tag) => queue.wake(*tag),
+        }
     }
 }
 
 impl Endpoint {
     fn new(inner: EndpointInner) -> Result<Endpoint> {
-        Ok(Endpoint { inner, wake: WakePair::new()? })
+        Ok(Endpoint { inner, wake: Wake::Pair(WakePair::new()?) })
+    }
+
+    /// For an event loop that waits for [`Endpoint::event_fd`] itself (a [`poller::Poller`]):
+    /// [`Endpoint::waker`] returns `waker` from now on, and the endpoint's own wake-up
+    /// descriptors are closed ([`Endpoint::wait`] then wakes for completions and its deadline
+    /// only, and [`Endpoint::take_wake`] is false).
+    pub fn set_waker(&mut self, waker: Waker) {
+        self.wake = Wake::External(waker);
     }
 
     /// Active side, step 1: resolves `dst` (along `route`), creates a QP (in `pd`, or in a new
@@ -830,8 +865,11 @@ impl Endpoint {
     /// a [`Waker`] or `deadline`. Returns the number of completions stored (0: deadline or woken;
     /// see [`Endpoint::take_wake`]).
     pub fn wait(&mut self, out: &mut [Completion], spin: Duration, deadline: Instant) -> Result<usize> {
-        let fd = self.wake.rx.as_raw_fd();
-        dispatch!(EndpointInner, &mut self.inner, e => e.wait(out, spin, deadline, Some(fd)))
+        let fd = match &self.wake {
+            Wake::Pair(pair) => Some(pair.rx.as_raw_fd()),
+            Wake::External(_) => None,
+        };
+        dispatch!(EndpointInner, &mut self.inner, e => e.wait(out, spin, deadline, fd))
     }
 
     /// A descriptor that becomes readable when a completion arrives after
@@ -848,14 +886,21 @@ impl Endpoint {
         dispatch!(EndpointInner, &mut self.inner, e => e.arm_events())
     }
 
-    /// A handle that interrupts [`Endpoint::wait`] from another thread.
+    /// A handle that interrupts [`Endpoint::wait`] from another thread (or the one given to
+    /// [`Endpoint::set_waker`]).
     pub fn waker(&self) -> Waker {
-        self.wake.waker()
+        match &self.wake {
+            Wake::Pair(pair) => pair.waker(),
+            Wake::External(w) => w.clone(),
+        }
     }
 
     /// True (once) if a [`Waker`] fired since the last call.
     pub fn take_wake(&mut self) -> bool {
-        self.wake.drain()
+        match &self.wake {
+            Wake::Pair(pair) => pair.drain(),
+            Wake::External(_) => false,
+        }
     }
 
     /// The QP's attributes as the device reports them.

@@ -27,7 +27,8 @@
 //!   so does destroying that QP (a window whose deallocation failed dies with its QP).
 //!
 //! Fault injection, by QP number ([`Endpoint::qp_num`](crate::Endpoint::qp_num); [`peer_qp_num`]
-//! finds the other end's): [`fail_next`], [`fail_dealloc`] and [`sever`].
+//! finds the other end's): [`fail_next`], [`fail_dealloc`] and [`sever`]. Slow registration,
+//! by length: [`hold_registrations`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read as _, Write as _};
@@ -63,6 +64,27 @@ static LISTENERS: Mutex<BTreeMap<SocketAddr, Weak<ListenerShared>>> = Mutex::new
 static QPS: Mutex<BTreeMap<u32, Weak<Shared>>> = Mutex::new(BTreeMap::new());
 static FAULTS: Mutex<BTreeMap<u32, (u32, WcStatus)>> = Mutex::new(BTreeMap::new());
 static DEALLOC_FAULTS: Mutex<BTreeMap<u32, u32>> = Mutex::new(BTreeMap::new());
+/// Lengths whose registrations are held, and how many registrations wait at each.
+static HELD: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+static HELD_CHANGED: Condvar = Condvar::new();
+
+/// Holds (`true`) or lets go (`false`) every registration of memory of exactly `len` bytes, as
+/// registering a large volume takes time on a real NIC: [`Pd::register`](crate::Pd::register)
+/// of such memory waits, on the thread that called it, until it is let go.
+pub fn hold_registrations(len: usize, hold: bool) {
+    let mut held = lock(&HELD);
+    if hold {
+        held.entry(len).or_insert(0);
+    } else {
+        held.remove(&len);
+    }
+    HELD_CHANGED.notify_all();
+}
+
+/// Registrations of `len` bytes waiting at [`hold_registrations`] now.
+pub fn registrations_held(len: usize) -> usize {
+    lock(&HELD).get(&len).copied().unwrap_or(0)
+}
 
 /// Makes the next `count` send-queue work requests that run on QP `qp_num` complete with
 /// `status` (an error) instead of executing, whether the QP is healthy or already flushing. As
@@ -201,6 +223,14 @@ impl Pd {
     }
 
     pub(crate) fn register(&self, memory: &Arc<Memory>, access: Access) -> Result<Mr> {
+        let mut held = lock(&HELD);
+        if let Some(waiting) = held.get_mut(&memory.len()) {
+            *waiting += 1;
+            while held.contains_key(&memory.len()) {
+                held = HELD_CHANGED.wait(held).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+        drop(held);
         let mut mrs = lock(&MRS);
         let rkey = fresh_key(&mrs);
         mrs.insert(rkey, Reg { pd: self.id, memory: Arc::clone(memory), access, window: None });

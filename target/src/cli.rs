@@ -97,6 +97,10 @@ pub struct Args {
     /// The same, per peer address. Default: 16.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_unopened_per_addr: Option<u64>,
+    /// Worker threads serving the connections, each many of them. Default: the CPUs the
+    /// daemon may run on, at most 4.
+    #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
+    pub workers: Option<u64>,
     /// Open sessions at most; past it OPEN is refused (out of resources). Default: 1024.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_sessions: Option<u64>,
@@ -282,6 +286,7 @@ impl Args {
             (&mut file.max_joins_per_session, self.max_joins_per_session),
             (&mut file.max_joins_per_host, self.max_joins_per_host),
             (&mut file.max_joins, self.max_joins),
+            (&mut file.workers, self.workers),
         ];
         for (field, flag) in limits {
             if let Some(n) = flag {

@@ -137,6 +137,9 @@ pub struct Config {
     /// the kernel caps it at `net.rdma_ucm.max_backlog`): a reconnect storm past it is
     /// rejected. Between [`MIN_LISTEN_BACKLOG`] and [`MAX_LISTEN_BACKLOG`]; applies at start.
     pub listen_backlog: u32,
+    /// Worker threads serving the connections, each many of them (each waits for all of its
+    /// connections at once); at least 1. Default: [`default_workers`].
+    pub workers: usize,
     /// A test hook: FLUSHes wait at it while it is held (see [`crate::control::FlushHook`]). None in the daemon.
     #[doc(hidden)]
     pub flush_hook: Option<crate::control::FlushHook>,
@@ -160,6 +163,15 @@ impl Config {
     }
 }
 
+/// The most worker threads [`default_workers`] picks.
+pub const MAX_DEFAULT_WORKERS: usize = 4;
+
+/// Default [`Config::workers`]: the CPUs this process may run on (its affinity mask), at most
+/// [`MAX_DEFAULT_WORKERS`], at least 1.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get).clamp(1, MAX_DEFAULT_WORKERS)
+}
+
 /// Default [`Config::auth_timeout`].
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default [`Config::max_unopened`].
@@ -179,12 +191,13 @@ pub const MIN_JOINS_PER_SESSION: usize = 64;
 pub const MAX_JOINS_PER_HOST: usize = 1024;
 /// Default [`Config::max_joins`].
 pub const MAX_JOINS: usize = 4096;
-/// File descriptors one connection holds: its completion channel and the two ends of its
-/// endpoint's waker (a socketpair). Its rdma_cm id has none of its own (a passive id's events
-/// come on the listener's event channel), and its QP, CQ and protection domain live in the
-/// device's context, opened once per device. The issue-40 measurement agrees: 1,000 idle
-/// sessions, 3,013 descriptors.
-pub const FDS_PER_CONNECTION: u64 = 3;
+/// File descriptors one connection holds: its completion channel. Its waker is its worker's
+/// (one eventfd per worker, `Endpoint::set_waker` drops the endpoint's own socketpair), its
+/// rdma_cm id has none of its own (a passive id's events come on the listener's event channel),
+/// and its QP, CQ and protection domain live in the device's context, opened once per device.
+/// Before the worker loops it was 3 (the waker's socketpair too): 1,000 idle sessions held
+/// 3,013 descriptors (issue 40's measurement).
+pub const FDS_PER_CONNECTION: u64 = 1;
 /// File descriptors the daemon holds besides connections and volumes (listener, admin socket,
 /// metrics, the RDMA devices, standard streams, ...).
 pub const FDS_BASE: u64 = 64;
@@ -233,6 +246,7 @@ impl Default for Config {
             listen_backlog: rblk_fabric::policy::LISTEN_BACKLOG,
             confirm_widen: false,
             confirm_remove: Vec::new(),
+            workers: default_workers(),
             flush_hook: None,
         }
     }
@@ -282,6 +296,7 @@ pub(crate) struct Fixed {
     pub(crate) max_io: u32,
     pub(crate) memory_windows: bool,
     pub(crate) listen_backlog: u32,
+    pub(crate) workers: usize,
     pub(crate) flush_hook: Option<crate::control::FlushHook>,
 }
 
@@ -297,6 +312,7 @@ impl Fixed {
             max_io: cfg.max_io,
             memory_windows: cfg.memory_windows,
             listen_backlog: cfg.listen_backlog,
+            workers: cfg.workers,
             flush_hook: cfg.flush_hook.clone(),
         }
     }
@@ -763,6 +779,9 @@ pub struct File {
     /// `rdma_listen`'s backlog (default 1024).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen_backlog: Option<u32>,
+    /// Worker threads serving the connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
     /// A reload may widen access (authentication off, an allow list removed, `*` added).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirm_widen: Option<bool>,
@@ -840,6 +859,7 @@ impl File {
             ("max_sessions_per_host", self.max_sessions_per_host),
             ("max_joins_per_host", self.max_joins_per_host),
             ("max_joins", self.max_joins),
+            ("workers", self.workers),
         ];
         if let Some((key, _)) = counts.iter().find(|(_, n)| *n == Some(0)) {
             return Err(ConfigError::ZeroCount(key));
@@ -930,6 +950,7 @@ impl File {
             listen_backlog: self.listen_backlog.unwrap_or(defaults.listen_backlog),
             confirm_widen: self.confirm_widen.unwrap_or(defaults.confirm_widen),
             confirm_remove: self.confirm_remove.clone(),
+            workers: self.workers.unwrap_or(defaults.workers).max(1),
             ..defaults
         };
         cfg.check().map_err(ConfigError::Check)?;
@@ -1062,6 +1083,7 @@ impl File {
         f.max_joins.get_or_insert(d.max_joins);
         f.memory_windows.get_or_insert(d.memory_windows);
         f.listen_backlog.get_or_insert(d.listen_backlog);
+        f.workers.get_or_insert(d.workers);
         f
     }
 

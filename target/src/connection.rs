@@ -1,14 +1,15 @@
 //! One connection's life: admission of an rdma_cm connect request ([`admit`]: its connect
-//! data, its protection domain, its QP, the accept, its thread), then the loop on that thread
-//! ([`Connection`]): control messages answered, keepalives sent, the initiator's loss detected,
-//! and the end (disconnect, and out of the registry and its session).
+//! data, its protection domain, its QP, the accept, and the worker that serves it), then its
+//! turns on that worker ([`Connection::turn`]): control messages answered, keepalives sent, the
+//! initiator's loss detected; the steps that may block (an OPEN, a CLOSE) handled off the worker
+//! ([`Connection::run_parked`]); and the end ([`Connection::end`]: disconnect, and out of the
+//! registry and its session).
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
@@ -19,7 +20,9 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::config::Limits;
 use crate::control::{self, After, Reply, State, WriteBack};
-use crate::registry::Shared;
+use crate::registry::{Shared, REPLACE_WAIT};
+use crate::session::Session;
+use crate::worker::{Workers, BUDGET};
 
 /// Why a connect request was refused.
 #[derive(Debug, thiserror::Error)]
@@ -41,12 +44,11 @@ pub(crate) enum AdmitError {
         #[source]
         source: rblk_fabric::Error,
     },
-    #[error("no thread for the connection")]
-    Thread(#[source] std::io::Error),
 }
 
-/// Checks the connect data, creates the QP in the right PD, accepts, and starts the thread.
-pub(crate) fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thread::JoinHandle<()>, AdmitError> {
+/// Checks the connect data, creates the QP in the right PD, accepts, and hands the connection
+/// to the worker with the fewest.
+pub(crate) fn admit(shared: &Arc<Shared>, workers: &Workers, req: Request, conn: u64) -> Result<(), AdmitError> {
     let peer = req.peer();
     let fabric = |step| move |source| AdmitError::Fabric { peer, step, source };
     let (pd, state) = match rblk_proto::parse_connect_data(req.private_data()) {
@@ -89,6 +91,10 @@ pub(crate) fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thr
     let mut channel = Channel::new(&pd).map_err(fabric("setting up the control channel"))?;
     channel.post_recvs(&mut ep).map_err(fabric("posting receives"))?;
     ep.accept().map_err(fabric("accepting"))?;
+    let worker = workers.place();
+    // Every wake-up of the connection (a disconnect, an eviction, its write-backs, its
+    // session's end) goes through its worker.
+    ep.set_waker(workers.waker(worker, conn));
     // The waker first: a reconnect that replaces the session after the join below wakes it.
     shared.add_connection(conn, ep.waker());
     shared.counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
@@ -101,11 +107,11 @@ pub(crate) fn admit(shared: &Arc<Shared>, req: Request, conn: u64) -> Result<thr
             return Err(AdmitError::Replaced { peer, session_id: s.id });
         }
     }
-    let s = Arc::clone(shared);
-    thread::Builder::new()
-        .name(format!("rblk-conn-{conn}"))
-        .spawn(move || serve(s, conn, ep, channel, state))
-        .map_err(AdmitError::Thread)
+    let span = info_span!("conn", conn, peer = %crate::connection::Shown(ep.peer()), qpn = ep.qp_num());
+    span.in_scope(|| info!(worker, "connected"));
+    let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()) };
+    workers.hand(worker, Box::new(Connection::new(Arc::clone(shared), conn, peer, ep, channel, state, span)));
+    Ok(())
 }
 
 /// An optional address as logs show it: the address, or `unknown` (never `Some(..)`).
@@ -121,7 +127,7 @@ impl<T: std::fmt::Display> std::fmt::Display for Shown<T> {
 }
 
 /// Why a connection ends (logged as it disconnects).
-type Reason = Cow<'static, str>;
+pub(crate) type Reason = Cow<'static, str>;
 
 /// Where a connection is in its life (where it is in the control protocol is its
 /// [`control::State`]).
@@ -147,15 +153,18 @@ fn rules(timeout: Duration) -> Rules {
     Rules { interval: rblk_proto::KEEPALIVE_INTERVAL, timeout, cadence: Cadence::EveryPoll, one_keepalive: true }
 }
 
-/// One connection, served by its own thread: sleep on the completion channel, answer control
-/// messages, send keepalives, and end the connection when the initiator is lost (see
-/// [`Config::keepalive_timeout`](crate::config::Config::keepalive_timeout)).
-struct Connection {
+/// One connection, driven by its worker ([`crate::worker`]): each [`turn`](Connection::turn)
+/// answers what arrived (at most [`BUDGET`] completions), sends keepalives, detects the
+/// initiator's loss (see [`Config::keepalive_timeout`](crate::config::Config::keepalive_timeout)),
+/// and says when it wants its next turn. Nothing in a turn waits.
+pub(crate) struct Connection {
     shared: Arc<Shared>,
     conn: u64,
     peer: control::Peer,
     ep: Endpoint,
     channel: Channel,
+    /// Its span (connection id, peer, QP number), entered for each turn.
+    pub(crate) span: tracing::Span,
     /// Where it is in the control protocol.
     protocol: State,
     phase: Phase,
@@ -180,25 +189,73 @@ struct Connection {
     /// Keepalives sent since the initiator was last heard here (see
     /// [`Connection::quiet_for_flushes`]).
     unheard: usize,
-    /// FLUSHes whose write-back runs (off this thread), with their tags, oldest first: they are
+    /// FLUSHes whose write-back runs (off the worker), with their tags, oldest first: they are
     /// answered in order, and keepalives go on meanwhile.
     flushes: VecDeque<(u32, WriteBack)>,
-    /// Requests that arrived behind a FLUSH whose write-back runs, other than FLUSH and
-    /// KEEPALIVE: served once the FLUSHes are answered, in the order they came.
+    /// Requests that arrived while an earlier one waits (a FLUSH's write-back, a held AUTH
+    /// failure, a reconnect's replacement), other than FLUSH and KEEPALIVE: served once it is
+    /// answered, in the order they came.
     deferred: VecDeque<Vec<u8>>,
+    /// A request to handle off the worker ([`Connection::run_parked`]): its handling may block.
+    parked: Option<Vec<u8>>,
+    /// What [`Connection::run_parked`] made of it: the request, its reply and what follows.
+    handled: Option<(Vec<u8>, Reply, After)>,
+    /// An AUTH failure's ERROR held back until its instant (see [`Shared::auth_failed`]).
+    held: Option<Held>,
+    /// A reconnecting OPEN waiting for the connections of the session it replaces to end.
+    replacing: Option<Replacing>,
+    /// Completions may be left: its last turn used up its budget.
+    more: bool,
 }
 
-/// Serves connection `conn` until it ends (see [`Connection`]).
-fn serve(shared: Arc<Shared>, conn: u64, ep: Endpoint, channel: Channel, state: State) {
-    let span = info_span!("conn", conn, peer = %crate::connection::Shown(ep.peer()), qpn = ep.qp_num());
-    let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()) };
-    let _enter = span.enter();
-    info!("connected");
-    Connection::new(shared, conn, peer, ep, channel, state).run();
+/// An AUTH failure's reply, held back.
+struct Held {
+    until: Instant,
+    tag: u32,
+    reply: Reply,
+    after: After,
+}
+
+/// A reconnecting OPEN whose old session's connections are ending (see
+/// [`Shared::replace_session`]).
+struct Replacing {
+    old: Arc<Session>,
+    by: Instant,
+    open: Vec<u8>,
+}
+
+/// What a connection wants after a turn.
+pub(crate) enum Turn {
+    /// Its next turn at completions, a wake-up, or `until`; `more`: completions may be left
+    /// (its budget ran out), so it runs again in the worker's next round.
+    Wait { until: Instant, more: bool },
+    /// It has a request whose handling may block: [`Connection::run_parked`] handles it off
+    /// the worker, and the connection comes back to it for its next turn.
+    Park,
+    /// It ends ([`Connection::end`]).
+    End(Reason),
+}
+
+/// How soon a connection that has nothing due is looked at again, at least (a keepalive due
+/// while none may go out would otherwise make it due at once, again and again).
+const MIN_TICK: Duration = Duration::from_millis(50);
+
+/// Requests whose handling may block the worker (a volume's registration, a session's
+/// deregistration): handled by [`Connection::run_parked`].
+fn off_the_worker(bytes: &[u8]) -> bool {
+    matches!(rblk_proto::parse(bytes), Ok((_, Message::Open { .. } | Message::Close)))
 }
 
 impl Connection {
-    fn new(shared: Arc<Shared>, conn: u64, peer: control::Peer, ep: Endpoint, channel: Channel, state: State) -> Self {
+    fn new(
+        shared: Arc<Shared>,
+        conn: u64,
+        peer: control::Peer,
+        ep: Endpoint,
+        channel: Channel,
+        state: State,
+        span: tracing::Span,
+    ) -> Self {
         let limits = shared.limits();
         Connection {
             shared,
@@ -206,6 +263,7 @@ impl Connection {
             peer,
             ep,
             channel,
+            span,
             protocol: state,
             phase: Phase::Serving,
             limits,
@@ -222,28 +280,49 @@ impl Connection {
             unheard: 0,
             flushes: VecDeque::new(),
             deferred: VecDeque::new(),
+            parked: None,
+            handled: None,
+            held: None,
+            replacing: None,
+            more: false,
         }
     }
 
-    /// Serves until the connection ends, then ends it.
-    fn run(mut self) {
-        let reason = loop {
-            if let Err(reason) = self.step() {
-                break reason;
-            }
-        };
-        self.end(reason);
+    /// The connection's id.
+    pub(crate) fn id(&self) -> u64 {
+        self.conn
     }
 
-    /// One wake-up: what completed, then the deadlines and loss detection.
-    fn step(&mut self) -> Result<(), Reason> {
+    /// The descriptor its worker waits on: readable once a completion arrived after the last
+    /// turn armed it.
+    pub(crate) fn event_fd(&self) -> std::os::fd::RawFd {
+        self.ep.event_fd()
+    }
+
+    /// One turn: `woken` when a waker fired for it (see [`Connection::check_wakes`]).
+    pub(crate) fn turn(&mut self, woken: bool) -> Turn {
+        match self.serve(woken) {
+            Err(reason) => Turn::End(reason),
+            Ok(()) if self.parked.is_some() => Turn::Park,
+            Ok(()) => Turn::Wait { until: self.next_turn(), more: self.more },
+        }
+    }
+
+    fn serve(&mut self, woken: bool) -> Result<(), Reason> {
         if self.shared.is_shutting_down() {
             return Err("target shutting down".into());
         }
-        let mut out = [Completion::EMPTY; 16];
-        let n = self.wait(&mut out)?;
-        for c in &out[..n] {
-            self.on_completion(c)?;
+        if woken {
+            self.check_wakes()?;
+        }
+        if let Some((request, reply, after)) = self.handled.take() {
+            self.finish(&request, reply, after)?;
+        }
+        self.release_held()?;
+        self.check_replacing();
+        self.more = false;
+        if self.parked.is_none() {
+            self.poll()?;
         }
         self.answer_flushes()?;
         if !self.counted_open && self.protocol.is_open() {
@@ -252,6 +331,79 @@ impl Connection {
         }
         self.check_deadlines()?;
         self.check_liveness()
+    }
+
+    /// Arms the completion channel (a completion from now on makes it readable), then takes at
+    /// most [`BUDGET`] completions: one busy peer does not keep its worker's other connections
+    /// waiting.
+    fn poll(&mut self) -> Result<(), Reason> {
+        let failed = |e: rblk_fabric::Error| {
+            warn!(error = %Chain(&e), "completion wait failed");
+            Reason::from("completion error")
+        };
+        self.ep.arm_events().map_err(failed)?;
+        let mut taken = 0;
+        while taken < BUDGET && self.parked.is_none() {
+            let mut one = [Completion::EMPTY; 1];
+            if self.ep.poll(&mut one).map_err(failed)? == 0 {
+                return Ok(());
+            }
+            taken += 1;
+            self.on_completion(&one[0])?;
+        }
+        self.more = taken == BUDGET;
+        Ok(())
+    }
+
+    /// Why a waker fired: its window could not be deallocated, it was evicted, its session
+    /// ended, or its peer disconnected (else a write-back of its finished, or a replaced
+    /// session's last connection left).
+    fn check_wakes(&mut self) -> Result<(), Reason> {
+        if self.protocol.session().is_some_and(|s| s.window_stuck(self.conn)) {
+            return Err("the memory window bound to its QP could not be deallocated: disconnecting, so that the \
+                        window's rkey dies with the QP"
+                .into());
+        }
+        if self.shared.take_evicted(self.conn) {
+            return Err("evicted: too many connections that opened nothing (the oldest go first)".into());
+        }
+        if let Some(ended) = self.protocol.session().and_then(|s| s.ended()) {
+            return Err(ended.to_string().into());
+        }
+        if self.shared.take_woken(self.conn) {
+            return Err("peer disconnected".into());
+        }
+        Ok(())
+    }
+
+    /// Off the worker (the slow-work thread): handles the parked request, which may block (an
+    /// OPEN registers a volume, a CLOSE deregisters one). Its next turn sends the reply.
+    pub(crate) fn run_parked(&mut self) {
+        let Some(request) = self.parked.take() else { return };
+        let _enter = self.span.clone().entered();
+        let (reply, after) = control::handle(&self.shared, &self.peer, &mut self.ep, &mut self.protocol, &request);
+        self.handled = Some((request, reply, after));
+    }
+
+    /// The next instant something is due: the open deadline, the closing limit, a held
+    /// reply, a replacement's limit, or loss detection's next check.
+    fn next_turn(&mut self) -> Instant {
+        self.liveness.expect_keepalives(self.hears_keepalives());
+        let next = [
+            (!self.protocol.is_open()).then_some(self.open_by),
+            self.closing_by(),
+            self.held.as_ref().map(|h| h.until),
+            self.replacing.as_ref().map(|r| r.by),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(self.liveness.next_check(), Instant::min);
+        let now = Instant::now();
+        if next <= now {
+            now + MIN_TICK
+        } else {
+            next
+        }
     }
 
     /// Only an initiator that promised keepalives can be silent for too long.
@@ -283,40 +435,6 @@ impl Connection {
             Phase::Closing { by, .. } => by,
             Phase::Serving => None,
         }
-    }
-
-    /// Sleeps until completions arrive, a waker wakes it, or the next instant something is due.
-    fn wait(&mut self, out: &mut [Completion]) -> Result<usize, Reason> {
-        self.liveness.expect_keepalives(self.hears_keepalives());
-        let deadline = [(!self.protocol.is_open()).then_some(self.open_by), self.closing_by()]
-            .into_iter()
-            .flatten()
-            .fold(self.liveness.next_check(), Instant::min);
-        let n = match self.ep.wait(out, Duration::ZERO, deadline) {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(error = %Chain(&e), "completion wait failed");
-                return Err("completion error".into());
-            }
-        };
-        if self.ep.take_wake() && !self.shared.is_shutting_down() {
-            if self.protocol.session().is_some_and(|s| s.window_stuck(self.conn)) {
-                return Err("the memory window bound to its QP could not be deallocated: disconnecting, so that \
-                            the window's rkey dies with the QP"
-                    .into());
-            }
-            if self.shared.take_evicted(self.conn) {
-                return Err("evicted: too many connections that opened nothing (the oldest go first)".into());
-            }
-            if let Some(ended) = self.protocol.session().and_then(|s| s.ended()) {
-                return Err(ended.to_string().into());
-            }
-            if self.shared.take_woken(self.conn) {
-                return Err("peer disconnected".into());
-            }
-            // Else a write-back of ours finished.
-        }
-        Ok(n)
     }
 
     fn on_completion(&mut self, c: &Completion) -> Result<(), Reason> {
@@ -354,15 +472,22 @@ impl Connection {
         Ok(())
     }
 
+    /// Whether an earlier request waits for its answer (a FLUSH's write-back, a held AUTH
+    /// failure, a replacement, a request handled off the worker): later ones wait behind it.
+    fn waiting(&self) -> bool {
+        !self.flushes.is_empty() || self.held.is_some() || self.replacing.is_some() || self.parked.is_some()
+    }
+
     /// A control message of `len` bytes arrived in the buffer: handle it and reply, or, behind a
-    /// FLUSH whose write-back runs, keep it for later (only FLUSH and KEEPALIVE are handled at
-    /// once: the initiator's other requests keep their order with its FLUSHes).
+    /// request that waits, keep it for later (only FLUSH and KEEPALIVE are handled at once: the
+    /// initiator's other requests keep their order with its FLUSHes).
     fn on_message(&mut self, len: usize) -> Result<(), Reason> {
         self.unheard = 0;
         let bytes = &self.buf[..len];
-        if !self.flushes.is_empty()
-            && !matches!(rblk_proto::parse(bytes), Ok((_, Message::Flush(_) | Message::Keepalive)))
-        {
+        let at_once = matches!(rblk_proto::parse(bytes), Ok((_, Message::Flush(_) | Message::Keepalive)))
+            && self.held.is_none()
+            && self.replacing.is_none();
+        if self.waiting() && !at_once {
             // As many as our RECVs could hold when requests were served one at a time.
             if self.deferred.len() >= rblk_proto::RECV_COUNT {
                 return Err("too many requests behind a FLUSH".into());
@@ -383,37 +508,86 @@ impl Connection {
             self.flushes.pop_front();
             self.reply(tag, reply)?;
         }
-        while self.flushes.is_empty() {
+        while !self.waiting() {
             let Some(bytes) = self.deferred.pop_front() else { break };
             self.handle(&bytes)?;
         }
         Ok(())
     }
 
-    /// Handles one message and replies.
+    /// Handles one message and replies, or parks it for [`Connection::run_parked`].
     fn handle(&mut self, bytes: &[u8]) -> Result<(), Reason> {
-        let len = bytes.len();
+        if off_the_worker(bytes) {
+            self.parked = Some(bytes.to_vec());
+            return Ok(());
+        }
         let (reply, after) = control::handle(&self.shared, &self.peer, &mut self.ep, &mut self.protocol, bytes);
+        self.finish(bytes, reply, after)
+    }
+
+    /// After `request` was handled: the reply goes out, unless a replacement or an AUTH
+    /// failure's delay holds it back.
+    fn finish(&mut self, request: &[u8], reply: Reply, after: After) -> Result<(), Reason> {
+        if let Reply::Replacing(old) = reply {
+            debug!(session = old.id, "waiting for the replaced session's connections to end");
+            old.when_empty(self.ep.waker());
+            self.replacing = Some(Replacing { old, by: Instant::now() + REPLACE_WAIT, open: request.to_vec() });
+            return Ok(());
+        }
         // Time spent serving a request (an OPEN's registration of a large volume; a FLUSH's
         // write-back runs elsewhere) is neither the initiator's silence (it waits for our reply
         // meanwhile) nor a stuck keepalive of ours (its completion waits in the CQ, unpolled).
         let now = Instant::now();
         self.liveness.heard(now);
         self.liveness.send_progress(now);
+        let tag = rblk_proto::peek_tag(request).unwrap_or(0);
         if after == After::AuthFailed {
-            // Slows down key guessing; the connection's own thread is the one held.
+            // Slows down key guessing; a timer of the connection's, nobody's thread.
             let delay = self.shared.auth_failed(self.peer.ip);
             if !delay.is_zero() {
                 debug!(?delay, "holding back the AUTH failure");
-                thread::sleep(delay);
+                self.held = Some(Held { until: now + delay, tag, reply, after });
+                return Ok(());
             }
         }
+        self.answer(tag, reply, after)
+    }
+
+    /// Sends a held AUTH failure once its time came.
+    fn release_held(&mut self) -> Result<(), Reason> {
+        if self.held.as_ref().is_some_and(|h| Instant::now() >= h.until) {
+            if let Some(Held { tag, reply, after, .. }) = self.held.take() {
+                return self.answer(tag, reply, after);
+            }
+        }
+        Ok(())
+    }
+
+    /// Once the replaced session's connections are gone (or the wait's limit passed), the OPEN
+    /// is handled again (off the worker), and opens the new session.
+    fn check_replacing(&mut self) {
+        let Some(r) = &self.replacing else { return };
+        let left = r.old.connections();
+        if left > 0 && Instant::now() < r.by {
+            return;
+        }
+        if left > 0 {
+            warn!(
+                session = r.old.id,
+                left, "connections of the replaced session did not end within {REPLACE_WAIT:?} (its rkey is revoked)"
+            );
+        }
+        info!("session {} replaced by a reconnect", r.old.id);
+        self.parked = self.replacing.take().map(|r| r.open);
+    }
+
+    /// Replies, and does what `after` says.
+    fn answer(&mut self, tag: u32, reply: Reply, after: After) -> Result<(), Reason> {
         if matches!(after, After::Refused | After::AuthFailed) {
             // Counted before the reply goes out: whoever has the reply sees the count.
             self.shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
         }
-        let reply_tag = rblk_proto::peek_tag(&bytes[..len]).unwrap_or(0);
-        self.reply(reply_tag, reply)?;
+        self.reply(tag, reply)?;
         match after {
             After::Continue => {}
             After::Refused | After::AuthFailed => {
@@ -443,6 +617,8 @@ impl Connection {
                 self.flushes.push_back((tag, flush));
                 Ok(false)
             }
+            // Handled in finish().
+            Reply::Replacing(_) => Ok(false),
             Reply::Msg(m) => self.channel.send(&mut self.ep, tag, &m).map(|()| true),
             Reply::List { total, entries } => {
                 self.channel.send(&mut self.ep, tag, &Message::ListReply { total, entries: &entries }).map(|()| true)
@@ -507,8 +683,19 @@ impl Connection {
         }
     }
 
-    /// Disconnects, and takes the connection out of the registry and of its session.
-    fn end(self, reason: Reason) {
+    /// Sends the peer a disconnect and moves the QP to the error state, at once; [`end`]
+    /// does the rest (and does not disconnect twice).
+    ///
+    /// [`end`]: Connection::end
+    pub(crate) fn disconnect(&mut self) {
+        self.ep.disconnect();
+    }
+
+    /// Disconnects, and takes the connection out of the registry and of its session (off the
+    /// worker: destroying a QP, and deregistering a session's volume with its last connection,
+    /// may take time).
+    pub(crate) fn end(self, reason: Reason) {
+        let _enter = self.span.clone().entered();
         info!(%reason, "disconnecting");
         let Connection { shared, conn, mut ep, channel, protocol, flushes, .. } = self;
         for (_, flush) in flushes {

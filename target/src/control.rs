@@ -96,6 +96,11 @@ pub enum Reply {
     Error(ErrorCode, String),
     /// Nothing yet: the FLUSH's write-back runs; the reply is [`flushed`]'s once it finished.
     WriteBack(WriteBack),
+    /// Nothing yet: a reconnecting OPEN ended the session it replaces, whose connections are
+    /// still going. The connection handles the same OPEN again once they are gone (or
+    /// [`REPLACE_WAIT`](crate::registry::REPLACE_WAIT) passed): the session is forgotten by
+    /// then, so that pass opens the new one.
+    Replacing(Arc<Session>),
     /// A LIST_REPLY.
     List {
         /// Volumes the host may open.
@@ -520,8 +525,8 @@ fn open(
 ) -> Result<Reply, Refusal> {
     let Opener { conn, pd, features, owner, credential } = opener;
     // Before anything else: the old session's exclusive open must not make this one Busy.
-    if let Some(resume) = &resume {
-        shared.replace_session(resume);
+    if let Some(old) = resume.as_ref().and_then(|resume| shared.replace_session(resume)) {
+        return Ok(Reply::Replacing(old));
     }
     // Held until the session is recorded: a reload removes no volume under an OPEN, and
     // revokes (see Shared::apply) every session recorded before it changes the policy.

@@ -28,9 +28,11 @@
 //! # Ok::<(), rblk_target::start::StartError>(())
 //! ```
 //!
-//! Threads: one listener thread, plus one thread per connection that sleeps on its completion
-//! channel between control messages (data transfers complete without it), plus a durable
-//! volume's write-back thread while FLUSHes wait: [`persist::Group`] runs one pass at a time on a
+//! Threads: one listener thread, [`config::Config::workers`] worker threads that each serve
+//! many connections (waiting on all their completion channels at once; data transfers complete
+//! without them), one slow-work thread for the steps that may block (an OPEN's registration, a
+//! CLOSE's deregistration, a connection's teardown), plus a durable volume's write-back thread
+//! while FLUSHes wait: [`persist::Group`] runs one pass at a time on a
 //! thread of its own, and the connections whose FLUSHes it covers go on sending and taking
 //! keepalives meanwhile. Connections (a session's JOINs included) are capped, see
 //! [`config::Config::max_joins_per_session`]. Cleanup: a session's
@@ -72,3 +74,4 @@ pub mod start;
 #[allow(unsafe_code)]
 pub mod uring;
 pub mod volume;
+mod worker;

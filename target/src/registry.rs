@@ -89,7 +89,7 @@ impl Catalog {
     }
 }
 
-/// State shared by the listener and the connection threads.
+/// State shared by the listener, the workers and the other threads of the daemon.
 #[derive(Debug)]
 pub struct Shared {
     /// Behind a lock rather than swapped atomically (arc-swap): an OPEN holds it for reading
@@ -332,13 +332,6 @@ impl Shared {
         self.woken.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn)
     }
 
-    /// Wakes every live connection.
-    pub(crate) fn wake_connections(&self) {
-        for w in self.conns.lock().unwrap_or_else(|p| p.into_inner()).values() {
-            w.wake();
-        }
-    }
-
     /// Whether connection `conn` was told to end to make room (see
     /// [`Config::max_unopened`]); forgets that it was.
     pub(crate) fn take_evicted(&self, conn: u64) -> bool {
@@ -506,26 +499,25 @@ impl Shared {
     /// A reconnecting OPEN: ends the session `resume` names, if it is alive and the token is
     /// its, before the new session is opened, so that no late WRITE through the old session can
     /// land after the initiator's replay. Its registration goes at once (its rkey stops working,
-    /// its open mode is released); its connections are woken and end, destroying their QPs,
-    /// and this waits (at most [`REPLACE_WAIT`]) until they have. Any other resume (the target
-    /// restarted, the session is gone, a wrong token) touches nothing.
-    pub fn replace_session(&self, resume: &Resume) {
+    /// its open mode is released); its connections are woken and end, destroying their QPs.
+    /// Returns the session when connections of it are left: the OPEN is answered once they are
+    /// gone (see [`Session::when_empty`]), or [`REPLACE_WAIT`] passed, without holding a
+    /// thread meanwhile (the connection's worker may own the old QPs). Any other resume (the
+    /// target restarted, the session is gone, a wrong token) touches nothing.
+    pub fn replace_session(&self, resume: &Resume) -> Option<Arc<Session>> {
         let Some(old) = self.session(resume.session_id).filter(|s| s.token_matches(&resume.token)) else {
             info!(
                 session = resume.session_id,
                 "resume names no live session here (the target restarted, or it ended): nothing to replace"
             );
-            return;
+            return None;
         };
         self.end_session(&old, Ended::Replaced);
-        if !old.wait_until_empty(REPLACE_WAIT) {
-            warn!(
-                session = old.id,
-                left = old.connections(),
-                "connections of the replaced session did not end within {REPLACE_WAIT:?} (its rkey is revoked)"
-            );
+        if old.connections() > 0 {
+            return Some(old);
         }
         info!("session {} replaced by a reconnect", old.id);
+        None
     }
 
     /// Ends session `s` from outside (see [`Session::end`]): its rkeys die now, it is
@@ -652,7 +644,8 @@ pub(crate) fn warn_memlock(shared: &Shared) {
 /// How long an address's AUTH failures are remembered after its last one.
 pub const AUTH_FAILURE_MEMORY: Duration = Duration::from_secs(60);
 
-/// The longest a reconnecting OPEN waits for the replaced session's connections to end.
+/// The longest a reconnecting OPEN waits for the replaced session's connections to end (see
+/// [`Shared::replace_session`]).
 pub const REPLACE_WAIT: Duration = Duration::from_secs(5);
 
 impl Shared {
@@ -686,6 +679,7 @@ impl Shared {
             ("max_io", new.max_io != fixed.max_io),
             ("memory_windows", new.memory_windows != fixed.memory_windows),
             ("listen_backlog", new.listen_backlog != fixed.listen_backlog),
+            ("workers", new.workers != fixed.workers),
         ];
         for (setting, _) in differs.iter().filter(|(_, d)| *d) {
             warn!("reload: {setting} changed, which only a restart applies");

@@ -17,13 +17,14 @@ use crate::config::Config;
 /// threads, the signal handler, the admin socket and its clients, metrics, volume loads.
 pub const TASKS_BASE: u64 = 16;
 
-/// Tasks the daemon may need with every cap reached: [`TASKS_BASE`], a write-back thread per
-/// volume, and, under today's thread-per-connection model, one thread per connection
-/// ([`Config::max_connections`]). The one place that knows how connections map to threads:
-/// change it with that model.
+/// Tasks the daemon may need with every cap reached: [`TASKS_BASE`] (main, listener, slow-work
+/// thread, admin and metrics), the worker threads that serve every connection
+/// ([`Config::workers`]), and a write-back thread per volume. Connections add none. The one
+/// place that knows how connections map to threads.
 pub fn tasks_needed(cfg: &Config) -> u64 {
     let volumes = u64::try_from(cfg.volumes.len()).unwrap_or(u64::MAX);
-    TASKS_BASE.saturating_add(volumes).saturating_add(cfg.max_connections())
+    let workers = u64::try_from(cfg.workers).unwrap_or(u64::MAX);
+    TASKS_BASE.saturating_add(volumes).saturating_add(workers)
 }
 
 /// Bytes the daemon may pin with every cap reached, on `devices` RDMA devices: every
@@ -243,10 +244,15 @@ mod tests {
     /// within the limits.
     #[test]
     fn each_limit_is_judged_against_the_caps() {
-        let cfg = Config { volumes: vec![VolumeSpec { name: "a".into(), size: GIB, path: None }], ..Config::default() };
+        let cfg = Config {
+            volumes: vec![VolumeSpec { name: "a".into(), size: GIB, path: None }],
+            workers: 4,
+            ..Config::default()
+        };
         let connections = 64 + 1024 + 4096;
         assert_eq!(cfg.max_connections(), connections);
-        assert_eq!(tasks_needed(&cfg), 16 + 1 + connections);
+        // Connections add no task: the workers serve them all.
+        assert_eq!(tasks_needed(&cfg), 16 + 1 + 4);
         assert_eq!(pinned_needed(&cfg, 2), connections * 128 * 1024 + 2 * GIB);
         let fits = Limits {
             descriptors: Some(cfg.descriptors_needed()),
@@ -264,9 +270,9 @@ mod tests {
         assert_eq!(judge(&cfg, &fds).len(), 1);
 
         let tasks =
-            Limits { tasks: Some(TaskLimit { max: 4096, source: "the cgroup /x's pids.max".into() }), ..fits.clone() };
+            Limits { tasks: Some(TaskLimit { max: 20, source: "the cgroup /x's pids.max".into() }), ..fits.clone() };
         let text = judged(&cfg, &tasks);
-        assert!(text.contains("tasks") && text.contains("the cgroup /x's pids.max allows (4096)"), "{text}");
+        assert!(text.contains("tasks") && text.contains("the cgroup /x's pids.max allows (20)"), "{text}");
         assert!(text.contains("TasksMax="), "{text}");
 
         let one_device = Limits { devices: 1, ..fits.clone() };
@@ -283,7 +289,12 @@ mod tests {
         assert!(text.contains("net.rdma_ucm.max_backlog (1024)"), "{text}");
 
         let small = Config { max_unopened: 16, max_sessions: 64, max_joins: 128, ..cfg.clone() };
-        let tight = Limits { descriptors: Some(1024), pinned: Some(3 * GIB), ..tasks };
+        let tight = Limits {
+            descriptors: Some(1024),
+            pinned: Some(3 * GIB),
+            tasks: Some(TaskLimit { max: 4096, source: "the cgroup /x's pids.max".into() }),
+            ..tasks
+        };
         assert!(judge(&small, &tight).is_empty(), "{:?}", judge(&small, &tight));
     }
 

@@ -1,7 +1,7 @@
 //! The daemon's entry point: [`Server::start`] (volumes loaded, the registry built, the
-//! rdma_cm listener started), the [`Running`] handle (reload, shutdown), and the listener
-//! thread, which hands each connect request to admission (its connection then runs on a
-//! thread of its own) and at shutdown joins those threads and flushes the volumes.
+//! workers and the rdma_cm listener started), the [`Running`] handle (reload, shutdown), and
+//! the listener thread, which hands each connect request to admission (its connection then
+//! runs on a worker) and at shutdown stops the workers and flushes the volumes.
 //!
 //! The configuration and start types are re-exported here, where a program starting a target
 //! looks for them.
@@ -179,10 +179,11 @@ impl Server {
                 (None, None, Some(Box::new(taken)))
             }
         };
+        let workers = crate::worker::Workers::start(&shared, cfg.workers).map_err(StartError::Workers)?;
         let s = Arc::clone(&shared);
         let listener = thread::Builder::new()
             .name("rblk-listener".into())
-            .spawn(move || listen(&s, &mut listener))
+            .spawn(move || listen(&s, &mut listener, workers))
             .expect("spawning the listener thread");
         info!(%addr, "listening");
         Ok(Running { addr, shared, listener: Some(listener), metrics, admin, taken })
@@ -364,8 +365,7 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// Back-off after a failed listener wait.
 const BACKOFF: Duration = Duration::from_millis(200);
 
-fn listen(shared: &Arc<Shared>, listener: &mut Listener) {
-    let mut threads: Vec<thread::JoinHandle<()>> = Vec::new();
+fn listen(shared: &Arc<Shared>, listener: &mut Listener, workers: crate::worker::Workers) {
     let mut next_conn = 1u64;
     while !shared.is_shutting_down() {
         // A handover closes the port and, if it falls through, reopens it (retried until it
@@ -385,9 +385,8 @@ fn listen(shared: &Arc<Shared>, listener: &mut Listener) {
             ListenerEvent::Request(req) => {
                 let conn = next_conn;
                 next_conn += 1;
-                match connection::admit(shared, req, conn) {
-                    Ok(t) => threads.push(t),
-                    Err(e) => warn!(conn, error = %Chain(&e), "connection refused"),
+                if let Err(e) = connection::admit(shared, &workers, req, conn) {
+                    warn!(conn, error = %Chain(&e), "connection refused");
                 }
             }
             ListenerEvent::Disconnected { conn } => {
@@ -397,12 +396,9 @@ fn listen(shared: &Arc<Shared>, listener: &mut Listener) {
             ListenerEvent::Established { conn } => debug!(conn, "established"),
             ListenerEvent::Other { conn, event } => debug!(conn, event, "CM event"),
         }
-        threads.retain(|t| !t.is_finished());
     }
-    shared.wake_connections();
-    for t in threads {
-        let _ = t.join();
-    }
+    // Every connection ends, its QP destroyed, before the sessions are released.
+    workers.stop();
     for s in shared.take_sessions() {
         s.release();
     }

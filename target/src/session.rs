@@ -4,8 +4,7 @@
 //! tokens) of the control protocol.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
 use rblk_fabric::{Access, Chain, Endpoint, Mr, Mw, Pd, Waker};
 use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
@@ -247,8 +246,6 @@ pub struct Session {
     /// prove ends the session: see [`crate::access::Policy::revokes`]).
     pub credential: Credential,
     members: Mutex<Members>,
-    /// Signalled when a member leaves.
-    left: Condvar,
     /// None once released: no rkey of the session works any more.
     grant: Mutex<Option<Grant>>,
     /// Whether the grant is [`Grant::Windows`] (kept after release, for STATS).
@@ -265,6 +262,8 @@ pub struct Session {
 #[derive(Debug, Default)]
 struct Members {
     conns: Vec<u64>,
+    /// Woken once the last connection left (see [`Session::when_empty`]).
+    watchers: Vec<Waker>,
     /// Set once the session was ended from outside: nobody may join any more.
     ended: Option<Ended>,
 }
@@ -312,7 +311,6 @@ impl Session {
             owner,
             credential,
             members: Mutex::default(),
-            left: Condvar::new(),
             grant: Mutex::new(Some(grant)),
             windows,
             counters,
@@ -408,8 +406,23 @@ impl Session {
     pub fn leave(&self, conn: u64) -> bool {
         let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
         m.conns.retain(|&c| c != conn);
-        self.left.notify_all();
+        if m.conns.is_empty() {
+            for w in m.watchers.drain(..) {
+                w.wake();
+            }
+        }
         m.conns.is_empty()
+    }
+
+    /// Wakes `waker` once every connection has left (at once if none is left): how a
+    /// reconnecting OPEN waits for the session it replaces without holding its thread.
+    pub fn when_empty(&self, waker: Waker) {
+        let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        if m.conns.is_empty() {
+            waker.wake();
+        } else {
+            m.watchers.push(waker);
+        }
     }
 
     /// Live connections.
@@ -433,20 +446,6 @@ impl Session {
     /// Whether (and why) the session was ended from outside.
     pub fn ended(&self) -> Option<Ended> {
         self.members.lock().unwrap_or_else(|p| p.into_inner()).ended
-    }
-
-    /// Waits until every connection has left, at most `timeout`. True if they all did.
-    pub fn wait_until_empty(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
-        while !m.conns.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            m = self.left.wait_timeout(m, left).unwrap_or_else(|p| p.into_inner()).0;
-        }
-        true
     }
 
     /// Revokes the session's access (deregisters its own registration, or deallocates its

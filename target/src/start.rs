@@ -97,6 +97,9 @@ pub enum StartError {
     /// away).
     #[error(transparent)]
     Handover(#[from] crate::handover::HandoverError),
+    /// The worker threads could not be started.
+    #[error("cannot start the worker threads")]
+    Workers(#[source] rblk_fabric::Error),
     /// Listening failed.
     #[error("cannot listen on {addr}")]
     Listen {

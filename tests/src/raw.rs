@@ -29,8 +29,19 @@ impl Raw {
     /// Connects with any private data (connect data no initiator would send), giving up after
     /// `within`.
     pub fn connect_bytes(fabric: Fabric, addr: SocketAddr, data: &[u8], within: Duration) -> rblk_fabric::Result<Raw> {
+        Raw::connect_sized(fabric, addr, data, within, &QpConfig::default())
+    }
+
+    /// [`Raw::connect_bytes`] with a QP sized by `cfg` (a deep send queue, to flood the target).
+    pub fn connect_sized(
+        fabric: Fabric,
+        addr: SocketAddr,
+        data: &[u8],
+        within: Duration,
+        cfg: &QpConfig,
+    ) -> rblk_fabric::Result<Raw> {
         let deadline = Instant::now() + within;
-        let mut ep = Endpoint::resolve(fabric, addr, None, &Route::default(), &QpConfig::default(), deadline)?;
+        let mut ep = Endpoint::resolve(fabric, addr, None, &Route::default(), cfg, deadline)?;
         let mut channel = Channel::new(&ep.pd())?;
         channel.post_recvs(&mut ep)?;
         ep.connect(data, deadline)?;
@@ -153,6 +164,28 @@ impl Raw {
                 }
             }
         }
+    }
+
+    /// Waits (at most `within`) for a KEEPALIVE from the target, dropping whatever else
+    /// arrives; false if none came (or the connection failed).
+    pub fn keepalive(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut out = [Completion::EMPTY; 8];
+        while Instant::now() < deadline {
+            let Ok(n) = self.ep.wait(&mut out, Duration::from_micros(20), deadline) else { return false };
+            for c in out[..n].iter().filter(|c| channel::is_control(c.wr_id)) {
+                match self.channel.on_completion(&mut self.ep, c, &mut self.buf) {
+                    Ok(Event::Received(len))
+                        if matches!(rblk_proto::parse(&self.buf[..len]), Ok((_, Message::Keepalive))) =>
+                    {
+                        return true
+                    }
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+            }
+        }
+        false
     }
 
     /// STATS (on an open session): the reply, or a panic naming what came instead.

@@ -421,7 +421,8 @@ fn the_units_limits_fit_the_caps() {
     for cfg in [&stock, &Config::default()] {
         assert_eq!(judge(cfg, &limits), Vec::<String>::new(), "the unit's limits must fit the caps");
     }
-    let raised = Config { max_joins: 16 * 1024, ..stock };
+    // Connections cost a descriptor each and no task; workers a task each.
+    let raised = Config { max_joins: 64 * 1024, workers: 10_000, ..stock };
     let warned = judge(&raised, &limits).join("\n");
     assert!(warned.contains("LimitNOFILE=") && warned.contains("TasksMax="), "{warned}");
 }

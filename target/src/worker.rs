@@ -1,0 +1,406 @@
+//! The threads that serve connections: a fixed set of workers ([`Config::workers`]), each
+//! owning many connections and waiting on all of them at once (one epoll over their completion
+//! channels and one [`WakeQueue`] that carries which connection a waker is for), with their
+//! deadlines in one [`Timers`] heap; and one slow-work thread, which takes the steps that may
+//! block (an OPEN's registration of a volume, a CLOSE's deregistration, a connection's
+//! teardown) so that no worker waits for them.
+//!
+//! A new connection goes to the worker with the fewest ([`fewest`]); it stays there. Each round
+//! a worker gives every connection that is ready (a completion, a wake-up, a deadline) one
+//! [`Connection::turn`] of at most [`BUDGET`] completions, so one busy peer cannot starve the
+//! others on its worker.
+//!
+//! Threads of the daemon: `workers`, the listener, the slow-work thread and the main thread,
+//! and while FLUSHes run a write-back thread per volume written back.
+//!
+//! [`Config::workers`]: crate::config::Config::workers
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rblk_fabric::poller::{Poller, WakeQueue};
+use rblk_fabric::{Chain, Waker};
+use tracing::warn;
+
+use crate::connection::{Connection, Turn};
+use crate::registry::Shared;
+
+/// Completions a connection handles per turn, at most; then the others on its worker get
+/// theirs before it gets another.
+pub(crate) const BUDGET: usize = 16;
+
+/// The wake-up tag that means "look at the inbox" (connection ids start at 1 and count up).
+const INBOX: u64 = u64::MAX;
+
+/// Back-off after a failed epoll wait.
+const BACKOFF: Duration = Duration::from_millis(10);
+
+/// The index of the worker with the fewest connections (the first of those): a new
+/// connection goes there, so counts stay within 1 of each other as connections come.
+pub(crate) fn fewest(counts: impl IntoIterator<Item = usize>) -> usize {
+    counts.into_iter().enumerate().min_by_key(|&(i, n)| (n, i)).map_or(0, |(i, _)| i)
+}
+
+/// A worker's connection deadlines: a heap keyed by instant, with one live entry per
+/// connection (the one [`Timers::set`] last gave it); older entries are skipped when they
+/// come up.
+#[derive(Debug, Default)]
+pub(crate) struct Timers {
+    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+    live: HashMap<u64, Instant>,
+}
+
+impl Timers {
+    /// Connection `id`'s next deadline is `at` (replacing the one it had).
+    pub(crate) fn set(&mut self, id: u64, at: Instant) {
+        if self.live.insert(id, at) == Some(at) {
+            return;
+        }
+        self.heap.push(Reverse((at, id)));
+        // Deadlines that move at every message leave stale entries behind: rebuild before
+        // they outnumber the live ones by much.
+        if self.heap.len() > 2 * self.live.len() + 64 {
+            self.heap = self.live.iter().map(|(&id, &at)| Reverse((at, id))).collect();
+        }
+    }
+
+    /// Connection `id` has no deadline any more.
+    pub(crate) fn forget(&mut self, id: u64) {
+        self.live.remove(&id);
+    }
+
+    /// The earliest live deadline.
+    pub(crate) fn next(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((at, id))) = self.heap.peek() {
+            if self.live.get(&id) == Some(&at) {
+                return Some(at);
+            }
+            self.heap.pop();
+        }
+        None
+    }
+
+    /// Appends the connections whose deadline is at or before `now` to `due`, and forgets
+    /// those deadlines.
+    pub(crate) fn due(&mut self, now: Instant, due: &mut Vec<u64>) {
+        while let Some(&Reverse((at, id))) = self.heap.peek() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            if self.live.get(&id) == Some(&at) {
+                self.live.remove(&id);
+                due.push(id);
+            }
+        }
+    }
+}
+
+/// What other threads reach a worker by: its wake-up queue, the connections handed to it, and
+/// how many it owns.
+#[derive(Debug)]
+struct Handle {
+    queue: Arc<WakeQueue>,
+    inbox: Mutex<Vec<Box<Connection>>>,
+    count: AtomicUsize,
+}
+
+impl Handle {
+    /// Hands `conn` (new, or back from the slow-work thread) to the worker.
+    fn deliver(&self, conn: Box<Connection>) {
+        self.inbox.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
+        self.queue.wake(INBOX);
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").field("conn", &self.id()).finish()
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The workers and the slow-work thread.
+#[derive(Debug)]
+pub(crate) struct Workers {
+    handles: Vec<Arc<Handle>>,
+    threads: Vec<thread::JoinHandle<()>>,
+    slow: Option<(mpsc::Sender<Job>, thread::JoinHandle<()>)>,
+}
+
+impl Workers {
+    /// Starts `n` workers (at least 1) and the slow-work thread.
+    pub(crate) fn start(shared: &Arc<Shared>, n: usize) -> Result<Workers, rblk_fabric::Error> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let slow = thread::Builder::new()
+            .name("rblk-slow".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })
+            .map_err(|source| rblk_fabric::Error::Os { op: "spawning the slow-work thread", source })?;
+        let mut workers = Workers { handles: Vec::new(), threads: Vec::new(), slow: Some((tx.clone(), slow)) };
+        for i in 0..n.max(1) {
+            let handle =
+                Arc::new(Handle { queue: WakeQueue::new()?, inbox: Mutex::default(), count: AtomicUsize::new(0) });
+            let poller = Poller::new()?;
+            poller.add(handle.queue.fd(), INBOX)?;
+            let worker = Worker {
+                shared: Arc::clone(shared),
+                handle: Arc::clone(&handle),
+                poller,
+                conns: HashMap::new(),
+                timers: Timers::default(),
+                more: Vec::new(),
+                slow: tx.clone(),
+            };
+            let t = thread::Builder::new()
+                .name(format!("rblk-worker-{i}"))
+                .spawn(move || worker.run())
+                .map_err(|source| rblk_fabric::Error::Os { op: "spawning a worker thread", source })?;
+            workers.handles.push(handle);
+            workers.threads.push(t);
+        }
+        Ok(workers)
+    }
+
+    /// The worker a new connection goes to: the one with the fewest.
+    pub(crate) fn place(&self) -> usize {
+        fewest(self.handles.iter().map(|h| h.count.load(Ordering::Relaxed)))
+    }
+
+    /// The waker of connection `conn` on worker `worker`.
+    pub(crate) fn waker(&self, worker: usize, conn: u64) -> Waker {
+        self.handles[worker].queue.waker(conn)
+    }
+
+    /// Hands new connection `conn` to worker `worker`.
+    pub(crate) fn hand(&self, worker: usize, conn: Box<Connection>) {
+        let h = &self.handles[worker];
+        h.count.fetch_add(1, Ordering::Relaxed);
+        h.deliver(conn);
+    }
+
+    /// At shutdown (the registry says so): wakes the workers, which end their connections,
+    /// and waits until every connection's teardown is done.
+    pub(crate) fn stop(mut self) {
+        for h in &self.handles {
+            h.queue.wake(INBOX);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some((tx, slow)) = self.slow.take() {
+            drop(tx);
+            let _ = slow.join();
+        }
+        // Connections that came back from the slow-work thread after their worker stopped.
+        for h in &self.handles {
+            for conn in h.inbox.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                conn.end("target shutting down".into());
+            }
+        }
+    }
+}
+
+/// One worker thread's state.
+struct Worker {
+    shared: Arc<Shared>,
+    handle: Arc<Handle>,
+    poller: Poller,
+    conns: HashMap<u64, Box<Connection>>,
+    timers: Timers,
+    /// Connections whose budget ran out: they run again in the next round, without waiting.
+    more: Vec<u64>,
+    slow: mpsc::Sender<Job>,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut ready = Vec::new();
+        let mut woken = Vec::new();
+        let mut due = Vec::new();
+        while !self.shared.is_shutting_down() {
+            let deadline = if self.more.is_empty() { self.timers.next() } else { Some(Instant::now()) };
+            ready.clear();
+            if let Err(e) = self.poller.wait(&mut ready, deadline) {
+                warn!(error = %Chain(&e), "worker wait failed");
+                thread::sleep(BACKOFF);
+            }
+            woken.clear();
+            if ready.contains(&INBOX) {
+                self.handle.queue.take(&mut woken);
+            }
+            if woken.contains(&INBOX) {
+                self.take_inbox(&mut woken);
+            }
+            due.clear();
+            self.timers.due(Instant::now(), &mut due);
+            // One turn each per round: woken first (they carry news), then completions, then
+            // deadlines, then those with completions left from the last round.
+            let mut round: Vec<(u64, bool)> = woken.iter().filter(|&&id| id != INBOX).map(|&id| (id, true)).collect();
+            for &id in ready.iter().filter(|&&t| t != INBOX).chain(&due).chain(&std::mem::take(&mut self.more)) {
+                if !round.iter().any(|&(r, _)| r == id) {
+                    round.push((id, false));
+                }
+            }
+            for (id, woken) in round {
+                self.turn(id, woken);
+            }
+        }
+        for id in self.conns.keys().copied().collect::<Vec<_>>() {
+            if let Some(conn) = self.remove(id) {
+                self.end(conn, "target shutting down".into());
+            }
+        }
+    }
+
+    /// Takes the connections handed over (new, or back from the slow-work thread): they are
+    /// watched from now on, and get a turn this round (as woken: news may wait for them).
+    fn take_inbox(&mut self, woken: &mut Vec<u64>) {
+        let conns: Vec<Box<Connection>> =
+            std::mem::take(&mut *self.handle.inbox.lock().unwrap_or_else(|p| p.into_inner()));
+        for conn in conns {
+            let id = conn.id();
+            if let Err(e) = self.poller.add(conn.event_fd(), id) {
+                warn!(conn = id, error = %Chain(&e), "cannot watch the connection");
+                self.end(conn, "cannot watch its completions".into());
+                continue;
+            }
+            self.conns.insert(id, conn);
+            if !woken.contains(&id) {
+                woken.push(id);
+            }
+        }
+    }
+
+    fn turn(&mut self, id: u64, woken: bool) {
+        // Parked (off the worker) or gone: nothing to do here.
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let turn = {
+            let _enter = conn.span.clone().entered();
+            conn.turn(woken)
+        };
+        match turn {
+            Turn::Wait { until, more } => {
+                self.timers.set(id, until);
+                if more {
+                    self.more.push(id);
+                }
+            }
+            Turn::Park => {
+                let Some(mut conn) = self.remove(id) else { return };
+                let handle = Arc::clone(&self.handle);
+                self.submit(move || {
+                    conn.run_parked();
+                    handle.deliver(conn);
+                });
+            }
+            Turn::End(reason) => {
+                if let Some(conn) = self.remove(id) {
+                    self.end(conn, reason);
+                }
+            }
+        }
+    }
+
+    /// Takes connection `id` off this worker's watch (it is parked, or ends).
+    fn remove(&mut self, id: u64) -> Option<Box<Connection>> {
+        let conn = self.conns.remove(&id)?;
+        self.timers.forget(id);
+        self.more.retain(|&m| m != id);
+        if let Err(e) = self.poller.remove(conn.event_fd()) {
+            warn!(conn = id, error = %Chain(&e), "cannot stop watching the connection");
+        }
+        Some(conn)
+    }
+
+    /// Ends `conn`: its disconnect goes out now, the rest of its teardown (destroying the QP,
+    /// perhaps deregistering its session's volume) on the slow-work thread. The peer learns at
+    /// once that it must reconnect, not after the teardowns queued before this one (at a
+    /// shutdown or a takeover, every connection's).
+    fn end(&mut self, mut conn: Box<Connection>, reason: crate::connection::Reason) {
+        self.handle.count.fetch_sub(1, Ordering::Relaxed);
+        conn.disconnect();
+        self.submit(move || conn.end(reason));
+    }
+
+    fn submit(&self, job: impl FnOnce() + Send + 'static) {
+        if let Err(mpsc::SendError(job)) = self.slow.send(Box::new(job)) {
+            // Only at shutdown, once the slow-work thread stopped: here, then.
+            job();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches a heap that fires a deadline a connection no longer has, or loses the one it has.
+    #[test]
+    fn timers_fire_each_connection_at_its_latest_deadline_only() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut t = Timers::default();
+        t.set(1, t0 + 5 * s);
+        t.set(2, t0 + 3 * s);
+        t.set(1, t0 + 2 * s); // moved earlier: the 5 s entry is stale
+        t.set(3, t0 + 4 * s);
+        t.set(3, t0 + 9 * s); // moved later: the 4 s entry is stale
+        t.set(4, t0 + s);
+        t.forget(4);
+        assert_eq!(t.next(), Some(t0 + 2 * s));
+        let mut due = Vec::new();
+        t.due(t0 + 4 * s, &mut due);
+        assert_eq!(due, [1, 2], "in deadline order, the forgotten and moved ones skipped");
+        due.clear();
+        t.due(t0 + 6 * s, &mut due);
+        assert!(due.is_empty(), "1's old 5 s deadline is stale: {due:?}");
+        assert_eq!(t.next(), Some(t0 + 9 * s));
+        t.due(t0 + 9 * s, &mut due);
+        assert_eq!(due, [3]);
+        assert_eq!(t.next(), None);
+    }
+
+    /// Catches stale entries piling up without bound when a deadline moves at every message.
+    #[test]
+    fn timers_stay_small_when_deadlines_keep_moving() {
+        let t0 = Instant::now();
+        let mut t = Timers::default();
+        for i in 0..10_000u32 {
+            t.set(1, t0 + Duration::from_millis(u64::from(i)));
+            t.set(2, t0 + Duration::from_secs(60));
+        }
+        assert!(t.heap.len() <= 2 * t.live.len() + 65, "{} entries for 2 connections", t.heap.len());
+        assert_eq!(t.next(), Some(t0 + Duration::from_millis(9_999)));
+    }
+
+    /// Catches placement that ignores the counts: as connections come (and some go), the
+    /// workers' counts stay within 1 of each other, whatever the order they came in.
+    #[test]
+    fn placement_keeps_counts_within_one() {
+        let mut counts = [0usize; 4];
+        for _ in 0..103 {
+            let i = fewest(counts);
+            counts[i] += 1;
+            let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{counts:?}");
+        }
+        // Connections of worker 2 go; the next ones fill it up before any other gets one.
+        counts[2] -= 10;
+        for _ in 0..10 {
+            assert_eq!(fewest(counts), 2);
+            counts[2] += 1;
+        }
+        let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(hi - lo <= 1, "{counts:?}");
+        assert_eq!(fewest([0usize; 0]), 0, "no workers: the first");
+    }
+}

@@ -1,0 +1,171 @@
+//! The workers that serve connections (issue 40): a busy peer, a slow OPEN and many idle
+//! sessions share a few threads without one holding up the others.
+
+use std::time::{Duration, Instant};
+
+use rblk_fabric::{Completion, Fabric, Local, Op, QpConfig, WorkRequest};
+use rblk_proto::{ConnectData, Message, OpenMode, MSG_SIZE};
+use rblk_tests::raw::Raw;
+use rblk_tests::target::Target;
+
+/// An in-process target with one worker, so that every connection shares it.
+fn one_worker(volumes: &[(&str, u64)]) -> Target {
+    let mut toml = String::from("workers = 1\n");
+    for (name, size) in volumes {
+        toml.push_str(&format!("[[volume]]\nname = \"{name}\"\nsize = {size}\n"));
+    }
+    Target::start_with_config(Fabric::Mem, &toml)
+}
+
+/// A volume size no other test registers: the held registrations are this length's only.
+const HELD_SIZE: u64 = (5 << 20) + 3 * 4096;
+
+/// Item 3 of issue 40: registering a volume at OPEN (held here, as a large one takes time on a
+/// real NIC) runs off the worker. Catches an OPEN whose registration runs on the worker that
+/// serves other connections: their STATS would go unanswered and their keepalives unsent until
+/// it is done (and a new connection's HELLO too), and this test would fail on the reply's
+/// 30 s limit or the missing keepalive.
+#[test]
+fn a_held_registration_stops_nothing_else_on_its_worker() {
+    let target = one_worker(&[("a", 1 << 20), ("big", HELD_SIZE)]);
+    let addr = target.addr();
+    let mut busy = Raw::connect(Fabric::Mem, addr, ConnectData::NewSession).expect("connect");
+    busy.open("a", OpenMode::ReadWrite);
+
+    rblk_fabric::mem::hold_registrations(HELD_SIZE as usize, true);
+    let opener = std::thread::spawn(move || {
+        let mut slow = Raw::connect(Fabric::Mem, addr, ConnectData::NewSession).expect("connect");
+        slow.hello_with(rblk_proto::FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+        let opened = slow.open_with("big", OpenMode::ReadOnly, None);
+        (slow, opened)
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rblk_fabric::mem::registrations_held(HELD_SIZE as usize) == 0 {
+        assert!(Instant::now() < deadline, "the OPEN of big never reached its registration");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // While that registration is held: the open session is answered and kept alive, and a new
+    // connection is admitted and answered.
+    assert_eq!(busy.stats().sessions, 1, "only a's session is open while big's registers");
+    assert!(busy.keepalive(Duration::from_secs(10)), "no keepalive while another OPEN's registration was held");
+    let mut newcomer = Raw::connect(Fabric::Mem, addr, ConnectData::NewSession).expect("connect while held");
+    newcomer.hello_with(rblk_proto::FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+    assert_eq!(rblk_fabric::mem::registrations_held(HELD_SIZE as usize), 1, "still held");
+
+    rblk_fabric::mem::hold_registrations(HELD_SIZE as usize, false);
+    let (_slow, opened) = opener.join().expect("opener");
+    let opened = opened.expect("OPEN of big once its registration went through");
+    assert_eq!(opened.size, HELD_SIZE);
+    assert_eq!(busy.stats().sessions, 2);
+}
+
+/// Requests the flooder queues at once: more than the target handles in a second.
+const FLOOD: usize = 1_000_000;
+
+/// The per-turn budget (issue 40 item 1): a connection whose credit is refilled as fast as
+/// the target reposts it gets at most 16 completions per turn, then the others on its worker
+/// get theirs. The flooder queues its requests just before the quiet connection's first
+/// keepalive is due; each RECV the target reposts takes the next, so the flooder's CQ on the
+/// target never runs dry until all are handled. Catches a worker that serves a connection until
+/// its CQ is empty: the quiet connection's keepalive would then come only after the whole
+/// flood was handled, not while it is.
+#[test]
+fn a_flooding_connection_does_not_delay_anothers_keepalive() {
+    let target = one_worker(&[("a", 1 << 20)]);
+    let addr = target.addr();
+    let connected = Instant::now();
+    let mut quiet = Raw::connect(Fabric::Mem, addr, ConnectData::NewSession).expect("connect");
+    quiet.open("a", OpenMode::ReadOnly);
+    let cfg = QpConfig { send_depth: FLOOD as u32 + 64, ..QpConfig::default() };
+    let data = ConnectData::NewSession.to_bytes();
+    let mut flooder = Raw::connect_sized(Fabric::Mem, addr, &data, Duration::from_secs(30), &cfg).expect("connect");
+    flooder.open("a", OpenMode::ReadOnly);
+
+    // A moment before the quiet one's first keepalive is due (2 s after it connected).
+    std::thread::sleep(
+        (connected + rblk_proto::KEEPALIVE_INTERVAL - Duration::from_millis(300))
+            .saturating_duration_since(Instant::now()),
+    );
+    let mut bytes = [0u8; MSG_SIZE];
+    let len = Message::Keepalive.encode(7, &mut bytes).expect("encode");
+    let wr = WorkRequest { wr_id: 9, op: Op::Send, local: Local::Inline(&bytes[..len]), signaled: true };
+    let batch = vec![wr; 1000];
+    for _ in 0..FLOOD / batch.len() {
+        flooder.ep.post(&batch).expect("queue the flood");
+    }
+    let queued = Instant::now();
+    assert!(quiet.keepalive(Duration::from_secs(60)), "no keepalive on the quiet connection");
+    let heard = queued.elapsed();
+    // How much of the flood the target had taken when the keepalive arrived.
+    let mut out = [Completion::EMPTY; 64];
+    let mut taken = 0;
+    loop {
+        let n = flooder.ep.poll(&mut out).expect("poll the flood's completions");
+        if n == 0 {
+            break;
+        }
+        taken += out[..n].iter().filter(|c| c.wr_id == 9).count();
+    }
+    eprintln!("workers: keepalive {heard:?} after the flood was queued, {taken} of {FLOOD} requests taken by then");
+    assert!(taken < FLOOD, "the quiet connection's keepalive waited until the whole flood was handled");
+}
+
+/// Item 1 of issue 40 in the guest: a few hundred sessions (each its own QP) share `workers`
+/// threads. Catches a thread per connection (before: one each, 300 sessions made 302 threads),
+/// a connection a worker leaves unserved (every one answers a STATS), and one left behind
+/// when its peer goes (all reaped).
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn rxe_hundreds_of_sessions_share_a_few_threads() {
+    const SESSIONS: u64 = 300;
+    const WORKERS: u64 = 2;
+    // Each client QP holds a few descriptors in this process (its event and completion
+    // channels, its waker).
+    let raised = std::process::Command::new("prlimit")
+        .args(["--pid", &std::process::id().to_string(), "--nofile=8192:8192"])
+        .status()
+        .expect("prlimit");
+    assert!(raised.success(), "cannot raise this test's RLIMIT_NOFILE for {SESSIONS} client QPs");
+    let workers = WORKERS.to_string();
+    let d = rblk_tests::daemon::Daemon::start(
+        &rblk_tests::rxe::rdma(),
+        &["--volume", "v:1M", "--workers", &workers, "--max-sessions-per-host", "1000"],
+    );
+    let limit = WORKERS + 4;
+    let mut probe = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect the probe");
+    probe.open("v", OpenMode::ReadOnly);
+    let mut peak = d.threads();
+    let started = Instant::now();
+    let mut held = Vec::new();
+    for i in 0..SESSIONS {
+        let mut r = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect");
+        r.open("v", OpenMode::ReadOnly);
+        held.push(r);
+        if i % 20 == 19 {
+            peak = peak.max(d.threads());
+        }
+    }
+    eprintln!("workers: {SESSIONS} sessions opened in {:?}", started.elapsed());
+    for r in &mut held {
+        assert!(r.stats().sessions > SESSIONS, "every connection is served");
+    }
+    let s = probe.stats();
+    assert_eq!((s.sessions, s.connections), (SESSIONS + 1, SESSIONS + 1));
+    peak = peak.max(d.threads());
+    eprintln!("workers: at most {peak} target threads with {} sessions ({WORKERS} workers)", SESSIONS + 1);
+    assert!(peak <= limit, "{peak} threads with {WORKERS} workers: at most {limit}");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = probe.stats();
+        if (s.sessions, s.connections) == (1, 1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not reaped: {} sessions, {} connections left", s.sessions, s.connections);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after = d.threads();
+    eprintln!("workers: every session reaped, {after} target threads");
+    assert!(after <= limit, "{after} threads after the sessions went");
+}
