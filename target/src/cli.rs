@@ -90,8 +90,10 @@ pub struct Args {
     /// its last connection: 5s to 1d, a bare number is seconds [default: 15s].
     #[arg(long, value_name = "DURATION", value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, MIN_KEEPALIVE_TIMEOUT, Some(MAX_TIMEOUT)))]
     pub keepalive_timeout: Option<Duration>,
-    /// Connections that have not opened a session yet, at most (past it, a new one evicts the
-    /// oldest, as sshd's MaxStartups). Default: 64.
+    /// Connections that have not authenticated yet (without keys: not opened a session), at
+    /// most: past it a new one evicts the oldest of the address holding the most; from half of
+    /// it, one from an address already waiting is dropped with a rising probability (sshd's
+    /// MaxStartups). Default: 64.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_unopened: Option<u64>,
     /// The same, per peer address. Default: 16.

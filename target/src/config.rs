@@ -15,7 +15,7 @@
 //! open_timeout = 10              # seconds a connection may take to open a session (default;
 //!                                # or a string with units, "10s", "1m30s")
 //! keepalive_timeout = "15s"      # silence (or a stuck keepalive) that ends one
-//! max_unopened = 64              # connections that have not opened a session yet, in all
+//! max_unopened = 64              # connections that have not authenticated yet, in all
 //! max_unopened_per_addr = 16     # ... and per peer address
 //! max_sessions = 1024            # open sessions, in all
 //! max_sessions_per_host = 64     # ... and per host (per address without host identities)
@@ -120,10 +120,13 @@ pub struct Config {
     /// ([`rblk_proto::FEATURE_WINDOWS`]); otherwise (and when false) each session registers the
     /// volume in a protection domain of its own.
     pub memory_windows: bool,
-    /// Connections that have not opened (or joined) a session yet, at most, in all and per
-    /// peer address. A new connection past either cap evicts the oldest such connection (of
-    /// that address, for the per-address cap), as sshd's MaxStartups does, so that a peer
-    /// holding its cap cannot lock others out.
+    /// Connections that have not authenticated yet (where no AUTH is asked: not opened a
+    /// session), at most, in all and per peer address; decided at the connect request, before
+    /// anything is allocated (see [`crate::admission`]). A new connection past the per-address
+    /// cap evicts that address's oldest; past the cap in all, the oldest of the address holding
+    /// the most; once half of it is held, one from an address already holding a place is
+    /// dropped with a probability growing to 1 at the cap, as sshd's MaxStartups does. A
+    /// connection that passed AUTH is never evicted for one that has not.
     pub max_unopened: usize,
     /// See [`Config::max_unopened`].
     pub max_unopened_per_addr: usize,

@@ -37,6 +37,8 @@ pub(crate) enum AdmitError {
     UnknownSession { peer: Option<SocketAddr>, session_id: u64 },
     #[error("{}: join of session {session_id}, which ended (replaced by a reconnect, or revoked by a reload)", rblk_fabric::AddrDisplay(*peer))]
     Replaced { peer: Option<SocketAddr>, session_id: u64 },
+    #[error("{}: {why}", rblk_fabric::AddrDisplay(*peer))]
+    Crowded { peer: Option<SocketAddr>, why: crate::admission::Crowded },
     #[error("{}: {step}", rblk_fabric::AddrDisplay(*peer))]
     Fabric {
         peer: Option<SocketAddr>,
@@ -47,8 +49,30 @@ pub(crate) enum AdmitError {
 }
 
 /// Checks the connect data, creates the QP in the right PD, accepts, and hands the connection
-/// to the worker with the fewest.
+/// to the worker with the fewest. A connection that is not a JOIN takes a place among those
+/// that have not authenticated yet (see [`crate::admission`]) first, before anything is
+/// allocated for it, and gives it back if it cannot be set up.
 pub(crate) fn admit(shared: &Arc<Shared>, workers: &Workers, req: Request, conn: u64) -> Result<(), AdmitError> {
+    let new = matches!(
+        rblk_proto::parse_connect_data(req.private_data()),
+        Ok(ConnectData::NewSession | ConnectData::NewWindowSession)
+    );
+    if new {
+        if let Err(why) = shared.admit_unauthenticated(conn, req.peer().map(|p| p.ip())) {
+            shared.counters.crowded.fetch_add(1, Ordering::Relaxed);
+            let peer = req.peer();
+            let _ = req.reject();
+            return Err(AdmitError::Crowded { peer, why });
+        }
+    }
+    let admitted = set_up(shared, workers, req, conn);
+    if admitted.is_err() && new {
+        shared.authenticated_or_gone(conn);
+    }
+    admitted
+}
+
+fn set_up(shared: &Arc<Shared>, workers: &Workers, req: Request, conn: u64) -> Result<(), AdmitError> {
     let peer = req.peer();
     let fabric = |step| move |source| AdmitError::Fabric { peer, step, source };
     let (pd, state) = match rblk_proto::parse_connect_data(req.private_data()) {
@@ -98,9 +122,6 @@ pub(crate) fn admit(shared: &Arc<Shared>, workers: &Workers, req: Request, conn:
     // The waker first: a reconnect that replaces the session after the join below wakes it.
     shared.add_connection(conn, ep.waker());
     shared.counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
-    if state.session().is_none() {
-        shared.admit_unopened(conn, peer.map(|p| p.ip()));
-    }
     if let Some(s) = state.session() {
         if !s.join(conn) {
             shared.remove_connection(conn);
@@ -182,7 +203,7 @@ pub(crate) struct Connection {
     keepalive: Option<u64>,
     /// Malformed or refused requests so far.
     malformed: u32,
-    /// The registry was told it opened a session.
+    /// The registry was told it authenticated (see [`crate::admission`]).
     counted_open: bool,
     /// Our keepalives' tag.
     tag: u32,
@@ -325,9 +346,9 @@ impl Connection {
             self.poll()?;
         }
         self.answer_flushes()?;
-        if !self.counted_open && self.protocol.is_open() {
+        if !self.counted_open && self.protocol.past_auth(self.shared.auth_required()) {
             self.counted_open = true;
-            self.shared.opened_or_gone(self.conn);
+            self.shared.authenticated_or_gone(self.conn);
         }
         self.check_deadlines()?;
         self.check_liveness()
@@ -365,7 +386,7 @@ impl Connection {
                 .into());
         }
         if self.shared.take_evicted(self.conn) {
-            return Err("evicted: too many connections that opened nothing (the oldest go first)".into());
+            return Err("evicted: too many connections that have not authenticated (the oldest of the address holding the most go first)".into());
         }
         if let Some(ended) = self.protocol.session().and_then(|s| s.ended()) {
             return Err(ended.to_string().into());
@@ -710,7 +731,7 @@ impl Connection {
         drop(ep);
         drop(channel);
         shared.remove_connection(conn);
-        shared.opened_or_gone(conn);
+        shared.authenticated_or_gone(conn);
         shared.take_evicted(conn);
         shared.take_woken(conn);
         if let Some(session) = protocol.session() {

@@ -694,6 +694,17 @@ impl State {
         matches!(self, State::Fresh { .. })
     }
 
+    /// Whether the connection is past AUTH (see [`crate::admission`]): authenticated, or,
+    /// where no AUTH is asked (`auth_required` false), in a session. A JOIN is past it from
+    /// its connect request on (its session's token).
+    pub fn past_auth(&self, auth_required: bool) -> bool {
+        match self {
+            State::Ready { .. } => auth_required,
+            State::Joining { .. } | State::JoinRefused { .. } | State::Open { .. } | State::Closed { .. } => true,
+            State::Fresh { .. } | State::Challenged { .. } => false,
+        }
+    }
+
     /// Whether the connection belongs to an open session (opened or joined), or is closing.
     pub fn is_open(&self) -> bool {
         matches!(self, State::Open { .. } | State::Closed { .. })

@@ -54,6 +54,7 @@
 pub mod access;
 pub mod access_changes;
 pub mod admin;
+pub mod admission;
 pub mod cli;
 pub mod config;
 mod connection;

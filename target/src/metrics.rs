@@ -46,6 +46,12 @@ pub fn render(shared: &Shared) -> String {
         load(&c.refused_opens),
     );
     counter(&mut reg, "refused_joins", "JOINs refused by a JOIN cap", load(&c.refused_joins));
+    counter(
+        &mut reg,
+        "crowded_connects",
+        "connect requests refused at once (random early drop among connections not yet authenticated)",
+        load(&c.crowded),
+    );
     counter(&mut reg, "malformed_messages", "Malformed or refused control messages", load(&c.malformed));
     counter(&mut reg, "flushes", "FLUSH requests answered", load(&c.flushes));
     counter(

@@ -113,7 +113,7 @@ pub struct Shared {
     domains: Mutex<HashMap<String, Option<rblk_fabric::Pd>>>,
     conns: Mutex<HashMap<u64, Waker>>,
     /// Connections not yet in a session, oldest first, with their peer's address.
-    unopened: Mutex<std::collections::VecDeque<(u64, Option<IpAddr>)>>,
+    unopened: Mutex<crate::admission::Pool>,
     /// Connections told to end to make room (see [`Config::max_unopened`]).
     evicted: Mutex<std::collections::HashSet<u64>>,
     /// Connections woken by [`Shared::wake_connection`] (a disconnect or an eviction), told
@@ -421,31 +421,30 @@ impl Shared {
     pub fn auth_succeeded(&self, ip: Option<IpAddr>) {
         self.auth_failures.lock().unwrap_or_else(|p| p.into_inner()).remove(&ip);
     }
-    /// Records connection `conn` from `ip` as not yet in a session, first evicting the oldest
-    /// such connections past the caps.
-    pub(crate) fn admit_unopened(&self, conn: u64, ip: Option<IpAddr>) {
+    /// Admits connection `conn` from `ip`, which has not authenticated yet, to the pool of such
+    /// connections (see [`crate::admission`]), or says why not; evicts the connections it
+    /// displaces. Called at the connect request, before anything is allocated for it.
+    pub(crate) fn admit_unauthenticated(&self, conn: u64, ip: Option<IpAddr>) -> Result<(), crate::admission::Crowded> {
         let limits = self.limits();
-        let mut unopened = self.unopened.lock().unwrap_or_else(|p| p.into_inner());
-        let mut evict = Vec::new();
-        while unopened.iter().filter(|(_, a)| *a == ip).count() >= limits.max_unopened_per_addr {
-            let Some(i) = unopened.iter().position(|(_, a)| *a == ip) else { break };
-            evict.extend(unopened.remove(i));
-        }
-        while unopened.len() >= limits.max_unopened {
-            evict.extend(unopened.pop_front());
-        }
-        unopened.push_back((conn, ip));
-        drop(unopened);
+        let evict = self.unopened.lock().unwrap_or_else(|p| p.into_inner()).admit(
+            conn,
+            ip,
+            limits.max_unopened,
+            limits.max_unopened_per_addr,
+            crate::admission::roll(),
+        )?;
         for (old, addr) in evict {
-            warn!(conn = old, peer = %crate::connection::Shown(addr), "evicting a connection that opened nothing, to make room for conn {conn}");
+            warn!(conn = old, peer = %crate::connection::Shown(addr), "evicting a connection that has not authenticated, to make room for conn {conn}");
             self.evicted.lock().unwrap_or_else(|p| p.into_inner()).insert(old);
             self.wake_connection(old);
         }
+        Ok(())
     }
 
-    /// Connection `conn` is in a session now, or gone.
-    pub(crate) fn opened_or_gone(&self, conn: u64) {
-        self.unopened.lock().unwrap_or_else(|p| p.into_inner()).retain(|(c, _)| *c != conn);
+    /// Connection `conn` authenticated (where no AUTH is asked: opened a session), or is gone:
+    /// it leaves the pool of connections that have not.
+    pub(crate) fn authenticated_or_gone(&self, conn: u64) {
+        self.unopened.lock().unwrap_or_else(|p| p.into_inner()).leave(conn);
     }
 
     /// Open sessions.

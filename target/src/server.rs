@@ -365,8 +365,14 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// Back-off after a failed listener wait.
 const BACKOFF: Duration = Duration::from_millis(200);
 
+/// How often, at most, the listener warns of connect requests dropped early (a flood would
+/// otherwise write a line per request).
+const CROWDED_WARN_EVERY: Duration = Duration::from_secs(10);
+
 fn listen(shared: &Arc<Shared>, listener: &mut Listener, workers: crate::worker::Workers) {
     let mut next_conn = 1u64;
+    // Connect requests dropped early since the last warning, and when that was.
+    let (mut crowded, mut warned) = (0u64, None::<Instant>);
     while !shared.is_shutting_down() {
         // A handover closes the port and, if it falls through, reopens it (retried until it
         // works).
@@ -385,8 +391,18 @@ fn listen(shared: &Arc<Shared>, listener: &mut Listener, workers: crate::worker:
             ListenerEvent::Request(req) => {
                 let conn = next_conn;
                 next_conn += 1;
-                if let Err(e) = connection::admit(shared, &workers, req, conn) {
-                    warn!(conn, error = %Chain(&e), "connection refused");
+                match connection::admit(shared, &workers, req, conn) {
+                    Err(e @ connection::AdmitError::Crowded { .. }) => {
+                        crowded += 1;
+                        if warned.is_none_or(|w| w.elapsed() >= CROWDED_WARN_EVERY) {
+                            warn!(conn, error = %Chain(&e), "connection refused ({crowded} so, since the last such warning)");
+                            (crowded, warned) = (0, Some(Instant::now()));
+                        } else {
+                            debug!(conn, error = %Chain(&e), "connection refused");
+                        }
+                    }
+                    Err(e) => warn!(conn, error = %Chain(&e), "connection refused"),
+                    Ok(()) => {}
                 }
             }
             ListenerEvent::Disconnected { conn } => {

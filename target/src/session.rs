@@ -29,6 +29,9 @@ pub struct Counters {
     pub refused_opens: AtomicU64,
     /// JOINs refused by a JOIN cap.
     pub refused_joins: AtomicU64,
+    /// Connect requests refused before anything was allocated for them (see
+    /// [`crate::admission`]).
+    pub crowded: AtomicU64,
     /// Connections accepted.
     pub connections_accepted: AtomicU64,
     /// Sessions opened.
@@ -56,6 +59,7 @@ impl Default for Counters {
             auth_failures: AtomicU64::new(0),
             refused_opens: AtomicU64::new(0),
             refused_joins: AtomicU64::new(0),
+            crowded: AtomicU64::new(0),
             connections_accepted: AtomicU64::new(0),
             sessions_opened: AtomicU64::new(0),
             malformed: AtomicU64::new(0),

@@ -40,8 +40,30 @@ impl Raw {
         within: Duration,
         cfg: &QpConfig,
     ) -> rblk_fabric::Result<Raw> {
+        Raw::connect_routed(fabric, addr, data, within, cfg, &Route::default())
+    }
+
+    /// [`Raw::connect`] from the local address `source`: the peer address the target sees.
+    pub fn connect_from(
+        fabric: Fabric,
+        addr: SocketAddr,
+        source: std::net::IpAddr,
+        connect: ConnectData,
+    ) -> rblk_fabric::Result<Raw> {
+        let route = Route { source: Some(source), ..Route::default() };
+        Raw::connect_routed(fabric, addr, &connect.to_bytes(), STEP, &QpConfig::default(), &route)
+    }
+
+    fn connect_routed(
+        fabric: Fabric,
+        addr: SocketAddr,
+        data: &[u8],
+        within: Duration,
+        cfg: &QpConfig,
+        route: &Route,
+    ) -> rblk_fabric::Result<Raw> {
         let deadline = Instant::now() + within;
-        let mut ep = Endpoint::resolve(fabric, addr, None, &Route::default(), cfg, deadline)?;
+        let mut ep = Endpoint::resolve(fabric, addr, None, route, cfg, deadline)?;
         let mut channel = Channel::new(&ep.pd())?;
         channel.post_recvs(&mut ep)?;
         ep.connect(data, deadline)?;

@@ -7,6 +7,9 @@
 //! - `past_the_cap_the_oldest_idle_connection_makes_room`: the caps on connections that opened
 //!   nothing, with MaxStartups-style eviction; without eviction the honest client is locked out
 //!   (or without a cap, the idle ones pile up).
+//! - `a_flood_evicts_no_authenticated_host_and_keeps_no_honest_one_out`: the pool
+//!   of connections not authenticated yet (`rblk_target::admission`): an authenticated host is
+//!   never evicted for them, and eight flooding addresses cannot keep an honest one out.
 //! - `stats_and_a_needless_auth_are_refused`: STATS answered before OPEN (counters for anyone
 //!   who can connect), and AUTH acknowledged by a target without a key.
 //! - `refusals_count_and_the_last_error_arrives`: refusals that were unlimited (FLUSH before
@@ -98,6 +101,48 @@ fn past_the_cap_the_oldest_idle_connection_makes_room() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(honest.stats().sessions, 2, "the probe's and the honest client's sessions");
     assert_eq!(probe.stats().connections, 4, "probe, honest client and two idle ones");
+}
+
+/// Catches an authenticated connection evicted to make room for unauthenticated ones (before,
+/// the pool was "not opened yet", so a host between its AUTH and a slow OPEN was the oldest in
+/// it: forty one-connection addresses tie, and the oldest goes), and a flood from eight
+/// addresses that keeps an honest host out between its connect and its AUTH (a full pool
+/// evicting the oldest whatever its address would take the honest one; now the address
+/// holding the most loses one, and past half the cap an address already waiting is dropped
+/// early).
+#[test]
+fn a_flood_evicts_no_authenticated_host_and_keeps_no_honest_one_out() {
+    let key = vec![9u8; 32];
+    let r =
+        serve_with(Config { key: Some(key.clone()), max_unopened: 16, max_unopened_per_addr: 4, ..Config::default() });
+    let honest: IpAddr = "127.0.0.99".parse().unwrap();
+    let from = |ip: IpAddr| Raw::connect_from(Fabric::Mem, r.local_addr(), ip, ConnectData::NewSession);
+    // Authenticated, not opened yet (a slow OPEN ahead), then forty addresses, one try each.
+    let mut waiting = from(honest).expect("connect");
+    waiting.login(Some(&key), None).expect("AUTH");
+    let mut idle: Vec<Raw> = (100..140).filter_map(|n| from(IpAddr::from([127, 0, 0, n])).ok()).collect();
+    waiting
+        .open_with("v", OpenMode::ReadOnly, None)
+        .expect("an authenticated connection is never evicted for the flood");
+    // Eight flooding addresses, two tries each between the honest host's connect and its AUTH.
+    let flooders: Vec<IpAddr> = (11..19).map(|n| IpAddr::from([127, 0, 0, n])).collect();
+    let (mut tries, mut refused) = (0, 0);
+    for i in 0..20 {
+        let mut c = from(honest).unwrap_or_else(|e| panic!("login {i}: connect refused: {e}"));
+        for _ in 0..2 {
+            for &f in &flooders {
+                tries += 1;
+                match from(f) {
+                    Ok(c) => idle.push(c),
+                    Err(_) => refused += 1,
+                }
+            }
+        }
+        c.login(Some(&key), None).unwrap_or_else(|e| panic!("login {i}: {e:?}"));
+        c.open_with("v", OpenMode::ReadOnly, None).unwrap_or_else(|e| panic!("login {i}: OPEN: {e:?}"));
+    }
+    eprintln!("limits: {tries} flood connects from 8 addresses, {refused} refused at once (early drop)");
+    assert!(refused > 0, "the pool past half full dropped some flood connects early");
 }
 
 #[test]
