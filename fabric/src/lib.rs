@@ -879,14 +879,11 @@ impl Endpoint {
         dispatch!(EndpointInner, &self.inner, e => e.event_fd())
     }
 
-    /// Consumes the event signalled so far and asks for one at the next completion. Poll once
+    /// Consumes the events signalled so far and asks for one at the next completion. Poll once
     /// more after arming, then wait for [`event_fd`](Self::event_fd): a completion that arrived
-    /// before the arm raises no event. `signalled`: whether [`event_fd`](Self::event_fd) may
-    /// be readable (a caller that does not know says true). A caller that says false while an
-    /// event waits must be told again by its level-triggered wait (epoll, poll), which then
-    /// says true.
-    pub fn arm_events(&mut self, signalled: bool) -> Result<()> {
-        dispatch!(EndpointInner, &mut self.inner, e => e.arm_events(signalled))
+    /// before the arm raises no event.
+    pub fn arm_events(&mut self) -> Result<()> {
+        dispatch!(EndpointInner, &mut self.inner, e => e.arm_events())
     }
 
     /// A handle that interrupts [`Endpoint::wait`] from another thread (or the one given to

@@ -1008,12 +1008,9 @@ impl Endpoint {
         self.bell.as_raw_fd()
     }
 
-    /// Empties the bell if it rang (`signalled`): the next completion rings it again (the
-    /// caller polls afterwards). A bell left ringing keeps the caller's epoll reporting it.
-    pub(crate) fn arm_events(&mut self, signalled: bool) -> Result<()> {
-        if signalled {
-            while matches!((&self.bell).read(&mut [0u8; 64]), Ok(n) if n > 0) {}
-        }
+    /// Empties the bell: the next completion rings it again (the caller polls afterwards).
+    pub(crate) fn arm_events(&mut self) -> Result<()> {
+        while matches!((&self.bell).read(&mut [0u8; 64]), Ok(n) if n > 0) {}
         Ok(())
     }
 

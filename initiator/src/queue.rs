@@ -557,11 +557,7 @@ impl Queue {
     /// for [`event_fd`](Self::event_fd): a completion that arrived before the arm raises none.
     pub fn arm(&mut self) -> Result<()> {
         let addr = self.conn.addr;
-        self.conn.ep.arm_events(true).map_err(|source| Error::Fabric {
-            op: "arming the completion queue",
-            addr,
-            source,
-        })
+        self.conn.ep.arm_events().map_err(|source| Error::Fabric { op: "arming the completion queue", addr, source })
     }
 
     /// Operations submitted and not yet completed (posted, or parked while the session

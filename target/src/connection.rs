@@ -320,17 +320,16 @@ impl Connection {
         self.ep.event_fd()
     }
 
-    /// One turn: `woken` when a waker fired for it (see [`Connection::check_wakes`]),
-    /// `signalled` when its completion channel was readable (else no CQ event is read).
-    pub(crate) fn turn(&mut self, woken: bool, signalled: bool) -> Turn {
-        match self.serve(woken, signalled) {
+    /// One turn: `woken` when a waker fired for it (see [`Connection::check_wakes`]).
+    pub(crate) fn turn(&mut self, woken: bool) -> Turn {
+        match self.serve(woken) {
             Err(reason) => Turn::End(reason),
             Ok(()) if self.parked.is_some() => Turn::Park,
             Ok(()) => Turn::Wait { until: self.next_turn(), more: self.more },
         }
     }
 
-    fn serve(&mut self, woken: bool, signalled: bool) -> Result<(), Reason> {
+    fn serve(&mut self, woken: bool) -> Result<(), Reason> {
         if self.shared.is_shutting_down() {
             return Err("target shutting down".into());
         }
@@ -344,7 +343,7 @@ impl Connection {
         self.check_replacing();
         self.more = false;
         if self.parked.is_none() {
-            self.poll(signalled)?;
+            self.poll()?;
         }
         self.answer_flushes()?;
         if !self.counted_open && self.protocol.past_auth(self.shared.auth_required()) {
@@ -358,12 +357,12 @@ impl Connection {
     /// Arms the completion channel (a completion from now on makes it readable), then takes at
     /// most [`BUDGET`] completions: one busy peer does not keep its worker's other connections
     /// waiting.
-    fn poll(&mut self, signalled: bool) -> Result<(), Reason> {
+    fn poll(&mut self) -> Result<(), Reason> {
         let failed = |e: rblk_fabric::Error| {
             warn!(error = %Chain(&e), "completion wait failed");
             Reason::from("completion error")
         };
-        self.ep.arm_events(signalled).map_err(failed)?;
+        self.ep.arm_events().map_err(failed)?;
         let mut taken = 0;
         while taken < BUDGET && self.parked.is_none() {
             let mut one = [Completion::EMPTY; 1];

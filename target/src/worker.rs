@@ -209,48 +209,6 @@ impl Workers {
     }
 }
 
-/// A connection's turn in a round: whether a waker fired for it, and whether epoll said its
-/// completion channel is readable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Due {
-    id: u64,
-    woken: bool,
-    signalled: bool,
-}
-
-/// One round's turns, each connection once, in order: woken, then readable, then deadlines,
-/// then those with completions left (the [`INBOX`] tag is no connection's).
-#[derive(Debug, Default)]
-struct Round(Vec<Due>);
-
-impl Round {
-    fn of(woken: &[u64], ready: &[u64], due: &[u64], more: &[u64]) -> Round {
-        let mut round = Round(Vec::with_capacity(woken.len() + ready.len() + due.len() + more.len()));
-        let mut index: HashMap<u64, usize> = HashMap::with_capacity(round.0.capacity());
-        let mut add = |id: u64, woken: bool, signalled: bool| {
-            if id == INBOX {
-                return;
-            }
-            match index.entry(id) {
-                std::collections::hash_map::Entry::Occupied(e) => {
-                    let d = &mut round.0[*e.get()];
-                    d.woken |= woken;
-                    d.signalled |= signalled;
-                }
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(round.0.len());
-                    round.0.push(Due { id, woken, signalled });
-                }
-            }
-        };
-        woken.iter().for_each(|&id| add(id, true, false));
-        ready.iter().for_each(|&id| add(id, false, true));
-        due.iter().for_each(|&id| add(id, false, false));
-        more.iter().for_each(|&id| add(id, false, false));
-        round
-    }
-}
-
 /// One worker thread's state.
 struct Worker {
     shared: Arc<Shared>,
@@ -286,10 +244,14 @@ impl Worker {
             self.timers.due(Instant::now(), &mut due);
             // One turn each per round: woken first (they carry news), then completions, then
             // deadlines, then those with completions left from the last round.
-            let more = std::mem::take(&mut self.more);
-            let round = Round::of(&woken, &ready, &due, &more);
-            for due in round.0 {
-                self.turn(due);
+            let mut round: Vec<(u64, bool)> = woken.iter().filter(|&&id| id != INBOX).map(|&id| (id, true)).collect();
+            for &id in ready.iter().filter(|&&t| t != INBOX).chain(&due).chain(&std::mem::take(&mut self.more)) {
+                if !round.iter().any(|&(r, _)| r == id) {
+                    round.push((id, false));
+                }
+            }
+            for (id, woken) in round {
+                self.turn(id, woken);
             }
         }
         for id in self.conns.keys().copied().collect::<Vec<_>>() {
@@ -318,12 +280,12 @@ impl Worker {
         }
     }
 
-    fn turn(&mut self, Due { id, woken, signalled }: Due) {
+    fn turn(&mut self, id: u64, woken: bool) {
         // Parked (off the worker) or gone: nothing to do here.
         let Some(conn) = self.conns.get_mut(&id) else { return };
         let turn = {
             let _enter = conn.span.clone().entered();
-            conn.turn(woken, signalled)
+            conn.turn(woken)
         };
         match turn {
             Turn::Wait { until, more } => {
@@ -380,20 +342,6 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Catches a round that gives a connection two turns (before, a linear search per entry
-    /// kept them apart: quadratic in the connections ready at once), loses one, puts the
-    /// inbox among them, or drops a flag when a connection is both woken and readable.
-    #[test]
-    fn a_round_gives_each_connection_one_turn_with_all_its_reasons() {
-        let r = Round::of(&[3, INBOX, 5], &[INBOX, 5, 7, 3], &[9, 7], &[7, 11]);
-        let d = |id, woken, signalled| Due { id, woken, signalled };
-        assert_eq!(
-            r.0,
-            [d(3, true, true), d(5, true, true), d(7, false, true), d(9, false, false), d(11, false, false)]
-        );
-        assert!(Round::of(&[], &[], &[], &[]).0.is_empty());
-    }
 
     /// Catches a heap that fires a deadline a connection no longer has, or loses the one it has.
     #[test]

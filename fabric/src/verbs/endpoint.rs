@@ -708,16 +708,10 @@ impl Endpoint {
         std::os::fd::AsRawFd::as_raw_fd(&*self.comp)
     }
 
-    /// Takes the CQ event already signalled, if any, and arms the CQ for the next completion.
-    /// The caller polls once more afterwards: a completion that landed before the arm raises no
-    /// event. An armed CQ raises one event and is disarmed, and is armed again only once that
-    /// event is taken: so at most one event waits, only while `armed`, and only if the channel
-    /// was readable (`signalled`). No read that can only fail: on rxe each is a system call,
-    /// and at 2,000 idle QPs they were a quarter of the target's.
-    pub(crate) fn arm_events(&mut self, signalled: bool) -> Result<()> {
-        if self.armed && signalled {
-            self.take_cq_event()?;
-        }
+    /// Takes the CQ events already signalled and arms the CQ for the next completion. The caller
+    /// polls once more afterwards: a completion that landed before the arm raises no event.
+    pub(crate) fn arm_events(&mut self) -> Result<()> {
+        while self.take_cq_event()? {}
         if !self.armed {
             self.arm()?;
         }
