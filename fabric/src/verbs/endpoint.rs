@@ -708,10 +708,15 @@ impl Endpoint {
         std::os::fd::AsRawFd::as_raw_fd(&*self.comp)
     }
 
-    /// Takes the CQ events already signalled and arms the CQ for the next completion. The caller
-    /// polls once more afterwards: a completion that landed before the arm raises no event.
+    /// Takes the CQ event already signalled, if any, and arms the CQ for the next completion.
+    /// The caller polls once more afterwards: a completion that landed before the arm raises no
+    /// event. An armed CQ raises one event and is disarmed, and is armed again only once that
+    /// event is taken: so at most one event waits, and only while `armed`. (Reading on until
+    /// EAGAIN cost a read that could only fail after every event: on rxe a system call each.)
     pub(crate) fn arm_events(&mut self) -> Result<()> {
-        while self.take_cq_event()? {}
+        if self.armed {
+            self.take_cq_event()?;
+        }
         if !self.armed {
             self.arm()?;
         }
