@@ -29,7 +29,11 @@
 #          p50, p99.
 #      A session that cannot be opened stops the phase's growth where it is (the reason is
 #      recorded: a cap of the target, rxe, memory, fds) and the step is measured as held;
-#   4. cmtime with HOSTS_CMTIME_STORM connections (default 2000): the storm goal's reference.
+#   4. the storm (issue 40's item 6): with the 2qp phase's last step still held, a successor
+#      takes over (`rblk-target --takeover`, the same arguments): every QP loses its connection
+#      at once and every session reconnects; how long until all are back (the initiators'
+#      reconnect delay included), the successor's most threads meanwhile, sessions that gave up;
+#   5. cmtime with HOSTS_CMTIME_STORM connections (default 2000): the storm goal's reference.
 #
 # Prints the table and writes build/hosts/table.txt and summary.json (scripts/lib/hosts.py:
 # ratios against the first 1qp row, the open-time ratios against each phase's 10-session row, per
@@ -62,6 +66,8 @@ source "$REPO_ROOT/scripts/lib/script.sh"
 #   @@bench P N JSON           (rblk-bench -o json, on one line)
 #   @@stop P N MESSAGE         (why the phase could not grow further)
 #   @@skip P N MESSAGE, @@fail WHAT MESSAGE
+#   @@storm phase=P sessions=N qps=Q seconds=S most_threads=T back=B failed=F (the takeover: B
+#          sessions reconnected within S seconds, F gave up)
 #   @@cmtime N ... @@endcmtime (cmtime's output)
 # Progress goes to stderr.
 
@@ -89,12 +95,13 @@ guest_main() {
     printf '@@meta nofile %s\n' "$(ulimit -n)"
 
     cmtime_run "$addr" "$cm"
-    start_target "$work/target.log" "$bin" 60 --listen "$addr:$PORT" --memory-windows on --volume v:64M \
-        --max-sessions 8192 --max-sessions-per-host 8192 --max-joins 8192 --max-joins-per-host 8192 ||
-        die "rblk-target did not start"
+    # The storm's successor (--takeover) starts with the same arguments.
+    TARGET_ARGS=(--listen "$addr:$PORT" --memory-windows on --volume v:64M --admin-socket "$work/admin.sock"
+        --max-sessions 8192 --max-sessions-per-host 8192 --max-joins 8192 --max-joins-per-host 8192)
+    start_target "$work/target.log" "$bin" 60 "${TARGET_ARGS[@]}" || die "rblk-target did not start"
     local tpid=$TARGET_PID
-    # shellcheck disable=SC2064 # expand now: the trap must kill this target
-    trap "kill -TERM $tpid 2>/dev/null || true" EXIT
+    # TARGET_PID is the successor's after the storm: the trap reads it when it runs.
+    trap 'kill -TERM "$TARGET_PID" 2>/dev/null || true' EXIT
     TARGET_BASE_THREADS=$(count_dir "/proc/$tpid/task")
     printf '@@meta target_threads_at_start %s\n' "$TARGET_BASE_THREADS"
     printf '@@meta target_fds_at_start %s\n' "$(count_dir "/proc/$tpid/fd")"
@@ -112,8 +119,8 @@ guest_main() {
         printf '@@skip cmtime %s the budget of %s s has passed\n' "$storm" "$budget"
     fi
     grep -i 'warn' "$work/target.log" | head -n 5 | sed 's/^/@@meta target_warning /' || true
-    kill -TERM "$tpid" 2>/dev/null || true
-    wait "$tpid" 2>/dev/null || true
+    kill -TERM "$TARGET_PID" 2>/dev/null || true
+    wait_gone "$TARGET_PID" || true
     trap - EXIT
 }
 
@@ -198,7 +205,16 @@ hold_phase() {
         measure_step "$bin" "$work" "$uri" "$tpid" "$hpid" "$phase" "$held" "$qps" "$opens" "$idle" "$bench"
         ((stopped)) && break
     done
-    exec 9>&-
+    if [[ $phase == 2qp ]] && ((held > 0 && SECONDS < deadline)); then
+        storm_step "$bin" "$work" "$phase" "$held" "$qps"
+        tpid=$TARGET_PID
+    fi
+    exec 9>&- # its stdin closes: it drops its sessions and exits
+    if ! wait_gone "$hpid"; then
+        # Seen after the storm's takeover: the sessions that reconnected did not end.
+        printf '@@fail %s-exit the hold client did not exit within 60 s of its stdin closing (killed)\n' "$phase"
+        kill -KILL "$hpid" 2>/dev/null || true
+    fi
     wait "$hpid" 2>/dev/null || true
     rm -f "$fifo"
     # The target tears the phase's connections down: wait (up to 2 min) for its threads.
@@ -222,6 +238,48 @@ hold_wait() {
     return 1
 }
 
+# hold_status WORK PHASE: asks the phase's hold client (on fd 9) for its status; prints its
+# sessions' reconnects so far and those that gave up ("-1 -1" when it does not answer in 30 s).
+hold_status() {
+    local out=$1/hold.$2.out reconnects=-1 failed=-1 lines _
+    lines=$(grep -c '^status' "$out" || true)
+    printf 'status\n' >&9 || true
+    for _ in $(seq 1 300); do
+        (($(grep -c '^status' "$out" || true) > lines)) && break
+        sleep 0.1
+    done
+    read -r _ _ _ _ reconnects _ failed < <(grep '^status' "$out" | tail -n 1) || true
+    printf '%s %s\n' "${reconnects:--1}" "${failed:--1}"
+}
+
+# storm_step BIN WORK PHASE SESSIONS QPS: hands the target over to a successor (rblk-target
+# --takeover, the same arguments) while the hold client holds SESSIONS sessions: every QP loses
+# its connection at once and every session reconnects (after the initiator's reconnect delay).
+# Records how long from the takeover's start until the reconnect count grew by SESSIONS, the
+# successor's most threads meanwhile, and sessions that gave up; sets TARGET_PID.
+storm_step() {
+    local bin=$1 work=$2 phase=$3 n=$4 qps=$5 r0 f0 r f t0 most=0 threads _
+    read -r r0 f0 < <(hold_status "$work" "$phase")
+    log "$phase: storm: a takeover with $n sessions x $qps QPs held"
+    t0=$EPOCHREALTIME
+    if ! start_target "$work/successor.log" "$bin" 120 "${TARGET_ARGS[@]}" --takeover; then
+        printf '@@fail storm the successor did not take over: %s\n' \
+            "$(tail -n 3 "$work/successor.log" | tr -s '\n' ' ' | cut -c1-300)"
+        return 0
+    fi
+    r=$r0 f=$f0
+    for _ in $(seq 1 600); do
+        threads=$(count_dir "/proc/$TARGET_PID/task")
+        ((threads > most)) && most=$threads
+        read -r r f < <(hold_status "$work" "$phase")
+        ((r - r0 >= n || f > f0)) && break
+        sleep 0.5
+    done
+    printf '@@storm phase=%s sessions=%s qps=%s seconds=%s most_threads=%s back=%s failed=%s\n' \
+        "$phase" "$n" $((n * qps)) "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')" \
+        "$most" $((r - r0)) $((f - f0))
+}
+
 # measure_step BIN WORK URI TPID HPID PHASE SESSIONS QPS OPENS IDLE BENCH
 measure_step() {
     local bin=$1 work=$2 uri=$3 tpid=$4 hpid=$5 phase=$6 n=$7 qps=$8 opens=$9 idle=${10} bench=${11}
@@ -232,14 +290,8 @@ measure_step() {
     sleep "$idle"
     t1=$EPOCHREALTIME c1=$(cpu_ticks "$tpid") h1=$(cpu_ticks "$hpid" || echo 0)
     # Were the held sessions up all along? (A lost one reconnects: not idle.)
-    local reconnects=-1 failed=-1 lines _
-    lines=$(grep -c '^status' "$work/hold.$phase.out" || true)
-    printf 'status\n' >&9 || true
-    for _ in $(seq 1 300); do
-        (($(grep -c '^status' "$work/hold.$phase.out" || true) > lines)) && break
-        sleep 0.1
-    done
-    read -r _ _ _ _ reconnects _ failed < <(grep '^status' "$work/hold.$phase.out" | tail -n 1) || true
+    local reconnects failed
+    read -r reconnects failed < <(hold_status "$work" "$phase")
     printf '@@step phase=%s sessions=%s qps=%s threads=%s fds=%s rss_kb=%s vmpin_kb=%s cpu_ticks=%s client_cpu_ticks=%s window_s=%s clk_tck=%s reconnects=%s failed=%s\n' \
         "$phase" "$n" $((n * qps)) "$(count_dir "/proc/$tpid/task")" "$(count_dir "/proc/$tpid/fd")" \
         "$(status_kb "$tpid" VmRSS)" "$(status_kb "$tpid" VmPin)" $((c1 - c0)) $((h1 - h0)) \

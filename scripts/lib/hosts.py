@@ -3,8 +3,8 @@ log to a table and summary.json.
 
     python3 scripts/lib/hosts.py LOG SUMMARY_JSON TABLE_TXT
 
-The log's lines are described in hosts-rxe.sh (@@meta, @@step, @@open, @@bench, @@stop, @@skip,
-@@fail, @@cmtime ... @@endcmtime). Rows are steps (a phase, 1qp or 2qp, and the sessions held);
+The log's lines are described in hosts-rxe.sh (@@meta, @@step, @@open, @@bench, @@storm, @@stop,
+@@skip, @@fail, @@cmtime ... @@endcmtime). Rows are steps (a phase, 1qp or 2qp, and the sessions held);
 ratios are against the first 1qp row (the bench beside the fewest idle peers), the open-time
 ratios against each phase's 10-session row (the goal's "10 sessions held"), per-QP costs against
 each phase's first row. Goals are shown beside the figures, never asserted.
@@ -75,7 +75,7 @@ def bench_row(doc):
 
 def parse(lines):
     """The guest's log -> {meta, steps: [row], cmtime: {N: table}, stops, skips, failures}."""
-    doc = {"meta": {}, "steps": [], "cmtime": {}, "stops": [], "skips": [], "failures": []}
+    doc = {"meta": {}, "steps": [], "storms": [], "cmtime": {}, "stops": [], "skips": [], "failures": []}
     rows = {}
     cm, cm_lines = None, []
     for line in lines:
@@ -108,6 +108,8 @@ def parse(lines):
                 row["open"] = parse_open(words[2:])
             else:
                 row["bench"] = bench_row(json.loads(rest.split(" ", 2)[2]))
+        elif tag == "@@storm":
+            doc["storms"].append(parse_pairs(words))
         elif tag == "@@cmtime":
             cm, cm_lines = int(words[0]), []
         elif tag in ("@@stop", "@@skip"):
@@ -190,6 +192,14 @@ def goals(doc):
     top = max(up, key=lambda r: r["qps"]) if up else None
     most = max(steps, key=lambda r: r["threads"]) if steps else None
     add("target threads, most over the run", "workers + 4", most and most["threads"], most)
+    for s in doc["storms"]:
+        row = {"phase": f"storm {s['phase']}", "sessions": s["sessions"], "qps": s["qps"]}
+        add("successor's threads, most during the storm", "workers + 4", s["most_threads"], row)
+        storm_cm = doc["cmtime"].get(max(doc["cmtime"])) if doc["cmtime"] else None
+        total = storm_cm and storm_cm.get("connect", {}).get("total_ms")
+        back = s["seconds"] if s["failed"] == 0 and s["back"] >= s["sessions"] else None
+        add(f"storm: every session back / cmtime -c {max(doc['cmtime']) if doc['cmtime'] else '?'}'s total "
+            "(the reconnect delay included)", 1.5, ratio(back * 1000.0, total) if back and total else None, row)
     for qps, bound in ((2000, 1.0), (4096, 2.0)):  # the most QPs up to the goal's
         r = nearest(steps, qps)
         add(f"target CPU idle at {qps} QPs, % of a core", bound, r and r["cpu_pct"], r)
@@ -255,6 +265,11 @@ def table(doc):
         v = g["measured"]
         shown = "-" if v is None else (f"{v:,.2f}" if isinstance(v, float) else str(v))
         out.append(f"  {g['goal']}: {shown} (goal {g['bound']}){' at ' + g['row'] if g['row'] else ''}")
+    for s in doc["storms"]:
+        out.append(f"storm ({s['phase']}, a takeover with {s['sessions']} sessions x "
+                   f"{s['qps'] // max(s['sessions'], 1)} QPs held): {s['back']} sessions back in "
+                   f"{s['seconds']:.1f} s, {s['failed']} gave up; the successor's threads at most "
+                   f"{s['most_threads']}")
     for r in doc["steps"]:
         if lost(r):
             out.append(f"not idle: {r['phase']} {r['sessions']} sessions: the held sessions reconnected "

@@ -119,6 +119,23 @@ class Goals(unittest.TestCase):
         self.assertIn("not idle: 2qp 1500 sessions: the held sessions reconnected 1499 times",
                       hosts.table(doc))
 
+    def test_a_storm_is_read_against_cmtime_and_only_when_every_session_came_back(self):
+        with open(LOG) as f:
+            lines = list(f)
+        storm = "@@storm phase=2qp sessions=1000 qps=2000 seconds=4.5 most_threads=7 back=1000 failed=0"
+        doc = hosts.summarize(lines + [storm])
+        self.assertEqual(doc["storms"][0]["most_threads"], 7)
+        back = self.goal(doc, "storm: every session back")
+        self.assertAlmostEqual(back["measured"], 4500.0 / 500.0)  # against cmtime -c 100's total
+        self.assertEqual(back["row"], "storm 2qp 1000 sessions, 2000 QPs")
+        self.assertEqual(self.goal(doc, "successor's threads")["measured"], 7)
+        self.assertIn("storm (2qp, a takeover with 1000 sessions x 2 QPs held): 1000 sessions back in 4.5 s, "
+                      "0 gave up; the successor's threads at most 7", hosts.table(doc))
+        short = hosts.summarize(lines + [storm.replace("back=1000", "back=998")])
+        self.assertIsNone(self.goal(short, "storm: every session back")["measured"])
+        gave_up = hosts.summarize(lines + [storm.replace("failed=0", "failed=2")])
+        self.assertIsNone(self.goal(gave_up, "storm: every session back")["measured"])
+
     def test_no_rows_no_figures(self):
         doc = hosts.summarize([])
         self.assertTrue(all(g["measured"] is None for g in doc["goals"]))
