@@ -53,10 +53,8 @@ pub(crate) enum AdmitError {
 /// that have not authenticated yet (see [`crate::admission`]) first, before anything is
 /// allocated for it, and gives it back if it cannot be set up.
 pub(crate) fn admit(shared: &Arc<Shared>, workers: &Workers, req: Request, conn: u64) -> Result<(), AdmitError> {
-    let new = matches!(
-        rblk_proto::parse_connect_data(req.private_data()),
-        Ok(ConnectData::NewSession | ConnectData::NewWindowSession)
-    );
+    let data = rblk_proto::parse_connect_data(req.private_data());
+    let new = matches!(data, Ok(ConnectData::NewSession | ConnectData::NewWindowSession));
     if new {
         if let Err(why) = shared.admit_unauthenticated(conn, req.peer().map(|p| p.ip())) {
             shared.counters.crowded.fetch_add(1, Ordering::Relaxed);
@@ -65,17 +63,23 @@ pub(crate) fn admit(shared: &Arc<Shared>, workers: &Workers, req: Request, conn:
             return Err(AdmitError::Crowded { peer, why });
         }
     }
-    let admitted = set_up(shared, workers, req, conn);
+    let admitted = set_up(shared, workers, req, data, conn);
     if admitted.is_err() && new {
         shared.authenticated_or_gone(conn);
     }
     admitted
 }
 
-fn set_up(shared: &Arc<Shared>, workers: &Workers, req: Request, conn: u64) -> Result<(), AdmitError> {
+fn set_up(
+    shared: &Arc<Shared>,
+    workers: &Workers,
+    req: Request,
+    data: Result<ConnectData, rblk_proto::ParseError>,
+    conn: u64,
+) -> Result<(), AdmitError> {
     let peer = req.peer();
     let fabric = |step| move |source| AdmitError::Fabric { peer, step, source };
-    let (pd, state) = match rblk_proto::parse_connect_data(req.private_data()) {
+    let (pd, state) = match data {
         Ok(data @ (ConnectData::NewSession | ConnectData::NewWindowSession)) => {
             let domain = match data {
                 ConnectData::NewWindowSession => {
