@@ -211,7 +211,6 @@ hold_phase() {
     fi
     exec 9>&- # its stdin closes: it drops its sessions and exits
     if ! wait_gone "$hpid"; then
-        # Seen after the storm's takeover: the sessions that reconnected did not end.
         printf '@@fail %s-exit the hold client did not exit within 60 s of its stdin closing (killed)\n' "$phase"
         kill -KILL "$hpid" 2>/dev/null || true
     fi
@@ -262,7 +261,9 @@ storm_step() {
     read -r r0 f0 < <(hold_status "$work" "$phase")
     log "$phase: storm: a takeover with $n sessions x $qps QPs held"
     t0=$EPOCHREALTIME
-    if ! start_target "$work/successor.log" "$bin" 120 "${TARGET_ARGS[@]}" --takeover; then
+    # 9>&-: the successor must not inherit the hold client's stdin (fd 9, the FIFO's writer): it
+    # would keep the FIFO open after the phase closes it, and the client would never see EOF.
+    if ! start_target "$work/successor.log" "$bin" 120 "${TARGET_ARGS[@]}" --takeover 9>&-; then
         printf '@@fail storm the successor did not take over: %s\n' \
             "$(tail -n 3 "$work/successor.log" | tr -s '\n' ' ' | cut -c1-300)"
         return 0
