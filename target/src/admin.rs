@@ -305,10 +305,23 @@ impl Serving {
 
     /// Stops accepting (requests under way finish on their threads) and removes the socket.
     pub fn stop(self) {
+        self.close(true);
+    }
+
+    /// Stops accepting and leaves the socket file where it is: after a handover, whose
+    /// successor waits until this socket refuses connections and then replaces the file. Were
+    /// this daemon to remove it, its check of the inode and its removal could fall on either
+    /// side of the successor's replacement and remove the successor's socket (seen in CI: the
+    /// next takeover found no daemon at the path).
+    pub fn stop_for_successor(self) {
+        self.close(false);
+    }
+
+    fn close(self, remove: bool) {
         // Wakes the blocked accept (Linux returns EINVAL from it).
         let _ = nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
         let _ = self.thread.join();
-        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+        if remove && std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
             let _ = std::fs::remove_file(&self.path);
         }
     }

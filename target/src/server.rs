@@ -343,7 +343,10 @@ impl Running {
     fn stop(&mut self) {
         self.shared.shut_down();
         if let Some(admin) = self.admin.take() {
-            admin.stop();
+            match self.shared.handed_over() {
+                Some(_) => admin.stop_for_successor(),
+                None => admin.stop(),
+            }
         }
         self.shared.listener_waker.wake();
         if let Some(t) = self.listener.take() {

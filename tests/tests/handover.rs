@@ -122,6 +122,7 @@ fn check(e: &Engine, seed: u64, at: u64, count: u64) {
 /// once `old` handed over, stops it (the old daemon's exit) and finishes.
 fn take_over(old: Running, cfg: Config) -> Result<Running, Box<(StartError, Running)>> {
     let socket = cfg.admin_socket.clone().unwrap();
+    let path = socket.clone();
     let successor = std::thread::spawn(move || {
         let handed = Handed::request(&socket)?;
         Server::take_over(cfg, handed, &mut |_| {})
@@ -134,6 +135,13 @@ fn take_over(old: Running, cfg: Config) -> Result<Running, Box<(StartError, Runn
     let new = if old.handed_over().is_some() {
         assert_eq!(old.handed_over(), Some(0), "--takeover: the old daemon exits 0");
         old.shutdown();
+        // The old daemon leaves its socket file for the successor to replace. Catches an old
+        // daemon that removes it at exit: racing the successor's replacement, that removal
+        // can take the successor's socket away (seen in CI: the next takeover found no daemon).
+        assert!(
+            std::fs::symlink_metadata(&path).is_ok(),
+            "the old daemon removed the admin socket it handed over"
+        );
         successor.join().unwrap().expect("the successor serves")
     } else {
         return Err(Box::new((successor.join().unwrap().expect_err("no handover, so an error"), old)));
