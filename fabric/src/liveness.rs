@@ -62,13 +62,23 @@ pub struct Liveness {
     /// Since when a watched SEND has been outstanding without progress.
     send_since: Option<Instant>,
     keepalive_due: Instant,
+    /// A probe under way ([`Liveness::probe`]): how long a watched SEND may go without
+    /// progress until the peer counts as gone.
+    probe: Option<Duration>,
 }
 
 impl Liveness {
     /// A connection established at `now`: heard from then, a keepalive due one interval later,
     /// the peer's silence counting, no SEND watched.
     pub fn new(rules: Rules, now: Instant) -> Liveness {
-        Liveness { rules, heard: now, silence_counts: true, send_since: None, keepalive_due: now + rules.interval }
+        Liveness {
+            rules,
+            heard: now,
+            silence_counts: true,
+            send_since: None,
+            keepalive_due: now + rules.interval,
+            probe: None,
+        }
     }
 
     /// Whether the peer's silence counts: only a peer that promised keepalives can be silent
@@ -77,9 +87,32 @@ impl Liveness {
         self.silence_counts = on;
     }
 
-    /// A message from the peer arrived (or was handled) at `now`.
+    /// A message from the peer arrived (or was handled) at `now`. It answers a probe.
     pub fn heard(&mut self, now: Instant) {
         self.heard = now;
+        self.probe = None;
+    }
+
+    /// Asks at `now` whether the peer is still there, sooner than the timeout would tell: a
+    /// keepalive is due at once (or the one outstanding is watched), and a watched SEND without
+    /// progress for `wait` (counted from its post, which may be before `now`) means the peer
+    /// is gone ([`Action::SendStuck`]). A SEND that completes, or a message from the peer,
+    /// answers it. For a target whose host is at its session cap: a host that vanished without
+    /// a disconnect leaves a keepalive of ours unacknowledged, and its sessions make room for
+    /// its next ones before the timeout would.
+    pub fn probe(&mut self, now: Instant, wait: Duration) {
+        self.probe = Some(wait);
+        self.keepalive_due = self.keepalive_due.min(now);
+    }
+
+    /// Whether a probe is under way (not answered yet).
+    pub fn probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// How long a watched SEND may go without progress: the timeout, or a probe's shorter wait.
+    fn stuck_after(&self) -> Duration {
+        self.probe.map_or(self.rules.timeout, |wait| wait.min(self.rules.timeout))
     }
 
     /// When the peer was last heard from.
@@ -101,9 +134,10 @@ impl Liveness {
         }
     }
 
-    /// Every watched SEND completed: the stuck clock stops.
+    /// Every watched SEND completed: the stuck clock stops, and a probe is answered.
     pub fn sends_done(&mut self) {
         self.send_since = None;
+        self.probe = None;
     }
 
     /// Whether a watched SEND is outstanding.
@@ -127,7 +161,7 @@ impl Liveness {
         if self.silence_counts && now >= heard + self.rules.timeout {
             return Action::Silent(now.saturating_duration_since(heard));
         }
-        if let Some(since) = self.send_since.filter(|since| now >= *since + self.rules.timeout) {
+        if let Some(since) = self.send_since.filter(|since| now >= *since + self.stuck_after()) {
             return Action::SendStuck(now.saturating_duration_since(since));
         }
         if due && may_send {
@@ -147,7 +181,8 @@ impl Liveness {
             return due;
         }
         let timeout = self.rules.timeout;
-        [Some(due), self.silence_counts.then(|| self.heard + timeout), self.send_since.map(|since| since + timeout)]
+        let stuck = self.stuck_after();
+        [Some(due), self.silence_counts.then(|| self.heard + timeout), self.send_since.map(|since| since + stuck)]
             .into_iter()
             .flatten()
             .min()
@@ -297,6 +332,49 @@ mod tests {
         assert_eq!(l.next_check(), t0 + 19 * S, "no earlier look for loss");
         assert_eq!(l.poll(t0 + 16 * S, None, false), Action::Nothing, "between keepalives");
         assert_eq!(l.poll(t0 + 19 * S, None, false), Action::Silent(19 * S));
+    }
+
+    /// Catches a probe that sends nothing, waits for the full timeout, or ends a peer that
+    /// answered.
+    #[test]
+    fn a_probe_sends_at_once_and_an_unacknowledged_one_is_loss_after_its_wait() {
+        let t0 = Instant::now();
+        let mut l = target(t0);
+        l.probe(t0 + S, 2 * S);
+        assert!(l.probing());
+        assert_eq!(l.next_check(), t0 + S, "due at once");
+        assert_eq!(l.poll(t0 + S, None, true), Action::SendKeepalive);
+        l.send_posted(t0 + S);
+        assert_eq!(l.next_check(), t0 + 3 * S, "the probe's wait, not the timeout");
+        assert_eq!(l.poll(t0 + 2 * S, None, true), Action::Nothing);
+        assert_eq!(l.poll(t0 + 3 * S, None, true), Action::SendStuck(2 * S));
+        // Answered by the SEND's completion: the timeout applies again.
+        let mut l = target(t0);
+        l.probe(t0, 2 * S);
+        assert_eq!(l.poll(t0, None, true), Action::SendKeepalive);
+        l.send_posted(t0);
+        l.sends_done();
+        assert!(!l.probing());
+        l.send_posted(t0 + 5 * S);
+        assert_eq!(l.poll(t0 + 8 * S, None, true), Action::Nothing, "an answered probe shortens nothing");
+        // Answered by a message from the peer.
+        let mut l = target(t0);
+        l.probe(t0, 2 * S);
+        l.send_posted(t0);
+        l.heard(t0 + S);
+        assert_eq!(l.poll(t0 + 4 * S, None, true), Action::Nothing);
+    }
+
+    /// Catches a probe that restarts the clock of a keepalive already outstanding: a peer that
+    /// left it unacknowledged for longer than the wait is gone at once.
+    #[test]
+    fn a_probe_counts_the_outstanding_keepalive_from_its_post() {
+        let t0 = Instant::now();
+        let mut l = target(t0);
+        l.send_posted(t0);
+        l.heard(t0 + 4 * S);
+        l.probe(t0 + 4 * S, 2 * S);
+        assert_eq!(l.poll(t0 + 4 * S, None, true), Action::SendStuck(4 * S));
     }
 
     #[test]

@@ -64,6 +64,8 @@ static LISTENERS: Mutex<BTreeMap<SocketAddr, Weak<ListenerShared>>> = Mutex::new
 static QPS: Mutex<BTreeMap<u32, Weak<Shared>>> = Mutex::new(BTreeMap::new());
 static FAULTS: Mutex<BTreeMap<u32, (u32, WcStatus)>> = Mutex::new(BTreeMap::new());
 static DEALLOC_FAULTS: Mutex<BTreeMap<u32, u32>> = Mutex::new(BTreeMap::new());
+/// QPs whose host went silent (see [`silence`]).
+static SILENT: Mutex<std::collections::BTreeSet<u32>> = Mutex::new(std::collections::BTreeSet::new());
 /// Lengths whose registrations are held, and how many registrations wait at each.
 static HELD: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
 static HELD_CHANGED: Condvar = Condvar::new();
@@ -123,6 +125,15 @@ pub fn sever(qp_num: u32) {
     if let Some(shared) = shared {
         shared.close();
     }
+}
+
+/// Makes QP `qp_num`'s host vanish without a disconnect, its NIC acknowledging nothing: from
+/// now on the work requests its peer runs towards it wait (a transport retrying, unanswered),
+/// so none of the peer's SENDs complete; nobody hears a disconnect. Unlike [`sever`], neither
+/// QP errors: only a liveness rule of the peer's notices (its keepalive that stays
+/// unacknowledged).
+pub fn silence(qp_num: u32) {
+    lock(&SILENT).insert(qp_num);
 }
 
 /// Poisoning would turn one failed test into many: the data stays consistent at every unlock.
@@ -636,6 +647,9 @@ impl Conn {
         if peer.state == State::Err {
             // Nobody answers: the transport retries run out.
             return Step::Fail(WcStatus::RETRY_EXC_ERR);
+        }
+        if lock(&SILENT).contains(&peer.num) {
+            return Step::Wait;
         }
         // Looked up when the WR runs, as a NIC does: a registration dropped since the post fails.
         let (src, len) = match &wr.data {

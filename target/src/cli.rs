@@ -107,7 +107,8 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_sessions: Option<u64>,
     /// Open sessions at most per host (per address for initiators that send no host identity).
-    /// Default: 64.
+    /// At the cap, the host's sessions silent for 2 s are probed first, and those whose
+    /// initiator vanished make room. Default: 64.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_sessions_per_host: Option<u64>,
     /// JOINed connections (every queue pair of a session after its first) at most per

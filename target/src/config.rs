@@ -87,6 +87,8 @@ pub struct Config {
     /// Open sessions at most, in all.
     pub max_sessions: usize,
     /// Open sessions at most per host (per address for initiators without host identities).
+    /// At the cap, an OPEN first probes the host's sessions not heard from for a keepalive
+    /// interval and counts those that vanished out (see `registry::Shared::probe_silent_sessions`).
     pub max_sessions_per_host: usize,
     /// Connections JOINed to one session at most (every QP after its first; a JOIN past it is
     /// answered with an ERROR), like SPDK's `max_qpairs_per_ctrlr`. A config file may not set

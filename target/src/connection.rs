@@ -131,10 +131,11 @@ fn set_up(
             shared.remove_connection(conn);
             return Err(AdmitError::Replaced { peer, session_id: s.id });
         }
+        shared.connection_joined(conn, s);
     }
     let span = info_span!("conn", conn, peer = %crate::connection::Shown(ep.peer()), qpn = ep.qp_num());
     span.in_scope(|| info!(worker, "connected"));
-    let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()) };
+    let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()), probe: true };
     workers.hand(worker, Box::new(Connection::new(Arc::clone(shared), conn, peer, ep, channel, state, span)));
     Ok(())
 }
@@ -227,7 +228,8 @@ pub(crate) struct Connection {
     handled: Option<(Vec<u8>, Reply, After)>,
     /// An AUTH failure's ERROR held back until its instant (see [`Shared::auth_failed`]).
     held: Option<Held>,
-    /// A reconnecting OPEN waiting for the connections of the session it replaces to end.
+    /// An OPEN waiting to be handled again: for the connections of the session it replaces
+    /// to end, or for the silent sessions it probed at its host's cap.
     replacing: Option<Replacing>,
     /// Completions may be left: its last turn used up its budget.
     more: bool,
@@ -241,12 +243,16 @@ struct Held {
     after: After,
 }
 
-/// A reconnecting OPEN whose old session's connections are ending (see
-/// [`Shared::replace_session`]).
+/// An OPEN handled again once the sessions it waits for have no connection left, or at `by`:
+/// a reconnect's old session, whose connections are ending (see [`Shared::replace_session`]),
+/// or the silent sessions probed at its host's cap (see
+/// [`Shared::probe_silent_sessions`]), whose vanished initiators' connections end.
 struct Replacing {
-    old: Arc<Session>,
+    old: Vec<Arc<Session>>,
     by: Instant,
     open: Vec<u8>,
+    /// Waiting for probed sessions (not a replaced one).
+    probed: bool,
 }
 
 /// What a connection wants after a turn.
@@ -389,14 +395,19 @@ impl Connection {
                         window's rkey dies with the QP"
                 .into());
         }
-        if self.shared.take_evicted(self.conn) {
+        let wakes = self.shared.take_wakes(self.conn);
+        if wakes.evicted {
             return Err("evicted: too many connections that have not authenticated (the oldest of the address holding the most go first)".into());
         }
         if let Some(ended) = self.protocol.session().and_then(|s| s.ended()) {
             return Err(ended.to_string().into());
         }
-        if self.shared.take_woken(self.conn) {
+        if wakes.disconnected {
             return Err("peer disconnected".into());
+        }
+        if wakes.probe {
+            debug!("probed: its host is at its session cap and it was silent");
+            self.liveness.probe(Instant::now(), crate::registry::PROBE_WAIT);
         }
         Ok(())
     }
@@ -488,6 +499,10 @@ impl Connection {
         if self.keepalive.is_some_and(|number| self.sends_done >= number) {
             self.keepalive = None;
             self.liveness.sends_done();
+            // Acknowledged by the initiator's side: it is there (a probe's answer).
+            if let Some(session) = self.protocol.session() {
+                session.heard(Instant::now());
+            }
         }
         if let Phase::Closing { reason, .. } = &mut self.phase {
             if self.channel.free_sends() == rblk_proto::SEND_COUNT {
@@ -508,6 +523,11 @@ impl Connection {
     /// initiator's other requests keep their order with its FLUSHes).
     fn on_message(&mut self, len: usize) -> Result<(), Reason> {
         self.unheard = 0;
+        let now = Instant::now();
+        self.liveness.heard(now);
+        if let Some(session) = self.protocol.session() {
+            session.heard(now);
+        }
         let bytes = &self.buf[..len];
         let at_once = matches!(rblk_proto::parse(bytes), Ok((_, Message::Flush(_) | Message::Keepalive)))
             && self.held.is_none()
@@ -556,7 +576,19 @@ impl Connection {
         if let Reply::Replacing(old) = reply {
             debug!(session = old.id, "waiting for the replaced session's connections to end");
             old.when_empty(self.ep.waker());
-            self.replacing = Some(Replacing { old, by: Instant::now() + REPLACE_WAIT, open: request.to_vec() });
+            let by = Instant::now() + REPLACE_WAIT;
+            self.replacing = Some(Replacing { old: vec![old], by, open: request.to_vec(), probed: false });
+            return Ok(());
+        }
+        if let Reply::Probing(old) = reply {
+            debug!(sessions = old.len(), "at the host's session cap: waiting for its silent sessions' probes");
+            for s in &old {
+                s.when_empty(self.ep.waker());
+            }
+            // Their keepalives' wait, and a tick for their ends to be seen.
+            let by = Instant::now() + crate::registry::PROBE_WAIT + MIN_TICK;
+            self.replacing = Some(Replacing { old, by, open: request.to_vec(), probed: true });
+            self.peer.probe = false;
             return Ok(());
         }
         // Time spent serving a request (an OPEN's registration of a large volume; a FLUSH's
@@ -592,17 +624,25 @@ impl Connection {
     /// is handled again (off the worker), and opens the new session.
     fn check_replacing(&mut self) {
         let Some(r) = &self.replacing else { return };
-        let left = r.old.connections();
-        if left > 0 && Instant::now() < r.by {
+        // A probed session also counts as settled once its initiator answered.
+        let settled = |s: &Arc<Session>| {
+            s.live() == 0 || (r.probed && s.silent_for(Instant::now()) < crate::registry::PROBE_WAIT)
+        };
+        if !r.old.iter().all(settled) && Instant::now() < r.by {
             return;
         }
-        if left > 0 {
-            warn!(
-                session = r.old.id,
-                left, "connections of the replaced session did not end within {REPLACE_WAIT:?} (its rkey is revoked)"
-            );
+        if !r.probed {
+            let old = &r.old[0];
+            let left = old.connections();
+            if left > 0 {
+                warn!(
+                    session = old.id,
+                    left,
+                    "connections of the replaced session did not end within {REPLACE_WAIT:?} (its rkey is revoked)"
+                );
+            }
+            info!("session {} replaced by a reconnect", old.id);
         }
-        info!("session {} replaced by a reconnect", r.old.id);
         self.parked = self.replacing.take().map(|r| r.open);
     }
 
@@ -643,7 +683,7 @@ impl Connection {
                 Ok(false)
             }
             // Handled in finish().
-            Reply::Replacing(_) => Ok(false),
+            Reply::Replacing(_) | Reply::Probing(_) => Ok(false),
             Reply::Msg(m) => self.channel.send(&mut self.ep, tag, &m).map(|()| true),
             Reply::List { total, entries } => {
                 self.channel.send(&mut self.ep, tag, &Message::ListReply { total, entries: &entries }).map(|()| true)
@@ -692,6 +732,11 @@ impl Connection {
         match self.liveness.poll(now, None, serving) {
             Action::Nothing => Ok(()),
             Action::Silent(silent) => Err(format!("initiator silent for {} s", silent.as_secs()).into()),
+            Action::SendStuck(stuck) if self.liveness.probing() => Err(format!(
+                "probed at its host's session cap: keepalive not acknowledged for {} ms (the initiator vanished)",
+                stuck.as_millis()
+            )
+            .into()),
             Action::SendStuck(_) => {
                 Err(format!("keepalive not completed for {} s", self.limits.keepalive_timeout.as_secs()).into())
             }
@@ -714,6 +759,10 @@ impl Connection {
     /// [`end`]: Connection::end
     pub(crate) fn disconnect(&mut self) {
         self.ep.disconnect();
+        // From now on it no longer counts against its session's caps.
+        if let Some(session) = self.protocol.session() {
+            session.depart(self.conn);
+        }
     }
 
     /// Disconnects, and takes the connection out of the registry and of its session (off the
@@ -736,8 +785,6 @@ impl Connection {
         drop(channel);
         shared.remove_connection(conn);
         shared.authenticated_or_gone(conn);
-        shared.take_evicted(conn);
-        shared.take_woken(conn);
         if let Some(session) = protocol.session() {
             if session.leave(conn) && session.ended().is_none() {
                 info!(session = session.id, "last connection gone: deregistering");

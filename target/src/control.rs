@@ -10,7 +10,7 @@ use rblk_proto::{
 };
 
 use crate::access::{AccessError, Credential};
-use crate::registry::Shared;
+use crate::registry::{CapReached, Shared};
 use crate::session::{self, Grant, Owner, Registration, Session};
 
 /// Where a connection is in the protocol.
@@ -101,6 +101,11 @@ pub enum Reply {
     /// [`REPLACE_WAIT`](crate::registry::REPLACE_WAIT) passed): the session is forgotten by
     /// then, so that pass opens the new one.
     Replacing(Arc<Session>),
+    /// Nothing yet: the OPEN found its host at `max_sessions_per_host` with sessions not
+    /// heard from for a keepalive interval, and probed them (see
+    /// [`Shared::probe_silent_sessions`]). The connection handles the same OPEN again once
+    /// they are gone or answered, or the probe's wait passed; that pass probes no more.
+    Probing(Vec<Arc<Session>>),
     /// A LIST_REPLY.
     List {
         /// Volumes the host may open.
@@ -133,6 +138,9 @@ pub struct Peer {
     pub conn: u64,
     /// The initiator's address, where the fabric knows it.
     pub ip: Option<std::net::IpAddr>,
+    /// Whether an OPEN at its host's session cap may probe the host's silent sessions first
+    /// ([`Reply::Probing`]); false on that OPEN's second pass.
+    pub probe: bool,
 }
 
 /// Handles one received message (raw bytes, parsed here) in `state`, on connection `conn`,
@@ -286,8 +294,14 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 Some(h) => Owner::Host(Arc::clone(h)),
                 None => Owner::Anonymous(peer.ip),
             };
-            let opener =
-                Opener { conn: peer.conn, pd: pd.clone(), features: *features, owner, credential: *credential };
+            let opener = Opener {
+                conn: peer.conn,
+                pd: pd.clone(),
+                features: *features,
+                owner,
+                credential: *credential,
+                probe: peer.probe,
+            };
             match open(shared, ep, state, opener, mode, name, resume) {
                 Ok(opened) => (opened, After::Continue),
                 Err(Refusal { code, text, after, detail }) => {
@@ -506,6 +520,8 @@ struct Opener {
     features: u64,
     owner: Owner,
     credential: Credential,
+    /// See [`Peer::probe`].
+    probe: bool,
 }
 
 /// The refusal of a connection that authenticated before a reload changed the key its host
@@ -523,7 +539,7 @@ fn open(
     name: &str,
     resume: Option<Resume>,
 ) -> Result<Reply, Refusal> {
-    let Opener { conn, pd, features, owner, credential } = opener;
+    let Opener { conn, pd, features, owner, credential, probe } = opener;
     // Before anything else: the old session's exclusive open must not make this one Busy.
     if let Some(old) = resume.as_ref().and_then(|resume| shared.replace_session(resume)) {
         return Ok(Reply::Replacing(old));
@@ -560,6 +576,12 @@ fn open(
     }
     let Some(volume) = catalog.volumes.get(name) else { return Err(no_such()) };
     if let Some(full) = shared.session_cap_reached(&owner) {
+        if let (CapReached::Host { .. }, true) = (&full, probe) {
+            let silent = shared.probe_silent_sessions(&owner);
+            if !silent.is_empty() {
+                return Ok(Reply::Probing(silent));
+            }
+        }
         return Err(Refusal::resources(full.to_string()));
     }
     if volume.failed() && mode != OpenMode::ReadOnly {
@@ -628,6 +650,7 @@ fn open(
     let access = if windows { "a memory window per QP" } else { "a registration of its own" };
     tracing::info!(volume = name, ?mode, session = id, owner = %session.owner, "opened, with {access}");
     session.join(conn);
+    shared.connection_joined(conn, &session);
     *state = State::Open { session };
     Ok(Reply::Msg(Message::Opened(opened)))
 }

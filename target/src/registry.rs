@@ -23,6 +23,42 @@ use crate::session::{self, Counters, Ended, Owner, Session};
 use crate::start::{Progress, StartError};
 use crate::volume::{LoadError, Volume};
 
+/// How long a probed connection's keepalive may stay unacknowledged before it ends (see
+/// [`Shared::probe_silent_sessions`]): one keepalive interval. An RC SEND to a live peer is
+/// acknowledged by its NIC within a round trip, whatever its initiator's process is doing.
+pub const PROBE_WAIT: Duration = rblk_proto::KEEPALIVE_INTERVAL;
+
+/// Why a connection was woken from outside its loop ([`Shared::wake_connection`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// rdma_cm reported its peer's disconnect.
+    Disconnected,
+    /// It was evicted to make room for connections not authenticated yet.
+    Evicted,
+    /// Its host is at the session cap and it was silent: see
+    /// [`Shared::probe_silent_sessions`].
+    Probe,
+    /// Its session was ended (replaced or revoked): it reads why from the session.
+    SessionEnded,
+}
+
+/// What [`Shared::wake_connection`] recorded for a connection since its last turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Wakes {
+    pub(crate) disconnected: bool,
+    pub(crate) evicted: bool,
+    pub(crate) probe: bool,
+}
+
+/// A live connection in [`Shared`]'s table.
+#[derive(Debug)]
+struct Live {
+    waker: Waker,
+    wakes: Wakes,
+    /// Its session, once it opened or joined one.
+    session: std::sync::Weak<Session>,
+}
+
 /// A session cap that a new session would pass; the refusal's text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -111,14 +147,10 @@ pub struct Shared {
     /// QP each, over registrations without remote access). None: the device has no type 2B
     /// windows, or they are off.
     domains: Mutex<HashMap<String, Option<rblk_fabric::Pd>>>,
-    conns: Mutex<HashMap<u64, Waker>>,
+    /// Live connections: how to wake each, why it was woken, its session.
+    conns: Mutex<HashMap<u64, Live>>,
     /// Connections not yet in a session, oldest first, with their peer's address.
     unopened: Mutex<crate::admission::Pool>,
-    /// Connections told to end to make room (see [`Config::max_unopened`]).
-    evicted: Mutex<std::collections::HashSet<u64>>,
-    /// Connections woken by [`Shared::wake_connection`] (a disconnect or an eviction), told
-    /// apart from their own write-backs' wake-ups.
-    woken: Mutex<std::collections::HashSet<u64>>,
     /// Recent AUTH failures by peer address: how many, and the last one's time.
     auth_failures: Mutex<HashMap<Option<IpAddr>, (u32, Instant)>>,
     next_id: AtomicU64,
@@ -184,8 +216,6 @@ impl Shared {
             counters: Arc::default(),
             identity,
             unopened: Mutex::default(),
-            evicted: Mutex::default(),
-            woken: Mutex::default(),
             auth_failures: Mutex::default(),
             sessions: Mutex::default(),
             domains: Mutex::default(),
@@ -311,7 +341,8 @@ impl Shared {
     /// Records live connection `conn`, woken through `waker` (a disconnect, an eviction, a
     /// replacement of its session, a shutdown).
     pub(crate) fn add_connection(&self, conn: u64, waker: Waker) {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, waker);
+        let live = Live { waker, wakes: Wakes::default(), session: std::sync::Weak::new() };
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, live);
     }
 
     /// Connection `conn` is gone.
@@ -319,23 +350,39 @@ impl Shared {
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn);
     }
 
-    /// Wakes connection `conn`, if it is live.
-    pub(crate) fn wake_connection(&self, conn: u64) {
-        if let Some(w) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get(&conn) {
-            self.woken.lock().unwrap_or_else(|p| p.into_inner()).insert(conn);
-            w.wake();
+    /// Connection `conn` serves session `s` now (it opened it, or joined it): a disconnect
+    /// the listener hears for it counts it out of the session's caps at once.
+    pub(crate) fn connection_joined(&self, conn: u64, s: &Arc<Session>) {
+        if let Some(live) = self.conns.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&conn) {
+            live.session = Arc::downgrade(s);
         }
     }
 
-    /// Whether [`Shared::wake_connection`] woke connection `conn`; forgets that it did.
-    pub(crate) fn take_woken(&self, conn: u64) -> bool {
-        self.woken.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn)
+    /// The one way to reach connection `conn` from outside its worker's loop: records why and
+    /// wakes it (its next turn reads why with [`Shared::take_wakes`]). A disconnect also counts
+    /// it out of its session's caps now ([`Session::depart`]), not once its teardown ran, so a
+    /// host's OPEN that follows its DISCONNECTED never finds the session it dropped counted.
+    pub(crate) fn wake_connection(&self, conn: u64, why: Wake) {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(live) = conns.get_mut(&conn) else { return };
+        match why {
+            Wake::Disconnected => {
+                live.wakes.disconnected = true;
+                if let Some(s) = live.session.upgrade() {
+                    s.depart(conn);
+                }
+            }
+            Wake::Evicted => live.wakes.evicted = true,
+            Wake::Probe => live.wakes.probe = true,
+            Wake::SessionEnded => {}
+        }
+        live.waker.wake();
     }
 
-    /// Whether connection `conn` was told to end to make room (see
-    /// [`Config::max_unopened`]); forgets that it was.
-    pub(crate) fn take_evicted(&self, conn: u64) -> bool {
-        self.evicted.lock().unwrap_or_else(|p| p.into_inner()).remove(&conn)
+    /// Why connection `conn` was woken from outside since it last asked; forgets it.
+    pub(crate) fn take_wakes(&self, conn: u64) -> Wakes {
+        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns.get_mut(&conn).map(|live| std::mem::take(&mut live.wakes)).unwrap_or_default()
     }
 
     /// Every session, taken out of the table (at shutdown).
@@ -364,12 +411,16 @@ impl Shared {
         self.session_cap(&self.sessions.lock().unwrap_or_else(|p| p.into_inner()), owner)
     }
 
+    /// Sessions count while a connection of theirs is not known to be going
+    /// ([`Session::live`]).
     fn session_cap(&self, sessions: &HashMap<u64, Arc<Session>>, owner: &Owner) -> Option<CapReached> {
         let limits = self.limits();
-        if sessions.len() >= limits.max_sessions {
-            return Some(CapReached::Target { open: sessions.len() });
+        let counted = || sessions.values().filter(|s| s.live() > 0);
+        let open = counted().count();
+        if open >= limits.max_sessions {
+            return Some(CapReached::Target { open });
         }
-        let mine = sessions.values().filter(|s| s.owner == *owner).count();
+        let mine = counted().filter(|s| s.owner == *owner).count();
         (mine >= limits.max_sessions_per_host).then(|| CapReached::Host { owner: owner.to_string(), open: mine })
     }
 
@@ -378,7 +429,7 @@ impl Shared {
     /// connections, so between this answer and the join nothing else joins.
     pub fn join_cap_reached(&self, s: &Session) -> Option<CapReached> {
         let limits = self.limits();
-        let joined = |s: &Session| s.connections().saturating_sub(1);
+        let joined = |s: &Session| s.live().saturating_sub(1);
         let mine = joined(s);
         if mine >= limits.max_joins_per_session {
             return Some(CapReached::SessionJoins { session: s.id, joined: mine });
@@ -395,6 +446,30 @@ impl Shared {
             return Some(CapReached::TargetJoins { joined: all });
         }
         (host >= limits.max_joins_per_host).then(|| CapReached::HostJoins { owner: s.owner.to_string(), joined: host })
+    }
+
+    /// At `owner`'s session cap: asks every connection of the owner's sessions not heard from
+    /// for [`rblk_proto::KEEPALIVE_INTERVAL`] whether its initiator is still there
+    /// ([`Wake::Probe`]: a keepalive of the connection's unacknowledged for [`PROBE_WAIT`]
+    /// ends it). Returns the sessions probed: the OPEN that asked is handled again once they
+    /// are gone or the wait passed. A host that vanished without a disconnect would otherwise
+    /// hold its places until [`Config::keepalive_timeout`].
+    pub(crate) fn probe_silent_sessions(&self, owner: &Owner) -> Vec<Arc<Session>> {
+        let now = Instant::now();
+        let silent: Vec<Arc<Session>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| s.owner == *owner && s.live() > 0 && s.silent_for(now) >= rblk_proto::KEEPALIVE_INTERVAL)
+            .cloned()
+            .collect();
+        for s in &silent {
+            for conn in s.live_connections() {
+                self.wake_connection(conn, Wake::Probe);
+            }
+        }
+        silent
     }
 
     /// An AUTH from `ip` failed: how long to hold its ERROR back. The first failure is answered
@@ -435,8 +510,7 @@ impl Shared {
         )?;
         for (old, addr) in evict {
             warn!(conn = old, peer = %crate::connection::Shown(addr), "evicting a connection that has not authenticated, to make room for conn {conn}");
-            self.evicted.lock().unwrap_or_else(|p| p.into_inner()).insert(old);
-            self.wake_connection(old);
+            self.wake_connection(old, Wake::Evicted);
         }
         Ok(())
     }
@@ -524,11 +598,8 @@ impl Shared {
     fn end_session(&self, s: &Arc<Session>, how: Ended) {
         let conns = s.end(how);
         self.forget_session(s);
-        let wakers = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        for conn in &conns {
-            if let Some(w) = wakers.get(conn) {
-                w.wake();
-            }
+        for conn in conns {
+            self.wake_connection(conn, Wake::SessionEnded);
         }
     }
 

@@ -410,7 +410,7 @@ fn listen(shared: &Arc<Shared>, listener: &mut Listener, workers: crate::worker:
             }
             ListenerEvent::Disconnected { conn } => {
                 debug!(conn, "peer disconnected");
-                shared.wake_connection(conn);
+                shared.wake_connection(conn, crate::registry::Wake::Disconnected);
             }
             ListenerEvent::Established { conn } => debug!(conn, "established"),
             ListenerEvent::Other { conn, event } => debug!(conn, event, "CM event"),

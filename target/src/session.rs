@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rblk_fabric::{Access, Chain, Endpoint, Mr, Mw, Pd, Waker};
 use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
@@ -260,12 +261,26 @@ pub struct Session {
     flushes: Mutex<(usize, Option<std::time::Instant>)>,
     /// Connections whose window failed to deallocate (see [`Window`]).
     stuck: Arc<Mutex<Vec<u64>>>,
+    /// When the initiator was last heard from on any of the session's connections, or a SEND
+    /// of ours to it last completed: milliseconds on [`clock_ms`]'s clock.
+    heard_ms: AtomicU64,
+}
+
+/// Milliseconds since the first call, on the monotonic clock: what [`Session::heard`] keeps
+/// in an atomic.
+fn clock_ms(at: Instant) -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(at.saturating_duration_since(epoch).as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The connections of a session (the opener and its joiners), by connection id.
 #[derive(Debug, Default)]
 struct Members {
     conns: Vec<u64>,
+    /// Those of `conns` known to be going (their peer disconnected, or they ended here) but
+    /// not torn down yet: they no longer count against the caps (see [`Session::depart`]).
+    departed: Vec<u64>,
     /// Woken once the last connection left (see [`Session::when_empty`]).
     watchers: Vec<Waker>,
     /// Set once the session was ended from outside: nobody may join any more.
@@ -320,7 +335,19 @@ impl Session {
             counters,
             flushes: Mutex::default(),
             stuck: Arc::default(),
+            heard_ms: AtomicU64::new(clock_ms(Instant::now())),
         }
+    }
+
+    /// The initiator was heard from at `at` on one of the session's connections (a message,
+    /// or the completion of a SEND of ours, which its side acknowledged).
+    pub fn heard(&self, at: Instant) {
+        self.heard_ms.fetch_max(clock_ms(at), Ordering::Relaxed);
+    }
+
+    /// How long the session's initiator has not been heard from, at `now`.
+    pub fn silent_for(&self, now: Instant) -> Duration {
+        Duration::from_millis(clock_ms(now).saturating_sub(self.heard_ms.load(Ordering::Relaxed)))
     }
 
     /// Whether the window bound to connection `conn`'s QP failed to deallocate: its rkey may
@@ -406,10 +433,35 @@ impl Session {
         }
     }
 
+    /// Connection `conn` is going (its peer disconnected, or it ended here) but is not torn
+    /// down yet: from now on it no longer counts against the caps ([`Session::live`]), so a
+    /// host that dropped sessions can open as many again at once. False if it is no member.
+    pub fn depart(&self, conn: u64) -> bool {
+        let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        let member = m.conns.contains(&conn);
+        if member && !m.departed.contains(&conn) {
+            m.departed.push(conn);
+        }
+        member
+    }
+
+    /// Connections that count against the caps: the members not known to be going.
+    pub fn live(&self) -> usize {
+        let m = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        m.conns.len().saturating_sub(m.departed.len())
+    }
+
+    /// The members not known to be going.
+    pub fn live_connections(&self) -> Vec<u64> {
+        let m = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        m.conns.iter().copied().filter(|c| !m.departed.contains(c)).collect()
+    }
+
     /// Counts connection `conn` out, once it has destroyed its QP. True if it was the last.
     pub fn leave(&self, conn: u64) -> bool {
         let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
         m.conns.retain(|&c| c != conn);
+        m.departed.retain(|&c| c != conn);
         if m.conns.is_empty() {
             for w in m.watchers.drain(..) {
                 w.wake();

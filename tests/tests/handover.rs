@@ -138,10 +138,7 @@ fn take_over(old: Running, cfg: Config) -> Result<Running, Box<(StartError, Runn
         // The old daemon leaves its socket file for the successor to replace. Catches an old
         // daemon that removes it at exit: racing the successor's replacement, that removal
         // can take the successor's socket away (seen in CI: the next takeover found no daemon).
-        assert!(
-            std::fs::symlink_metadata(&path).is_ok(),
-            "the old daemon removed the admin socket it handed over"
-        );
+        assert!(std::fs::symlink_metadata(&path).is_ok(), "the old daemon removed the admin socket it handed over");
         successor.join().unwrap().expect("the successor serves")
     } else {
         return Err(Box::new((successor.join().unwrap().expect_err("no handover, so an error"), old)));
