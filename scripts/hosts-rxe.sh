@@ -124,7 +124,8 @@ guest_main() {
     trap - EXIT
 }
 
-count_dir() { find "$1" -mindepth 1 -maxdepth 1 | wc -l; }
+# 0 for a directory that is gone (the process exited): not a failure under pipefail.
+count_dir() { { find "$1" -mindepth 1 -maxdepth 1 2>/dev/null || true; } | wc -l; }
 
 # utime + stime of process PID, in clock ticks (the fields after comm, which may hold spaces).
 cpu_ticks() {
