@@ -145,9 +145,9 @@ pub struct Config {
     /// Worker threads serving the connections, each many of them (each waits for all of its
     /// connections at once); at least 1. Default: [`default_workers`].
     pub workers: usize,
-    /// A test hook: FLUSHes wait at it while it is held (see [`crate::control::FlushHook`]). None in the daemon.
+    /// A test hook: FLUSHes wait at it while it is held (see [`crate::persist::FlushHook`]). None in the daemon.
     #[doc(hidden)]
-    pub flush_hook: Option<crate::control::FlushHook>,
+    pub flush_hook: Option<crate::persist::FlushHook>,
 }
 
 impl Config {
@@ -302,7 +302,7 @@ pub(crate) struct Fixed {
     pub(crate) memory_windows: bool,
     pub(crate) listen_backlog: u32,
     pub(crate) workers: usize,
-    pub(crate) flush_hook: Option<crate::control::FlushHook>,
+    pub(crate) flush_hook: Option<crate::persist::FlushHook>,
 }
 
 impl Fixed {
@@ -1041,7 +1041,7 @@ impl File {
         if walked.stat().is_some() {
             return Ok(false);
         }
-        let id: [u8; rblk_proto::TARGET_ID_LEN] = crate::session::random();
+        let id: [u8; rblk_proto::TARGET_ID_LEN] = rblk_fabric::random();
         let written = walked.create(0o644).and_then(|mut f| {
             f.write_all(format!("{}\n", rblk_proto::to_hex(&id)).as_bytes())?;
             f.sync_all()

@@ -55,6 +55,9 @@ use std::time::{Duration, Instant};
 use rblk_proto::VolumeId;
 use tracing::{info, warn};
 
+pub use crate::notify::STATE_FDNAME;
+pub use crate::registry::StoreSink;
+
 use crate::config::VolumeSpec;
 use crate::persist::Backing;
 use crate::registry::Shared;
@@ -64,8 +67,6 @@ use crate::volume::Volume;
 /// refuses the handover (and the old daemon serves on). Raised when a field changes meaning or
 /// a field a successor must understand is added.
 pub const FORMAT: u32 = 1;
-/// The fd store name of the state record (a sealed memfd holding its JSON).
-pub const STATE_FDNAME: &str = "rblk-state";
 /// The fd store names of the volumes' descriptors: this, then the index in [`State`].
 pub const FD_PREFIX: &str = "rblk-fd-";
 /// The exit status after a handover to the service manager (EX_TEMPFAIL): the unit lists it in
@@ -577,11 +578,6 @@ pub fn forget_stored(names: &[String]) {
         }
     }
 }
-
-/// Where the descriptors of a handover to the service manager go: one call per descriptor
-/// with its fd store name, the state record last. The daemon's is `FDSTORE=1` through
-/// `NOTIFY_SOCKET`; tests collect them.
-pub type StoreSink = Box<dyn Fn(&str, BorrowedFd<'_>) -> std::io::Result<()> + Send + Sync>;
 
 // ---- The old daemon's side ----
 

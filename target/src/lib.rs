@@ -59,6 +59,7 @@ pub mod cli;
 pub mod config;
 mod connection;
 pub mod control;
+pub mod counters;
 pub mod handover;
 pub mod identity;
 pub mod lint;

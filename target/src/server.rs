@@ -307,7 +307,7 @@ impl Running {
 
     /// Where `rblk-target admin handover` puts the descriptors: the service manager's file
     /// descriptor store (the daemon's `FDSTORE=1`); without one it is refused.
-    pub fn set_fd_store(&self, sink: crate::handover::StoreSink) {
+    pub fn set_fd_store(&self, sink: crate::registry::StoreSink) {
         *self.shared.fd_store.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::registry::Sink(sink));
     }
 
