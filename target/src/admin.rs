@@ -43,6 +43,8 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+pub use crate::errors::{ClientError, SocketError};
+
 use crate::config::FileVolume;
 use crate::registry::Shared;
 use crate::start::StartError;
@@ -223,33 +225,6 @@ impl AdminError {
             AdminError::Saved(_) => "saved",
         }
     }
-}
-
-/// Why the admin socket could not be served.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SocketError {
-    /// Another daemon answers on the path.
-    #[error("admin socket {0}: another rblk-target is serving it (stop it, or use --admin-socket)")]
-    InUse(PathBuf),
-    /// Something that is not a socket is at the path.
-    #[error("admin socket {0}: exists and is not a socket")]
-    NotASocket(PathBuf),
-    /// Longer than a unix socket address holds.
-    #[error("admin socket {0}: longer than the 107 bytes a unix socket path may have")]
-    TooLong(PathBuf),
-    /// Its directory exists and others could replace the socket in it.
-    #[error("admin socket: its directory is not safe: {0}")]
-    UnsafeDir(String),
-    /// Creating or binding it failed.
-    #[error("admin socket {path}")]
-    Io {
-        /// Path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 /// Whether the process at the other end of `stream` may be trusted with the admin socket:
@@ -653,41 +628,6 @@ fn save(shared: &Shared, change: impl FnOnce(&mut crate::saved::Saved)) -> Resul
     change(&mut after);
     after.store(dir).map_err(AdminError::Saved)?;
     Ok(Undo { dir: Some(dir), before })
-}
-
-/// Why a client request failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClientError {
-    /// Nothing at the path, or nothing answers.
-    #[error("no rblk-target is serving {0} (is it running? with another --admin-socket?)")]
-    NotRunning(PathBuf),
-    /// The socket is not ours to use.
-    #[error("permission denied on {0}: the admin socket is its owner's only (mode 0600): run as root")]
-    PermissionDenied(PathBuf),
-    /// The process serving the socket is neither root nor this user: not talked to.
-    #[error("admin socket {0}: the process serving it is not to be trusted: {1}")]
-    UntrustedServer(PathBuf, String),
-    /// Talking to it failed.
-    #[error("admin socket {path}")]
-    Io {
-        /// Path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The reply was not one.
-    #[error("admin socket {0}: the daemon's reply is not a reply: {1}")]
-    BadReply(PathBuf, String),
-    /// The daemon refused the request.
-    #[error("{message}")]
-    Refused {
-        /// [`AdminError::code`].
-        code: String,
-        /// Why.
-        message: String,
-    },
 }
 
 fn client_error(path: &Path, source: std::io::Error) -> ClientError {

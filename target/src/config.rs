@@ -51,7 +51,8 @@ use std::time::Duration;
 use rblk_fabric::Fabric;
 
 use crate::access::{Acl, HostSpec, Policy};
-use crate::start::StartError;
+use crate::errors::StartError;
+pub use crate::errors::{ConfigError, MAX_LISTEN_BACKLOG, MIN_LISTEN_BACKLOG};
 
 /// Where durable volumes keep their instance identity across a clean shutdown, unless
 /// `--state-dir` or the config's `state_dir` says otherwise.
@@ -206,10 +207,6 @@ pub const FDS_PER_CONNECTION: u64 = 1;
 /// File descriptors the daemon holds besides connections and volumes (listener, admin socket,
 /// metrics, the RDMA devices, standard streams, ...).
 pub const FDS_BASE: u64 = 64;
-/// The least [`Config::listen_backlog`] (the default is [`rblk_fabric::policy::LISTEN_BACKLOG`]).
-pub const MIN_LISTEN_BACKLOG: u32 = 1;
-/// The most [`Config::listen_backlog`].
-pub const MAX_LISTEN_BACKLOG: u32 = 65_536;
 /// Default [`Config::max_auth_delay`].
 pub const MAX_AUTH_DELAY: Duration = Duration::from_secs(2);
 /// The shortest `open_timeout` (`--open-timeout`).
@@ -320,198 +317,6 @@ impl Fixed {
             workers: cfg.workers,
             flush_hook: cfg.flush_hook.clone(),
         }
-    }
-}
-
-/// What is wrong with a flag, a config file or a setting in it. Each variant names the value or
-/// the file; I/O and parse errors are the source.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// Not a size, or not whole blocks (the message quotes the input).
-    #[error(transparent)]
-    Size(#[from] rblk_proto::SizeError),
-    /// A volume name initiators could not send.
-    #[error("{0:?}: a volume name is 1-64 characters of A-Z a-z 0-9 - _ .")]
-    VolumeName(String),
-    /// A volume size of zero (one that is not whole blocks is a [`ConfigError::Size`]).
-    #[error("the size ({0}) must be a non-zero multiple of 4096")]
-    VolumeSize(u64),
-    /// `--volume` without a size.
-    #[error("{0:?}: expected NAME:SIZE[:PATH], e.g. vol0:1G or v:1G:/srv/v.img")]
-    VolumeSyntax(String),
-    /// `--volume NAME:SIZE:` with nothing after the second colon.
-    #[error("{0:?}: empty backing path after the second colon")]
-    EmptyBackingPath(String),
-    /// A `--volume` flag with a bad part.
-    #[error("{spec:?}")]
-    VolumeFlag {
-        /// The flag's value.
-        spec: String,
-        /// What is wrong.
-        #[source]
-        source: Box<ConfigError>,
-    },
-    /// A `[[volume]]` entry with a bad part.
-    #[error("volume {name}")]
-    Volume {
-        /// The volume.
-        name: String,
-        /// What is wrong.
-        #[source]
-        source: Box<ConfigError>,
-    },
-    /// Not a listening address.
-    #[error("{0:?}: expected ADDR or ADDR:PORT, e.g. 10.0.0.1, 10.0.0.1:7420, [fe80::1]:7420")]
-    Listen(String),
-    /// Not a metrics address.
-    #[error("metrics = {value:?}: expected ADDR:PORT, e.g. 127.0.0.1:9442")]
-    Metrics {
-        /// The value.
-        value: String,
-        /// Why.
-        #[source]
-        source: std::net::AddrParseError,
-    },
-    /// A key file that cannot be read.
-    #[error("reading key file {}", path.display())]
-    KeyFile {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The target's identity (`STATE_DIR/target.id`) cannot be read or made.
-    #[error("the target identity {}: {reason}", path.display())]
-    TargetId {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// The generated key could not be made.
-    #[error("cannot create the key {}{}", path.display(), not_ours(source, "writable"))]
-    KeyCreate {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The generated key exists but cannot be read.
-    #[error("reading the key {}{}", path.display(), not_ours(source, "readable"))]
-    KeyRead {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The config file cannot be read.
-    #[error("reading config {}", path.display())]
-    Read {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The config file is not valid TOML of the right shape.
-    #[error("config {}", path.display())]
-    Parse {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: Box<toml::de::Error>,
-    },
-    /// A count limit of zero.
-    #[error("{0} = 0: it must be at least 1")]
-    ZeroCount(&'static str),
-    /// A per-session JOIN cap below what initiators use.
-    #[error(
-        "max_joins_per_session = {got}: it must be at least {min} (rblk attach --queues takes up to 64, a queue \
-         pair each)"
-    )]
-    JoinsPerSession {
-        /// The value.
-        got: usize,
-        /// The least that works.
-        min: usize,
-    },
-    /// A timeout that is not a duration, or out of its range (`open_timeout` from 1 s, a
-    /// `keepalive_timeout` that two keepalive intervals fit in, both at most a day).
-    #[error("{key}: {reason}")]
-    Timeout {
-        /// The key.
-        key: &'static str,
-        /// What is wrong, in words.
-        reason: String,
-    },
-    /// A backing path that is a directory, a character device, ...
-    #[error("backing store {} is neither a regular file nor a block device", .0.display())]
-    BackingKind(std::path::PathBuf),
-    /// A backing path through a directory or symlink someone other than root or this user
-    /// controls ([`rblk_fabric::trusted::walk`]).
-    #[error("backing store {} is refused", path.display())]
-    BackingUntrusted {
-        /// The backing path.
-        path: std::path::PathBuf,
-        /// Which component, and why.
-        #[source]
-        source: rblk_fabric::trusted::PathError,
-    },
-    /// A missing backing file whose directory cannot be used.
-    #[error("backing store {} does not exist, and its directory {} cannot be used to create it", path.display(), parent.display())]
-    BackingDir {
-        /// The backing path.
-        path: std::path::PathBuf,
-        /// Its parent.
-        parent: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A backing path that cannot be examined.
-    #[error("backing store {}", path.display())]
-    Backing {
-        /// The backing path.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Two volumes on one backing store.
-    #[error("backing store {} is volume {other}'s too", path.display())]
-    BackingShared {
-        /// The backing path.
-        path: std::path::PathBuf,
-        /// The other volume.
-        other: String,
-    },
-    /// A listen backlog out of its range.
-    #[error("listen_backlog = {0}: it must be between {MIN_LISTEN_BACKLOG} and {MAX_LISTEN_BACKLOG}")]
-    ListenBacklog(u32),
-    /// The checks of the whole configuration ([`Config::check`]).
-    #[error(transparent)]
-    Check(StartError),
-    /// `STATE_DIR/admin.toml` (see [`crate::saved`]) cannot be used.
-    #[error(transparent)]
-    Saved(#[from] crate::saved::SavedError),
-}
-
-/// The hint for a generated key this user may not make or read: the state dir is root's.
-fn not_ours(source: &std::io::Error, what: &str) -> String {
-    use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
-    let denied = source.raw_os_error().is_some() && matches!(source.kind(), PermissionDenied | ReadOnlyFilesystem);
-    if denied {
-        format!(
-            ": the state directory is not {what} by this user (run as root, pass a --state-dir of its own, configure \
-             key_file, or serve without keys with --allow-any-host)"
-        )
-    } else {
-        String::new()
     }
 }
 

@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 use rblk_proto::VolumeId;
 use tracing::{info, warn};
 
+pub use crate::errors::{HandoverError, FORMAT};
 pub use crate::notify::STATE_FDNAME;
 pub use crate::registry::StoreSink;
 
@@ -63,10 +64,6 @@ use crate::persist::Backing;
 use crate::registry::Shared;
 use crate::volume::Volume;
 
-/// The [`State`] record's format. A successor that does not know the format it is handed
-/// refuses the handover (and the old daemon serves on). Raised when a field changes meaning or
-/// a field a successor must understand is added.
-pub const FORMAT: u32 = 1;
 /// The fd store names of the volumes' descriptors: this, then the index in [`State`].
 pub const FD_PREFIX: &str = "rblk-fd-";
 /// The exit status after a handover to the service manager (EX_TEMPFAIL): the unit lists it in
@@ -120,44 +117,6 @@ pub struct HandedVolume {
     /// Its backing store's descriptor: an index into the descriptors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backing: Option<usize>,
-}
-
-/// Why a handover did not happen.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HandoverError {
-    /// The old daemon cannot be reached.
-    #[error("cannot reach the running daemon to take over from")]
-    Connect(#[source] crate::admin::ClientError),
-    /// The old daemon refused (it serves on).
-    #[error("the running daemon refused the handover: {0}")]
-    Refused(String),
-    /// The state's format is not one this daemon reads.
-    #[error("the handed state has format {0}, which this rblk-target does not read (it reads format {FORMAT}): upgrade in steps, or restart")]
-    Format(String),
-    /// The state is not a state.
-    #[error("the handed state is malformed: {0}")]
-    Malformed(String),
-    /// The configuration changes what a handover cannot change.
-    #[error("the new configuration changes what a handover keeps: {0}; keep them as they are for the handover (a reload can remove and re-add a volume afterwards), or stop and start instead")]
-    Changed(String),
-    /// A handed volume could not be taken.
-    #[error("cannot take volume {name}: {reason}")]
-    Volume {
-        /// Which.
-        name: String,
-        /// Why.
-        reason: String,
-    },
-    /// Talking to the old daemon failed.
-    #[error("the handover conversation failed: {0}")]
-    Io(#[source] std::io::Error),
-    /// `rblk-target admin handover`: the successor would refuse (the daemon serves on).
-    #[error("the successor would not start: {0}; the running daemon serves on")]
-    Successor(String),
-    /// The old daemon went away before it confirmed.
-    #[error("the old daemon went away before it confirmed the handover: not serving its volumes (nobody can tell what it did last); start it again, or start this one without --takeover")]
-    OldDaemonGone,
 }
 
 /// What the successor was handed: the state, the descriptors, and the way back to the old

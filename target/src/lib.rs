@@ -60,6 +60,7 @@ pub mod config;
 mod connection;
 pub mod control;
 pub mod counters;
+pub mod errors;
 pub mod handover;
 pub mod identity;
 pub mod lint;

@@ -30,6 +30,7 @@ const TIERS: &[(&str, &[&str])] = &[
             "cli",
             "config",
             "counters",
+            "errors",
             "identity",
             "lint",
             "notify",
@@ -57,11 +58,7 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     ("admin", "handover", "give and give_to_store, the old daemon's side"),
     ("cli", "admin", "DEFAULT_SOCKET"),
     ("config", "admin", "check_path, SocketError"),
-    ("config", "saved", "SavedError, which holds a ConfigError"),
-    ("config", "start", "StartError, which holds a ConfigError"),
     ("handover", "admin", "the admin socket's client: connect, Request, Expected, VERSION"),
-    ("start", "admin", "SocketError in StartError"),
-    ("start", "handover", "HandoverError in StartError"),
 ];
 
 #[test]
