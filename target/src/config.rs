@@ -46,13 +46,15 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::FileTypeExt as _;
 use std::time::Duration;
 
 use rblk_fabric::Fabric;
 
-use crate::access::{Acl, HostSpec, Policy};
-use crate::errors::StartError;
 pub use crate::errors::{ConfigError, MAX_LISTEN_BACKLOG, MIN_LISTEN_BACKLOG};
+
+use crate::access::{Acl, HostSpec, Policy};
+use crate::errors::{SocketError, StartError};
 
 /// Where durable volumes keep their instance identity across a clean shutdown, unless
 /// `--state-dir` or the config's `state_dir` says otherwise.
@@ -949,7 +951,7 @@ impl Config {
             }
         }
         if let Some(path) = &self.admin_socket {
-            crate::admin::check_path(path).map_err(StartError::Admin)?;
+            check_admin_socket(path).map_err(StartError::Admin)?;
         }
         if let Some(dir) = &self.state_dir {
             // Its records and key are trusted as they are: nobody else may be able to plant them.
@@ -983,6 +985,25 @@ fn check_backing_path(path: &std::path::Path) -> Result<(), ConfigError> {
     match kind {
         None | Some(libc::S_IFREG | libc::S_IFBLK) => Ok(()),
         Some(_) => Err(ConfigError::BackingKind(path.to_owned())),
+    }
+}
+
+/// Checks that `path` can be an admin socket ([`crate::admin`]) without touching it
+/// (`--check-config`).
+pub fn check_admin_socket(path: &std::path::Path) -> Result<(), SocketError> {
+    if path.as_os_str().len() > 107 {
+        return Err(SocketError::TooLong(path.to_owned()));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => return Err(SocketError::NotASocket(path.to_owned())),
+        _ => {}
+    }
+    // An existing directory must be safe: whoever may write to it could replace the socket
+    // (a missing one is made with mode 0700 by `serve`).
+    match path.parent().filter(|d| !d.as_os_str().is_empty() && d.exists()) {
+        Some(dir) => rblk_fabric::private::check_dir(dir, rblk_fabric::private::DirUse::OwnerWrites)
+            .map_err(SocketError::UnsafeDir),
+        None => Ok(()),
     }
 }
 

@@ -59,6 +59,7 @@ pub use crate::errors::{HandoverError, FORMAT};
 pub use crate::notify::STATE_FDNAME;
 pub use crate::registry::StoreSink;
 
+use crate::admin_protocol::{self, Expected, Request, VERSION};
 use crate::config::VolumeSpec;
 use crate::persist::Backing;
 use crate::registry::Shared;
@@ -141,9 +142,9 @@ impl Handed {
     /// receives them. It has stopped listening and holds its write-backs when this returns Ok.
     pub fn request(socket: &Path) -> Result<Handed, HandoverError> {
         let started = Instant::now();
-        let stream = crate::admin::connect(socket).map_err(HandoverError::Connect)?;
+        let stream = admin_protocol::connect(socket).map_err(HandoverError::Connect)?;
         stream.set_read_timeout(Some(SILENCE)).map_err(HandoverError::Io)?;
-        let line = format!("{{\"version\":{},\"op\":\"takeover\",\"formats\":[{FORMAT}]}}\n", crate::admin::VERSION);
+        let line = format!("{{\"version\":{},\"op\":\"takeover\",\"formats\":[{FORMAT}]}}\n", VERSION);
         (&stream).write_all(line.as_bytes()).map_err(HandoverError::Io)?;
         let (reply, mut fds) = recv_frame(&stream)?;
         let reply: TakeoverReply =
@@ -242,7 +243,7 @@ impl Handed {
     /// `bye`: after it, the old daemon disconnects its sessions and exits.
     pub(crate) fn ready(&mut self) -> Result<(), HandoverError> {
         let Some(peer) = self.peer.as_ref() else { return Ok(()) };
-        let line = format!("{{\"version\":{},\"op\":\"takeover-ready\"}}\n", crate::admin::VERSION);
+        let line = format!("{{\"version\":{},\"op\":\"takeover-ready\"}}\n", VERSION);
         let _ = peer.set_read_timeout(Some(SILENCE));
         if (&*peer).write_all(line.as_bytes()).is_err() {
             return Err(HandoverError::OldDaemonGone);
@@ -277,7 +278,7 @@ impl Handed {
     /// waiting ([`SILENCE`]). Nothing after a handover from the fd store.
     pub(crate) fn progress(&self, what: &str) {
         if let Some(peer) = &self.peer {
-            let line = serde_json::json!({"version": crate::admin::VERSION, "op": "takeover-progress", "what": what});
+            let line = serde_json::json!({"version": VERSION, "op": "takeover-progress", "what": what});
             let _ = (&*peer).write_all(format!("{line}\n").as_bytes());
         }
     }
@@ -293,7 +294,7 @@ impl Handed {
                 let started = Instant::now();
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = ticks.recv_timeout(PROGRESS_EVERY) {
                     let line = serde_json::json!({
-                        "version": crate::admin::VERSION, "op": "takeover-progress",
+                        "version": VERSION, "op": "takeover-progress",
                         "what": format!("{what} ({} s)", started.elapsed().as_secs()),
                     });
                     if (&peer).write_all(format!("{line}\n").as_bytes()).is_err() {
@@ -360,7 +361,7 @@ impl Handed {
 
 /// Tells the old daemon at the other end of `peer` that the handover is off (it serves on).
 fn send_abort(peer: &UnixStream, reason: &str) {
-    let line = serde_json::json!({"version": crate::admin::VERSION, "op": "takeover-abort", "reason": reason});
+    let line = serde_json::json!({"version": VERSION, "op": "takeover-abort", "reason": reason});
     let _ = (&*peer).write_all(format!("{line}\n").as_bytes());
 }
 
@@ -395,9 +396,9 @@ pub fn parse_state(value: serde_json::Value) -> Result<State, HandoverError> {
 /// successor will run ([`check_successor`]) against the daemon's arguments (its
 /// `/proc/PID/cmdline`, the PID from `SO_PEERCRED`; systemd starts the successor with the
 /// same `ExecStart=`) and the volumes it serves. Returns those volumes, for the daemon to
-/// refuse if they changed meanwhile ([`crate::admin::Request::Handover`]).
-pub fn preflight(socket: &Path) -> Result<Vec<crate::admin::Expected>, HandoverError> {
-    let stream = crate::admin::connect(socket).map_err(HandoverError::Connect)?;
+/// refuse if they changed meanwhile ([`Request::Handover`]).
+pub fn preflight(socket: &Path) -> Result<Vec<Expected>, HandoverError> {
+    let stream = admin_protocol::connect(socket).map_err(HandoverError::Connect)?;
     let creds = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| HandoverError::Io(e.into()))?;
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", creds.pid())).map_err(HandoverError::Io)?;
@@ -406,14 +407,13 @@ pub fn preflight(socket: &Path) -> Result<Vec<crate::admin::Expected>, HandoverE
         .filter(|a| !a.is_empty())
         .map(|a| std::ffi::OsStr::from_bytes(a).to_owned())
         .collect();
-    let reply =
-        crate::admin::request_on(stream, socket, &crate::admin::Request::List).map_err(HandoverError::Connect)?;
-    let served: Vec<crate::admin::Expected> = reply
+    let reply = admin_protocol::request_on(stream, socket, &Request::List).map_err(HandoverError::Connect)?;
+    let served: Vec<Expected> = reply
         .volumes
         .unwrap_or_default()
         .into_iter()
         .filter(|v| v.state != "refused")
-        .map(|v| crate::admin::Expected { name: v.name, size: v.size, path: v.path })
+        .map(|v| Expected { name: v.name, size: v.size, path: v.path })
         .collect();
     check_successor(&argv, &served)?;
     Ok(served)
@@ -423,7 +423,7 @@ pub fn preflight(socket: &Path) -> Result<Vec<crate::admin::Expected>, HandoverE
 /// daemon serves on) if its arguments do not parse, its configuration (with
 /// `STATE_DIR/admin.toml`) does not pass `--check-config` (which the unit's `ExecStartPre=`
 /// runs), or it would drop or change a volume ([`check`]).
-pub fn check_successor(argv: &[std::ffi::OsString], served: &[crate::admin::Expected]) -> Result<(), HandoverError> {
+pub fn check_successor(argv: &[std::ffi::OsString], served: &[Expected]) -> Result<(), HandoverError> {
     let cfg = successor_config(argv)?;
     let handed: Vec<VolumeSpec> =
         served.iter().map(|v| VolumeSpec { name: v.name.clone(), size: v.size, path: v.path.clone() }).collect();
@@ -620,7 +620,7 @@ fn resume(shared: &Arc<Shared>, volumes: &[Arc<Volume>]) {
 
 fn reply_frame(ok: bool, error: Option<&str>, message: &str, state: Option<&State>, fds: usize) -> Vec<u8> {
     let reply = TakeoverReply {
-        version: crate::admin::VERSION,
+        version: VERSION,
         ok,
         error: error.map(str::to_owned),
         message: message.to_owned(),
@@ -720,18 +720,18 @@ fn verdict(shared: &Shared, reader: &mut BufReader<UnixStream>, bytes: u64) -> R
 pub(crate) fn give_to_store(
     shared: &Arc<Shared>,
     sink: &StoreSink,
-    expect: Option<&[crate::admin::Expected]>,
+    expect: Option<&[Expected]>,
 ) -> Result<String, String> {
     let _current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
     if shared.is_shutting_down() || shared.handed_over().is_some() {
         return Err("the target is shutting down".into());
     }
     if let Some(expect) = expect {
-        let mut served: Vec<crate::admin::Expected> = shared
+        let mut served: Vec<Expected> = shared
             .catalog()
             .volumes
             .values()
-            .map(|v| crate::admin::Expected {
+            .map(|v| Expected {
                 name: v.name.clone(),
                 size: v.size(),
                 path: v.backing.as_ref().map(|b| b.path().to_owned()),

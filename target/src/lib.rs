@@ -54,6 +54,7 @@
 pub mod access;
 pub mod access_changes;
 pub mod admin;
+pub mod admin_protocol;
 pub mod admission;
 pub mod cli;
 pub mod config;
