@@ -15,7 +15,31 @@ use std::fmt;
 use rblk_proto::{OpenMode, Transcript, MAC_LEN, NONCE_LEN, TARGET_ID_LEN};
 use subtle::ConstantTimeEq as _;
 
-use crate::access_changes::Access;
+/// Who may get in and open what, as a reload compares it. Keys appear only as short
+/// fingerprints ([`fingerprint`]), so this may leave the daemon.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Access {
+    /// The shared key's fingerprint, if there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_key: Option<String>,
+    /// Known hosts, with their own key's fingerprint.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, Option<String>>,
+    /// Volumes, with their access list (None: every host that got in may open it).
+    #[serde(default)]
+    pub volumes: BTreeMap<String, Option<Acl>>,
+    /// Who must use mutual authentication (AUTH v2): host names, `*` for every host. Empty
+    /// from a daemon that predates it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub mutual: std::collections::BTreeSet<String>,
+}
+
+impl Access {
+    /// Whether initiators must prove a key.
+    pub fn auth_required(&self) -> bool {
+        self.shared_key.is_some() || self.hosts.values().any(Option::is_some)
+    }
+}
 
 /// What a host may do with a volume. Each grant includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]

@@ -8,36 +8,10 @@
 //! says `confirm_widen = true` (a SIGHUP carries no flags), so that a mistaken edit does not
 //! open a closed target.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::access::{Acl, Grant, ANY_HOST};
-
-/// Who may get in and open what, as a reload compares it. Keys appear only as short
-/// fingerprints ([`crate::access::fingerprint`]), so this may leave the daemon.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Access {
-    /// The shared key's fingerprint, if there is one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared_key: Option<String>,
-    /// Known hosts, with their own key's fingerprint.
-    #[serde(default)]
-    pub hosts: BTreeMap<String, Option<String>>,
-    /// Volumes, with their access list (None: every host that got in may open it).
-    #[serde(default)]
-    pub volumes: BTreeMap<String, Option<Acl>>,
-    /// Who must use mutual authentication (AUTH v2): host names, `*` for every host. Empty
-    /// from a daemon that predates it.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
-    pub mutual: std::collections::BTreeSet<String>,
-}
-
-impl Access {
-    /// Whether initiators must prove a key.
-    pub fn auth_required(&self) -> bool {
-        self.shared_key.is_some() || self.hosts.values().any(Option::is_some)
-    }
-}
+pub use crate::access::Access;
+use crate::access::{Grant, ANY_HOST};
 
 /// A key added, removed or replaced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,6 +199,7 @@ pub fn describe(changes: &[AccessChange]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::access::Acl;
 
     fn access(shared: Option<&str>, hosts: &[(&str, Option<&str>)], volumes: &[(&str, Option<Acl>)]) -> Access {
         Access {

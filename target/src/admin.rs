@@ -9,16 +9,7 @@
 //! volumes over too) talks only to a daemon run by root or by itself ([`check_peer`]). A start
 //! refuses a path where another daemon's socket answers, and replaces a stale one.
 //!
-//! Protocol: one JSON object per line each way, [`VERSION`] in every request and reply.
-//!
-//! ```text
-//! {"version":1,"op":"list"}
-//! {"version":1,"op":"add","volume":{"name":"v1","size":"64M","path":"/srv/v1.img","allow":{"db1":"rw"}}}
-//! {"version":1,"op":"remove","name":"v1"}
-//! {"version":1,"op":"access"}
-//! -> {"version":1,"ok":true,"message":"...","volumes":[{"name":..,"size":..,"sessions":..,"state":..},..]}
-//! -> {"version":1,"ok":false,"error":"busy","message":"volume v1 has 1 open session(s): ..."}
-//! ```
+//! Protocol: JSON lines, in [`crate::admin_protocol`] (with the client).
 //!
 //! `add` takes the fields of a `[[volume]]` of the config file; `access` answers with `access`:
 //! the hosts, keys (short fingerprints) and access lists in force ([`crate::access_changes`]). Changes go through the same
@@ -34,7 +25,7 @@
 
 use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::os::fd::AsRawFd as _;
-use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,108 +34,15 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+pub use crate::admin_protocol::{
+    check_peer, connect, request, request_line, request_on, Expected, Reply, Request, VolumeInfo, CLIENT_TIMEOUT,
+    DEFAULT_SOCKET, MAX_LINE, VERSION,
+};
+pub use crate::errors::{ClientError, SocketError};
+
 use crate::config::FileVolume;
-use crate::registry::Shared;
+use crate::registry::{Shared, StoreSink};
 use crate::start::StartError;
-
-/// The protocol version, in every request and reply.
-pub const VERSION: u64 = 1;
-/// Where `rblk-target` serves its admin socket unless told otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/rblk-target/admin.sock";
-/// The longest request line, in bytes.
-pub const MAX_LINE: usize = 64 << 10;
-/// How long a connection may stay silent.
-pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A request.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
-pub enum Request {
-    /// Every volume served, with its sessions and state.
-    List,
-    /// Serve a new volume.
-    Add {
-        /// As a `[[volume]]` of the config file.
-        volume: FileVolume,
-    },
-    /// Stop serving a volume nobody has open.
-    Remove {
-        /// Its name.
-        name: String,
-    },
-    /// Hand every volume to the service manager's file descriptor store and exit, for systemd
-    /// to start the successor with them (see [`crate::handover`]).
-    Handover {
-        /// The volumes the successor's checks passed ([`crate::handover::preflight`]): the
-        /// daemon refuses if it serves others now (one was added or removed meanwhile).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        expect: Option<Vec<Expected>>,
-    },
-    /// Who may get in and open what, keys by fingerprint only (`--check-config` compares a
-    /// file with it: see [`crate::access_changes`]).
-    Access,
-    /// From a successor (`rblk-target --takeover`): hand every volume to it over this
-    /// connection (see [`crate::handover`]); the state formats it reads.
-    Takeover {
-        /// State formats the successor reads.
-        formats: Vec<u32>,
-    },
-}
-
-/// A volume as the successor's checks saw it (see [`Request::Handover`]).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Expected {
-    /// Name.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Backing store of a durable volume.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<PathBuf>,
-}
-
-/// One volume in a list reply.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct VolumeInfo {
-    /// Name.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Backing store of a durable volume.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<PathBuf>,
-    /// Sessions that have it open.
-    pub sessions: usize,
-    /// `ok`, `failed` (a write-back failed: read-only now) or `refused` (could not be loaded).
-    pub state: String,
-    /// Why it was refused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// In the configuration applied last; false for one a reload removed while it was open
-    /// (it goes once idle, at the next reload).
-    pub configured: bool,
-}
-
-/// A reply.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Reply {
-    /// [`VERSION`].
-    pub version: u64,
-    /// Whether the request was carried out.
-    pub ok: bool,
-    /// Why not ([`AdminError::code`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// What was done, or why not.
-    pub message: String,
-    /// The volumes, for a list.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volumes: Option<Vec<VolumeInfo>>,
-    /// The access policy, for `access`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub access: Option<crate::access_changes::Access>,
-}
 
 /// Why a request was not carried out.
 #[derive(Debug, thiserror::Error)]
@@ -225,67 +123,19 @@ impl AdminError {
     }
 }
 
-/// Why the admin socket could not be served.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SocketError {
-    /// Another daemon answers on the path.
-    #[error("admin socket {0}: another rblk-target is serving it (stop it, or use --admin-socket)")]
-    InUse(PathBuf),
-    /// Something that is not a socket is at the path.
-    #[error("admin socket {0}: exists and is not a socket")]
-    NotASocket(PathBuf),
-    /// Longer than a unix socket address holds.
-    #[error("admin socket {0}: longer than the 107 bytes a unix socket path may have")]
-    TooLong(PathBuf),
-    /// Its directory exists and others could replace the socket in it.
-    #[error("admin socket: its directory is not safe: {0}")]
-    UnsafeDir(String),
-    /// Creating or binding it failed.
-    #[error("admin socket {path}")]
-    Io {
-        /// Path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
+/// The handover's entries, which the admin socket calls: [`crate::handover`] is a driver beside
+/// this one, so the server hands them in ([`serve`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Handovers {
+    /// A successor's `takeover` request: the rest of the connection is the handover's.
+    pub takeover: fn(&Arc<Shared>, BufReader<UnixStream>, &[u32]),
+    /// `admin handover`: the descriptors go to the service manager's store through the sink,
+    /// then the daemon exits; the reply's message, or why not.
+    pub to_store: ToStore,
 }
 
-/// Whether the process at the other end of `stream` may be trusted with the admin socket:
-/// root or this process's own user (`SO_PEERCRED`, as the kernel recorded it at connect).
-/// `Err` names the peer's uid.
-pub fn check_peer(stream: &UnixStream) -> Result<(), String> {
-    let creds = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
-        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
-    peer_allowed(creds.uid(), nix::unistd::geteuid().as_raw())
-}
-
-fn peer_allowed(peer: u32, me: u32) -> Result<(), String> {
-    if peer == 0 || peer == me {
-        Ok(())
-    } else {
-        Err(format!("uid {peer} is neither root nor the daemon's user (uid {me})"))
-    }
-}
-
-/// Checks that `path` can be an admin socket without touching it (`--check-config`).
-pub fn check_path(path: &Path) -> Result<(), SocketError> {
-    if path.as_os_str().len() > 107 {
-        return Err(SocketError::TooLong(path.to_owned()));
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_socket() => return Err(SocketError::NotASocket(path.to_owned())),
-        _ => {}
-    }
-    // An existing directory must be safe: whoever may write to it could replace the socket
-    // (a missing one is made with mode 0700 by `serve`).
-    match path.parent().filter(|d| !d.as_os_str().is_empty() && d.exists()) {
-        Some(dir) => rblk_fabric::private::check_dir(dir, rblk_fabric::private::DirUse::OwnerWrites)
-            .map_err(SocketError::UnsafeDir),
-        None => Ok(()),
-    }
-}
+/// [`Handovers::to_store`].
+pub type ToStore = fn(&Arc<Shared>, &StoreSink, Option<&[Expected]>) -> Result<String, String>;
 
 /// The admin socket being served.
 #[derive(Debug)]
@@ -328,8 +178,8 @@ impl Serving {
 }
 
 /// Binds the admin socket at `path` (see the module docs) and serves it on a thread.
-pub fn serve(path: &Path, shared: Arc<Shared>) -> Result<Serving, SocketError> {
-    check_path(path)?;
+pub fn serve(path: &Path, shared: Arc<Shared>, handovers: Handovers) -> Result<Serving, SocketError> {
+    crate::config::check_admin_socket(path)?;
     let io = |source| SocketError::Io { path: path.to_owned(), source };
     if std::fs::symlink_metadata(path).is_ok() {
         match UnixStream::connect(path) {
@@ -353,13 +203,15 @@ pub fn serve(path: &Path, shared: Arc<Shared>) -> Result<Serving, SocketError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
     let ino = std::fs::symlink_metadata(path).map_err(io)?.ino();
     let accepting = listener.try_clone().map_err(io)?;
-    let thread =
-        thread::Builder::new().name("rblk-admin".into()).spawn(move || accept(&accepting, &shared)).map_err(io)?;
+    let thread = thread::Builder::new()
+        .name("rblk-admin".into())
+        .spawn(move || accept(&accepting, &shared, handovers))
+        .map_err(io)?;
     info!(path = %path.display(), "serving the admin socket");
     Ok(Serving { path: path.to_owned(), ino, listener, thread })
 }
 
-fn accept(listener: &UnixListener, shared: &Arc<Shared>) {
+fn accept(listener: &UnixListener, shared: &Arc<Shared>, handovers: Handovers) {
     for stream in listener.incoming() {
         if shared.is_shutting_down() {
             break;
@@ -376,8 +228,9 @@ fn accept(listener: &UnixListener, shared: &Arc<Shared>) {
                     continue;
                 }
                 let shared = Arc::clone(shared);
-                if let Err(e) =
-                    thread::Builder::new().name("rblk-admin-conn".into()).spawn(move || client(&shared, stream))
+                if let Err(e) = thread::Builder::new()
+                    .name("rblk-admin-conn".into())
+                    .spawn(move || client(&shared, stream, handovers))
                 {
                     warn!(error = %e, "cannot start an admin connection's thread");
                 }
@@ -393,7 +246,7 @@ fn accept(listener: &UnixListener, shared: &Arc<Shared>) {
 }
 
 /// One connection: requests until EOF.
-fn client(shared: &Arc<Shared>, stream: UnixStream) {
+fn client(shared: &Arc<Shared>, stream: UnixStream, handovers: Handovers) {
     let _ = stream.set_read_timeout(Some(CLIENT_TIMEOUT));
     let _ = stream.set_write_timeout(Some(CLIENT_TIMEOUT));
     let Ok(mut out) = stream.try_clone() else { return };
@@ -411,10 +264,10 @@ fn client(shared: &Arc<Shared>, stream: UnixStream) {
         if let Ok(Request::Takeover { formats }) = parse(&line) {
             // The connection is the handover's from here on.
             let _ = reader.get_ref().set_write_timeout(None);
-            return crate::handover::give(shared, reader, &formats);
+            return (handovers.takeover)(shared, reader, &formats);
         }
         let reply = if line.last() == Some(&b'\n') {
-            handle(shared, &line)
+            handle(shared, &line, handovers)
         } else if line.len() > MAX_LINE {
             refusal(&AdminError::TooLong)
         } else {
@@ -436,11 +289,11 @@ fn refusal(e: &AdminError) -> Reply {
 }
 
 /// Parses and carries out one request line.
-pub(crate) fn handle(shared: &Arc<Shared>, line: &[u8]) -> Reply {
+pub(crate) fn handle(shared: &Arc<Shared>, line: &[u8], handovers: Handovers) -> Reply {
     let result = parse(line).and_then(|request| {
         debug!(?request, "admin request");
         let access = (request == Request::Access).then(|| shared.access());
-        run(shared, request).map(|(message, volumes)| (message, volumes, access))
+        run(shared, request, handovers).map(|(message, volumes)| (message, volumes, access))
     });
     match result {
         Ok((message, volumes, access)) => {
@@ -479,20 +332,24 @@ pub fn parse(line: &[u8]) -> Result<Request, AdminError> {
     serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| AdminError::Malformed(e.to_string()))
 }
 
-fn run(shared: &Arc<Shared>, request: Request) -> Result<(String, Option<Vec<VolumeInfo>>), AdminError> {
+fn run(
+    shared: &Arc<Shared>,
+    request: Request,
+    handovers: Handovers,
+) -> Result<(String, Option<Vec<VolumeInfo>>), AdminError> {
     match request {
         Request::List => Ok((String::new(), Some(list(shared)))),
         // The reply's `access` (see handle).
         Request::Access => Ok((String::new(), None)),
         Request::Add { volume } => add(shared, &volume).map(|m| (m, None)),
         Request::Remove { name } => remove(shared, &name).map(|m| (m, None)),
-        Request::Handover { expect } => handover(shared, expect.as_deref()).map(|m| (m, None)),
+        Request::Handover { expect } => handover(shared, expect.as_deref(), handovers).map(|m| (m, None)),
         // Handled by the connection (it carries descriptors); here only when malformed.
         Request::Takeover { .. } => Err(AdminError::Malformed("takeover ends its connection's requests".into())),
     }
 }
 
-fn handover(shared: &Arc<Shared>, expect: Option<&[Expected]>) -> Result<String, AdminError> {
+fn handover(shared: &Arc<Shared>, expect: Option<&[Expected]>, handovers: Handovers) -> Result<String, AdminError> {
     let store = shared.fd_store.lock().unwrap_or_else(|p| p.into_inner());
     let Some(crate::registry::Sink(sink)) = store.as_ref() else {
         return Err(AdminError::Handover(
@@ -501,7 +358,7 @@ fn handover(shared: &Arc<Shared>, expect: Option<&[Expected]>) -> Result<String,
                 .into(),
         ));
     };
-    crate::handover::give_to_store(shared, sink, expect).map_err(AdminError::Handover)
+    (handovers.to_store)(shared, sink, expect).map_err(AdminError::Handover)
 }
 
 /// Every volume served and every one refused, by name.
@@ -653,102 +510,4 @@ fn save(shared: &Shared, change: impl FnOnce(&mut crate::saved::Saved)) -> Resul
     change(&mut after);
     after.store(dir).map_err(AdminError::Saved)?;
     Ok(Undo { dir: Some(dir), before })
-}
-
-/// Why a client request failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClientError {
-    /// Nothing at the path, or nothing answers.
-    #[error("no rblk-target is serving {0} (is it running? with another --admin-socket?)")]
-    NotRunning(PathBuf),
-    /// The socket is not ours to use.
-    #[error("permission denied on {0}: the admin socket is its owner's only (mode 0600): run as root")]
-    PermissionDenied(PathBuf),
-    /// The process serving the socket is neither root nor this user: not talked to.
-    #[error("admin socket {0}: the process serving it is not to be trusted: {1}")]
-    UntrustedServer(PathBuf, String),
-    /// Talking to it failed.
-    #[error("admin socket {path}")]
-    Io {
-        /// Path.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The reply was not one.
-    #[error("admin socket {0}: the daemon's reply is not a reply: {1}")]
-    BadReply(PathBuf, String),
-    /// The daemon refused the request.
-    #[error("{message}")]
-    Refused {
-        /// [`AdminError::code`].
-        code: String,
-        /// Why.
-        message: String,
-    },
-}
-
-fn client_error(path: &Path, source: std::io::Error) -> ClientError {
-    match source.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-            ClientError::NotRunning(path.to_owned())
-        }
-        std::io::ErrorKind::PermissionDenied => ClientError::PermissionDenied(path.to_owned()),
-        _ => ClientError::Io { path: path.to_owned(), source },
-    }
-}
-
-/// Connects to the admin socket at `path`.
-pub fn connect(path: &Path) -> Result<UnixStream, ClientError> {
-    let stream = UnixStream::connect(path).map_err(|e| client_error(path, e))?;
-    check_peer(&stream).map_err(|why| ClientError::UntrustedServer(path.to_owned(), why))?;
-    Ok(stream)
-}
-
-/// Sends `request` to the admin socket at `path` and returns the daemon's reply if it carried
-/// the request out.
-pub fn request(path: &Path, request: &Request) -> Result<Reply, ClientError> {
-    request_on(connect(path)?, path, request)
-}
-
-/// [`request`] on a connection made with [`connect`] to `path`.
-pub fn request_on(stream: UnixStream, path: &Path, request: &Request) -> Result<Reply, ClientError> {
-    let mut value = serde_json::to_value(request).map_err(|e| ClientError::BadReply(path.to_owned(), e.to_string()))?;
-    if let serde_json::Value::Object(map) = &mut value {
-        map.insert("version".into(), VERSION.into());
-    }
-    let reply = line_on(stream, path, value.to_string().as_bytes())?;
-    let reply: Reply =
-        serde_json::from_str(&reply).map_err(|e| ClientError::BadReply(path.to_owned(), e.to_string()))?;
-    if reply.ok {
-        Ok(reply)
-    } else {
-        Err(ClientError::Refused { code: reply.error.unwrap_or_default(), message: reply.message })
-    }
-}
-
-/// Sends one raw line (a newline is added) and returns the reply line (tests send bad ones).
-pub fn request_line(path: &Path, line: &[u8]) -> Result<String, ClientError> {
-    line_on(connect(path)?, path, line)
-}
-
-fn line_on(mut stream: UnixStream, path: &Path, line: &[u8]) -> Result<String, ClientError> {
-    let io = |source| client_error(path, source);
-    // A durable volume's load can take minutes.
-    stream.set_read_timeout(None).map_err(io)?;
-    let mut text = line.to_vec();
-    text.push(b'\n');
-    // A daemon that refuses the connection (see `accept`) may answer and close before the
-    // request is written: its answer says why, better than the broken pipe.
-    let wrote = stream.write_all(&text);
-    let mut reply = String::new();
-    let read = BufReader::new(stream).read_line(&mut reply);
-    if reply.is_empty() {
-        wrote.map_err(io)?;
-        read.map_err(io)?;
-        return Err(ClientError::BadReply(path.to_owned(), "the daemon closed the connection".into()));
-    }
-    Ok(reply)
 }

@@ -120,6 +120,18 @@ pub(crate) fn roll() -> f64 {
     (u64::from_le_bytes(rblk_fabric::random::<8>()) >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// An optional address as logs show it: the address, or `unknown` (never `Some(..)`).
+pub(crate) struct Shown<T>(pub(crate) Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for Shown<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(v) => v.fmt(f),
+            None => f.write_str("unknown"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -194,7 +194,7 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct Admin {
     /// The daemon's admin socket.
-    #[arg(long, global = true, value_name = "PATH", env = "RBLK_ADMIN_SOCKET", default_value = crate::admin::DEFAULT_SOCKET)]
+    #[arg(long, global = true, value_name = "PATH", env = "RBLK_ADMIN_SOCKET", default_value = crate::admin_protocol::DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// What to do.
     #[command(subcommand)]
@@ -267,7 +267,7 @@ impl Args {
             file.admin_socket.clone_from(&self.admin_socket);
         }
         if file.admin_socket.is_none() {
-            file.admin_socket = Some(crate::admin::DEFAULT_SOCKET.into());
+            file.admin_socket = Some(crate::admin_protocol::DEFAULT_SOCKET.into());
         }
         if self.device.is_some() {
             file.device.clone_from(&self.device);

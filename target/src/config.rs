@@ -46,12 +46,15 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::FileTypeExt as _;
 use std::time::Duration;
 
 use rblk_fabric::Fabric;
 
+pub use crate::errors::{ConfigError, MAX_LISTEN_BACKLOG, MIN_LISTEN_BACKLOG};
+
 use crate::access::{Acl, HostSpec, Policy};
-use crate::start::StartError;
+use crate::errors::{SocketError, StartError};
 
 /// Where durable volumes keep their instance identity across a clean shutdown, unless
 /// `--state-dir` or the config's `state_dir` says otherwise.
@@ -145,9 +148,9 @@ pub struct Config {
     /// Worker threads serving the connections, each many of them (each waits for all of its
     /// connections at once); at least 1. Default: [`default_workers`].
     pub workers: usize,
-    /// A test hook: FLUSHes wait at it while it is held (see [`crate::control::FlushHook`]). None in the daemon.
+    /// A test hook: FLUSHes wait at it while it is held (see [`crate::persist::FlushHook`]). None in the daemon.
     #[doc(hidden)]
-    pub flush_hook: Option<crate::control::FlushHook>,
+    pub flush_hook: Option<crate::persist::FlushHook>,
 }
 
 impl Config {
@@ -206,10 +209,6 @@ pub const FDS_PER_CONNECTION: u64 = 1;
 /// File descriptors the daemon holds besides connections and volumes (listener, admin socket,
 /// metrics, the RDMA devices, standard streams, ...).
 pub const FDS_BASE: u64 = 64;
-/// The least [`Config::listen_backlog`] (the default is [`rblk_fabric::policy::LISTEN_BACKLOG`]).
-pub const MIN_LISTEN_BACKLOG: u32 = 1;
-/// The most [`Config::listen_backlog`].
-pub const MAX_LISTEN_BACKLOG: u32 = 65_536;
 /// Default [`Config::max_auth_delay`].
 pub const MAX_AUTH_DELAY: Duration = Duration::from_secs(2);
 /// The shortest `open_timeout` (`--open-timeout`).
@@ -302,7 +301,7 @@ pub(crate) struct Fixed {
     pub(crate) memory_windows: bool,
     pub(crate) listen_backlog: u32,
     pub(crate) workers: usize,
-    pub(crate) flush_hook: Option<crate::control::FlushHook>,
+    pub(crate) flush_hook: Option<crate::persist::FlushHook>,
 }
 
 impl Fixed {
@@ -320,198 +319,6 @@ impl Fixed {
             workers: cfg.workers,
             flush_hook: cfg.flush_hook.clone(),
         }
-    }
-}
-
-/// What is wrong with a flag, a config file or a setting in it. Each variant names the value or
-/// the file; I/O and parse errors are the source.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// Not a size, or not whole blocks (the message quotes the input).
-    #[error(transparent)]
-    Size(#[from] rblk_proto::SizeError),
-    /// A volume name initiators could not send.
-    #[error("{0:?}: a volume name is 1-64 characters of A-Z a-z 0-9 - _ .")]
-    VolumeName(String),
-    /// A volume size of zero (one that is not whole blocks is a [`ConfigError::Size`]).
-    #[error("the size ({0}) must be a non-zero multiple of 4096")]
-    VolumeSize(u64),
-    /// `--volume` without a size.
-    #[error("{0:?}: expected NAME:SIZE[:PATH], e.g. vol0:1G or v:1G:/srv/v.img")]
-    VolumeSyntax(String),
-    /// `--volume NAME:SIZE:` with nothing after the second colon.
-    #[error("{0:?}: empty backing path after the second colon")]
-    EmptyBackingPath(String),
-    /// A `--volume` flag with a bad part.
-    #[error("{spec:?}")]
-    VolumeFlag {
-        /// The flag's value.
-        spec: String,
-        /// What is wrong.
-        #[source]
-        source: Box<ConfigError>,
-    },
-    /// A `[[volume]]` entry with a bad part.
-    #[error("volume {name}")]
-    Volume {
-        /// The volume.
-        name: String,
-        /// What is wrong.
-        #[source]
-        source: Box<ConfigError>,
-    },
-    /// Not a listening address.
-    #[error("{0:?}: expected ADDR or ADDR:PORT, e.g. 10.0.0.1, 10.0.0.1:7420, [fe80::1]:7420")]
-    Listen(String),
-    /// Not a metrics address.
-    #[error("metrics = {value:?}: expected ADDR:PORT, e.g. 127.0.0.1:9442")]
-    Metrics {
-        /// The value.
-        value: String,
-        /// Why.
-        #[source]
-        source: std::net::AddrParseError,
-    },
-    /// A key file that cannot be read.
-    #[error("reading key file {}", path.display())]
-    KeyFile {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The target's identity (`STATE_DIR/target.id`) cannot be read or made.
-    #[error("the target identity {}: {reason}", path.display())]
-    TargetId {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        reason: String,
-    },
-    /// The generated key could not be made.
-    #[error("cannot create the key {}{}", path.display(), not_ours(source, "writable"))]
-    KeyCreate {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The generated key exists but cannot be read.
-    #[error("reading the key {}{}", path.display(), not_ours(source, "readable"))]
-    KeyRead {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The config file cannot be read.
-    #[error("reading config {}", path.display())]
-    Read {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The config file is not valid TOML of the right shape.
-    #[error("config {}", path.display())]
-    Parse {
-        /// The file.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: Box<toml::de::Error>,
-    },
-    /// A count limit of zero.
-    #[error("{0} = 0: it must be at least 1")]
-    ZeroCount(&'static str),
-    /// A per-session JOIN cap below what initiators use.
-    #[error(
-        "max_joins_per_session = {got}: it must be at least {min} (rblk attach --queues takes up to 64, a queue \
-         pair each)"
-    )]
-    JoinsPerSession {
-        /// The value.
-        got: usize,
-        /// The least that works.
-        min: usize,
-    },
-    /// A timeout that is not a duration, or out of its range (`open_timeout` from 1 s, a
-    /// `keepalive_timeout` that two keepalive intervals fit in, both at most a day).
-    #[error("{key}: {reason}")]
-    Timeout {
-        /// The key.
-        key: &'static str,
-        /// What is wrong, in words.
-        reason: String,
-    },
-    /// A backing path that is a directory, a character device, ...
-    #[error("backing store {} is neither a regular file nor a block device", .0.display())]
-    BackingKind(std::path::PathBuf),
-    /// A backing path through a directory or symlink someone other than root or this user
-    /// controls ([`rblk_fabric::trusted::walk`]).
-    #[error("backing store {} is refused", path.display())]
-    BackingUntrusted {
-        /// The backing path.
-        path: std::path::PathBuf,
-        /// Which component, and why.
-        #[source]
-        source: rblk_fabric::trusted::PathError,
-    },
-    /// A missing backing file whose directory cannot be used.
-    #[error("backing store {} does not exist, and its directory {} cannot be used to create it", path.display(), parent.display())]
-    BackingDir {
-        /// The backing path.
-        path: std::path::PathBuf,
-        /// Its parent.
-        parent: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A backing path that cannot be examined.
-    #[error("backing store {}", path.display())]
-    Backing {
-        /// The backing path.
-        path: std::path::PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Two volumes on one backing store.
-    #[error("backing store {} is volume {other}'s too", path.display())]
-    BackingShared {
-        /// The backing path.
-        path: std::path::PathBuf,
-        /// The other volume.
-        other: String,
-    },
-    /// A listen backlog out of its range.
-    #[error("listen_backlog = {0}: it must be between {MIN_LISTEN_BACKLOG} and {MAX_LISTEN_BACKLOG}")]
-    ListenBacklog(u32),
-    /// The checks of the whole configuration ([`Config::check`]).
-    #[error(transparent)]
-    Check(StartError),
-    /// `STATE_DIR/admin.toml` (see [`crate::saved`]) cannot be used.
-    #[error(transparent)]
-    Saved(#[from] crate::saved::SavedError),
-}
-
-/// The hint for a generated key this user may not make or read: the state dir is root's.
-fn not_ours(source: &std::io::Error, what: &str) -> String {
-    use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
-    let denied = source.raw_os_error().is_some() && matches!(source.kind(), PermissionDenied | ReadOnlyFilesystem);
-    if denied {
-        format!(
-            ": the state directory is not {what} by this user (run as root, pass a --state-dir of its own, configure \
-             key_file, or serve without keys with --allow-any-host)"
-        )
-    } else {
-        String::new()
     }
 }
 
@@ -1041,7 +848,7 @@ impl File {
         if walked.stat().is_some() {
             return Ok(false);
         }
-        let id: [u8; rblk_proto::TARGET_ID_LEN] = crate::session::random();
+        let id: [u8; rblk_proto::TARGET_ID_LEN] = rblk_fabric::random();
         let written = walked.create(0o644).and_then(|mut f| {
             f.write_all(format!("{}\n", rblk_proto::to_hex(&id)).as_bytes())?;
             f.sync_all()
@@ -1144,7 +951,7 @@ impl Config {
             }
         }
         if let Some(path) = &self.admin_socket {
-            crate::admin::check_path(path).map_err(StartError::Admin)?;
+            check_admin_socket(path).map_err(StartError::Admin)?;
         }
         if let Some(dir) = &self.state_dir {
             // Its records and key are trusted as they are: nobody else may be able to plant them.
@@ -1178,6 +985,25 @@ fn check_backing_path(path: &std::path::Path) -> Result<(), ConfigError> {
     match kind {
         None | Some(libc::S_IFREG | libc::S_IFBLK) => Ok(()),
         Some(_) => Err(ConfigError::BackingKind(path.to_owned())),
+    }
+}
+
+/// Checks that `path` can be an admin socket ([`crate::admin`]) without touching it
+/// (`--check-config`).
+pub fn check_admin_socket(path: &std::path::Path) -> Result<(), SocketError> {
+    if path.as_os_str().len() > 107 {
+        return Err(SocketError::TooLong(path.to_owned()));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => return Err(SocketError::NotASocket(path.to_owned())),
+        _ => {}
+    }
+    // An existing directory must be safe: whoever may write to it could replace the socket
+    // (a missing one is made with mode 0700 by `serve`).
+    match path.parent().filter(|d| !d.as_os_str().is_empty() && d.exists()) {
+        Some(dir) => rblk_fabric::private::check_dir(dir, rblk_fabric::private::DirUse::OwnerWrites)
+            .map_err(SocketError::UnsafeDir),
+        None => Ok(()),
     }
 }
 

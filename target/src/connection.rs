@@ -14,15 +14,30 @@ use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
 use rblk_fabric::liveness::{Action, Cadence, Liveness, Rules};
-use rblk_fabric::{Chain, Completion, Endpoint, QpConfig, Request};
+use rblk_fabric::{Chain, Completion, Endpoint, QpConfig, Request, Waker};
 use rblk_proto::{ConnectData, Message, MSG_SIZE};
 use tracing::{debug, info, info_span, warn};
 
+use crate::admission::Shown;
 use crate::config::Limits;
 use crate::control::{self, After, Reply, State, WriteBack};
 use crate::registry::{Shared, REPLACE_WAIT};
 use crate::session::Session;
-use crate::worker::{Workers, BUDGET};
+
+/// Completions a connection handles per turn, at most; then the others on its worker get
+/// theirs before it gets another.
+pub(crate) const BUDGET: usize = 16;
+
+/// Where [`admit`] puts a connection: the workers ([`crate::worker`], a driver above this
+/// module, implements it).
+pub(crate) trait Placement {
+    /// The worker a new connection goes to.
+    fn place(&self) -> usize;
+    /// The waker of connection `conn` on worker `worker`.
+    fn waker(&self, worker: usize, conn: u64) -> Waker;
+    /// Hands new connection `conn` to worker `worker`.
+    fn hand(&self, worker: usize, conn: Box<Connection>);
+}
 
 /// Why a connect request was refused.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +67,7 @@ pub(crate) enum AdmitError {
 /// to the worker with the fewest. A connection that is not a JOIN takes a place among those
 /// that have not authenticated yet (see [`crate::admission`]) first, before anything is
 /// allocated for it, and gives it back if it cannot be set up.
-pub(crate) fn admit(shared: &Arc<Shared>, workers: &Workers, req: Request, conn: u64) -> Result<(), AdmitError> {
+pub(crate) fn admit(shared: &Arc<Shared>, workers: &dyn Placement, req: Request, conn: u64) -> Result<(), AdmitError> {
     let data = rblk_proto::parse_connect_data(req.private_data());
     let new = matches!(data, Ok(ConnectData::NewSession | ConnectData::NewWindowSession));
     if new {
@@ -72,7 +87,7 @@ pub(crate) fn admit(shared: &Arc<Shared>, workers: &Workers, req: Request, conn:
 
 fn set_up(
     shared: &Arc<Shared>,
-    workers: &Workers,
+    workers: &dyn Placement,
     req: Request,
     data: Result<ConnectData, rblk_proto::ParseError>,
     conn: u64,
@@ -133,23 +148,11 @@ fn set_up(
         }
         shared.connection_joined(conn, s);
     }
-    let span = info_span!("conn", conn, peer = %crate::connection::Shown(ep.peer()), qpn = ep.qp_num());
+    let span = info_span!("conn", conn, peer = %Shown(ep.peer()), qpn = ep.qp_num());
     span.in_scope(|| info!(worker, "connected"));
     let peer = control::Peer { conn, ip: ep.peer().map(|p| p.ip()), probe: true };
     workers.hand(worker, Box::new(Connection::new(Arc::clone(shared), conn, peer, ep, channel, state, span)));
     Ok(())
-}
-
-/// An optional address as logs show it: the address, or `unknown` (never `Some(..)`).
-pub(crate) struct Shown<T>(pub(crate) Option<T>);
-
-impl<T: std::fmt::Display> std::fmt::Display for Shown<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Some(v) => v.fmt(f),
-            None => f.write_str("unknown"),
-        }
-    }
 }
 
 /// Why a connection ends (logged as it disconnects).

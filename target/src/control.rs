@@ -9,9 +9,12 @@ use rblk_proto::{
     VolumeFlags, NONCE_LEN,
 };
 
+pub use crate::persist::FlushHook;
+
 use crate::access::{AccessError, Credential};
 use crate::registry::{CapReached, Shared};
-use crate::session::{self, Grant, Owner, Registration, Session};
+use crate::session::{self, Grant, Owner, Session};
+use crate::volume::Registration;
 
 /// Where a connection is in the protocol.
 #[derive(Debug)]
@@ -242,7 +245,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                     After::Refused,
                 ),
                 Err(Some(e)) => {
-                    tracing::warn!(peer = %crate::connection::Shown(peer.ip), host, "{e} (AUTH v2)");
+                    tracing::warn!(peer = %crate::admission::Shown(peer.ip), host, "{e} (AUTH v2)");
                     (Reply::Error(ErrorCode::AuthFailed, e.public_text().into()), After::AuthFailed)
                 }
             }
@@ -261,7 +264,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 }
                 Err(e) => {
                     // The log says why; the initiator is told as little (see AuthError::public_text).
-                    tracing::warn!(peer = %crate::connection::Shown(peer.ip), host, "{e}");
+                    tracing::warn!(peer = %crate::admission::Shown(peer.ip), host, "{e}");
                     (Reply::Error(ErrorCode::AuthFailed, e.public_text().into()), After::AuthFailed)
                 }
             }
@@ -307,14 +310,14 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 Err(Refusal { code, text, after, detail }) => {
                     shared.counters.refused_opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let why = detail.as_deref().unwrap_or(&text);
-                    tracing::warn!(peer = %crate::connection::Shown(peer.ip), host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {why}");
+                    tracing::warn!(peer = %crate::admission::Shown(peer.ip), host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {why}");
                     (Reply::Error(code, text), after)
                 }
             }
         }
         (Message::Join { .. }, State::JoinRefused { reason }) => {
             shared.counters.refused_joins.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!(peer = %crate::connection::Shown(peer.ip), "JOIN refused: {reason}");
+            tracing::warn!(peer = %crate::admission::Shown(peer.ip), "JOIN refused: {reason}");
             (Reply::Error(ErrorCode::NoResources, reason.to_string()), After::Close)
         }
         (Message::Join { session_id, token }, State::Joining { session }) => {
@@ -472,7 +475,7 @@ pub(crate) fn flushed(shared: &Shared, flush: &WriteBack) -> Option<Reply> {
         }
     };
     if let Some(hook) = &shared.fixed.flush_hook {
-        hook.answered_with(flush.covered.clone(), &reply);
+        hook.answered_with(flush.covered.clone(), matches!(reply, Reply::Msg(Message::Flushed { .. })));
     }
     let c = &shared.counters;
     c.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -750,84 +753,6 @@ impl State {
             State::Open { session } | State::Joining { session } => Some(session),
             State::Closed { session } => session.as_ref(),
             _ => None,
-        }
-    }
-}
-
-/// A test hook on FLUSH: holds write-back passes back, as a slow backing store would (while it
-/// is held, a pass waits before it writes anything back; connections go on, FLUSHes arriving
-/// meanwhile wait for the next pass), counts the passes, and records what every FLUSH answered
-/// FLUSHED covered. With it, RAM volumes' FLUSHes go through write-back passes too (that write
-/// nothing). Set it in [`Config::flush_hook`](crate::config::Config::flush_hook); the
-/// initiator's tests use it to show that a FLUSH in flight stops nothing else, and that a FLUSH
-/// completes only after write-backs that cover every write completed before it.
-#[doc(hidden)]
-#[derive(Debug, Clone, Default)]
-pub struct FlushHook(Arc<(std::sync::Mutex<HookState>, std::sync::Condvar)>);
-
-#[derive(Debug, Default)]
-struct HookState {
-    held: bool,
-    waiting: usize,
-    passes: u64,
-    /// Per FLUSH answered FLUSHED: its `(start, end)` ranges, or None for the whole volume.
-    answered: Vec<Option<Vec<(u64, u64)>>>,
-}
-
-impl FlushHook {
-    fn state(&self) -> std::sync::MutexGuard<'_, HookState> {
-        self.0 .0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Holds write-back passes from now on.
-    pub fn hold(&self) {
-        self.state().held = true;
-    }
-
-    /// Lets the waiting pass (and later ones) through.
-    pub fn release(&self) {
-        self.state().held = false;
-        self.0 .1.notify_all();
-    }
-
-    /// FLUSHes waiting for their write-back now.
-    pub fn waiting(&self) -> usize {
-        self.state().waiting
-    }
-
-    /// Write-back passes started so far (held ones included).
-    pub fn passes(&self) -> u64 {
-        self.state().passes
-    }
-
-    /// What the FLUSHes answered FLUSHED so far covered, in the order they were answered.
-    pub fn answered(&self) -> Vec<Option<Vec<(u64, u64)>>> {
-        self.state().answered.clone()
-    }
-
-    fn arrived(&self) {
-        self.state().waiting += 1;
-    }
-
-    fn gone(&self) {
-        let mut st = self.state();
-        st.waiting = st.waiting.saturating_sub(1);
-    }
-
-    /// A pass starts: waits while held.
-    pub(crate) fn pass(&self) {
-        let mut st = self.state();
-        st.passes += 1;
-        while st.held {
-            st = self.0 .1.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    fn answered_with(&self, covered: Option<Vec<(u64, u64)>>, reply: &Reply) {
-        let mut st = self.state();
-        st.waiting = st.waiting.saturating_sub(1);
-        if matches!(reply, Reply::Msg(Message::Flushed { .. })) {
-            st.answered.push(covered);
         }
     }
 }

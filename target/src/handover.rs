@@ -55,17 +55,16 @@ use std::time::{Duration, Instant};
 use rblk_proto::VolumeId;
 use tracing::{info, warn};
 
+pub use crate::errors::{HandoverError, FORMAT};
+pub use crate::notify::STATE_FDNAME;
+pub use crate::registry::StoreSink;
+
+use crate::admin_protocol::{self, Expected, Request, VERSION};
 use crate::config::VolumeSpec;
 use crate::persist::Backing;
 use crate::registry::Shared;
 use crate::volume::Volume;
 
-/// The [`State`] record's format. A successor that does not know the format it is handed
-/// refuses the handover (and the old daemon serves on). Raised when a field changes meaning or
-/// a field a successor must understand is added.
-pub const FORMAT: u32 = 1;
-/// The fd store name of the state record (a sealed memfd holding its JSON).
-pub const STATE_FDNAME: &str = "rblk-state";
 /// The fd store names of the volumes' descriptors: this, then the index in [`State`].
 pub const FD_PREFIX: &str = "rblk-fd-";
 /// The exit status after a handover to the service manager (EX_TEMPFAIL): the unit lists it in
@@ -121,44 +120,6 @@ pub struct HandedVolume {
     pub backing: Option<usize>,
 }
 
-/// Why a handover did not happen.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HandoverError {
-    /// The old daemon cannot be reached.
-    #[error("cannot reach the running daemon to take over from")]
-    Connect(#[source] crate::admin::ClientError),
-    /// The old daemon refused (it serves on).
-    #[error("the running daemon refused the handover: {0}")]
-    Refused(String),
-    /// The state's format is not one this daemon reads.
-    #[error("the handed state has format {0}, which this rblk-target does not read (it reads format {FORMAT}): upgrade in steps, or restart")]
-    Format(String),
-    /// The state is not a state.
-    #[error("the handed state is malformed: {0}")]
-    Malformed(String),
-    /// The configuration changes what a handover cannot change.
-    #[error("the new configuration changes what a handover keeps: {0}; keep them as they are for the handover (a reload can remove and re-add a volume afterwards), or stop and start instead")]
-    Changed(String),
-    /// A handed volume could not be taken.
-    #[error("cannot take volume {name}: {reason}")]
-    Volume {
-        /// Which.
-        name: String,
-        /// Why.
-        reason: String,
-    },
-    /// Talking to the old daemon failed.
-    #[error("the handover conversation failed: {0}")]
-    Io(#[source] std::io::Error),
-    /// `rblk-target admin handover`: the successor would refuse (the daemon serves on).
-    #[error("the successor would not start: {0}; the running daemon serves on")]
-    Successor(String),
-    /// The old daemon went away before it confirmed.
-    #[error("the old daemon went away before it confirmed the handover: not serving its volumes (nobody can tell what it did last); start it again, or start this one without --takeover")]
-    OldDaemonGone,
-}
-
 /// What the successor was handed: the state, the descriptors, and the way back to the old
 /// daemon (None when they came from the service manager's store).
 #[derive(Debug)]
@@ -181,9 +142,9 @@ impl Handed {
     /// receives them. It has stopped listening and holds its write-backs when this returns Ok.
     pub fn request(socket: &Path) -> Result<Handed, HandoverError> {
         let started = Instant::now();
-        let stream = crate::admin::connect(socket).map_err(HandoverError::Connect)?;
+        let stream = admin_protocol::connect(socket).map_err(HandoverError::Connect)?;
         stream.set_read_timeout(Some(SILENCE)).map_err(HandoverError::Io)?;
-        let line = format!("{{\"version\":{},\"op\":\"takeover\",\"formats\":[{FORMAT}]}}\n", crate::admin::VERSION);
+        let line = format!("{{\"version\":{},\"op\":\"takeover\",\"formats\":[{FORMAT}]}}\n", VERSION);
         (&stream).write_all(line.as_bytes()).map_err(HandoverError::Io)?;
         let (reply, mut fds) = recv_frame(&stream)?;
         let reply: TakeoverReply =
@@ -282,7 +243,7 @@ impl Handed {
     /// `bye`: after it, the old daemon disconnects its sessions and exits.
     pub(crate) fn ready(&mut self) -> Result<(), HandoverError> {
         let Some(peer) = self.peer.as_ref() else { return Ok(()) };
-        let line = format!("{{\"version\":{},\"op\":\"takeover-ready\"}}\n", crate::admin::VERSION);
+        let line = format!("{{\"version\":{},\"op\":\"takeover-ready\"}}\n", VERSION);
         let _ = peer.set_read_timeout(Some(SILENCE));
         if (&*peer).write_all(line.as_bytes()).is_err() {
             return Err(HandoverError::OldDaemonGone);
@@ -317,7 +278,7 @@ impl Handed {
     /// waiting ([`SILENCE`]). Nothing after a handover from the fd store.
     pub(crate) fn progress(&self, what: &str) {
         if let Some(peer) = &self.peer {
-            let line = serde_json::json!({"version": crate::admin::VERSION, "op": "takeover-progress", "what": what});
+            let line = serde_json::json!({"version": VERSION, "op": "takeover-progress", "what": what});
             let _ = (&*peer).write_all(format!("{line}\n").as_bytes());
         }
     }
@@ -333,7 +294,7 @@ impl Handed {
                 let started = Instant::now();
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = ticks.recv_timeout(PROGRESS_EVERY) {
                     let line = serde_json::json!({
-                        "version": crate::admin::VERSION, "op": "takeover-progress",
+                        "version": VERSION, "op": "takeover-progress",
                         "what": format!("{what} ({} s)", started.elapsed().as_secs()),
                     });
                     if (&peer).write_all(format!("{line}\n").as_bytes()).is_err() {
@@ -400,7 +361,7 @@ impl Handed {
 
 /// Tells the old daemon at the other end of `peer` that the handover is off (it serves on).
 fn send_abort(peer: &UnixStream, reason: &str) {
-    let line = serde_json::json!({"version": crate::admin::VERSION, "op": "takeover-abort", "reason": reason});
+    let line = serde_json::json!({"version": VERSION, "op": "takeover-abort", "reason": reason});
     let _ = (&*peer).write_all(format!("{line}\n").as_bytes());
 }
 
@@ -435,9 +396,9 @@ pub fn parse_state(value: serde_json::Value) -> Result<State, HandoverError> {
 /// successor will run ([`check_successor`]) against the daemon's arguments (its
 /// `/proc/PID/cmdline`, the PID from `SO_PEERCRED`; systemd starts the successor with the
 /// same `ExecStart=`) and the volumes it serves. Returns those volumes, for the daemon to
-/// refuse if they changed meanwhile ([`crate::admin::Request::Handover`]).
-pub fn preflight(socket: &Path) -> Result<Vec<crate::admin::Expected>, HandoverError> {
-    let stream = crate::admin::connect(socket).map_err(HandoverError::Connect)?;
+/// refuse if they changed meanwhile ([`Request::Handover`]).
+pub fn preflight(socket: &Path) -> Result<Vec<Expected>, HandoverError> {
+    let stream = admin_protocol::connect(socket).map_err(HandoverError::Connect)?;
     let creds = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| HandoverError::Io(e.into()))?;
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", creds.pid())).map_err(HandoverError::Io)?;
@@ -446,14 +407,13 @@ pub fn preflight(socket: &Path) -> Result<Vec<crate::admin::Expected>, HandoverE
         .filter(|a| !a.is_empty())
         .map(|a| std::ffi::OsStr::from_bytes(a).to_owned())
         .collect();
-    let reply =
-        crate::admin::request_on(stream, socket, &crate::admin::Request::List).map_err(HandoverError::Connect)?;
-    let served: Vec<crate::admin::Expected> = reply
+    let reply = admin_protocol::request_on(stream, socket, &Request::List).map_err(HandoverError::Connect)?;
+    let served: Vec<Expected> = reply
         .volumes
         .unwrap_or_default()
         .into_iter()
         .filter(|v| v.state != "refused")
-        .map(|v| crate::admin::Expected { name: v.name, size: v.size, path: v.path })
+        .map(|v| Expected { name: v.name, size: v.size, path: v.path })
         .collect();
     check_successor(&argv, &served)?;
     Ok(served)
@@ -463,7 +423,7 @@ pub fn preflight(socket: &Path) -> Result<Vec<crate::admin::Expected>, HandoverE
 /// daemon serves on) if its arguments do not parse, its configuration (with
 /// `STATE_DIR/admin.toml`) does not pass `--check-config` (which the unit's `ExecStartPre=`
 /// runs), or it would drop or change a volume ([`check`]).
-pub fn check_successor(argv: &[std::ffi::OsString], served: &[crate::admin::Expected]) -> Result<(), HandoverError> {
+pub fn check_successor(argv: &[std::ffi::OsString], served: &[Expected]) -> Result<(), HandoverError> {
     let cfg = successor_config(argv)?;
     let handed: Vec<VolumeSpec> =
         served.iter().map(|v| VolumeSpec { name: v.name.clone(), size: v.size, path: v.path.clone() }).collect();
@@ -578,11 +538,6 @@ pub fn forget_stored(names: &[String]) {
     }
 }
 
-/// Where the descriptors of a handover to the service manager go: one call per descriptor
-/// with its fd store name, the state record last. The daemon's is `FDSTORE=1` through
-/// `NOTIFY_SOCKET`; tests collect them.
-pub type StoreSink = Box<dyn Fn(&str, BorrowedFd<'_>) -> std::io::Result<()> + Send + Sync>;
-
 // ---- The old daemon's side ----
 
 /// Everything the old daemon holds still for the handover: the volumes (their write-backs
@@ -665,7 +620,7 @@ fn resume(shared: &Arc<Shared>, volumes: &[Arc<Volume>]) {
 
 fn reply_frame(ok: bool, error: Option<&str>, message: &str, state: Option<&State>, fds: usize) -> Vec<u8> {
     let reply = TakeoverReply {
-        version: crate::admin::VERSION,
+        version: VERSION,
         ok,
         error: error.map(str::to_owned),
         message: message.to_owned(),
@@ -765,18 +720,18 @@ fn verdict(shared: &Shared, reader: &mut BufReader<UnixStream>, bytes: u64) -> R
 pub(crate) fn give_to_store(
     shared: &Arc<Shared>,
     sink: &StoreSink,
-    expect: Option<&[crate::admin::Expected]>,
+    expect: Option<&[Expected]>,
 ) -> Result<String, String> {
     let _current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
     if shared.is_shutting_down() || shared.handed_over().is_some() {
         return Err("the target is shutting down".into());
     }
     if let Some(expect) = expect {
-        let mut served: Vec<crate::admin::Expected> = shared
+        let mut served: Vec<Expected> = shared
             .catalog()
             .volumes
             .values()
-            .map(|v| crate::admin::Expected {
+            .map(|v| Expected {
                 name: v.name.clone(),
                 size: v.size(),
                 path: v.backing.as_ref().map(|b| b.path().to_owned()),

@@ -22,8 +22,6 @@ use std::sync::Mutex;
 use rblk_proto::VolumeId;
 use tracing::{debug, info, warn};
 
-use crate::session;
-
 /// What identifies a backing store's bytes from outside: device, inode, device number (block
 /// devices) and size. A file replaced by another (a restored image, `mv`) or resized differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +79,7 @@ impl Store {
     /// the backing store's fingerprint (`current`; None if it could not be read) is unchanged,
     /// else a fresh one. The record is removed, durably, before this returns.
     pub fn take(&self, name: &str, current: Option<&Fingerprint>) -> VolumeId {
-        let fresh = VolumeId(session::random());
+        let fresh = VolumeId(rblk_fabric::random());
         let Some(path) = self.record(name) else {
             debug!(volume = name, "no state dir: new identity {fresh}");
             return fresh;

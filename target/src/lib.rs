@@ -3,22 +3,31 @@
 //! the small control channel (hello, authentication, open, join, flush, stats, close) and never
 //! touches the data path.
 //!
-//! Layout: [`config`] (the configuration: command line, config file and its checks), [`start`]
-//! (what starting reports: progress and errors), [`volume`] (the volume store: memory and open
-//! modes), [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and
-//! write-back), [`identity`] (volume instance identities, kept across clean shutdowns in the
-//! state dir), [`access`] (keys, host identities and volume access lists), [`access_changes`]
-//! (what a reload changes about them, and which changes widen access), [`session`] (a
-//! session's protection domain and its access to the volume: a memory window per QP over the
-//! volume's one registration, or a registration of its own), [`registry`] (what every thread
-//! shares: volumes, limits, sessions, connections), [`control`] (one connection's control
-//! protocol), `connection` (admission and the connection loop: control messages, keepalives,
-//! loss detection), [`server`] (start, the rdma_cm listener, shutdown), [`reload`] (configuration
-//! changes at run time: SIGHUP), [`resources`] (what the caps need from the host's limits:
-//! descriptors, tasks, pinned memory), [`admin`] (the admin socket: volumes added, removed and listed
-//! at run time), [`handover`] (the volumes handed to a successor daemon: `--takeover`, `admin
-//! handover`), [`metrics`] (the Prometheus text), [`notify`] (systemd readiness, for the
-//! binary).
+//! Layout, in tiers (docs/DESIGN.md draws them; `tests/tiers.rs` keeps them): a module imports
+//! only its own tier and those below, and no driver imports another.
+//!
+//! - Base: [`config`] (the configuration: command line, config file and its checks), [`cli`]
+//!   (the flags), [`saved`] (`admin.toml`), [`lint`] and [`resources`] (`--check-config`'s
+//!   findings, and what the caps need from the host's limits), [`access`] (keys, host identities
+//!   and volume access lists), [`access_changes`] (what a reload changes about them, and which
+//!   changes widen access), [`admission`] (connections not authenticated yet), [`identity`]
+//!   (volume instance identities, kept across clean shutdowns in the state dir), [`counters`],
+//!   [`reload`] (what a configuration change at run time reports), [`start`] (what starting
+//!   reports), [`persist`] and [`uring`] (durable volumes: backing store, io_uring load and
+//!   write-back), [`notify`] (systemd readiness, for the binary), [`admin_protocol`] (the admin
+//!   socket's requests, replies and client) and [`errors`] (the errors the modules hand each
+//!   other).
+//! - Core: [`volume`] (the volume store: memory and open modes), [`session`] (a session's
+//!   protection domain and its access to the volume: a memory window per QP over the volume's
+//!   one registration, or a registration of its own), [`registry`] (what every thread shares:
+//!   volumes, limits, sessions, connections), [`control`] (one connection's control protocol),
+//!   `connection` (admission and the connection's turns: control messages, keepalives, loss
+//!   detection).
+//! - Drivers: `worker` (the threads that serve connections), [`admin`] (the admin socket:
+//!   volumes added, removed and listed at run time), [`handover`] (the volumes handed to a
+//!   successor daemon: `--takeover`, `admin handover`), [`metrics`] (the Prometheus text).
+//! - Top: [`server`] (start, the rdma_cm listener, shutdown, and configuration changes at run
+//!   time: SIGHUP).
 //!
 //! ```no_run
 //! use rblk_target::{config::Config, server::Server};
@@ -54,11 +63,14 @@
 pub mod access;
 pub mod access_changes;
 pub mod admin;
+pub mod admin_protocol;
 pub mod admission;
 pub mod cli;
 pub mod config;
 mod connection;
 pub mod control;
+pub mod counters;
+pub mod errors;
 pub mod handover;
 pub mod identity;
 pub mod lint;

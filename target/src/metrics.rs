@@ -11,11 +11,6 @@ use prometheus_client::registry::Registry;
 
 use crate::registry::Shared;
 
-/// Flush latency buckets, in seconds: 50 us to about 13 s.
-pub fn flush_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(50e-6, 2.0, 19)
-}
-
 /// The metrics text for `shared`, as a scrape returns it.
 pub fn render(shared: &Shared) -> String {
     let c = &shared.counters;

@@ -13,6 +13,11 @@ use sd_notify::NotifyState;
 
 use crate::start::Progress;
 
+/// The fd store name of a handover's state record (a sealed memfd holding its JSON): the last
+/// descriptor a handover stores, after which [`store_fd`] waits for the service manager (see
+/// [`crate::handover`]).
+pub const STATE_FDNAME: &str = "rblk-state";
+
 /// How long the service manager should wait for a durable volume of `size` bytes to load:
 /// 60 s (opening the backing store, mapping and populating the memory, a slow first read),
 /// plus 15 s per started GiB, which covers a backing store read at 70 MiB/s, well below what
@@ -85,7 +90,7 @@ pub fn has_service_manager() -> bool {
 pub fn store_fd(name: &str, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
     use std::os::fd::AsFd as _;
     sd_notify::notify_with_fds(false, &[NotifyState::FdStore, NotifyState::FdName(name)], &[fd])?;
-    if name != crate::handover::STATE_FDNAME {
+    if name != STATE_FDNAME {
         return Ok(());
     }
     let (r, w) = nix::unistd::pipe()?;

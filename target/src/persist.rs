@@ -22,7 +22,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rblk_fabric::{Memory, Waker};
@@ -490,6 +490,87 @@ pub fn coalesce(ranges: impl IntoIterator<Item = (u64, u64)>, limit: u64) -> Vec
         }
     }
     out.into_iter().map(|(s, e)| (s, e - s)).collect()
+}
+
+/// A test hook on FLUSH: holds write-back passes back, as a slow backing store would (while it
+/// is held, a pass waits before it writes anything back; connections go on, FLUSHes arriving
+/// meanwhile wait for the next pass), counts the passes, and records what every FLUSH answered
+/// FLUSHED covered. With it, RAM volumes' FLUSHes go through write-back passes too (that write
+/// nothing). Set it in [`Config::flush_hook`](crate::config::Config::flush_hook); the
+/// initiator's tests use it to show that a FLUSH in flight stops nothing else, and that a FLUSH
+/// completes only after write-backs that cover every write completed before it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct FlushHook(Arc<(std::sync::Mutex<HookState>, std::sync::Condvar)>);
+
+#[derive(Debug, Default)]
+struct HookState {
+    held: bool,
+    waiting: usize,
+    passes: u64,
+    /// Per FLUSH answered FLUSHED: its `(start, end)` ranges, or None for the whole volume.
+    answered: Vec<Option<Vec<(u64, u64)>>>,
+}
+
+impl FlushHook {
+    fn state(&self) -> std::sync::MutexGuard<'_, HookState> {
+        self.0 .0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds write-back passes from now on.
+    pub fn hold(&self) {
+        self.state().held = true;
+    }
+
+    /// Lets the waiting pass (and later ones) through.
+    pub fn release(&self) {
+        self.state().held = false;
+        self.0 .1.notify_all();
+    }
+
+    /// FLUSHes waiting for their write-back now.
+    pub fn waiting(&self) -> usize {
+        self.state().waiting
+    }
+
+    /// Write-back passes started so far (held ones included).
+    pub fn passes(&self) -> u64 {
+        self.state().passes
+    }
+
+    /// What the FLUSHes answered FLUSHED so far covered, in the order they were answered.
+    pub fn answered(&self) -> Vec<Option<Vec<(u64, u64)>>> {
+        self.state().answered.clone()
+    }
+
+    /// A FLUSH waits for a write-back.
+    pub(crate) fn arrived(&self) {
+        self.state().waiting += 1;
+    }
+
+    /// A waiting FLUSH went unanswered (its connection ended).
+    pub(crate) fn gone(&self) {
+        let mut st = self.state();
+        st.waiting = st.waiting.saturating_sub(1);
+    }
+
+    /// A pass starts: waits while held.
+    pub(crate) fn pass(&self) {
+        let mut st = self.state();
+        st.passes += 1;
+        while st.held {
+            st = self.0 .1.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// A waiting FLUSH was answered: FLUSHED (`flushed`) covering `covered`, or an ERROR.
+    pub(crate) fn answered_with(&self, covered: Option<Vec<(u64, u64)>>, flushed: bool) {
+        let mut st = self.state();
+        st.waiting = st.waiting.saturating_sub(1);
+        if flushed {
+            st.answered.push(covered);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,10 +16,11 @@ use tracing::{info, warn};
 use crate::access::Policy;
 use crate::access_changes::{Access, AccessChange};
 use crate::config::{Config, Fixed, Limits, VolumeSpec};
+use crate::counters::Counters;
 use crate::identity;
 use crate::persist::Backing;
 use crate::reload::ReloadReport;
-use crate::session::{self, Counters, Ended, Owner, Session};
+use crate::session::{self, Ended, Owner, Session};
 use crate::start::{Progress, StartError};
 use crate::volume::{LoadError, Volume};
 
@@ -192,8 +193,13 @@ impl std::fmt::Debug for Callback {
     }
 }
 
+/// Where the descriptors of a handover to the service manager go: one call per descriptor
+/// with its fd store name, the state record last. The daemon's is `FDSTORE=1` through
+/// `NOTIFY_SOCKET`; tests collect them.
+pub type StoreSink = Box<dyn Fn(&str, std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> + Send + Sync>;
+
 /// The fd store sink kept in [`Shared`].
-pub(crate) struct Sink(pub crate::handover::StoreSink);
+pub(crate) struct Sink(pub StoreSink);
 
 impl std::fmt::Debug for Sink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -509,7 +515,7 @@ impl Shared {
             crate::admission::roll(),
         )?;
         for (old, addr) in evict {
-            warn!(conn = old, peer = %crate::connection::Shown(addr), "evicting a connection that has not authenticated, to make room for conn {conn}");
+            warn!(conn = old, peer = %crate::admission::Shown(addr), "evicting a connection that has not authenticated, to make room for conn {conn}");
             self.wake_connection(old, Wake::Evicted);
         }
         Ok(())

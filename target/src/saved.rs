@@ -24,12 +24,10 @@ use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use crate::config::{File, FileVolume};
+pub use crate::errors::{SavedError, MAX_SIZE};
 
 /// The file's name in the state directory.
 pub const FILE_NAME: &str = "admin.toml";
-/// The largest file read.
-pub const MAX_SIZE: u64 = 1 << 20;
-
 /// What `admin add` and `admin remove` changed (see the module docs).
 #[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,73 +38,6 @@ pub struct Saved {
     /// Volumes added with `admin add`.
     #[serde(default, rename = "volume", skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<FileVolume>,
-}
-
-/// Why `admin.toml` could not be used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SavedError {
-    /// It cannot be opened or read.
-    #[error("reading {}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Someone else could have written it.
-    #[error("{}: {why}: refused (only root or the daemon's user may have written it)", path.display())]
-    Unsafe {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong, in words.
-        why: String,
-    },
-    /// Larger than [`MAX_SIZE`].
-    #[error("{}: larger than {MAX_SIZE} bytes: refused", path.display())]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-    },
-    /// Not TOML of the right shape.
-    #[error("{}", path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Box<toml::de::Error>,
-    },
-    /// A saved volume that does not check.
-    #[error("{}", path.display())]
-    Volume {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: Box<crate::config::ConfigError>,
-    },
-    /// A saved volume the config file has too, as another volume.
-    #[error(
-        "volume {name} is in the config file and in {} (added with `rblk-target admin add`) with another size or \
-         path: remove it from one of them", path.display()
-    )]
-    Conflict {
-        /// The file.
-        path: PathBuf,
-        /// The volume.
-        name: String,
-    },
-    /// It cannot be written.
-    #[error("writing {}", path.display())]
-    Write {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 impl Saved {

@@ -200,9 +200,13 @@ fn serve_metrics(shared: &Arc<Shared>, at: Option<SocketAddr>) -> Result<Option<
     Ok(Some(endpoint))
 }
 
+/// What the admin socket's handover requests run: the old daemon's side of a handover.
+const HANDOVERS: crate::admin::Handovers =
+    crate::admin::Handovers { takeover: crate::handover::give, to_store: crate::handover::give_to_store };
+
 fn serve_admin(shared: &Arc<Shared>, path: Option<&Path>) -> Result<Option<crate::admin::Serving>, StartError> {
     match path {
-        Some(path) => Ok(Some(crate::admin::serve(path, Arc::clone(shared)).map_err(StartError::Admin)?)),
+        Some(path) => Ok(Some(crate::admin::serve(path, Arc::clone(shared), HANDOVERS).map_err(StartError::Admin)?)),
         None => Ok(None),
     }
 }
@@ -307,7 +311,7 @@ impl Running {
 
     /// Where `rblk-target admin handover` puts the descriptors: the service manager's file
     /// descriptor store (the daemon's `FDSTORE=1`); without one it is refused.
-    pub fn set_fd_store(&self, sink: crate::handover::StoreSink) {
+    pub fn set_fd_store(&self, sink: crate::registry::StoreSink) {
         *self.shared.fd_store.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::registry::Sink(sink));
     }
 

@@ -7,71 +7,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::{Access, Chain, Endpoint, Mr, Mw, Pd, Waker};
+use rblk_fabric::{Access, Chain, Endpoint, Mw, Pd, Waker};
 use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
 use subtle::ConstantTimeEq;
 
 use crate::access::Credential;
-use crate::volume::Volume;
-
-/// The target's counters: registrations (for STATS), and what the metrics endpoint reports
-/// ([`crate::metrics`]).
-#[derive(Debug)]
-pub struct Counters {
-    /// Live volume registrations.
-    pub registrations: AtomicU64,
-    /// Bytes they pin.
-    pub pinned_bytes: AtomicU64,
-    /// Memory windows bound (one per QP of the sessions that use them).
-    pub windows: AtomicU64,
-    /// AUTHs refused (wrong key, unknown host).
-    pub auth_failures: AtomicU64,
-    /// OPENs refused (access lists, caps, no such volume, busy, ...).
-    pub refused_opens: AtomicU64,
-    /// JOINs refused by a JOIN cap.
-    pub refused_joins: AtomicU64,
-    /// Connect requests refused before anything was allocated for them (see
-    /// [`crate::admission`]).
-    pub crowded: AtomicU64,
-    /// Connections accepted.
-    pub connections_accepted: AtomicU64,
-    /// Sessions opened.
-    pub sessions_opened: AtomicU64,
-    /// Malformed or refused control messages.
-    pub malformed: AtomicU64,
-    /// FLUSHes answered (successfully or not).
-    pub flushes: AtomicU64,
-    /// Bytes written back to durable volumes' backing stores by FLUSHes.
-    pub written_back_bytes: AtomicU64,
-    /// Write-backs that failed.
-    pub writeback_failures: AtomicU64,
-    /// Memory windows whose deallocation failed (their QPs were disconnected instead).
-    pub window_dealloc_failures: AtomicU64,
-    /// FLUSH latency in seconds.
-    pub flush_seconds: prometheus_client::metrics::histogram::Histogram,
-}
-
-impl Default for Counters {
-    fn default() -> Self {
-        Counters {
-            registrations: AtomicU64::new(0),
-            pinned_bytes: AtomicU64::new(0),
-            windows: AtomicU64::new(0),
-            auth_failures: AtomicU64::new(0),
-            refused_opens: AtomicU64::new(0),
-            refused_joins: AtomicU64::new(0),
-            crowded: AtomicU64::new(0),
-            connections_accepted: AtomicU64::new(0),
-            sessions_opened: AtomicU64::new(0),
-            malformed: AtomicU64::new(0),
-            flushes: AtomicU64::new(0),
-            written_back_bytes: AtomicU64::new(0),
-            writeback_failures: AtomicU64::new(0),
-            window_dealloc_failures: AtomicU64::new(0),
-            flush_seconds: prometheus_client::metrics::histogram::Histogram::new(crate::metrics::flush_buckets()),
-        }
-    }
-}
+use crate::counters::Counters;
+use crate::volume::{Registration, Volume};
 
 /// Whom a session counts against for the per-host session cap: the host it named in AUTH, or,
 /// for an initiator without host identities, its address.
@@ -100,35 +42,6 @@ impl std::fmt::Display for Owner {
             Owner::Anonymous(Some(ip)) => write!(f, "anonymous initiators at {ip}"),
             Owner::Anonymous(None) => f.write_str("anonymous initiators"),
         }
-    }
-}
-
-/// A registration of volume memory, counted in [`Counters::registrations`] and
-/// [`Counters::pinned_bytes`] while it lives; dropping it deregisters.
-#[derive(Debug)]
-pub struct Registration {
-    mr: Mr,
-    counters: Arc<Counters>,
-}
-
-impl Registration {
-    /// Counts `mr` in.
-    pub fn new(mr: Mr, counters: Arc<Counters>) -> Registration {
-        counters.registrations.fetch_add(1, Ordering::SeqCst);
-        counters.pinned_bytes.fetch_add(mr.len() as u64, Ordering::SeqCst);
-        Registration { mr, counters }
-    }
-
-    /// The registration.
-    pub fn mr(&self) -> &Mr {
-        &self.mr
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.counters.registrations.fetch_sub(1, Ordering::SeqCst);
-        self.counters.pinned_bytes.fetch_sub(self.mr.len() as u64, Ordering::SeqCst);
     }
 }
 

@@ -5,13 +5,14 @@
 //! [`crate::handover`]): the successor maps the same pages ([`Volume::adopt`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use rblk_fabric::{Access, Memory, Pd};
+use rblk_fabric::{Access, Memory, Mr, Pd};
 use rblk_proto::{OpenMode, VolumeId};
 
+use crate::counters::Counters;
 use crate::persist::{Backing, BackingError, Group, Ticket};
-use crate::session::{Counters, Registration};
 
 /// Why a volume could not be created or loaded.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +75,7 @@ impl Volume {
             memory,
             block_size,
             backing: None,
-            instance: VolumeId(crate::session::random()),
+            instance: VolumeId(rblk_fabric::random()),
             writeback: Group::default(),
             opens: Mutex::default(),
             regions: Mutex::default(),
@@ -103,7 +104,7 @@ impl Volume {
             memory,
             block_size,
             backing: Some(backing),
-            instance: VolumeId(crate::session::random()),
+            instance: VolumeId(rblk_fabric::random()),
             writeback: Group::default(),
             opens: Mutex::default(),
             regions: Mutex::default(),
@@ -176,7 +177,7 @@ impl Volume {
         self: &Arc<Self>,
         ranges: &[(u64, u64)],
         waker: rblk_fabric::Waker,
-        before_pass: Option<crate::control::FlushHook>,
+        before_pass: Option<crate::persist::FlushHook>,
     ) -> Ticket {
         let (ticket, start) = self.writeback.enqueue(ranges, Some(waker));
         if start {
@@ -185,7 +186,7 @@ impl Volume {
         ticket
     }
 
-    fn spawn_passes(self: &Arc<Self>, before_pass: Option<crate::control::FlushHook>) {
+    fn spawn_passes(self: &Arc<Self>, before_pass: Option<crate::persist::FlushHook>) {
         let v = Arc::clone(self);
         let hook = before_pass.clone();
         let spawned =
@@ -206,7 +207,7 @@ impl Volume {
         self.writeback.passes()
     }
 
-    fn run_passes(&self, before_pass: Option<&crate::control::FlushHook>) {
+    fn run_passes(&self, before_pass: Option<&crate::persist::FlushHook>) {
         self.writeback.run(|ranges| {
             if let Some(hook) = before_pass {
                 hook.pass();
@@ -284,6 +285,35 @@ impl Volume {
                 }
             }
         }
+    }
+}
+
+/// A registration of volume memory, counted in [`Counters::registrations`] and
+/// [`Counters::pinned_bytes`] while it lives; dropping it deregisters.
+#[derive(Debug)]
+pub struct Registration {
+    mr: Mr,
+    counters: Arc<Counters>,
+}
+
+impl Registration {
+    /// Counts `mr` in.
+    pub fn new(mr: Mr, counters: Arc<Counters>) -> Registration {
+        counters.registrations.fetch_add(1, Ordering::SeqCst);
+        counters.pinned_bytes.fetch_add(mr.len() as u64, Ordering::SeqCst);
+        Registration { mr, counters }
+    }
+
+    /// The registration.
+    pub fn mr(&self) -> &Mr {
+        &self.mr
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.counters.registrations.fetch_sub(1, Ordering::SeqCst);
+        self.counters.pinned_bytes.fetch_sub(self.mr.len() as u64, Ordering::SeqCst);
     }
 }
 

@@ -14,6 +14,7 @@
 //! and while FLUSHes run a write-back thread per volume written back.
 //!
 //! [`Config::workers`]: crate::config::Config::workers
+//! [`BUDGET`]: crate::connection::BUDGET
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -26,12 +27,8 @@ use rblk_fabric::poller::{Poller, WakeQueue};
 use rblk_fabric::{Chain, Waker};
 use tracing::warn;
 
-use crate::connection::{Connection, Turn};
+use crate::connection::{Connection, Placement, Turn};
 use crate::registry::Shared;
-
-/// Completions a connection handles per turn, at most; then the others on its worker get
-/// theirs before it gets another.
-pub(crate) const BUDGET: usize = 16;
 
 /// The wake-up tag that means "look at the inbox" (connection ids start at 1 and count up).
 const INBOX: u64 = u64::MAX;
@@ -170,23 +167,6 @@ impl Workers {
         Ok(workers)
     }
 
-    /// The worker a new connection goes to: the one with the fewest.
-    pub(crate) fn place(&self) -> usize {
-        fewest(self.handles.iter().map(|h| h.count.load(Ordering::Relaxed)))
-    }
-
-    /// The waker of connection `conn` on worker `worker`.
-    pub(crate) fn waker(&self, worker: usize, conn: u64) -> Waker {
-        self.handles[worker].queue.waker(conn)
-    }
-
-    /// Hands new connection `conn` to worker `worker`.
-    pub(crate) fn hand(&self, worker: usize, conn: Box<Connection>) {
-        let h = &self.handles[worker];
-        h.count.fetch_add(1, Ordering::Relaxed);
-        h.deliver(conn);
-    }
-
     /// At shutdown (the registry says so): wakes the workers, which end their connections,
     /// and waits until every connection's teardown is done.
     pub(crate) fn stop(mut self) {
@@ -206,6 +186,25 @@ impl Workers {
                 conn.end("target shutting down".into());
             }
         }
+    }
+}
+
+impl Placement for Workers {
+    /// The worker a new connection goes to: the one with the fewest.
+    fn place(&self) -> usize {
+        fewest(self.handles.iter().map(|h| h.count.load(Ordering::Relaxed)))
+    }
+
+    /// The waker of connection `conn` on worker `worker`.
+    fn waker(&self, worker: usize, conn: u64) -> Waker {
+        self.handles[worker].queue.waker(conn)
+    }
+
+    /// Hands new connection `conn` to worker `worker`.
+    fn hand(&self, worker: usize, conn: Box<Connection>) {
+        let h = &self.handles[worker];
+        h.count.fetch_add(1, Ordering::Relaxed);
+        h.deliver(conn);
     }
 }
 
