@@ -29,10 +29,12 @@
 #          p50, p99.
 #      A session that cannot be opened stops the phase's growth where it is (the reason is
 #      recorded: a cap of the target, rxe, memory, fds) and the step is measured as held;
-#   4. the storm (issue 40's item 6): with the 2qp phase's last step still held, a successor
-#      takes over (`rblk-target --takeover`, the same arguments): every QP loses its connection
+#   4. the storms (issue 40's item 6): with the 2qp phase's last step still held, a successor
+#      takes over (`rblk-target --takeover`, the same arguments), and then the daemon restarts
+#      (SIGTERM, and a new one with the same arguments: the volume is durable, so its identity
+#      outlives the restart and the sessions resume): each time every QP loses its connection
 #      at once and every session reconnects; how long until all are back (the initiators'
-#      reconnect delay included), the successor's most threads meanwhile, sessions that gave up;
+#      reconnect delay included), the new daemon's most threads meanwhile, sessions that gave up;
 #   5. cmtime with HOSTS_CMTIME_STORM connections (default 2000): the storm goal's reference.
 #
 # Prints the table and writes build/hosts/table.txt and summary.json (scripts/lib/hosts.py:
@@ -66,8 +68,9 @@ source "$REPO_ROOT/scripts/lib/script.sh"
 #   @@bench P N JSON           (rblk-bench -o json, on one line)
 #   @@stop P N MESSAGE         (why the phase could not grow further)
 #   @@skip P N MESSAGE, @@fail WHAT MESSAGE
-#   @@storm phase=P sessions=N qps=Q seconds=S most_threads=T back=B failed=F (the takeover: B
-#          sessions reconnected within S seconds, F gave up)
+#   @@storm kind=K phase=P sessions=N qps=Q seconds=S most_threads=T back=B failed=F rejoined=J
+#          (K takeover or restart: B sessions reconnected and J JOINed queues rejoined within S
+#          seconds, F gave up)
 #   @@cmtime N ... @@endcmtime (cmtime's output)
 # Progress goes to stderr.
 
@@ -95,8 +98,11 @@ guest_main() {
     printf '@@meta nofile %s\n' "$(ulimit -n)"
 
     cmtime_run "$addr" "$cm"
-    # The storm's successor (--takeover) starts with the same arguments.
-    TARGET_ARGS=(--listen "$addr:$PORT" --memory-windows on --volume v:64M --admin-socket "$work/admin.sock"
+    # The storms' daemons (--takeover, and the restart) start with the same arguments. Durable,
+    # with a state dir: a clean stop keeps the volume's identity, so sessions resume after the
+    # restart (a RAM volume's would be a new volume to them).
+    TARGET_ARGS=(--listen "$addr:$PORT" --memory-windows on --volume "v:64M:$work/v.img"
+        --state-dir "$work/state" --admin-socket "$work/admin.sock"
         --max-sessions 8192 --max-sessions-per-host 8192 --max-joins 8192 --max-joins-per-host 8192)
     start_target "$work/target.log" "$bin" 60 "${TARGET_ARGS[@]}" || die "rblk-target did not start"
     local tpid=$TARGET_PID
@@ -172,7 +178,9 @@ hold_phase() {
     local -a counts
     IFS=, read -r -a counts <<<"$steps"
     mkfifo "$fifo"
-    "$bin/rblk-test-client" hold "$uri" --sessions 1 --qps "$qps" <"$fifo" >"$out" 2>"$out.err" &
+    # 32 tick threads: in a storm the sessions reconnect 32 at a time, as many hosts would,
+    # not one after another behind one thread.
+    "$bin/rblk-test-client" hold "$uri" --sessions 1 --qps "$qps" --threads 32 <"$fifo" >"$out" 2>"$out.err" &
     local hpid=$! n held=0 stopped=0
     exec 9>"$fifo" # the client's stdin, open until the phase ends
     if hold_wait "$out" "$hpid" 1 600; then
@@ -207,7 +215,8 @@ hold_phase() {
         ((stopped)) && break
     done
     if [[ $phase == 2qp ]] && ((held > 0 && SECONDS < deadline)); then
-        storm_step "$bin" "$work" "$phase" "$held" "$qps"
+        storm_step "$bin" "$work" "$phase" "$held" "$qps" takeover
+        ((SECONDS < deadline)) && storm_step "$bin" "$work" "$phase" "$held" "$qps" restart
         tpid=$TARGET_PID
     fi
     exec 9>&- # its stdin closes: it drops its sessions and exits
@@ -239,47 +248,65 @@ hold_wait() {
 }
 
 # hold_status WORK PHASE: asks the phase's hold client (on fd 9) for its status; prints its
-# sessions' reconnects so far and those that gave up ("-1 -1" when it does not answer in 30 s).
+# sessions' reconnects so far, those that gave up and its queues that rejoined a reconnected
+# session ("-1 -1 -1" when it does not answer in 30 s).
 hold_status() {
-    local out=$1/hold.$2.out reconnects=-1 failed=-1 lines _
+    local out=$1/hold.$2.out reconnects=-1 failed=-1 rejoins=-1 lines _
     lines=$(grep -c '^status' "$out" || true)
-    printf 'status\n' >&9 || true
+    # In a subshell: a client that exited would make the write's SIGPIPE end this script.
+    (printf 'status\n' >&9) 2>/dev/null || true
     for _ in $(seq 1 300); do
         (($(grep -c '^status' "$out" || true) > lines)) && break
         sleep 0.1
     done
-    read -r _ _ _ _ reconnects _ failed < <(grep '^status' "$out" | tail -n 1) || true
-    printf '%s %s\n' "${reconnects:--1}" "${failed:--1}"
+    read -r _ _ _ _ reconnects _ failed _ rejoins _ < <(grep '^status' "$out" | tail -n 1) || true
+    printf '%s %s %s\n' "${reconnects:--1}" "${failed:--1}" "${rejoins:--1}"
 }
 
-# storm_step BIN WORK PHASE SESSIONS QPS: hands the target over to a successor (rblk-target
-# --takeover, the same arguments) while the hold client holds SESSIONS sessions: every QP loses
-# its connection at once and every session reconnects (after the initiator's reconnect delay).
-# Records how long from the takeover's start until the reconnect count grew by SESSIONS, the
-# successor's most threads meanwhile, and sessions that gave up; sets TARGET_PID.
+# storm_step BIN WORK PHASE SESSIONS QPS KIND: while the hold client holds SESSIONS sessions,
+# KIND takeover hands the target over to a successor (rblk-target --takeover, the same
+# arguments); KIND restart stops it (SIGTERM, waiting until it is gone) and starts a new one
+# with the same arguments. Either way every QP loses its connection at once and every session
+# reconnects (after the initiator's reconnect delay). Records how long from the takeover's start
+# (the stop's) until the reconnect count grew by SESSIONS and every JOINed queue rejoined (a
+# new QP: QPS x SESSIONS connections back in all), the new daemon's most threads meanwhile,
+# and sessions that gave up; sets TARGET_PID.
 storm_step() {
-    local bin=$1 work=$2 phase=$3 n=$4 qps=$5 r0 f0 r f t0 most=0 threads _
-    read -r r0 f0 < <(hold_status "$work" "$phase")
-    log "$phase: storm: a takeover with $n sessions x $qps QPs held"
+    local bin=$1 work=$2 phase=$3 n=$4 qps=$5 kind=$6 r0 f0 j0 r f j t0 most=0 threads _ log
+    local -a extra=()
+    read -r r0 f0 j0 < <(hold_status "$work" "$phase")
+    log "$phase: storm: a $kind with $n sessions x $qps QPs held"
+    log=$work/$kind.log
     t0=$EPOCHREALTIME
-    # 9>&-: the successor must not inherit the hold client's stdin (fd 9, the FIFO's writer): it
+    if [[ $kind == takeover ]]; then
+        extra=(--takeover)
+    else
+        kill -TERM "$TARGET_PID" 2>/dev/null || true
+        wait_gone "$TARGET_PID" || printf '@@fail storm-%s the daemon did not stop within 60 s\n' "$kind"
+    fi
+    # 9>&-: the new daemon must not inherit the hold client's stdin (fd 9, the FIFO's writer): it
     # would keep the FIFO open after the phase closes it, and the client would never see EOF.
-    if ! start_target "$work/successor.log" "$bin" 120 "${TARGET_ARGS[@]}" --takeover 9>&-; then
-        printf '@@fail storm the successor did not take over: %s\n' \
-            "$(tail -n 3 "$work/successor.log" | tr -s '\n' ' ' | cut -c1-300)"
+    if ! start_target "$log" "$bin" 120 "${TARGET_ARGS[@]}" "${extra[@]}" 9>&-; then
+        printf '@@fail storm-%s the new daemon did not start: %s\n' "$kind" \
+            "$(tail -n 3 "$log" | tr -s '\n' ' ' | cut -c1-300)"
         return 0
     fi
-    r=$r0 f=$f0
+    r=$r0 f=$f0 j=$j0
     for _ in $(seq 1 600); do
+        if ! kill -0 "$TARGET_PID" 2>/dev/null; then
+            printf '@@fail storm-%s the new daemon exited: %s\n' "$kind" \
+                "$(tail -n 3 "$log" | tr -s '\n' ' ' | cut -c1-300)"
+            break
+        fi
         threads=$(count_dir "/proc/$TARGET_PID/task")
         ((threads > most)) && most=$threads
-        read -r r f < <(hold_status "$work" "$phase")
-        ((r - r0 >= n || f > f0)) && break
+        read -r r f j < <(hold_status "$work" "$phase")
+        ((r - r0 >= n && j - j0 >= n * (qps - 1) || f > f0)) && break
         sleep 0.5
     done
-    printf '@@storm phase=%s sessions=%s qps=%s seconds=%s most_threads=%s back=%s failed=%s\n' \
-        "$phase" "$n" $((n * qps)) "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')" \
-        "$most" $((r - r0)) $((f - f0))
+    printf '@@storm kind=%s phase=%s sessions=%s qps=%s seconds=%s most_threads=%s back=%s failed=%s rejoined=%s\n' \
+        "$kind" "$phase" "$n" $((n * qps)) "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')" \
+        "$most" $((r - r0)) $((f - f0)) $((j - j0))
 }
 
 # measure_step BIN WORK URI TPID HPID PHASE SESSIONS QPS OPENS IDLE BENCH
@@ -293,7 +320,7 @@ measure_step() {
     t1=$EPOCHREALTIME c1=$(cpu_ticks "$tpid") h1=$(cpu_ticks "$hpid" || echo 0)
     # Were the held sessions up all along? (A lost one reconnects: not idle.)
     local reconnects failed
-    read -r reconnects failed < <(hold_status "$work" "$phase")
+    read -r reconnects failed _ < <(hold_status "$work" "$phase")
     printf '@@step phase=%s sessions=%s qps=%s threads=%s fds=%s rss_kb=%s vmpin_kb=%s cpu_ticks=%s client_cpu_ticks=%s window_s=%s clk_tck=%s reconnects=%s failed=%s\n' \
         "$phase" "$n" $((n * qps)) "$(count_dir "/proc/$tpid/task")" "$(count_dir "/proc/$tpid/fd")" \
         "$(status_kb "$tpid" VmRSS)" "$(status_kb "$tpid" VmPin)" $((c1 - c0)) $((h1 - h0)) \

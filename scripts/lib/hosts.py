@@ -109,7 +109,9 @@ def parse(lines):
             else:
                 row["bench"] = bench_row(json.loads(rest.split(" ", 2)[2]))
         elif tag == "@@storm":
-            doc["storms"].append(parse_pairs(words))
+            storm = parse_pairs(words)
+            storm.setdefault("kind", "takeover")  # logs from before the restart storm
+            doc["storms"].append(storm)
         elif tag == "@@cmtime":
             cm, cm_lines = int(words[0]), []
         elif tag in ("@@stop", "@@skip"):
@@ -193,12 +195,16 @@ def goals(doc):
     most = max(steps, key=lambda r: r["threads"]) if steps else None
     add("target threads, most over the run", "workers + 4", most and most["threads"], most)
     for s in doc["storms"]:
-        row = {"phase": f"storm {s['phase']}", "sessions": s["sessions"], "qps": s["qps"]}
-        add("successor's threads, most during the storm", "workers + 4", s["most_threads"], row)
+        row = {"phase": f"storm ({s['kind']}) {s['phase']}", "sessions": s["sessions"], "qps": s["qps"]}
+        add(f"new daemon's threads, most during the {s['kind']} storm", "workers + 4", s["most_threads"], row)
         storm_cm = doc["cmtime"].get(max(doc["cmtime"])) if doc["cmtime"] else None
         total = storm_cm and storm_cm.get("connect", {}).get("total_ms")
-        back = s["seconds"] if s["failed"] == 0 and s["back"] >= s["sessions"] else None
-        add(f"storm: every session back / cmtime -c {max(doc['cmtime']) if doc['cmtime'] else '?'}'s total "
+        # Every QP back: the sessions, and their JOINed queues (logs from before rejoined was
+        # recorded count the sessions only).
+        joined = s["qps"] - s["sessions"]
+        all_back = s["back"] >= s["sessions"] and s.get("rejoined", joined) >= joined
+        back = s["seconds"] if s["failed"] == 0 and all_back else None
+        add(f"{s['kind']} storm: every session back / cmtime -c {max(doc['cmtime']) if doc['cmtime'] else '?'}'s total "
             "(the reconnect delay included)", 1.5, ratio(back * 1000.0, total) if back and total else None, row)
     for qps, bound in ((2000, 1.0), (4096, 2.0)):  # the most QPs up to the goal's
         r = nearest(steps, qps)
@@ -266,9 +272,10 @@ def table(doc):
         shown = "-" if v is None else (f"{v:,.2f}" if isinstance(v, float) else str(v))
         out.append(f"  {g['goal']}: {shown} (goal {g['bound']}){' at ' + g['row'] if g['row'] else ''}")
     for s in doc["storms"]:
-        out.append(f"storm ({s['phase']}, a takeover with {s['sessions']} sessions x "
-                   f"{s['qps'] // max(s['sessions'], 1)} QPs held): {s['back']} sessions back in "
-                   f"{s['seconds']:.1f} s, {s['failed']} gave up; the successor's threads at most "
+        out.append(f"storm ({s['phase']}, a {s['kind']} with {s['sessions']} sessions x "
+                   f"{s['qps'] // max(s['sessions'], 1)} QPs held): {s['back']} sessions"
+                   f"{' and ' + str(s['rejoined']) + ' JOINed queues' if 'rejoined' in s else ''} back in "
+                   f"{s['seconds']:.1f} s, {s['failed']} gave up; the new daemon's threads at most "
                    f"{s['most_threads']}")
     for r in doc["steps"]:
         if lost(r):

@@ -122,19 +122,36 @@ class Goals(unittest.TestCase):
     def test_a_storm_is_read_against_cmtime_and_only_when_every_session_came_back(self):
         with open(LOG) as f:
             lines = list(f)
-        storm = "@@storm phase=2qp sessions=1000 qps=2000 seconds=4.5 most_threads=7 back=1000 failed=0"
+        storm = "@@storm kind=takeover phase=2qp sessions=1000 qps=2000 seconds=4.5 most_threads=7 back=1000 failed=0"
         doc = hosts.summarize(lines + [storm])
         self.assertEqual(doc["storms"][0]["most_threads"], 7)
-        back = self.goal(doc, "storm: every session back")
+        back = self.goal(doc, "takeover storm: every session back")
         self.assertAlmostEqual(back["measured"], 4500.0 / 500.0)  # against cmtime -c 100's total
-        self.assertEqual(back["row"], "storm 2qp 1000 sessions, 2000 QPs")
-        self.assertEqual(self.goal(doc, "successor's threads")["measured"], 7)
+        self.assertEqual(back["row"], "storm (takeover) 2qp 1000 sessions, 2000 QPs")
+        self.assertEqual(self.goal(doc, "new daemon's threads, most during the takeover")["measured"], 7)
         self.assertIn("storm (2qp, a takeover with 1000 sessions x 2 QPs held): 1000 sessions back in 4.5 s, "
-                      "0 gave up; the successor's threads at most 7", hosts.table(doc))
+                      "0 gave up; the new daemon's threads at most 7", hosts.table(doc))
         short = hosts.summarize(lines + [storm.replace("back=1000", "back=998")])
-        self.assertIsNone(self.goal(short, "storm: every session back")["measured"])
+        self.assertIsNone(self.goal(short, "takeover storm: every session back")["measured"])
         gave_up = hosts.summarize(lines + [storm.replace("failed=0", "failed=2")])
-        self.assertIsNone(self.goal(gave_up, "storm: every session back")["measured"])
+        self.assertIsNone(self.goal(gave_up, "takeover storm: every session back")["measured"])
+        # With the JOINed queues counted: all must have rejoined too.
+        queues = hosts.summarize(lines + [storm + " rejoined=1000"])
+        self.assertAlmostEqual(self.goal(queues, "takeover storm: every session back")["measured"], 9.0)
+        self.assertIn("1000 sessions and 1000 JOINed queues back in 4.5 s", hosts.table(queues))
+        lagging = hosts.summarize(lines + [storm + " rejoined=999"])
+        self.assertIsNone(self.goal(lagging, "takeover storm: every session back")["measured"])
+
+    def test_the_restart_storm_is_a_goal_of_its_own_and_old_logs_read_as_takeovers(self):
+        with open(LOG) as f:
+            lines = list(f)
+        takeover = "@@storm phase=2qp sessions=10 qps=20 seconds=2.0 most_threads=6 back=10 failed=0"
+        restart = "@@storm kind=restart phase=2qp sessions=10 qps=20 seconds=3.0 most_threads=6 back=10 failed=0"
+        doc = hosts.summarize(lines + [takeover, restart])
+        self.assertEqual([s["kind"] for s in doc["storms"]], ["takeover", "restart"])
+        self.assertAlmostEqual(self.goal(doc, "takeover storm: every session back")["measured"], 2000.0 / 500.0)
+        self.assertAlmostEqual(self.goal(doc, "restart storm: every session back")["measured"], 3000.0 / 500.0)
+        self.assertIn("a restart with 10 sessions x 2 QPs held", hosts.table(doc))
 
     def test_no_rows_no_figures(self):
         doc = hosts.summarize([])

@@ -94,6 +94,9 @@ fn set_up(
 ) -> Result<(), AdmitError> {
     let peer = req.peer();
     let fabric = |step| move |source| AdmitError::Fabric { peer, step, source };
+    // The admission's stages, timed (a debug line per connection: what the listener thread
+    // spends on each connect request, in a reconnect storm one after another).
+    let t0 = Instant::now();
     let (pd, state) = match data {
         Ok(data @ (ConnectData::NewSession | ConnectData::NewWindowSession)) => {
             let domain = match data {
@@ -130,10 +133,25 @@ fn set_up(
         recv_depth: rblk_proto::RECV_COUNT as u32,
         max_inline: 128,
     };
+    let t_pd = Instant::now();
     let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(fabric("creating the queue pair"))?;
+    let t_qp = Instant::now();
     let mut channel = Channel::new(&pd).map_err(fabric("setting up the control channel"))?;
+    let t_channel = Instant::now();
     channel.post_recvs(&mut ep).map_err(fabric("posting receives"))?;
+    let t_recvs = Instant::now();
     ep.accept().map_err(fabric("accepting"))?;
+    let t_accept = Instant::now();
+    let us = |a: Instant, b: Instant| b.saturating_duration_since(a).as_micros();
+    debug!(
+        conn,
+        pd_us = us(t0, t_pd),
+        qp_us = us(t_pd, t_qp),
+        channel_us = us(t_qp, t_channel),
+        recvs_us = us(t_channel, t_recvs),
+        accept_us = us(t_recvs, t_accept),
+        "admission stages"
+    );
     let worker = workers.place();
     // Every wake-up of the connection (a disconnect, an eviction, its write-backs, its
     // session's end) goes through its worker.

@@ -297,6 +297,31 @@ fn raw_reads(
 struct Held {
     vol: rblk_initiator::Volume,
     queues: Vec<rblk_initiator::Queue>,
+    /// Each queue's QP number when last ticked: a new one means it rejoined the session.
+    qpns: Vec<u32>,
+    /// Queues that rejoined so far.
+    rejoins: u64,
+    /// What this session has added to its shard's totals so far.
+    added: Counts,
+}
+
+/// What `hold`'s status reports, summed over sessions: reconnects of the sessions, queues that
+/// rejoined a reconnected session (a new QP), sessions that gave up.
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    reconnects: u64,
+    rejoins: u64,
+    failed: u64,
+}
+
+/// A tick thread's sessions and its running totals, which the status reads without waiting for
+/// the thread (it may be reconnecting its sessions one after another).
+#[derive(Default)]
+struct Shard {
+    held: std::sync::Mutex<Vec<Held>>,
+    reconnects: std::sync::atomic::AtomicU64,
+    rejoins: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
 }
 
 impl Held {
@@ -307,36 +332,89 @@ impl Held {
         let queues = (1..qps)
             .map(|_| vol.queue_with(1, 4096).map_err(|e| format!("JOIN: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Held { vol, queues })
+        let qpns = queues.iter().map(rblk_initiator::Queue::qp_num).collect();
+        Ok(Held { vol, queues, qpns, rejoins: 0, added: Counts::default() })
     }
 
-    /// Takes what arrived and sends the KEEPALIVEs due, on every QP of the session.
+    /// Takes what arrived and sends the KEEPALIVEs due, on every QP of the session (and
+    /// reconnects it, and rejoins its queues, after a loss).
     fn tick(&mut self) -> Result<(), String> {
-        for q in &mut self.queues {
+        for (q, qpn) in self.queues.iter_mut().zip(&mut self.qpns) {
             q.tick();
+            if q.qp_num() != *qpn {
+                *qpn = q.qp_num();
+                self.rejoins += 1;
+            }
         }
-        self.vol.keepalive().map_err(|e| format!("keepalive: {e}"))
+        match self.vol.keepalive() {
+            // While the session reconnects there is nobody to send to (after a target restart
+            // the new daemon may take seconds to listen): it goes on until it gives up.
+            Err(_) if !self.vol.failed() => Ok(()),
+            r => r.map_err(|e| format!("keepalive: {e}")),
+        }
+    }
+
+    /// Its counts now.
+    fn counts(&self) -> Counts {
+        Counts { reconnects: self.vol.reconnects(), rejoins: self.rejoins, failed: u64::from(self.vol.failed()) }
+    }
+}
+
+impl Shard {
+    /// Ticks every session of the shard, adding what changed to its totals.
+    fn tick(&self) -> Result<(), String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for h in held.iter_mut() {
+            h.tick()?;
+            let (now, before) = (h.counts(), h.added);
+            h.added = now;
+            self.reconnects.fetch_add(now.reconnects.saturating_sub(before.reconnects), Relaxed);
+            self.rejoins.fetch_add(now.rejoins.saturating_sub(before.rejoins), Relaxed);
+            self.failed.fetch_add(now.failed.saturating_sub(before.failed), Relaxed);
+        }
+        Ok(())
+    }
+
+    fn add(&self, h: Held) {
+        self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(h);
     }
 }
 
 fn hold(args: &[String]) -> Result<(), String> {
+    use std::sync::atomic::Ordering::Relaxed;
     use std::sync::mpsc;
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
     let uri = args.get(2).ok_or("missing URI")?;
     let n = count(args, "--sessions")?;
     let qps = if args.iter().any(|a| a == "--qps") { count(args, "--qps")? } else { 1 };
+    // Tick threads, each with its share of the sessions: after a target's loss each reconnects
+    // its sessions one after another, so with one thread the client, not the target, would set
+    // the pace of a reconnect storm (as hundreds of hosts reconnecting at once would not).
+    let threads = if args.iter().any(|a| a == "--threads") { count(args, "--threads")? } else { 1 };
     // Ticked every second: the target ends a connection it has not heard from for 15 s.
     const TICK: Duration = Duration::from_secs(1);
-    let mut held = (0..n).map(|_| Held::open(uri, qps)).collect::<Result<Vec<_>, _>>()?;
-    let mut last_tick = Instant::now();
-    fn tick_all(held: &mut [Held], last: &mut Instant) -> Result<(), String> {
-        for h in held.iter_mut() {
-            h.tick()?;
-        }
-        *last = Instant::now();
-        Ok(())
+    let shards: Vec<Arc<Shard>> = (0..threads).map(|_| Arc::new(Shard::default())).collect();
+    let mut placed = 0usize;
+    for _ in 0..n {
+        shards[placed % threads].add(Held::open(uri, qps)?);
+        placed += 1;
     }
-    println!("held {} qps {}", held.len(), held.len() * qps);
+    // The first error of a tick thread: the client reports it and exits.
+    let (err_tx, err_rx) = mpsc::channel::<String>();
+    for shard in &shards {
+        let (shard, err_tx) = (Arc::clone(shard), err_tx.clone());
+        std::thread::spawn(move || loop {
+            let next = Instant::now() + TICK;
+            if let Err(e) = shard.tick() {
+                let _ = err_tx.send(e);
+                return;
+            }
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        });
+    }
+    println!("held {placed} qps {}", placed * qps);
     let (tx, rx) = mpsc::channel::<String>();
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {
@@ -347,32 +425,37 @@ fn hold(args: &[String]) -> Result<(), String> {
         }
     });
     loop {
-        match rx.recv_timeout(TICK.saturating_sub(last_tick.elapsed())) {
+        if let Ok(e) = err_rx.try_recv() {
+            return Err(e);
+        }
+        match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(line) if line == "status" => {
-                let reconnects: u64 = held.iter().map(|h| h.vol.reconnects()).sum();
-                let failed = held.iter().filter(|h| h.vol.failed()).count();
-                println!("status held {} reconnects {reconnects} failed {failed}", held.len());
+                let sum = |f: fn(&Shard) -> u64| shards.iter().map(|s| f(s)).sum::<u64>();
+                let reconnects = sum(|s| s.reconnects.load(Relaxed));
+                let failed = sum(|s| s.failed.load(Relaxed));
+                let rejoins = sum(|s| s.rejoins.load(Relaxed));
+                println!("status held {placed} reconnects {reconnects} failed {failed} rejoins {rejoins}");
             }
             Ok(line) => {
                 let want: usize = line
                     .strip_prefix("grow ")
                     .and_then(|w| w.trim().parse().ok())
                     .ok_or(format!("stdin: {line:?}: expected \"grow N\" or \"status\""))?;
-                while held.len() < want {
+                while placed < want {
                     match Held::open(uri, qps) {
-                        Ok(h) => held.push(h),
+                        Ok(h) => {
+                            shards[placed % threads].add(h);
+                            placed += 1;
+                        }
                         Err(e) => {
                             println!("stopped: {e}");
                             break;
                         }
                     }
-                    if last_tick.elapsed() >= TICK {
-                        tick_all(&mut held, &mut last_tick)?;
-                    }
                 }
-                println!("held {} qps {}", held.len(), held.len() * qps);
+                println!("held {placed} qps {}", placed * qps);
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => tick_all(&mut held, &mut last_tick)?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
         }
     }
