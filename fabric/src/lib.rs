@@ -639,6 +639,23 @@ impl Request {
         dispatch!(RequestInner, self.inner, r => r.reject())
     }
 
+    /// [`Request::into_endpoint`] with the QP's completions on `shared` (it takes one of its
+    /// places, given back when the endpoint is dropped; an error if it is full), routed to the
+    /// endpoint and named `conn` by [`SharedCq::collect`]. On the in-memory fabric (where there
+    /// are no shared CQs) this is [`Request::into_endpoint`].
+    pub fn into_endpoint_shared(self, pd: &Pd, cfg: &QpConfig, conn: u64, shared: &SharedCq) -> Result<Endpoint> {
+        let inner = match (self.inner, &pd.inner) {
+            (RequestInner::Verbs(r), PdInner::Verbs(p)) => {
+                EndpointInner::Verbs(r.into_endpoint_shared(p, cfg, conn, &shared.inner)?)
+            }
+            #[cfg(feature = "mem")]
+            (RequestInner::Mem(r), PdInner::Mem(p)) => EndpointInner::Mem(r.into_endpoint(p, cfg, conn)?),
+            #[cfg(feature = "mem")]
+            _ => return Err(Error::OtherFabric { what: "the connect request" }),
+        };
+        Endpoint::new(inner)
+    }
+
     /// Creates the endpoint's QP in `pd` (which must be on the request's device) and makes it
     /// ready. Later listener events about it carry `conn`. Post RECVs on the returned endpoint,
     /// then call [`Endpoint::accept`].
@@ -651,6 +668,61 @@ impl Request {
             _ => return Err(Error::OtherFabric { what: "the connect request" }),
         };
         Endpoint::new(inner)
+    }
+}
+
+/// A completion queue and channel shared by many endpoints of one device: an event loop's,
+/// as SPDK's poll groups share a CQ per device. One CQ event covers the completions of every QP
+/// on it that arrived meanwhile, one re-arm serves them all, and a QP on it brings no
+/// descriptor and no CQ of its own. Endpoints on it ([`Request::into_endpoint_shared`]) are
+/// polled as any ([`Endpoint::poll`]: their completions are routed to them by QP number); their
+/// event loop waits for [`SharedCq::fd`] and learns which endpoints have completions from
+/// [`SharedCq::collect`], not from their own [`Endpoint::event_fd`]. Only over verbs: the
+/// in-memory fabric's endpoints keep their own.
+#[derive(Clone)]
+pub struct SharedCq {
+    inner: Arc<verbs::shared_cq::SharedCq>,
+}
+
+impl std::fmt::Debug for SharedCq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedCq").field("fd", &self.fd()).field("placed", &self.placed()).finish()
+    }
+}
+
+impl SharedCq {
+    /// A shared CQ on `pd`'s device, with room for `room` QPs of `per_qp` completions
+    /// outstanding each (their send and receive depths: a CQ that overflows errors every QP on
+    /// it, so an endpoint beyond `room` is refused). None on the in-memory fabric.
+    pub fn new(pd: &Pd, room: usize, per_qp: u32) -> Result<Option<SharedCq>> {
+        match &pd.inner {
+            PdInner::Verbs(p) => Ok(Some(SharedCq { inner: verbs::shared_cq::SharedCq::new(p, room, per_qp)? })),
+            #[cfg(feature = "mem")]
+            PdInner::Mem(_) => Ok(None),
+        }
+    }
+
+    /// The descriptor an event loop waits for: readable once a completion arrived after the
+    /// last [`collect`](Self::collect).
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd()
+    }
+
+    /// QPs on it (each endpoint made on it takes a place and gives it back when dropped).
+    pub fn placed(&self) -> usize {
+        self.inner.placed()
+    }
+
+    /// Whether it has room for one more QP (an endpoint made on a full one fails).
+    pub fn has_room(&self) -> bool {
+        self.inner.has_room()
+    }
+
+    /// Takes the CQ's event, routes its completions to their endpoints, arms it again, and
+    /// appends to `ready` the tags (see [`Request::into_endpoint_shared`]) of the endpoints that
+    /// got completions since the last call.
+    pub fn collect(&self, ready: &mut Vec<u64>) -> Result<()> {
+        self.inner.collect(ready)
     }
 }
 
@@ -879,9 +951,19 @@ impl Endpoint {
         dispatch!(EndpointInner, &self.inner, e => e.event_fd())
     }
 
+    /// Whether its completions go to a [`SharedCq`] (whose event loop watches the CQ's
+    /// descriptor, not [`event_fd`](Self::event_fd)).
+    pub fn shares_cq(&self) -> bool {
+        match &self.inner {
+            EndpointInner::Verbs(e) => e.shares_cq(),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => false,
+        }
+    }
+
     /// Consumes the events signalled so far and asks for one at the next completion. Poll once
     /// more after arming, then wait for [`event_fd`](Self::event_fd): a completion that arrived
-    /// before the arm raises no event.
+    /// before the arm raises no event. Nothing for an endpoint on a [`SharedCq`].
     pub fn arm_events(&mut self) -> Result<()> {
         dispatch!(EndpointInner, &mut self.inner, e => e.arm_events())
     }

@@ -37,6 +37,10 @@ pub(crate) trait Placement {
     fn waker(&self, worker: usize, conn: u64) -> Waker;
     /// Hands new connection `conn` to worker `worker`.
     fn hand(&self, worker: usize, conn: Box<Connection>);
+    /// A completion queue of worker `worker` on `device` with room for one more QP (made on
+    /// `pd`'s device if it has none), or None: the QP gets a CQ of its own (the in-memory
+    /// fabric, or making one failed).
+    fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd, device: &str) -> Option<rblk_fabric::SharedCq>;
 }
 
 /// Why a connect request was refused.
@@ -134,7 +138,14 @@ fn set_up(
         max_inline: 128,
     };
     let t_pd = Instant::now();
-    let mut ep = req.into_endpoint(&pd, &cfg, conn).map_err(fabric("creating the queue pair"))?;
+    // Placed first: its QP's completions go to that worker's shared CQ.
+    let worker = workers.place();
+    let device = req.device().to_owned();
+    let mut ep = match workers.shared_cq(worker, &pd, &device) {
+        Some(cq) => req.into_endpoint_shared(&pd, &cfg, conn, &cq),
+        None => req.into_endpoint(&pd, &cfg, conn),
+    }
+    .map_err(fabric("creating the queue pair"))?;
     let t_qp = Instant::now();
     let mut channel = Channel::new(&pd).map_err(fabric("setting up the control channel"))?;
     let t_channel = Instant::now();
@@ -152,7 +163,6 @@ fn set_up(
         accept_us = us(t_recvs, t_accept),
         "admission stages"
     );
-    let worker = workers.place();
     // Every wake-up of the connection (a disconnect, an eviction, its write-backs, its
     // session's end) goes through its worker.
     ep.set_waker(workers.waker(worker, conn));
@@ -349,6 +359,12 @@ impl Connection {
     /// turn armed it.
     pub(crate) fn event_fd(&self) -> std::os::fd::RawFd {
         self.ep.event_fd()
+    }
+
+    /// Whether its completions come through its worker's shared CQ (which the worker watches)
+    /// rather than [`Connection::event_fd`].
+    pub(crate) fn shares_cq(&self) -> bool {
+        self.ep.shares_cq()
     }
 
     /// One turn: `woken` when a waker fired for it (see [`Connection::check_wakes`]).

@@ -33,6 +33,20 @@ use crate::registry::Shared;
 /// The wake-up tag that means "look at the inbox" (connection ids start at 1 and count up).
 const INBOX: u64 = u64::MAX;
 
+/// The poller tag of a worker's `i`th shared CQ: `CQ_TAGS - i`, counting down below [`INBOX`].
+const CQ_TAGS: u64 = u64::MAX - 1;
+/// At most this many shared CQs per worker (tags above `CQ_TAGS - MAX_CQS` are CQs').
+const MAX_CQS: u64 = 1 << 20;
+
+fn is_cq_tag(tag: u64) -> bool {
+    tag <= CQ_TAGS && tag > CQ_TAGS - MAX_CQS
+}
+
+/// QPs per shared CQ: 256 x 34 entries (each QP's send and receive depths) = 8,704 entries,
+/// within every device's `max_cqe` we know of (rxe's is 32,767). A worker makes another CQ
+/// when its CQs on a device are full.
+const CQ_ROOM: usize = 256;
+
 /// Back-off after a failed epoll wait.
 const BACKOFF: Duration = Duration::from_millis(10);
 
@@ -104,6 +118,10 @@ struct Handle {
     queue: Arc<WakeQueue>,
     inbox: Mutex<Vec<Box<Connection>>>,
     count: AtomicUsize,
+    /// What the worker waits on (its wake-up queue, its shared CQs, connections' own CQs).
+    poller: Arc<Poller>,
+    /// Its shared CQs, by device; the `i`th is watched with tag `CQ_TAGS - i`.
+    cqs: Mutex<Vec<(String, rblk_fabric::SharedCq)>>,
 }
 
 impl Handle {
@@ -144,9 +162,14 @@ impl Workers {
             .map_err(|source| rblk_fabric::Error::Os { op: "spawning the slow-work thread", source })?;
         let mut workers = Workers { handles: Vec::new(), threads: Vec::new(), slow: Some((tx.clone(), slow)) };
         for i in 0..n.max(1) {
-            let handle =
-                Arc::new(Handle { queue: WakeQueue::new()?, inbox: Mutex::default(), count: AtomicUsize::new(0) });
-            let poller = Poller::new()?;
+            let poller = Arc::new(Poller::new()?);
+            let handle = Arc::new(Handle {
+                queue: WakeQueue::new()?,
+                inbox: Mutex::default(),
+                count: AtomicUsize::new(0),
+                poller: Arc::clone(&poller),
+                cqs: Mutex::default(),
+            });
             poller.add(handle.queue.fd(), INBOX)?;
             let worker = Worker {
                 shared: Arc::clone(shared),
@@ -206,6 +229,35 @@ impl Placement for Workers {
         h.count.fetch_add(1, Ordering::Relaxed);
         h.deliver(conn);
     }
+
+    /// One of worker `worker`'s shared CQs on `device` with room, or a new one (watched by the
+    /// worker from now on). None on the in-memory fabric, or if one cannot be made (the QP
+    /// then gets a CQ of its own, as before shared CQs).
+    fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd, device: &str) -> Option<rblk_fabric::SharedCq> {
+        let h = &self.handles[worker];
+        let mut cqs = h.cqs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, cq)) = cqs.iter().find(|(d, cq)| d == device && cq.has_room()) {
+            return Some(cq.clone());
+        }
+        let per_qp = rblk_proto::SEND_COUNT as u32 + 2 + rblk_proto::RECV_COUNT as u32;
+        let cq = match rblk_fabric::SharedCq::new(pd, CQ_ROOM, per_qp) {
+            Ok(cq) => cq?,
+            Err(e) => {
+                warn!(worker, device, error = %Chain(&e), "cannot make a shared completion queue: the QP gets its own");
+                return None;
+            }
+        };
+        let tag = CQ_TAGS - cqs.len() as u64;
+        if cqs.len() as u64 >= MAX_CQS {
+            return None;
+        }
+        if let Err(e) = h.poller.add(cq.fd(), tag) {
+            warn!(worker, device, error = %Chain(&e), "cannot watch a shared completion queue: the QP gets its own");
+            return None;
+        }
+        cqs.push((device.to_owned(), cq.clone()));
+        Some(cq)
+    }
 }
 
 /// One round's turns, each connection once (with whether a waker fired for it), in order:
@@ -232,7 +284,7 @@ fn round(woken: &[u64], ready: &[u64], due: &[u64], more: &[u64]) -> Vec<(u64, b
 struct Worker {
     shared: Arc<Shared>,
     handle: Arc<Handle>,
-    poller: Poller,
+    poller: Arc<Poller>,
     conns: HashMap<u64, Box<Connection>>,
     timers: Timers,
     /// Connections whose budget ran out: they run again in the next round, without waiting.
@@ -252,6 +304,7 @@ impl Worker {
                 warn!(error = %Chain(&e), "worker wait failed");
                 thread::sleep(BACKOFF);
             }
+            self.collect_cqs(&mut ready);
             woken.clear();
             if ready.contains(&INBOX) {
                 self.handle.queue.take(&mut woken);
@@ -275,6 +328,22 @@ impl Worker {
         }
     }
 
+    /// Replaces the shared CQs' tags in `ready` by the connections they have completions for.
+    fn collect_cqs(&self, ready: &mut Vec<u64>) {
+        if !ready.iter().any(|&t| is_cq_tag(t)) {
+            return;
+        }
+        let tags: Vec<u64> = ready.iter().copied().filter(|&t| is_cq_tag(t)).collect();
+        ready.retain(|&t| !is_cq_tag(t));
+        let cqs = self.handle.cqs.lock().unwrap_or_else(|p| p.into_inner());
+        for tag in tags {
+            let Some((device, cq)) = usize::try_from(CQ_TAGS - tag).ok().and_then(|i| cqs.get(i)) else { continue };
+            if let Err(e) = cq.collect(ready) {
+                warn!(device, error = %Chain(&e), "shared completion queue failed");
+            }
+        }
+    }
+
     /// Takes the connections handed over (new, or back from the slow-work thread): they are
     /// watched from now on, and get a turn this round (as woken: news may wait for them).
     fn take_inbox(&mut self, woken: &mut Vec<u64>) {
@@ -282,7 +351,9 @@ impl Worker {
             std::mem::take(&mut *self.handle.inbox.lock().unwrap_or_else(|p| p.into_inner()));
         for conn in conns {
             let id = conn.id();
-            if let Err(e) = self.poller.add(conn.event_fd(), id) {
+            if conn.shares_cq() {
+                // Its completions come through its shared CQ, which is watched already.
+            } else if let Err(e) = self.poller.add(conn.event_fd(), id) {
                 warn!(conn = id, error = %Chain(&e), "cannot watch the connection");
                 self.end(conn, "cannot watch its completions".into());
                 continue;
@@ -329,6 +400,9 @@ impl Worker {
         let conn = self.conns.remove(&id)?;
         self.timers.forget(id);
         self.more.retain(|&m| m != id);
+        if conn.shares_cq() {
+            return Some(conn);
+        }
         if let Err(e) = self.poller.remove(conn.event_fd()) {
             warn!(conn = id, error = %Chain(&e), "cannot stop watching the connection");
         }

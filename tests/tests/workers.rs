@@ -112,14 +112,16 @@ fn a_flooding_connection_does_not_delay_anothers_keepalive() {
 }
 
 /// Item 1 of issue 40 in the guest: a few hundred sessions (each its own QP) share `workers`
-/// threads. Catches a thread per connection (before: one each, 300 sessions made 302 threads),
-/// a connection a worker leaves unserved (every one answers a STATS), and one left behind
-/// when its peer goes (all reaped).
+/// threads and the workers' shared completion queues. Catches a thread per connection
+/// (before: one each, 300 sessions made 302 threads), a descriptor per connection (before
+/// shared CQs: its completion channel, 300 more), a connection a worker leaves unserved (every
+/// one answers a STATS; with one worker the 300 span two shared CQs of 256 QPs, so the second
+/// CQ's are served too), and one left behind when its peer goes (all reaped).
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn rxe_hundreds_of_sessions_share_a_few_threads() {
     const SESSIONS: u64 = 300;
-    const WORKERS: u64 = 2;
+    const WORKERS: u64 = 1;
     // Each client QP holds a few descriptors in this process (its event and completion
     // channels, its waker).
     let raised = std::process::Command::new("prlimit")
@@ -136,6 +138,8 @@ fn rxe_hundreds_of_sessions_share_a_few_threads() {
     let mut probe = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewSession).expect("connect the probe");
     probe.open("v", OpenMode::ReadOnly);
     let mut peak = d.threads();
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.pid())).expect("the daemon's fds").count();
+    let fds_before = fds();
     let started = Instant::now();
     let mut held = Vec::new();
     for i in 0..SESSIONS {
@@ -152,6 +156,14 @@ fn rxe_hundreds_of_sessions_share_a_few_threads() {
     }
     let s = probe.stats();
     assert_eq!((s.sessions, s.connections), (SESSIONS + 1, SESSIONS + 1));
+    let fds_held = fds();
+    eprintln!("workers: {fds_before} target fds with the probe, {fds_held} with {SESSIONS} sessions more");
+    // At most a completion channel per shared CQ (two here) and slack: no descriptor per QP.
+    assert!(
+        fds_held <= fds_before + 4,
+        "{} more descriptors for {SESSIONS} QPs: a descriptor per QP",
+        fds_held - fds_before
+    );
     peak = peak.max(d.threads());
     eprintln!("workers: at most {peak} target threads with {} sessions ({WORKERS} workers)", SESSIONS + 1);
     assert!(peak <= limit, "{peak} threads with {WORKERS} workers: at most {limit}");

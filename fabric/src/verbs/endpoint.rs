@@ -18,19 +18,20 @@ use sideway::ibverbs::AccessFlags;
 
 use super::cm::{self, CmChannel, CmEventKind, CmId, ConnParam};
 use super::device;
+use super::shared_cq::{Inbox, SharedCq};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::error::AddrDisplay;
 use crate::{
     policy, Access, Error, ListenerEvent, Local, Memory, Op, QpAttributes, QpConfig, Result, Route, WorkRequest,
 };
 
-fn verbs_err(op: &'static str, device: &str, source: std::io::Error) -> Error {
+pub(super) fn verbs_err(op: &'static str, device: &str, source: std::io::Error) -> Error {
     Error::Verbs { op, device: device.to_owned(), source }
 }
 
 /// A sideway error with its whole chain: the errno sits in the source (EMFILE read as "failed
 /// to create completion channel" alone).
-fn other_err(op: &'static str, device: &str, e: impl std::error::Error + 'static) -> Error {
+pub(super) fn other_err(op: &'static str, device: &str, e: impl std::error::Error + 'static) -> Error {
     verbs_err(op, device, std::io::Error::other(crate::Chain(&e).to_string()))
 }
 
@@ -54,6 +55,11 @@ impl Pd {
         let windows = attr.device_cap_flags().contains(DeviceCapabilityFlags::MemoryWindowType2B);
         let max_read_depth = attr.max_qp_rd_atom().min(attr.max_qp_init_rd_atom()).clamp(1, 255) as u8;
         Ok(Pd { pd, ctx, device: device.into(), windows, max_read_depth })
+    }
+
+    /// The device's context (a CQ shared by QPs of this device's PDs is made on it).
+    pub(crate) fn context(&self) -> &Arc<DeviceContext> {
+        &self.ctx
     }
 
     pub(crate) fn type2_windows(&self) -> bool {
@@ -273,6 +279,30 @@ impl Request {
         self.id.reject()
     }
 
+    /// [`Request::into_endpoint`] with the QP's completions on `shared` (where it took a
+    /// place: see [`SharedCq::place`]), routed to the endpoint by `conn`.
+    pub(crate) fn into_endpoint_shared(
+        self,
+        pd: &Pd,
+        cfg: &QpConfig,
+        conn: u64,
+        shared: &Arc<SharedCq>,
+    ) -> Result<Endpoint> {
+        if pd.device() != self.device {
+            return Err(Error::PdDevice {
+                what: "the connect request".into(),
+                found: self.device.as_str().into(),
+                pd: pd.device().into(),
+            });
+        }
+        self.id.set_context(conn);
+        let mut ep = Endpoint::create(self.id, None, pd.clone(), cfg, Some((shared, conn)))?;
+        ep.move_to_init()?;
+        ep.move_to_rtr()?;
+        ep.move_to_rts()?;
+        Ok(ep)
+    }
+
     /// Creates the QP in `pd`, moves it to RTS, tags the id with `conn` for later events.
     pub(crate) fn into_endpoint(self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
         if pd.device() != self.device {
@@ -283,7 +313,7 @@ impl Request {
             });
         }
         self.id.set_context(conn);
-        let mut ep = Endpoint::create(self.id, None, pd.clone(), cfg)?;
+        let mut ep = Endpoint::create(self.id, None, pd.clone(), cfg, None)?;
         ep.move_to_init()?;
         ep.move_to_rtr()?;
         ep.move_to_rts()?;
@@ -317,6 +347,8 @@ pub(crate) struct Endpoint {
     /// rdma_cm reported the peer's disconnect (see [`Endpoint::peer_disconnected`]).
     peer_gone: bool,
     peer: Option<SocketAddr>,
+    /// Its completions go to a CQ shared with other endpoints, which routes them here.
+    shared: Option<(Arc<SharedCq>, Inbox)>,
 }
 
 // SAFETY: all verbs objects here may be used from any thread; the endpoint has one owner, which
@@ -380,22 +412,43 @@ impl Endpoint {
             Some(pd) => pd.clone(),
             None => Pd::alloc(&dev)?,
         };
-        let mut ep = Endpoint::create(id, Some(channel), pd, cfg)?;
+        let mut ep = Endpoint::create(id, Some(channel), pd, cfg, None)?;
         ep.move_to_init()?;
         Ok(ep)
     }
 
-    fn create(id: CmId, channel: Option<Arc<CmChannel>>, pd: Pd, cfg: &QpConfig) -> Result<Endpoint> {
+    /// `shared`: the CQ the QP's completions go to (which routes them to the endpoint by the
+    /// tag), instead of a CQ and channel of its own.
+    fn create(
+        id: CmId,
+        channel: Option<Arc<CmChannel>>,
+        pd: Pd,
+        cfg: &QpConfig,
+        shared: Option<(&Arc<SharedCq>, u64)>,
+    ) -> Result<Endpoint> {
         let dev = pd.device.to_string();
-        let comp = pd.ctx.create_comp_channel().map_err(|e| other_err("ibv_create_comp_channel", &dev, e))?;
-        comp.set_nonblocking(true).map_err(|e| verbs_err("fcntl(O_NONBLOCK) on the completion channel", &dev, e))?;
-        let cq = pd
-            .ctx
-            .create_cq_builder()
-            .setup_cqe(cfg.send_depth + cfg.recv_depth)
-            .setup_comp_channel(&comp, 0)
-            .build()
-            .map_err(|e| other_err("ibv_create_cq", &dev, e))?;
+        let (cq, comp) = match shared {
+            Some((s, _)) => {
+                if !s.place() {
+                    let full = std::io::Error::other("it has no room left for another QP");
+                    return Err(verbs_err("placing a QP on a shared completion queue", &dev, full));
+                }
+                (Arc::clone(s.cq()), Arc::clone(s.channel()))
+            }
+            None => {
+                let comp = pd.ctx.create_comp_channel().map_err(|e| other_err("ibv_create_comp_channel", &dev, e))?;
+                comp.set_nonblocking(true)
+                    .map_err(|e| verbs_err("fcntl(O_NONBLOCK) on the completion channel", &dev, e))?;
+                let cq = pd
+                    .ctx
+                    .create_cq_builder()
+                    .setup_cqe(cfg.send_depth + cfg.recv_depth)
+                    .setup_comp_channel(&comp, 0)
+                    .build()
+                    .map_err(|e| other_err("ibv_create_cq", &dev, e))?;
+                (cq, comp)
+            }
+        };
         let qp = pd
             .pd
             .create_qp_builder()
@@ -408,9 +461,24 @@ impl Endpoint {
             .setup_recv_cq(Arc::clone(&cq))
             .setup_send_ops_flags(send_ops(pd.windows))
             .build_ex()
-            .map_err(|e| other_err("ibv_create_qp_ex", &dev, e))?;
+            .map_err(|e| other_err("ibv_create_qp_ex", &dev, e));
+        // Until the endpoint exists (its drop gives the place back), a failure gives it back.
+        let unplace = || {
+            if let Some((s, _)) = shared {
+                s.unplace();
+            }
+        };
+        let qp = qp.inspect_err(|_| unplace())?;
         let peer = id.peer_addr();
         let read_depth = policy::READ_DEPTH.min(pd.max_read_depth);
+        let shared = match shared {
+            Some((s, tag)) => {
+                let inbox = Inbox::default();
+                s.route(qp.qp_number(), tag, Arc::clone(&inbox)).inspect_err(|_| unplace())?;
+                Some((Arc::clone(s), inbox))
+            }
+            None => None,
+        };
         Ok(Endpoint {
             qp,
             cq,
@@ -426,6 +494,7 @@ impl Endpoint {
             state: State::Created,
             peer_gone: false,
             peer,
+            shared,
         })
     }
 
@@ -505,6 +574,10 @@ impl Endpoint {
 
     pub(crate) fn qp_num(&self) -> u32 {
         self.qp.qp_number()
+    }
+
+    pub(crate) fn shares_cq(&self) -> bool {
+        self.shared.is_some()
     }
     pub(crate) fn peer(&self) -> Option<SocketAddr> {
         self.peer
@@ -641,6 +714,24 @@ impl Endpoint {
         if n == 0 {
             return Ok(0);
         }
+        if let Some((shared, inbox)) = &self.shared {
+            let take = |inbox: &Inbox, out: &mut [Completion]| {
+                let mut q = inbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let k = q.len().min(n);
+                for (dst, c) in out.iter_mut().zip(q.drain(..k)) {
+                    *dst = c;
+                }
+                k
+            };
+            let k = take(inbox, out);
+            if k > 0 {
+                return Ok(k);
+            }
+            // Nothing routed here yet: route what the CQ holds (the event loop hears of the
+            // other endpoints' at its next collect).
+            shared.poll_routes()?;
+            return Ok(take(inbox, out));
+        }
         self.wcs.clear();
         // SAFETY: `wcs` has capacity for POLL_BATCH >= n entries; ibv_poll_cq writes at most n.
         let rc = unsafe { sys::ibv_poll_cq(self.cq.cq().as_ptr(), n as i32, self.wcs.as_mut_ptr()) };
@@ -714,6 +805,10 @@ impl Endpoint {
     /// event is taken: so at most one event waits, and only while `armed`. (Reading on until
     /// EAGAIN cost a read that could only fail after every event: on rxe a system call each.)
     pub(crate) fn arm_events(&mut self) -> Result<()> {
+        // A shared CQ is armed by its event loop ([`SharedCq::collect`]).
+        if self.shared.is_some() {
+            return Ok(());
+        }
         if self.armed {
             self.take_cq_event()?;
         }
@@ -742,6 +837,14 @@ impl Endpoint {
             let now = Instant::now();
             if now < spin_until {
                 std::hint::spin_loop();
+                continue;
+            }
+            if self.shared.is_some() {
+                // Its CQ's events are its event loop's: this waiter polls, every millisecond.
+                if now >= deadline {
+                    return Ok(0);
+                }
+                std::thread::sleep(Duration::from_millis(1).min(deadline - now));
                 continue;
             }
             if !self.armed {
@@ -854,6 +957,13 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        if let Some((shared, _)) = &self.shared {
+            // Its completions from now on are dropped; the CQ is drained before a QP with the
+            // same number is routed. The QP is destroyed after this body (field order).
+            shared.unroute(self.qp.qp_number());
+            shared.unplace();
+            return;
+        }
         // Drain any CQ event still queued, then acknowledge all: ibv_destroy_cq waits for them.
         while let Ok(true) = self.take_cq_event() {}
         self.ack_events();

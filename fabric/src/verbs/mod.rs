@@ -4,5 +4,6 @@
 pub(crate) mod cm;
 pub(crate) mod device;
 pub(crate) mod endpoint;
+pub(crate) mod shared_cq;
 
 pub(crate) use endpoint::{Endpoint, Listener, Mr, Mw, Pd, Request};
