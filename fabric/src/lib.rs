@@ -646,7 +646,7 @@ impl Request {
     pub fn into_endpoint_shared(self, pd: &Pd, cfg: &QpConfig, conn: u64, shared: &SharedCq) -> Result<Endpoint> {
         let inner = match (self.inner, &pd.inner) {
             (RequestInner::Verbs(r), PdInner::Verbs(p)) => {
-                EndpointInner::Verbs(r.into_endpoint_shared(p, cfg, conn, &shared.inner)?)
+                EndpointInner::Verbs(r.into_endpoint(p, cfg, conn, Some(&shared.inner))?)
             }
             #[cfg(feature = "mem")]
             (RequestInner::Mem(r), PdInner::Mem(p)) => EndpointInner::Mem(r.into_endpoint(p, cfg, conn)?),
@@ -661,7 +661,7 @@ impl Request {
     /// then call [`Endpoint::accept`].
     pub fn into_endpoint(self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
         let inner = match (self.inner, &pd.inner) {
-            (RequestInner::Verbs(r), PdInner::Verbs(p)) => EndpointInner::Verbs(r.into_endpoint(p, cfg, conn)?),
+            (RequestInner::Verbs(r), PdInner::Verbs(p)) => EndpointInner::Verbs(r.into_endpoint(p, cfg, conn, None)?),
             #[cfg(feature = "mem")]
             (RequestInner::Mem(r), PdInner::Mem(p)) => EndpointInner::Mem(r.into_endpoint(p, cfg, conn)?),
             #[cfg(feature = "mem")]

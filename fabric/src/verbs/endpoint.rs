@@ -279,14 +279,15 @@ impl Request {
         self.id.reject()
     }
 
-    /// [`Request::into_endpoint`] with the QP's completions on `shared` (where it took a
-    /// place: see [`SharedCq::place`]), routed to the endpoint by `conn`.
-    pub(crate) fn into_endpoint_shared(
+    /// Creates the QP in `pd`, moves it to RTS, tags the id with `conn` for later events. With
+    /// `shared`, the QP's completions go to that CQ (it takes one of its places), routed to the
+    /// endpoint by `conn`; else to a CQ of its own.
+    pub(crate) fn into_endpoint(
         self,
         pd: &Pd,
         cfg: &QpConfig,
         conn: u64,
-        shared: &Arc<SharedCq>,
+        shared: Option<&Arc<SharedCq>>,
     ) -> Result<Endpoint> {
         if pd.device() != self.device {
             return Err(Error::PdDevice {
@@ -296,28 +297,28 @@ impl Request {
             });
         }
         self.id.set_context(conn);
-        let mut ep = Endpoint::create(self.id, None, pd.clone(), cfg, Some((shared, conn)))?;
+        let mut ep = Endpoint::create(self.id, None, pd.clone(), cfg, shared.map(|s| (s, conn)))?;
         ep.move_to_init()?;
         ep.move_to_rtr()?;
         ep.move_to_rts()?;
         Ok(ep)
     }
+}
 
-    /// Creates the QP in `pd`, moves it to RTS, tags the id with `conn` for later events.
-    pub(crate) fn into_endpoint(self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
-        if pd.device() != self.device {
-            return Err(Error::PdDevice {
-                what: "the connect request".into(),
-                found: self.device.as_str().into(),
-                pd: pd.device().into(),
-            });
-        }
-        self.id.set_context(conn);
-        let mut ep = Endpoint::create(self.id, None, pd.clone(), cfg, None)?;
-        ep.move_to_init()?;
-        ep.move_to_rtr()?;
-        ep.move_to_rts()?;
-        Ok(ep)
+/// Takes one CQ event from `comp` (non-blocking), if one is there: true when one was taken.
+pub(super) fn get_cq_event(comp: &CompletionChannel, device: &str) -> Result<bool> {
+    let mut cq = std::ptr::null_mut();
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: the channel is live (borrowed) and non-blocking; the out-parameters are valid.
+    let rc = unsafe { sys::ibv_get_cq_event(comp.comp_channel().as_ptr(), &mut cq, &mut ctx) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let err = std::io::Error::last_os_error();
+    if err.kind() == std::io::ErrorKind::WouldBlock {
+        Ok(false)
+    } else {
+        Err(verbs_err("ibv_get_cq_event", device, err))
     }
 }
 
@@ -764,17 +765,8 @@ impl Endpoint {
 
     /// Consumes a pending CQ event, if any; true when one was taken.
     fn take_cq_event(&mut self) -> Result<bool> {
-        let mut cq = std::ptr::null_mut();
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: the channel is live and non-blocking; the out-parameters are valid.
-        let rc = unsafe { sys::ibv_get_cq_event(self.comp.comp_channel().as_ptr(), &mut cq, &mut ctx) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            return if err.kind() == std::io::ErrorKind::WouldBlock {
-                Ok(false)
-            } else {
-                Err(verbs_err("ibv_get_cq_event", &self.pd.device, err))
-            };
+        if !get_cq_event(&self.comp, &self.pd.device)? {
+            return Ok(false);
         }
         self.armed = false;
         self.unacked += 1;

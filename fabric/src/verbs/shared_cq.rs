@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue as _};
 
-use super::endpoint::{other_err, verbs_err, Pd};
+use super::endpoint::{get_cq_event, other_err, verbs_err, Pd};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::{policy, Result};
 
@@ -211,17 +211,8 @@ impl SharedCq {
     }
 
     fn take_event(&self, st: &mut State) -> Result<()> {
-        let mut cq = std::ptr::null_mut();
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: the channel is live and non-blocking; the out-parameters are valid.
-        let rc = unsafe { sys::ibv_get_cq_event(self.comp.comp_channel().as_ptr(), &mut cq, &mut ctx) };
-        if rc != 0 {
-            let err = std::io::Error::last_os_error();
-            return if err.kind() == std::io::ErrorKind::WouldBlock {
-                Ok(())
-            } else {
-                Err(verbs_err("ibv_get_cq_event", &self.device, err))
-            };
+        if !get_cq_event(&self.comp, &self.device)? {
+            return Ok(());
         }
         st.armed = false;
         st.unacked += 1;
@@ -238,13 +229,7 @@ impl Drop for SharedCq {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         // An event raised and not taken yet is taken, and acknowledged with the rest.
-        while st.armed {
-            let mut cq = std::ptr::null_mut();
-            let mut ctx = std::ptr::null_mut();
-            // SAFETY: the channel is live and non-blocking; the out-parameters are valid.
-            if unsafe { sys::ibv_get_cq_event(self.comp.comp_channel().as_ptr(), &mut cq, &mut ctx) } != 0 {
-                break;
-            }
+        if st.armed && matches!(get_cq_event(&self.comp, &self.device), Ok(true)) {
             st.armed = false;
             st.unacked += 1;
         }
