@@ -693,10 +693,13 @@ impl std::fmt::Debug for SharedCq {
 impl SharedCq {
     /// A shared CQ on `pd`'s device, with room for `room` QPs of `per_qp` completions
     /// outstanding each (their send and receive depths: a CQ that overflows errors every QP on
-    /// it, so an endpoint beyond `room` is refused). None on the in-memory fabric.
-    pub fn new(pd: &Pd, room: usize, per_qp: u32) -> Result<Option<SharedCq>> {
+    /// it, so an endpoint beyond `room` is refused), on the device's completion vector `vector`
+    /// (modulo the device's count). None on the in-memory fabric.
+    pub fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32) -> Result<Option<SharedCq>> {
         match &pd.inner {
-            PdInner::Verbs(p) => Ok(Some(SharedCq { inner: verbs::shared_cq::SharedCq::new(p, room, per_qp)? })),
+            PdInner::Verbs(p) => {
+                Ok(Some(SharedCq { inner: verbs::shared_cq::SharedCq::new(p, room, per_qp, vector)? }))
+            }
             #[cfg(feature = "mem")]
             PdInner::Mem(_) => Ok(None),
         }

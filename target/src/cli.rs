@@ -99,8 +99,8 @@ pub struct Args {
     /// The same, per peer address. Default: 16.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_unopened_per_addr: Option<u64>,
-    /// Worker threads serving the connections, each many of them. Default: the CPUs the
-    /// daemon may run on, at most 4.
+    /// Worker threads serving the connections, each many of them; worker i is pinned to the
+    /// i-th CPU the daemon may run on. Default: the CPUs the daemon may run on, at most 4.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub workers: Option<u64>,
     /// Open sessions at most; past it OPEN is refused (out of resources). Default: 1024.

@@ -161,6 +161,7 @@ impl Workers {
             })
             .map_err(|source| rblk_fabric::Error::Os { op: "spawning the slow-work thread", source })?;
         let mut workers = Workers { handles: Vec::new(), threads: Vec::new(), slow: Some((tx.clone(), slow)) };
+        let cpus = allowed_cpus();
         for i in 0..n.max(1) {
             let poller = Arc::new(Poller::new()?);
             let handle = Arc::new(Handle {
@@ -180,10 +181,22 @@ impl Workers {
                 more: Vec::new(),
                 slow: tx.clone(),
             };
+            // Worker i runs on the ith CPU of the daemon's affinity mask (wrapping), as SPDK's
+            // reactors do: its connections' state stays in one CPU's caches.
+            let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+            // Pinned before `start` returns: nothing runs on it unpinned.
+            let (pinned_tx, pinned) = mpsc::channel::<()>();
             let t = thread::Builder::new()
                 .name(format!("rblk-worker-{i}"))
-                .spawn(move || worker.run())
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        pin_to(cpu);
+                    }
+                    let _ = pinned_tx.send(());
+                    worker.run()
+                })
                 .map_err(|source| rblk_fabric::Error::Os { op: "spawning a worker thread", source })?;
+            let _ = pinned.recv();
             workers.handles.push(handle);
             workers.threads.push(t);
         }
@@ -240,7 +253,9 @@ impl Placement for Workers {
             return Some(cq.clone());
         }
         let per_qp = rblk_proto::SEND_COUNT as u32 + 2 + rblk_proto::RECV_COUNT as u32;
-        let cq = match rblk_fabric::SharedCq::new(pd, CQ_ROOM, per_qp) {
+        // Its completion vector: the device's `worker`th (wrapping), so the workers' CQ
+        // interrupts spread over the device's vectors as the workers over the CPUs.
+        let cq = match rblk_fabric::SharedCq::new(pd, CQ_ROOM, per_qp, worker as u32) {
             Ok(cq) => cq?,
             Err(e) => {
                 warn!(worker, device, error = %Chain(&e), "cannot make a shared completion queue: the QP gets its own");
@@ -257,6 +272,24 @@ impl Placement for Workers {
         }
         cqs.push((device.to_owned(), cq.clone()));
         Some(cq)
+    }
+}
+
+/// The CPUs this process may run on (its affinity mask, as systemd's `CPUAffinity=` or
+/// `taskset` set it), in order; empty if it cannot be read.
+fn allowed_cpus() -> Vec<usize> {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    let Ok(set) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) else { return Vec::new() };
+    (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect()
+}
+
+/// Pins the calling thread to `cpu` (a warning if it cannot: it then runs wherever it may).
+fn pin_to(cpu: usize) {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let mut set = CpuSet::new();
+    let pinned = set.set(cpu).and_then(|()| sched_setaffinity(nix::unistd::Pid::from_raw(0), &set));
+    if let Err(e) = pinned {
+        warn!(cpu, error = %e, "cannot pin a worker to its CPU: it runs on any CPU of the mask");
     }
 }
 

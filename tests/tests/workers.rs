@@ -17,6 +17,35 @@ fn one_worker(volumes: &[(&str, u64)]) -> Target {
     Target::start_with_config(Fabric::Mem, &toml)
 }
 
+/// Item 1 of issue 40: each worker runs on one CPU of the daemon's affinity mask, worker `i` on
+/// its `i`th (wrapping). Catches workers left to roam every CPU (before, none was pinned) and
+/// two workers on one CPU while others sit idle. Every `rblk-worker-N` thread of this process
+/// counts (other tests' targets pin theirs the same way).
+#[test]
+fn each_worker_runs_on_its_own_cpu_of_the_mask() {
+    let mask = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = |status: &str| -> Vec<usize> {
+        let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_owned();
+        list.split(',')
+            .flat_map(|part| match part.split_once('-') {
+                Some((a, b)) => (a.parse::<usize>().unwrap()..=b.parse().unwrap()).collect::<Vec<_>>(),
+                None => vec![part.parse().unwrap()],
+            })
+            .collect()
+    };
+    let cpus = allowed(&mask);
+    let _target = Target::start_with_config(Fabric::Mem, "workers = 2\n[[volume]]\nname = \"v\"\nsize = 1048576\n");
+    let mut seen = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) else { continue };
+        let Some(n) = comm.trim().strip_prefix("rblk-worker-").and_then(|n| n.parse::<usize>().ok()) else { continue };
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else { continue };
+        assert_eq!(allowed(&status), vec![cpus[n % cpus.len()]], "rblk-worker-{n} of mask {cpus:?}");
+        seen += 1;
+    }
+    assert!(seen >= 2, "the target's two workers were found ({seen})");
+}
+
 /// A volume size no other test registers: the held registrations are this length's only.
 const HELD_SIZE: u64 = (5 << 20) + 3 * 4096;
 

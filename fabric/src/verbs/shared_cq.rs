@@ -53,10 +53,15 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl SharedCq {
-    /// A CQ on `pd`'s device with room for `room` QPs of `per_qp` completions each, armed.
-    pub(crate) fn new(pd: &Pd, room: usize, per_qp: u32) -> Result<Arc<SharedCq>> {
+    /// A CQ on `pd`'s device with room for `room` QPs of `per_qp` completions each, on
+    /// completion vector `vector` modulo the device's count, armed.
+    pub(crate) fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32) -> Result<Arc<SharedCq>> {
         let dev = pd.device();
         let ctx = pd.context();
+        // SAFETY: the context is open (we hold it) and libibverbs filled `num_comp_vectors` at
+        // ibv_open_device; it is only read.
+        let vectors = unsafe { (*ctx.context().as_ptr()).num_comp_vectors };
+        let vector = u32::try_from(vectors).ok().filter(|&n| n > 0).map_or(0, |n| vector % n);
         let comp = ctx.create_comp_channel().map_err(|e| other_err("ibv_create_comp_channel", dev, e))?;
         comp.set_nonblocking(true).map_err(|e| verbs_err("fcntl(O_NONBLOCK) on the completion channel", dev, e))?;
         let cqe = u32::try_from(room)
@@ -66,7 +71,7 @@ impl SharedCq {
         let cq = ctx
             .create_cq_builder()
             .setup_cqe(cqe)
-            .setup_comp_channel(&comp, 0)
+            .setup_comp_channel(&comp, vector)
             .build()
             .map_err(|e| other_err("ibv_create_cq", dev, e))?;
         let shared = Arc::new(SharedCq {
