@@ -641,12 +641,18 @@ impl Request {
 
     /// [`Request::into_endpoint`] with the QP's completions on `shared` (it takes one of its
     /// places, given back when the endpoint is dropped; an error if it is full), routed to the
-    /// endpoint and named `conn` by [`SharedCq::collect`]. On the in-memory fabric (where there
-    /// are no shared CQs) this is [`Request::into_endpoint`].
-    pub fn into_endpoint_shared(self, pd: &Pd, cfg: &QpConfig, conn: u64, shared: &SharedCq) -> Result<Endpoint> {
+    /// endpoint and named `conn` by [`SharedCq::collect`]. With `shared` None, and on the
+    /// in-memory fabric (where there are no shared CQs), this is [`Request::into_endpoint`].
+    pub fn into_endpoint_shared(
+        self,
+        pd: &Pd,
+        cfg: &QpConfig,
+        conn: u64,
+        shared: Option<&SharedCq>,
+    ) -> Result<Endpoint> {
         let inner = match (self.inner, &pd.inner) {
             (RequestInner::Verbs(r), PdInner::Verbs(p)) => {
-                EndpointInner::Verbs(r.into_endpoint(p, cfg, conn, Some(&shared.inner))?)
+                EndpointInner::Verbs(r.into_endpoint(p, cfg, conn, shared.map(|s| &s.inner))?)
             }
             #[cfg(feature = "mem")]
             (RequestInner::Mem(r), PdInner::Mem(p)) => EndpointInner::Mem(r.into_endpoint(p, cfg, conn)?),
@@ -660,14 +666,7 @@ impl Request {
     /// ready. Later listener events about it carry `conn`. Post RECVs on the returned endpoint,
     /// then call [`Endpoint::accept`].
     pub fn into_endpoint(self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
-        let inner = match (self.inner, &pd.inner) {
-            (RequestInner::Verbs(r), PdInner::Verbs(p)) => EndpointInner::Verbs(r.into_endpoint(p, cfg, conn, None)?),
-            #[cfg(feature = "mem")]
-            (RequestInner::Mem(r), PdInner::Mem(p)) => EndpointInner::Mem(r.into_endpoint(p, cfg, conn)?),
-            #[cfg(feature = "mem")]
-            _ => return Err(Error::OtherFabric { what: "the connect request" }),
-        };
-        Endpoint::new(inner)
+        self.into_endpoint_shared(pd, cfg, conn, None)
     }
 }
 

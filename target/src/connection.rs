@@ -37,10 +37,10 @@ pub(crate) trait Placement {
     fn waker(&self, worker: usize, conn: u64) -> Waker;
     /// Hands new connection `conn` to worker `worker`.
     fn hand(&self, worker: usize, conn: Box<Connection>);
-    /// A completion queue of worker `worker` on `device` with room for one more QP (made on
-    /// `pd`'s device if it has none), or None: the QP gets a CQ of its own (the in-memory
-    /// fabric, or making one failed).
-    fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd, device: &str) -> Option<rblk_fabric::SharedCq>;
+    /// A completion queue of worker `worker` on `pd`'s device with room for one more QP (made
+    /// there if it has none), or None: the QP gets a CQ of its own (the in-memory fabric, or
+    /// making one failed).
+    fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd) -> Option<rblk_fabric::SharedCq>;
 }
 
 /// Why a connect request was refused.
@@ -140,12 +140,8 @@ fn set_up(
     let t_pd = Instant::now();
     // Placed first: its QP's completions go to that worker's shared CQ.
     let worker = workers.place();
-    let device = req.device().to_owned();
-    let mut ep = match workers.shared_cq(worker, &pd, &device) {
-        Some(cq) => req.into_endpoint_shared(&pd, &cfg, conn, &cq),
-        None => req.into_endpoint(&pd, &cfg, conn),
-    }
-    .map_err(fabric("creating the queue pair"))?;
+    let cq = workers.shared_cq(worker, &pd);
+    let mut ep = req.into_endpoint_shared(&pd, &cfg, conn, cq.as_ref()).map_err(fabric("creating the queue pair"))?;
     let t_qp = Instant::now();
     let mut channel = Channel::new(&pd).map_err(fabric("setting up the control channel"))?;
     let t_channel = Instant::now();

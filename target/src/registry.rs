@@ -421,12 +421,14 @@ impl Shared {
     /// ([`Session::live`]).
     fn session_cap(&self, sessions: &HashMap<u64, Arc<Session>>, owner: &Owner) -> Option<CapReached> {
         let limits = self.limits();
-        let counted = || sessions.values().filter(|s| s.live() > 0);
-        let open = counted().count();
+        let (mut open, mut mine) = (0, 0);
+        for s in sessions.values().filter(|s| s.live() > 0) {
+            open += 1;
+            mine += usize::from(s.owner == *owner);
+        }
         if open >= limits.max_sessions {
             return Some(CapReached::Target { open });
         }
-        let mine = counted().filter(|s| s.owner == *owner).count();
         (mine >= limits.max_sessions_per_host).then(|| CapReached::Host { owner: owner.to_string(), open: mine })
     }
 

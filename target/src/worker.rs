@@ -246,7 +246,8 @@ impl Placement for Workers {
     /// One of worker `worker`'s shared CQs on `device` with room, or a new one (watched by the
     /// worker from now on). None on the in-memory fabric, or if one cannot be made (the QP
     /// then gets a CQ of its own, as before shared CQs).
-    fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd, device: &str) -> Option<rblk_fabric::SharedCq> {
+    fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd) -> Option<rblk_fabric::SharedCq> {
+        let device = pd.device();
         let h = &self.handles[worker];
         let mut cqs = h.cqs.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, cq)) = cqs.iter().find(|(d, cq)| d == device && cq.has_room()) {
@@ -366,15 +367,19 @@ impl Worker {
         if !ready.iter().any(|&t| is_cq_tag(t)) {
             return;
         }
-        let tags: Vec<u64> = ready.iter().copied().filter(|&t| is_cq_tag(t)).collect();
-        ready.retain(|&t| !is_cq_tag(t));
         let cqs = self.handle.cqs.lock().unwrap_or_else(|p| p.into_inner());
-        for tag in tags {
+        // `collect` appends connection ids (never CQ tags) behind the tags this wake brought.
+        for i in 0..ready.len() {
+            let tag = ready[i];
+            if !is_cq_tag(tag) {
+                continue;
+            }
             let Some((device, cq)) = usize::try_from(CQ_TAGS - tag).ok().and_then(|i| cqs.get(i)) else { continue };
             if let Err(e) = cq.collect(ready) {
                 warn!(device, error = %Chain(&e), "shared completion queue failed");
             }
         }
+        ready.retain(|&t| !is_cq_tag(t));
     }
 
     /// Takes the connections handed over (new, or back from the slow-work thread): they are
