@@ -226,6 +226,10 @@ fn repeated_auth_failures_are_slowed_not_refused(fabric: Fabric) {
         fabric,
         &format!("key_file = {:?}\n[[volume]]\nname = \"v\"\nsize = \"4M\"\n", key_file(SHARED)),
     );
+    // One honest login first, from the same address: the target's first AUTH (and the guest's
+    // first connection) may be slow for reasons of their own, which the first failure below
+    // must not be charged with. It also leaves no failures on record.
+    raw(&t).login(Some(SHARED), Some("guesser")).expect("the right key gets in");
     // Each failure on a fresh connection, as a guesser would (one connection's refusals are
     // capped anyway). All come from one address.
     let mut took = Vec::new();
@@ -238,10 +242,14 @@ fn repeated_auth_failures_are_slowed_not_refused(fabric: Fabric) {
         took.push(start.elapsed());
     }
     eprintln!("trust: AUTH failure replies took {took:?}");
-    assert!(took[0] < Duration::from_millis(200), "the first failure is answered at once: {:?}", took[0]);
+    // Relative, not absolute (a TCG guest under load may pause anywhere): the first failure is
+    // not held back while the second is held 250 ms, so the first takes well under half the
+    // second. A first failure held back as the second (250 ms) would fail this.
+    assert!(took[0] * 2 < took[1], "the first failure is answered at once: {took:?}");
     assert!(took[2] >= Duration::from_millis(450), "the third waits (500 ms): {:?}", took[2]);
     assert!(took[5] >= Duration::from_millis(1900), "the sixth waits the most (2 s): {:?}", took[5]);
-    assert!(took.iter().all(|d| *d < Duration::from_millis(2600)), "at most 2 s: {took:?}");
+    // Uncapped, the sixth would wait 4 s; the slack above 2 s is for a slow guest.
+    assert!(took.iter().all(|d| *d < Duration::from_millis(3500)), "at most 2 s: {took:?}");
     // Nothing is refused for it: the right key gets in.
     let mut honest = raw(&t);
     honest.login(Some(SHARED), Some("guesser")).expect("the right key still works");
