@@ -65,6 +65,8 @@ pub struct Liveness {
     /// A probe under way ([`Liveness::probe`]): how long a watched SEND may go without
     /// progress until the peer counts as gone.
     probe: Option<Duration>,
+    /// Whether keepalives are sent at all ([`Liveness::send_keepalives`]).
+    sending: bool,
 }
 
 impl Liveness {
@@ -78,7 +80,21 @@ impl Liveness {
             send_since: None,
             keepalive_due: now + rules.interval,
             probe: None,
+            sending: true,
         }
+    }
+
+    /// Whether this end sends keepalives (on by default). Off, no keepalive is offered and none
+    /// is due (a connection whose liveness is its session's: see
+    /// `rblk_proto::FEATURE_SESSION_KEEPALIVE`), except for a probe's; turned on again, the one
+    /// due is offered at once.
+    pub fn send_keepalives(&mut self, on: bool) {
+        self.sending = on;
+    }
+
+    /// Whether a keepalive may be due: this end sends them, or a probe asks for one.
+    fn keepalives_due(&self) -> bool {
+        self.sending || self.probe.is_some()
     }
 
     /// Whether the peer's silence counts: only a peer that promised keepalives can be silent
@@ -164,7 +180,7 @@ impl Liveness {
         if let Some(since) = self.send_since.filter(|since| now >= *since + self.stuck_after()) {
             return Action::SendStuck(now.saturating_duration_since(since));
         }
-        if due && may_send {
+        if due && may_send && self.keepalives_due() {
             self.keepalive_due = now + self.rules.interval;
             if !(self.rules.one_keepalive && self.send_outstanding()) {
                 return Action::SendKeepalive;
@@ -182,11 +198,17 @@ impl Liveness {
         }
         let timeout = self.rules.timeout;
         let stuck = self.stuck_after();
-        [Some(due), self.silence_counts.then(|| self.heard + timeout), self.send_since.map(|since| since + stuck)]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(due)
+        let silence = self.heard + timeout;
+        [
+            self.keepalives_due().then_some(due),
+            self.silence_counts.then_some(silence),
+            self.send_since.map(|since| since + stuck),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        // Nothing can happen: look again once a timeout's silence would have passed.
+        .unwrap_or(silence.max(due))
     }
 }
 
@@ -239,6 +261,33 @@ mod tests {
         assert_eq!(l.poll(t0 + 60 * S, None, false), Action::Nothing);
         l.expect_keepalives(true);
         assert_eq!(l.poll(t0 + 60 * S, None, false), Action::Silent(60 * S));
+    }
+
+    /// Catches a connection whose keepalives are off still sending them, or waking at a due
+    /// time that stays in the past (a busy loop), and a probe that cannot send.
+    #[test]
+    fn keepalives_off_send_none_and_wake_only_for_silence_or_a_probe() {
+        let t0 = Instant::now();
+        let mut l = target(t0);
+        l.send_keepalives(false);
+        assert_eq!(l.next_check(), t0 + 15 * S, "the silence timeout, not the keepalive due");
+        assert_eq!(l.poll(t0 + 6 * S, None, true), Action::Nothing);
+        assert_eq!(l.next_check(), t0 + 15 * S, "no due time left in the past");
+        l.heard(t0 + 10 * S);
+        assert_eq!(l.poll(t0 + 12 * S, None, true), Action::Nothing);
+        assert_eq!(l.poll(t0 + 25 * S, None, true), Action::Silent(15 * S), "silence still counts");
+        let mut l = target(t0);
+        l.send_keepalives(false);
+        l.expect_keepalives(false);
+        assert!(l.next_check() >= t0 + 15 * S, "nothing to do: no wake before a timeout");
+        l.probe(t0 + 7 * S, 2 * S);
+        assert_eq!(l.poll(t0 + 7 * S, None, true), Action::SendKeepalive, "a probe sends");
+        l.send_posted(t0 + 7 * S);
+        assert_eq!(l.next_check(), t0 + 9 * S);
+        l.sends_done();
+        l.send_keepalives(true);
+        assert_eq!(l.poll(t0 + 8 * S, None, true), Action::Nothing, "the probe's keepalive was the one due");
+        assert_eq!(l.poll(t0 + 12 * S, None, true), Action::SendKeepalive, "on again: every interval");
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub(crate) struct Conn {
     liveness: Liveness,
     /// Send KEEPALIVE ourselves (the target announced FEATURE_KEEPALIVE).
     keepalives: bool,
+    /// A JOINed connection that shares its session's liveness (see
+    /// [`Conn::share_session_liveness`]).
+    shares: bool,
     /// A request of ours waits for its reply (see [`Conn::set_awaiting`]).
     awaiting: bool,
     /// When rdma_cm's events are next looked at (see [`DISCONNECT_CHECK`]).
@@ -159,6 +162,7 @@ impl Conn {
             broken: None,
             liveness: Liveness::new(RULES, now),
             keepalives: false,
+            shares: false,
             awaiting: false,
             next_disconnect_check: now,
             verbs: matches!(fabric, Fabric::Verbs),
@@ -169,6 +173,21 @@ impl Conn {
     /// FEATURE_KEEPALIVE and then ends connections it does not hear from).
     pub(crate) fn send_keepalives(&mut self, on: bool) {
         self.keepalives = on;
+    }
+
+    /// Makes this JOINed connection share its session's liveness
+    /// ([`rblk_proto::FEATURE_SESSION_KEEPALIVE`]): it sends no KEEPALIVE, and the target's
+    /// silence here is not loss as long as the session hears from the target elsewhere
+    /// (`session_heard` of [`check_liveness_in`](Self::check_liveness_in)), where the session's
+    /// first connection carries the keepalives.
+    pub(crate) fn share_session_liveness(&mut self) {
+        self.shares = true;
+        self.keepalives = false;
+    }
+
+    /// Whether it shares its session's liveness ([`Conn::share_session_liveness`]).
+    pub(crate) fn shares_session_liveness(&self) -> bool {
+        self.shares
     }
 
     /// Whether a request sent on this connection waits for its reply. While the target writes a
@@ -198,7 +217,8 @@ impl Conn {
     }
 
     /// [`check_liveness`](Self::check_liveness), where `session_heard` is when the session last
-    /// heard from the target on any connection (it counts while a reply is awaited here).
+    /// heard from the target on any connection (it counts while a reply is awaited here, and
+    /// always on a connection that shares its session's liveness).
     pub(crate) fn check_liveness_in(&mut self, session_heard: Option<Instant>) -> Result<()> {
         self.alive()?;
         let now = Instant::now();
@@ -212,7 +232,7 @@ impl Conn {
                 return Err(Error::ConnectionLost { addr: self.addr, reason });
             }
         }
-        let heard_elsewhere = session_heard.filter(|_| self.awaiting);
+        let heard_elsewhere = session_heard.filter(|_| self.awaiting || self.shares);
         let reason = match self.liveness.poll(now, heard_elsewhere, self.keepalives && !self.awaiting) {
             Action::Nothing => return Ok(()),
             Action::Silent(silent) => {
@@ -302,8 +322,13 @@ impl Conn {
     /// [`call`](Self::call) for a request whose answer may take minutes (FLUSH): no deadline of
     /// its own; it fails when the target is no longer heard, on this connection or, while the
     /// reply is awaited, on any of the session's (`session_heard`, see
-    /// [`set_awaiting`](Self::set_awaiting)).
-    pub(crate) fn call_heard(&mut self, msg: &Message<'_>, session_heard: &dyn Fn() -> Instant) -> Result<Reply> {
+    /// [`set_awaiting`](Self::set_awaiting)). `session_heard` is told, about once a second, when
+    /// this connection last heard the target, and answers when the session did.
+    pub(crate) fn call_heard(
+        &mut self,
+        msg: &Message<'_>,
+        session_heard: &dyn Fn(Instant) -> Instant,
+    ) -> Result<Reply> {
         self.awaiting = true;
         let forever = Instant::now() + Duration::from_secs(100 * 365 * 86400);
         let result = self.call_checked(msg, forever, Some(session_heard));
@@ -315,7 +340,7 @@ impl Conn {
         &mut self,
         msg: &Message<'_>,
         deadline: Instant,
-        session_heard: Option<&dyn Fn() -> Instant>,
+        session_heard: Option<&dyn Fn(Instant) -> Instant>,
     ) -> Result<Reply> {
         self.alive()?;
         let started = Instant::now();
@@ -349,7 +374,9 @@ impl Conn {
                 Err(e) => return Err(e),
             }
             if let Some(heard) = session_heard {
-                self.check_liveness_in(Some(heard()))?;
+                // Ours goes to the session too: its JOINed connections that share its liveness
+                // hear nothing of their own meanwhile.
+                self.check_liveness_in(Some(heard(self.liveness.last_heard())))?;
             }
         }
     }
@@ -517,7 +544,7 @@ impl Conn {
     pub(crate) fn expect_heard<T>(
         &mut self,
         msg: &Message<'_>,
-        session_heard: &dyn Fn() -> Instant,
+        session_heard: &dyn Fn(Instant) -> Instant,
         expected: &'static str,
         pick: impl FnOnce(Reply) -> Option<T>,
     ) -> Result<T> {

@@ -136,7 +136,11 @@ impl Control {
     fn send_flush(&self, body: &FlushBody) -> Result<bool> {
         body.trace();
         // No deadline: a write-back can take minutes; the session's liveness bounds it.
-        let heard = || self.link.heard();
+        // Tells the session when this connection heard the target, and asks when it did.
+        let heard = |ours| {
+            self.link.note_heard(ours);
+            self.link.heard()
+        };
         let flags = self
             .link
             .control(|conn| {

@@ -8,7 +8,7 @@ use std::time::Instant;
 use rblk_fabric::policy::POLL_BATCH;
 use rblk_fabric::{channel, Chain};
 use rblk_fabric::{Access, Completion, Endpoint, Local, Memory, Mr, Op, Pd, WcStatus, WorkRequest};
-use rblk_proto::{ConnectData, Message, Opcode, FEATURE_KEEPALIVE};
+use rblk_proto::{ConnectData, Message, Opcode, FEATURE_KEEPALIVE, FEATURE_SESSION_KEEPALIVE};
 
 use crate::buffer::{Buffer, BufferPool};
 use crate::conn::{self, Conn, Reply};
@@ -198,6 +198,12 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
                 _ => None,
             })?;
             conn.send_keepalives(link.features() & FEATURE_KEEPALIVE != 0);
+            // Through the session's first connection's address, it shares that path and its
+            // fate; through another, whose path may fail alone, it keeps its own keepalives.
+            let session_level = FEATURE_KEEPALIVE | FEATURE_SESSION_KEEPALIVE;
+            if link.features() & session_level == session_level && dest.addr == link.addr() {
+                conn.share_session_liveness();
+            }
             Ok((conn, rkey))
         });
         match joined {
@@ -989,7 +995,8 @@ impl Queue {
         }
         let awaiting = !self.awaiting.is_empty();
         self.conn.set_awaiting(awaiting);
-        if let Err(e) = self.conn.check_liveness_in(awaiting.then(|| self.link.heard())) {
+        let elsewhere = awaiting || self.conn.shares_session_liveness();
+        if let Err(e) = self.conn.check_liveness_in(elsewhere.then(|| self.link.heard())) {
             if self.link.reconnects() {
                 self.lose(&Chain(&e).to_string());
             }

@@ -132,6 +132,16 @@ pub const FEATURE_WINDOWS: u64 = 32;
 /// today's v1 message (the nonce and host under the key itself) and nothing proves the target.
 pub const FEATURE_MUTUAL_AUTH: u64 = 64;
 
+/// Feature bit: session keepalives. A connection that JOINed a session keeps no keepalives of
+/// its own while it shares the session's fate: neither side sends KEEPALIVE on it, and its
+/// silence is the session's (nothing heard on any of the session's connections for
+/// [`KEEPALIVE_TIMEOUT`]), so the session's first connection carries the keepalives for all of
+/// them. The initiator opts a JOINed connection out by sending KEEPALIVE on it (one through
+/// another address than the session's first, whose path may fail alone): from the first one
+/// the target sends its own there and judges its silence alone, as without the bit. Without it
+/// every connection keeps its own keepalives ([`FEATURE_KEEPALIVE`]).
+pub const FEATURE_SESSION_KEEPALIVE: u64 = 512;
+
 /// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
 /// intersection of both sets.
 pub const FEATURES: u64 = FEATURE_FLUSH_RANGES
@@ -140,7 +150,8 @@ pub const FEATURES: u64 = FEATURE_FLUSH_RANGES
     | FEATURE_HOST_ID
     | FEATURE_LIST
     | FEATURE_WINDOWS
-    | FEATURE_MUTUAL_AUTH;
+    | FEATURE_MUTUAL_AUTH
+    | FEATURE_SESSION_KEEPALIVE;
 
 /// TCP-style port the target listens on through rdma_cm.
 pub const DEFAULT_PORT: u16 = 7420;
@@ -161,7 +172,8 @@ pub const SEND_COUNT: usize = 16;
 pub const MAX_FLUSH_RANGES: usize = (MSG_SIZE - HEADER_LEN - size_of::<messages::FlushHead>()) / size_of::<Range>();
 
 /// Both sides send KEEPALIVE this often on every connection, one outstanding at a time (the
-/// initiator only with [`FEATURE_KEEPALIVE`]). It is never answered: what matters is that the
+/// initiator only with [`FEATURE_KEEPALIVE`]; with [`FEATURE_SESSION_KEEPALIVE`] not on JOINed
+/// connections that share the session's). It is never answered: what matters is that the
 /// SEND completes and that the peer hears something.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 

@@ -242,6 +242,11 @@ pub(crate) struct Connection {
     /// Keepalives sent since the initiator was last heard here (see
     /// [`Connection::quiet_for_flushes`]).
     unheard: usize,
+    /// It joined a session (rather than opening one).
+    joined: bool,
+    /// The initiator sent a KEEPALIVE on it: it keeps keepalives of its own even where it could
+    /// share its session's (see [`Connection::shares_session_liveness`]).
+    own_keepalives: bool,
     /// FLUSHes whose write-back runs (off the worker), with their tags, oldest first: they are
     /// answered in order, and keepalives go on meanwhile.
     flushes: VecDeque<(u32, WriteBack)>,
@@ -336,6 +341,8 @@ impl Connection {
             counted_open: false,
             tag: 0,
             unheard: 0,
+            joined: false,
+            own_keepalives: false,
             flushes: VecDeque::new(),
             deferred: VecDeque::new(),
             parked: None,
@@ -457,7 +464,7 @@ impl Connection {
     /// The next instant something is due: the open deadline, the closing limit, a held
     /// reply, a replacement's limit, or loss detection's next check.
     fn next_turn(&mut self) -> Instant {
-        self.liveness.expect_keepalives(self.hears_keepalives());
+        self.apply_liveness_rules(Instant::now());
         let next = [
             (!self.protocol.is_open()).then_some(self.open_by),
             self.closing_by(),
@@ -478,6 +485,33 @@ impl Connection {
     /// Only an initiator that promised keepalives can be silent for too long.
     fn hears_keepalives(&self) -> bool {
         self.protocol.features() & rblk_proto::FEATURE_KEEPALIVE != 0
+    }
+
+    /// The session whose liveness this connection shares, if it does: it JOINed a session with
+    /// [`rblk_proto::FEATURE_SESSION_KEEPALIVE`] and its initiator sent no KEEPALIVE on it. Then
+    /// it sends no keepalives (a probe's aside) and its initiator's silence is the session's:
+    /// the session's first connection carries the keepalives for all of them. Not while a FLUSH
+    /// of its own waits: the initiator sends nothing on a connection that awaits a reply, and
+    /// hears that its target is alive from our keepalives there (the session's other
+    /// connections may be waiting for FLUSHes too, or not be looked at).
+    fn shares_session_liveness(&self) -> Option<&Arc<Session>> {
+        let features = rblk_proto::FEATURE_KEEPALIVE | rblk_proto::FEATURE_SESSION_KEEPALIVE;
+        let shares = self.joined
+            && !self.own_keepalives
+            && self.flushes.is_empty()
+            && self.protocol.features() & features == features;
+        self.protocol.session().filter(|_| shares)
+    }
+
+    /// Tells loss detection, before it is asked at `now`, whose keepalives count: a connection
+    /// that shares its session's liveness sends none and was heard when the session was.
+    fn apply_liveness_rules(&mut self, now: Instant) {
+        self.liveness.expect_keepalives(self.hears_keepalives());
+        let heard = self.shares_session_liveness().map(|s| now.checked_sub(s.silent_for(now)).unwrap_or(now));
+        self.liveness.send_keepalives(heard.is_none());
+        if let Some(t) = heard.filter(|&t| t > self.liveness.last_heard()) {
+            self.liveness.heard(t);
+        }
     }
 
     /// While a FLUSH of the session waits for its write-back, the initiator's silence is not
@@ -562,7 +596,12 @@ impl Connection {
             session.heard(now);
         }
         let bytes = &self.buf[..len];
-        let at_once = matches!(rblk_proto::parse(bytes), Ok((_, Message::Flush(_) | Message::Keepalive)))
+        let parsed = rblk_proto::parse(bytes);
+        if matches!(parsed, Ok((_, Message::Keepalive))) {
+            self.own_keepalives = true;
+            self.shared.counters.keepalives_received.fetch_add(1, Ordering::Relaxed);
+        }
+        let at_once = matches!(parsed, Ok((_, Message::Flush(_) | Message::Keepalive)))
             && self.held.is_none()
             && self.replacing.is_none();
         if self.waiting() && !at_once {
@@ -606,6 +645,12 @@ impl Connection {
     /// After `request` was handled: the reply goes out, unless a replacement or an AUTH
     /// failure's delay holds it back.
     fn finish(&mut self, request: &[u8], reply: Reply, after: After) -> Result<(), Reason> {
+        if !self.joined
+            && self.protocol.is_open()
+            && matches!(rblk_proto::parse(request), Ok((_, Message::Join { .. })))
+        {
+            self.joined = true;
+        }
         if let Reply::Replacing(old) = reply {
             debug!(session = old.id, "waiting for the replaced session's connections to end");
             old.when_empty(self.ep.waker());
@@ -759,7 +804,7 @@ impl Connection {
     /// with a transport error, which ends the connection, or stay uncompleted.
     fn check_liveness(&mut self) -> Result<(), Reason> {
         let now = Instant::now();
-        self.liveness.expect_keepalives(self.hears_keepalives());
+        self.apply_liveness_rules(now);
         let quiet = self.quiet_for_flushes(now);
         let serving = matches!(self.phase, Phase::Serving) && !quiet;
         match self.liveness.poll(now, None, serving) {
@@ -776,6 +821,7 @@ impl Connection {
             Action::SendKeepalive => {
                 self.tag = self.tag.wrapping_add(1);
                 if self.channel.send(&mut self.ep, self.tag, &Message::Keepalive).is_ok() {
+                    self.shared.counters.keepalives_sent.fetch_add(1, Ordering::Relaxed);
                     self.sends_posted += 1;
                     self.keepalive = Some(self.sends_posted);
                     self.unheard += 1;

@@ -30,6 +30,10 @@ pub struct Counters {
     pub malformed: AtomicU64,
     /// FLUSHes answered (successfully or not).
     pub flushes: AtomicU64,
+    /// KEEPALIVEs sent, on every connection.
+    pub keepalives_sent: AtomicU64,
+    /// KEEPALIVEs received, on every connection.
+    pub keepalives_received: AtomicU64,
     /// Bytes written back to durable volumes' backing stores by FLUSHes.
     pub written_back_bytes: AtomicU64,
     /// Write-backs that failed.
@@ -54,6 +58,8 @@ impl Default for Counters {
             sessions_opened: AtomicU64::new(0),
             malformed: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            keepalives_sent: AtomicU64::new(0),
+            keepalives_received: AtomicU64::new(0),
             written_back_bytes: AtomicU64::new(0),
             writeback_failures: AtomicU64::new(0),
             window_dealloc_failures: AtomicU64::new(0),

@@ -49,6 +49,13 @@ pub fn render(shared: &Shared) -> String {
     );
     counter(&mut reg, "malformed_messages", "Malformed or refused control messages", load(&c.malformed));
     counter(&mut reg, "flushes", "FLUSH requests answered", load(&c.flushes));
+    counter(&mut reg, "keepalives_sent", "KEEPALIVEs sent, on every connection", load(&c.keepalives_sent));
+    counter(
+        &mut reg,
+        "keepalives_received",
+        "KEEPALIVEs received, on every connection (with session keepalives, JOINed connections carry none)",
+        load(&c.keepalives_received),
+    );
     counter(
         &mut reg,
         "written_back_bytes",

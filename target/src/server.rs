@@ -257,6 +257,13 @@ impl Running {
         self.shared.counters.window_dealloc_failures.load(Ordering::SeqCst)
     }
 
+    /// KEEPALIVEs sent and received, on every connection (the `keepalives_sent` and
+    /// `keepalives_received` metrics).
+    pub fn keepalives(&self) -> (u64, u64) {
+        let c = &self.shared.counters;
+        (c.keepalives_sent.load(Ordering::SeqCst), c.keepalives_received.load(Ordering::SeqCst))
+    }
+
     /// Current registrations and pinned bytes.
     pub fn registrations(&self) -> (u64, u64) {
         let c = &self.shared.counters;

@@ -385,6 +385,39 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
 }
 
 #[test]
+fn a_long_flush_on_the_first_queue_pair_keeps_idle_lanes_alive() {
+    // With session keepalives (feature 512) the lanes' queue pairs hear nothing of their own
+    // while idle: the session is heard on its first queue pair, which here waits 17 s for a
+    // FLUSH (held at the target), and whose thread is the only one that reads it meanwhile (the
+    // engine's keepalive finds it busy). Would catch that connection not telling the session
+    // what it hears while it waits: the idle lanes would take the target for lost after the
+    // initiator's 15 s and reconnect.
+    let _serial = serial();
+    let t = target(Duration::from_secs(3));
+    let e = std::sync::Arc::new(engine(&t, Reconnect::default()));
+    let mut a = e.lane(4, 4096).unwrap();
+    let mut b = e.lane(4, 4096).unwrap();
+    e.write_at(&[2; 4096], 8192).unwrap();
+    t.hook.hold();
+    let sync = {
+        let e = std::sync::Arc::clone(&e);
+        std::thread::spawn(move || e.flush())
+    };
+    let until = Instant::now() + Duration::from_secs(17);
+    while Instant::now() < until {
+        a.tick().unwrap();
+        b.tick().unwrap();
+        e.tick().unwrap();
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    t.hook.release();
+    sync.join().unwrap().expect("the FLUSH on the first queue pair");
+    assert_eq!(e.reconnects(), 0, "an idle lane took the target for lost while the first queue pair waited");
+    drop((a, b));
+    std::sync::Arc::try_unwrap(e).expect("the only handle").close().unwrap();
+}
+
+#[test]
 fn concurrent_flushes_share_a_write_back_pass() {
     // Five sessions of a durable volume FLUSH: the first one's pass is held, the other four
     // arrive while it is. They all wait for the second pass, which starts once the first

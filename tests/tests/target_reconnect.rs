@@ -351,3 +351,116 @@ fn a_durable_volume_keeps_its_instance_across_clean_shutdowns_only() {
     r.shutdown();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A connection JOINed to `o`'s session on `r`.
+fn joined(r: &Running, o: &Opened) -> Raw {
+    let data = ConnectData::Join { session_id: o.session_id, token: o.token };
+    let mut j = Raw::connect(Fabric::Mem, r.local_addr(), data).expect("connect to join");
+    match rblk_proto::parse(&j.request(&Message::Join { session_id: o.session_id, token: o.token })) {
+        Ok((_, Message::Ok { .. } | Message::Joined { .. })) => j,
+        other => panic!("JOIN answered with {other:?}"),
+    }
+}
+
+/// For `dur`: `first` sends a KEEPALIVE every 200 ms, and `other` listens (and sends them too
+/// if `both`). Whether a KEEPALIVE from the target arrived on `other`.
+fn keep_alive(first: &mut Raw, other: &mut Raw, both: bool, dur: Duration) -> bool {
+    let mut bytes = [0u8; 64];
+    let len = Message::Keepalive.encode(0, &mut bytes).unwrap();
+    let start = Instant::now();
+    let mut heard = false;
+    while start.elapsed() < dur {
+        assert!(first.try_send_bytes(&bytes[..len]), "the first connection is still there");
+        if both {
+            assert!(other.try_send_bytes(&bytes[..len]), "the other connection is still there");
+        }
+        heard |= other.keepalive(Duration::from_millis(200));
+    }
+    heard
+}
+
+/// Session keepalives (`FEATURE_SESSION_KEEPALIVE`). Catches a target that keeps per-QP
+/// keepalives on a JOINed connection of a session with the feature (sends them there, or ends
+/// it for a silence of its own: here 3 s against a timeout of 1 s), and one that keeps such a
+/// connection once its whole session went silent.
+#[test]
+fn with_session_keepalives_a_joined_qp_lives_and_dies_with_its_session() {
+    let (r, mut probe) = quick_keepalive_target();
+    let mut first = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    first.hello_with(FEATURES);
+    let o = first.open_with("v", OpenMode::ReadWrite, None).unwrap();
+    let mut join = joined(&r, &o);
+    assert!(!keep_alive(&mut first, &mut join, false, 3 * KEEPALIVE_TIMEOUT), "no keepalive on the JOINed connection");
+    assert_eq!(probe.stats().connections, 3, "the JOINed connection, silent for 3 s, is still served");
+    assert_eq!(access(&mut join, &o, false).unwrap(), WcStatus::SUCCESS);
+    let (_, received) = r.keepalives();
+    assert!(received >= 10, "the first connection's keepalives were taken: {received}");
+    // The session goes silent: both its connections end.
+    until(&mut probe, 5 * KEEPALIVE_TIMEOUT, |s| s.connections == 1).expect("the silent session's connections end");
+}
+
+/// Catches per-QP keepalives lost for a peer without the feature (today's initiators, whose
+/// JOINed connections expect the target's keepalives and send their own).
+#[test]
+fn without_session_keepalives_a_joined_qp_keeps_its_own() {
+    let (r, mut probe) = quick_keepalive_target();
+    let mut first = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    first.hello_with(FEATURES & !rblk_proto::FEATURE_SESSION_KEEPALIVE);
+    let o = first.open_with("v", OpenMode::ReadWrite, None).unwrap();
+    let mut join = joined(&r, &o);
+    keep_alive(&mut first, &mut join, false, 3 * KEEPALIVE_TIMEOUT);
+    assert_eq!(probe.stats().connections, 2, "the silent JOINed connection ended while its session was heard");
+}
+
+/// Catches a JOINed connection that cannot opt out of its session's liveness: one through
+/// another path than the session's first must keep its own keepalives, from its first KEEPALIVE.
+#[test]
+fn a_joined_qp_that_sends_keepalives_keeps_its_own() {
+    let (r, mut probe) = quick_keepalive_target();
+    let mut first = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    first.hello_with(FEATURES);
+    let o = first.open_with("v", OpenMode::ReadWrite, None).unwrap();
+    let mut join = joined(&r, &o);
+    let interval = rblk_proto::KEEPALIVE_INTERVAL;
+    assert!(keep_alive(&mut first, &mut join, true, interval + KEEPALIVE_TIMEOUT), "the target's keepalives there");
+    keep_alive(&mut first, &mut join, false, 3 * KEEPALIVE_TIMEOUT);
+    assert_eq!(probe.stats().connections, 2, "its own silence ended it while its session was heard");
+}
+
+/// The initiator's side of session keepalives. Catches an initiator that sends KEEPALIVE on
+/// queues joined through the session's first address (the target counts every KEEPALIVE it
+/// takes: per QP, 4 connections over 17 s would send about 34, the first alone about 9), and one whose joined queues
+/// take the target's silence there for loss (they hear nothing for longer than the initiator's
+/// 15 s timeout, and would reconnect).
+#[test]
+fn an_initiator_keeps_a_session_alive_on_its_first_connection_only() {
+    let r = serve_with(Config {
+        volumes: vec![VolumeSpec { name: "v".into(), size: 4 * MIB, path: None }],
+        keepalive_timeout: rblk_target::config::MIN_KEEPALIVE_TIMEOUT,
+        ..Config::default()
+    });
+    let opts = rblk_initiator::Options { fabric: Fabric::Mem, ..rblk_initiator::Options::default() };
+    let uri = format!("rblk://{}/v", r.local_addr());
+    let mut vol = rblk_initiator::Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
+    let mut queues: Vec<_> = (0..3).map(|_| vol.queue_with(1, 4096).unwrap()).collect();
+    let qpns: Vec<u32> = queues.iter().map(rblk_initiator::Queue::qp_num).collect();
+    let (_, before) = r.keepalives();
+    let start = Instant::now();
+    while start.elapsed() < rblk_proto::KEEPALIVE_TIMEOUT + Duration::from_secs(2) {
+        queues.iter_mut().for_each(rblk_initiator::Queue::tick);
+        vol.keepalive().expect("the session stays up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, after) = r.keepalives();
+    assert!(after - before <= 12, "KEEPALIVEs came on the first connection only: {}", after - before);
+    assert_eq!(r.connection_count(), 4, "every queue still connected");
+    assert_eq!(vol.reconnects(), 0);
+    let mut done: Vec<rblk_initiator::Done> = std::iter::repeat_with(Default::default).take(1).collect();
+    for (q, qpn) in queues.iter_mut().zip(qpns) {
+        assert_eq!(q.qp_num(), qpn, "the queue was not rejoined");
+        q.submit_read(0, 4096, 1).unwrap();
+        assert_eq!(q.wait(&mut done, Instant::now() + Duration::from_secs(5)).unwrap(), 1);
+        done[0].result.as_ref().expect("a read on the queue succeeds");
+        done[0].release();
+    }
+}
