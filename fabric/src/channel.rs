@@ -1,5 +1,7 @@
 //! The control channel: proto messages over SEND/RECV on an endpoint, with registered receive
-//! and send buffers allocated once per connection.
+//! buffers allocated once per connection, and send buffers only once a message too large to go
+//! inline is sent (most connections never send one: keepalives, OPENED, FLUSHED, STATS and
+//! short ERRORs go inline).
 //!
 //! Control work requests carry wr_ids with [`CONTROL_BIT`] set, so callers that mix data and
 //! control on one QP (the initiator) tell them apart with [`is_control`] and hand control
@@ -15,12 +17,16 @@ use crate::{Access, Completion, Endpoint, Error, Local, Memory, Mr, Op, Pd, Resu
 pub const CONTROL_BIT: u64 = 1 << 63;
 const SEND_BIT: u64 = 1 << 62;
 
-/// Bytes of registered (pinned) buffers one channel holds: a receive and a send buffer of
+/// Bytes of registered (pinned) buffers one channel holds at most: a receive and a send buffer of
 /// [`MSG_SIZE`] per credit.
-pub const PINNED_BYTES: usize = (RECV_COUNT + SEND_COUNT) * MSG_SIZE;
+pub const PINNED_BYTES: usize = RECV_BYTES + SEND_BYTES;
 
-/// Largest message sent inline (copied into the work request) instead of from a send buffer.
-const INLINE_MAX: usize = 64;
+/// Bytes of its receive buffers, registered at [`Channel::new`]: what an idle channel pins.
+pub const RECV_BYTES: usize = RECV_COUNT * MSG_SIZE;
+
+/// Bytes of its send buffers, registered at the first SEND too large for the endpoint's inline
+/// data ([`Endpoint::max_inline`]).
+pub const SEND_BYTES: usize = SEND_COUNT * MSG_SIZE;
 
 /// True if a completion belongs to the control channel.
 pub fn is_control(wr_id: u64) -> bool {
@@ -39,16 +45,24 @@ pub enum Event {
 /// Receive and send buffers for one endpoint's control messages.
 #[derive(Debug)]
 pub struct Channel {
-    bufs: Mr,
+    recvs: Mr,
+    /// Registered at the first SEND that does not go inline.
+    sends: Option<Mr>,
     free_sends: Vec<usize>,
 }
 
 impl Channel {
-    /// Allocates and registers the buffers in `pd` (the endpoint's PD).
+    /// Allocates and registers the receive buffers in `pd` (the endpoint's PD).
     pub fn new(pd: &Pd) -> Result<Channel> {
-        let memory: Arc<Memory> = Memory::anonymous(PINNED_BYTES)?;
-        let bufs = pd.register(&memory, Access::LOCAL)?;
-        Ok(Channel { bufs, free_sends: (0..SEND_COUNT).rev().collect() })
+        let memory: Arc<Memory> = Memory::anonymous(RECV_BYTES)?;
+        let recvs = pd.register(&memory, Access::LOCAL)?;
+        Ok(Channel { recvs, sends: None, free_sends: (0..SEND_COUNT).rev().collect() })
+    }
+
+    /// Bytes of buffers it has registered: [`RECV_BYTES`], and [`SEND_BYTES`] once a SEND did
+    /// not go inline.
+    pub fn pinned_bytes(&self) -> usize {
+        RECV_BYTES + self.sends.as_ref().map_or(0, |_| SEND_BYTES)
     }
 
     /// Posts every receive buffer. Call once, before the connection is accepted or connected.
@@ -57,7 +71,7 @@ impl Channel {
     }
 
     fn repost(&self, ep: &mut Endpoint, slot: usize) -> Result<()> {
-        ep.post_recv(CONTROL_BIT | slot as u64, &self.bufs, slot * MSG_SIZE, MSG_SIZE as u32)
+        ep.post_recv(CONTROL_BIT | slot as u64, &self.recvs, slot * MSG_SIZE, MSG_SIZE as u32)
     }
 
     /// Encodes `msg` with `tag` and SENDs it. Fails with [`Error::QueueFull`] when every send
@@ -75,13 +89,19 @@ impl Channel {
         if len > MSG_SIZE {
             return Err(Error::MessageTooLarge { len, max: MSG_SIZE });
         }
+        let inline = len <= ep.max_inline() as usize;
+        if !inline && self.sends.is_none() {
+            let memory: Arc<Memory> = Memory::anonymous(SEND_BYTES)?;
+            self.sends = Some(ep.pd().register(&memory, Access::LOCAL)?);
+        }
         let slot = self.free_sends.pop().ok_or(Error::QueueFull { queue: "control send", depth: SEND_COUNT as u32 })?;
         let wr_id = CONTROL_BIT | SEND_BIT | slot as u64;
-        let local = if len <= INLINE_MAX {
-            Local::Inline(&bytes[..len])
-        } else {
-            self.bufs.memory().write_at((RECV_COUNT + slot) * MSG_SIZE, &bytes[..len])?;
-            Local::Region { mr: &self.bufs, offset: (RECV_COUNT + slot) * MSG_SIZE, len: len as u32 }
+        let local = match &self.sends {
+            Some(sends) if !inline => {
+                sends.memory().write_at(slot * MSG_SIZE, &bytes[..len])?;
+                Local::Region { mr: sends, offset: slot * MSG_SIZE, len: len as u32 }
+            }
+            _ => Local::Inline(&bytes[..len]),
         };
         let posted = ep.post(&[WorkRequest { wr_id, op: Op::Send, local, signaled: true }]);
         if posted.is_err() {
@@ -107,7 +127,7 @@ impl Channel {
             return Err(Error::UnexpectedCompletion { wr_id: c.wr_id, opcode: c.opcode });
         }
         let len = (c.byte_len as usize).min(MSG_SIZE);
-        self.bufs.memory().read_at(slot * MSG_SIZE, &mut buf[..len])?;
+        self.recvs.memory().read_at(slot * MSG_SIZE, &mut buf[..len])?;
         self.repost(ep, slot)?;
         Ok(Event::Received(len))
     }

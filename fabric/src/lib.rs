@@ -71,11 +71,12 @@ pub mod private;
 pub mod trusted;
 mod verbs;
 
+use std::collections::VecDeque;
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd as _, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use completion::{Completion, WcOpcode, WcStatus};
@@ -483,6 +484,51 @@ pub enum ListenerEvent<R = Request> {
         /// What happened.
         event: &'static str,
     },
+    /// An RDMA device reported an asynchronous event (over verbs, any device this process has
+    /// opened; the in-memory fabric's are injected by tests: [`mem::device_event`]).
+    Device(DeviceEvent),
+}
+
+/// An asynchronous event of an RDMA device (`ibv_get_async_event`), already acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceEvent {
+    /// The device's name.
+    pub device: String,
+    /// What it is about, and what it means.
+    pub kind: DeviceEventKind,
+    /// Its name, for the log ("QP fatal error", "port down", ...).
+    pub what: &'static str,
+}
+
+/// What a [`DeviceEvent`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceEventKind {
+    /// QP `qp_num` hit an error the device found (fatal, invalid request, access): it is in the
+    /// error state, and its connection is over.
+    QpFailed {
+        /// The QP's number.
+        qp_num: u32,
+    },
+    /// Something about QP `qp_num` that needs nothing done (communication established, send
+    /// queue drained, last WQE reached, path migration).
+    Qp {
+        /// The QP's number.
+        qp_num: u32,
+    },
+    /// Port `port` went down (`active` false) or came up (true), or changed otherwise (None:
+    /// its GID table, LID, P_Key table, subnet manager, speed).
+    Port {
+        /// The port's number.
+        port: u8,
+        /// Its new state, if that is what changed.
+        active: Option<bool>,
+    },
+    /// A completion queue failed (an overrun): the QPs on it stop completing.
+    CqFailed,
+    /// The device failed: every QP on it is lost.
+    DeviceFatal,
+    /// Anything else (shared receive queue and work queue events, types unknown to us).
+    Other,
 }
 
 enum ListenerInner {
@@ -495,6 +541,8 @@ enum ListenerInner {
 pub struct Listener {
     inner: ListenerInner,
     wake: WakePair,
+    /// Device events read and not yet returned by [`Listener::next_event`].
+    device_events: Mutex<VecDeque<DeviceEvent>>,
 }
 
 impl std::fmt::Debug for Listener {
@@ -521,7 +569,7 @@ impl Listener {
             #[cfg(feature = "mem")]
             Fabric::Mem => ListenerInner::Mem(mem::Listener::bind(addr, device, backlog)?),
         };
-        Ok(Listener { inner, wake: WakePair::new()? })
+        Ok(Listener { inner, wake: WakePair::new()?, device_events: Mutex::default() })
     }
 
     /// A handle that interrupts [`Listener::next_event`] from another thread (which then returns
@@ -554,11 +602,21 @@ impl Listener {
     }
 
     /// The next event, waiting until `deadline` (None: don't wait). `Ok(None)` when none came.
+    /// Over verbs this includes the asynchronous events of every RDMA device the process has
+    /// opened ([`ListenerEvent::Device`]), read when the wait finds one (so only with a
+    /// deadline) and returned first.
     ///
     /// A [`Waker`] ends the wait early (with `Ok(None)`): a daemon can sleep here with a far
     /// deadline and still shut down at once.
     pub fn next_event(&self, deadline: Option<Instant>) -> Result<Option<ListenerEvent>> {
+        let verbs = matches!(self.inner, ListenerInner::Verbs(_));
         loop {
+            if verbs {
+                let mut pending = self.device_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Some(e) = pending.pop_front() {
+                    return Ok(Some(ListenerEvent::Device(e)));
+                }
+            }
             let ev = match &self.inner {
                 ListenerInner::Verbs(l) => l.next_event(None)?.map(|e| e.map(RequestInner::Verbs)),
                 #[cfg(feature = "mem")]
@@ -568,15 +626,25 @@ impl Listener {
                 return Ok(Some(ev.map(|inner| Request { inner })));
             }
             let Some(deadline) = deadline else { return Ok(None) };
-            // Sleep until the listener's descriptor or the waker is readable, or the deadline.
-            let fds = [self.fd(), self.wake.rx.as_raw_fd()];
+            // Sleep until the listener's descriptor, the waker or a device's event descriptor is
+            // readable, or the deadline.
+            let mut fds = vec![self.fd(), self.wake.rx.as_raw_fd()];
+            if verbs {
+                fds.extend(verbs::device::async_fds().into_iter().take(verbs::cm::MAX_WAIT_FDS - 2));
+            }
             let ready = verbs::cm::wait_any_readable(&fds, Some(deadline))
                 .map_err(|source| Error::Os { op: "poll on the listener", source })?;
             match ready {
-                Some(0) => continue,
-                Some(_) => {
+                Some(1) => {
                     self.wake.drain();
                     return Ok(None);
+                }
+                Some(0) => continue,
+                // A device's event descriptor (read only when the poll says so: a read per
+                // device at every event would cost a system call each in a reconnect storm).
+                Some(_) => {
+                    let mut pending = self.device_events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    verbs::device::async_events(&mut pending);
                 }
                 None => return Ok(None),
             }
@@ -591,6 +659,7 @@ impl<R> ListenerEvent<R> {
             ListenerEvent::Established { conn } => ListenerEvent::Established { conn },
             ListenerEvent::Disconnected { conn } => ListenerEvent::Disconnected { conn },
             ListenerEvent::Other { conn, event } => ListenerEvent::Other { conn, event },
+            ListenerEvent::Device(e) => ListenerEvent::Device(e),
         }
     }
 }
@@ -889,6 +958,10 @@ impl Endpoint {
     /// Device port in use.
     pub fn port(&self) -> u8 {
         dispatch!(EndpointInner, &self.inner, e => e.port())
+    }
+    /// Largest payload a SEND may carry inline ([`Local::Inline`]): its [`QpConfig::max_inline`].
+    pub fn max_inline(&self) -> u32 {
+        dispatch!(EndpointInner, &self.inner, e => e.max_inline())
     }
     /// The endpoint's protection domain.
     pub fn pd(&self) -> Pd {

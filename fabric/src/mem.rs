@@ -136,6 +136,18 @@ pub fn silence(qp_num: u32) {
     lock(&SILENT).insert(qp_num);
 }
 
+/// Reports device event `kind` (named `what`) to the listener that accepted QP `qp_num`'s
+/// connection, as a device's asynchronous event would reach it; nothing else happens to the QP
+/// (a device that reports a QP's error has moved it to the error state: [`sever`] does that).
+/// False if no listener took it (no such QP, or it was not accepted by a listener).
+pub fn device_event(qp_num: u32, kind: crate::DeviceEventKind, what: &'static str) -> bool {
+    let Some(shared) = lock(&QPS).get(&qp_num).and_then(Weak::upgrade) else { return false };
+    let listener = lock(&shared.conn).listener.as_ref().and_then(|(l, _)| l.upgrade());
+    let Some(listener) = listener else { return false };
+    listener.push(ListenerEvent::Device(crate::DeviceEvent { device: "mem0".into(), kind, what }));
+    true
+}
+
 /// Poisoning would turn one failed test into many: the data stays consistent at every unlock.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -898,6 +910,9 @@ impl Endpoint {
     pub(crate) fn port(&self) -> u8 {
         1
     }
+    pub(crate) fn max_inline(&self) -> u32 {
+        self.cfg.max_inline
+    }
 
     pub(crate) fn post(&mut self, wrs: &[WorkRequest<'_>]) -> Result<()> {
         if self.closed {
@@ -1111,17 +1126,22 @@ mod tests {
 
     /// A connected (initiator, target) pair; the listener has seen Established for conn 7.
     fn pair() -> (L, Ep, Ep) {
+        pair_with(cfg())
+    }
+
+    /// [`pair`] with both QPs made with `cfg`.
+    fn pair_with(cfg: QpConfig) -> (L, Ep, Ep) {
         let l = bind();
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
-            let mut ep = Ep::resolve(Fabric::Mem, addr, None, &Route::default(), &cfg(), soon()).unwrap();
+            let mut ep = Ep::resolve(Fabric::Mem, addr, None, &Route::default(), &cfg, soon()).unwrap();
             ep.connect(b"hello", soon()).map(|()| ep)
         });
         let Some(ListenerEvent::Request(req)) = l.next_event(Some(soon())).unwrap() else { panic!("no request") };
         assert_eq!(req.private_data().len(), policy::MAX_PRIVATE_DATA);
         assert_eq!(&req.private_data()[..6], b"hello\0");
         let pd = req.alloc_pd().unwrap();
-        let mut target = req.into_endpoint(&pd, &cfg(), 7).unwrap();
+        let mut target = req.into_endpoint(&pd, &cfg, 7).unwrap();
         target.accept().unwrap();
         let initiator = t.join().unwrap().unwrap();
         assert!(matches!(l.next_event(None).unwrap(), Some(ListenerEvent::Established { conn: 7 })));
@@ -1150,6 +1170,39 @@ mod tests {
 
     fn state(ep: &Ep) -> &'static str {
         ep.attributes().unwrap().state
+    }
+
+    /// Catches a channel that registers its send buffers before a message needs them (an idle
+    /// connection pins only its receive buffers), one that inlines a message larger than the QP
+    /// allows (this fabric refuses it, as verbs do), and a message from the send buffers that
+    /// arrives other than it was sent.
+    #[test]
+    fn a_channel_registers_send_buffers_only_for_a_message_too_large_to_inline() {
+        use crate::channel::{Channel, Event, PINNED_BYTES, RECV_BYTES};
+        let (_l, mut a, mut b) = pair_with(QpConfig { send_depth: 18, recv_depth: 16, max_inline: 64 });
+        let mut ca = Channel::new(&a.pd()).unwrap();
+        let mut cb = Channel::new(&b.pd()).unwrap();
+        cb.post_recvs(&mut b).unwrap();
+        assert_eq!(ca.pinned_bytes(), RECV_BYTES);
+        let small = [7u8; 64];
+        ca.send_bytes(&mut a, &small).unwrap();
+        assert_eq!(ca.pinned_bytes(), RECV_BYTES, "an inline SEND registers nothing");
+        let large: Vec<u8> = (0..3000u32).map(|i| i as u8).collect();
+        ca.send_bytes(&mut a, &large).unwrap();
+        assert_eq!(ca.pinned_bytes(), PINNED_BYTES, "a SEND too large to inline registers the send buffers");
+        let mut got = Vec::new();
+        let mut buf = [0u8; rblk_proto::MSG_SIZE];
+        let deadline = soon();
+        while got.len() < 2 && Instant::now() < deadline {
+            let mut out = [Completion::EMPTY; 4];
+            let n = b.poll(&mut out).unwrap();
+            for c in &out[..n] {
+                if let Event::Received(len) = cb.on_completion(&mut b, c, &mut buf).unwrap() {
+                    got.push(buf[..len].to_vec());
+                }
+            }
+        }
+        assert_eq!(got, vec![small.to_vec(), large]);
     }
 
     #[test]

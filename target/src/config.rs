@@ -199,12 +199,14 @@ pub const MIN_JOINS_PER_SESSION: usize = 64;
 pub const MAX_JOINS_PER_HOST: usize = 1024;
 /// Default [`Config::max_joins`].
 pub const MAX_JOINS: usize = 4096;
-/// File descriptors one connection holds: its completion channel. Its waker is its worker's
-/// (one eventfd per worker, `Endpoint::set_waker` drops the endpoint's own socketpair), its
+/// File descriptors one connection may hold, at worst: its completion channel. Over verbs a
+/// connection's completions go to its worker's shared CQ (one completion channel per 256 QPs,
+/// `rblk_fabric::SharedCq`), so it holds none; only one that gets a CQ of its own (a shared CQ
+/// could not be made) holds a channel. Its waker is its worker's (one eventfd per worker), its
 /// rdma_cm id has none of its own (a passive id's events come on the listener's event channel),
-/// and its QP, CQ and protection domain live in the device's context, opened once per device.
-/// Before the worker loops it was 3 (the waker's socketpair too): 1,000 idle sessions held
-/// 3,013 descriptors (issue 40's measurement).
+/// and its QP and protection domain live in the device's context, opened once per device.
+/// Before the worker loops it was 3 (a channel and a waker's socketpair): 1,000 idle sessions
+/// held 3,013 descriptors, and 2,000 QPs on shared CQs hold 29 in all (issue 40's measurements).
 pub const FDS_PER_CONNECTION: u64 = 1;
 /// File descriptors the daemon holds besides connections and volumes (listener, admin socket,
 /// metrics, the RDMA devices, standard streams, ...).

@@ -163,7 +163,7 @@ fn set_up(
     // session's end) goes through its worker.
     ep.set_waker(workers.waker(worker, conn));
     // The waker first: a reconnect that replaces the session after the join below wakes it.
-    shared.add_connection(conn, ep.waker());
+    shared.add_connection(conn, ep.qp_num(), ep.waker());
     shared.counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
     if let Some(s) = state.session() {
         if !s.join(conn) {
@@ -436,6 +436,9 @@ impl Connection {
                 .into());
         }
         let wakes = self.shared.take_wakes(self.conn);
+        if let Some(what) = wakes.qp_failed {
+            return Err(format!("the RDMA device reported its QP failed ({what})").into());
+        }
         if wakes.evicted {
             return Err("evicted: too many connections that have not authenticated (the oldest of the address holding the most go first)".into());
         }

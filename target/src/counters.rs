@@ -34,6 +34,8 @@ pub struct Counters {
     pub keepalives_sent: AtomicU64,
     /// KEEPALIVEs received, on every connection.
     pub keepalives_received: AtomicU64,
+    /// Asynchronous events of the RDMA devices (port changes, QP and CQ errors).
+    pub device_events: AtomicU64,
     /// Bytes written back to durable volumes' backing stores by FLUSHes.
     pub written_back_bytes: AtomicU64,
     /// Write-backs that failed.
@@ -60,6 +62,7 @@ impl Default for Counters {
             flushes: AtomicU64::new(0),
             keepalives_sent: AtomicU64::new(0),
             keepalives_received: AtomicU64::new(0),
+            device_events: AtomicU64::new(0),
             written_back_bytes: AtomicU64::new(0),
             writeback_failures: AtomicU64::new(0),
             window_dealloc_failures: AtomicU64::new(0),

@@ -49,6 +49,12 @@ pub fn render(shared: &Shared) -> String {
     );
     counter(&mut reg, "malformed_messages", "Malformed or refused control messages", load(&c.malformed));
     counter(&mut reg, "flushes", "FLUSH requests answered", load(&c.flushes));
+    counter(
+        &mut reg,
+        "device_events",
+        "Asynchronous events of the RDMA devices (port up or down, QP and CQ errors: each is logged)",
+        load(&c.device_events),
+    );
     counter(&mut reg, "keepalives_sent", "KEEPALIVEs sent, on every connection", load(&c.keepalives_sent));
     counter(
         &mut reg,

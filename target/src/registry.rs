@@ -41,6 +41,8 @@ pub(crate) enum Wake {
     Probe,
     /// Its session was ended (replaced or revoked): it reads why from the session.
     SessionEnded,
+    /// Its RDMA device reported its QP in the error state (an asynchronous event, named).
+    QpFailed(&'static str),
 }
 
 /// What [`Shared::wake_connection`] recorded for a connection since its last turn.
@@ -49,11 +51,15 @@ pub(crate) struct Wakes {
     pub(crate) disconnected: bool,
     pub(crate) evicted: bool,
     pub(crate) probe: bool,
+    /// The device's event that failed its QP.
+    pub(crate) qp_failed: Option<&'static str>,
 }
 
 /// A live connection in [`Shared`]'s table.
 #[derive(Debug)]
 struct Live {
+    /// Its QP's number (what a device's event about the QP names).
+    qpn: u32,
     waker: Waker,
     wakes: Wakes,
     /// Its session, once it opened or joined one.
@@ -346,8 +352,8 @@ impl Shared {
 
     /// Records live connection `conn`, woken through `waker` (a disconnect, an eviction, a
     /// replacement of its session, a shutdown).
-    pub(crate) fn add_connection(&self, conn: u64, waker: Waker) {
-        let live = Live { waker, wakes: Wakes::default(), session: std::sync::Weak::new() };
+    pub(crate) fn add_connection(&self, conn: u64, qpn: u32, waker: Waker) {
+        let live = Live { qpn, waker, wakes: Wakes::default(), session: std::sync::Weak::new() };
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).insert(conn, live);
     }
 
@@ -381,8 +387,44 @@ impl Shared {
             Wake::Evicted => live.wakes.evicted = true,
             Wake::Probe => live.wakes.probe = true,
             Wake::SessionEnded => {}
+            Wake::QpFailed(what) => live.wakes.qp_failed = Some(what),
         }
         live.waker.wake();
+    }
+
+    /// An RDMA device's asynchronous event: counted and logged; a QP's error ends its
+    /// connection at once (its QP is in the error state; otherwise only a failed completion or
+    /// the keepalives would tell, up to `keepalive_timeout` later).
+    pub(crate) fn device_event(&self, e: &rblk_fabric::DeviceEvent) {
+        use rblk_fabric::DeviceEventKind as K;
+        self.counters.device_events.fetch_add(1, Ordering::Relaxed);
+        let device = e.device.as_str();
+        match e.kind {
+            K::QpFailed { qp_num } => match self.connection_of_qp(qp_num) {
+                Some(conn) => {
+                    warn!(device, qpn = qp_num, conn, "{} on a connection's QP: ending it", e.what);
+                    self.wake_connection(conn, Wake::QpFailed(e.what));
+                }
+                None => warn!(device, qpn = qp_num, "{} on a QP no connection holds", e.what),
+            },
+            K::Qp { qp_num } => tracing::debug!(device, qpn = qp_num, "device event: {}", e.what),
+            K::Port { port, active: Some(false) } => {
+                warn!(device, port, "{}: its connections fail until it is back", e.what);
+            }
+            K::Port { port, active: Some(true) } => info!(device, port, "{}", e.what),
+            K::Port { port, active: None } => info!(device, port, "device event: {}", e.what),
+            K::CqFailed => {
+                tracing::error!(device, "{}: the QPs on that completion queue stop completing", e.what);
+            }
+            K::DeviceFatal => tracing::error!(device, "{}: every connection on it is lost", e.what),
+            K::Other => warn!(device, "device event: {}", e.what),
+        }
+    }
+
+    /// The live connection whose QP is number `qpn`, if any (a scan: device events are rare).
+    pub(crate) fn connection_of_qp(&self, qpn: u32) -> Option<u64> {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        conns.iter().find(|(_, live)| live.qpn == qpn).map(|(&conn, _)| conn)
     }
 
     /// Why connection `conn` was woken from outside since it last asked; forgets it.

@@ -257,6 +257,11 @@ impl Running {
         self.shared.counters.window_dealloc_failures.load(Ordering::SeqCst)
     }
 
+    /// Asynchronous events of the RDMA devices taken (the `device_events` metric).
+    pub fn device_events(&self) -> u64 {
+        self.shared.counters.device_events.load(Ordering::SeqCst)
+    }
+
     /// KEEPALIVEs sent and received, on every connection (the `keepalives_sent` and
     /// `keepalives_received` metrics).
     pub fn keepalives(&self) -> (u64, u64) {
@@ -425,6 +430,7 @@ fn listen(shared: &Arc<Shared>, listener: &mut Listener, workers: crate::worker:
             }
             ListenerEvent::Established { conn } => debug!(conn, "established"),
             ListenerEvent::Other { conn, event } => debug!(conn, event, "CM event"),
+            ListenerEvent::Device(e) => shared.device_event(&e),
         }
     }
     // Every connection ends, its QP destroyed, before the sessions are released.

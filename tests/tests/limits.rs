@@ -350,6 +350,28 @@ fn rxe_dropped_and_vanished_sessions_return_to_the_baseline() {
     drop(vanished);
 }
 
+/// Issue 40 item 4. Catches a target connection that registers its send buffers before it has a
+/// message too large to go inline (128 KiB pinned per idle connection instead of 64: the 16
+/// receive buffers of the protocol's credit). 40 idle sessions with memory windows, which pin
+/// nothing of the volume beyond the baseline's registration.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn rxe_an_idle_connection_pins_only_its_receive_buffers() {
+    let (d, mut probe, base) = daemon_with_probe(&[]);
+    let conns: Vec<Raw> = (0..40)
+        .map(|_| {
+            let mut r = Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewWindowSession).expect("connect");
+            r.open("v", OpenMode::ReadOnly);
+            r
+        })
+        .collect();
+    let now = held(&d, &mut probe);
+    let per_kb = (now.pin_kb - base.pin_kb) / conns.len() as u64;
+    eprintln!("limits: 40 idle sessions pin {} kB more: {per_kb} kB each", now.pin_kb - base.pin_kb);
+    let recv_kb = (rblk_fabric::channel::RECV_BYTES / 1024) as u64;
+    assert!(per_kb <= recv_kb + 4, "an idle connection pins its receive buffers ({recv_kb} kB) only: {per_kb} kB");
+}
+
 /// OPENs `n` read-only sessions of `v` at once, each on a connection of its own from this
 /// host: the ones refused, with why.
 fn open_at_once(d: &Daemon, n: usize) -> (Vec<Raw>, Vec<String>) {

@@ -464,3 +464,28 @@ fn an_initiator_keeps_a_session_alive_on_its_first_connection_only() {
         done[0].release();
     }
 }
+
+/// Catches a target that leaves a connection whose QP its device reported failed (a QP fatal
+/// or access error: the QP is in the error state) to be found by the keepalives, up to
+/// `keepalive_timeout` later (here none would: the in-memory QP is not really broken, and the
+/// silence rule is off), and one that ends connections for a port event or a QP's harmless one.
+#[test]
+fn a_device_event_that_fails_a_qp_ends_its_connection_at_once() {
+    use rblk_fabric::DeviceEventKind as K;
+    let r = serve(&[VolumeSpec { name: "v".into(), size: 4 * MIB, path: None }], None);
+    let mut probe = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    probe.open("v", OpenMode::ReadOnly);
+    let mut victim = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    victim.hello_with(FEATURES & !rblk_proto::FEATURE_KEEPALIVE);
+    victim.open_with("v", OpenMode::ReadOnly, None).unwrap();
+    let target_qpn = rblk_fabric::mem::peer_qp_num(victim.ep.qp_num()).expect("the target's QP");
+    let before = r.device_events();
+    assert!(rblk_fabric::mem::device_event(target_qpn, K::Port { port: 1, active: Some(false) }, "port down"));
+    assert!(rblk_fabric::mem::device_event(target_qpn, K::Qp { qp_num: target_qpn }, "last WQE reached"));
+    assert!(until(&mut probe, Duration::from_secs(2), |_| r.device_events() == before + 2).is_some(), "both taken");
+    assert_eq!(probe.stats().connections, 2, "neither ends a connection");
+    assert!(rblk_fabric::mem::device_event(target_qpn, K::QpFailed { qp_num: target_qpn }, "QP fatal error"));
+    let took = until(&mut probe, Duration::from_secs(2), |s| s.connections == 1);
+    assert!(took.is_some(), "the connection of the failed QP ends at once");
+    assert_eq!(r.device_events(), before + 3);
+}

@@ -462,10 +462,13 @@ pub(crate) fn wait_readable(fd: RawFd, deadline: Option<Instant>) -> io::Result<
     wait_any_readable(&[fd], deadline).map(|r| r.is_some())
 }
 
+/// The most descriptors [`wait_any_readable`] takes.
+pub(crate) const MAX_WAIT_FDS: usize = 8;
+
 /// Waits until one of `fds` is readable; returns its index, or None at the deadline.
 pub(crate) fn wait_any_readable(fds: &[RawFd], deadline: Option<Instant>) -> io::Result<Option<usize>> {
     // At most a few descriptors: a stack array, so that sleeping allocates nothing.
-    const MAX: usize = 4;
+    const MAX: usize = MAX_WAIT_FDS;
     assert!(fds.len() <= MAX, "wait_any_readable takes at most {MAX} descriptors");
     let mut all = [libc::pollfd { fd: -1, events: 0, revents: 0 }; MAX];
     for (p, &fd) in all.iter_mut().zip(fds) {

@@ -7,7 +7,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use sideway::ibverbs::device::{DeviceInfo as _, DeviceList};
 use sideway::ibverbs::device_context::DeviceContext;
 
-use crate::{DeviceInfo, Error, PortInfo, Result};
+use std::os::fd::RawFd;
+
+use rdma_mummy_sys as sys;
+
+use crate::{DeviceEvent, DeviceEventKind, DeviceInfo, Error, PortInfo, Result};
 
 fn verbs_err(op: &'static str, device: &str, e: impl std::fmt::Display) -> Error {
     Error::Verbs { op, device: device.to_owned(), source: std::io::Error::other(e.to_string()) }
@@ -118,10 +122,17 @@ pub(crate) fn why_none(sys: &std::path::Path, dev: &std::path::Path) -> String {
     )
 }
 
-/// The process-wide context of device `name`, opened on first use.
+/// The devices' contexts opened so far, by name: each opened once per process, never closed.
+static CONTEXTS: OnceLock<Mutex<HashMap<String, Arc<DeviceContext>>>> = OnceLock::new();
+
+fn contexts() -> std::sync::MutexGuard<'static, HashMap<String, Arc<DeviceContext>>> {
+    CONTEXTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The process-wide context of device `name`, opened on first use (its asynchronous events
+/// readable without blocking: [`async_events`]).
 pub(crate) fn context(name: &str) -> Result<Arc<DeviceContext>> {
-    static CONTEXTS: OnceLock<Mutex<HashMap<String, Arc<DeviceContext>>>> = OnceLock::new();
-    let mut map = CONTEXTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut map = contexts();
     if let Some(ctx) = map.get(name) {
         return Ok(Arc::clone(ctx));
     }
@@ -129,13 +140,115 @@ pub(crate) fn context(name: &str) -> Result<Arc<DeviceContext>> {
     let dev =
         list.iter().find(|d| d.name() == name).ok_or_else(|| Error::NoDevice { filter: Some(name.to_owned()) })?;
     let ctx = dev.open().map_err(|e| verbs_err("ibv_open_device", name, e))?;
+    let fd = async_fd(&ctx);
+    // SAFETY: fcntl on the context's own descriptor, open as long as the context (never closed:
+    // the map keeps it); a failure leaves it blocking and is reported.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK) } < 0 {
+        return Err(verbs_err(
+            "fcntl(O_NONBLOCK) on the async event descriptor",
+            name,
+            std::io::Error::last_os_error(),
+        ));
+    }
     map.insert(name.to_owned(), Arc::clone(&ctx));
     Ok(ctx)
 }
 
+/// The descriptor a device's asynchronous events arrive on.
+fn async_fd(ctx: &DeviceContext) -> RawFd {
+    // SAFETY: the context is open (the caller holds it); libibverbs set `async_fd` when it
+    // opened the device and never changes it; it is only read.
+    unsafe { (*ctx.context().as_ptr()).async_fd }
+}
+
+/// The asynchronous-event descriptors of the devices opened so far (readable when an event
+/// waits: [`async_events`] takes them).
+pub(crate) fn async_fds() -> Vec<RawFd> {
+    contexts().values().map(|ctx| async_fd(ctx)).collect()
+}
+
+/// Takes every asynchronous event waiting on the devices opened so far (without blocking),
+/// acknowledges each, and appends what it said to `out`.
+pub(crate) fn async_events(out: &mut std::collections::VecDeque<DeviceEvent>) {
+    let map = contexts();
+    for (name, ctx) in map.iter() {
+        loop {
+            let mut ev = std::mem::MaybeUninit::<sys::ibv_async_event>::uninit();
+            // SAFETY: the context is open; `ev` is written by libibverbs when it returns 0 (and
+            // the descriptor is non-blocking: with nothing waiting it fails with EAGAIN).
+            if unsafe { sys::ibv_get_async_event(ctx.context().as_ptr(), ev.as_mut_ptr()) } != 0 {
+                break;
+            }
+            // SAFETY: libibverbs filled it (it returned 0).
+            let mut ev = unsafe { ev.assume_init() };
+            // Read as a number, not as the bindings' Rust enum: a newer kernel's event type
+            // would be an invalid value of it.
+            // SAFETY: `event_type` is a C enum, 4 bytes, inside the live `ev`.
+            let code = unsafe { std::ptr::addr_of!(ev.event_type).cast::<u32>().read() };
+            let qp_num = || {
+                // SAFETY: for QP events libibverbs sets `element.qp` to the QP, which stays
+                // valid until the event is acknowledged below (ibv_destroy_qp waits for that).
+                unsafe { ev.element.qp.as_ref().map_or(0, |qp| qp.qp_num) }
+            };
+            // SAFETY: for port events `element.port_num` is what libibverbs set.
+            let port = || u8::try_from(unsafe { ev.element.port_num }).unwrap_or(0);
+            let (kind, what) = translate(code, qp_num, port);
+            // SAFETY: `ev` came from ibv_get_async_event and is acknowledged once, here, after
+            // the last read of its element.
+            unsafe { sys::ibv_ack_async_event(&mut ev) };
+            out.push_back(DeviceEvent { device: name.clone(), kind, what });
+        }
+    }
+}
+
+/// What asynchronous event type `code` (`ibv_event_type`) means, and its name.
+fn translate(code: u32, qp_num: impl FnOnce() -> u32, port: impl FnOnce() -> u8) -> (DeviceEventKind, &'static str) {
+    use DeviceEventKind as K;
+    match code {
+        0 => (K::CqFailed, "CQ error (overrun)"),
+        1 => (K::QpFailed { qp_num: qp_num() }, "QP fatal error"),
+        2 => (K::QpFailed { qp_num: qp_num() }, "QP invalid request error"),
+        3 => (K::QpFailed { qp_num: qp_num() }, "QP access error"),
+        4 => (K::Qp { qp_num: qp_num() }, "communication established"),
+        5 => (K::Qp { qp_num: qp_num() }, "send queue drained"),
+        6 => (K::Qp { qp_num: qp_num() }, "path migrated"),
+        7 => (K::Qp { qp_num: qp_num() }, "path migration failed"),
+        8 => (K::DeviceFatal, "device fatal error"),
+        9 => (K::Port { port: port(), active: Some(true) }, "port active"),
+        10 => (K::Port { port: port(), active: Some(false) }, "port down"),
+        11 => (K::Port { port: port(), active: None }, "LID changed"),
+        12 => (K::Port { port: port(), active: None }, "P_Key table changed"),
+        13 => (K::Port { port: port(), active: None }, "subnet manager changed"),
+        14 => (K::Other, "SRQ error"),
+        15 => (K::Other, "SRQ limit reached"),
+        16 => (K::Qp { qp_num: qp_num() }, "last WQE reached"),
+        17 => (K::Port { port: port(), active: None }, "client reregistration asked"),
+        18 => (K::Port { port: port(), active: None }, "GID table changed"),
+        19 => (K::Other, "WQ fatal error"),
+        20 => (K::Port { port: port(), active: None }, "link speed changed"),
+        _ => (K::Other, "unknown event"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::why_none;
+    use super::{translate, why_none};
+    use crate::DeviceEventKind as K;
+
+    /// Catches an event type read as the wrong kind: a QP's error not ending its connection, a
+    /// port's state lost, or an unknown type (a newer kernel's) taken for anything.
+    #[test]
+    fn async_event_types_mean_what_libibverbs_says() {
+        assert_eq!(translate(1, || 7, || 0), (K::QpFailed { qp_num: 7 }, "QP fatal error"));
+        assert_eq!(translate(3, || 9, || 0).0, K::QpFailed { qp_num: 9 });
+        assert_eq!(translate(4, || 9, || 0).0, K::Qp { qp_num: 9 });
+        assert_eq!(translate(10, || 0, || 1), (K::Port { port: 1, active: Some(false) }, "port down"));
+        assert_eq!(translate(9, || 0, || 2).0, K::Port { port: 2, active: Some(true) });
+        assert_eq!(translate(18, || 0, || 1).0, K::Port { port: 1, active: None });
+        assert_eq!(translate(0, || 0, || 0).0, K::CqFailed);
+        assert_eq!(translate(8, || 0, || 0).0, K::DeviceFatal);
+        assert_eq!(translate(21, || panic!("not a QP event"), || panic!("not a port event")).0, K::Other);
+    }
 
     /// Catches a "no device" that does not say which step is missing.
     #[test]

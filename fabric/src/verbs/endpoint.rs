@@ -344,6 +344,7 @@ pub(crate) struct Endpoint {
     armed: bool,
     read_depth: u8,
     send_depth: u32,
+    max_inline: u32,
     state: State,
     /// rdma_cm reported the peer's disconnect (see [`Endpoint::peer_disconnected`]).
     peer_gone: bool,
@@ -492,6 +493,7 @@ impl Endpoint {
             armed: false,
             read_depth,
             send_depth: cfg.send_depth,
+            max_inline: cfg.max_inline,
             state: State::Created,
             peer_gone: false,
             peer,
@@ -591,6 +593,9 @@ impl Endpoint {
     }
     pub(crate) fn port(&self) -> u8 {
         self.id.port()
+    }
+    pub(crate) fn max_inline(&self) -> u32 {
+        self.max_inline
     }
 
     /// Posts `wrs` with one doorbell.
