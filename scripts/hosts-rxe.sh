@@ -18,7 +18,10 @@
 #   3. phase 1qp: `rblk-test-client hold` opens read-only sessions of one QP and keeps them alive
 #      with the protocol's keepalives, growing to each of HOSTS_STEPS_1QP (default
 #      1,10,100,500,1000 sessions); phase 2qp the same with a second QP per session (one JOIN),
-#      HOSTS_STEPS_2QP (default 10,250,1000,2048 sessions: up to 4,096 QPs). At each step:
+#      HOSTS_STEPS_2QP (default 10,250,1000,2048 sessions: up to 4,096 QPs); phase 2qp-perqp, only
+#      with HOSTS_STEPS_PERQP (default -: none), the same again with every QP keeping keepalives
+#      of its own (`hold --per-qp-keepalives`, as before session keepalives, feature 512): what
+#      sharing a session's keepalives saves, in the same boot. At each step:
 #        - the target's threads (/proc/PID/task), fds (/proc/PID/fd), RSS and VmPin
 #          (/proc/PID/status);
 #        - its CPU (utime + stime of /proc/PID/stat) over HOSTS_IDLE_SECS (default 10) of idle,
@@ -75,7 +78,7 @@ source "$REPO_ROOT/scripts/lib/script.sh"
 # Progress goes to stderr.
 
 guest_main() {
-    local bin=$1 steps1=$2 steps2=$3 opens=$4 idle=$5 bench=$6 cm=$7 storm=$8 budget=$9
+    local bin=$1 steps1=$2 steps2=$3 opens=$4 idle=$5 bench=$6 cm=$7 storm=$8 budget=$9 steps3=${10}
     local addr=${RBLK_ADDR:?RBLK_ADDR: the address of the rxe device} dev=${RBLK_DEVICE:-rxe0}
     local work deadline=$((SECONDS + budget))
     work=$(mktemp -d /tmp/rblk-hosts.XXXXXX)
@@ -113,10 +116,12 @@ guest_main() {
     printf '@@meta target_fds_at_start %s\n' "$(count_dir "/proc/$tpid/fd")"
 
     local phase
-    for phase in 1qp 2qp; do
+    for phase in 1qp 2qp 2qp-perqp; do
         local steps=$steps1
         [[ $phase == 2qp ]] && steps=$steps2
-        hold_phase "$bin" "$work" "$addr" "$tpid" "$phase" "${phase%qp}" "$steps" "$opens" "$idle" \
+        [[ $phase == 2qp-perqp ]] && steps=$steps3
+        [[ $steps == - ]] && continue
+        hold_phase "$bin" "$work" "$addr" "$tpid" "$phase" "${phase%%qp*}" "$steps" "$opens" "$idle" \
             "$bench" "$deadline"
     done
     if ((SECONDS < deadline)); then
@@ -180,7 +185,11 @@ hold_phase() {
     mkfifo "$fifo"
     # 32 tick threads: in a storm the sessions reconnect 32 at a time, as many hosts would,
     # not one after another behind one thread.
-    "$bin/rblk-test-client" hold "$uri" --sessions 1 --qps "$qps" --threads 32 <"$fifo" >"$out" 2>"$out.err" &
+    # Phase 2qp-perqp: every QP keeps keepalives of its own, as before session keepalives.
+    local -a extra=()
+    [[ $phase == *-perqp ]] && extra=(--per-qp-keepalives)
+    "$bin/rblk-test-client" hold "$uri" --sessions 1 --qps "$qps" --threads 32 "${extra[@]}" <"$fifo" >"$out" \
+        2>"$out.err" &
     local hpid=$! n held=0 stopped=0
     exec 9>"$fifo" # the client's stdin, open until the phase ends
     if hold_wait "$out" "$hpid" 1 600; then
@@ -372,11 +381,13 @@ host_main() {
         return
     fi
     local steps1=${HOSTS_STEPS_1QP:-1,10,100,500,1000} steps2=${HOSTS_STEPS_2QP:-10,250,1000,2048}
+    local steps3=${HOSTS_STEPS_PERQP:--}
     local opens=${HOSTS_OPENS:-100} idle=${HOSTS_IDLE_SECS:-10} bench=${HOSTS_BENCH_SECS:-5}
     local cm=${HOSTS_CMTIME:-100} storm=${HOSTS_CMTIME_STORM:-2000} budget=${HOSTS_BUDGET:-2400}
     local v
-    for v in "$steps1" "$steps2"; do
-        [[ $v =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || die "steps must be session counts like 1,10,100 (got '$v')"
+    for v in "$steps1" "$steps2" "$steps3"; do
+        [[ $v == - || $v =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+            die "steps must be session counts like 1,10,100, or - for none (got '$v')"
     done
     for v in "$opens" "$idle" "$bench" "$cm" "$storm" "$budget"; do
         is_count "$v" || die "HOSTS_OPENS, HOSTS_IDLE_SECS, HOSTS_BENCH_SECS, HOSTS_CMTIME, HOSTS_CMTIME_STORM and HOSTS_BUDGET must be positive numbers (got '$v')"
@@ -389,9 +400,9 @@ host_main() {
     : >"$glog"
     printf '@@meta date %s\n@@meta host_cpus %s\n' "$(date -u +%Y-%m-%dT%H:%MZ)" "$(nproc)" >>"$glog"
     RXE_GUEST_MEM=${RXE_GUEST_MEM:-8G} run_guest "$glog" $((budget + 900)) "$REPO_ROOT/scripts/hosts-rxe.sh" \
-        "$BIN_DIR" "$steps1" "$steps2" "$opens" "$idle" "$bench" "$cm" "$storm" "$budget"
+        "$BIN_DIR" "$steps1" "$steps2" "$opens" "$idle" "$bench" "$cm" "$storm" "$budget" "$steps3"
     summarize_run "$glog" "$OUT"
     finish_run "$glog"
 }
 
-script_main 9 "BIN_DIR STEPS_1QP STEPS_2QP OPENS IDLE_SECS BENCH_SECS CMTIME CMTIME_STORM BUDGET_SECS" "$@"
+script_main 10 "BIN_DIR STEPS_1QP STEPS_2QP OPENS IDLE_SECS BENCH_SECS CMTIME CMTIME_STORM BUDGET_SECS STEPS_PERQP" "$@"

@@ -307,6 +307,12 @@ pub struct Options {
     /// them refuses the connect request, and the session connects again without (one extra
     /// round trip). False: one registration and one rkey per session, as before.
     pub memory_windows: bool,
+    /// Share the session's keepalives ([`rblk_proto::FEATURE_SESSION_KEEPALIVE`], true by
+    /// default): a queue pair joined through the session's first address sends no KEEPALIVE and
+    /// takes the target's silence there as the session's, so an idle session of N queue pairs
+    /// keeps alive one instead of N. False: every queue pair keeps its own, as before (the
+    /// target follows each that sends them); what the scale script measures the saving against.
+    pub session_keepalives: bool,
 }
 
 impl Default for Options {
@@ -329,6 +335,7 @@ impl Default for Options {
             wait: Wait::Adaptive,
             reconnect: Reconnect::default(),
             memory_windows: true,
+            session_keepalives: true,
         }
     }
 }

@@ -201,7 +201,8 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
             // Through the session's first connection's address, it shares that path and its
             // fate; through another, whose path may fail alone, it keeps its own keepalives.
             let session_level = FEATURE_KEEPALIVE | FEATURE_SESSION_KEEPALIVE;
-            if link.features() & session_level == session_level && dest.addr == link.addr() {
+            let shares = link.opts().session_keepalives && dest.addr == link.addr();
+            if link.features() & session_level == session_level && shares {
                 conn.share_session_liveness();
             }
             Ok((conn, rkey))

@@ -362,6 +362,17 @@ fn joined(r: &Running, o: &Opened) -> Raw {
     }
 }
 
+/// A [`quick_keepalive_target`] (with its probe) and a session opened with `features` (on
+/// `first`) with one connection JOINed to it.
+fn session_with_a_join(features: u64) -> (Running, Raw, Raw, Raw, Opened) {
+    let (r, probe) = quick_keepalive_target();
+    let mut first = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
+    first.hello_with(features);
+    let o = first.open_with("v", OpenMode::ReadWrite, None).unwrap();
+    let join = joined(&r, &o);
+    (r, probe, first, join, o)
+}
+
 /// For `dur`: `first` sends a KEEPALIVE every 200 ms, and `other` listens (and sends them too
 /// if `both`). Whether a KEEPALIVE from the target arrived on `other`.
 fn keep_alive(first: &mut Raw, other: &mut Raw, both: bool, dur: Duration) -> bool {
@@ -385,11 +396,7 @@ fn keep_alive(first: &mut Raw, other: &mut Raw, both: bool, dur: Duration) -> bo
 /// connection once its whole session went silent.
 #[test]
 fn with_session_keepalives_a_joined_qp_lives_and_dies_with_its_session() {
-    let (r, mut probe) = quick_keepalive_target();
-    let mut first = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
-    first.hello_with(FEATURES);
-    let o = first.open_with("v", OpenMode::ReadWrite, None).unwrap();
-    let mut join = joined(&r, &o);
+    let (r, mut probe, mut first, mut join, o) = session_with_a_join(FEATURES);
     assert!(!keep_alive(&mut first, &mut join, false, 3 * KEEPALIVE_TIMEOUT), "no keepalive on the JOINed connection");
     assert_eq!(probe.stats().connections, 3, "the JOINed connection, silent for 3 s, is still served");
     assert_eq!(access(&mut join, &o, false).unwrap(), WcStatus::SUCCESS);
@@ -403,11 +410,8 @@ fn with_session_keepalives_a_joined_qp_lives_and_dies_with_its_session() {
 /// JOINed connections expect the target's keepalives and send their own).
 #[test]
 fn without_session_keepalives_a_joined_qp_keeps_its_own() {
-    let (r, mut probe) = quick_keepalive_target();
-    let mut first = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
-    first.hello_with(FEATURES & !rblk_proto::FEATURE_SESSION_KEEPALIVE);
-    let o = first.open_with("v", OpenMode::ReadWrite, None).unwrap();
-    let mut join = joined(&r, &o);
+    let (_r, mut probe, mut first, mut join, _) =
+        session_with_a_join(FEATURES & !rblk_proto::FEATURE_SESSION_KEEPALIVE);
     keep_alive(&mut first, &mut join, false, 3 * KEEPALIVE_TIMEOUT);
     assert_eq!(probe.stats().connections, 2, "the silent JOINed connection ended while its session was heard");
 }
@@ -416,11 +420,7 @@ fn without_session_keepalives_a_joined_qp_keeps_its_own() {
 /// another path than the session's first must keep its own keepalives, from its first KEEPALIVE.
 #[test]
 fn a_joined_qp_that_sends_keepalives_keeps_its_own() {
-    let (r, mut probe) = quick_keepalive_target();
-    let mut first = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).unwrap();
-    first.hello_with(FEATURES);
-    let o = first.open_with("v", OpenMode::ReadWrite, None).unwrap();
-    let mut join = joined(&r, &o);
+    let (_r, mut probe, mut first, mut join, _) = session_with_a_join(FEATURES);
     let interval = rblk_proto::KEEPALIVE_INTERVAL;
     assert!(keep_alive(&mut first, &mut join, true, interval + KEEPALIVE_TIMEOUT), "the target's keepalives there");
     keep_alive(&mut first, &mut join, false, 3 * KEEPALIVE_TIMEOUT);
@@ -429,9 +429,9 @@ fn a_joined_qp_that_sends_keepalives_keeps_its_own() {
 
 /// The initiator's side of session keepalives. Catches an initiator that sends KEEPALIVE on
 /// queues joined through the session's first address (the target counts every KEEPALIVE it
-/// takes: per QP, 4 connections over 17 s would send about 34, the first alone about 9), and one whose joined queues
-/// take the target's silence there for loss (they hear nothing for longer than the initiator's
-/// 15 s timeout, and would reconnect).
+/// takes: per QP, 4 connections over 17 s would send about 34, the first alone about 9), and
+/// one whose joined queues take the target's silence there for loss (they hear nothing for
+/// longer than the initiator's 15 s timeout, and would reconnect).
 #[test]
 fn an_initiator_keeps_a_session_alive_on_its_first_connection_only() {
     let r = serve_with(Config {

@@ -9,8 +9,9 @@
 //! rblk-test-client open-time URI --count N
 //!     connect, OPEN (read-only) and close N sessions one after the other; prints
 //!     "open_ms p50 P min MIN max MAX rate R p99 Q" (R: sessions opened and closed per second)
-//! rblk-test-client hold URI --sessions N [--qps Q]
-//!     open N read-only sessions, each with Q-1 further queue pairs (JOINs; default Q 1), print
+//! rblk-test-client hold URI --sessions N [--qps Q] [--threads T] [--per-qp-keepalives]
+//!     open N read-only sessions, each with Q-1 further queue pairs (JOINs; default Q 1; every
+//!     QP keeping keepalives of its own with --per-qp-keepalives, as before session keepalives), print
 //!     "held N qps M", and keep them alive (the protocol's keepalives, every QP ticked each
 //!     second) until stdin closes; a line "grow N" on stdin opens more until N are held, then
 //!     prints "held N qps M" again, after "stopped: ERROR" if an open failed (what is held
@@ -172,7 +173,11 @@ fn count(args: &[String], name: &str) -> Result<usize, String> {
 }
 
 fn open_ro(uri: &str) -> Result<rblk_initiator::Volume, String> {
-    let session = Session::connect(uri, &Options::default()).map_err(|e| format!("connect {uri}: {e}"))?;
+    open_ro_with(uri, &Options::default())
+}
+
+fn open_ro_with(uri: &str, opts: &Options) -> Result<rblk_initiator::Volume, String> {
+    let session = Session::connect(uri, opts).map_err(|e| format!("connect {uri}: {e}"))?;
     session.open(OpenMode::ReadOnly).map_err(|e| format!("open: {e}"))
 }
 
@@ -327,8 +332,8 @@ struct Shard {
 impl Held {
     /// A read-only session with `qps - 1` further queue pairs of depth 1 and one 4 KiB buffer
     /// (an idle peer's smallest footprint).
-    fn open(uri: &str, qps: usize) -> Result<Held, String> {
-        let vol = open_ro(uri)?;
+    fn open(uri: &str, qps: usize, opts: &Options) -> Result<Held, String> {
+        let vol = open_ro_with(uri, opts)?;
         let queues = (1..qps)
             .map(|_| vol.queue_with(1, 4096).map_err(|e| format!("JOIN: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
@@ -393,12 +398,16 @@ fn hold(args: &[String]) -> Result<(), String> {
     // its sessions one after another, so with one thread the client, not the target, would set
     // the pace of a reconnect storm (as hundreds of hosts reconnecting at once would not).
     let threads = if args.iter().any(|a| a == "--threads") { count(args, "--threads")? } else { 1 };
+    // Every QP keeps its own keepalives (as before session keepalives): what they save is
+    // measured against this.
+    let per_qp = args.iter().any(|a| a == "--per-qp-keepalives");
+    let opts = Options { session_keepalives: !per_qp, ..Options::default() };
     // Ticked every second: the target ends a connection it has not heard from for 15 s.
     const TICK: Duration = Duration::from_secs(1);
     let shards: Vec<Arc<Shard>> = (0..threads).map(|_| Arc::new(Shard::default())).collect();
     let mut placed = 0usize;
     for _ in 0..n {
-        shards[placed % threads].add(Held::open(uri, qps)?);
+        shards[placed % threads].add(Held::open(uri, qps, &opts)?);
         placed += 1;
     }
     // The first error of a tick thread: the client reports it and exits.
@@ -442,7 +451,7 @@ fn hold(args: &[String]) -> Result<(), String> {
                     .and_then(|w| w.trim().parse().ok())
                     .ok_or(format!("stdin: {line:?}: expected \"grow N\" or \"status\""))?;
                 while placed < want {
-                    match Held::open(uri, qps) {
+                    match Held::open(uri, qps, &opts) {
                         Ok(h) => {
                             shards[placed % threads].add(h);
                             placed += 1;
