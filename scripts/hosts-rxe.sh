@@ -121,7 +121,8 @@ guest_main() {
         [[ $phase == 2qp ]] && steps=$steps2
         [[ $phase == 2qp-perqp ]] && steps=$steps3
         [[ $steps == - ]] && continue
-        hold_phase "$bin" "$work" "$addr" "$tpid" "$phase" "${phase%%qp*}" "$steps" "$opens" "$idle" \
+        # TARGET_PID, not the first daemon's: after phase 2qp's storms a successor serves.
+        hold_phase "$bin" "$work" "$addr" "$TARGET_PID" "$phase" "${phase%%qp*}" "$steps" "$opens" "$idle" \
             "$bench" "$deadline"
     done
     if ((SECONDS < deadline)); then
@@ -235,13 +236,14 @@ hold_phase() {
     fi
     wait "$hpid" 2>/dev/null || true
     rm -f "$fifo"
-    # The target tears the phase's connections down: wait (up to 2 min) for its threads.
+    # The target tears the phase's connections down: wait (up to 2 min) for its threads. The
+    # daemon serving now: after the storms, the successor.
     local _
     for _ in $(seq 1 1200); do
-        (($(count_dir "/proc/$tpid/task") <= TARGET_BASE_THREADS)) && break
+        (($(count_dir "/proc/$TARGET_PID/task") <= TARGET_BASE_THREADS)) && break
         sleep 0.1
     done
-    printf '@@meta %s_threads_after %s\n' "$phase" "$(count_dir "/proc/$tpid/task")"
+    printf '@@meta %s_threads_after %s\n' "$phase" "$(count_dir "/proc/$TARGET_PID/task")"
 }
 
 # hold_wait OUT PID LINES SECS: waits until OUT has LINES "held" lines; 1 if PID exits or SECS
