@@ -628,11 +628,12 @@ impl Listener {
             let Some(deadline) = deadline else { return Ok(None) };
             // Sleep until the listener's descriptor, the waker or a device's event descriptor is
             // readable, or the deadline.
-            let mut fds = vec![self.fd(), self.wake.rx.as_raw_fd()];
-            if verbs {
-                fds.extend(verbs::device::async_fds().into_iter().take(verbs::cm::MAX_WAIT_FDS - 2));
-            }
-            let ready = verbs::cm::wait_any_readable(&fds, Some(deadline))
+            // A stack array: sleeping allocates nothing.
+            let mut fds = [-1; verbs::cm::MAX_WAIT_FDS];
+            fds[0] = self.fd();
+            fds[1] = self.wake.rx.as_raw_fd();
+            let devices = if verbs { verbs::device::async_fds(&mut fds[2..]) } else { 0 };
+            let ready = verbs::cm::wait_any_readable(&fds[..2 + devices], Some(deadline))
                 .map_err(|source| Error::Os { op: "poll on the listener", source })?;
             match ready {
                 Some(1) => {

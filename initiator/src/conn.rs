@@ -185,9 +185,12 @@ impl Conn {
         self.keepalives = false;
     }
 
-    /// Whether it shares its session's liveness ([`Conn::share_session_liveness`]).
-    pub(crate) fn shares_session_liveness(&self) -> bool {
-        self.shares
+    /// Whether the session's hearing of the target counts as this connection's: while a reply
+    /// is awaited here ([`Conn::set_awaiting`]), and always once it shares the session's
+    /// liveness ([`Conn::share_session_liveness`]). Then callers pass `session_heard` to
+    /// [`check_liveness_in`](Self::check_liveness_in).
+    pub(crate) fn hears_through_session(&self) -> bool {
+        self.awaiting || self.shares
     }
 
     /// Whether a request sent on this connection waits for its reply. While the target writes a
@@ -232,7 +235,7 @@ impl Conn {
                 return Err(Error::ConnectionLost { addr: self.addr, reason });
             }
         }
-        let heard_elsewhere = session_heard.filter(|_| self.awaiting || self.shares);
+        let heard_elsewhere = session_heard.filter(|_| self.hears_through_session());
         let reason = match self.liveness.poll(now, heard_elsewhere, self.keepalives && !self.awaiting) {
             Action::Nothing => return Ok(()),
             Action::Silent(silent) => {

@@ -996,7 +996,7 @@ impl Queue {
         }
         let awaiting = !self.awaiting.is_empty();
         self.conn.set_awaiting(awaiting);
-        let elsewhere = awaiting || self.conn.shares_session_liveness();
+        let elsewhere = self.conn.hears_through_session();
         if let Err(e) = self.conn.check_liveness_in(elsewhere.then(|| self.link.heard())) {
             if self.link.reconnects() {
                 self.lose(&Chain(&e).to_string());

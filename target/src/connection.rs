@@ -242,8 +242,9 @@ pub(crate) struct Connection {
     /// Keepalives sent since the initiator was last heard here (see
     /// [`Connection::quiet_for_flushes`]).
     unheard: usize,
-    /// It joined a session (rather than opening one).
-    joined: bool,
+    /// It came to join a session (its connect data named one), rather than to open one: once
+    /// open, it is one of the session's JOINed connections.
+    joins: bool,
     /// The initiator sent a KEEPALIVE on it: it keeps keepalives of its own even where it could
     /// share its session's (see [`Connection::shares_session_liveness`]).
     own_keepalives: bool,
@@ -320,6 +321,7 @@ impl Connection {
         span: tracing::Span,
     ) -> Self {
         let limits = shared.limits();
+        let joins = matches!(state, State::Joining { .. } | State::JoinRefused { .. });
         Connection {
             shared,
             conn,
@@ -341,7 +343,7 @@ impl Connection {
             counted_open: false,
             tag: 0,
             unheard: 0,
-            joined: false,
+            joins,
             own_keepalives: false,
             flushes: VecDeque::new(),
             deferred: VecDeque::new(),
@@ -499,7 +501,8 @@ impl Connection {
     /// connections may be waiting for FLUSHes too, or not be looked at).
     fn shares_session_liveness(&self) -> Option<&Arc<Session>> {
         let features = rblk_proto::FEATURE_KEEPALIVE | rblk_proto::FEATURE_SESSION_KEEPALIVE;
-        let shares = self.joined
+        let shares = self.joins
+            && self.protocol.is_open()
             && !self.own_keepalives
             && self.flushes.is_empty()
             && self.protocol.features() & features == features;
@@ -648,12 +651,6 @@ impl Connection {
     /// After `request` was handled: the reply goes out, unless a replacement or an AUTH
     /// failure's delay holds it back.
     fn finish(&mut self, request: &[u8], reply: Reply, after: After) -> Result<(), Reason> {
-        if !self.joined
-            && self.protocol.is_open()
-            && matches!(rblk_proto::parse(request), Ok((_, Message::Join { .. })))
-        {
-            self.joined = true;
-        }
         if let Reply::Replacing(old) = reply {
             debug!(session = old.id, "waiting for the replaced session's connections to end");
             old.when_empty(self.ep.waker());

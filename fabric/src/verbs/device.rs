@@ -161,10 +161,11 @@ fn async_fd(ctx: &DeviceContext) -> RawFd {
     unsafe { (*ctx.context().as_ptr()).async_fd }
 }
 
-/// The asynchronous-event descriptors of the devices opened so far (readable when an event
-/// waits: [`async_events`] takes them).
-pub(crate) fn async_fds() -> Vec<RawFd> {
-    contexts().values().map(|ctx| async_fd(ctx)).collect()
+/// Fills `out` with the asynchronous-event descriptors of the devices opened so far (readable
+/// when an event waits: [`async_events`] takes them), as many as fit; returns how many.
+pub(crate) fn async_fds(out: &mut [RawFd]) -> usize {
+    let map = contexts();
+    out.iter_mut().zip(map.values()).map(|(slot, ctx)| *slot = async_fd(ctx)).count()
 }
 
 /// Takes every asynchronous event waiting on the devices opened so far (without blocking),
