@@ -184,12 +184,14 @@ hold_phase() {
     local -a counts
     IFS=, read -r -a counts <<<"$steps"
     mkfifo "$fifo"
-    # 32 tick threads: in a storm the sessions reconnect 32 at a time, as many hosts would,
-    # not one after another behind one thread.
+    # A tick thread per session, as independent hosts: in a storm every session reconnects at
+    # once. (With 32 threads each reconnected its sessions one after another, and while that
+    # took longer than the target's 15 s keepalive timeout the sessions it had already
+    # reconnected went silent and were ended: the client prolonged its own storm.)
     # Phase 2qp-perqp: every QP keeps keepalives of its own, as before session keepalives.
     local -a extra=()
     [[ $phase == *-perqp ]] && extra=(--per-qp-keepalives)
-    "$bin/rblk-test-client" hold "$uri" --sessions 1 --qps "$qps" --threads 32 "${extra[@]}" <"$fifo" >"$out" \
+    "$bin/rblk-test-client" hold "$uri" --sessions 1 --qps "$qps" --threads each "${extra[@]}" <"$fifo" >"$out" \
         2>"$out.err" &
     local hpid=$! n held=0 stopped=0
     exec 9>"$fifo" # the client's stdin, open until the phase ends

@@ -9,14 +9,15 @@
 //! rblk-test-client open-time URI --count N
 //!     connect, OPEN (read-only) and close N sessions one after the other; prints
 //!     "open_ms p50 P min MIN max MAX rate R p99 Q" (R: sessions opened and closed per second)
-//! rblk-test-client hold URI --sessions N [--qps Q] [--threads T] [--per-qp-keepalives]
+//! rblk-test-client hold URI --sessions N [--qps Q] [--threads T|each] [--per-qp-keepalives]
 //!     open N read-only sessions, each with Q-1 further queue pairs (JOINs; default Q 1; every
 //!     QP keeping keepalives of its own with --per-qp-keepalives, as before session keepalives), print
 //!     "held N qps M", and keep them alive (the protocol's keepalives, every QP ticked each
 //!     second) until stdin closes; a line "grow N" on stdin opens more until N are held, then
 //!     prints "held N qps M" again, after "stopped: ERROR" if an open failed (what is held
 //!     stays held); a line "status" prints "status held N reconnects R failed F" (reconnects
-//!     of the held sessions so far, sessions that gave up)
+//!     of the held sessions so far, sessions that gave up); T threads tick the sessions (default
+//!     1), `each`: a thread per session, as independent hosts
 //! rblk-test-client raw-lat URI --count N [--depth D] [--threads T]
 //!     N 4 KiB RDMA READs in all, D at a time (default 1) on each of T queues (default 1, one
 //!     thread each), posted and busy-polled straight on the queues' endpoints (the fabric layer
@@ -47,6 +48,14 @@ fn arg(args: &[String], name: &str) -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
+    // The initiator's own log (its reconnect attempts and why they failed), only when asked.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().collect();
     let result = match args.get(1).map(String::as_str) {
         Some("pair") => pair(&args),
@@ -391,29 +400,37 @@ fn hold(args: &[String]) -> Result<(), String> {
     use std::sync::mpsc;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
+    // Ticked every second: the target ends a connection it has not heard from for 15 s.
+    const TICK: Duration = Duration::from_secs(1);
     let uri = args.get(2).ok_or("missing URI")?;
     let n = count(args, "--sessions")?;
     let qps = if args.iter().any(|a| a == "--qps") { count(args, "--qps")? } else { 1 };
     // Tick threads, each with its share of the sessions: after a target's loss each reconnects
     // its sessions one after another, so with one thread the client, not the target, would set
     // the pace of a reconnect storm (as hundreds of hosts reconnecting at once would not).
-    let threads = if args.iter().any(|a| a == "--threads") { count(args, "--threads")? } else { 1 };
+    // `--threads each`: a thread per session, as independent hosts. With fewer, a thread busy
+    // reconnecting its sessions one after another ticks none of the others meanwhile: once that
+    // takes longer than the target's keepalive timeout, the target ends the sessions it already
+    // reconnected as silent, and they reconnect again (a storm the client itself prolongs).
+    let each = args.windows(2).any(|w| w[0] == "--threads" && w[1] == "each");
+    let threads = if each {
+        0
+    } else if args.iter().any(|a| a == "--threads") {
+        count(args, "--threads")?
+    } else {
+        1
+    };
     // Every QP keeps its own keepalives (as before session keepalives): what they save is
     // measured against this.
     let per_qp = args.iter().any(|a| a == "--per-qp-keepalives");
     let opts = Options { session_keepalives: !per_qp, ..Options::default() };
-    // Ticked every second: the target ends a connection it has not heard from for 15 s.
-    const TICK: Duration = Duration::from_secs(1);
-    let shards: Vec<Arc<Shard>> = (0..threads).map(|_| Arc::new(Shard::default())).collect();
-    let mut placed = 0usize;
-    for _ in 0..n {
-        shards[placed % threads].add(Held::open(uri, qps, &opts)?);
-        placed += 1;
-    }
     // The first error of a tick thread: the client reports it and exits.
     let (err_tx, err_rx) = mpsc::channel::<String>();
-    for shard in &shards {
-        let (shard, err_tx) = (Arc::clone(shard), err_tx.clone());
+    let mut shards: Vec<Arc<Shard>> = Vec::new();
+    let add_shard = |shards: &mut Vec<Arc<Shard>>| {
+        let shard = Arc::new(Shard::default());
+        shards.push(Arc::clone(&shard));
+        let err_tx = err_tx.clone();
         std::thread::spawn(move || loop {
             let next = Instant::now() + TICK;
             if let Err(e) = shard.tick() {
@@ -422,6 +439,23 @@ fn hold(args: &[String]) -> Result<(), String> {
             }
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
         });
+    };
+    for _ in 0..threads {
+        add_shard(&mut shards);
+    }
+    // Where the next session goes: a shard of its own with `each`, else round robin.
+    let place = |shards: &mut Vec<Arc<Shard>>, placed: usize, h: Held| {
+        if each {
+            add_shard(shards);
+            shards[placed].add(h);
+        } else {
+            shards[placed % threads].add(h);
+        }
+    };
+    let mut placed = 0usize;
+    for _ in 0..n {
+        place(&mut shards, placed, Held::open(uri, qps, &opts)?);
+        placed += 1;
     }
     println!("held {placed} qps {}", placed * qps);
     let (tx, rx) = mpsc::channel::<String>();
@@ -453,7 +487,7 @@ fn hold(args: &[String]) -> Result<(), String> {
                 while placed < want {
                     match Held::open(uri, qps, &opts) {
                         Ok(h) => {
-                            shards[placed % threads].add(h);
+                            place(&mut shards, placed, h);
                             placed += 1;
                         }
                         Err(e) => {
