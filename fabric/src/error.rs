@@ -9,6 +9,17 @@ use crate::completion::WcStatus;
 /// Result alias for fabric operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A reject's private data: at most what a CM reject carries (148 bytes), zero padded.
+pub type RejectBytes = [u8; 148];
+
+/// `data` as a reject's private data (the excess beyond 148 bytes cut, as the CM would).
+pub(crate) fn reject_data(data: &[u8]) -> Box<RejectBytes> {
+    let mut out = Box::new([0u8; 148]);
+    let n = data.len().min(out.len());
+    out[..n].copy_from_slice(&data[..n]);
+    out
+}
+
 /// Errors from the fabric: verbs, rdma_cm, registration, completions and deadlines.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -52,6 +63,20 @@ pub enum Error {
         status: i32,
         /// What we waited for.
         expected: &'static str,
+    },
+    /// The peer rejected the connection.
+    #[error("connection to {addr}: REJECTED (status {status}) while waiting for {expected}")]
+    Rejected {
+        /// The remote address.
+        addr: SocketAddr,
+        /// The CM's reject reason.
+        status: i32,
+        /// What we waited for.
+        expected: &'static str,
+        /// The private data the reject carried, zero padded to [`RejectBytes`]'s size as
+        /// rdma_cm pads it (None without any): the target's reason, read with
+        /// `rblk_proto::parse_reject_data`. Boxed, so the error stays small.
+        private_data: Option<Box<RejectBytes>>,
     },
     /// A deadline passed.
     #[error("{op} timed out after {after:?}")]

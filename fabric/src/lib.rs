@@ -80,7 +80,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use completion::{Completion, WcOpcode, WcStatus};
-pub use error::{memlock_limit, process_cpu_time, AddrDisplay, Chain, Error, Result};
+pub use error::{memlock_limit, process_cpu_time, AddrDisplay, Chain, Error, RejectBytes, Result};
 pub use keyfile::random;
 pub use memory::Memory;
 
@@ -706,7 +706,13 @@ impl Request {
     }
     /// Refuses the connection.
     pub fn reject(self) -> Result<()> {
-        dispatch!(RequestInner, self.inner, r => r.reject())
+        self.reject_with(&[])
+    }
+
+    /// Refuses the connection, telling the peer why in `private_data` (at most 148 bytes on
+    /// RoCE; the peer's connect fails with [`Error::Connect`] carrying it).
+    pub fn reject_with(self, private_data: &[u8]) -> Result<()> {
+        dispatch!(RequestInner, self.inner, r => r.reject(private_data))
     }
 
     /// [`Request::into_endpoint`] with the QP's completions on `shared` (it takes one of its

@@ -83,6 +83,22 @@ pub fn hold_registrations(len: usize, hold: bool) {
     HELD_CHANGED.notify_all();
 }
 
+/// Listener addresses whose admissions are slowed (see [`slow_admissions`]), and by how much.
+static SLOW_ADMISSIONS: Mutex<BTreeMap<SocketAddr, Duration>> = Mutex::new(BTreeMap::new());
+
+/// Makes every connect request to the listener at `addr` take `delay` longer to turn into an
+/// endpoint ([`Request::into_endpoint`](crate::Request::into_endpoint), on the thread that
+/// calls it), as creating a QP takes milliseconds under load on rxe; a zero delay ends it. A
+/// reconnect storm in small.
+pub fn slow_admissions(addr: SocketAddr, delay: Duration) {
+    let mut slow = lock(&SLOW_ADMISSIONS);
+    if delay.is_zero() {
+        slow.remove(&addr);
+    } else {
+        slow.insert(addr, delay);
+    }
+}
+
 /// Registrations of `len` bytes waiting at [`hold_registrations`] now.
 pub fn registrations_held(len: usize) -> usize {
     lock(&HELD).get(&len).copied().unwrap_or(0)
@@ -479,12 +495,19 @@ impl Request {
     pub(crate) fn device(&self) -> &str {
         &self.device
     }
-    pub(crate) fn reject(self) -> Result<()> {
-        drop(self);
+    pub(crate) fn reject(mut self, private_data: &[u8]) -> Result<()> {
+        check_private_data(private_data)?;
+        if let Some(shared) = self.shared.take() {
+            shared.reject_with(REJ_CONSUMER, private_data);
+        }
         Ok(())
     }
 
     pub(crate) fn into_endpoint(mut self, pd: &Pd, cfg: &QpConfig, conn: u64) -> Result<Endpoint> {
+        let delay = lock(&SLOW_ADMISSIONS).get(&self.local).copied();
+        if let Some(delay) = delay {
+            std::thread::sleep(delay);
+        }
         if pd.device() != self.device {
             return Err(Error::PdDevice {
                 what: "the connect request".into(),
@@ -628,6 +651,8 @@ struct Conn {
     qp: [Qp; 2],
     phase: Phase,
     listener: Option<(Weak<ListenerShared>, u64)>,
+    /// The private data of the passive side's reject, once it rejected.
+    reject_data: Vec<u8>,
 }
 
 impl Conn {
@@ -754,9 +779,14 @@ impl Shared {
     }
 
     fn reject(&self, status: i32) {
+        self.reject_with(status, &[]);
+    }
+
+    fn reject_with(&self, status: i32, private_data: &[u8]) {
         let mut c = lock(&self.conn);
         if c.phase == Phase::Requested {
             c.phase = Phase::Rejected(status);
+            c.reject_data = private_data.to_vec();
         }
         drop(c);
         self.handshake.notify_all();
@@ -805,7 +835,7 @@ impl Endpoint {
         let qpn = NEXT_QPN.fetch_add(1, Relaxed);
         let (rx, tx) = bell()?;
         let qp = Qp { num: qpn, pd: pd.id, bell: Some(tx), ..Qp::default() };
-        let conn = Conn { qp: [qp, Qp::default()], phase: Phase::Idle, listener: None };
+        let conn = Conn { qp: [qp, Qp::default()], phase: Phase::Idle, listener: None, reject_data: Vec::new() };
         let shared = Arc::new(Shared { conn: Mutex::new(conn), handshake: Condvar::new() });
         lock(&QPS).insert(qpn, Arc::downgrade(&shared));
         let local = SocketAddr::new(ip, ephemeral_port());
@@ -826,8 +856,12 @@ impl Endpoint {
         if self.side != 0 {
             return Err(self.state_err("passive"));
         }
-        let rejected =
-            |status| Error::Connect { addr: self.peer, event: "REJECTED", status, expected: "connection response" };
+        let rejected = |status, private_data| Error::Rejected {
+            addr: self.peer,
+            status,
+            expected: "connection response",
+            private_data,
+        };
         let started = Instant::now();
         {
             let mut c = lock(&self.shared.conn);
@@ -838,7 +872,7 @@ impl Endpoint {
         }
         let Some(listener) = find_listener(self.peer) else {
             lock(&self.shared.conn).phase = Phase::Rejected(REJ_NO_LISTENER);
-            return Err(rejected(REJ_NO_LISTENER));
+            return Err(rejected(REJ_NO_LISTENER, None));
         };
         let mut data = private_data.to_vec();
         data.resize(policy::MAX_PRIVATE_DATA, 0);
@@ -862,8 +896,13 @@ impl Endpoint {
                     }
                     return Ok(());
                 }
-                Phase::Rejected(status) => return Err(rejected(status)),
-                Phase::Idle | Phase::Closed => return Err(rejected(REJ_CONSUMER)),
+                Phase::Rejected(status) => {
+                    return Err(rejected(
+                        status,
+                        (!c.reject_data.is_empty()).then(|| crate::error::reject_data(&c.reject_data)),
+                    ))
+                }
+                Phase::Idle | Phase::Closed => return Err(rejected(REJ_CONSUMER, None)),
             }
             let now = Instant::now();
             if now >= deadline {
@@ -1400,7 +1439,7 @@ mod tests {
             } else {
                 req.reject().unwrap();
             }
-            assert!(matches!(t.join().unwrap(), Err(Error::Connect { event: "REJECTED", .. })));
+            assert!(matches!(t.join().unwrap(), Err(Error::Rejected { .. })));
         }
         drop(l);
         let err = Ep::resolve(Fabric::Mem, addr, None, &Route::default(), &cfg(), soon()).unwrap_err();
@@ -1453,7 +1492,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let third = connect().join().unwrap();
-        assert!(matches!(third, Err(Error::Connect { event: "REJECTED", .. })), "{third:?}");
+        assert!(matches!(third, Err(Error::Rejected { .. })), "{third:?}");
         let Some(ListenerEvent::Request(taken)) = l.next_event(None).unwrap() else { panic!() };
         let fourth = connect();
         while lock(&l_shared(&l).events).len() < 2 {

@@ -306,6 +306,18 @@ const ENOSPC: i32 = 28;
 const EROFS: i32 = 30;
 
 impl Error {
+    /// How long the target asked us to wait before connecting again, when it rejected the
+    /// connect request busy ([`rblk_proto::RejectData::Busy`]; capped at
+    /// [`rblk_proto::MAX_RETRY_AFTER_MS`]). None for every other error, a plain reject included.
+    pub fn busy_for(&self) -> Option<Duration> {
+        let Error::Connect { source: rblk_fabric::Error::Rejected { private_data, .. }, .. } = self else {
+            return None;
+        };
+        let rblk_proto::RejectData::Busy { retry_after_ms } =
+            rblk_proto::parse_reject_data(&private_data.as_deref()?[..])?;
+        Some(Duration::from_millis(u64::from(retry_after_ms)))
+    }
+
     /// The target's error code, for [`Error::Target`].
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
@@ -351,6 +363,33 @@ mod tests {
     use rblk_fabric::{Completion, WcStatus};
 
     use super::*;
+
+    /// Only a REJECTED whose data says busy is a busy reject: not a plain reject, another
+    /// event with the same bytes, or another error.
+    #[test]
+    fn busy_for_reads_only_a_busy_reject() {
+        let addr: SocketAddr = "10.0.0.1:4420".parse().unwrap();
+        let rejected = |data: Vec<u8>| Error::Connect {
+            addr,
+            source: rblk_fabric::Error::Rejected {
+                addr,
+                status: 28,
+                expected: "connection response",
+                private_data: (!data.is_empty()).then(|| {
+                    let mut padded = Box::new([0u8; 148]);
+                    padded[..data.len()].copy_from_slice(&data);
+                    padded
+                }),
+            },
+        };
+        let busy = rblk_proto::RejectData::Busy { retry_after_ms: 700 }.to_bytes().to_vec();
+        assert_eq!(rejected(busy.clone()).busy_for(), Some(Duration::from_millis(700)));
+        assert_eq!(rejected(Vec::new()).busy_for(), None);
+        assert_eq!(rejected(vec![0; 148]).busy_for(), None);
+        let unreachable = rblk_fabric::Error::Connect { addr, event: "UNREACHABLE", status: 0, expected: "route" };
+        assert_eq!(Error::Connect { addr, source: unreachable }.busy_for(), None);
+        assert_eq!(Error::Timeout { op: "x", addr, after: Duration::from_secs(1) }.busy_for(), None);
+    }
 
     #[test]
     fn remote_access_says_so() {

@@ -189,6 +189,15 @@ fn is_final(e: &Error) -> bool {
     }
 }
 
+/// The pause before the next attempt after a busy reject that asked for `after`: `after`
+/// within +-5% (`draw`, uniform), at least 1 ms.
+fn busy_pause(after: Duration, draw: u64) -> Duration {
+    let spread = after.as_nanos() / 10;
+    let offset = (spread * u128::from(draw)) >> 64;
+    let nanos = after.as_nanos() - spread / 2 + offset;
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)).max(Duration::from_millis(1))
+}
+
 /// The longest one step of a reconnect attempt (resolve, connect, HELLO, AUTH) may take.
 const ATTEMPT_STEP: Duration = Duration::from_secs(3);
 
@@ -543,6 +552,8 @@ impl Link {
         let started = Instant::now();
         let resume = Resume { session_id: old.session_id, token: old.token };
         let mut last: Option<Error> = None;
+        // The soonest a target that rejected us busy asked us to come back.
+        let mut busy: Option<Duration> = None;
         for k in 0..self.dests.len() {
             let at = (start + k) % self.dests.len();
             let dest = &self.dests[at];
@@ -560,6 +571,9 @@ impl Link {
                 }
                 Err(e) => {
                     tracing::debug!(volume = self.name, addr = %dest.addr, error = %Chain(&e), "reconnect attempt failed");
+                    if let Some(after) = e.busy_for() {
+                        busy = Some(busy.map_or(after, |b| b.min(after)));
+                    }
                     last = Some(e);
                 }
             }
@@ -567,10 +581,20 @@ impl Link {
         let mut st = lock(&self.state);
         if let Health::Down(o) = &mut st.health {
             o.attempts += 1;
-            let pause = self.opts.reconnect.next_pause();
+            // A target busy admitting others (a reconnect storm) said when it expects to have
+            // room for us: its slots are spread already, so only a little jitter here. Else
+            // the reconnect delay.
+            let pause = match busy {
+                Some(after) => busy_pause(after, u64::from_le_bytes(rblk_fabric::random())),
+                None => self.opts.reconnect.next_pause(),
+            };
             o.next_attempt = Instant::now() + pause;
             if let Some(e) = last {
                 o.reason = Chain(&e).to_string();
+            }
+            if let Some(after) = busy {
+                o.reason =
+                    format!("the target is busy admitting other connections and asked for {} ms", after.as_millis());
             }
             tracing::warn!(
                 volume = self.name,
@@ -668,5 +692,21 @@ impl Link {
             started.elapsed().as_secs_f64() * 1e3
         );
         self.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A busy target's come-back time is kept to within 5% (its slots are spread already), and
+    /// never becomes a busy loop.
+    #[test]
+    fn a_busy_pause_stays_near_what_the_target_asked() {
+        let after = Duration::from_millis(1000);
+        assert_eq!(busy_pause(after, 0), Duration::from_millis(950));
+        assert_eq!(busy_pause(after, u64::MAX), Duration::from_millis(1050) - Duration::from_nanos(1));
+        assert_eq!(busy_pause(after, 1 << 63), after);
+        assert_eq!(busy_pause(Duration::ZERO, 7), Duration::from_millis(1));
     }
 }

@@ -365,7 +365,10 @@ fn connect_first(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<(Conn, 
         let deadline = Instant::now() + opts.timeout;
         match Conn::connect(dest, pd, &cfg, ConnectData::NewWindowSession, deadline) {
             Ok(conn) => return Ok((conn, FEATURES)),
-            Err(Error::Connect { source: rblk_fabric::Error::Connect { event: "REJECTED", .. }, .. }) => {
+            // A target that is busy admitting others rejects any request: not a reason to go
+            // without windows.
+            Err(e) if e.busy_for().is_some() => return Err(e),
+            Err(Error::Connect { source: rblk_fabric::Error::Rejected { .. }, .. }) => {
                 tracing::debug!(addr = %dest.addr, "the target refused a windows connect request: connecting without");
             }
             Err(e) => return Err(e),

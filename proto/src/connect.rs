@@ -123,6 +123,71 @@ impl ConnectData {
     }
 }
 
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct RejectWire {
+    magic: U32,
+    version: U16,
+    kind: U16,
+    retry_after_ms: U32,
+    reserved: U32,
+}
+const _: () = assert!(size_of::<RejectWire>() == 16);
+
+/// Bytes of [`RejectData`] on the wire.
+pub const REJECT_DATA_LEN: usize = size_of::<RejectWire>();
+// A CM reject carries at most 148 bytes of private data.
+const _: () = assert!(REJECT_DATA_LEN <= 148);
+
+/// The `kind` of [`RejectData`] that means busy.
+const REJECT_BUSY: u16 = 1;
+
+/// The longest [`RejectData::Busy`] wait a target asks for, and an initiator honours.
+pub const MAX_RETRY_AFTER_MS: u32 = 60_000;
+
+/// Why a target rejected a connect request, sent as the reject's private data (rdma_cm carries
+/// it to the initiator's REJECTED event). Not negotiated: it comes before HELLO. An initiator
+/// that predates it sees the same reject as ever (its private data unread) and retries after
+/// its own delay; a target that predates it sends none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectData {
+    /// The target is admitting other connections and would not have admitted this one in
+    /// time: connect again after `retry_after_ms` (at most [`MAX_RETRY_AFTER_MS`]), when it
+    /// expects to be ready for it. In a reconnect storm the target spreads the hosts it
+    /// rejects over the time it needs, instead of every host retrying after the same delay.
+    Busy {
+        /// Milliseconds to wait before connecting again.
+        retry_after_ms: u32,
+    },
+}
+
+impl RejectData {
+    /// The [`REJECT_DATA_LEN`] bytes to pass as the reject's private data.
+    pub fn to_bytes(&self) -> [u8; REJECT_DATA_LEN] {
+        let Self::Busy { retry_after_ms } = *self;
+        let wire = RejectWire {
+            magic: U32::new(MAGIC),
+            version: U16::new(VERSION),
+            kind: U16::new(REJECT_BUSY),
+            retry_after_ms: U32::new(retry_after_ms.min(MAX_RETRY_AFTER_MS)),
+            reserved: U32::new(0),
+        };
+        zerocopy::transmute!(wire)
+    }
+}
+
+/// Parses a reject's private data (rdma_cm pads it with zeros). None for anything that is not
+/// a [`RejectData`] of this version: a reject without data, another target's, or garbage,
+/// which an initiator treats as a plain reject. A wait beyond [`MAX_RETRY_AFTER_MS`] is
+/// clamped to it: a hostile or broken target cannot park an initiator for longer.
+pub fn parse_reject_data(buf: &[u8]) -> Option<RejectData> {
+    let (wire, _) = RejectWire::ref_from_prefix(buf).ok()?;
+    if wire.magic.get() != MAGIC || wire.version.get() != VERSION || wire.kind.get() != REJECT_BUSY {
+        return None;
+    }
+    Some(RejectData::Busy { retry_after_ms: wire.retry_after_ms.get().min(MAX_RETRY_AFTER_MS) })
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -183,6 +248,32 @@ mod tests {
         padded[..CONNECT_DATA_LEN].copy_from_slice(&JOIN.to_bytes());
         padded[39] = 1;
         assert_eq!(parse_connect_data(&padded), Err(ParseError::Reserved { field: "connect.padding" }));
+    }
+
+    #[test]
+    fn reject_data_round_trips_and_anything_else_is_a_plain_reject() {
+        let busy = RejectData::Busy { retry_after_ms: 1234 };
+        assert_eq!(parse_reject_data(&busy.to_bytes()), Some(busy));
+        // rdma_cm hands the initiator 148 bytes, zero padded.
+        let mut padded = [0u8; 148];
+        padded[..REJECT_DATA_LEN].copy_from_slice(&busy.to_bytes());
+        assert_eq!(parse_reject_data(&padded), Some(busy));
+        // No data, short data, zeros (a reject without data, padded), another magic or kind.
+        assert_eq!(parse_reject_data(&[]), None);
+        assert_eq!(parse_reject_data(&busy.to_bytes()[..REJECT_DATA_LEN - 1]), None);
+        assert_eq!(parse_reject_data(&[0; 148]), None);
+        let mut other = busy.to_bytes();
+        other[0] ^= 1;
+        assert_eq!(parse_reject_data(&other), None);
+        let mut kind = busy.to_bytes();
+        kind[6] = 2;
+        assert_eq!(parse_reject_data(&kind), None);
+        // A wait longer than the cap is clamped, sent or received.
+        let long = RejectData::Busy { retry_after_ms: u32::MAX };
+        assert_eq!(parse_reject_data(&long.to_bytes()), Some(RejectData::Busy { retry_after_ms: MAX_RETRY_AFTER_MS }));
+        let mut forged = busy.to_bytes();
+        forged[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(parse_reject_data(&forged), Some(RejectData::Busy { retry_after_ms: MAX_RETRY_AFTER_MS }));
     }
 
     proptest! {

@@ -26,6 +26,8 @@
 //! both ways                KEEPALIVE every KEEPALIVE_INTERVAL on every QP, not answered
 //! reconnect                HELLO -> ... -> OPEN(resume: old id + token) -> OPENED(instance)
 //! any request              -> ERROR (ErrorCode + text) instead of its reply
+//! a connect request        rejected busy: RejectData::Busy { retry_after_ms } as the reject's
+//!                          private data (not negotiated: before HELLO; older peers ignore it)
 //! ```
 //!
 //! A reply carries its request's tag. A receiver answers a message that does not parse with
@@ -67,7 +69,10 @@ mod printable;
 mod size;
 
 pub use auth::{auth_mac, mutual_mac, verify_auth_mac, verify_mutual_mac, Direction, Transcript};
-pub use connect::{parse_connect_data, ConnectData, ConnectKind, CONNECT_DATA_LEN};
+pub use connect::{
+    parse_connect_data, parse_reject_data, ConnectData, ConnectKind, RejectData, CONNECT_DATA_LEN, MAX_RETRY_AFTER_MS,
+    REJECT_DATA_LEN,
+};
 pub use duration::{check_duration, format_duration, parse_duration, parse_duration_bounded, parse_duration_in};
 pub use error::{EncodeError, ParseError};
 pub use fields::{ChallengeFlags, ErrorCode, Flush, FlushedFlags, ListEntry, OpenMode, Range, VolumeFlags};

@@ -22,6 +22,9 @@ pub struct Counters {
     /// Connect requests refused before anything was allocated for them (see
     /// [`crate::admission`]).
     pub crowded: AtomicU64,
+    /// Connect requests rejected busy, told when to come back (see
+    /// [`Backlog`](crate::admission::Backlog)).
+    pub busy_connects: AtomicU64,
     /// Connections accepted.
     pub connections_accepted: AtomicU64,
     /// Sessions opened.
@@ -56,6 +59,7 @@ impl Default for Counters {
             refused_opens: AtomicU64::new(0),
             refused_joins: AtomicU64::new(0),
             crowded: AtomicU64::new(0),
+            busy_connects: AtomicU64::new(0),
             connections_accepted: AtomicU64::new(0),
             sessions_opened: AtomicU64::new(0),
             malformed: AtomicU64::new(0),

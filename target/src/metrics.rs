@@ -47,6 +47,12 @@ pub fn render(shared: &Shared) -> String {
         "connect requests refused at once (random early drop among connections not yet authenticated)",
         load(&c.crowded),
     );
+    counter(
+        &mut reg,
+        "busy_connects",
+        "connect requests rejected busy (admitting others would have kept them waiting over 2 s), told when to come back",
+        load(&c.busy_connects),
+    );
     counter(&mut reg, "malformed_messages", "Malformed or refused control messages", load(&c.malformed));
     counter(&mut reg, "flushes", "FLUSH requests answered", load(&c.flushes));
     counter(

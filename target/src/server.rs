@@ -20,8 +20,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::{Chain, Fabric, Listener, ListenerEvent};
+use rblk_proto::{ConnectData, RejectData};
 use tracing::{debug, info, warn};
 
+use crate::admission::{Backlog, Verdict, ADMIT_PATIENCE};
 use crate::connection;
 use crate::handover::Handed;
 use crate::identity;
@@ -262,6 +264,11 @@ impl Running {
         self.shared.counters.device_events.load(Ordering::SeqCst)
     }
 
+    /// Connect requests rejected busy, told when to come back (the `busy_connects` metric).
+    pub fn busy_connects(&self) -> u64 {
+        self.shared.counters.busy_connects.load(Ordering::SeqCst)
+    }
+
     /// KEEPALIVEs sent and received, on every connection (the `keepalives_sent` and
     /// `keepalives_received` metrics).
     pub fn keepalives(&self) -> (u64, u64) {
@@ -379,58 +386,125 @@ impl Drop for Running {
     }
 }
 
+/// One CM or device event: a request joins the backlog (or is turned away busy), the rest is
+/// handled at once.
+fn on_event(
+    shared: &Arc<Shared>,
+    event: ListenerEvent,
+    backlog: &mut Backlog<rblk_fabric::Request>,
+    busy: &mut Refusals,
+) {
+    match event {
+        ListenerEvent::Request(req) => {
+            let join = matches!(rblk_proto::parse_connect_data(req.private_data()), Ok(ConnectData::Join { .. }));
+            if let Verdict::Busy(req, after) = backlog.push(req, Instant::now(), join) {
+                turn_away(shared, req, after, busy);
+            }
+        }
+        ListenerEvent::Disconnected { conn } => {
+            debug!(conn, "peer disconnected");
+            shared.wake_connection(conn, crate::registry::Wake::Disconnected);
+        }
+        ListenerEvent::Established { conn } => debug!(conn, "established"),
+        ListenerEvent::Other { conn, event } => debug!(conn, event, "CM event"),
+        ListenerEvent::Device(e) => shared.device_event(&e),
+    }
+}
+
+/// Rejects `req` busy, telling it to connect again after `after` (see [`Backlog`]).
+fn turn_away(shared: &Shared, req: rblk_fabric::Request, after: Duration, busy: &mut Refusals) {
+    shared.counters.busy_connects.fetch_add(1, Ordering::Relaxed);
+    let peer = req.peer();
+    let retry_after_ms = u32::try_from(after.as_millis()).unwrap_or(u32::MAX);
+    let _ = req.reject_with(&RejectData::Busy { retry_after_ms }.to_bytes());
+    let told = format!("{}: told to come back in {retry_after_ms} ms", rblk_fabric::AddrDisplay(peer));
+    busy.note(None, "connection refused: busy admitting others", &told);
+}
+
 /// How long the listener sleeps without events (a waker ends it early).
 const IDLE: Duration = Duration::from_secs(3600);
 /// Back-off after a failed listener wait.
 const BACKOFF: Duration = Duration::from_millis(200);
 
-/// How often, at most, the listener warns of connect requests dropped early (a flood would
-/// otherwise write a line per request).
+/// How often, at most, the listener warns of connect requests dropped early or rejected late
+/// (see [`Refusals`]).
 const CROWDED_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Events read off the CM channel in a row before the listener admits the next request: it
+/// drains the channel (a storm queues thousands) without being held from admitting forever.
+const DRAIN_MAX: usize = 4096;
+
+/// Warns of refused connect requests, at most once per [`CROWDED_WARN_EVERY`] for each kind
+/// (a flood or a storm would otherwise write a line per request).
+#[derive(Default)]
+struct Refusals {
+    since_warning: u64,
+    warned: Option<Instant>,
+}
+
+impl Refusals {
+    fn note(&mut self, conn: Option<u64>, what: &str, error: &dyn std::fmt::Display) {
+        self.since_warning += 1;
+        if self.warned.is_none_or(|w| w.elapsed() >= CROWDED_WARN_EVERY) {
+            warn!(conn, %error, "{what} ({} so, since the last such warning)", self.since_warning);
+            (self.since_warning, self.warned) = (0, Some(Instant::now()));
+        } else {
+            debug!(conn, %error, "{what}");
+        }
+    }
+}
 
 fn listen(shared: &Arc<Shared>, listener: &mut Listener, workers: crate::worker::Workers) {
     let mut next_conn = 1u64;
-    // Connect requests dropped early since the last warning, and when that was.
-    let (mut crowded, mut warned) = (0u64, None::<Instant>);
+    let (mut crowded, mut busy) = (Refusals::default(), Refusals::default());
+    let mut backlog = Backlog::new(ADMIT_PATIENCE);
+    let mut late = Vec::new();
     while !shared.is_shutting_down() {
         // A handover closes the port and, if it falls through, reopens it (retried until it
         // works).
         let retry = shared.sync_port(listener);
-        // Sleeps until a CM event or the shutdown waker: nothing to do while idle.
-        let event = match listener.next_event(Some(Instant::now() + if retry { BACKOFF } else { IDLE })) {
-            Ok(Some(e)) => e,
-            Ok(None) => continue,
+        // Sleeps until a CM event or the shutdown waker while nothing waits to be admitted.
+        let wait = backlog.is_empty().then(|| Instant::now() + if retry { BACKOFF } else { IDLE });
+        match listener.next_event(wait) {
+            Ok(Some(e)) => on_event(shared, e, &mut backlog, &mut busy),
+            Ok(None) => {}
             Err(e) => {
                 warn!(error = %Chain(&e), "listener event failed");
                 thread::sleep(BACKOFF);
                 continue;
             }
-        };
-        match event {
-            ListenerEvent::Request(req) => {
-                let conn = next_conn;
-                next_conn += 1;
-                match connection::admit(shared, &workers, req, conn) {
-                    Err(e @ connection::AdmitError::Crowded { .. }) => {
-                        crowded += 1;
-                        if warned.is_none_or(|w| w.elapsed() >= CROWDED_WARN_EVERY) {
-                            warn!(conn, error = %Chain(&e), "connection refused ({crowded} so, since the last such warning)");
-                            (crowded, warned) = (0, Some(Instant::now()));
-                        } else {
-                            debug!(conn, error = %Chain(&e), "connection refused");
-                        }
-                    }
-                    Err(e) => warn!(conn, error = %Chain(&e), "connection refused"),
-                    Ok(()) => {}
-                }
+        }
+        // Every other event already there: disconnects reach their connections at once, and
+        // each request's wait is counted from about when it arrived.
+        for _ in 0..DRAIN_MAX {
+            match listener.next_event(None) {
+                Ok(Some(e)) => on_event(shared, e, &mut backlog, &mut busy),
+                Ok(None) | Err(_) => break,
             }
-            ListenerEvent::Disconnected { conn } => {
-                debug!(conn, "peer disconnected");
-                shared.wake_connection(conn, crate::registry::Wake::Disconnected);
+        }
+        // A handover under way closed the port: what waits goes too, as at a closed port (its
+        // initiators come back to the successor, or to this daemon if the handover falls
+        // through and it listens again).
+        if shared.handing_over() {
+            for req in backlog.take_all() {
+                let _ = req.reject();
             }
-            ListenerEvent::Established { conn } => debug!(conn, "established"),
-            ListenerEvent::Other { conn, event } => debug!(conn, event, "CM event"),
-            ListenerEvent::Device(e) => shared.device_event(&e),
+            continue;
+        }
+        let next = backlog.next(Instant::now(), &mut late);
+        for (req, after) in late.drain(..) {
+            turn_away(shared, req, after, &mut busy);
+        }
+        let Some((req, join)) = next else { continue };
+        let conn = next_conn;
+        next_conn += 1;
+        let started = Instant::now();
+        match connection::admit(shared, &workers, req, conn) {
+            Err(e @ connection::AdmitError::Crowded { .. }) => {
+                crowded.note(Some(conn), "connection refused", &Chain(&e));
+            }
+            Err(e) => warn!(conn, error = %Chain(&e), "connection refused"),
+            Ok(()) => backlog.admitted(started.elapsed(), join),
         }
     }
     // Every connection ends, its QP destroyed, before the sessions are released.

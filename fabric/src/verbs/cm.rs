@@ -156,7 +156,14 @@ impl CmChannel {
         // private data pointer, when not null, covers `private_data_len` bytes until the ack.
         let private_data = unsafe {
             let conn = &e.param.conn;
-            if conn.private_data.is_null() || !matches!(kind, CmEventKind::ConnectRequest | CmEventKind::Established) {
+            if conn.private_data.is_null()
+                || !matches!(
+                    kind,
+                    CmEventKind::ConnectRequest
+                        | CmEventKind::Established
+                        | CmEventKind::Failure(sys::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED)
+                )
+            {
                 Vec::new()
             } else {
                 std::slice::from_raw_parts(conn.private_data.cast::<u8>(), usize::from(conn.private_data_len)).to_vec()
@@ -303,9 +310,13 @@ impl CmId {
         check(unsafe { sys::rdma_accept(self.raw.as_ptr(), &mut param.raw) }, "rdma_accept", self.peer_addr())
     }
 
-    pub(crate) fn reject(&self) -> Result<()> {
-        // SAFETY: the id is a live connection request.
-        check(unsafe { sys::rdma_reject(self.raw.as_ptr(), ptr::null(), 0) }, "rdma_reject", self.peer_addr())
+    pub(crate) fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let len = u8::try_from(private_data.len())
+            .map_err(|_| Error::PrivateDataTooLong { len: private_data.len(), max: usize::from(u8::MAX) })?;
+        let data = if private_data.is_empty() { ptr::null() } else { private_data.as_ptr().cast() };
+        // SAFETY: the id is a live connection request; `data` is null or points at `len` bytes
+        // that outlive the call (rdma_reject copies them).
+        check(unsafe { sys::rdma_reject(self.raw.as_ptr(), data, len) }, "rdma_reject", self.peer_addr())
     }
 
     pub(crate) fn establish(&self) -> Result<()> {

@@ -243,7 +243,7 @@ impl Listener {
                 let device = id.device_name().unwrap_or_default();
                 if self.device.as_deref().is_some_and(|want| want != device) {
                     // A wildcard listener hears every device; the filter applies here.
-                    let _ = id.reject();
+                    let _ = id.reject(&[]);
                     return Ok(Some(ListenerEvent::Other { conn: 0, event: "request on a filtered-out device" }));
                 }
                 ListenerEvent::Request(Request { id, peer, device, private_data: ev.private_data })
@@ -275,8 +275,8 @@ impl Request {
     pub(crate) fn device(&self) -> &str {
         &self.device
     }
-    pub(crate) fn reject(self) -> Result<()> {
-        self.id.reject()
+    pub(crate) fn reject(self, private_data: &[u8]) -> Result<()> {
+        self.id.reject(private_data)
     }
 
     /// Creates the QP in `pd`, moves it to RTS, tags the id with `conn` for later events. With
@@ -367,6 +367,14 @@ fn expect(
 ) -> Result<()> {
     match channel.next_event(Some(deadline))? {
         Some(ev) if ev.kind == want => Ok(()),
+        Some(ev) if ev.kind == CmEventKind::Failure(sys::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED) => {
+            Err(Error::Rejected {
+                addr,
+                status: ev.status,
+                expected: what,
+                private_data: (!ev.private_data.is_empty()).then(|| crate::error::reject_data(&ev.private_data)),
+            })
+        }
         Some(ev) => Err(Error::Connect { addr, event: ev.kind.name(), status: ev.status, expected: what }),
         None => Err(Error::Timeout { op: what, after: started.elapsed() }),
     }
