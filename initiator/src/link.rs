@@ -191,7 +191,7 @@ fn is_final(e: &Error) -> bool {
 
 /// The pause before the next attempt after a busy reject that asked for `after`: `after`
 /// within +-5% (`draw`, uniform), at least 1 ms.
-fn busy_pause(after: Duration, draw: u64) -> Duration {
+pub(crate) fn busy_pause(after: Duration, draw: u64) -> Duration {
     let spread = after.as_nanos() / 10;
     let offset = (spread * u128::from(draw)) >> 64;
     let nanos = after.as_nanos() - spread / 2 + offset;

@@ -39,25 +39,44 @@ impl Session {
             .into_iter()
             .map(|addr| Dest { fabric: opts.fabric, addr, route: opts.route(), spin: opts.spin, wait: opts.wait })
             .collect();
-        let mut first_err = None;
-        for (at, dest) in dests.iter().enumerate() {
-            let span = tracing::debug_span!("session", addr = %dest.addr, volume = uri.volume());
-            let _enter = span.enter();
-            match handshake(dest, None, opts) {
-                Ok((conn, features, authenticated)) => {
-                    return Ok(Session { conn, uri, dests, at, opts: opts.clone(), features, authenticated })
-                }
-                // A refusal is the target's answer: the other addresses reach the same target.
-                Err(e @ (Error::Auth { .. } | Error::Target { .. })) => return Err(e),
-                Err(e) => {
-                    if dests.len() > 1 {
-                        tracing::warn!(addr = %dest.addr, error = %Chain(&e), "path failed; trying the next address");
+        // A target busy admitting others (a reconnect storm) says when to come back: within
+        // the control timeout, the connect waits and tries again.
+        let deadline = Instant::now() + opts.timeout;
+        loop {
+            let mut first_err = None;
+            let mut busy: Option<std::time::Duration> = None;
+            for (at, dest) in dests.iter().enumerate() {
+                let span = tracing::debug_span!("session", addr = %dest.addr, volume = uri.volume());
+                let _enter = span.enter();
+                match handshake(dest, None, opts) {
+                    Ok((conn, features, authenticated)) => {
+                        return Ok(Session { conn, uri, dests, at, opts: opts.clone(), features, authenticated })
                     }
-                    first_err.get_or_insert(e);
+                    // A refusal is the target's answer: the other addresses reach the same target.
+                    Err(e @ (Error::Auth { .. } | Error::Target { .. })) => return Err(e),
+                    Err(e) => {
+                        if let Some(after) = e.busy_for() {
+                            busy = Some(busy.map_or(after, |b| b.min(after)));
+                        }
+                        if dests.len() > 1 {
+                            tracing::warn!(addr = %dest.addr, error = %Chain(&e), "path failed; trying the next address");
+                        }
+                        first_err.get_or_insert(e);
+                    }
                 }
             }
+            let err = first_err.expect("a URI has at least one address");
+            let Some(after) = busy else { return Err(err) };
+            let pause = crate::link::busy_pause(after, u64::from_le_bytes(rblk_fabric::random()));
+            if Instant::now() + pause >= deadline {
+                return Err(err);
+            }
+            tracing::info!(
+                "the target is busy admitting other connections: connecting again in {} ms, as it asked",
+                pause.as_millis()
+            );
+            std::thread::sleep(pause);
         }
-        Err(first_err.expect("a URI has at least one address"))
     }
 
     /// Opens the URI's volume. A read-only open may be shared; read-write and exclusive opens

@@ -273,3 +273,40 @@ fn a_connect_request_that_waited_too_long_is_told_to_come_back_not_admitted_late
     let mut again = Raw::connect(Fabric::Mem, addr, ConnectData::NewSession).expect("a retry after the storm");
     again.open("v", OpenMode::ReadOnly);
 }
+
+/// Item 6 of issue 40, the initiator's side: a first connect that a busy target turns away
+/// waits as the target asked and connects again, within its control timeout. The storm in
+/// small again (admissions of 300 ms, 12 sessions at once): every one opens. Catches an
+/// initiator that gives a busy reject up as any failed connect (the first connect of
+/// `rblk attach` at a host's boot amid a storm would fail), and one that ignores the time asked
+/// (it would come back after its own delay, or not at all).
+#[test]
+fn a_first_connect_turned_away_busy_comes_back_when_asked_and_opens() {
+    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let volumes = vec![VolumeSpec { name: "v".into(), size: 1 << 20, path: None }];
+    let target = Server::start(Config { listen, fabric: Fabric::Mem, volumes, ..Config::default() }).expect("start");
+    let addr = target.local_addr();
+    rblk_fabric::mem::slow_admissions(addr, Duration::from_millis(300));
+    let uri = format!("rblk://{addr}/v");
+    let opts = rblk_initiator::Options {
+        fabric: Fabric::Mem,
+        timeout: Duration::from_secs(60),
+        ..rblk_initiator::Options::default()
+    };
+    let clients: Vec<_> = (0..12)
+        .map(|_| {
+            let (uri, opts) = (uri.clone(), opts.clone());
+            std::thread::spawn(move || {
+                let session = rblk_initiator::Session::connect(uri.as_str(), &opts)?;
+                session.open(rblk_initiator::OpenMode::ReadOnly)
+            })
+        })
+        .collect();
+    let opened: Vec<_> = clients.into_iter().map(|c| c.join().expect("client")).collect();
+    rblk_fabric::mem::slow_admissions(addr, Duration::ZERO);
+    let busy = target.busy_connects();
+    for v in &opened {
+        assert!(v.is_ok(), "a session did not open ({busy} busy rejects): {:?}", v.as_ref().err());
+    }
+    assert!(busy >= 1, "12 admissions of 300 ms: some connects were turned away busy");
+}
