@@ -46,6 +46,9 @@ const FIRST_COST: Duration = Duration::from_millis(1);
 /// How many recent admissions [`Backlog::typical`] looks at.
 const RECENT: usize = 64;
 
+/// Admissions measured before a request is turned away for the wait ahead of it.
+const MIN_MEASURED: usize = 16;
+
 /// The furthest ahead a busy request is sent as the next slot in line (see
 /// [`Backlog::come_back`]).
 const HORIZON: Duration = Duration::from_secs(10);
@@ -105,13 +108,18 @@ impl<T> Backlog<T> {
     }
 
     /// Request `item` (a JOIN when `join`), read at `at`: queued, or busy when a new session's
-    /// request would wait longer than the patience.
+    /// request would wait longer than the patience (once [`MIN_MEASURED`] admissions were
+    /// measured).
     pub(crate) fn push(&mut self, item: T, at: Instant, join: bool) -> Verdict<T> {
         if join {
             self.joins.push_back((item, at));
             return Verdict::Queued;
         }
-        if self.wait_ahead() > self.patience {
+        // Judged ahead only on enough measured admissions: a fresh target's first (its shared
+        // CQ made, its first registrations) can take many times the rest, and would turn a
+        // burst away that it admits in time. Until then a request is turned away only once it
+        // has waited longer than the patience (in `next`).
+        if self.recent.len() >= MIN_MEASURED && self.wait_ahead() > self.patience {
             let after = self.come_back(at, roll());
             return Verdict::Busy(item, after);
         }
@@ -431,6 +439,23 @@ mod tests {
         }
         assert!(busy.len() >= 2, "a full backlog turns away");
         assert_eq!(busy[1] - busy[0], 10 * MS);
+    }
+
+    /// A fresh target whose first admission was slow (cold) does not turn a burst away on
+    /// that one measurement: until 16 are measured, only a request that has waited longer than
+    /// the patience is. Catches a judgement ahead on one cold admission (guest tests open 64
+    /// sessions at once from a fresh daemon).
+    #[test]
+    fn a_burst_is_not_turned_away_on_one_cold_admission() {
+        let t0 = Instant::now();
+        let mut b = Backlog::new(Duration::from_secs(2));
+        b.admitted(Duration::from_millis(900), false);
+        for i in 0..64u32 {
+            assert_eq!(b.push(i, t0, false), Verdict::Queued);
+        }
+        let mut late = Vec::new();
+        assert_eq!(b.next(t0 + Duration::from_secs(1), &mut late), Some((0, false)));
+        assert!(late.is_empty());
     }
 
     /// However many are turned away, none is sent beyond the horizon (10 s): past it, the

@@ -20,10 +20,32 @@ pub struct Raw {
 
 const STEP: Duration = Duration::from_secs(30);
 
+/// Runs `connect` again while the target rejects it busy (`rblk_proto::RejectData::Busy`),
+/// after the time it asks, for at most [`STEP`] in all.
+fn until_admitted(mut connect: impl FnMut() -> rblk_fabric::Result<Raw>) -> rblk_fabric::Result<Raw> {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let err = match connect() {
+            Err(e @ rblk_fabric::Error::Rejected { .. }) => e,
+            other => return other,
+        };
+        let rblk_fabric::Error::Rejected { private_data: Some(data), .. } = &err else { return Err(err) };
+        let Some(rblk_proto::RejectData::Busy { retry_after_ms }) = rblk_proto::parse_reject_data(&data[..]) else {
+            return Err(err);
+        };
+        let pause = Duration::from_millis(u64::from(retry_after_ms).max(1));
+        if Instant::now() + pause >= deadline {
+            return Err(err);
+        }
+        std::thread::sleep(pause);
+    }
+}
+
 impl Raw {
-    /// Connects with `connect` data on `fabric`.
+    /// Connects with `connect` data on `fabric`; a target busy admitting others is asked again
+    /// when it says (as initiators do), within the step's 30 s.
     pub fn connect(fabric: Fabric, addr: SocketAddr, connect: ConnectData) -> rblk_fabric::Result<Raw> {
-        Raw::connect_bytes(fabric, addr, &connect.to_bytes(), STEP)
+        until_admitted(|| Raw::connect_bytes(fabric, addr, &connect.to_bytes(), STEP))
     }
 
     /// Connects with any private data (connect data no initiator would send), giving up after
@@ -51,7 +73,7 @@ impl Raw {
         connect: ConnectData,
     ) -> rblk_fabric::Result<Raw> {
         let route = Route { source: Some(source), ..Route::default() };
-        Raw::connect_routed(fabric, addr, &connect.to_bytes(), STEP, &QpConfig::default(), &route)
+        until_admitted(|| Raw::connect_routed(fabric, addr, &connect.to_bytes(), STEP, &QpConfig::default(), &route))
     }
 
     fn connect_routed(
