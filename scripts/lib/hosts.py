@@ -22,6 +22,10 @@ class LogError(ValueError):
     """A line of the guest's log that does not read as hosts-rxe.sh writes it."""
 
 
+# The fields of a @@step line that must be numbers: the table and the goals compute with them.
+STEP_NUMBERS = ("sessions", "qps", "threads", "fds", "rss_kb", "vmpin_kb", "cpu_ticks")
+
+
 def parse_pairs(words):
     """["k=v", ...] -> {k: number or text}."""
     out = {}
@@ -96,6 +100,10 @@ def parse(lines):
             doc["meta"][k] = v
         elif tag == "@@step":
             row = parse_pairs(words)
+            for k in STEP_NUMBERS:
+                if not isinstance(row.get(k), (int, float)):
+                    raise LogError(f"{line!r}: {k} is {row.get(k)!r}, not a number "
+                                   "(was the target gone when the step was measured?)")
             rows[(row["phase"], row["sessions"])] = row
             doc["steps"].append(row)
         elif tag in ("@@open", "@@bench"):

@@ -53,6 +53,12 @@ class Parse(unittest.TestCase):
         with self.assertRaises(hosts.LogError):
             hosts.parse(["@@step phase=1qp sessions"])
 
+    def test_a_step_with_an_empty_field_is_an_error_naming_it(self):
+        # What a step measured on a daemon that was gone wrote (its /proc entries were empty).
+        line = "@@step phase=2qp sessions=1000 qps=2000 threads= fds= rss_kb= vmpin_kb= cpu_ticks="
+        with self.assertRaisesRegex(hosts.LogError, "threads is '', not a number"):
+            hosts.parse([line])
+
     def test_cmtime_cut_short_is_a_failure(self):
         doc = hosts.parse(["@@cmtime 10", "connect      :  1.00 1.00 1.00 1.00"])
         self.assertEqual(doc["failures"][0]["what"], "cmtime")

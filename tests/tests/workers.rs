@@ -213,6 +213,17 @@ fn rxe_hundreds_of_sessions_share_a_few_threads() {
     assert!(after <= limit, "{after} threads after the sessions went");
 }
 
+/// A reconnect storm in small: an in-process target with a 1 MiB volume `v` whose every
+/// admission takes 300 ms longer (`mem::slow_admissions`; the caller ends it).
+fn slowed_target() -> (rblk_target::server::Running, std::net::SocketAddr) {
+    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let volumes = vec![VolumeSpec { name: "v".into(), size: 1 << 20, path: None }];
+    let target = Server::start(Config { listen, fabric: Fabric::Mem, volumes, ..Config::default() }).expect("start");
+    let addr = target.local_addr();
+    rblk_fabric::mem::slow_admissions(addr, Duration::from_millis(300));
+    (target, addr)
+}
+
 /// Item 6 of issue 40: in a reconnect storm a connect request that waited longer than the
 /// target's patience (2 s) is rejected at once, busy, not admitted late, and told when to come
 /// back. The storm in small: every admission takes 300 ms, and 12 requests arrive together.
@@ -223,11 +234,7 @@ fn rxe_hundreds_of_sessions_share_a_few_threads() {
 /// request (each of the 12 is either admitted or told no).
 #[test]
 fn a_connect_request_that_waited_too_long_is_told_to_come_back_not_admitted_late() {
-    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let volumes = vec![VolumeSpec { name: "v".into(), size: 1 << 20, path: None }];
-    let target = Server::start(Config { listen, fabric: Fabric::Mem, volumes, ..Config::default() }).expect("start");
-    let addr = target.local_addr();
-    rblk_fabric::mem::slow_admissions(addr, Duration::from_millis(300));
+    let (target, addr) = slowed_target();
     let clients: Vec<_> = (0..12)
         .map(|_| {
             std::thread::spawn(move || {
@@ -282,11 +289,7 @@ fn a_connect_request_that_waited_too_long_is_told_to_come_back_not_admitted_late
 /// (it would come back after its own delay, or not at all).
 #[test]
 fn a_first_connect_turned_away_busy_comes_back_when_asked_and_opens() {
-    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let volumes = vec![VolumeSpec { name: "v".into(), size: 1 << 20, path: None }];
-    let target = Server::start(Config { listen, fabric: Fabric::Mem, volumes, ..Config::default() }).expect("start");
-    let addr = target.local_addr();
-    rblk_fabric::mem::slow_admissions(addr, Duration::from_millis(300));
+    let (target, addr) = slowed_target();
     let uri = format!("rblk://{addr}/v");
     let opts = rblk_initiator::Options {
         fabric: Fabric::Mem,
