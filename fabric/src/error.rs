@@ -12,12 +12,16 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// A reject's private data: at most what a CM reject carries (148 bytes), zero padded.
 pub type RejectBytes = [u8; 148];
 
-/// `data` as a reject's private data (the excess beyond 148 bytes cut, as the CM would).
-pub(crate) fn reject_data(data: &[u8]) -> Box<RejectBytes> {
+/// `data` as a reject's private data (the excess beyond 148 bytes cut, as the CM would), None
+/// when the reject carried none.
+pub(crate) fn reject_data(data: &[u8]) -> Option<Box<RejectBytes>> {
+    if data.is_empty() {
+        return None;
+    }
     let mut out = Box::new([0u8; 148]);
     let n = data.len().min(out.len());
     out[..n].copy_from_slice(&data[..n]);
-    out
+    Some(out)
 }
 
 /// Errors from the fabric: verbs, rdma_cm, registration, completions and deadlines.

@@ -896,12 +896,7 @@ impl Endpoint {
                     }
                     return Ok(());
                 }
-                Phase::Rejected(status) => {
-                    return Err(rejected(
-                        status,
-                        (!c.reject_data.is_empty()).then(|| crate::error::reject_data(&c.reject_data)),
-                    ))
-                }
+                Phase::Rejected(status) => return Err(rejected(status, crate::error::reject_data(&c.reject_data))),
                 Phase::Idle | Phase::Closed => return Err(rejected(REJ_CONSUMER, None)),
             }
             let now = Instant::now();

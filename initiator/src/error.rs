@@ -305,17 +305,21 @@ const EINVAL: i32 = 22;
 const ENOSPC: i32 = 28;
 const EROFS: i32 = 30;
 
+/// [`Error::busy_for`] on the fabric's own error: how long a target that rejected a connect
+/// request busy asked the peer to wait; None for every other error, a plain reject included.
+pub fn busy_after(e: &rblk_fabric::Error) -> Option<Duration> {
+    let rblk_fabric::Error::Rejected { private_data: Some(data), .. } = e else { return None };
+    let rblk_proto::RejectData::Busy { retry_after_ms } = rblk_proto::parse_reject_data(&data[..])?;
+    Some(Duration::from_millis(u64::from(retry_after_ms)))
+}
+
 impl Error {
     /// How long the target asked us to wait before connecting again, when it rejected the
     /// connect request busy ([`rblk_proto::RejectData::Busy`]; capped at
     /// [`rblk_proto::MAX_RETRY_AFTER_MS`]). None for every other error, a plain reject included.
     pub fn busy_for(&self) -> Option<Duration> {
-        let Error::Connect { source: rblk_fabric::Error::Rejected { private_data, .. }, .. } = self else {
-            return None;
-        };
-        let rblk_proto::RejectData::Busy { retry_after_ms } =
-            rblk_proto::parse_reject_data(&private_data.as_deref()?[..])?;
-        Some(Duration::from_millis(u64::from(retry_after_ms)))
+        let Error::Connect { source, .. } = self else { return None };
+        busy_after(source)
     }
 
     /// The target's error code, for [`Error::Target`].

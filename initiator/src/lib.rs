@@ -108,7 +108,7 @@ pub use buffer::{Buffer, BufferPool};
 pub use control::Control;
 pub use dirty::Dirty;
 pub use engine::{Engine, EngineCounters, Lane};
-pub use error::{Direction, Error, InvalidReason, Result};
+pub use error::{busy_after, Direction, Error, InvalidReason, Result};
 pub use link::{Continuity, LinkState};
 pub use options::{
     check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,

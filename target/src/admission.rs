@@ -37,7 +37,8 @@ use std::time::{Duration, Instant};
 /// reconnecting initiator gives a connect up after 3 s (its `ATTEMPT_STEP`, resolution
 /// included) and tries again; admitting its request later builds a QP for nobody, and in a
 /// reconnect storm every such admission makes the ones behind it late too (a metastable storm:
-/// at 1,000 sessions x 2 QPs under TCG, 87 s where 25 s would do, and 160 s in another boot).
+/// at 1,000 sessions x 2 QPs from independent hosts under TCG, 45-120 s where the busy rejects
+/// take 38-40 s; docs/performance.md).
 pub(crate) const ADMIT_PATIENCE: Duration = Duration::from_secs(2);
 
 /// What an admission is taken to cost before one was measured.
@@ -63,8 +64,8 @@ const HORIZON: Duration = Duration::from_secs(10);
 /// ([`rblk_proto::RejectData::Busy`]): each such request gets the next free slot after the work
 /// already promised, one session's admissions apart (at a recent admission's typical cost,
 /// [`Backlog::typical`]), so a herd of hosts returns at the pace the target admits them instead
-/// of all after the same delay. A request that still waited longer
-/// than the patience (the cost was misjudged) is rejected the same way when its turn comes.
+/// of all after the same delay. A request that still waited longer than the patience (the cost
+/// was misjudged) is rejected the same way when its turn comes.
 /// A reject costs no QP. An initiator that predates the busy reject retries after its own
 /// delay, as after any reject.
 #[derive(Debug)]
@@ -159,7 +160,7 @@ impl<T> Backlog<T> {
         // Moving averages over about the last 8 admissions (the cost: a storm's, not the idle
         // target's) and the last 100 (the QPs a session brings).
         // The first measured one replaces the guess.
-        self.cost = if self.admissions == 0.0 { took } else { (self.cost * 7 + took) / 8 };
+        self.cost = if self.recent.is_empty() { took } else { (self.cost * 7 + took) / 8 };
         if self.recent.len() == RECENT {
             self.recent.pop_front();
         }

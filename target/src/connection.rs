@@ -67,12 +67,18 @@ pub(crate) enum AdmitError {
     },
 }
 
-/// Checks the connect data, creates the QP in the right PD, accepts, and hands the connection
-/// to the worker with the fewest. A connection that is not a JOIN takes a place among those
-/// that have not authenticated yet (see [`crate::admission`]) first, before anything is
-/// allocated for it, and gives it back if it cannot be set up.
-pub(crate) fn admit(shared: &Arc<Shared>, workers: &dyn Placement, req: Request, conn: u64) -> Result<(), AdmitError> {
-    let data = rblk_proto::parse_connect_data(req.private_data());
+/// Checks the connect data (`data`, parsed from `req`'s by the listener), creates the QP in the
+/// right PD, accepts, and hands the connection to the worker with the fewest. A connection that
+/// is not a JOIN takes a place among those that have not authenticated yet (see
+/// [`crate::admission`]) first, before anything is allocated for it, and gives it back if it
+/// cannot be set up.
+pub(crate) fn admit(
+    shared: &Arc<Shared>,
+    workers: &dyn Placement,
+    req: Request,
+    data: Result<ConnectData, rblk_proto::ParseError>,
+    conn: u64,
+) -> Result<(), AdmitError> {
     let new = matches!(data, Ok(ConnectData::NewSession | ConnectData::NewWindowSession));
     if new {
         if let Err(why) = shared.admit_unauthenticated(conn, req.peer().map(|p| p.ip())) {

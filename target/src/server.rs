@@ -388,16 +388,13 @@ impl Drop for Running {
 
 /// One CM or device event: a request joins the backlog (or is turned away busy), the rest is
 /// handled at once.
-fn on_event(
-    shared: &Arc<Shared>,
-    event: ListenerEvent,
-    backlog: &mut Backlog<rblk_fabric::Request>,
-    busy: &mut Refusals,
-) {
+fn on_event(shared: &Arc<Shared>, event: ListenerEvent, backlog: &mut Backlog<Waiting>, busy: &mut Refusals) {
     match event {
         ListenerEvent::Request(req) => {
-            let join = matches!(rblk_proto::parse_connect_data(req.private_data()), Ok(ConnectData::Join { .. }));
-            if let Verdict::Busy(req, after) = backlog.push(req, Instant::now(), join) {
+            // Parsed once, here: the backlog queues JOINs first, and admission reads it.
+            let data = rblk_proto::parse_connect_data(req.private_data());
+            let join = matches!(data, Ok(ConnectData::Join { .. }));
+            if let Verdict::Busy((req, _), after) = backlog.push((req, data), Instant::now(), join) {
                 turn_away(shared, req, after, busy);
             }
         }
@@ -410,6 +407,9 @@ fn on_event(
         ListenerEvent::Device(e) => shared.device_event(&e),
     }
 }
+
+/// A connect request in the listener's backlog, with its connect data parsed.
+type Waiting = (rblk_fabric::Request, Result<ConnectData, rblk_proto::ParseError>);
 
 /// Rejects `req` busy, telling it to connect again after `after` (see [`Backlog`]).
 fn turn_away(shared: &Shared, req: rblk_fabric::Request, after: Duration, busy: &mut Refusals) {
@@ -486,20 +486,20 @@ fn listen(shared: &Arc<Shared>, listener: &mut Listener, workers: crate::worker:
         // initiators come back to the successor, or to this daemon if the handover falls
         // through and it listens again).
         if shared.handing_over() {
-            for req in backlog.take_all() {
+            for (req, _) in backlog.take_all() {
                 let _ = req.reject();
             }
             continue;
         }
         let next = backlog.next(Instant::now(), &mut late);
-        for (req, after) in late.drain(..) {
+        for ((req, _), after) in late.drain(..) {
             turn_away(shared, req, after, &mut busy);
         }
-        let Some((req, join)) = next else { continue };
+        let Some(((req, data), join)) = next else { continue };
         let conn = next_conn;
         next_conn += 1;
         let started = Instant::now();
-        match connection::admit(shared, &workers, req, conn) {
+        match connection::admit(shared, &workers, req, data, conn) {
             Err(e @ connection::AdmitError::Crowded { .. }) => {
                 crowded.note(Some(conn), "connection refused", &Chain(&e));
             }

@@ -26,14 +26,11 @@ fn until_admitted(mut connect: impl FnMut() -> rblk_fabric::Result<Raw>) -> rblk
     let deadline = Instant::now() + STEP;
     loop {
         let err = match connect() {
-            Err(e @ rblk_fabric::Error::Rejected { .. }) => e,
-            other => return other,
+            Err(e) => e,
+            ok => return ok,
         };
-        let rblk_fabric::Error::Rejected { private_data: Some(data), .. } = &err else { return Err(err) };
-        let Some(rblk_proto::RejectData::Busy { retry_after_ms }) = rblk_proto::parse_reject_data(&data[..]) else {
-            return Err(err);
-        };
-        let pause = Duration::from_millis(u64::from(retry_after_ms).max(1));
+        let Some(after) = rblk_initiator::busy_after(&err) else { return Err(err) };
+        let pause = after.max(Duration::from_millis(1));
         if Instant::now() + pause >= deadline {
             return Err(err);
         }

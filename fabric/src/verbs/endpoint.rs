@@ -372,7 +372,7 @@ fn expect(
                 addr,
                 status: ev.status,
                 expected: what,
-                private_data: (!ev.private_data.is_empty()).then(|| crate::error::reject_data(&ev.private_data)),
+                private_data: crate::error::reject_data(&ev.private_data),
             })
         }
         Some(ev) => Err(Error::Connect { addr, event: ev.kind.name(), status: ev.status, expected: what }),
