@@ -283,6 +283,33 @@ mod tests {
             prop_assert_eq!(parse_connect_data(&data.to_bytes()), Ok(data));
         }
 
+        /// Any bytes as reject data, a hostile target's included: parsing never panics, and
+        /// whatever parses is a wait within the cap.
+        #[test]
+        fn any_reject_data_parses_to_a_bounded_wait_or_nothing(buf in proptest::collection::vec(any::<u8>(), 0..160)) {
+            if let Some(RejectData::Busy { retry_after_ms }) = parse_reject_data(&buf) {
+                prop_assert!(retry_after_ms <= MAX_RETRY_AFTER_MS);
+            }
+        }
+
+        /// A busy reject with any wait, any reserved word and any padding after it reads as
+        /// that wait, clamped to the cap.
+        #[test]
+        fn a_busy_reject_reads_its_wait_whatever_follows(
+            ms in any::<u32>(),
+            reserved in any::<u32>(),
+            tail in proptest::collection::vec(any::<u8>(), 0..132),
+        ) {
+            let mut buf = RejectData::Busy { retry_after_ms: 0 }.to_bytes()[..8].to_vec();
+            buf.extend_from_slice(&ms.to_le_bytes());
+            buf.extend_from_slice(&reserved.to_le_bytes());
+            buf.extend_from_slice(&tail);
+            prop_assert_eq!(
+                parse_reject_data(&buf),
+                Some(RejectData::Busy { retry_after_ms: ms.min(MAX_RETRY_AFTER_MS) })
+            );
+        }
+
         #[test]
         fn whatever_parses_re_encodes(buf in proptest::collection::vec(any::<u8>(), 0..80)) {
             if let Ok(data) = parse_connect_data(&buf) {
