@@ -52,6 +52,8 @@ pub struct Channel {
     /// Registered at the first SEND that does not go inline.
     sends: Option<Mr>,
     free_sends: Vec<usize>,
+    /// SENDs but KEEPALIVE carry the solicited-event flag ([`Channel::solicit`]).
+    solicit: bool,
 }
 
 impl Channel {
@@ -59,7 +61,14 @@ impl Channel {
     pub fn new(pd: &Pd) -> Result<Channel> {
         let memory: Arc<Memory> = Memory::anonymous(RECV_BYTES)?;
         let recvs = pd.register(&memory, Access::LOCAL)?;
-        Ok(Channel { recvs, sends: None, free_sends: (0..SEND_COUNT).rev().collect() })
+        Ok(Channel { recvs, sends: None, free_sends: (0..SEND_COUNT).rev().collect(), solicit: false })
+    }
+
+    /// From now on, with `on`, every SEND but KEEPALIVE carries the solicited-event flag
+    /// (`rblk_proto::FEATURE_SOLICITED`, once negotiated): a peer that arms its completion
+    /// queue for solicited completions only wakes for requests, not for keepalives.
+    pub fn solicit(&mut self, on: bool) {
+        self.solicit = on;
     }
 
     /// Bytes of buffers it has registered: [`RECV_BYTES`], and [`SEND_BYTES`] once a SEND did
@@ -83,20 +92,25 @@ impl Channel {
         let encode_err = |source| Error::Encode { opcode: msg.opcode(), source };
         // Most messages (keepalives, OPENED, FLUSHED, ...) fit a small buffer: no 4 KiB zeroed
         // for each (a keepalive's send did that, 7% of an idle target's samples under TCG).
+        let solicited = self.solicit && !matches!(msg, Message::Keepalive);
         let mut small = [0u8; SMALL_MSG];
         match msg.encode(tag, &mut small) {
-            Ok(len) => return self.send_bytes(ep, &small[..len]),
+            Ok(len) => return self.post_bytes(ep, &small[..len], solicited),
             Err(rblk_proto::EncodeError::BufferTooSmall { .. }) => {}
             Err(source) => return Err(encode_err(source)),
         }
         let mut bytes = [0u8; MSG_SIZE];
         let len = msg.encode(tag, &mut bytes).map_err(encode_err)?;
-        self.send_bytes(ep, &bytes[..len])
+        self.post_bytes(ep, &bytes[..len], solicited)
     }
 
-    /// SENDs `bytes` (at most [`MSG_SIZE`]) as they are: [`Channel::send`] after encoding, and
-    /// tests that must send what no encoder would.
+    /// SENDs `bytes` (at most [`MSG_SIZE`]) as they are, for tests that must send what no
+    /// encoder would (solicited when [`Channel::solicit`] is on, whatever they hold).
     pub fn send_bytes(&mut self, ep: &mut Endpoint, bytes: &[u8]) -> Result<()> {
+        self.post_bytes(ep, bytes, self.solicit)
+    }
+
+    fn post_bytes(&mut self, ep: &mut Endpoint, bytes: &[u8], solicited: bool) -> Result<()> {
         let len = bytes.len();
         if len > MSG_SIZE {
             return Err(Error::MessageTooLarge { len, max: MSG_SIZE });
@@ -115,7 +129,8 @@ impl Channel {
             }
             _ => Local::Inline(&bytes[..len]),
         };
-        let posted = ep.post(&[WorkRequest { wr_id, op: Op::Send, local, signaled: true }]);
+        let op = if solicited { Op::SendSolicited } else { Op::Send };
+        let posted = ep.post(&[WorkRequest { wr_id, op, local, signaled: true }]);
         if posted.is_err() {
             self.free_sends.push(slot);
         }

@@ -417,6 +417,10 @@ impl Mr {
 pub enum Op {
     /// A two-sided SEND.
     Send,
+    /// A SEND with the solicited-event flag (`IBV_SEND_SOLICITED`): its receive completion
+    /// wakes a peer whose completion queue is armed for solicited completions only
+    /// ([`Endpoint::peer_solicits`]); otherwise the same as [`Op::Send`].
+    SendSolicited,
     /// An RDMA WRITE of the local buffer to `remote_addr`.
     Write {
         /// Peer address.
@@ -802,6 +806,14 @@ impl SharedCq {
     pub fn collect(&self, ready: &mut Vec<u64>) -> Result<()> {
         self.inner.collect(ready)
     }
+
+    /// Routes what the CQ holds to its endpoints without taking an event or arming it, and
+    /// appends to `ready` the tags of the endpoints that got completions since the last call:
+    /// at every wake-up of the event loop, for the completions that raised no event (see
+    /// [`Endpoint::peer_solicits`]).
+    pub fn poll(&self, ready: &mut Vec<u64>) -> Result<()> {
+        self.inner.poll(ready)
+    }
 }
 
 enum EndpointInner {
@@ -1040,6 +1052,19 @@ impl Endpoint {
             EndpointInner::Verbs(e) => e.shares_cq(),
             #[cfg(feature = "mem")]
             EndpointInner::Mem(_) => false,
+        }
+    }
+
+    /// Its peer sets the solicited-event flag on every SEND that needs an answer
+    /// (`rblk_proto::FEATURE_SOLICITED`): on a [`SharedCq`], this QP's other completions (a
+    /// KEEPALIVE received, one of our SENDs completed) then raise no event, and wait in the CQ
+    /// for the event loop's next [`SharedCq::poll`] or [`Endpoint::poll`]. Nothing for an
+    /// endpoint with a CQ of its own, or on the in-memory fabric.
+    pub fn peer_solicits(&self) {
+        match &self.inner {
+            EndpointInner::Verbs(e) => e.peer_solicits(),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => {}
         }
     }
 

@@ -611,7 +611,7 @@ impl Qp {
             return;
         }
         let opcode = match wr.op {
-            Op::Send => WcOpcode::Send,
+            Op::Send | Op::SendSolicited => WcOpcode::Send,
             Op::Write { .. } => WcOpcode::Write,
             Op::Read { .. } => WcOpcode::Read,
         };
@@ -697,7 +697,8 @@ impl Conn {
             },
         };
         let copied = match wr.op {
-            Op::Send => {
+            // The in-memory fabric wakes a waiter for every completion: solicited or not alike.
+            Op::Send | Op::SendSolicited => {
                 let Some(recv) = peer.rq.pop_front() else { return Step::Wait };
                 if len > recv.len {
                     peer.complete_recv(&recv, WcStatus::LOC_LEN_ERR, 0);

@@ -175,6 +175,13 @@ impl Conn {
         self.keepalives = on;
     }
 
+    /// With `on`, every SEND but KEEPALIVE from now on carries the solicited-event flag
+    /// ([`rblk_proto::FEATURE_SOLICITED`], negotiated): the target wakes for our requests, and
+    /// takes our keepalives at its own pace.
+    pub(crate) fn solicit(&mut self, on: bool) {
+        self.chan.solicit(on);
+    }
+
     /// Makes this JOINed connection share its session's liveness
     /// ([`rblk_proto::FEATURE_SESSION_KEEPALIVE`]): it sends no KEEPALIVE, and the target's
     /// silence here is not loss as long as the session hears from the target elsewhere

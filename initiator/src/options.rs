@@ -313,6 +313,12 @@ pub struct Options {
     /// keeps alive one instead of N. False: every queue pair keeps its own, as before (the
     /// target follows each that sends them); what the scale script measures the saving against.
     pub session_keepalives: bool,
+    /// Mark requests as solicited events ([`rblk_proto::FEATURE_SOLICITED`], true by default):
+    /// every SEND but KEEPALIVE carries the solicited-event flag, so the target wakes for
+    /// requests and takes keepalives at its next wake-up instead of waking for each. False:
+    /// the feature is not offered, as before; what the scale script measures the saving
+    /// against.
+    pub solicited_events: bool,
 }
 
 impl Default for Options {
@@ -336,6 +342,7 @@ impl Default for Options {
             reconnect: Reconnect::default(),
             memory_windows: true,
             session_keepalives: true,
+            solicited_events: true,
         }
     }
 }

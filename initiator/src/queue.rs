@@ -8,7 +8,7 @@ use std::time::Instant;
 use rblk_fabric::policy::POLL_BATCH;
 use rblk_fabric::{channel, Chain};
 use rblk_fabric::{Access, Completion, Endpoint, Local, Memory, Mr, Op, Pd, WcStatus, WorkRequest};
-use rblk_proto::{ConnectData, Message, Opcode, FEATURE_KEEPALIVE, FEATURE_SESSION_KEEPALIVE};
+use rblk_proto::{ConnectData, Message, Opcode, FEATURE_KEEPALIVE, FEATURE_SESSION_KEEPALIVE, FEATURE_SOLICITED};
 
 use crate::buffer::{Buffer, BufferPool};
 use crate::conn::{self, Conn, Reply};
@@ -198,6 +198,7 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
                 _ => None,
             })?;
             conn.send_keepalives(link.features() & FEATURE_KEEPALIVE != 0);
+            conn.solicit(link.features() & FEATURE_SOLICITED != 0);
             // Through the session's first connection's address, it shares that path and its
             // fate; through another, whose path may fail alone, it keeps its own keepalives.
             let session_level = FEATURE_KEEPALIVE | FEATURE_SESSION_KEEPALIVE;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use rblk_fabric::{Chain, Pd};
 use rblk_proto::{
-    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, VolumeFlags, FEATURES, FEATURE_HOST_ID,
+    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, VolumeFlags, FEATURES, FEATURE_HOST_ID, FEATURE_SOLICITED,
     FEATURE_KEEPALIVE, FEATURE_MUTUAL_AUTH, FEATURE_RECONNECT, FEATURE_WINDOWS, MAC_LEN,
 };
 
@@ -190,6 +190,7 @@ impl Session {
 pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<(Conn, u64, bool)> {
     let addr = dest.addr;
     let (mut conn, ours) = connect_first(dest, pd, opts)?;
+    let ours = if opts.solicited_events { ours } else { ours & !FEATURE_SOLICITED };
     let deadline = Instant::now() + opts.timeout;
     let (flags, offered, nonce) =
         conn.expect(&Message::Hello { features: ours }, deadline, "CHALLENGE", |r| match r {
@@ -198,6 +199,7 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
         })?;
     let features = ours & offered;
     conn.send_keepalives(features & FEATURE_KEEPALIVE != 0);
+    conn.solicit(features & FEATURE_SOLICITED != 0);
     let authenticated = flags.contains(ChallengeFlags::AUTH_REQUIRED);
     // With host identities the initiator always names its host (access lists and caps use
     // it), MACing it with its key, or with zeros to a target that wants no key.

@@ -147,6 +147,15 @@ pub const FEATURE_MUTUAL_AUTH: u64 = 64;
 /// every connection keeps its own keepalives ([`FEATURE_KEEPALIVE`]).
 pub const FEATURE_SESSION_KEEPALIVE: u64 = 512;
 
+/// Feature bit: solicited events. The initiator sets the solicited-event flag
+/// (`IBV_SEND_SOLICITED`) on every SEND but KEEPALIVE: on a session's first connection from the
+/// first SEND after CHALLENGE, on a JOINed one from the first after OK(JOIN). The target may then
+/// arm its completion queues to wake only for solicited completions (and errors): a KEEPALIVE
+/// that arrives, and the completions of its own SENDs, are taken at its next wake-up (a request,
+/// or its own timers: at most a keepalive interval later) instead of each waking it. Nothing in
+/// a message changes. Without it every completion wakes the target, as before.
+pub const FEATURE_SOLICITED: u64 = 1024;
+
 /// The features this version implements, sent in HELLO and CHALLENGE. Each side uses the
 /// intersection of both sets.
 pub const FEATURES: u64 = FEATURE_FLUSH_RANGES
@@ -156,7 +165,8 @@ pub const FEATURES: u64 = FEATURE_FLUSH_RANGES
     | FEATURE_LIST
     | FEATURE_WINDOWS
     | FEATURE_MUTUAL_AUTH
-    | FEATURE_SESSION_KEEPALIVE;
+    | FEATURE_SESSION_KEEPALIVE
+    | FEATURE_SOLICITED;
 
 /// TCP-style port the target listens on through rdma_cm.
 pub const DEFAULT_PORT: u16 = 7420;

@@ -31,8 +31,8 @@ pub(crate) const BUDGET: usize = 16;
 /// Where [`admit`] puts a connection: the workers ([`crate::worker`], a driver above this
 /// module, implements it).
 pub(crate) trait Placement {
-    /// The worker a new connection goes to.
-    fn place(&self) -> usize;
+    /// The worker a new connection goes to (`joins`: it JOINs a session).
+    fn place(&self, joins: bool) -> usize;
     /// The waker of connection `conn` on worker `worker`.
     fn waker(&self, worker: usize, conn: u64) -> Waker;
     /// Hands new connection `conn` to worker `worker`.
@@ -145,7 +145,7 @@ fn set_up(
     };
     let t_pd = Instant::now();
     // Placed first: its QP's completions go to that worker's shared CQ.
-    let worker = workers.place();
+    let worker = workers.place(matches!(state, State::Joining { .. } | State::JoinRefused { .. }));
     let cq = workers.shared_cq(worker, &pd);
     let mut ep = req.into_endpoint_shared(&pd, &cfg, conn, cq.as_ref()).map_err(fabric("creating the queue pair"))?;
     let t_qp = Instant::now();
@@ -272,6 +272,8 @@ pub(crate) struct Connection {
     replacing: Option<Replacing>,
     /// Completions may be left: its last turn used up its budget.
     more: bool,
+    /// Its QP was told its peer solicits ([`Connection::note_solicits`]).
+    solicits: bool,
 }
 
 /// An AUTH failure's reply, held back.
@@ -358,12 +360,19 @@ impl Connection {
             held: None,
             replacing: None,
             more: false,
+            solicits: false,
         }
     }
 
     /// The connection's id.
     pub(crate) fn id(&self) -> u64 {
         self.conn
+    }
+
+    /// Whether it came to JOIN a session (else it is a session's first, which carries the
+    /// session's keepalives).
+    pub(crate) fn joins(&self) -> bool {
+        self.joins
     }
 
     /// The descriptor its worker waits on: readable once a completion arrived after the last
@@ -404,6 +413,7 @@ impl Connection {
             self.poll()?;
         }
         self.answer_flushes()?;
+        self.note_solicits();
         if !self.counted_open && self.protocol.past_auth(self.shared.auth_required()) {
             self.counted_open = true;
             self.shared.authenticated_or_gone(self.conn);
@@ -432,6 +442,18 @@ impl Connection {
         }
         self.more = taken == BUDGET;
         Ok(())
+    }
+
+    /// Once open (OPENED or OK(JOIN) sent) with [`rblk_proto::FEATURE_SOLICITED`] negotiated,
+    /// its QP's completions other than solicited requests stop waking the worker
+    /// ([`rblk_fabric::Endpoint::peer_solicits`]): they wait for the worker's next wake-up.
+    /// Not before: the requests of the handshake (HELLO, a JOIN) may come unsolicited, and
+    /// while this QP is loud its shared CQ wakes the worker for every completion.
+    fn note_solicits(&mut self) {
+        if !self.solicits && self.protocol.is_open() && self.protocol.features() & rblk_proto::FEATURE_SOLICITED != 0 {
+            self.solicits = true;
+            self.ep.peer_solicits();
+        }
     }
 
     /// Why a waker fired: its window could not be deallocated, it was evicted, its session

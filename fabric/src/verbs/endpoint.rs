@@ -590,6 +590,11 @@ impl Endpoint {
     pub(crate) fn shares_cq(&self) -> bool {
         self.shared.is_some()
     }
+    pub(crate) fn peer_solicits(&self) {
+        if let Some((shared, _)) = &self.shared {
+            shared.quiet(self.qp.qp_number());
+        }
+    }
     pub(crate) fn peer(&self) -> Option<SocketAddr> {
         self.peer
     }
@@ -618,9 +623,12 @@ impl Endpoint {
                 // rxe flushes an inline SEND on the extended QP unless the flag is set (trap 2).
                 flags |= WorkRequestFlags::Inline;
             }
+            if matches!(wr.op, Op::SendSolicited) {
+                flags |= WorkRequestFlags::Solicited;
+            }
             let handle = guard.construct_wr(wr.wr_id, flags);
             let buf = match wr.op {
-                Op::Send => handle.setup_send(),
+                Op::Send | Op::SendSolicited => handle.setup_send(),
                 Op::Write { remote_addr, rkey } => handle.setup_write(rkey, remote_addr),
                 Op::Read { remote_addr, rkey } => handle.setup_read(rkey, remote_addr),
             };

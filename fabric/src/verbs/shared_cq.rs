@@ -11,6 +11,13 @@
 //! call. A QP is routed from its creation on; its route goes before it is destroyed, and the
 //! CQ is drained before a QP is routed, so a QP that reuses a destroyed one's number never gets
 //! that one's stale completions.
+//!
+//! Solicited events: once the peer of every QP on the CQ sets the solicited-event flag on the
+//! SENDs that need an answer ([`SharedCq::quiet`]), the CQ is armed for solicited completions
+//! only, so a keepalive that arrives or one of our SENDs that completes raises no event: the
+//! event loop finds them when it polls ([`SharedCq::poll`]) at its next wake-up. A QP whose peer
+//! does not (each is so from its routing until [`SharedCq::quiet`]) has every completion raise
+//! one, as before: routing it re-arms the CQ for every completion at once.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,14 +43,27 @@ pub(crate) struct SharedCq {
     state: Mutex<State>,
 }
 
+/// Where one QP's completions go.
+struct Route {
+    /// The endpoint's tag, named by [`SharedCq::collect`].
+    tag: u64,
+    inbox: Inbox,
+    /// Its peer solicits the completions that need an answer ([`SharedCq::quiet`]).
+    quiet: bool,
+}
+
 struct State {
-    /// QP number -> (the endpoint's tag, its inbox).
-    routes: HashMap<u32, (u64, Inbox)>,
+    /// QP number -> its route.
+    routes: HashMap<u32, Route>,
+    /// Routes that are not quiet: while any is, the CQ is armed for every completion.
+    loud: usize,
     /// QPs that hold a place (created, or about to be).
     placed: usize,
     /// Tags of the endpoints routed to since the last [`SharedCq::collect`].
     routed: Vec<u64>,
     armed: bool,
+    /// The arm asked for solicited completions only.
+    armed_solicited: bool,
     unacked: u32,
     wcs: Vec<sys::ibv_wc>,
 }
@@ -81,9 +101,11 @@ impl SharedCq {
             room,
             state: Mutex::new(State {
                 routes: HashMap::new(),
+                loud: 0,
                 placed: 0,
                 routed: Vec::new(),
                 armed: false,
+                armed_solicited: false,
                 unacked: 0,
                 wcs: Vec::with_capacity(policy::POLL_BATCH),
             }),
@@ -137,16 +159,50 @@ impl SharedCq {
 
     /// Routes QP `qp_num`'s completions to `inbox`, naming `tag` in [`SharedCq::collect`].
     /// Drains the CQ first: completions of a destroyed QP that had the same number are dropped.
+    /// The route is loud (each completion raises an event) until [`SharedCq::quiet`]: a CQ armed
+    /// for solicited completions only is armed again for all of them at once.
     pub(crate) fn route(&self, qp_num: u32, tag: u64, inbox: Inbox) -> Result<()> {
         let mut st = lock(&self.state);
         self.drain(&mut st)?;
-        st.routes.insert(qp_num, (tag, inbox));
+        if let Some(old) = st.routes.insert(qp_num, Route { tag, inbox, quiet: false }) {
+            st.loud -= usize::from(!old.quiet);
+        }
+        st.loud += 1;
+        if st.armed && st.armed_solicited {
+            self.arm(&mut st)?;
+        }
         Ok(())
     }
 
     /// Stops routing QP `qp_num` (before it is destroyed): what it still gets is dropped.
     pub(crate) fn unroute(&self, qp_num: u32) {
-        lock(&self.state).routes.remove(&qp_num);
+        let mut st = lock(&self.state);
+        if let Some(old) = st.routes.remove(&qp_num) {
+            st.loud -= usize::from(!old.quiet);
+        }
+    }
+
+    /// QP `qp_num`'s peer sets the solicited-event flag on every SEND that needs an answer:
+    /// its other completions need not raise an event. Once every route on the CQ is quiet, the
+    /// next arm is for solicited completions only.
+    pub(crate) fn quiet(&self, qp_num: u32) {
+        let mut st = lock(&self.state);
+        if let Some(route) = st.routes.get_mut(&qp_num) {
+            if !route.quiet {
+                route.quiet = true;
+                st.loud -= 1;
+            }
+        }
+    }
+
+    /// Routes what the CQ holds without taking an event or arming it (an event loop's poll at
+    /// a wake-up the CQ did not cause: completions that raised no event wait there), and
+    /// appends the tags routed to since the last call to `ready`.
+    pub(crate) fn poll(&self, ready: &mut Vec<u64>) -> Result<()> {
+        let mut st = lock(&self.state);
+        self.drain(&mut st)?;
+        ready.append(&mut st.routed);
+        Ok(())
     }
 
     /// Polls what is in the CQ into the inboxes (for an endpoint that polls its own).
@@ -187,7 +243,7 @@ impl SharedCq {
             unsafe { st.wcs.set_len(rc as usize) };
             let State { routes, routed, wcs, .. } = st;
             for wc in wcs.iter() {
-                let Some((tag, inbox)) = routes.get(&wc.qp_num) else { continue };
+                let Some(Route { tag, inbox, .. }) = routes.get(&wc.qp_num) else { continue };
                 inbox.lock().unwrap_or_else(PoisonError::into_inner).push_back(Completion {
                     wr_id: wc.wr_id,
                     status: WcStatus(wc.status),
@@ -205,13 +261,16 @@ impl SharedCq {
         }
     }
 
+    /// Arms the CQ: for solicited completions only when every route is quiet, else for any.
     fn arm(&self, st: &mut State) -> Result<()> {
+        let solicited = st.loud == 0;
         // SAFETY: the CQ is live and was created with a completion channel.
-        let rc = unsafe { sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), 0) };
+        let rc = unsafe { sys::ibv_req_notify_cq(self.cq.cq().as_ptr(), i32::from(solicited)) };
         if rc != 0 {
             return Err(verbs_err("ibv_req_notify_cq", &self.device, std::io::Error::from_raw_os_error(rc)));
         }
         st.armed = true;
+        st.armed_solicited = solicited;
         Ok(())
     }
 

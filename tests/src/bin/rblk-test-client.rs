@@ -9,9 +9,10 @@
 //! rblk-test-client open-time URI --count N
 //!     connect, OPEN (read-only) and close N sessions one after the other; prints
 //!     "open_ms p50 P min MIN max MAX rate R p99 Q" (R: sessions opened and closed per second)
-//! rblk-test-client hold URI --sessions N [--qps Q] [--threads T|each] [--per-qp-keepalives]
+//! rblk-test-client hold URI --sessions N [--qps Q] [--threads T|each] [--per-qp-keepalives] [--unsolicited]
 //!     open N read-only sessions, each with Q-1 further queue pairs (JOINs; default Q 1; every
-//!     QP keeping keepalives of its own with --per-qp-keepalives, as before session keepalives), print
+//!     QP keeping keepalives of its own with --per-qp-keepalives, as before session keepalives;
+//!     requests not marked as solicited events with --unsolicited, as before them), print
 //!     "held N qps M", and keep them alive (the protocol's keepalives, every QP ticked each
 //!     second) until stdin closes; a line "grow N" on stdin opens more until N are held, then
 //!     prints "held N qps M" again, after "stopped: ERROR" if an open failed (what is held
@@ -423,7 +424,10 @@ fn hold(args: &[String]) -> Result<(), String> {
     // Every QP keeps its own keepalives (as before session keepalives): what they save is
     // measured against this.
     let per_qp = args.iter().any(|a| a == "--per-qp-keepalives");
-    let opts = Options { session_keepalives: !per_qp, ..Options::default() };
+    // Requests not marked as solicited events (`FEATURE_SOLICITED` not offered): the target
+    // wakes for every completion, as before; what the feature saves is measured against this.
+    let unsolicited = args.iter().any(|a| a == "--unsolicited");
+    let opts = Options { session_keepalives: !per_qp, solicited_events: !unsolicited, ..Options::default() };
     // The first error of a tick thread: the client reports it and exits.
     let (err_tx, err_rx) = mpsc::channel::<String>();
     let mut shards: Vec<Arc<Shard>> = Vec::new();
