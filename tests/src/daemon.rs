@@ -208,6 +208,20 @@ impl Daemon {
         self.rdma_res("pd")
     }
 
+    /// Times the daemon's threads named `prefix`* went to sleep waiting (the sum of their
+    /// `voluntary_ctxt_switches`): for a worker, its wake-ups.
+    pub fn sleeps_of(&self, prefix: &str) -> u64 {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid())).expect("daemon threads");
+        tasks
+            .filter_map(|e| e.ok())
+            .filter(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with(prefix)))
+            .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+            .filter_map(|st| {
+                st.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:")?.trim().parse::<u64>().ok())
+            })
+            .sum()
+    }
+
     /// Threads of the daemon (`Threads:` of /proc/PID/status).
     pub fn threads(&self) -> u64 {
         self.status("Threads")
