@@ -21,7 +21,10 @@
 #      HOSTS_STEPS_2QP (default 10,250,1000,2048 sessions: up to 4,096 QPs); phase 2qp-perqp, only
 #      with HOSTS_STEPS_PERQP (default -: none), the same again with every QP keeping keepalives
 #      of its own (`hold --per-qp-keepalives`, as before session keepalives, feature 512): what
-#      sharing a session's keepalives saves, in the same boot. At each step:
+#      sharing a session's keepalives saves, in the same boot; phase 2qp-unsol, only with
+#      HOSTS_STEPS_UNSOL (default -: none), 2qp's sessions from initiators that do not mark their
+#      requests as solicited events (`hold --unsolicited`, as before feature 1024: the target
+#      wakes for every keepalive): what solicited events save. At each step:
 #        - the target's threads (/proc/PID/task), fds (/proc/PID/fd), RSS and VmPin
 #          (/proc/PID/status);
 #        - its CPU (utime + stime of /proc/PID/stat) over HOSTS_IDLE_SECS (default 10) of idle,
@@ -78,7 +81,7 @@ source "$REPO_ROOT/scripts/lib/script.sh"
 # Progress goes to stderr.
 
 guest_main() {
-    local bin=$1 steps1=$2 steps2=$3 opens=$4 idle=$5 bench=$6 cm=$7 storm=$8 budget=$9 steps3=${10}
+    local bin=$1 steps1=$2 steps2=$3 opens=$4 idle=$5 bench=$6 cm=$7 storm=$8 budget=$9 steps3=${10} steps4=${11}
     local addr=${RBLK_ADDR:?RBLK_ADDR: the address of the rxe device} dev=${RBLK_DEVICE:-rxe0}
     local work deadline=$((SECONDS + budget))
     work=$(mktemp -d /tmp/rblk-hosts.XXXXXX)
@@ -116,10 +119,11 @@ guest_main() {
     printf '@@meta target_fds_at_start %s\n' "$(count_dir "/proc/$tpid/fd")"
 
     local phase
-    for phase in 1qp 2qp 2qp-perqp; do
+    for phase in 1qp 2qp 2qp-perqp 2qp-unsol; do
         local steps=$steps1
         [[ $phase == 2qp ]] && steps=$steps2
         [[ $phase == 2qp-perqp ]] && steps=$steps3
+        [[ $phase == 2qp-unsol ]] && steps=$steps4
         [[ $steps == - ]] && continue
         # TARGET_PID, not the first daemon's: after phase 2qp's storms a successor serves.
         hold_phase "$bin" "$work" "$addr" "$TARGET_PID" "$phase" "${phase%%qp*}" "$steps" "$opens" "$idle" \
@@ -189,8 +193,10 @@ hold_phase() {
     # took longer than the target's 15 s keepalive timeout the sessions it had already
     # reconnected went silent and were ended: the client prolonged its own storm.)
     # Phase 2qp-perqp: every QP keeps keepalives of its own, as before session keepalives.
+    # Phase 2qp-unsol: requests not marked as solicited events, as before them.
     local -a extra=()
     [[ $phase == *-perqp ]] && extra=(--per-qp-keepalives)
+    [[ $phase == *-unsol ]] && extra=(--unsolicited)
     "$bin/rblk-test-client" hold "$uri" --sessions 1 --qps "$qps" --threads each "${extra[@]}" <"$fifo" >"$out" \
         2>"$out.err" &
     local hpid=$! n held=0 stopped=0
@@ -385,11 +391,11 @@ host_main() {
         return
     fi
     local steps1=${HOSTS_STEPS_1QP:-1,10,100,500,1000} steps2=${HOSTS_STEPS_2QP:-10,250,1000,2048}
-    local steps3=${HOSTS_STEPS_PERQP:--}
+    local steps3=${HOSTS_STEPS_PERQP:--} steps4=${HOSTS_STEPS_UNSOL:--}
     local opens=${HOSTS_OPENS:-100} idle=${HOSTS_IDLE_SECS:-10} bench=${HOSTS_BENCH_SECS:-5}
     local cm=${HOSTS_CMTIME:-100} storm=${HOSTS_CMTIME_STORM:-2000} budget=${HOSTS_BUDGET:-2400}
     local v
-    for v in "$steps1" "$steps2" "$steps3"; do
+    for v in "$steps1" "$steps2" "$steps3" "$steps4"; do
         [[ $v == - || $v =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
             die "steps must be session counts like 1,10,100, or - for none (got '$v')"
     done
@@ -404,9 +410,9 @@ host_main() {
     : >"$glog"
     printf '@@meta date %s\n@@meta host_cpus %s\n' "$(date -u +%Y-%m-%dT%H:%MZ)" "$(nproc)" >>"$glog"
     RXE_GUEST_MEM=${RXE_GUEST_MEM:-8G} run_guest "$glog" $((budget + 900)) "$REPO_ROOT/scripts/hosts-rxe.sh" \
-        "$BIN_DIR" "$steps1" "$steps2" "$opens" "$idle" "$bench" "$cm" "$storm" "$budget" "$steps3"
+        "$BIN_DIR" "$steps1" "$steps2" "$opens" "$idle" "$bench" "$cm" "$storm" "$budget" "$steps3" "$steps4"
     summarize_run "$glog" "$OUT"
     finish_run "$glog"
 }
 
-script_main 10 "BIN_DIR STEPS_1QP STEPS_2QP OPENS IDLE_SECS BENCH_SECS CMTIME CMTIME_STORM BUDGET_SECS STEPS_PERQP" "$@"
+script_main 11 "BIN_DIR STEPS_1QP STEPS_2QP OPENS IDLE_SECS BENCH_SECS CMTIME CMTIME_STORM BUDGET_SECS STEPS_PERQP STEPS_UNSOL" "$@"

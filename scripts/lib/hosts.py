@@ -183,10 +183,16 @@ def lost(row):
     return row.get("reconnects", 0) > 0 or row.get("failed", 0) > 0
 
 
+def compared(row):
+    """Is the row a comparison phase's (PHASE-VARIANT: 2qp-perqp, 2qp-unsol), today's sessions
+    with one of their defaults turned off? Goals read the default phases' rows only."""
+    return "-" in row["phase"]
+
+
 def nearest(steps, qps):
     """The row of the most QPs at most `qps` (the goal's row, or the nearest below it) whose
-    sessions stayed up."""
-    rows = [r for r in steps if r["qps"] <= qps and not lost(r)]
+    sessions stayed up, of a default phase."""
+    rows = [r for r in steps if r["qps"] <= qps and not lost(r) and not compared(r)]
     return max(rows, key=lambda r: (r["qps"], r["phase"])) if rows else None
 
 
@@ -198,7 +204,7 @@ def goals(doc):
         out.append({"goal": goal, "bound": bound, "measured": measured,
                     "row": f"{row['phase']} {row['sessions']} sessions, {row['qps']} QPs" if row else None})
 
-    up = [r for r in steps if not lost(r)]
+    up = [r for r in steps if not lost(r) and not compared(r)]
     top = max(up, key=lambda r: r["qps"]) if up else None
     most = max(steps, key=lambda r: r["threads"]) if steps else None
     add("target threads, most over the run", "workers + 4", most and most["threads"], most)

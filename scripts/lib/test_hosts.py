@@ -125,6 +125,20 @@ class Goals(unittest.TestCase):
         self.assertIn("not idle: 2qp 1500 sessions: the held sessions reconnected 1499 times",
                       hosts.table(doc))
 
+    def test_comparison_phases_are_no_goal_rows(self):
+        # 2qp-unsol (requests not solicited, as before feature 1024) sorted after 2qp and was
+        # read as the 2,000-QP goal row: 20.6% of a core reported where the default was 5.7%.
+        with open(LOG) as f:
+            lines = list(f)
+        step = next(l for l in lines if l.startswith("@@step phase=2qp sessions=1000 "))
+        lines.append(step.replace("phase=2qp ", "phase=2qp-unsol ").replace("cpu_ticks=", "cpu_ticks=9"))
+        doc = hosts.summarize(lines)
+        self.assertIn("2qp-unsol", [r["phase"] for r in doc["steps"]])
+        for goal in ("target CPU idle at 2000", "target CPU idle at 4096", "open time p50 at the most",
+                     "rblk-bench QD1 IOPS"):
+            self.assertEqual(self.goal(doc, goal)["row"], "2qp 1000 sessions, 2000 QPs", goal)
+        self.assertAlmostEqual(self.goal(doc, "target CPU idle at 2000")["measured"], 37.7)
+
     def test_a_storm_is_read_against_cmtime_and_only_when_every_session_came_back(self):
         with open(LOG) as f:
             lines = list(f)
