@@ -608,7 +608,7 @@ mod tests {
 
     /// Catches sessions' firsts piling on one worker: sessions of two QPs (a first, then its
     /// JOIN) on two workers put every first on worker 0 when only connections count (measured:
-    /// at 1,000 sessions x 2, worker 0 took 98% of the target's idle CPU). Firsts and
+    /// at 1,000 sessions x 2, worker 0 took about 97% of the target's idle samples). Firsts and
     /// connections both stay within 1 across workers.
     #[test]
     fn sessions_firsts_spread_over_the_workers_too() {
