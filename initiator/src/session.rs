@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use rblk_fabric::{Chain, Pd};
 use rblk_proto::{
-    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, VolumeFlags, FEATURES, FEATURE_HOST_ID, FEATURE_SOLICITED,
-    FEATURE_KEEPALIVE, FEATURE_MUTUAL_AUTH, FEATURE_RECONNECT, FEATURE_WINDOWS, MAC_LEN,
+    ChallengeFlags, ConnectData, Message, Opcode, OpenMode, Opened, Resume, VolumeFlags, FEATURES, FEATURE_HOST_ID,
+    FEATURE_KEEPALIVE, FEATURE_MUTUAL_AUTH, FEATURE_RECONNECT, FEATURE_SOLICITED, FEATURE_WINDOWS, MAC_LEN,
 };
 
 use crate::conn::{self, Conn, Dest, Reply};
