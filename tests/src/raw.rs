@@ -85,6 +85,10 @@ impl Raw {
         let mut ep = Endpoint::resolve(fabric, addr, None, route, cfg, deadline)?;
         let mut channel = Channel::new(&ep.pd())?;
         channel.post_recvs(&mut ep)?;
+        // Every request solicited (`FEATURE_SOLICITED`): harmless to a target that wakes for
+        // every completion, and needed by one that, past OPENED with the bit negotiated, wakes
+        // only for solicited ones (an unflagged request would wait for its next timer).
+        channel.solicit(true);
         ep.connect(data, deadline)?;
         Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
     }
@@ -94,15 +98,16 @@ impl Raw {
     pub fn connect_without_recvs(fabric: Fabric, addr: SocketAddr, connect: ConnectData) -> rblk_fabric::Result<Raw> {
         let deadline = Instant::now() + STEP;
         let mut ep = Endpoint::resolve(fabric, addr, None, &Route::default(), &QpConfig::default(), deadline)?;
-        let channel = Channel::new(&ep.pd())?;
+        let mut channel = Channel::new(&ep.pd())?;
+        channel.solicit(true);
         ep.connect(&connect.to_bytes(), deadline)?;
         Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
     }
 
-    /// Sends raw bytes as one SEND.
+    /// Sends raw bytes as one SEND (solicited, as the requests: see [`Raw::connect`]).
     pub fn send_bytes(&mut self, bytes: &[u8]) {
         self.ep
-            .post(&[WorkRequest { wr_id: 1, op: Op::Send, local: Local::Inline(bytes), signaled: false }])
+            .post(&[WorkRequest { wr_id: 1, op: Op::SendSolicited, local: Local::Inline(bytes), signaled: false }])
             .expect("post raw send");
     }
 

@@ -142,6 +142,16 @@ fn a_flooding_connection_does_not_delay_anothers_keepalive() {
     assert!(taken < FLOOD, "the quiet connection's keepalive waited until the whole flood was handled");
 }
 
+/// Raises this test process's RLIMIT_NOFILE to 8,192 (for client QPs here or in a child, which
+/// inherits it).
+fn raise_nofile() {
+    let raised = std::process::Command::new("prlimit")
+        .args(["--pid", &std::process::id().to_string(), "--nofile=8192:8192"])
+        .status()
+        .expect("prlimit");
+    assert!(raised.success(), "cannot raise this test's RLIMIT_NOFILE");
+}
+
 /// Item 1 of issue 40 in the guest: a few hundred sessions (each its own QP) share `workers`
 /// threads and the workers' shared completion queues. Catches a thread per connection
 /// (before: one each, 300 sessions made 302 threads), a descriptor per connection (before
@@ -155,11 +165,7 @@ fn rxe_hundreds_of_sessions_share_a_few_threads() {
     const WORKERS: u64 = 1;
     // Each client QP holds a few descriptors in this process (its event and completion
     // channels, its waker).
-    let raised = std::process::Command::new("prlimit")
-        .args(["--pid", &std::process::id().to_string(), "--nofile=8192:8192"])
-        .status()
-        .expect("prlimit");
-    assert!(raised.success(), "cannot raise this test's RLIMIT_NOFILE for {SESSIONS} client QPs");
+    raise_nofile();
     let workers = WORKERS.to_string();
     let d = rblk_tests::daemon::Daemon::start(
         &rblk_tests::rxe::rdma(),
@@ -229,11 +235,8 @@ fn rxe_hundreds_of_sessions_share_a_few_threads() {
 fn rxe_idle_sessions_that_solicit_do_not_wake_the_target_for_each_keepalive() {
     use std::io::{BufRead, Write};
     const SESSIONS: u32 = 200;
-    let raised = std::process::Command::new("prlimit")
-        .args(["--pid", &std::process::id().to_string(), "--nofile=8192:8192"])
-        .status()
-        .expect("prlimit");
-    assert!(raised.success(), "cannot raise this test's RLIMIT_NOFILE");
+    // For the client's QPs: it inherits the limit.
+    raise_nofile();
     let d = rblk_tests::daemon::Daemon::start(
         &rblk_tests::rxe::rdma(),
         &["--volume", "v:1M", "--workers", "1", "--max-sessions-per-host", "1000"],
