@@ -232,7 +232,9 @@ pub(crate) struct Connection {
     /// The latest it may open (or join) a session.
     open_by: Instant,
     liveness: Liveness,
-    buf: [u8; MSG_SIZE],
+    buf: Box<[u8; MSG_SIZE]>,
+    /// The buffer a message is handled from ([`Connection::on_message`] swaps it with `buf`).
+    spare: Option<Box<[u8; MSG_SIZE]>>,
     /// SENDs posted and completed. SENDs complete in order: our keepalive is done once as many
     /// SENDs completed as had been posted up to and including it.
     sends_posted: u64,
@@ -343,7 +345,8 @@ impl Connection {
             // The connection was admitted at its connect request, just now.
             open_by: Instant::now() + limits.auth_timeout,
             liveness: Liveness::new(rules(limits.keepalive_timeout), Instant::now()),
-            buf: [0u8; MSG_SIZE],
+            buf: Box::new([0u8; MSG_SIZE]),
+            spare: Some(Box::new([0u8; MSG_SIZE])),
             sends_posted: 0,
             sends_done: 0,
             keepalive: None,
@@ -646,8 +649,13 @@ impl Connection {
             self.deferred.push_back(bytes.to_vec());
             return Ok(());
         }
-        let bytes = self.buf;
-        self.handle(&bytes[..len])
+        // The message moves out with its buffer (a pointer swap: copying the 4 KiB buffer for
+        // every message, keepalives included, was 4% of an idle target's samples).
+        let mut msg = self.spare.take().unwrap_or_else(|| Box::new([0u8; MSG_SIZE]));
+        std::mem::swap(&mut self.buf, &mut msg);
+        let handled = self.handle(&msg[..len]);
+        self.spare = Some(msg);
+        handled
     }
 
     /// Answers the FLUSHes whose write-back finished (in order), then serves the requests that
