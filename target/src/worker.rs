@@ -148,6 +148,9 @@ impl Timers {
 #[derive(Debug)]
 struct Handle {
     queue: Arc<WakeQueue>,
+    // Boxed as everywhere else a connection goes (the slow-work thread, the worker's map): a
+    // hand-over moves a pointer, not the connection.
+    #[allow(clippy::vec_box)]
     inbox: Mutex<Vec<Box<Connection>>>,
     count: AtomicUsize,
     /// Of those, sessions' firsts (not JOINs): they carry their sessions' keepalives.
