@@ -145,7 +145,7 @@ fn set_up(
     };
     let t_pd = Instant::now();
     // Placed first: its QP's completions go to that worker's shared CQ.
-    let worker = workers.place(matches!(state, State::Joining { .. } | State::JoinRefused { .. }));
+    let worker = workers.place(state.joins());
     let cq = workers.shared_cq(worker, &pd);
     let mut ep = req.into_endpoint_shared(&pd, &cfg, conn, cq.as_ref()).map_err(fabric("creating the queue pair"))?;
     let t_qp = Instant::now();
@@ -331,7 +331,7 @@ impl Connection {
         span: tracing::Span,
     ) -> Self {
         let limits = shared.limits();
-        let joins = matches!(state, State::Joining { .. } | State::JoinRefused { .. });
+        let joins = state.joins();
         Connection {
             shared,
             conn,

@@ -731,6 +731,12 @@ impl State {
         }
     }
 
+    /// Whether the connection came to JOIN a session (admitted to one, or refused at its cap):
+    /// else it is a session's first.
+    pub fn joins(&self) -> bool {
+        matches!(self, State::Joining { .. } | State::JoinRefused { .. })
+    }
+
     /// Whether the connection belongs to an open session (opened or joined), or is closing.
     pub fn is_open(&self) -> bool {
         matches!(self, State::Open { .. } | State::Closed { .. })

@@ -420,15 +420,15 @@ impl Worker {
         if cqs.is_empty() {
             return;
         }
-        let raised: Vec<u64> = ready.iter().copied().filter(|&t| is_cq_tag(t)).collect();
-        ready.retain(|&t| !is_cq_tag(t));
-        // `collect` and `poll` append connection ids, never CQ tags.
+        // `collect` and `poll` append connection ids, never CQ tags: a tag in `ready` is one
+        // this wake brought.
         for (i, (device, cq)) in cqs.iter().enumerate() {
-            let got = if raised.contains(&(CQ_TAGS - i as u64)) { cq.collect(ready) } else { cq.poll(ready) };
+            let got = if ready.contains(&(CQ_TAGS - i as u64)) { cq.collect(ready) } else { cq.poll(ready) };
             if let Err(e) = got {
                 warn!(device, error = %Chain(&e), "shared completion queue failed");
             }
         }
+        ready.retain(|&t| !is_cq_tag(t));
     }
 
     /// Takes the connections handed over (new, or back from the slow-work thread): they are

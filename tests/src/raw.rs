@@ -38,6 +38,15 @@ fn until_admitted(mut connect: impl FnMut() -> rblk_fabric::Result<Raw>) -> rblk
     }
 }
 
+/// A control channel on `ep` whose every request is solicited (`FEATURE_SOLICITED`): harmless to
+/// a target that wakes for every completion, and needed by one that, past OPENED with the bit
+/// negotiated, wakes only for solicited ones (an unflagged request would wait for its next timer).
+fn solicited_channel(ep: &Endpoint) -> rblk_fabric::Result<Channel> {
+    let mut channel = Channel::new(&ep.pd())?;
+    channel.solicit(true);
+    Ok(channel)
+}
+
 impl Raw {
     /// Connects with `connect` data on `fabric`; a target busy admitting others is asked again
     /// when it says (as initiators do), within the step's 30 s.
@@ -83,12 +92,8 @@ impl Raw {
     ) -> rblk_fabric::Result<Raw> {
         let deadline = Instant::now() + within;
         let mut ep = Endpoint::resolve(fabric, addr, None, route, cfg, deadline)?;
-        let mut channel = Channel::new(&ep.pd())?;
+        let mut channel = solicited_channel(&ep)?;
         channel.post_recvs(&mut ep)?;
-        // Every request solicited (`FEATURE_SOLICITED`): harmless to a target that wakes for
-        // every completion, and needed by one that, past OPENED with the bit negotiated, wakes
-        // only for solicited ones (an unflagged request would wait for its next timer).
-        channel.solicit(true);
         ep.connect(data, deadline)?;
         Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
     }
@@ -98,13 +103,12 @@ impl Raw {
     pub fn connect_without_recvs(fabric: Fabric, addr: SocketAddr, connect: ConnectData) -> rblk_fabric::Result<Raw> {
         let deadline = Instant::now() + STEP;
         let mut ep = Endpoint::resolve(fabric, addr, None, &Route::default(), &QpConfig::default(), deadline)?;
-        let mut channel = Channel::new(&ep.pd())?;
-        channel.solicit(true);
+        let channel = solicited_channel(&ep)?;
         ep.connect(&connect.to_bytes(), deadline)?;
         Ok(Raw { ep, channel, buf: [0; MSG_SIZE], tag: 0 })
     }
 
-    /// Sends raw bytes as one SEND (solicited, as the requests: see [`Raw::connect`]).
+    /// Sends raw bytes as one SEND (solicited, as every request of this client).
     pub fn send_bytes(&mut self, bytes: &[u8]) {
         self.ep
             .post(&[WorkRequest { wr_id: 1, op: Op::SendSolicited, local: Local::Inline(bytes), signaled: false }])
