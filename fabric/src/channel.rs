@@ -16,12 +16,15 @@ use crate::{Access, Completion, Endpoint, Error, Local, Memory, Mr, Op, Pd, Resu
 /// Set in the wr_id of every control work request.
 pub const CONTROL_BIT: u64 = 1 << 63;
 const SEND_BIT: u64 = 1 << 62;
+/// Set in the wr_id of a receive from a shared receive queue (see [`Endpoint::shares_receives`]).
+pub(crate) const SHARED_RECV_BIT: u64 = 1 << 61;
 
 /// Bytes of registered (pinned) buffers one channel holds at most: a receive and a send buffer of
 /// [`MSG_SIZE`] per credit.
 pub const PINNED_BYTES: usize = RECV_BYTES + SEND_BYTES;
 
-/// Bytes of its receive buffers, registered at [`Channel::new`]: what an idle channel pins.
+/// Bytes of its receive buffers, registered at [`Channel::new`]: what an idle channel pins
+/// (none when its endpoint takes receives from a shared queue: [`Channel::for_endpoint`]).
 pub const RECV_BYTES: usize = RECV_COUNT * MSG_SIZE;
 
 /// Bytes of its send buffers, registered at the first SEND too large for the endpoint's inline
@@ -48,7 +51,8 @@ pub enum Event {
 /// Receive and send buffers for one endpoint's control messages.
 #[derive(Debug)]
 pub struct Channel {
-    recvs: Mr,
+    /// None: its endpoint's receives come from a shared receive queue.
+    recvs: Option<Mr>,
     /// Registered at the first SEND that does not go inline.
     sends: Option<Mr>,
     free_sends: Vec<usize>,
@@ -61,7 +65,16 @@ impl Channel {
     pub fn new(pd: &Pd) -> Result<Channel> {
         let memory: Arc<Memory> = Memory::anonymous(RECV_BYTES)?;
         let recvs = pd.register(&memory, Access::LOCAL)?;
-        Ok(Channel { recvs, sends: None, free_sends: (0..SEND_COUNT).rev().collect(), solicit: false })
+        Ok(Channel { recvs: Some(recvs), sends: None, free_sends: (0..SEND_COUNT).rev().collect(), solicit: false })
+    }
+
+    /// For `ep`: with receive buffers of its own ([`Channel::new`] in its PD), or none if its
+    /// receives come from a shared receive queue ([`Endpoint::shares_receives`]).
+    pub fn for_endpoint(ep: &Endpoint) -> Result<Channel> {
+        if !ep.shares_receives() {
+            return Channel::new(&ep.pd());
+        }
+        Ok(Channel { recvs: None, sends: None, free_sends: (0..SEND_COUNT).rev().collect(), solicit: false })
     }
 
     /// From now on, with `on`, every SEND but KEEPALIVE carries the solicited-event flag
@@ -74,16 +87,20 @@ impl Channel {
     /// Bytes of buffers it has registered: [`RECV_BYTES`], and [`SEND_BYTES`] once a SEND did
     /// not go inline.
     pub fn pinned_bytes(&self) -> usize {
-        RECV_BYTES + self.sends.as_ref().map_or(0, |_| SEND_BYTES)
+        self.recvs.as_ref().map_or(0, |_| RECV_BYTES) + self.sends.as_ref().map_or(0, |_| SEND_BYTES)
     }
 
-    /// Posts every receive buffer. Call once, before the connection is accepted or connected.
+    /// Posts every receive buffer (none on a shared receive queue, whose are posted). Call
+    /// once, before the connection is accepted or connected.
     pub fn post_recvs(&mut self, ep: &mut Endpoint) -> Result<()> {
         (0..RECV_COUNT).try_for_each(|slot| self.repost(ep, slot))
     }
 
     fn repost(&self, ep: &mut Endpoint, slot: usize) -> Result<()> {
-        ep.post_recv(CONTROL_BIT | slot as u64, &self.recvs, slot * MSG_SIZE, MSG_SIZE as u32)
+        match &self.recvs {
+            Some(recvs) => ep.post_recv(CONTROL_BIT | slot as u64, recvs, slot * MSG_SIZE, MSG_SIZE as u32),
+            None => Ok(()),
+        }
     }
 
     /// Encodes `msg` with `tag` and SENDs it. Fails with [`Error::QueueFull`] when every send
@@ -150,12 +167,17 @@ impl Channel {
             return Ok(Event::Sent);
         }
         c.ok()?;
-        if slot >= RECV_COUNT || c.opcode != WcOpcode::Recv {
-            return Err(Error::UnexpectedCompletion { wr_id: c.wr_id, opcode: c.opcode });
-        }
         let len = (c.byte_len as usize).min(MSG_SIZE);
-        self.recvs.memory().read_at(slot * MSG_SIZE, &mut buf[..len])?;
-        self.repost(ep, slot)?;
+        match &self.recvs {
+            None if c.wr_id & SHARED_RECV_BIT != 0 && c.opcode == WcOpcode::Recv => {
+                ep.take_receive(c.wr_id, &mut buf[..len])?;
+            }
+            Some(recvs) if slot < RECV_COUNT && c.opcode == WcOpcode::Recv => {
+                recvs.memory().read_at(slot * MSG_SIZE, &mut buf[..len])?;
+                self.repost(ep, slot)?;
+            }
+            _ => return Err(Error::UnexpectedCompletion { wr_id: c.wr_id, opcode: c.opcode }),
+        }
         Ok(Event::Received(len))
     }
 

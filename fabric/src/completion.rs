@@ -25,6 +25,9 @@ statuses! {
     REM_ACCESS_ERR = 10, REM_OP_ERR = 11, RETRY_EXC_ERR = 12, RNR_RETRY_EXC_ERR = 13,
     LOC_RDD_VIOL_ERR = 14, REM_INV_RD_REQ_ERR = 15, REM_ABORT_ERR = 16, INV_EECN_ERR = 17,
     INV_EEC_STATE_ERR = 18, FATAL_ERR = 19, RESP_TIMEOUT_ERR = 20, GENERAL_ERR = 21,
+    // Not a verbs status: a receive from a shared receive queue beyond its QP's credit (the
+    // peer sent more than RECV_COUNT messages its side had not had read); dropped unread.
+    CREDIT_OVERRUN = 0x1000,
 }
 
 impl WcStatus {

@@ -278,6 +278,17 @@ impl Pd {
         dispatch!(PdInner, &self.inner, p => p.device())
     }
 
+    /// Whether `other` is this same protection domain (a clone of it).
+    pub fn same_as(&self, other: &Pd) -> bool {
+        match (&self.inner, &other.inner) {
+            (PdInner::Verbs(a), PdInner::Verbs(b)) => a.same_as(b),
+            #[cfg(feature = "mem")]
+            (PdInner::Mem(a), PdInner::Mem(b)) => a.id() == b.id(),
+            #[cfg(feature = "mem")]
+            _ => false,
+        }
+    }
+
     /// Whether the device has type 2B memory windows (rkeys bound to one QP, see [`Mw`]). The
     /// in-memory fabric has them.
     pub fn type2_windows(&self) -> bool {
@@ -531,6 +542,9 @@ pub enum DeviceEventKind {
     CqFailed,
     /// The device failed: every QP on it is lost.
     DeviceFatal,
+    /// A shared receive queue ran low on buffers: its event loop was woken to give back the
+    /// ones its connections hold (see [`SharedCq`]); nothing else to do.
+    SrqLimit,
     /// Anything else (shared receive queue and work queue events, types unknown to us).
     Other,
 }
@@ -774,10 +788,18 @@ impl SharedCq {
     /// outstanding each (their send and receive depths: a CQ that overflows errors every QP on
     /// it, so an endpoint beyond `room` is refused), on the device's completion vector `vector`
     /// (modulo the device's count). None on the in-memory fabric.
-    pub fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32) -> Result<Option<SharedCq>> {
+    ///
+    /// With `receives`, it has a shared receive queue in `pd` (for `pd` shared by many
+    /// connections, as the target's memory-window domain is): endpoints of that PD made on it
+    /// take their control channel's receive buffers from there ([`Endpoint::shares_receives`]),
+    /// grown in chunks as QPs come, one 4 KiB buffer per two QPs, at least 32; each QP may hold
+    /// at most `RECV_COUNT` of them unread, and a receive beyond that completes with
+    /// [`WcStatus::CREDIT_OVERRUN`](crate::WcStatus::CREDIT_OVERRUN). When it runs low the
+    /// device's event wakes the event loop through [`SharedCq::set_waker`].
+    pub fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32, receives: bool) -> Result<Option<SharedCq>> {
         match &pd.inner {
             PdInner::Verbs(p) => {
-                Ok(Some(SharedCq { inner: verbs::shared_cq::SharedCq::new(p, room, per_qp, vector)? }))
+                Ok(Some(SharedCq { inner: verbs::shared_cq::SharedCq::new(p, room, per_qp, vector, receives)? }))
             }
             #[cfg(feature = "mem")]
             PdInner::Mem(_) => Ok(None),
@@ -793,6 +815,22 @@ impl SharedCq {
     /// QPs on it (each endpoint made on it takes a place and gives it back when dropped).
     pub fn placed(&self) -> usize {
         self.inner.placed()
+    }
+
+    /// The event loop's waker: woken when the shared receive queue runs low (the device's
+    /// low-water event), so that it routes what its connections have to read.
+    pub fn set_waker(&self, waker: Waker) {
+        self.inner.set_waker(waker);
+    }
+
+    /// Bytes its shared receive queue registered for buffers (0 without one).
+    pub fn pinned_bytes(&self) -> usize {
+        self.inner.pinned_bytes()
+    }
+
+    /// Buffers posted on its shared receive queue now; None without one.
+    pub fn receives_posted(&self) -> Option<usize> {
+        self.inner.receives_posted()
     }
 
     /// Whether it has room for one more QP (an endpoint made on a full one fails).
@@ -1020,6 +1058,27 @@ impl Endpoint {
     /// Posts one RECV into `len` bytes at `offset` of `mr`.
     pub fn post_recv(&mut self, wr_id: u64, mr: &Mr, offset: usize, len: u32) -> Result<()> {
         dispatch!(EndpointInner, &mut self.inner, e => e.post_recv(wr_id, mr, offset, len))
+    }
+
+    /// Whether its receives come from a [`SharedCq`]'s shared receive queue (see
+    /// [`SharedCq::new`]): then RECVs are not posted to it, and a receive's message is read
+    /// with [`Endpoint::take_receive`]. The control [`channel`] does both.
+    pub fn shares_receives(&self) -> bool {
+        match &self.inner {
+            EndpointInner::Verbs(e) => e.shares_receives(),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => false,
+        }
+    }
+
+    /// Copies the first `dst.len()` bytes of the message that shared receive `wr_id` (a
+    /// completion's) holds, and gives the buffer back to the shared receive queue.
+    pub fn take_receive(&mut self, wr_id: u64, dst: &mut [u8]) -> Result<()> {
+        match &mut self.inner {
+            EndpointInner::Verbs(e) => e.take_receive(wr_id, dst),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => Err(Error::OtherFabric { what: "a shared receive on the in-memory fabric" }),
+        }
     }
 
     /// Takes up to `out.len()` completions without waiting.

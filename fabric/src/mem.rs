@@ -253,6 +253,10 @@ pub(crate) struct Pd {
 }
 
 impl Pd {
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     pub(crate) fn alloc(device: &str) -> Result<Pd> {
         Ok(Pd { id: NEXT_PD.fetch_add(1, Relaxed), device: device.into() })
     }

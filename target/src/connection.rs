@@ -39,8 +39,10 @@ pub(crate) trait Placement {
     fn hand(&self, worker: usize, conn: Box<Connection>);
     /// A completion queue of worker `worker` on `pd`'s device with room for one more QP (made
     /// there if it has none), or None: the QP gets a CQ of its own (the in-memory fabric, or
-    /// making one failed).
-    fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd) -> Option<rblk_fabric::SharedCq>;
+    /// making one failed). With `receives` (`pd` is the device's memory-window domain, shared by
+    /// every such session), one with a shared receive queue in `pd`: the QP's control channel
+    /// takes its receive buffers from there, not 64 KiB of its own.
+    fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd, receives: bool) -> Option<rblk_fabric::SharedCq>;
 }
 
 /// Why a connect request was refused.
@@ -146,10 +148,10 @@ fn set_up(
     let t_pd = Instant::now();
     // Placed first: its QP's completions go to that worker's shared CQ.
     let worker = workers.place(state.joins());
-    let cq = workers.shared_cq(worker, &pd);
+    let cq = workers.shared_cq(worker, &pd, shared.is_window_domain(req.device(), &pd));
     let mut ep = req.into_endpoint_shared(&pd, &cfg, conn, cq.as_ref()).map_err(fabric("creating the queue pair"))?;
     let t_qp = Instant::now();
-    let mut channel = Channel::new(&pd).map_err(fabric("setting up the control channel"))?;
+    let mut channel = Channel::for_endpoint(&ep).map_err(fabric("setting up the control channel"))?;
     let t_channel = Instant::now();
     channel.post_recvs(&mut ep).map_err(fabric("posting receives"))?;
     let t_recvs = Instant::now();

@@ -417,6 +417,7 @@ impl Shared {
                 tracing::error!(device, "{}: the QPs on that completion queue stop completing", e.what);
             }
             K::DeviceFatal => tracing::error!(device, "{}: every connection on it is lost", e.what),
+            K::SrqLimit => tracing::debug!(device, "device event: {}", e.what),
             K::Other => warn!(device, "device event: {}", e.what),
         }
     }
@@ -602,6 +603,12 @@ impl Shared {
         }
         domains.insert(req.device().to_owned(), domain.clone());
         Ok(domain)
+    }
+
+    /// Whether `pd` is `device`'s memory-window domain (shared by every window session there).
+    pub(crate) fn is_window_domain(&self, device: &str, pd: &rblk_fabric::Pd) -> bool {
+        let domains = self.domains.lock().unwrap_or_else(|p| p.into_inner());
+        domains.get(device).and_then(Option::as_ref).is_some_and(|d| d.same_as(pd))
     }
 
     pub(crate) fn session(&self, id: u64) -> Option<Arc<Session>> {

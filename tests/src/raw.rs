@@ -115,6 +115,13 @@ impl Raw {
             .expect("post raw send");
     }
 
+    /// From now on its control channel's SENDs carry no solicited-event flag (as a peer that
+    /// negotiated `FEATURE_SOLICITED` and breaks its word): a target armed for solicited
+    /// completions only is not woken by them.
+    pub fn unsolicited(&mut self) {
+        self.channel.solicit(false);
+    }
+
     /// Sends `msg` and returns the next non-keepalive reply as owned bytes.
     pub fn request(&mut self, msg: &Message<'_>) -> Vec<u8> {
         self.tag += 1;

@@ -280,6 +280,68 @@ fn rxe_idle_sessions_that_solicit_do_not_wake_the_target_for_each_keepalive() {
     );
 }
 
+/// Item 4 of issue 40 in the guest: memory-window sessions take their control receives from
+/// their worker's shared receive queue (one per shared CQ, in the device's window domain), not
+/// 16 x 4 KiB buffers each. 200 window sessions on one worker pin at most 4 KiB each beyond a
+/// first one's (with receive buffers of their own: 64 KiB each), and every one is answered
+/// (each STATS is received from the shared queue). Then one session breaks its word: 1,000
+/// KEEPALIVEs without the solicited flag, which wake no worker, so they pile up while it
+/// sleeps: the queue runs low, and its low-water event is taken (logged at debug); more than
+/// its credit of 16 unread at once are copied out of the queue, not refused, so the session
+/// stays (a target that cut a QP at 16 unread would end it), and it and the others are
+/// answered afterwards. Catches per-QP receive buffers on window sessions, a shared queue whose
+/// buffers are not given back (the flood would take them all: no STATS would be answered), a
+/// low-water event never armed or never delivered, and a cut at the credit.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn rxe_window_sessions_share_a_receive_queue_and_a_burst_past_the_credit_is_copied_out() {
+    const SESSIONS: u64 = 200;
+    const BURST: usize = 1000;
+    raise_nofile();
+    let rdma = rblk_tests::rxe::rdma();
+    // The SRQ's low-water event is logged at debug (as every device event of no consequence).
+    let log = std::ffi::OsString::from("info,rblk_target::registry=debug");
+    let d = rblk_tests::daemon::Daemon::spawn_with_env(
+        &rdma,
+        &["--volume", "v:1M", "--workers", "1", "--max-sessions-per-host", "1000"],
+        &[("RUST_LOG", &log)],
+    );
+    assert!(d.wait_log(&["listening on"], Duration::from_secs(60)), "the target did not start");
+    let window = || Raw::connect(Fabric::Verbs, d.addr, ConnectData::NewWindowSession).expect("connect");
+    // The first session registers the volume (in the window domain) and makes the shared CQ
+    // and its receive queue with its first buffers.
+    let mut probe = window();
+    probe.open("v", OpenMode::ReadOnly);
+    let pinned_before = d.vm_pin_kb();
+    let mut held = Vec::new();
+    for _ in 0..SESSIONS {
+        let mut r = window();
+        r.open("v", OpenMode::ReadOnly);
+        held.push(r);
+    }
+    let pinned = d.vm_pin_kb() - pinned_before;
+    eprintln!("workers: {SESSIONS} window sessions pinned {pinned} KiB more");
+    assert!(pinned * 1024 <= SESSIONS * 4096, "{pinned} KiB pinned for {SESSIONS} idle QPs: more than 4 KiB each");
+    for r in &mut held {
+        assert_eq!(r.stats().sessions, SESSIONS + 1, "every session is answered");
+    }
+    let keepalive = {
+        let mut buf = [0u8; MSG_SIZE];
+        let len = Message::Keepalive.encode(0, &mut buf).expect("encode KEEPALIVE");
+        buf[..len].to_vec()
+    };
+    let flooder = &mut held[0];
+    flooder.unsolicited();
+    for i in 0..BURST {
+        assert!(flooder.try_send_bytes(&keepalive), "KEEPALIVE {i} of the burst not sent: the connection is gone");
+    }
+    assert_eq!(flooder.stats().sessions, SESSIONS + 1, "the session that sent the burst is still served");
+    assert_eq!(probe.stats().sessions, SESSIONS + 1, "the others are too");
+    let lows = d.log_lines(&["SRQ limit reached"]).len();
+    eprintln!("workers: a burst of {BURST} unsolicited KEEPALIVEs ran the shared receive queue low {lows} times");
+    assert!(lows > 0, "the burst never raised (or the target never took) the receive queue's low-water event");
+}
+
 /// A reconnect storm in small: an in-process target with a 1 MiB volume `v` whose every
 /// admission takes 300 ms longer (`mem::slow_admissions`; the caller ends it).
 fn slowed_target() -> (rblk_target::server::Running, std::net::SocketAddr) {

@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use sideway::ibverbs::device::{DeviceInfo as _, DeviceList};
 use sideway::ibverbs::device_context::DeviceContext;
@@ -11,6 +12,7 @@ use std::os::fd::RawFd;
 
 use rdma_mummy_sys as sys;
 
+use super::shared_cq::SharedCq;
 use crate::{DeviceEvent, DeviceEventKind, DeviceInfo, Error, PortInfo, Result};
 
 fn verbs_err(op: &'static str, device: &str, e: impl std::fmt::Display) -> Error {
@@ -168,6 +170,22 @@ pub(crate) fn async_fds(out: &mut [RawFd]) -> usize {
     out.iter_mut().zip(map.values()).map(|(slot, ctx)| *slot = async_fd(ctx)).count()
 }
 
+/// The shared CQs with an SRQ, by the SRQ's address: where its low-water event goes.
+fn srqs() -> MutexGuard<'static, HashMap<usize, Weak<SharedCq>>> {
+    static SRQS: OnceLock<Mutex<HashMap<usize, Weak<SharedCq>>>> = OnceLock::new();
+    SRQS.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The low-water event of `srq` goes to `cq` (its owner) from now on.
+pub(crate) fn watch_srq(srq: NonNull<sys::ibv_srq>, cq: &Arc<SharedCq>) {
+    srqs().insert(srq.as_ptr() as usize, Arc::downgrade(cq));
+}
+
+/// `srq` is about to be destroyed.
+pub(crate) fn unwatch_srq(srq: NonNull<sys::ibv_srq>) {
+    srqs().remove(&(srq.as_ptr() as usize));
+}
+
 /// Takes every asynchronous event waiting on the devices opened so far (without blocking),
 /// acknowledges each, and appends what it said to `out`.
 pub(crate) fn async_events(out: &mut std::collections::VecDeque<DeviceEvent>) {
@@ -194,6 +212,15 @@ pub(crate) fn async_events(out: &mut std::collections::VecDeque<DeviceEvent>) {
             // SAFETY: for port events `element.port_num` is what libibverbs set.
             let port = || u8::try_from(unsafe { ev.element.port_num }).unwrap_or(0);
             let (kind, what) = translate(code, qp_num, port);
+            if kind == DeviceEventKind::SrqLimit {
+                // SAFETY: for SRQ events libibverbs sets `element.srq`, valid until the event is
+                // acknowledged below (ibv_destroy_srq waits for that); only its address is used.
+                let srq = unsafe { ev.element.srq } as usize;
+                let owner = srqs().get(&srq).and_then(Weak::upgrade);
+                if let Some(cq) = owner {
+                    cq.receives_low();
+                }
+            }
             // SAFETY: `ev` came from ibv_get_async_event and is acknowledged once, here, after
             // the last read of its element.
             unsafe { sys::ibv_ack_async_event(&mut ev) };
@@ -221,7 +248,7 @@ fn translate(code: u32, qp_num: impl FnOnce() -> u32, port: impl FnOnce() -> u8)
         12 => (K::Port { port: port(), active: None }, "P_Key table changed"),
         13 => (K::Port { port: port(), active: None }, "subnet manager changed"),
         14 => (K::Other, "SRQ error"),
-        15 => (K::Other, "SRQ limit reached"),
+        15 => (K::SrqLimit, "SRQ limit reached"),
         16 => (K::Qp { qp_num: qp_num() }, "last WQE reached"),
         17 => (K::Port { port: port(), active: None }, "client reregistration asked"),
         18 => (K::Port { port: port(), active: None }, "GID table changed"),

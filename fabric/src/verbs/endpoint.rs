@@ -10,20 +10,15 @@ use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, Comp
 use sideway::ibverbs::device_context::{DeviceCapabilityFlags, DeviceContext};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
-use sideway::ibverbs::queue_pair::{
-    ExtendedQueuePair, PostSendGuard as _, QueuePair as _, SendOperationFlags, SetInlineData as _,
-    SetScatterGatherEntry as _, WorkRequestFlags,
-};
 use sideway::ibverbs::AccessFlags;
 
 use super::cm::{self, CmChannel, CmEventKind, CmId, ConnParam};
 use super::device;
+use super::qp::Qp;
 use super::shared_cq::{Inbox, SharedCq};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::error::AddrDisplay;
-use crate::{
-    policy, Access, Error, ListenerEvent, Local, Memory, Op, QpAttributes, QpConfig, Result, Route, WorkRequest,
-};
+use crate::{policy, Access, Error, ListenerEvent, Memory, QpAttributes, QpConfig, Result, Route, WorkRequest};
 
 pub(super) fn verbs_err(op: &'static str, device: &str, source: std::io::Error) -> Error {
     Error::Verbs { op, device: device.to_owned(), source }
@@ -64,6 +59,17 @@ impl Pd {
 
     pub(crate) fn type2_windows(&self) -> bool {
         self.windows
+    }
+
+    /// The ibv_pd, for objects created in it (valid while this Pd or a clone lives).
+    pub(crate) fn raw(&self) -> *mut sys::ibv_pd {
+        // SAFETY: only the pointer is taken; the PD stays allocated while `self.pd` lives.
+        unsafe { self.pd.pd() }.as_ptr()
+    }
+
+    /// Whether `other` is the same protection domain (a clone of this one).
+    pub(crate) fn same_as(&self, other: &Pd) -> bool {
+        Arc::ptr_eq(&self.pd, &other.pd)
     }
 
     /// Allocates a type 2 memory window: unbound (no rkey works) until a QP binds it.
@@ -332,7 +338,7 @@ enum State {
 /// An RC queue pair with its CQ, completion channel and rdma_cm id.
 pub(crate) struct Endpoint {
     // Declaration order is drop order: the QP goes before the CQ, the CM id last.
-    qp: ExtendedQueuePair,
+    qp: Qp,
     cq: Arc<BasicCompletionQueue>,
     comp: Arc<CompletionChannel>,
     pd: Pd,
@@ -343,7 +349,7 @@ pub(crate) struct Endpoint {
     unacked: u32,
     armed: bool,
     read_depth: u8,
-    send_depth: u32,
+
     max_inline: u32,
     state: State,
     /// rdma_cm reported the peer's disconnect (see [`Endpoint::peer_disconnected`]).
@@ -351,6 +357,8 @@ pub(crate) struct Endpoint {
     peer: Option<SocketAddr>,
     /// Its completions go to a CQ shared with other endpoints, which routes them here.
     shared: Option<(Arc<SharedCq>, Inbox)>,
+    /// Its receives come from that CQ's shared receive queue, not from buffers posted to it.
+    shares_receives: bool,
 }
 
 // SAFETY: all verbs objects here may be used from any thread; the endpoint has one owner, which
@@ -377,17 +385,6 @@ fn expect(
         }
         Some(ev) => Err(Error::Connect { addr, event: ev.kind.name(), status: ev.status, expected: what }),
         None => Err(Error::Timeout { op: what, after: started.elapsed() }),
-    }
-}
-
-/// The work requests a QP may post: SEND, WRITE, READ, and on devices with type 2 windows the
-/// window bind and local invalidate.
-fn send_ops(windows: bool) -> SendOperationFlags {
-    let base = SendOperationFlags::Send | SendOperationFlags::Write | SendOperationFlags::Read;
-    if windows {
-        base | SendOperationFlags::BindMemoryWindow | SendOperationFlags::LocalInvalidate
-    } else {
-        base
     }
 }
 
@@ -459,32 +456,27 @@ impl Endpoint {
                 (cq, comp)
             }
         };
-        let qp = pd
-            .pd
-            .create_qp_builder()
-            .setup_max_send_wr(cfg.send_depth)
-            .setup_max_recv_wr(cfg.recv_depth)
-            .setup_max_send_sge(1)
-            .setup_max_recv_sge(1)
-            .setup_max_inline_data(cfg.max_inline)
-            .setup_send_cq(Arc::clone(&cq))
-            .setup_recv_cq(Arc::clone(&cq))
-            .setup_send_ops_flags(send_ops(pd.windows))
-            .build_ex()
-            .map_err(|e| other_err("ibv_create_qp_ex", &dev, e));
+        // Its receives from the shared CQ's SRQ, if it has one of this PD.
+        let srq = match shared {
+            Some((s, _)) => s.attach_receives(&pd).inspect_err(|_| s.unplace())?,
+            None => None,
+        };
         // Until the endpoint exists (its drop gives the place back), a failure gives it back.
         let unplace = || {
             if let Some((s, _)) = shared {
+                if srq.is_some() {
+                    s.detach_receives();
+                }
                 s.unplace();
             }
         };
-        let qp = qp.inspect_err(|_| unplace())?;
+        let qp = Qp::create(&pd, &cq, cfg, srq).inspect_err(|_| unplace())?;
         let peer = id.peer_addr();
         let read_depth = policy::READ_DEPTH.min(pd.max_read_depth);
         let shared = match shared {
             Some((s, tag)) => {
                 let inbox = Inbox::default();
-                s.route(qp.qp_number(), tag, Arc::clone(&inbox)).inspect_err(|_| unplace())?;
+                s.route(qp.number(), tag, Arc::clone(&inbox), srq.is_some()).inspect_err(|_| unplace())?;
                 Some((Arc::clone(s), inbox))
             }
             None => None,
@@ -500,12 +492,12 @@ impl Endpoint {
             unacked: 0,
             armed: false,
             read_depth,
-            send_depth: cfg.send_depth,
             max_inline: cfg.max_inline,
             state: State::Created,
             peer_gone: false,
             peer,
             shared,
+            shares_receives: srq.is_some(),
         })
     }
 
@@ -518,7 +510,7 @@ impl Endpoint {
         let (mut attr, mut mask) = self.id.qp_attr(state)?;
         mask |= adjust(&mut attr);
         // SAFETY: the QP is live; `attr` and `mask` come from rdma_init_qp_attr plus our policy.
-        let rc = unsafe { sys::ibv_modify_qp(self.qp.qp().as_ptr(), &mut attr, mask) };
+        let rc = unsafe { sys::ibv_modify_qp(self.qp.raw(), &mut attr, mask) };
         if rc != 0 {
             return Err(verbs_err(what, &self.pd.device, std::io::Error::from_raw_os_error(rc)));
         }
@@ -563,7 +555,7 @@ impl Endpoint {
     pub(crate) fn connect(&mut self, private_data: &[u8], deadline: Instant) -> Result<()> {
         let started = Instant::now();
         let addr = self.peer.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
-        let mut param = ConnParam::new(self.qp.qp_number(), self.read_depth, private_data)?;
+        let mut param = ConnParam::new(self.qp.number(), self.read_depth, private_data)?;
         self.id.connect(&mut param)?;
         let channel = self.channel.clone().ok_or(Error::State { peer: AddrDisplay(self.peer), state: "passive" })?;
         // We own the QP, so librdmacm reports CONNECT_RESPONSE and leaves RTR/RTS/establish to us.
@@ -577,14 +569,14 @@ impl Endpoint {
 
     /// Passive side, last step: accept the request (post RECVs first).
     pub(crate) fn accept(&mut self, private_data: &[u8]) -> Result<()> {
-        let mut param = ConnParam::new(self.qp.qp_number(), self.read_depth, private_data)?;
+        let mut param = ConnParam::new(self.qp.number(), self.read_depth, private_data)?;
         self.id.accept(&mut param)?;
         self.state = State::Connected;
         Ok(())
     }
 
     pub(crate) fn qp_num(&self) -> u32 {
-        self.qp.qp_number()
+        self.qp.number()
     }
 
     pub(crate) fn shares_cq(&self) -> bool {
@@ -592,7 +584,7 @@ impl Endpoint {
     }
     pub(crate) fn peer_solicits(&self) {
         if let Some((shared, _)) = &self.shared {
-            shared.quiet(self.qp.qp_number());
+            shared.quiet(self.qp.number());
         }
     }
     pub(crate) fn peer(&self) -> Option<SocketAddr> {
@@ -616,39 +608,7 @@ impl Endpoint {
         if self.state == State::Closed {
             return Err(Error::State { peer: AddrDisplay(self.peer), state: "closed" });
         }
-        let mut guard = self.qp.start_post_send();
-        for wr in wrs {
-            let mut flags = if wr.signaled { WorkRequestFlags::Signaled } else { WorkRequestFlags::none() };
-            if matches!(wr.local, Local::Inline(_)) {
-                // rxe flushes an inline SEND on the extended QP unless the flag is set (trap 2).
-                flags |= WorkRequestFlags::Inline;
-            }
-            if matches!(wr.op, Op::SendSolicited) {
-                flags |= WorkRequestFlags::Solicited;
-            }
-            let handle = guard.construct_wr(wr.wr_id, flags);
-            let buf = match wr.op {
-                Op::Send | Op::SendSolicited => handle.setup_send(),
-                Op::Write { remote_addr, rkey } => handle.setup_write(rkey, remote_addr),
-                Op::Read { remote_addr, rkey } => handle.setup_read(rkey, remote_addr),
-            };
-            match wr.local {
-                Local::Inline(data) => buf.setup_inline_data(data),
-                Local::Region { mr, offset, len } => {
-                    let (lkey, addr) = mr.sge(offset, len)?;
-                    // SAFETY: `sge` checked the range against the registration; the memory stays
-                    // mapped while any registration of it exists (crate::Mr holds the Arc).
-                    unsafe { buf.setup_sge(lkey, addr, len) };
-                }
-            }
-        }
-        guard.post().map_err(|e| match e {
-            // The provider's way of saying the send queue is full: a state to wait in.
-            sideway::ibverbs::queue_pair::PostSendError::NotEnoughResources(_) => {
-                Error::QueueFull { queue: "send", depth: self.send_depth }
-            }
-            e => other_err("ibv_wr_complete", &self.pd.device, e),
-        })
+        self.qp.post(wrs)
     }
 
     /// Posts a bind of `mw` to `len` bytes at `offset` of `mr` (registered with MW bind access)
@@ -704,11 +664,10 @@ impl Endpoint {
     /// Posts one signaled work request that sideway's builder lacks (a window bind, a local
     /// invalidate): `set` adds it between `ibv_wr_start` and `ibv_wr_complete`.
     fn post_raw(&mut self, wr_id: u64, op: &'static str, set: impl FnOnce(*mut sys::ibv_qp_ex)) -> Result<()> {
-        // SAFETY: the QP is live and was created extended (build_ex), so ibv_qp_to_qp_ex is
-        // valid; `&mut self` makes this the only poster; ibv_wr_complete ends what ibv_wr_start
-        // began on every path.
+        // SAFETY: the QP is live and extended (Qp::create), so `qpx` is its qp_ex; `&mut self`
+        // makes this the only poster; ibv_wr_complete ends what ibv_wr_start began on every path.
         let rc = unsafe {
-            let qpx = sys::ibv_qp_to_qp_ex(self.qp.qp().as_ptr());
+            let qpx = self.qp.qpx();
             sys::ibv_wr_start(qpx);
             (*qpx).wr_id = wr_id;
             (*qpx).wr_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -723,11 +682,21 @@ impl Endpoint {
 
     pub(crate) fn post_recv(&mut self, wr_id: u64, mr: &crate::Mr, offset: usize, len: u32) -> Result<()> {
         let (lkey, addr) = mr.sge(offset, len)?;
-        let mut guard = self.qp.start_post_recv();
-        let wr = guard.construct_wr(wr_id);
-        // SAFETY: range checked by `sge`; the buffer stays mapped while the registration lives.
-        unsafe { wr.setup_sge(lkey, addr, len) };
-        guard.post().map_err(|e| other_err("ibv_post_recv", &self.pd.device, e))
+        self.qp.post_recv(wr_id, lkey, addr, len)
+    }
+
+    /// Whether its receives come from its shared CQ's receive queue ([`Endpoint::take_receive`]).
+    pub(crate) fn shares_receives(&self) -> bool {
+        self.shares_receives
+    }
+
+    /// Copies the message of the shared receive `wr_id` (the first `dst.len()` bytes) and gives
+    /// its buffer back to the shared receive queue.
+    pub(crate) fn take_receive(&mut self, wr_id: u64, dst: &mut [u8]) -> Result<()> {
+        match &self.shared {
+            Some((shared, _)) if self.shares_receives => shared.take_receive(self.qp.number(), wr_id, dst),
+            _ => Err(Error::OtherFabric { what: "a shared receive on an endpoint without one" }),
+        }
     }
 
     /// Takes up to `out.len()` completions without waiting.
@@ -902,7 +871,7 @@ impl Endpoint {
             | sys::ibv_qp_attr_mask::IBV_QP_AV)
             .0 as i32;
         // SAFETY: the QP is live and both out-parameters are valid for writes.
-        let rc = unsafe { sys::ibv_query_qp(self.qp.qp().as_ptr(), &mut attr, mask, &mut init) };
+        let rc = unsafe { sys::ibv_query_qp(self.qp.raw(), &mut attr, mask, &mut init) };
         if rc != 0 {
             return Err(verbs_err("ibv_query_qp", &self.pd.device, std::io::Error::from_raw_os_error(rc)));
         }
@@ -955,9 +924,7 @@ impl Endpoint {
         let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
         // SAFETY: the QP is live.
-        let _ = unsafe {
-            sys::ibv_modify_qp(self.qp.qp().as_ptr(), &mut attr, sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32)
-        };
+        let _ = unsafe { sys::ibv_modify_qp(self.qp.raw(), &mut attr, sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) };
     }
 
     /// Moves the QP to the error state without a disconnect request: the peer's packets go
@@ -973,7 +940,7 @@ impl Drop for Endpoint {
         if let Some((shared, _)) = &self.shared {
             // Its completions from now on are dropped; the CQ is drained before a QP with the
             // same number is routed. The QP is destroyed after this body (field order).
-            shared.unroute(self.qp.qp_number());
+            shared.unroute(self.qp.number());
             shared.unplace();
             return;
         }

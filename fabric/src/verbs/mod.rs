@@ -4,6 +4,8 @@
 pub(crate) mod cm;
 pub(crate) mod device;
 pub(crate) mod endpoint;
+pub(crate) mod qp;
 pub(crate) mod shared_cq;
+pub(crate) mod srq;
 
 pub(crate) use endpoint::{Endpoint, Listener, Mr, Mw, Pd, Request};

@@ -20,17 +20,48 @@
 //! one, as before: routing it re-arms the CQ for every completion at once.
 
 use std::collections::{HashMap, VecDeque};
+use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use rblk_proto::RECV_COUNT;
 
 use rdma_mummy_sys as sys;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue as _};
 
 use super::endpoint::{get_cq_event, other_err, verbs_err, Pd};
+use super::srq::Srq;
 use crate::completion::{Completion, WcOpcode, WcStatus};
-use crate::{policy, Result};
+use crate::{policy, Result, Waker};
 
 /// Completions routed to one endpoint, not taken yet.
 pub(crate) type Inbox = Arc<Mutex<VecDeque<Completion>>>;
+
+/// What becomes of a receive from the SRQ when it is routed.
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    /// Its buffer holds the message until the QP's channel reads it.
+    Hold,
+    /// Beyond the QP's credit: the message is copied out, the buffer posted again.
+    Spill,
+    /// Beyond [`MAX_SPILLED`] too: dropped, and the QP's connection told it broke the protocol.
+    Overrun,
+    /// A failed receive: no message; the buffer goes back, the failure to the QP.
+    Release,
+    /// Its QP is gone: nobody will read it; the buffer goes back.
+    Drop,
+}
+
+/// The fate of a receive for a QP holding `held` SRQ buffers and `spilled` messages copied out
+/// (None: a QP no longer routed), `ok` if it received a message.
+fn admit(route: Option<(usize, usize)>, ok: bool) -> Admit {
+    match route {
+        None => Admit::Drop,
+        Some(_) if !ok => Admit::Release,
+        Some((held, _)) if held < RECV_COUNT => Admit::Hold,
+        Some((_, spilled)) if spilled < MAX_SPILLED => Admit::Spill,
+        Some(_) => Admit::Overrun,
+    }
+}
 
 /// See the module docs.
 pub(crate) struct SharedCq {
@@ -41,6 +72,8 @@ pub(crate) struct SharedCq {
     /// QPs it has room for (each may have `per_qp` completions outstanding).
     room: usize,
     state: Mutex<State>,
+    /// Wakes the event loop that waits for [`SharedCq::fd`] (its SRQ's low-water event).
+    waker: Mutex<Option<Waker>>,
 }
 
 /// Where one QP's completions go.
@@ -50,7 +83,23 @@ struct Route {
     inbox: Inbox,
     /// Its peer solicits the completions that need an answer ([`SharedCq::quiet`]).
     quiet: bool,
+    /// It takes its receives from the CQ's SRQ.
+    shares_receives: bool,
+    /// SRQ buffers holding its messages, routed and not read yet: at most its credit,
+    /// [`RECV_COUNT`](rblk_proto::RECV_COUNT).
+    held: usize,
+    /// Its messages beyond that, copied out of the SRQ (whose buffers went back at once), in
+    /// order: at most [`MAX_SPILLED`].
+    spilled: VecDeque<Vec<u8>>,
 }
+
+/// Messages one QP may have copied out of the SRQ beyond its credit, unread: the most requests
+/// an initiator has in flight on one QP (a FLUSH per FUA write at `--depth` 1024). With a
+/// receive queue of its own a QP's peer waited (RNR) for a buffer once 16 were unread; on a
+/// shared one it would take every buffer from the other QPs, so it may hold 16 and the rest is
+/// copied into memory that is not pinned. Past this the peer broke the protocol: the receive
+/// completes as [`WcStatus::CREDIT_OVERRUN`] and its connection ends.
+pub(crate) const MAX_SPILLED: usize = 1024;
 
 struct State {
     /// QP number -> its route.
@@ -66,6 +115,8 @@ struct State {
     armed_solicited: bool,
     unacked: u32,
     wcs: Vec<sys::ibv_wc>,
+    /// The receive buffers of the QPs of its PD (see [`super::srq`]), if it has one.
+    srq: Option<Srq>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -75,7 +126,10 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 impl SharedCq {
     /// A CQ on `pd`'s device with room for `room` QPs of `per_qp` completions each, on
     /// completion vector `vector` modulo the device's count, armed.
-    pub(crate) fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32) -> Result<Arc<SharedCq>> {
+    ///
+    /// With `receives`, it has a shared receive queue in `pd` ([`super::srq`]): the QPs of
+    /// that PD placed on it take their receive buffers from there.
+    pub(crate) fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32, receives: bool) -> Result<Arc<SharedCq>> {
         let dev = pd.device();
         let ctx = pd.context();
         // SAFETY: the context is open (we hold it) and libibverbs filled `num_comp_vectors` at
@@ -94,6 +148,8 @@ impl SharedCq {
             .setup_comp_channel(&comp, vector)
             .build()
             .map_err(|e| other_err("ibv_create_cq", dev, e))?;
+        // Each QP's credit at most: the CQ has room for that many receive completions of each.
+        let srq = if receives { Some(Srq::new(pd, room.saturating_mul(RECV_COUNT))?) } else { None };
         let shared = Arc::new(SharedCq {
             cq,
             comp,
@@ -108,9 +164,15 @@ impl SharedCq {
                 armed_solicited: false,
                 unacked: 0,
                 wcs: Vec::with_capacity(policy::POLL_BATCH),
+                srq,
             }),
+            waker: Mutex::new(None),
         });
         shared.arm(&mut lock(&shared.state))?;
+        let srq = lock(&shared.state).srq.as_ref().map(Srq::raw);
+        if let Some(srq) = srq {
+            super::device::watch_srq(srq, &shared);
+        }
         Ok(shared)
     }
 
@@ -161,10 +223,12 @@ impl SharedCq {
     /// Drains the CQ first: completions of a destroyed QP that had the same number are dropped.
     /// The route is loud (each completion raises an event) until [`SharedCq::quiet`]: a CQ armed
     /// for solicited completions only is armed again for all of them at once.
-    pub(crate) fn route(&self, qp_num: u32, tag: u64, inbox: Inbox) -> Result<()> {
+    /// `shares_receives`: it took its receives from [`SharedCq::attach_receives`].
+    pub(crate) fn route(&self, qp_num: u32, tag: u64, inbox: Inbox, shares_receives: bool) -> Result<()> {
         let mut st = lock(&self.state);
         self.drain(&mut st)?;
-        if let Some(old) = st.routes.insert(qp_num, Route { tag, inbox, quiet: false }) {
+        let route = Route { tag, inbox, quiet: false, shares_receives, held: 0, spilled: VecDeque::new() };
+        if let Some(old) = st.routes.insert(qp_num, route) {
             st.loud -= usize::from(!old.quiet);
         }
         st.loud += 1;
@@ -175,10 +239,88 @@ impl SharedCq {
     }
 
     /// Stops routing QP `qp_num` (before it is destroyed): what it still gets is dropped.
+    /// The SRQ buffers of the messages it was routed and did not read are posted again.
     pub(crate) fn unroute(&self, qp_num: u32) {
         let mut st = lock(&self.state);
-        if let Some(old) = st.routes.remove(&qp_num) {
-            st.loud -= usize::from(!old.quiet);
+        let Some(old) = st.routes.remove(&qp_num) else { return };
+        st.loud -= usize::from(!old.quiet);
+        if let (true, Some(srq)) = (old.shares_receives, &mut st.srq) {
+            srq.remove_qp();
+            let held = std::mem::take(&mut *old.inbox.lock().unwrap_or_else(PoisonError::into_inner));
+            for c in held {
+                if let Some(slot) = srq.slot_of(c.wr_id) {
+                    // A failure here is the device's: the buffer is lost to the queue, no more.
+                    let _ = srq.repost(slot);
+                }
+            }
+        }
+    }
+
+    /// The SRQ a QP of `pd` about to be created on this CQ takes its receives from, if it has
+    /// one of that PD (it counts the QP, and posts more buffers if needed). Until the route
+    /// ([`SharedCq::route`] with `shares_receives`) the caller gives the count back with
+    /// [`SharedCq::detach_receives`] if the QP is not made.
+    pub(crate) fn attach_receives(&self, pd: &Pd) -> Result<Option<NonNull<sys::ibv_srq>>> {
+        let mut st = lock(&self.state);
+        let Some(srq) = st.srq.as_mut().filter(|s| s.serves(pd)) else { return Ok(None) };
+        srq.add_qp()?;
+        Ok(Some(srq.raw()))
+    }
+
+    /// Gives back what [`SharedCq::attach_receives`] counted, for a QP that was not made.
+    pub(crate) fn detach_receives(&self) {
+        if let Some(srq) = &mut lock(&self.state).srq {
+            srq.remove_qp();
+        }
+    }
+
+    /// For QP `qp_num`'s channel: copies the message of SRQ receive `wr_id` into `dst` (its
+    /// first `dst.len()` bytes) and posts the buffer again.
+    pub(crate) fn take_receive(&self, qp_num: u32, wr_id: u64, dst: &mut [u8]) -> Result<()> {
+        let mut st = lock(&self.state);
+        let State { srq, routes, .. } = &mut *st;
+        let srq = srq.as_mut().ok_or(crate::Error::OtherFabric { what: "a shared receive without a queue" })?;
+        let route = routes.get_mut(&qp_num);
+        if Srq::is_spilled(wr_id) {
+            let msg = route.and_then(|r| r.spilled.pop_front());
+            let msg = msg.ok_or(crate::Error::OtherFabric { what: "a spilled receive's message" })?;
+            let n = dst.len().min(msg.len());
+            dst[..n].copy_from_slice(&msg[..n]);
+            return Ok(());
+        }
+        let slot = srq.slot_of(wr_id).ok_or(crate::Error::OtherFabric { what: "a shared receive's buffer" })?;
+        if let Some(route) = route {
+            route.held = route.held.saturating_sub(1);
+        }
+        let read = srq.read(slot, dst);
+        srq.repost(slot)?;
+        read
+    }
+
+    /// Bytes its SRQ registered for buffers (0 without one).
+    pub(crate) fn pinned_bytes(&self) -> usize {
+        lock(&self.state).srq.as_ref().map_or(0, Srq::pinned_bytes)
+    }
+
+    /// SRQ buffers posted now (None without an SRQ).
+    pub(crate) fn receives_posted(&self) -> Option<usize> {
+        lock(&self.state).srq.as_ref().map(Srq::posted)
+    }
+
+    /// The event loop's waker, woken when the SRQ runs low.
+    pub(crate) fn set_waker(&self, waker: Waker) {
+        *self.waker.lock().unwrap_or_else(PoisonError::into_inner) = Some(waker);
+    }
+
+    /// The device raised the SRQ's low-water event: the event loop is woken to route what
+    /// holds its buffers (its connections read them and post them again), and the limit is
+    /// armed again at its next collect or poll.
+    pub(crate) fn receives_low(&self) {
+        if let Some(srq) = &mut lock(&self.state).srq {
+            srq.limit_reached();
+        }
+        if let Some(w) = &*self.waker.lock().unwrap_or_else(PoisonError::into_inner) {
+            w.wake();
         }
     }
 
@@ -202,7 +344,12 @@ impl SharedCq {
         let mut st = lock(&self.state);
         self.drain(&mut st)?;
         ready.append(&mut st.routed);
-        Ok(())
+        Self::arm_limit(&mut st)
+    }
+
+    /// Arms the SRQ's low-water event if it fired (one system call then, none otherwise).
+    fn arm_limit(st: &mut State) -> Result<()> {
+        st.srq.as_mut().map_or(Ok(()), Srq::arm_limit)
     }
 
     /// Polls what is in the CQ into the inboxes (for an endpoint that polls its own).
@@ -225,7 +372,7 @@ impl SharedCq {
             self.drain(&mut st)?;
         }
         ready.append(&mut st.routed);
-        Ok(())
+        Self::arm_limit(&mut st)
     }
 
     fn drain(&self, st: &mut State) -> Result<()> {
@@ -241,12 +388,44 @@ impl SharedCq {
             }
             // SAFETY: the provider initialised the first `rc` (<= n) entries.
             unsafe { st.wcs.set_len(rc as usize) };
-            let State { routes, routed, wcs, .. } = st;
+            let State { routes, routed, wcs, srq, .. } = st;
             for wc in wcs.iter() {
+                let mut status = WcStatus(wc.status);
+                let mut wr_id = wc.wr_id;
+                // A receive from the SRQ: its buffer holds the message until the QP's channel
+                // reads it (Self::take_receive), within the QP's credit; beyond it the message
+                // is copied out and the buffer posted again at once.
+                let slot = srq.as_mut().and_then(|q| q.slot_of(wc.wr_id).map(|slot| (q, slot)));
+                if let Some((q, slot)) = slot {
+                    q.consumed(slot);
+                    let route = routes.get_mut(&wc.qp_num);
+                    let fate = admit(route.as_deref().map(|r| (r.held, r.spilled.len())), status.is_success());
+                    match (fate, route) {
+                        (Admit::Hold, Some(route)) => route.held += 1,
+                        (Admit::Spill, Some(route)) => {
+                            let len = (wc.byte_len as usize).min(rblk_proto::MSG_SIZE);
+                            let mut msg = vec![0u8; len];
+                            let read = q.read(slot, &mut msg);
+                            q.repost(slot)?;
+                            read?;
+                            route.spilled.push_back(msg);
+                            wr_id = Srq::spilled_wr_id();
+                        }
+                        (Admit::Overrun, _) => {
+                            q.repost(slot)?;
+                            status = WcStatus::CREDIT_OVERRUN;
+                        }
+                        (Admit::Release, _) => q.repost(slot)?,
+                        (Admit::Drop, _) | (_, None) => {
+                            q.repost(slot)?;
+                            continue;
+                        }
+                    }
+                }
                 let Some(Route { tag, inbox, .. }) = routes.get(&wc.qp_num) else { continue };
                 inbox.lock().unwrap_or_else(PoisonError::into_inner).push_back(Completion {
-                    wr_id: wc.wr_id,
-                    status: WcStatus(wc.status),
+                    wr_id,
+                    status,
                     opcode: WcOpcode::from_raw(wc.opcode),
                     byte_len: wc.byte_len,
                     vendor_err: wc.vendor_err,
@@ -292,6 +471,9 @@ impl SharedCq {
 impl Drop for SharedCq {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(srq) = &st.srq {
+            super::device::unwatch_srq(srq.raw());
+        }
         // An event raised and not taken yet is taken, and acknowledged with the rest.
         if st.armed && matches!(get_cq_event(&self.comp, &self.device), Ok(true)) {
             st.armed = false;
@@ -302,5 +484,27 @@ impl Drop for SharedCq {
             // the CQ is destroyed (ibv_destroy_cq waits for them).
             unsafe { sys::ibv_ack_cq_events(self.cq.cq().as_ptr(), st.unacked) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{admit, Admit, MAX_SPILLED};
+    use rblk_proto::RECV_COUNT;
+
+    /// Catches a QP that may hold more than its credit of shared buffers (starving the other
+    /// QPs' receives), one cut at its credit (an initiator pipelining FLUSHes at depth would
+    /// lose its connection where a receive queue of its own made it wait), one never cut however
+    /// much it sends, and a failed or orphaned receive whose buffer is not given back.
+    #[test]
+    fn a_qp_holds_its_credit_spills_what_an_initiator_may_send_and_no_more() {
+        assert_eq!(admit(Some((0, 0)), true), Admit::Hold);
+        assert_eq!(admit(Some((RECV_COUNT - 1, 0)), true), Admit::Hold);
+        assert_eq!(admit(Some((RECV_COUNT, 0)), true), Admit::Spill);
+        assert_eq!(admit(Some((RECV_COUNT, MAX_SPILLED - 1)), true), Admit::Spill);
+        assert_eq!(admit(Some((RECV_COUNT, MAX_SPILLED)), true), Admit::Overrun);
+        assert_eq!(admit(Some((0, 0)), false), Admit::Release);
+        assert_eq!(admit(Some((RECV_COUNT, MAX_SPILLED)), false), Admit::Release);
+        assert_eq!(admit(None, true), Admit::Drop);
     }
 }

@@ -1,0 +1,248 @@
+//! A shared receive queue: the control channel's receive buffers for every QP of one protection
+//! domain on one shared CQ ([`super::shared_cq`]), as SPDK's poll groups keep an SRQ per device,
+//! instead of [`RECV_COUNT`] buffers of [`MSG_SIZE`] posted per QP (64 KiB pinned by each idle
+//! QP). Buffers are registered in chunks of [`CHUNK`] as QPs join, up to one per two QPs (at
+//! least [`MIN_BUFFERS`]), and never given back while the queue lives.
+//!
+//! A buffer is posted at most once at a time (`posted`), whoever gives it back: the QP's
+//! channel once it has read the message, the shared CQ for a completion of a QP that is gone,
+//! or for one beyond its QP's credit.
+//!
+//! [`RECV_COUNT`]: rblk_proto::RECV_COUNT
+
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use rblk_proto::{MSG_SIZE, RECV_COUNT};
+use rdma_mummy_sys as sys;
+
+use super::endpoint::{other_err, verbs_err, Mr, Pd};
+use crate::{Access, Memory, Result};
+
+/// The slot number that names no buffer: a message copied out ([`Srq::spilled_wr_id`]).
+const SPILLED: u64 = u32::MAX as u64;
+
+/// Buffers registered at once (one registration each chunk): 32 KiB.
+pub(crate) const CHUNK: usize = 8;
+
+/// Buffers posted however few QPs it serves: two QPs' worth of credit.
+pub(crate) const MIN_BUFFERS: usize = 2 * RECV_COUNT;
+
+/// Buffers wanted for `qps` QPs: one per two, at least [`MIN_BUFFERS`], whole chunks.
+pub(crate) fn wanted(qps: usize) -> usize {
+    qps.div_ceil(2).max(MIN_BUFFERS).next_multiple_of(CHUNK)
+}
+
+/// See the module docs.
+pub(crate) struct Srq {
+    srq: NonNull<sys::ibv_srq>,
+    pd: Pd,
+    /// The most buffers it can hold posted (the device's limit, or what was asked).
+    max_wr: usize,
+    /// The registered buffers, [`CHUNK`] per registration (a tuple drops in order: each
+    /// registration before its memory).
+    chunks: Vec<(Mr, Arc<Memory>)>,
+    /// Per buffer: posted, not yet consumed by a message.
+    posted: Vec<bool>,
+    /// Buffers posted now.
+    posted_count: usize,
+    /// QPs that take their receives from it.
+    qps: usize,
+    /// The low-water limit is armed: the device raises `IBV_EVENT_SRQ_LIMIT_REACHED` once
+    /// fewer than `limit()` buffers are posted, and disarms it.
+    limit_armed: bool,
+}
+
+// SAFETY: an SRQ may be posted to and destroyed from any thread; its owner (a shared CQ's state,
+// under its lock) is the only one that does.
+unsafe impl Send for Srq {}
+
+impl Srq {
+    /// An SRQ in `pd` for up to `max_wr` buffers (fewer if the device allows fewer), with
+    /// [`MIN_BUFFERS`] posted.
+    pub(crate) fn new(pd: &Pd, max_wr: usize) -> Result<Srq> {
+        let dev = pd.device();
+        let attr = pd.context().query_device().map_err(|e| other_err("ibv_query_device", dev, e))?;
+        let max_wr = max_wr.min(usize::try_from(attr.max_srq_wr()).unwrap_or(0));
+        if max_wr < MIN_BUFFERS {
+            let why = std::io::Error::other(format!("the device allows {max_wr} receives per SRQ"));
+            return Err(verbs_err("ibv_create_srq", dev, why));
+        }
+        let mut init = sys::ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: sys::ibv_srq_attr { max_wr: max_wr as u32, max_sge: 1, srq_limit: 0 },
+        };
+        // SAFETY: the PD is live (held by `pd`); `init` outlives the call; null is handled.
+        let srq = unsafe { sys::ibv_create_srq(pd.raw(), &mut init) };
+        let srq = NonNull::new(srq).ok_or_else(|| verbs_err("ibv_create_srq", dev, std::io::Error::last_os_error()))?;
+        let mut me = Srq {
+            srq,
+            pd: pd.clone(),
+            max_wr,
+            chunks: Vec::new(),
+            posted: Vec::new(),
+            posted_count: 0,
+            qps: 0,
+            limit_armed: false,
+        };
+        me.grow(MIN_BUFFERS)?;
+        Ok(me)
+    }
+
+    pub(crate) fn raw(&self) -> NonNull<sys::ibv_srq> {
+        self.srq
+    }
+
+    /// Whether it belongs to `pd` (a QP takes receives only from an SRQ of its own PD).
+    pub(crate) fn serves(&self, pd: &Pd) -> bool {
+        self.pd.same_as(pd)
+    }
+
+    /// One more QP takes its receives from here: more buffers if it needs them (whole chunks,
+    /// within the device's limit).
+    pub(crate) fn add_qp(&mut self) -> Result<()> {
+        self.qps += 1;
+        self.grow(wanted(self.qps))
+    }
+
+    /// A QP that took its receives from here is gone (its buffers stay).
+    pub(crate) fn remove_qp(&mut self) {
+        self.qps = self.qps.saturating_sub(1);
+    }
+
+    /// Bytes registered for its buffers.
+    pub(crate) fn pinned_bytes(&self) -> usize {
+        self.posted.len() * MSG_SIZE
+    }
+
+    /// Buffers posted now (not holding a message).
+    pub(crate) fn posted(&self) -> usize {
+        self.posted_count
+    }
+
+    fn grow(&mut self, want: usize) -> Result<()> {
+        while self.posted.len() < want && self.posted.len() + CHUNK <= self.max_wr {
+            let memory = Memory::anonymous(CHUNK * MSG_SIZE)?;
+            let mr = self.pd.register(&memory, Access::LOCAL)?;
+            let first = self.posted.len();
+            self.chunks.push((mr, memory));
+            self.posted.resize(first + CHUNK, false);
+            (first..first + CHUNK).try_for_each(|slot| self.repost(slot))?;
+        }
+        Ok(())
+    }
+
+    /// The slot a receive's `wr_id` names, if it is one of this queue's.
+    pub(crate) fn slot_of(&self, wr_id: u64) -> Option<usize> {
+        if wr_id & crate::channel::SHARED_RECV_BIT == 0 {
+            return None;
+        }
+        let slot = (wr_id & !(crate::channel::CONTROL_BIT | crate::channel::SHARED_RECV_BIT)) as usize;
+        (slot < self.posted.len()).then_some(slot)
+    }
+
+    /// The wr_id of a receive whose message was copied out of the queue (see
+    /// [`super::shared_cq::MAX_SPILLED`]): no buffer's.
+    pub(crate) fn spilled_wr_id() -> u64 {
+        crate::channel::CONTROL_BIT | crate::channel::SHARED_RECV_BIT | SPILLED
+    }
+
+    /// Whether receive `wr_id` is one whose message was copied out ([`Srq::spilled_wr_id`]).
+    pub(crate) fn is_spilled(wr_id: u64) -> bool {
+        wr_id == Self::spilled_wr_id()
+    }
+
+    /// A completion took buffer `slot` (it holds a message, or nothing if the receive failed).
+    pub(crate) fn consumed(&mut self, slot: usize) {
+        if let Some(p) = self.posted.get_mut(slot) {
+            if std::mem::replace(p, false) {
+                self.posted_count -= 1;
+                if self.posted_count < self.limit() {
+                    // The device raised the event (or will at the next consumption) and
+                    // disarmed the limit.
+                    self.limit_armed = false;
+                }
+            }
+        }
+    }
+
+    /// Copies the first `dst.len()` bytes of buffer `slot`'s message out.
+    pub(crate) fn read(&self, slot: usize, dst: &mut [u8]) -> Result<()> {
+        let (_, memory) = &self.chunks[slot / CHUNK];
+        memory.read_at((slot % CHUNK) * MSG_SIZE, dst)
+    }
+
+    /// Posts buffer `slot` again, unless it is posted.
+    pub(crate) fn repost(&mut self, slot: usize) -> Result<()> {
+        if self.posted.get(slot).is_none_or(|&p| p) {
+            return Ok(());
+        }
+        let (mr, memory) = &self.chunks[slot / CHUNK];
+        let addr = memory.addr() + ((slot % CHUNK) * MSG_SIZE) as u64;
+        let mut sge = sys::ibv_sge { addr, length: MSG_SIZE as u32, lkey: mr.lkey() };
+        let wr_id = crate::channel::CONTROL_BIT | crate::channel::SHARED_RECV_BIT | slot as u64;
+        let mut wr = sys::ibv_recv_wr { wr_id, next: ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut bad = ptr::null_mut();
+        // SAFETY: the SRQ is live; `wr` and `sge` outlive the call, which copies them; the buffer
+        // is inside a registration this queue holds until after the SRQ is destroyed (Drop).
+        let rc = unsafe { sys::ibv_post_srq_recv(self.srq.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(verbs_err("ibv_post_srq_recv", self.pd.device(), std::io::Error::from_raw_os_error(rc)));
+        }
+        self.posted[slot] = true;
+        self.posted_count += 1;
+        Ok(())
+    }
+
+    /// The low-water mark: a quarter of its buffers.
+    fn limit(&self) -> usize {
+        (self.posted.len() / 4).max(1)
+    }
+
+    /// Arms the low-water limit if it is not armed (the device disarms it when it fires).
+    pub(crate) fn arm_limit(&mut self) -> Result<()> {
+        if self.limit_armed {
+            return Ok(());
+        }
+        let mut attr = sys::ibv_srq_attr { max_wr: 0, max_sge: 0, srq_limit: self.limit() as u32 };
+        // SAFETY: the SRQ is live; `attr` outlives the call; only the limit is modified.
+        let rc = unsafe {
+            sys::ibv_modify_srq(self.srq.as_ptr(), &mut attr, sys::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32)
+        };
+        if rc != 0 {
+            return Err(verbs_err("ibv_modify_srq(limit)", self.pd.device(), std::io::Error::from_raw_os_error(rc)));
+        }
+        self.limit_armed = true;
+        Ok(())
+    }
+
+    /// The device said the limit was reached (and disarmed it).
+    pub(crate) fn limit_reached(&mut self) {
+        self.limit_armed = false;
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: no QP uses it any more (each holds its shared CQ, which owns this, until it is
+        // destroyed); destroyed once, before its buffers' registrations (fields, dropped after).
+        unsafe { sys::ibv_destroy_srq(self.srq.as_ptr()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{wanted, CHUNK, MIN_BUFFERS};
+
+    /// Catches sizing that pins more than 4 KiB per QP at scale (one 4 KiB buffer per two
+    /// QPs), or too few buffers for a session's burst when it is alone.
+    #[test]
+    fn buffers_grow_with_qps_at_one_per_two() {
+        assert_eq!(wanted(0), MIN_BUFFERS);
+        assert_eq!(wanted(1), MIN_BUFFERS);
+        assert_eq!(wanted(256), 128);
+        assert_eq!(wanted(257), 136);
+        assert!((1..2000).all(|n| wanted(n) % CHUNK == 0 && wanted(n) >= n / 2));
+        assert!((200..2000).all(|n| wanted(n) * rblk_proto::MSG_SIZE <= n * 4096));
+    }
+}
