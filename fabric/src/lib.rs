@@ -788,18 +788,10 @@ impl SharedCq {
     /// outstanding each (their send and receive depths: a CQ that overflows errors every QP on
     /// it, so an endpoint beyond `room` is refused), on the device's completion vector `vector`
     /// (modulo the device's count). None on the in-memory fabric.
-    ///
-    /// With `receives`, it has a shared receive queue in `pd` (for `pd` shared by many
-    /// connections, as the target's memory-window domain is): endpoints of that PD made on it
-    /// take their control channel's receive buffers from there ([`Endpoint::shares_receives`]),
-    /// grown in chunks as QPs come, one 4 KiB buffer per two QPs, at least 32; each QP may hold
-    /// at most `RECV_COUNT` of them unread, and a receive beyond that completes with
-    /// [`WcStatus::CREDIT_OVERRUN`](crate::WcStatus::CREDIT_OVERRUN). When it runs low the
-    /// device's event wakes the event loop through [`SharedCq::set_waker`].
-    pub fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32, receives: bool) -> Result<Option<SharedCq>> {
+    pub fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32) -> Result<Option<SharedCq>> {
         match &pd.inner {
             PdInner::Verbs(p) => {
-                Ok(Some(SharedCq { inner: verbs::shared_cq::SharedCq::new(p, room, per_qp, vector, receives)? }))
+                Ok(Some(SharedCq { inner: verbs::shared_cq::SharedCq::new(p, room, per_qp, vector)? }))
             }
             #[cfg(feature = "mem")]
             PdInner::Mem(_) => Ok(None),
@@ -815,6 +807,25 @@ impl SharedCq {
     /// QPs on it (each endpoint made on it takes a place and gives it back when dropped).
     pub fn placed(&self) -> usize {
         self.inner.placed()
+    }
+
+    /// Endpoints of `pd` made on it from now on take their control channel's receive buffers
+    /// from a shared receive queue in `pd` ([`Endpoint::shares_receives`]), made now if it has
+    /// none: for a PD many connections share (the target's memory-window domain). Its buffers
+    /// follow the QPs that use it: one 4 KiB buffer per two, at least 32, registered in chunks
+    /// of 8 as QPs come and given back as they go (a retired buffer once a message has used it).
+    /// Each QP may hold `RECV_COUNT` of them unread; what it gets beyond that is copied out, at
+    /// most 1,024 messages, and a receive past those completes with
+    /// [`WcStatus::CREDIT_OVERRUN`](crate::WcStatus::CREDIT_OVERRUN). When the queue runs low
+    /// the device's event wakes the event loop through [`SharedCq::set_waker`]. False if it has
+    /// one of another PD, or one cannot be made (the error once, at the failure): the endpoints
+    /// keep receive buffers of their own.
+    pub fn share_receives(&self, pd: &Pd) -> Result<bool> {
+        match &pd.inner {
+            PdInner::Verbs(p) => self.inner.share_receives(p),
+            #[cfg(feature = "mem")]
+            PdInner::Mem(_) => Ok(false),
+        }
     }
 
     /// The event loop's waker: woken when the shared receive queue runs low (the device's

@@ -40,8 +40,8 @@ pub(crate) trait Placement {
     /// A completion queue of worker `worker` on `pd`'s device with room for one more QP (made
     /// there if it has none), or None: the QP gets a CQ of its own (the in-memory fabric, or
     /// making one failed). With `receives` (`pd` is the device's memory-window domain, shared by
-    /// every such session), one with a shared receive queue in `pd`: the QP's control channel
-    /// takes its receive buffers from there, not 64 KiB of its own.
+    /// every such session), the CQ has a shared receive queue in `pd` (made at its first such
+    /// QP): the QP's control channel takes its receive buffers from there, not 64 KiB of its own.
     fn shared_cq(&self, worker: usize, pd: &rblk_fabric::Pd, receives: bool) -> Option<rblk_fabric::SharedCq>;
 }
 

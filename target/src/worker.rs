@@ -157,9 +157,8 @@ struct Handle {
     firsts: AtomicUsize,
     /// What the worker waits on (its wake-up queue, its shared CQs, connections' own CQs).
     poller: Arc<Poller>,
-    /// Its shared CQs, by device, and whether each has a shared receive queue (in the
-    /// device's memory-window domain); the `i`th is watched with tag `CQ_TAGS - i`.
-    cqs: Mutex<Vec<(String, bool, rblk_fabric::SharedCq)>>,
+    /// Its shared CQs, by device; the `i`th is watched with tag `CQ_TAGS - i`.
+    cqs: Mutex<Vec<(String, rblk_fabric::SharedCq)>>,
 }
 
 impl Handle {
@@ -294,14 +293,23 @@ impl Placement for Workers {
         let device = pd.device();
         let h = &self.handles[worker];
         let mut cqs = h.cqs.lock().unwrap_or_else(|p| p.into_inner());
-        // A QP of another PD may go on a CQ with a receive queue (it keeps its own receives).
-        if let Some((_, _, cq)) = cqs.iter().find(|(d, r, cq)| d == device && (*r || !receives) && cq.has_room()) {
-            return Some(cq.clone());
+        // The first window QP on a CQ gives it a shared receive queue in the window domain; a
+        // QP of another PD keeps receive buffers of its own.
+        let with_receives = |cq: rblk_fabric::SharedCq| {
+            if receives {
+                if let Err(e) = cq.share_receives(pd) {
+                    warn!(worker, device, error = %Chain(&e), "cannot make a shared receive queue: QPs keep their own buffers");
+                }
+            }
+            Some(cq)
+        };
+        if let Some((_, cq)) = cqs.iter().find(|(d, cq)| d == device && cq.has_room()) {
+            return with_receives(cq.clone());
         }
         let per_qp = rblk_proto::SEND_COUNT as u32 + 2 + rblk_proto::RECV_COUNT as u32;
         // Its completion vector: the device's `worker`th (wrapping), so the workers' CQ
         // interrupts spread over the device's vectors as the workers over the CPUs.
-        let cq = match rblk_fabric::SharedCq::new(pd, CQ_ROOM, per_qp, worker as u32, receives) {
+        let cq = match rblk_fabric::SharedCq::new(pd, CQ_ROOM, per_qp, worker as u32) {
             Ok(cq) => cq?,
             Err(e) => {
                 warn!(worker, device, error = %Chain(&e), "cannot make a shared completion queue: the QP gets its own");
@@ -319,8 +327,8 @@ impl Placement for Workers {
         // Its receive queue's low-water event wakes the worker, which routes what holds its
         // buffers to their connections (they read them and post them again).
         cq.set_waker(h.queue.waker(INBOX));
-        cqs.push((device.to_owned(), receives, cq.clone()));
-        Some(cq)
+        cqs.push((device.to_owned(), cq.clone()));
+        with_receives(cq)
     }
 }
 
@@ -427,7 +435,7 @@ impl Worker {
         }
         // `collect` and `poll` append connection ids, never CQ tags: a tag in `ready` is one
         // this wake brought.
-        for (i, (device, _, cq)) in cqs.iter().enumerate() {
+        for (i, (device, cq)) in cqs.iter().enumerate() {
             let got = if ready.contains(&(CQ_TAGS - i as u64)) { cq.collect(ready) } else { cq.poll(ready) };
             if let Err(e) = got {
                 warn!(device, error = %Chain(&e), "shared completion queue failed");

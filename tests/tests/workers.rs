@@ -289,9 +289,11 @@ fn rxe_idle_sessions_that_solicit_do_not_wake_the_target_for_each_keepalive() {
 /// sleeps: the queue runs low, and its low-water event is taken (logged at debug); more than
 /// its credit of 16 unread at once are copied out of the queue, not refused, so the session
 /// stays (a target that cut a QP at 16 unread would end it), and it and the others are
-/// answered afterwards. Catches per-QP receive buffers on window sessions, a shared queue whose
-/// buffers are not given back (the flood would take them all: no STATS would be answered), a
-/// low-water event never armed or never delivered, and a cut at the credit.
+/// answered afterwards. Last, the 200 leave and the queue gives back their buffers as the first
+/// session's messages use them. Catches per-QP receive buffers on window sessions, a shared
+/// queue whose buffers are not given back (the flood would take them all: no STATS would be
+/// answered), a low-water event never armed or never delivered, a cut at the credit, and a
+/// queue that keeps its high-water mark pinned.
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn rxe_window_sessions_share_a_receive_queue_and_a_burst_past_the_credit_is_copied_out() {
@@ -340,6 +342,21 @@ fn rxe_window_sessions_share_a_receive_queue_and_a_burst_past_the_credit_is_copi
     let lows = d.log_lines(&["SRQ limit reached"]).len();
     eprintln!("workers: a burst of {BURST} unsolicited KEEPALIVEs ran the shared receive queue low {lows} times");
     assert!(lows > 0, "the burst never raised (or the target never took) the receive queue's low-water event");
+    // The sessions leave: the queue keeps the first session's 32 buffers, and gives the rest
+    // back as messages use them (a posted buffer cannot be taken back from an SRQ): after more
+    // messages than it has buffers, VmPin is back where it was with the first session alone.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while probe.stats().sessions > 1 {
+        assert!(Instant::now() < deadline, "the sessions were not reaped");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for _ in 0..2 * SESSIONS {
+        probe.stats();
+    }
+    let left = d.vm_pin_kb();
+    eprintln!("workers: {left} KiB pinned once the sessions left ({pinned_before} KiB with the first alone)");
+    assert_eq!(left, pinned_before, "the shared receive queue kept the buffers of QPs that left");
 }
 
 /// A reconnect storm in small: an in-process target with a 1 MiB volume `v` whose every

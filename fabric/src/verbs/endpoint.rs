@@ -461,10 +461,11 @@ impl Endpoint {
             Some((s, _)) => s.attach_receives(&pd).inspect_err(|_| s.unplace())?,
             None => None,
         };
+        let shares_receives = srq.is_some();
         // Until the endpoint exists (its drop gives the place back), a failure gives it back.
         let unplace = || {
             if let Some((s, _)) = shared {
-                if srq.is_some() {
+                if shares_receives {
                     s.detach_receives();
                 }
                 s.unplace();
@@ -476,7 +477,7 @@ impl Endpoint {
         let shared = match shared {
             Some((s, tag)) => {
                 let inbox = Inbox::default();
-                s.route(qp.number(), tag, Arc::clone(&inbox), srq.is_some()).inspect_err(|_| unplace())?;
+                s.route(qp.number(), tag, Arc::clone(&inbox), shares_receives).inspect_err(|_| unplace())?;
                 Some((Arc::clone(s), inbox))
             }
             None => None,
@@ -488,7 +489,8 @@ impl Endpoint {
             pd,
             id,
             channel,
-            wcs: Vec::with_capacity(policy::POLL_BATCH),
+            // Polled here only without a shared CQ (whose own buffer takes the completions).
+            wcs: if shared.is_some() { Vec::new() } else { Vec::with_capacity(policy::POLL_BATCH) },
             unacked: 0,
             armed: false,
             read_depth,
@@ -497,7 +499,7 @@ impl Endpoint {
             peer_gone: false,
             peer,
             shared,
-            shares_receives: srq.is_some(),
+            shares_receives,
         })
     }
 

@@ -10,6 +10,7 @@ use rdma_mummy_sys as sys;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionQueue as _};
 
 use super::endpoint::{verbs_err, Pd};
+use super::srq::Life;
 use crate::{Error, Local, Op, QpConfig, Result, WorkRequest};
 
 /// One RC QP on a CQ for both queues; its receives from its own queue, or from `srq`.
@@ -21,6 +22,7 @@ pub(super) struct Qp {
     // Held so that they outlive the QP (dropped after it: see Drop).
     _pd: Pd,
     _cq: Arc<BasicCompletionQueue>,
+    _srq: Option<Arc<Life>>,
 }
 
 // SAFETY: a QP may be posted to and destroyed from any thread; the Qp has one owner, and posting
@@ -31,14 +33,13 @@ unsafe impl Send for Qp {}
 unsafe impl Sync for Qp {}
 
 impl Qp {
-    /// Creates the QP in `pd` with both queues on `cq`; with `srq` (a live SRQ of the same PD,
-    /// which the caller keeps alive until this QP is destroyed) its receives come from there and
-    /// it has no receive queue of its own.
+    /// Creates the QP in `pd` with both queues on `cq`; with `srq` (of the same PD, held until
+    /// this QP is destroyed) its receives come from there and it has no receive queue of its own.
     pub(super) fn create(
         pd: &Pd,
         cq: &Arc<BasicCompletionQueue>,
         cfg: &QpConfig,
-        srq: Option<NonNull<sys::ibv_srq>>,
+        srq: Option<Arc<Life>>,
     ) -> Result<Qp> {
         use sys::ibv_qp_create_send_ops_flags as F;
         let mut ops = F::IBV_QP_EX_WITH_SEND.0 | F::IBV_QP_EX_WITH_RDMA_WRITE.0 | F::IBV_QP_EX_WITH_RDMA_READ.0;
@@ -52,7 +53,7 @@ impl Qp {
         let cq_ptr = unsafe { cq.cq() }.as_ptr();
         attr.send_cq = cq_ptr;
         attr.recv_cq = cq_ptr;
-        attr.srq = srq.map_or(ptr::null_mut(), NonNull::as_ptr);
+        attr.srq = srq.as_ref().map_or(ptr::null_mut(), |s| s.raw().as_ptr());
         attr.cap = sys::ibv_qp_cap {
             max_send_wr: cfg.send_depth,
             max_recv_wr: if srq.is_some() { 0 } else { cfg.recv_depth },
@@ -78,7 +79,15 @@ impl Qp {
             unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
             return Err(verbs_err("ibv_qp_to_qp_ex", pd.device(), std::io::Error::other("not an extended QP")));
         };
-        Ok(Qp { qp, qpx, device: pd.device().into(), send_depth: cfg.send_depth, _pd: pd.clone(), _cq: Arc::clone(cq) })
+        Ok(Qp {
+            qp,
+            qpx,
+            device: pd.device().into(),
+            send_depth: cfg.send_depth,
+            _pd: pd.clone(),
+            _cq: Arc::clone(cq),
+            _srq: srq,
+        })
     }
 
     pub(super) fn raw(&self) -> *mut sys::ibv_qp {

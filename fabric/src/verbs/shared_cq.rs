@@ -20,7 +20,6 @@
 //! one, as before: routing it re-arms the CQ for every completion at once.
 
 use std::collections::{HashMap, VecDeque};
-use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rblk_proto::RECV_COUNT;
@@ -29,7 +28,7 @@ use rdma_mummy_sys as sys;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue as _};
 
 use super::endpoint::{get_cq_event, other_err, verbs_err, Pd};
-use super::srq::Srq;
+use super::srq::{Life, Srq};
 use crate::completion::{Completion, WcOpcode, WcStatus};
 use crate::{policy, Result, Waker};
 
@@ -115,8 +114,13 @@ struct State {
     armed_solicited: bool,
     unacked: u32,
     wcs: Vec<sys::ibv_wc>,
-    /// The receive buffers of the QPs of its PD (see [`super::srq`]), if it has one.
+    /// The receive buffers of the QPs of one PD on it (see [`super::srq`]), once asked for
+    /// ([`SharedCq::share_receives`]).
     srq: Option<Srq>,
+    /// Making the SRQ failed: not tried again (the QPs keep receive buffers of their own).
+    srq_failed: bool,
+    /// SRQs it has had (each is given up when its last QP goes, and made again at the next).
+    srq_generation: u64,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -127,9 +131,7 @@ impl SharedCq {
     /// A CQ on `pd`'s device with room for `room` QPs of `per_qp` completions each, on
     /// completion vector `vector` modulo the device's count, armed.
     ///
-    /// With `receives`, it has a shared receive queue in `pd` ([`super::srq`]): the QPs of
-    /// that PD placed on it take their receive buffers from there.
-    pub(crate) fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32, receives: bool) -> Result<Arc<SharedCq>> {
+    pub(crate) fn new(pd: &Pd, room: usize, per_qp: u32, vector: u32) -> Result<Arc<SharedCq>> {
         let dev = pd.device();
         let ctx = pd.context();
         // SAFETY: the context is open (we hold it) and libibverbs filled `num_comp_vectors` at
@@ -148,8 +150,6 @@ impl SharedCq {
             .setup_comp_channel(&comp, vector)
             .build()
             .map_err(|e| other_err("ibv_create_cq", dev, e))?;
-        // Each QP's credit at most: the CQ has room for that many receive completions of each.
-        let srq = if receives { Some(Srq::new(pd, room.saturating_mul(RECV_COUNT))?) } else { None };
         let shared = Arc::new(SharedCq {
             cq,
             comp,
@@ -164,15 +164,13 @@ impl SharedCq {
                 armed_solicited: false,
                 unacked: 0,
                 wcs: Vec::with_capacity(policy::POLL_BATCH),
-                srq,
+                srq: None,
+                srq_failed: false,
+                srq_generation: 0,
             }),
             waker: Mutex::new(None),
         });
         shared.arm(&mut lock(&shared.state))?;
-        let srq = lock(&shared.state).srq.as_ref().map(Srq::raw);
-        if let Some(srq) = srq {
-            super::device::watch_srq(srq, &shared);
-        }
         Ok(shared)
     }
 
@@ -253,25 +251,62 @@ impl SharedCq {
                     let _ = srq.repost(slot);
                 }
             }
+            self.give_up_unused_srq(&mut st);
         }
+    }
+
+    /// An SRQ no QP uses any more is given up, buffers and all (a posted buffer cannot be
+    /// taken back otherwise); it is destroyed once the last QP attached to it is (each holds
+    /// its [`Life`](super::srq::Life)). The next QP of its PD makes another.
+    fn give_up_unused_srq(&self, st: &mut State) {
+        if st.srq.as_ref().is_some_and(|s| s.qps() == 0) {
+            if let Some(srq) = st.srq.take() {
+                super::device::unwatch_srq(srq.raw());
+            }
+        }
+    }
+
+    /// QPs of `pd` placed on it from now on take their receives from a shared receive queue in
+    /// `pd`, made now if it has none: for a PD that many connections share (the target's
+    /// memory-window domain). False if it has one of another PD, or one cannot be made (then
+    /// they keep receive buffers of their own; the error is returned once, at the failure).
+    pub(crate) fn share_receives(self: &Arc<Self>, pd: &Pd) -> Result<bool> {
+        let mut st = lock(&self.state);
+        if let Some(srq) = &st.srq {
+            return Ok(srq.serves(pd));
+        }
+        if st.srq_failed {
+            return Ok(false);
+        }
+        // What an earlier SRQ's QPs left in the CQ goes first (their buffers are gone with it).
+        self.drain(&mut st)?;
+        st.srq_generation += 1;
+        // Each QP's credit at most: the CQ has room for that many receive completions of each.
+        let srq = Srq::new(pd, self.room.saturating_mul(RECV_COUNT), st.srq_generation)
+            .inspect_err(|_| st.srq_failed = true)?;
+        super::device::watch_srq(srq.raw(), self);
+        st.srq = Some(srq);
+        Ok(true)
     }
 
     /// The SRQ a QP of `pd` about to be created on this CQ takes its receives from, if it has
     /// one of that PD (it counts the QP, and posts more buffers if needed). Until the route
     /// ([`SharedCq::route`] with `shares_receives`) the caller gives the count back with
     /// [`SharedCq::detach_receives`] if the QP is not made.
-    pub(crate) fn attach_receives(&self, pd: &Pd) -> Result<Option<NonNull<sys::ibv_srq>>> {
+    pub(crate) fn attach_receives(&self, pd: &Pd) -> Result<Option<Arc<Life>>> {
         let mut st = lock(&self.state);
         let Some(srq) = st.srq.as_mut().filter(|s| s.serves(pd)) else { return Ok(None) };
         srq.add_qp()?;
-        Ok(Some(srq.raw()))
+        Ok(Some(srq.life()))
     }
 
     /// Gives back what [`SharedCq::attach_receives`] counted, for a QP that was not made.
     pub(crate) fn detach_receives(&self) {
-        if let Some(srq) = &mut lock(&self.state).srq {
+        let mut st = lock(&self.state);
+        if let Some(srq) = &mut st.srq {
             srq.remove_qp();
         }
+        self.give_up_unused_srq(&mut st);
     }
 
     /// For QP `qp_num`'s channel: copies the message of SRQ receive `wr_id` into `dst` (its
