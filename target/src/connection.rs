@@ -234,9 +234,6 @@ pub(crate) struct Connection {
     /// The latest it may open (or join) a session.
     open_by: Instant,
     liveness: Liveness,
-    buf: Box<[u8; MSG_SIZE]>,
-    /// The buffer a message is handled from ([`Connection::on_message`] swaps it with `buf`).
-    spare: Option<Box<[u8; MSG_SIZE]>>,
     /// SENDs posted and completed. SENDs complete in order: our keepalive is done once as many
     /// SENDs completed as had been posted up to and including it.
     sends_posted: u64,
@@ -347,8 +344,6 @@ impl Connection {
             // The connection was admitted at its connect request, just now.
             open_by: Instant::now() + limits.auth_timeout,
             liveness: Liveness::new(rules(limits.keepalive_timeout), Instant::now()),
-            buf: Box::new([0u8; MSG_SIZE]),
-            spare: Some(Box::new([0u8; MSG_SIZE])),
             sends_posted: 0,
             sends_done: 0,
             keepalive: None,
@@ -393,15 +388,17 @@ impl Connection {
     }
 
     /// One turn: `woken` when a waker fired for it (see [`Connection::check_wakes`]).
-    pub(crate) fn turn(&mut self, woken: bool) -> Turn {
-        match self.serve(woken) {
+    /// Messages are copied into `scratch` and handled from there: one buffer for every
+    /// connection of a worker (two of their own were 8 KiB of each idle connection's memory).
+    pub(crate) fn turn(&mut self, woken: bool, scratch: &mut [u8; MSG_SIZE]) -> Turn {
+        match self.serve(woken, scratch) {
             Err(reason) => Turn::End(reason),
             Ok(()) if self.parked.is_some() => Turn::Park,
             Ok(()) => Turn::Wait { until: self.next_turn(), more: self.more },
         }
     }
 
-    fn serve(&mut self, woken: bool) -> Result<(), Reason> {
+    fn serve(&mut self, woken: bool, scratch: &mut [u8; MSG_SIZE]) -> Result<(), Reason> {
         if self.shared.is_shutting_down() {
             return Err("target shutting down".into());
         }
@@ -415,7 +412,7 @@ impl Connection {
         self.check_replacing();
         self.more = false;
         if self.parked.is_none() {
-            self.poll()?;
+            self.poll(scratch)?;
         }
         self.answer_flushes()?;
         self.note_solicits();
@@ -430,7 +427,7 @@ impl Connection {
     /// Arms the completion channel (a completion from now on makes it readable), then takes at
     /// most [`BUDGET`] completions: one busy peer does not keep its worker's other connections
     /// waiting.
-    fn poll(&mut self) -> Result<(), Reason> {
+    fn poll(&mut self, scratch: &mut [u8; MSG_SIZE]) -> Result<(), Reason> {
         let failed = |e: rblk_fabric::Error| {
             warn!(error = %Chain(&e), "completion wait failed");
             Reason::from("completion error")
@@ -443,7 +440,7 @@ impl Connection {
                 return Ok(());
             }
             taken += 1;
-            self.on_completion(&one[0])?;
+            self.on_completion(&one[0], scratch)?;
         }
         self.more = taken == BUDGET;
         Ok(())
@@ -579,7 +576,7 @@ impl Connection {
         }
     }
 
-    fn on_completion(&mut self, c: &Completion) -> Result<(), Reason> {
+    fn on_completion(&mut self, c: &Completion, scratch: &mut [u8; MSG_SIZE]) -> Result<(), Reason> {
         if !channel::is_control(c.wr_id) {
             // A window bind (the only other work this side posts): a failed one failed the
             // QP, and the reply behind it with the rkey is flushed.
@@ -589,9 +586,9 @@ impl Connection {
             }
             return Ok(());
         }
-        match self.channel.on_completion(&mut self.ep, c, &mut self.buf) {
+        match self.channel.on_completion(&mut self.ep, c, scratch) {
             Ok(Event::Sent) => self.on_sent(),
-            Ok(Event::Received(len)) => self.on_message(len),
+            Ok(Event::Received(len)) => self.on_message(&scratch[..len]),
             Err(e) => {
                 debug!(error = %Chain(&e), "control completion failed");
                 Err("connection lost".into())
@@ -624,17 +621,16 @@ impl Connection {
         !self.flushes.is_empty() || self.held.is_some() || self.replacing.is_some() || self.parked.is_some()
     }
 
-    /// A control message of `len` bytes arrived in the buffer: handle it and reply, or, behind a
-    /// request that waits, keep it for later (only FLUSH and KEEPALIVE are handled at once: the
-    /// initiator's other requests keep their order with its FLUSHes).
-    fn on_message(&mut self, len: usize) -> Result<(), Reason> {
+    /// A control message arrived: handle it and reply, or, behind a request that waits, keep it
+    /// for later (only FLUSH and KEEPALIVE are handled at once: the initiator's other requests
+    /// keep their order with its FLUSHes).
+    fn on_message(&mut self, bytes: &[u8]) -> Result<(), Reason> {
         self.unheard = 0;
         let now = Instant::now();
         self.liveness.heard(now);
         if let Some(session) = self.protocol.session() {
             session.heard(now);
         }
-        let bytes = &self.buf[..len];
         let parsed = rblk_proto::parse(bytes);
         if matches!(parsed, Ok((_, Message::Keepalive))) {
             self.own_keepalives = true;
@@ -651,13 +647,7 @@ impl Connection {
             self.deferred.push_back(bytes.to_vec());
             return Ok(());
         }
-        // The message moves out with its buffer (a pointer swap: copying the 4 KiB buffer for
-        // every message, keepalives included, was 4% of an idle target's samples).
-        let mut msg = self.spare.take().unwrap_or_else(|| Box::new([0u8; MSG_SIZE]));
-        std::mem::swap(&mut self.buf, &mut msg);
-        let handled = self.handle(&msg[..len]);
-        self.spare = Some(msg);
-        handled
+        self.handle(bytes)
     }
 
     /// Answers the FLUSHes whose write-back finished (in order), then serves the requests that

@@ -218,6 +218,7 @@ impl Workers {
                 timers: Timers::default(),
                 more: Vec::new(),
                 slow: tx.clone(),
+                scratch: Box::new([0; rblk_proto::MSG_SIZE]),
             };
             // Worker i runs on the ith CPU of the daemon's affinity mask (wrapping), as SPDK's
             // reactors do: its connections' state stays in one CPU's caches.
@@ -380,6 +381,8 @@ struct Worker {
     /// Connections whose budget ran out: they run again in the next round, without waiting.
     more: Vec<u64>,
     slow: mpsc::Sender<Job>,
+    /// Where each turn's messages are copied and handled from (see [`Connection::turn`]).
+    scratch: Box<[u8; rblk_proto::MSG_SIZE]>,
 }
 
 impl Worker {
@@ -473,7 +476,7 @@ impl Worker {
         let span = std::mem::replace(&mut conn.span, tracing::Span::none());
         let turn = {
             let _enter = span.enter();
-            conn.turn(woken)
+            conn.turn(woken, &mut self.scratch)
         };
         conn.span = span;
         match turn {

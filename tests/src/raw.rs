@@ -122,10 +122,25 @@ impl Raw {
         self.channel.solicit(false);
     }
 
-    /// Sends `msg` and returns the next non-keepalive reply as owned bytes.
+    /// Sends `msg` and returns the next non-keepalive reply as owned bytes. With every send
+    /// buffer in flight (after a burst), it first waits for SENDs to complete, within 30 s.
     pub fn request(&mut self, msg: &Message<'_>) -> Vec<u8> {
         self.tag += 1;
-        self.channel.send(&mut self.ep, self.tag, msg).expect("send request");
+        let deadline = Instant::now() + STEP;
+        loop {
+            match self.channel.send(&mut self.ep, self.tag, msg) {
+                Ok(()) => break,
+                Err(rblk_fabric::Error::QueueFull { .. }) if Instant::now() < deadline => {
+                    let mut out = [Completion::EMPTY; 8];
+                    let n = self.ep.wait(&mut out, Duration::from_micros(20), deadline).expect("wait");
+                    for c in out[..n].iter().filter(|c| channel::is_control(c.wr_id)) {
+                        let got = self.on_control(c).expect("control completion");
+                        assert!(got.is_none(), "a message arrived before the request was sent: {got:?}");
+                    }
+                }
+                Err(e) => panic!("send request: {e}"),
+            }
+        }
         self.reply()
     }
 

@@ -334,8 +334,13 @@ fn rxe_window_sessions_share_a_receive_queue_and_a_burst_past_the_credit_is_copi
     };
     let flooder = &mut held[0];
     flooder.unsolicited();
+    // While the queue is dry the sends wait (RNR) and their slots stay taken: each is tried
+    // until it goes, within 30 s for the burst.
+    let deadline = Instant::now() + Duration::from_secs(30);
     for i in 0..BURST {
-        assert!(flooder.try_send_bytes(&keepalive), "KEEPALIVE {i} of the burst not sent: the connection is gone");
+        while !flooder.try_send_bytes(&keepalive) {
+            assert!(Instant::now() < deadline, "KEEPALIVE {i} of the burst not sent: the connection is gone");
+        }
     }
     assert_eq!(flooder.stats().sessions, SESSIONS + 1, "the session that sent the burst is still served");
     assert_eq!(probe.stats().sessions, SESSIONS + 1, "the others are too");
