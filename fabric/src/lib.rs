@@ -834,16 +834,6 @@ impl SharedCq {
         self.inner.set_waker(waker);
     }
 
-    /// Bytes its shared receive queue registered for buffers (0 without one).
-    pub fn pinned_bytes(&self) -> usize {
-        self.inner.pinned_bytes()
-    }
-
-    /// Buffers posted on its shared receive queue now; None without one.
-    pub fn receives_posted(&self) -> Option<usize> {
-        self.inner.receives_posted()
-    }
-
     /// Whether it has room for one more QP (an endpoint made on a full one fails).
     pub fn has_room(&self) -> bool {
         self.inner.has_room()

@@ -332,16 +332,6 @@ impl SharedCq {
         read
     }
 
-    /// Bytes its SRQ registered for buffers (0 without one).
-    pub(crate) fn pinned_bytes(&self) -> usize {
-        lock(&self.state).srq.as_ref().map_or(0, Srq::pinned_bytes)
-    }
-
-    /// SRQ buffers posted now (None without an SRQ).
-    pub(crate) fn receives_posted(&self) -> Option<usize> {
-        lock(&self.state).srq.as_ref().map(Srq::posted)
-    }
-
     /// The event loop's waker, woken when the SRQ runs low.
     pub(crate) fn set_waker(&self, waker: Waker) {
         *self.waker.lock().unwrap_or_else(PoisonError::into_inner) = Some(waker);

@@ -180,22 +180,17 @@ impl Srq {
 
     /// Buffers it keeps for the QPs it serves now, within the device's limit.
     fn target(&self) -> usize {
-        wanted(self.qps).min(self.max_wr / CHUNK * CHUNK)
+        self.within_device(wanted(self.qps))
     }
 
-    /// Bytes registered for its buffers.
-    pub(crate) fn pinned_bytes(&self) -> usize {
-        self.slots.len() * MSG_SIZE
-    }
-
-    /// Buffers posted now (not holding a message).
-    pub(crate) fn posted(&self) -> usize {
-        self.posted_count
+    /// `want` buffers, or as many whole chunks as the device lets the queue hold.
+    fn within_device(&self, want: usize) -> usize {
+        want.min(self.max_wr / CHUNK * CHUNK)
     }
 
     /// Posts the retired buffers below `want` again, then registers chunks up to it.
     fn grow(&mut self, want: usize) -> Result<()> {
-        let want = want.min(self.max_wr / CHUNK * CHUNK);
+        let want = self.within_device(want);
         for slot in 0..want.min(self.slots.len()) {
             if self.slots[slot] == Slot::Idle {
                 self.post(slot)?;
