@@ -280,17 +280,29 @@ impl Backing {
         let started = Instant::now();
         let total = memory.len() as u64;
         let mut next_report = started + Duration::from_secs(1);
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        ring.transfer(self.file.as_raw_fd(), memory, &[(0, total)], Dir::Load, CHUNK, |done| {
-            if Instant::now() >= next_report {
-                next_report += Duration::from_secs(1);
-                tracing::info!(
-                    volume = name,
-                    "loading: {:.1} of {}",
-                    rblk_proto::Bytes(done),
-                    rblk_proto::Bytes(total)
-                );
-            }
+        let mut guard = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let ring: &mut Ring = &mut guard;
+        let fd = self.file.as_raw_fd();
+        let run = move || {
+            ring.transfer(fd, memory, &[(0, total)], Dir::Load, CHUNK, |done| {
+                if Instant::now() >= next_report {
+                    next_report += Duration::from_secs(1);
+                    tracing::info!(
+                        volume = name,
+                        "loading: {:.1} of {}",
+                        rblk_proto::Bytes(done),
+                        rblk_proto::Bytes(total)
+                    );
+                }
+            })
+        };
+        // On a thread of its own: the kernel's io_uring workers (`iou-wrk`) that the reads may
+        // start belong to the thread that submitted them, and the last of them stays until that
+        // thread exits. Loaded on the main thread (at start, at a reload), it stayed a thread of
+        // the daemon for good, beyond the `workers` + 4 that docs/DESIGN.md promises.
+        std::thread::scope(|s| {
+            let loading = std::thread::Builder::new().name("rblk-load".into()).spawn_scoped(s, run)?;
+            loading.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })?;
         Ok(started.elapsed())
     }

@@ -10,8 +10,10 @@
 //! [`Connection::turn`] of at most [`BUDGET`] completions, so one busy peer cannot starve the
 //! others on its worker.
 //!
-//! Threads of the daemon: `workers`, the listener, the slow-work thread and the main thread,
-//! and while FLUSHes run a write-back thread per volume written back.
+//! Threads of the daemon: `workers`, the listener, the slow-work thread, the admin socket's and
+//! the main thread, and for a while: a write-back thread per volume while its FLUSHes run, a
+//! thread per admin connection, and a thread that loads a durable volume (its io_uring worker,
+//! `iou-wrk`, goes with it: on a thread that stays it stayed too).
 //!
 //! [`Config::workers`]: crate::config::Config::workers
 //! [`BUDGET`]: crate::connection::BUDGET
