@@ -181,6 +181,45 @@ impl Memory {
         Ok(())
     }
 
+    /// Sets the `len` bytes at `offset` to zero with stores. Never by giving the pages back
+    /// (`MADV_DONTNEED`, `MADV_REMOVE`, a hole punched in the memfd): a registration keeps the
+    /// pages it pinned while the CPU would get new zero pages, and the NIC and the CPU would see
+    /// two different volumes.
+    pub fn zero(&self, offset: usize, len: usize) -> Result<()> {
+        self.check("memory zeroing", offset, len)?;
+        // SAFETY: the range is inside the mapping (checked above), which is writable and lives as
+        // long as `self`; no Rust reference covers it.
+        unsafe { std::ptr::write_bytes(self.as_ptr().add(offset), 0, len) };
+        Ok(())
+    }
+
+    /// Whether the `len` bytes at `offset` are all zero (read through a small copy: no
+    /// reference is made over memory a NIC may write).
+    pub fn is_zero(&self, offset: usize, len: usize) -> Result<bool> {
+        self.check("memory read", offset, len)?;
+        let mut buf = [0u64; 512];
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(size_of_val(&buf));
+            // SAFETY: `at..at + n` is inside the mapping (checked above), `buf` is a distinct
+            // local buffer of at least `n` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(at), buf.as_mut_ptr().cast::<u8>(), n) };
+            let words = n / 8;
+            if buf[..words].iter().any(|&w| w != 0) {
+                return Ok(false);
+            }
+            // The bytes past the last whole word (none when `n` is a multiple of 8).
+            let mut tail = [0u8; 8];
+            // SAFETY: as above; the tail is within the `n` bytes copied.
+            unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(at + words * 8), tail.as_mut_ptr(), n % 8) };
+            if tail != [0; 8] {
+                return Ok(false);
+            }
+            at += n;
+        }
+        Ok(true)
+    }
+
     /// Copies `len` bytes between two regions (which may be the same mapping: overlap is allowed).
     pub fn copy_to(&self, offset: usize, dst: &Memory, dst_offset: usize, len: usize) -> Result<()> {
         self.check("memory copy source", offset, len)?;
@@ -200,6 +239,25 @@ fn noexec_seal() -> MFdFlags {
 mod tests {
     use super::*;
     use crate::Chain;
+
+    /// `zero` clears exactly its range, and `is_zero` sees a single byte set anywhere in a range
+    /// (in a whole word, in the tail past the last word, in a later copy of its buffer).
+    #[test]
+    fn zero_and_is_zero() {
+        let m = Memory::anonymous(3 * 4096).unwrap();
+        m.write_at(0, &[0xaa; 3 * 4096]).unwrap();
+        m.zero(4096, 4096).unwrap();
+        assert!(m.is_zero(4096, 4096).unwrap());
+        assert!(!m.is_zero(4095, 2).unwrap() && !m.is_zero(4096, 4097).unwrap());
+        for at in [4096, 4103, 8191] {
+            m.write_at(at, &[1]).unwrap();
+            assert!(!m.is_zero(4096, 4096).unwrap(), "a byte at {at}");
+            assert!(!m.is_zero(at, 1).unwrap() && m.is_zero(4096, at - 4096).unwrap());
+            m.write_at(at, &[0]).unwrap();
+        }
+        assert!(matches!(m.zero(8192, 4097), Err(Error::OutOfRange { .. })));
+        assert!(matches!(m.is_zero(usize::MAX, 2), Err(Error::OutOfRange { .. })));
+    }
 
     #[test]
     fn read_write_and_bounds() {

@@ -228,6 +228,17 @@ wire_flags! {
     VOLATILE = 1,
 }
 
+wire_flags! {
+    /// WRITE_ZEROES' flags (DISCARD has none).
+    ZeroFlags: u32, "zero.flags";
+    /// The zeros must be allocated (a later write must not fail for space): the target zeroes
+    /// the backing store's range in place instead of punching it (ublk's
+    /// `UBLK_IO_F_NOUNMAP`, NBD's `NBD_CMD_FLAG_NO_HOLE`).
+    NO_UNMAP = 1,
+    /// Durable before the answer, as a FLUSH of the range after it would make it.
+    FUA = 2,
+}
+
 /// One byte range of a FLUSH, as it lies on the wire (`offset`, `len`: two little-endian u64).
 ///
 /// Parsed FLUSH messages borrow their ranges in place from the receive buffer.

@@ -39,6 +39,8 @@ wire_enum! {
     /// | `Close` | `0x0007` | initiator | 0 | `Ok` |
     /// | `Keepalive` | `0x0008` | either | 0 | nothing |
     /// | `List` | `0x0009` | initiator | 8 | `ListReply` (only with [`FEATURE_LIST`](crate::FEATURE_LIST)) |
+    /// | `Discard` | `0x000a` | initiator | 24 | `Ok` (only with [`FEATURE_DISCARD`](crate::FEATURE_DISCARD)) |
+    /// | `WriteZeroes` | `0x000b` | initiator | 24 | `Ok` (only with [`FEATURE_DISCARD`](crate::FEATURE_DISCARD)) |
     /// | `Ok` | `0x8000` | target | 8 | |
     /// | `Challenge` | `0x8001` | target | 48 | |
     /// | `Opened` | `0x8003` | target | 56 | |
@@ -67,7 +69,11 @@ wire_enum! {
     Keepalive = 0x0008,
     /// Ask which volumes this host may open (after AUTH; registers nothing).
     List = 0x0009,
-    /// Acknowledges AUTH, JOIN or CLOSE.
+    /// Drop a range's contents: it reads as zeros after the answer.
+    Discard = 0x000a,
+    /// Make a range read as zeros.
+    WriteZeroes = 0x000b,
+    /// Acknowledges AUTH, JOIN, CLOSE, DISCARD or WRITE_ZEROES.
     Ok = 0x8000,
     /// Answers HELLO.
     Challenge = 0x8001,
@@ -91,7 +97,7 @@ impl Opcode {
 
     /// Whether OK is the success reply to this request.
     pub const fn is_acked_by_ok(self) -> bool {
-        matches!(self, Self::Auth | Self::Join | Self::Close)
+        matches!(self, Self::Auth | Self::Join | Self::Close | Self::Discard | Self::WriteZeroes)
     }
 }
 

@@ -6,8 +6,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::header::{split, write_frame, HEADER_LEN};
 use crate::{
     ChallengeFlags, EncodeError, ErrorCode, Flush, FlushedFlags, ListEntry, Opcode, OpenMode, ParseError, Range,
-    VolumeFlags, MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_VOLUME_NAME, NONCE_LEN, TARGET_ID_LEN,
-    TOKEN_LEN,
+    VolumeFlags, ZeroFlags, MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_VOLUME_NAME, NONCE_LEN,
+    TARGET_ID_LEN, TOKEN_LEN,
 };
 
 #[cfg(test)]
@@ -86,6 +86,27 @@ pub enum Message<'a> {
     Flushed {
         /// Whether the flush persisted anything.
         flags: FlushedFlags,
+    },
+    /// Initiator → target (with [`FEATURE_DISCARD`](crate::FEATURE_DISCARD), on an open
+    /// read-write session): the `len` bytes at `offset` read as zeros after the answer (OK);
+    /// the backing store may give their blocks back. `offset` and `len` are multiples of the
+    /// volume's block size, `len` is 1 to [`MAX_ZERO_LEN`](crate::MAX_ZERO_LEN).
+    Discard {
+        /// Byte offset in the volume.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// Initiator → target (with [`FEATURE_DISCARD`](crate::FEATURE_DISCARD)): as
+    /// [`Message::Discard`], with flags: the zeros stay allocated, and durable before the
+    /// answer.
+    WriteZeroes {
+        /// Byte offset in the volume.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+        /// [`ZeroFlags::NO_UNMAP`], [`ZeroFlags::FUA`].
+        flags: ZeroFlags,
     },
     /// Initiator → target: ask for counters.
     Stats,
@@ -326,6 +347,18 @@ struct JoinBody {
 }
 const _: () = assert!(size_of::<JoinBody>() == 24);
 
+/// DISCARD's and WRITE_ZEROES' body.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct ZeroBody {
+    offset: U64,
+    len: U64,
+    /// [`ZeroFlags`]; 0 in a DISCARD.
+    flags: U32,
+    reserved: U32,
+}
+const _: () = assert!(size_of::<ZeroBody>() == 24);
+
 /// Followed by `count` [`Range`]s.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
@@ -517,6 +550,18 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
                 Message::Flush(Flush::Ranges(ranges))
             }
         }
+        Opcode::Discard | Opcode::WriteZeroes => {
+            let b: &ZeroBody = fixed(opcode, body)?;
+            zero(b.reserved.get() == 0, "zero.reserved")?;
+            let (offset, len) = (b.offset.get(), b.len.get());
+            check_zero_range(offset, len)?;
+            if opcode == Opcode::Discard {
+                zero(b.flags.get() == 0, "discard.flags")?;
+                Message::Discard { offset, len }
+            } else {
+                Message::WriteZeroes { offset, len, flags: ZeroFlags::parse(b.flags.get())? }
+            }
+        }
         Opcode::Flushed => {
             let b: &FlushedBody = fixed(opcode, body)?;
             zero(b.reserved.get() == 0, "flushed.reserved")?;
@@ -697,6 +742,16 @@ fn check_ranges(ranges: &[Range]) -> Result<(), ParseError> {
     ranges.iter().try_for_each(Range::check)
 }
 
+/// A DISCARD's or WRITE_ZEROES' range: 1 to [`MAX_ZERO_LEN`](crate::MAX_ZERO_LEN) bytes that do
+/// not run past `u64::MAX` (the target checks it against the volume: its size, its blocks).
+fn check_zero_range(offset: u64, len: u64) -> Result<(), ParseError> {
+    Range::new(offset, len).check()?;
+    if len > crate::MAX_ZERO_LEN {
+        return Err(ParseError::BadCount { field: "zero.len", count: len, max: crate::MAX_ZERO_LEN });
+    }
+    Ok(())
+}
+
 fn check_answers(answers: Opcode) -> Result<(), ParseError> {
     if answers.is_acked_by_ok() {
         Ok(())
@@ -745,6 +800,8 @@ impl Message<'_> {
             Self::Join { .. } => Opcode::Join,
             Self::Flush(_) => Opcode::Flush,
             Self::Flushed { .. } => Opcode::Flushed,
+            Self::Discard { .. } => Opcode::Discard,
+            Self::WriteZeroes { .. } => Opcode::WriteZeroes,
             Self::Stats => Opcode::Stats,
             Self::StatsReply(_) => Opcode::StatsReply,
             Self::Close => Opcode::Close,
@@ -828,6 +885,26 @@ impl Message<'_> {
             }
             Self::Flushed { flags } => {
                 frame(&[FlushedBody { flags: U32::new(flags.bits()), reserved: U32::ZERO }.as_bytes()])
+            }
+            Self::Discard { offset, len } => {
+                check_zero_range(offset, len)?;
+                frame(&[ZeroBody {
+                    offset: U64::new(offset),
+                    len: U64::new(len),
+                    flags: U32::ZERO,
+                    reserved: U32::ZERO,
+                }
+                .as_bytes()])
+            }
+            Self::WriteZeroes { offset, len, flags } => {
+                check_zero_range(offset, len)?;
+                let body = ZeroBody {
+                    offset: U64::new(offset),
+                    len: U64::new(len),
+                    flags: U32::new(flags.bits()),
+                    reserved: U32::ZERO,
+                };
+                frame(&[body.as_bytes()])
             }
             Self::Stats | Self::Close | Self::Keepalive => frame(&[]),
             Self::List { start } => frame(&[ListBody { start: U32::new(start), reserved: U32::ZERO }.as_bytes()]),

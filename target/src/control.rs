@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use rblk_fabric::{Chain, Endpoint, Pd};
 use rblk_proto::{
-    ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, OpenMode, Opened, ParseError, Resume, StatsReply,
-    VolumeFlags, NONCE_LEN,
+    ChallengeFlags, ErrorCode, Flush, FlushedFlags, Message, Opcode, OpenMode, Opened, ParseError, Resume, StatsReply,
+    VolumeFlags, ZeroFlags, NONCE_LEN,
 };
 
 pub use crate::persist::FlushHook;
+use crate::persist::Job;
 
 use crate::access::{AccessError, Credential};
 use crate::registry::{CapReached, Shared};
@@ -358,6 +359,18 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             let session = Arc::clone(session);
             (flush_volume(shared, ep, &session, flush), After::Continue)
         }
+        (Message::Discard { offset, len }, State::Open { session })
+            if state.features() & rblk_proto::FEATURE_DISCARD != 0 =>
+        {
+            let session = Arc::clone(session);
+            zero_range(shared, ep, &session, offset, len, None)
+        }
+        (Message::WriteZeroes { offset, len, flags }, State::Open { session })
+            if state.features() & rblk_proto::FEATURE_DISCARD != 0 =>
+        {
+            let session = Arc::clone(session);
+            zero_range(shared, ep, &session, offset, len, Some(flags))
+        }
         (Message::Close, State::Open { session }) => {
             session.release();
             *state = State::Closed { session: Some(Arc::clone(session)) };
@@ -416,7 +429,8 @@ fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: F
         hook.arrived();
     }
     let bytes = ranges.iter().map(|(_, len)| len).sum();
-    let ticket = volume.write_back(&ranges, ep.waker(), hook.cloned());
+    let jobs: Vec<Job> = ranges.iter().map(|&(offset, len)| Job::Store(offset, len)).collect();
+    let ticket = volume.write_back(&jobs, ep.waker(), hook.cloned());
     let covered = match flush {
         Flush::All => None,
         Flush::Ranges(_) => Some(ranges.iter().map(|&(offset, len)| (offset, offset + len)).collect()),
@@ -426,18 +440,74 @@ fn flush_volume(shared: &Shared, ep: &Endpoint, session: &Arc<Session>, flush: F
         _session: Flushing(Arc::clone(session)),
         volume: Arc::clone(volume),
         ticket,
+        answers: Opcode::Flush,
         bytes,
         covered,
         started,
     })
 }
 
-/// A FLUSH whose write-back runs (see [`Volume::write_back`](crate::volume::Volume::write_back)).
+/// DISCARD (`flags` None) and WRITE_ZEROES ([`rblk_proto::FEATURE_DISCARD`]): refused from a
+/// read-only session, for a range that is not whole blocks within the volume, and on a failed
+/// volume; otherwise the volume's next write-back pass zeroes the range ([`Job::Zero`]: its
+/// memory with stores, then its backing store's blocks, punched or, with `NO_UNMAP`, zeroed in
+/// place), off this thread, and the connection answers OK once that pass finished, as it
+/// answers a FLUSH ([`Reply::WriteBack`]). The pass fdatasyncs: on a durable volume the zeros
+/// are durable at the answer, with `FUA` or without.
+fn zero_range(
+    shared: &Shared,
+    ep: &Endpoint,
+    session: &Arc<Session>,
+    offset: u64,
+    len: u64,
+    flags: Option<ZeroFlags>,
+) -> (Reply, After) {
+    let volume = &session.volume;
+    let (what, answers) = match flags {
+        None => ("DISCARD", Opcode::Discard),
+        Some(_) => ("WRITE_ZEROES", Opcode::WriteZeroes),
+    };
+    let refuse = |code, text: String| (Reply::Error(code, text), After::Refused);
+    if session.mode == OpenMode::ReadOnly {
+        return refuse(ErrorCode::ReadOnly, format!("{what}: volume {} is open read-only here", volume.name));
+    }
+    let (bs, size) = (u64::from(volume.block_size), volume.size());
+    if offset % bs != 0 || len % bs != 0 {
+        let text = format!("{what} {offset}+{len} is not whole blocks of volume {}'s {bs} bytes", volume.name);
+        return refuse(ErrorCode::OutOfRange, text);
+    }
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        let text = format!("{what} {offset}+{len} runs past the end of volume {} ({size} bytes)", volume.name);
+        return refuse(ErrorCode::OutOfRange, text);
+    }
+    if volume.failed() {
+        let text = format!("volume {} failed: writing it back failed earlier (see the target's log)", volume.name);
+        return (Reply::Error(ErrorCode::VolumeFailed, text), After::Continue);
+    }
+    let keep = flags.is_some_and(|f| f.contains(ZeroFlags::NO_UNMAP));
+    let ticket = volume.write_back(&[Job::Zero { offset, len, keep }], ep.waker(), shared.fixed.flush_hook.clone());
+    session.flush_began();
+    let reply = Reply::WriteBack(WriteBack {
+        _session: Flushing(Arc::clone(session)),
+        volume: Arc::clone(volume),
+        ticket,
+        answers,
+        bytes: len,
+        covered: None,
+        started: std::time::Instant::now(),
+    });
+    (reply, After::Continue)
+}
+
+/// A FLUSH, DISCARD or WRITE_ZEROES whose write-back pass runs (see
+/// [`Volume::write_back`](crate::volume::Volume::write_back)).
 #[derive(Debug)]
 pub struct WriteBack {
     _session: Flushing,
     volume: Arc<crate::volume::Volume>,
     ticket: crate::persist::Ticket,
+    /// The request it answers.
+    answers: Opcode,
     /// The bytes it asked for.
     bytes: u64,
     /// Its `(start, end)` ranges, None for the whole volume (for the [`FlushHook`]).
@@ -459,6 +529,9 @@ impl Drop for Flushing {
 pub(crate) fn flushed(shared: &Shared, flush: &WriteBack) -> Option<Reply> {
     let result = flush.volume.written_back(flush.ticket)?;
     let volume = &flush.volume;
+    if flush.answers != Opcode::Flush {
+        return Some(zeroed(shared, flush, result));
+    }
     let reply = match result {
         Ok(()) if volume.is_volatile() => Reply::Msg(Message::Flushed { flags: FlushedFlags::VOLATILE }),
         Ok(()) => {
@@ -481,6 +554,28 @@ pub(crate) fn flushed(shared: &Shared, flush: &WriteBack) -> Option<Reply> {
     c.flushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     c.flush_seconds.observe(flush.started.elapsed().as_secs_f64());
     Some(reply)
+}
+
+/// The reply to a DISCARD or WRITE_ZEROES whose pass finished with `result`.
+fn zeroed(shared: &Shared, zero: &WriteBack, result: std::io::Result<()>) -> Reply {
+    let volume = &zero.volume;
+    let c = &shared.counters;
+    match result {
+        Ok(()) => {
+            let z = &volume.zeroed;
+            let counter = if zero.answers == Opcode::Discard { &z.discarded } else { &z.zeroed };
+            counter.fetch_add(zero.bytes, std::sync::atomic::Ordering::Relaxed);
+            Reply::Msg(Message::Ok { answers: zero.answers })
+        }
+        Err(e) => {
+            c.writeback_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(volume = %volume.name, error = %e, request = ?zero.answers, "zeroing failed: the volume fails");
+            shared.fail_volume(volume);
+            let text =
+                format!("volume {} failed: zeroing its backing store failed (see the target's log)", volume.name);
+            Reply::Error(ErrorCode::VolumeFailed, text)
+        }
+    }
 }
 
 /// A FLUSH given up (its connection ended before its write-back finished).

@@ -86,6 +86,16 @@ pub fn render(shared: &Shared) -> String {
         "Memory windows whose deallocation failed (their connections were disconnected)",
         load(&c.window_dealloc_failures),
     );
+    // Per volume: what DISCARD and WRITE_ZEROES zeroed.
+    type PerVolume = prometheus_client::metrics::family::Family<Vec<(String, String)>, Counter>;
+    let (discarded, zeroed) = (PerVolume::default(), PerVolume::default());
+    for v in shared.catalog().volumes.values() {
+        let label = vec![("volume".to_owned(), v.name.clone())];
+        discarded.get_or_create(&label).inc_by(load(&v.zeroed.discarded));
+        zeroed.get_or_create(&label).inc_by(load(&v.zeroed.zeroed));
+    }
+    reg.register("discarded_bytes", "Bytes DISCARD zeroed (and gave back where durable), per volume", discarded);
+    reg.register("zeroed_bytes", "Bytes WRITE_ZEROES zeroed, per volume", zeroed);
     reg.register("flush_seconds", "FLUSH latency, write-back and fdatasync included", c.flush_seconds.clone());
     let mut out = String::new();
     // Writing into a String cannot fail.

@@ -14,7 +14,16 @@
 //!
 //! FLUSHes of one volume are group-committed ([`Group`]): one write-back pass runs at a time,
 //! off the connections' threads, and each pass takes every range asked for while the one before
-//! it ran.
+//! it ran. DISCARD and WRITE_ZEROES ([`Job::Zero`]) run in the same passes, in the order they
+//! came among the FLUSHes: the pass zeroes the volume's memory with stores and then punches the
+//! backing store's range (or zeroes it in place), so a punch and a later write of the same range
+//! reach the backing store in that order.
+//!
+//! Holes: the backing store's ranges known to be unallocated (found with `SEEK_HOLE` at the
+//! load, punched since) whose memory may still be all zeros. A write-back skips the blocks of a
+//! hole whose memory is still zero instead of filling the hole with zeros, and writes (and
+//! forgets as holes) those written since; so neither a FLUSH of a range that was discarded nor
+//! a final flush of the whole volume gives back the space a discard freed.
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
@@ -153,8 +162,157 @@ pub struct Backing {
     path: PathBuf,
     file: File,
     direct: bool,
-    ring: Mutex<Ring>,
+    /// The ring, and the holes (see the module docs), taken together by a pass.
+    ring: Mutex<(Ring, Holes)>,
     failed: AtomicBool,
+}
+
+/// What a write-back pass does, in the order the requests came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Job {
+    /// Write the `len` bytes of memory at `offset` to the backing store (a FLUSH's range).
+    Store(u64, u64),
+    /// Zero the `len` bytes at `offset`: the volume's memory with stores, then the backing
+    /// store's range, punched, or with `keep` zeroed in place and left allocated (DISCARD,
+    /// WRITE_ZEROES).
+    Zero {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+        /// Keep the range allocated (WRITE_ZEROES with `NO_UNMAP`).
+        keep: bool,
+    },
+}
+
+impl Job {
+    /// Zeroes a [`Job::Zero`]'s range of `memory`; nothing for a store.
+    pub fn zero_memory(&self, memory: &Memory) -> io::Result<()> {
+        match *self {
+            Job::Store(..) => Ok(()),
+            Job::Zero { offset, len, .. } => memory.zero(offset as usize, len as usize).map_err(io::Error::other),
+        }
+    }
+}
+
+/// Sorted, disjoint, non-adjacent `(start, end)` byte ranges: a backing store's holes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Holes(Vec<(u64, u64)>);
+
+impl Holes {
+    /// Adds `start..end`, merging with what it touches.
+    pub(crate) fn add(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let (mut s, mut e) = (start, end);
+        self.0.retain(|&(a, b)| {
+            let touches = a <= e && s <= b;
+            if touches {
+                s = s.min(a);
+                e = e.max(b);
+            }
+            !touches
+        });
+        let at = self.0.partition_point(|&(a, _)| a < s);
+        self.0.insert(at, (s, e));
+    }
+
+    /// Removes `start..end`.
+    pub(crate) fn remove(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.0.len() + 1);
+        for &(a, b) in &self.0 {
+            if b <= start || a >= end {
+                out.push((a, b));
+                continue;
+            }
+            if a < start {
+                out.push((a, start));
+            }
+            if b > end {
+                out.push((end, b));
+            }
+        }
+        self.0 = out;
+    }
+
+    /// The parts of `start..end` that are holes, in order.
+    pub(crate) fn within(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let first = self.0.partition_point(|&(_, b)| b <= start);
+        self.0[first..].iter().take_while(|&&(a, _)| a < end).map(|&(a, b)| (a.max(start), b.min(end))).collect()
+    }
+
+    /// Bytes in holes.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.0.iter().map(|(a, b)| b - a).sum()
+    }
+
+    /// Of the `(offset, len)` store ranges (4 KiB aligned, sorted, disjoint), those to write:
+    /// the blocks of a hole whose memory is still zero are left out (the hole reads zeros
+    /// already), and the blocks of a hole written since are kept and stop being holes.
+    pub(crate) fn filter_stores(&mut self, memory: &Memory, ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+        if self.0.is_empty() {
+            return ranges;
+        }
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        let push = |s: u64, e: u64, out: &mut Vec<(u64, u64)>| match out.last_mut() {
+            Some((o, l)) if *o + *l == s => *l += e - s,
+            _ => out.push((s, e - s)),
+        };
+        for (offset, len) in ranges {
+            let end = offset + len;
+            let mut at = offset;
+            for (hs, he) in self.within(offset, end) {
+                if at < hs {
+                    push(at, hs, &mut out);
+                }
+                let mut block = hs;
+                while block < he {
+                    let next = (block + ALIGN).min(he);
+                    // A block beyond the memory cannot be written: keep it a hole.
+                    let zero = memory.is_zero(block as usize, (next - block) as usize).unwrap_or(true);
+                    if !zero {
+                        push(block, next, &mut out);
+                        self.remove(block, next);
+                    }
+                    block = next;
+                }
+                at = he;
+            }
+            if at < end {
+                push(at, end, &mut out);
+            }
+        }
+        out
+    }
+}
+
+/// The holes of regular file `file` within its first `size` bytes (`SEEK_HOLE`/`SEEK_DATA`);
+/// none for a block device, or where the file system cannot say.
+fn find_holes(file: &File, size: u64) -> Holes {
+    use nix::unistd::{lseek, Whence};
+    let mut holes = Holes::default();
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return holes;
+    }
+    let mut at = 0i64;
+    let size = i64::try_from(size).unwrap_or(i64::MAX);
+    while at < size {
+        let Ok(hole) = lseek(file, at, Whence::SeekHole) else { break };
+        if hole >= size {
+            break;
+        }
+        // ENXIO: no data after the hole, which runs to the end.
+        let data = lseek(file, hole, Whence::SeekData).unwrap_or(size).min(size);
+        // Whole blocks only: a write-back's unit.
+        let (s, e) = ((hole as u64).div_ceil(ALIGN) * ALIGN, data as u64 / ALIGN * ALIGN);
+        holes.add(s, e);
+        at = data;
+    }
+    holes
 }
 
 impl Backing {
@@ -219,7 +377,14 @@ impl Backing {
             return Err(BackingError::TooSmall { path: at(), have, size });
         }
         let ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: at(), source })?;
-        Ok(Backing { path: path.to_owned(), file, direct, ring: Mutex::new(ring), failed: AtomicBool::new(false) })
+        let holes = find_holes(&file, size);
+        Ok(Backing {
+            path: path.to_owned(),
+            file,
+            direct,
+            ring: Mutex::new((ring, holes)),
+            failed: AtomicBool::new(false),
+        })
     }
 
     /// A backing store a predecessor daemon handed over: `file` is its open file description,
@@ -246,7 +411,15 @@ impl Backing {
             .map_err(|e| BackingError::Open { path: at(), source: e.into() })?;
         let direct = flags & libc::O_DIRECT != 0;
         let ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: at(), source })?;
-        Ok(Backing { path: path.to_owned(), file, direct, ring: Mutex::new(ring), failed: AtomicBool::new(failed) })
+        // What the predecessor punched is in the file by now (a pass ends before a handover).
+        let holes = find_holes(&file, size);
+        Ok(Backing {
+            path: path.to_owned(),
+            file,
+            direct,
+            ring: Mutex::new((ring, holes)),
+            failed: AtomicBool::new(failed),
+        })
     }
 
     /// The open backing store, for handing it to a successor daemon (the claim is its open
@@ -281,7 +454,7 @@ impl Backing {
         let total = memory.len() as u64;
         let mut next_report = started + Duration::from_secs(1);
         let mut guard = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        let ring: &mut Ring = &mut guard;
+        let ring: &mut Ring = &mut guard.0;
         let fd = self.file.as_raw_fd();
         let run = move || {
             ring.transfer(fd, memory, &[(0, total)], Dir::Load, CHUNK, |done| {
@@ -308,20 +481,80 @@ impl Backing {
     }
 
     /// Writes `ranges` of `memory` to the backing store, waits for every write, then
-    /// fdatasyncs. On failure the backing store is marked failed for good.
+    /// fdatasyncs ([`Backing::apply`] of stores).
     pub fn flush(&self, memory: &Memory, ranges: &[(u64, u64)]) -> io::Result<()> {
+        let jobs: Vec<Job> = ranges.iter().map(|&(offset, len)| Job::Store(offset, len)).collect();
+        self.apply(memory, &jobs)
+    }
+
+    /// Carries out a write-back pass's `jobs` in order (consecutive stores as one transfer;
+    /// see [`Job`] and the module docs on holes), then fdatasyncs. On failure the backing store
+    /// is marked failed for good.
+    pub fn apply(&self, memory: &Memory, jobs: &[Job]) -> io::Result<()> {
         if self.failed() {
             return Err(io::Error::other(format!("backing store {} failed earlier", self.path.display())));
         }
-        let ranges = coalesce(ranges.iter().copied(), memory.len() as u64);
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let (ring, holes) = &mut *guard;
         let fd = self.file.as_raw_fd();
-        let result = ring.transfer(fd, memory, &ranges, Dir::Store, CHUNK, |_| {}).and_then(|()| ring.fdatasync(fd));
+        let mut result = Ok(());
+        let mut rest = jobs;
+        while let (Some(first), Ok(())) = (rest.first(), &result) {
+            let stores = rest.iter().take_while(|j| matches!(j, Job::Store(..))).count();
+            if stores == 0 {
+                result = first.zero_memory(memory).and_then(|()| self.zero(ring, holes, memory, first));
+                rest = &rest[1..];
+                continue;
+            }
+            let ranges = rest[..stores].iter().map(|j| match *j {
+                Job::Store(offset, len) => (offset, len),
+                Job::Zero { .. } => (0, 0),
+            });
+            let ranges = holes.filter_stores(memory, coalesce(ranges, memory.len() as u64));
+            result = ring.transfer(fd, memory, &ranges, Dir::Store, CHUNK, |_| {});
+            rest = &rest[stores..];
+        }
+        let result = result.and_then(|()| ring.fdatasync(fd));
         if let Err(e) = &result {
             self.failed.store(true, Ordering::SeqCst);
             tracing::error!(path = %self.path.display(), error = %e, "write-back failed: the volume stops promising durability");
         }
         result
+    }
+
+    /// A [`Job::Zero`] on the backing store, whose memory is zero by now: the range punched
+    /// (`FALLOC_FL_PUNCH_HOLE`, a hole from now on) or zeroed in place (`FALLOC_FL_ZERO_RANGE`,
+    /// with `keep`). Where the file or device supports neither, the zeroed memory is written
+    /// (never a bare `BLKDISCARD`, whose blocks need not read as zeros: the next load would
+    /// serve whatever they hold).
+    fn zero(&self, ring: &mut Ring, holes: &mut Holes, memory: &Memory, job: &Job) -> io::Result<()> {
+        use nix::fcntl::{fallocate, FallocateFlags};
+        let Job::Zero { offset, len, keep } = *job else { return Ok(()) };
+        let how = if keep { FallocateFlags::FALLOC_FL_ZERO_RANGE } else { FallocateFlags::FALLOC_FL_PUNCH_HOLE };
+        let (Ok(at), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::other("a range beyond what the file offsets hold"));
+        };
+        match fallocate(&self.file, how | FallocateFlags::FALLOC_FL_KEEP_SIZE, at, n) {
+            Ok(()) => {
+                if keep {
+                    holes.remove(offset, offset + len);
+                } else {
+                    holes.add(offset, offset + len);
+                }
+                Ok(())
+            }
+            Err(nix::errno::Errno::EOPNOTSUPP | nix::errno::Errno::EINVAL) => {
+                tracing::debug!(path = %self.path.display(), "no fallocate here: writing the zeros");
+                holes.remove(offset, offset + len);
+                ring.transfer(self.file.as_raw_fd(), memory, &[(offset, len)], Dir::Store, CHUNK, |_| {})
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Bytes of the backing store known to be holes (for tests and the log).
+    pub fn hole_bytes(&self) -> u64 {
+        self.ring.lock().unwrap_or_else(|p| p.into_inner()).1.bytes()
     }
 }
 
@@ -354,8 +587,8 @@ pub struct Group {
 
 #[derive(Debug, Default)]
 struct GroupState {
-    /// Ranges of the FLUSHes that wait for the next pass.
-    pending: Vec<(u64, u64)>,
+    /// The jobs of the FLUSHes (and DISCARDs) that wait for the next pass, in order.
+    pending: Vec<Job>,
     /// Passes started and finished (pass `n` is the `n`th, from 1).
     started: u64,
     finished: u64,
@@ -382,14 +615,14 @@ impl Group {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds `ranges` to the next pass; `waker` is woken once that pass finished. Returns its
+    /// Adds `jobs` to the next pass; `waker` is woken once that pass finished. Returns its
     /// ticket, and true when no runner is at work: then the caller must call [`Group::run`]
     /// (on a thread of its own, or its own thread).
-    pub fn enqueue(&self, ranges: &[(u64, u64)], waker: Option<Waker>) -> (Ticket, bool) {
+    pub fn enqueue(&self, jobs: &[Job], waker: Option<Waker>) -> (Ticket, bool) {
         let mut st = self.state();
-        st.pending.extend_from_slice(ranges);
+        st.pending.extend_from_slice(jobs);
         if st.pending.len() > PENDING_MERGE {
-            st.pending = coalesce(std::mem::take(&mut st.pending), u64::MAX);
+            st.pending = merge_stores(std::mem::take(&mut st.pending));
         }
         let ticket = st.started + 1;
         if let Some(w) = waker {
@@ -424,7 +657,7 @@ impl Group {
 
     /// Runs passes with `pass` while FLUSHes wait for one, then stops (the next
     /// [`enqueue`](Group::enqueue) asks for a new runner).
-    pub fn run(&self, mut pass: impl FnMut(Vec<(u64, u64)>) -> io::Result<()>) {
+    pub fn run(&self, mut pass: impl FnMut(Vec<Job>) -> io::Result<()>) {
         let mut st = self.state();
         while !st.pending.is_empty() && !st.held {
             let ranges = std::mem::take(&mut st.pending);
@@ -478,6 +711,27 @@ impl Group {
     pub fn passes(&self) -> u64 {
         self.state().started
     }
+}
+
+/// `jobs` with each run of consecutive stores coalesced ([`coalesce`]); zeroing jobs stay where
+/// they were among them.
+fn merge_stores(jobs: Vec<Job>) -> Vec<Job> {
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut run: Vec<(u64, u64)> = Vec::new();
+    let flush = |run: &mut Vec<(u64, u64)>, out: &mut Vec<Job>| {
+        out.extend(coalesce(run.drain(..), u64::MAX).into_iter().map(|(o, l)| Job::Store(o, l)));
+    };
+    for job in jobs {
+        match job {
+            Job::Store(offset, len) => run.push((offset, len)),
+            zero @ Job::Zero { .. } => {
+                flush(&mut run, &mut out);
+                out.push(zero);
+            }
+        }
+    }
+    flush(&mut run, &mut out);
+    out
 }
 
 /// Sorts ranges, widens them to [`ALIGN`] (clamped to `limit`), and merges overlapping and
@@ -594,8 +848,7 @@ mod tests {
     #[allow(clippy::type_complexity)]
     fn gated_runner(
         g: &std::sync::Arc<Group>,
-    ) -> (std::thread::JoinHandle<Vec<Vec<(u64, u64)>>>, std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>)
-    {
+    ) -> (std::thread::JoinHandle<Vec<Vec<Job>>>, std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
         let (entered_tx, entered) = std::sync::mpsc::channel();
         let (go, go_rx) = std::sync::mpsc::channel::<()>();
         let g = std::sync::Arc::clone(g);
@@ -615,14 +868,14 @@ mod tests {
     #[test]
     fn concurrent_flushes_share_the_next_pass() {
         let g = std::sync::Arc::new(Group::default());
-        let (t1, start) = g.enqueue(&[(0, 4096)], None);
+        let (t1, start) = g.enqueue(&[Job::Store(0, 4096)], None);
         assert!(start, "nobody runs passes yet");
         let (runner, entered, go) = gated_runner(&g);
         entered.recv().unwrap();
         // Three FLUSHes arrive while pass 1 runs: none is covered by it, all share pass 2.
         let later: Vec<Ticket> = (1..4u64)
             .map(|i| {
-                let (t, start) = g.enqueue(&[(i * 4096, 4096)], None);
+                let (t, start) = g.enqueue(&[Job::Store(i * 4096, 4096)], None);
                 assert!(!start, "a runner is at work");
                 t
             })
@@ -635,7 +888,8 @@ mod tests {
         assert!(g.result(later[0]).is_none(), "pass 2 still runs");
         go.send(()).unwrap();
         let passes = runner.join().unwrap();
-        assert_eq!(passes, vec![vec![(0, 4096)], vec![(4096, 4096), (8192, 4096), (12288, 4096)]]);
+        let stores = |r: &[(u64, u64)]| r.iter().map(|&(o, l)| Job::Store(o, l)).collect::<Vec<_>>();
+        assert_eq!(passes, vec![stores(&[(0, 4096)]), stores(&[(4096, 4096), (8192, 4096), (12288, 4096)])]);
         assert_eq!(g.passes(), 2);
         assert!(later.iter().all(|&t| g.wait(t).is_ok()));
     }
@@ -646,7 +900,7 @@ mod tests {
     #[test]
     fn a_hold_waits_for_the_running_pass_and_starts_none() {
         let g = std::sync::Arc::new(Group::default());
-        let (t1, start) = g.enqueue(&[(0, 4096)], None);
+        let (t1, start) = g.enqueue(&[Job::Store(0, 4096)], None);
         assert!(start);
         let (runner, entered, go) = gated_runner(&g);
         entered.recv().unwrap();
@@ -660,16 +914,16 @@ mod tests {
         };
         // Queued while pass 1 runs and the hold waits: the runner must not take it.
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let (t2, start) = g.enqueue(&[(4096, 4096)], None);
+        let (t2, start) = g.enqueue(&[Job::Store(4096, 4096)], None);
         assert!(!start);
         assert!(held.try_recv().is_err(), "the hold returned while pass 1 ran");
         go.send(()).unwrap();
         held.recv().unwrap();
         holder.join().unwrap();
-        assert_eq!(runner.join().unwrap(), vec![vec![(0, 4096)]], "a pass started under the hold");
+        assert_eq!(runner.join().unwrap(), vec![vec![Job::Store(0, 4096)]], "a pass started under the hold");
         assert!(g.wait(t1).is_ok());
         assert!(g.result(t2).is_none());
-        let (t3, start) = g.enqueue(&[(8192, 4096)], None);
+        let (t3, start) = g.enqueue(&[Job::Store(8192, 4096)], None);
         assert!(!start, "no runner starts while held");
         assert!(g.release(), "FLUSHes queued under the hold need a runner");
         let mut passes = Vec::new();
@@ -677,7 +931,7 @@ mod tests {
             passes.push(r);
             Ok(())
         });
-        assert_eq!(passes, vec![vec![(4096, 4096), (8192, 4096)]]);
+        assert_eq!(passes, vec![vec![Job::Store(4096, 4096), Job::Store(8192, 4096)]]);
         assert!(g.wait(t2).is_ok() && g.wait(t3).is_ok());
         assert!(!g.release(), "nothing queued: no runner needed");
     }
@@ -685,13 +939,84 @@ mod tests {
     #[test]
     fn a_failed_pass_fails_its_flushes_and_later_ones() {
         let g = Group::default();
-        let (t1, _) = g.enqueue(&[(0, 4096)], None);
+        let (t1, _) = g.enqueue(&[Job::Store(0, 4096)], None);
         g.run(|_| Err(io::Error::other("disk gone")));
-        let (t2, start) = g.enqueue(&[(0, 4096)], None);
+        let (t2, start) = g.enqueue(&[Job::Store(0, 4096)], None);
         assert!(start);
         g.run(|_| Ok(()));
         assert!(g.wait(t1).is_err());
         assert!(g.wait(t2).unwrap_err().to_string().contains("disk gone"));
+    }
+
+    #[test]
+    fn holes_add_remove_and_within() {
+        let mut h = Holes::default();
+        h.add(8192, 12288);
+        h.add(0, 4096);
+        h.add(4096, 8192);
+        assert_eq!(h.0, vec![(0, 12288)], "touching ranges merge");
+        h.remove(4096, 8192);
+        assert_eq!(h.0, vec![(0, 4096), (8192, 12288)]);
+        h.add(20480, 24576);
+        assert_eq!(h.within(2048, 22528), vec![(2048, 4096), (8192, 12288), (20480, 22528)]);
+        assert_eq!(h.within(12288, 20480), vec![]);
+        h.remove(0, 1 << 20);
+        assert_eq!(h.bytes(), 0);
+    }
+
+    /// Catches a write-back that fills a hole with zeros (the blocks a discard gave back would
+    /// come back at the next FLUSH or final flush), one that skips a block of a hole written
+    /// since (data lost), and one that goes on skipping it once written.
+    #[test]
+    fn stores_skip_the_zero_blocks_of_holes_and_write_the_rest() {
+        let mem = Memory::anonymous(64 << 10).unwrap();
+        let mut h = Holes::default();
+        h.add(8192, 32768);
+        mem.write_at(16384 + 5, b"x").unwrap();
+        let out = h.filter_stores(&mem, vec![(0, 65536)]);
+        assert_eq!(out, vec![(0, 8192), (16384, 4096), (32768, 32768)]);
+        assert_eq!(h.0, vec![(8192, 16384), (20480, 32768)], "the written block is no hole any more");
+        assert_eq!(Holes::default().filter_stores(&mem, vec![(0, 4096)]), vec![(0, 4096)]);
+    }
+
+    /// The mechanism end to end on a file: a zeroing job punches (the file's blocks drop and
+    /// `SEEK_HOLE` finds the hole at the next open), a whole-volume flush afterwards does not
+    /// refill it, and a write inside it later is written back. Catches a punch that is not made
+    /// (blocks stay), a flush that writes zeros into the hole, and holes not found at open (a
+    /// restart's final flush would refill them).
+    #[test]
+    fn a_zeroing_job_punches_and_flushes_keep_the_hole() {
+        use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+        let dir = std::env::temp_dir().join(format!("rblk-punch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("v.img");
+        let _ = std::fs::remove_file(&path);
+        let size = 4u64 << 20;
+        std::fs::File::create(&path).unwrap().write_all_at(&vec![0xab; size as usize], 0).unwrap();
+        let b = Backing::open(&path, size).unwrap();
+        let mem = Memory::anonymous(size as usize).unwrap();
+        b.load(&mem, "v").unwrap();
+        assert_eq!(b.hole_bytes(), 0, "a fully written file has no holes");
+        let blocks = || std::fs::metadata(&path).unwrap().blocks();
+        let before = blocks();
+        let (offset, len) = (1u64 << 20, 2u64 << 20);
+        b.apply(&mem, &[Job::Store(0, 4096), Job::Zero { offset, len, keep: false }]).unwrap();
+        assert!(mem.is_zero(offset as usize, len as usize).unwrap(), "the job zeroes memory");
+        // Where tests run (ext4, the guest's tmpfs) punching works.
+        let freed = (before - blocks()) * 512;
+        assert!(freed >= len * 9 / 10, "punched {freed} of {len} bytes");
+        b.flush(&mem, &[(0, size)]).unwrap();
+        assert_eq!((before - blocks()) * 512, freed, "a whole flush filled the hole again");
+        drop(b);
+        let b = Backing::open(&path, size).unwrap();
+        assert_eq!(b.hole_bytes(), len, "the hole is found at the next open");
+        mem.write_at(offset as usize + 8192, b"new").unwrap();
+        b.flush(&mem, &[(0, size)]).unwrap();
+        let mut got = [0u8; 3];
+        std::fs::File::open(&path).unwrap().read_exact_at(&mut got, offset + 8192).unwrap();
+        assert_eq!(&got, b"new");
+        assert_eq!(b.hole_bytes(), len - 4096);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use rblk_fabric::{Access, Memory, Mr, Pd};
 use rblk_proto::{OpenMode, VolumeId};
 
 use crate::counters::Counters;
-use crate::persist::{Backing, BackingError, Group, Ticket};
+use crate::persist::{Backing, BackingError, Group, Job, Ticket};
 
 /// Why a volume could not be created or loaded.
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +42,21 @@ pub struct Volume {
     pub instance: VolumeId,
     /// Its FLUSHes' write-back passes (see [`Volume::write_back`]).
     writeback: Group,
+    /// Bytes DISCARDs and WRITE_ZEROES zeroed in it, for the metrics.
+    pub zeroed: Zeroed,
     /// Open sessions by mode, for exclusivity.
     opens: Mutex<Opens>,
     /// The registration memory windows are bound to, by device (see [`Volume::region`]).
     regions: Mutex<HashMap<String, Arc<Registration>>>,
+}
+
+/// Bytes a volume's DISCARDs and WRITE_ZEROES zeroed (counted when answered).
+#[derive(Debug, Default)]
+pub struct Zeroed {
+    /// By DISCARD.
+    pub discarded: std::sync::atomic::AtomicU64,
+    /// By WRITE_ZEROES.
+    pub zeroed: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +88,7 @@ impl Volume {
             backing: None,
             instance: VolumeId(rblk_fabric::random()),
             writeback: Group::default(),
+            zeroed: Zeroed::default(),
             opens: Mutex::default(),
             regions: Mutex::default(),
         })
@@ -106,6 +118,7 @@ impl Volume {
             backing: Some(backing),
             instance: VolumeId(rblk_fabric::random()),
             writeback: Group::default(),
+            zeroed: Zeroed::default(),
             opens: Mutex::default(),
             regions: Mutex::default(),
         })
@@ -129,6 +142,7 @@ impl Volume {
             backing,
             instance,
             writeback: Group::default(),
+            zeroed: Zeroed::default(),
             opens: Mutex::new(Opens { written, ..Opens::default() }),
             regions: Mutex::default(),
         }
@@ -169,17 +183,19 @@ impl Volume {
         Ok(r)
     }
 
-    /// Writes `ranges` back (group commit, see [`Group`]) on a thread of its own, started unless
-    /// one runs passes already, so that no connection's thread waits for the backing store;
-    /// `waker` is woken once the pass covering them finished ([`Volume::written_back`]).
-    /// `before_pass` (a test hook) runs at the start of every pass.
+    /// Runs `jobs` (a FLUSH's ranges to write back, a DISCARD's or WRITE_ZEROES' range to zero:
+    /// [`Job`]) in the next write-back pass (group commit, see [`Group`]) on a thread of its own,
+    /// started unless one runs passes already, so that no connection's thread waits for the
+    /// backing store or for zeroing memory; `waker` is woken once the pass covering them
+    /// finished ([`Volume::written_back`]). A RAM volume's passes only zero. `before_pass` (a test
+    /// hook) runs at the start of every pass.
     pub fn write_back(
         self: &Arc<Self>,
-        ranges: &[(u64, u64)],
+        jobs: &[Job],
         waker: rblk_fabric::Waker,
         before_pass: Option<crate::persist::FlushHook>,
     ) -> Ticket {
-        let (ticket, start) = self.writeback.enqueue(ranges, Some(waker));
+        let (ticket, start) = self.writeback.enqueue(jobs, Some(waker));
         if start {
             self.spawn_passes(before_pass);
         }
@@ -208,13 +224,13 @@ impl Volume {
     }
 
     fn run_passes(&self, before_pass: Option<&crate::persist::FlushHook>) {
-        self.writeback.run(|ranges| {
+        self.writeback.run(|jobs| {
             if let Some(hook) = before_pass {
                 hook.pass();
             }
             match &self.backing {
-                Some(b) => b.flush(&self.memory, &ranges),
-                None => Ok(()),
+                Some(b) => b.apply(&self.memory, &jobs),
+                None => jobs.iter().try_for_each(|job| job.zero_memory(&self.memory)),
             }
         });
     }

@@ -69,6 +69,13 @@ fn arb_message() -> impl Strategy<Value = Message<'static>> {
         any::<bool>().prop_map(|volatile| Message::Flushed {
             flags: if volatile { FlushedFlags::VOLATILE } else { FlushedFlags::empty() }
         }),
+        (any::<u64>(), 1..=crate::MAX_ZERO_LEN)
+            .prop_map(|(offset, len)| Message::Discard { offset: offset.min(u64::MAX - len), len }),
+        (any::<u64>(), 1..=crate::MAX_ZERO_LEN, 0u32..4).prop_map(|(offset, len, flags)| Message::WriteZeroes {
+            offset: offset.min(u64::MAX - len),
+            len,
+            flags: ZeroFlags::from_bits(flags).unwrap(),
+        }),
         Just(Message::Stats),
         (any::<[u64; 6]>(), any::<Option<u64>>()).prop_map(|([a, b, c, d, e, f], windows)| Message::StatsReply(
             StatsReply {
@@ -91,7 +98,8 @@ fn arb_message() -> impl Strategy<Value = Message<'static>> {
                 entries: leak(e.iter().map(|(n, s, f, g)| ListEntry::new(n, *s, *f, *g).unwrap()).collect()),
             }
         ),
-        select(&[Opcode::Auth, Opcode::Join, Opcode::Close][..]).prop_map(|answers| Message::Ok { answers }),
+        select(&[Opcode::Auth, Opcode::Join, Opcode::Close, Opcode::Discard, Opcode::WriteZeroes][..])
+            .prop_map(|answers| Message::Ok { answers }),
         (select(ErrorCode::ALL), ".{0,200}").prop_map(|(code, text)| Message::Error { code, text: text.leak() }),
     ]
 }
@@ -107,6 +115,7 @@ fn fixed_len(opcode: Opcode) -> usize {
         Opcode::Join => size_of::<JoinBody>(),
         Opcode::Flush => size_of::<FlushHead>(),
         Opcode::Flushed => size_of::<FlushedBody>(),
+        Opcode::Discard | Opcode::WriteZeroes => size_of::<ZeroBody>(),
         Opcode::StatsReply => size_of::<StatsReplyBody>(),
         Opcode::Ok => size_of::<OkBody>(),
         Opcode::Error => size_of::<ErrorHead>(),

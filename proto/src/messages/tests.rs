@@ -109,6 +109,10 @@ fn make_samples() -> Vec<Message<'static>> {
         Message::Flush(Flush::Ranges(&MAX_RANGES)),
         Message::Flushed { flags: FlushedFlags::VOLATILE },
         Message::Flushed { flags: FlushedFlags::empty() },
+        Message::Discard { offset: 0, len: 4096 },
+        Message::Discard { offset: u64::MAX - crate::MAX_ZERO_LEN, len: crate::MAX_ZERO_LEN },
+        Message::WriteZeroes { offset: 4096, len: 1, flags: ZeroFlags::empty() },
+        Message::WriteZeroes { offset: 0, len: crate::MAX_ZERO_LEN, flags: ZeroFlags::all() },
         Message::Stats,
         Message::StatsReply(StatsReply {
             registrations: 3,
@@ -210,7 +214,7 @@ fn wrong_version_names_both() {
 
 #[test]
 fn unknown_opcodes() {
-    for op in [0, 0x000a, 0x0100, 0x8002, 0x8008, 0xffff] {
+    for op in [0, 0x000c, 0x0100, 0x8002, 0x8008, 0x800a, 0xffff] {
         assert_eq!(parse(&raw(op, &[])), Err(ParseError::UnknownOpcode(op)));
     }
 }
@@ -578,6 +582,53 @@ fn encode_refuses_what_parse_would() {
     assert_eq!(
         enc(Message::Flush(Flush::Ranges(&[Range::new(5, 0)]))),
         Err(ParseError::BadRange { offset: 5, len: 0 })
+    );
+}
+
+/// DISCARD and WRITE_ZEROES: an empty range, one past `u64::MAX`, one longer than
+/// `MAX_ZERO_LEN`, flags in a DISCARD, unknown flags in a WRITE_ZEROES and a set reserved word
+/// are refused by the parser (and the first three by the encoder too).
+#[test]
+fn zeroing_requests_are_checked() {
+    let body = |offset: u64, len: u64, flags: u32, reserved: u32| {
+        let b = ZeroBody {
+            offset: U64::new(offset),
+            len: U64::new(len),
+            flags: U32::new(flags),
+            reserved: U32::new(reserved),
+        };
+        b.as_bytes().to_vec()
+    };
+    let max = crate::MAX_ZERO_LEN;
+    for op in [Opcode::Discard, Opcode::WriteZeroes] {
+        assert_eq!(parse(&raw(op.into(), &body(8, 0, 0, 0))), Err(ParseError::BadRange { offset: 8, len: 0 }));
+        assert_eq!(
+            parse(&raw(op.into(), &body(u64::MAX, 4096, 0, 0))),
+            Err(ParseError::BadRange { offset: u64::MAX, len: 4096 })
+        );
+        assert_eq!(
+            parse(&raw(op.into(), &body(0, max + 1, 0, 0))),
+            Err(ParseError::BadCount { field: "zero.len", count: max + 1, max })
+        );
+        assert_eq!(parse(&raw(op.into(), &body(0, 4096, 0, 1))), Err(ParseError::Reserved { field: "zero.reserved" }));
+        assert!(matches!(parse(&raw(op.into(), &body(0, 4096, 0, 0)[..20])), Err(ParseError::BadLength { .. })));
+    }
+    assert_eq!(
+        parse(&raw(Opcode::Discard.into(), &body(0, 4096, 1, 0))),
+        Err(ParseError::Reserved { field: "discard.flags" })
+    );
+    assert_eq!(
+        parse(&raw(Opcode::WriteZeroes.into(), &body(0, 4096, 4, 0))),
+        Err(ParseError::UnknownFlags { field: "zero.flags", bits: 4 })
+    );
+    let mut out = [0u8; MSG_SIZE];
+    assert_eq!(
+        Message::Discard { offset: 0, len: max + 1 }.encode(TAG, &mut out),
+        Err(EncodeError::Invalid(ParseError::BadCount { field: "zero.len", count: max + 1, max }))
+    );
+    assert_eq!(
+        Message::WriteZeroes { offset: 1, len: 0, flags: ZeroFlags::FUA }.encode(TAG, &mut out),
+        Err(EncodeError::Invalid(ParseError::BadRange { offset: 1, len: 0 }))
     );
 }
 
