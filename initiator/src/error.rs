@@ -68,6 +68,9 @@ pub enum InvalidReason {
     /// A [`Done`](crate::Done) without data: not a successful read, its buffer was taken, or
     /// more bytes were asked for than were read.
     NoData,
+    /// The target does not take this request (a DISCARD to a target without
+    /// [`FEATURE_DISCARD`](rblk_proto::FEATURE_DISCARD)).
+    Unsupported,
 }
 
 impl fmt::Display for InvalidReason {
@@ -86,6 +89,7 @@ impl fmt::Display for InvalidReason {
             InvalidReason::BufferTooSmall { size } => write!(f, "the buffer holds only {size} bytes"),
             InvalidReason::ForeignBuffer => f.write_str("the buffer belongs to another queue"),
             InvalidReason::NoData => f.write_str("no data: not a successful read, or its buffer was taken"),
+            InvalidReason::Unsupported => f.write_str("the target does not support it (an older rblk-target)"),
         }
     }
 }

@@ -3,7 +3,9 @@
 //! A write holds its covering blocks *shared* while it is in flight: writes to the same blocks
 //! may overlap, as on a disk. A read-modify-write of partial blocks holds them *exclusive*, from
 //! reading the edges to the completion of its write-back, so no write to those blocks (aligned or
-//! not, from any lane) lands in between and is undone by the write-back. Readers take no hold.
+//! not, from any lane) lands in between and is undone by the write-back. A range the target
+//! zeroes (DISCARD, WRITE_ZEROES) is held exclusive from before it is sent until its answer, so
+//! no write is in flight to it meanwhile. Readers take no hold.
 //!
 //! Nothing here waits: a lane whose request cannot have its hold yet keeps it in its state and
 //! asks again at its next progress, so one lane's hold never stops another lane's event loop.
@@ -101,6 +103,11 @@ impl RangeHolds {
         }
         h.entries[i].kind = Kind::Exclusive;
         true
+    }
+
+    /// Whether `hold` is an exclusive hold granted (for invariant checks: grants nothing).
+    pub(crate) fn is_granted(&self, hold: &Hold) -> bool {
+        self.lock().entries.iter().any(|e| e.id == hold.0 && e.kind == Kind::Exclusive)
     }
 
     /// Waits up to `timeout` for some hold to be released (a caller whose request could not

@@ -23,6 +23,10 @@ pub struct EngineStats {
     pub read_bytes: u64,
     /// Bytes written (zeroes included) by requests that succeeded.
     pub written_bytes: u64,
+    /// DISCARD requests (each zeroed on the target: nothing moved over the link).
+    pub discards: u64,
+    /// Bytes discarded by requests that succeeded.
+    pub discarded_bytes: u64,
     /// Requests that failed (reads, writes, flushes; refused ones included).
     pub errors: u64,
     /// Successful reconnects of the session.
@@ -41,6 +45,8 @@ impl std::ops::AddAssign for EngineStats {
         self.flushes_skipped += o.flushes_skipped;
         self.read_bytes += o.read_bytes;
         self.written_bytes += o.written_bytes;
+        self.discards += o.discards;
+        self.discarded_bytes += o.discarded_bytes;
         self.errors += o.errors;
         self.reconnects += o.reconnects;
         self.sleeps += o.sleeps;
@@ -144,6 +150,8 @@ pub(crate) struct Counters {
     pub skipped: AtomicU64,
     pub read_bytes: AtomicU64,
     pub written_bytes: AtomicU64,
+    pub discards: AtomicU64,
+    pub discarded_bytes: AtomicU64,
     pub errors: AtomicU64,
     /// Successful reconnects (the link counts them here).
     pub reconnects: AtomicU64,
@@ -167,6 +175,8 @@ impl Counters {
             flushes_skipped: load(&self.skipped),
             read_bytes: load(&self.read_bytes),
             written_bytes: load(&self.written_bytes),
+            discards: load(&self.discards),
+            discarded_bytes: load(&self.discarded_bytes),
             errors: load(&self.errors),
             reconnects: load(&self.reconnects),
             sleeps: load(&self.sleeps),

@@ -180,6 +180,29 @@ impl Volume {
         self.lane()?.write_at(buf, offset, false)
     }
 
+    /// Makes `len` bytes at `offset` read as zeros, their blocks kept allocated; durable when
+    /// this returns on a target with [`FEATURE_DISCARD`](rblk_proto::FEATURE_DISCARD), which
+    /// zeroes the range itself (see [`IoOp::WriteZeroes`](crate::engine::IoOp::WriteZeroes));
+    /// otherwise written as zeros, durable after a [`flush`](Self::flush).
+    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.check_range(Direction::Write, offset, len)?;
+        self.lane()?.write_zeroes(offset, len, false)
+    }
+
+    /// Discards `len` bytes at `offset` (whole blocks): they read as zeros when this returns,
+    /// and a durable volume's backing store gives their blocks back (see
+    /// [`IoOp::Discard`](crate::engine::IoOp::Discard)). Refused by a target without
+    /// [`FEATURE_DISCARD`](rblk_proto::FEATURE_DISCARD).
+    pub fn discard(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.check_range(Direction::Write, offset, len)?;
+        self.lane()?.discard(offset, len)
+    }
+
+    /// Whether the target zeroes and discards ranges itself (see [`Volume::discard`]).
+    pub fn discards(&self) -> bool {
+        self.ctl.link.features() & rblk_proto::FEATURE_DISCARD != 0
+    }
+
     /// The lane of the synchronous calls, opened at the first.
     fn lane(&mut self) -> Result<&mut Lane> {
         if self.io.is_none() {

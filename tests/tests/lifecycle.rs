@@ -25,8 +25,9 @@
 //!   keepalive timeout shortened to 3 s) drops the silent first queue pair and the session
 //!   reconnects.
 //! - `lanes_keep_their_invariants` (property): 4 lanes of one session driven one step at a time
-//!   in an order proptest chooses, with aligned and unaligned reads and writes, write-zeroes,
-//!   FUA, FLUSH, FLUSHes held at the target, and queue pairs severed (reconnect and replay). After
+//!   in an order proptest chooses, with aligned and unaligned reads and writes, write-zeroes
+//!   (whole blocks: done by the target, holding their range exclusively until answered),
+//!   discards, FUA, FLUSH, FLUSHes held at the target, and queue pairs severed (reconnect and replay). After
 //!   every step: the lanes' and queues' invariants (every request on the list of its state, the
 //!   queue holding exactly the pieces requests have on it, slot states and lists agreeing), each
 //!   tag completes exactly once, reads return bytes a byte model allows, and a FLUSH completes
@@ -509,7 +510,9 @@ fn step() -> impl Strategy<Value = Step> {
     let op = prop_oneof![
         4 => Just(IoOp::Read),
         4 => Just(IoOp::Write),
-        1 => Just(IoOp::WriteZeroes),
+        1 => Just(IoOp::WriteZeroes { unmap: false }),
+        1 => Just(IoOp::WriteZeroes { unmap: true }),
+        1 => Just(IoOp::Discard),
         2 => Just(IoOp::Flush),
     ];
     // Aligned (blocks) or anywhere (bytes), up to 5 blocks: pieces are 2 blocks.
@@ -517,7 +520,15 @@ fn step() -> impl Strategy<Value = Step> {
         prop_oneof![(0..SIZE / BS - 5, 1..=5u64).prop_map(|(b, n)| (b * BS, n * BS)), (0..SIZE - 5 * BS, 1..5 * BS),];
     prop_oneof![
         6 => (lane.clone(), op, range, any::<bool>())
-            .prop_map(|(lane, op, (offset, len), fua)| Step::Submit { lane, op, offset, len, fua: fua && op != IoOp::Flush && op != IoOp::Read }),
+            .prop_map(|(lane, op, (offset, len), fua)| {
+                // A discard is whole blocks (the lane refuses others).
+                let (offset, len) = if op == IoOp::Discard {
+                    (offset / BS * BS, (offset + len).div_ceil(BS) * BS - offset / BS * BS)
+                } else {
+                    (offset, len)
+                };
+                Step::Submit { lane, op, offset, len, fua: fua && op != IoOp::Flush && op != IoOp::Read }
+            }),
         8 => lane.clone().prop_map(|lane| Step::Progress { lane }),
         1 => Just(Step::Hold),
         1 => Just(Step::Release),
@@ -532,6 +543,11 @@ struct Write {
     data: Vec<u8>,
     submitted: u64,
     completed: Option<u64>,
+    /// Zeroed by the target (a DISCARD or WRITE_ZEROES of whole blocks): durable at its answer,
+    /// so no FLUSH needs to cover it.
+    on_target: bool,
+    /// The lane it was submitted on.
+    lane: usize,
 }
 
 /// A request in flight, as the test knows it.
@@ -615,6 +631,24 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 prop_assert!(f.result.is_ok(), "{:?} of {}+{} failed: {:?}", p.op, p.offset, p.len, f.result);
                 if let Some(w) = p.write {
                     m.writes[w].completed = Some(clock);
+                    // The range a target zeroes is held until its answer: a write submitted on
+                    // the same lane after a zeroing of blocks it touches completes after it.
+                    let me = &m.writes[w];
+                    let (s, e) = (me.offset / BS * BS, (me.offset + me.data.len() as u64).div_ceil(BS) * BS);
+                    let overtaken = m.writes.iter().find(|z| {
+                        z.on_target
+                            && z.lane == me.lane
+                            && z.submitted < me.submitted
+                            && z.offset < e
+                            && s < z.offset + z.data.len() as u64
+                            && z.completed.is_none()
+                    });
+                    let overtaken = overtaken.map(|z| (z.offset, z.data.len(), z.submitted));
+                    prop_assert!(
+                        overtaken.is_none(),
+                        "the write of {}+{} submitted at {} completed before the zeroing (offset, len, submitted) {:?} submitted before it on its lane",
+                        me.offset, me.data.len(), me.submitted, overtaken
+                    );
                 }
                 match p.op {
                     IoOp::Read => {
@@ -628,7 +662,9 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                     }
                     IoOp::Flush => {
                         let answered = t.hook.answered();
-                        for w in m.writes.iter().filter(|w| w.completed.is_some_and(|c| c < p.submitted)) {
+                        for w in
+                            m.writes.iter().filter(|w| !w.on_target && w.completed.is_some_and(|c| c < p.submitted))
+                        {
                             let (s, end) = (w.offset / BS * BS, (w.offset + w.data.len() as u64).div_ceil(BS) * BS);
                             prop_assert!(
                                 covered(&answered, w.offset, w.offset + w.data.len() as u64) || covered(&answered, s, end),
@@ -652,11 +688,13 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 let r = req(tag, op, offset, len, fua);
                 let write = match (&r.data, op) {
                     (Data::Bytes(v), IoOp::Write) => Some(v.clone()),
-                    (_, IoOp::WriteZeroes) => Some(vec![0; len as usize]),
+                    (_, IoOp::WriteZeroes { .. } | IoOp::Discard) => Some(vec![0; len as usize]),
                     _ => None,
                 };
+                let whole = offset % BS == 0 && len % BS == 0;
+                let on_target = matches!(op, IoOp::Discard) || (matches!(op, IoOp::WriteZeroes { .. }) && whole);
                 let write = write.map(|data| {
-                    m.writes.push(Write { offset, data, submitted: clock, completed: None });
+                    m.writes.push(Write { offset, data, submitted: clock, completed: None, on_target, lane });
                     m.writes.len() - 1
                 });
                 m.pending.insert(tag, Pending { op, offset, len, submitted: clock, write });

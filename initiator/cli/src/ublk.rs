@@ -431,7 +431,7 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
             sys::UBLK_IO_OP_READ => Some((IoOp::Read, true)),
             sys::UBLK_IO_OP_WRITE => Some((IoOp::Write, true)),
             sys::UBLK_IO_OP_FLUSH => Some((IoOp::Flush, false)),
-            sys::UBLK_IO_OP_WRITE_ZEROES => Some((IoOp::WriteZeroes, false)),
+            sys::UBLK_IO_OP_WRITE_ZEROES => Some((IoOp::WriteZeroes { unmap: false }, false)),
             _ => None,
         };
         let res = match io {
@@ -1339,7 +1339,7 @@ mod tests {
         let ok = |op| Finished { tag: 0, op, result: Ok(()), data: Data::None };
         assert_eq!(commit_result(&ok(IoOp::Read), 8192), 8192);
         assert_eq!(commit_result(&ok(IoOp::Flush), 0), 0);
-        assert_eq!(commit_result(&ok(IoOp::WriteZeroes), 4096), 0);
+        assert_eq!(commit_result(&ok(IoOp::WriteZeroes { unmap: false }), 4096), 0);
         let err = rblk_initiator::Error::Invalid {
             what: "write",
             offset: 0,

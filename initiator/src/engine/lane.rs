@@ -15,13 +15,22 @@
 //!          │    Barrier ─older done─> WaitingForHold ─exclusive─> ReadingEdges ────┤
 //!          │                                          edges read, bytes patched in │
 //!          │                                            Posting{..} ─> InFlight{..}┤
-//!          └─ Flush: takes the session's dirty ranges (a flush sequence number)    │
-//!               FlushQueued ─sent─> Flushing{tag, gen} ─FLUSHED─> WaitingEarlier ──┤
-//!                     ^  a reconnect (gen moved on): sent again     earlier ones   │
-//!                     └─────────────────────────────────────────── done ───────────┤
-//!                                                                                  v
+//!          ├─ Flush: takes the session's dirty ranges (a flush sequence number)    │
+//!          │    FlushQueued ─sent─> Flushing{tag, gen} ─FLUSHED─> WaitingEarlier ──┤
+//!          │          ^  a reconnect (gen moved on): sent again     earlier ones   │
+//!          │          └─────────────────────────────────────────── done ───────────┤
+//!          └─ Discard, WriteZeroes done by the target (FEATURE_DISCARD, whole       │
+//!             blocks): WaitingForHold ─exclusive─> FlushQueued ─sent─> Flushing ───┤
+//!             (a DISCARD or WRITE_ZEROES per piece of at most MAX_ZERO_LEN; OK:    │
+//!              the next piece, or done; a reconnect: the piece sent again)         v
 //!    last piece done ─ fua ─> FlushQueued (its range) ... ─> finished, handed back by next()
 //! ```
+//!
+//! A range the target zeroes is held exclusively from before it is sent until its last answer:
+//! writes to it that were submitted earlier on the lane (and those of other lanes that hold it)
+//! have completed (their data is in the target's memory, which the target then zeroes), and
+//! writes submitted later wait for the answer, as for a read-modify-write. Reads take no hold:
+//! one that overlaps it in time may see the old bytes or zeros.
 //!
 //! Nothing here waits: a hold that is not free, a send buffer that is not free, an earlier FLUSH
 //! still running, are states that [`Lane::progress`] looks at again. What still blocks by
@@ -48,8 +57,20 @@ pub enum IoOp {
     Read,
     /// Write the request's data at `offset`.
     Write,
-    /// Write `len` zero bytes at `offset` (RDMA WRITEs from a zeroed registration).
-    WriteZeroes,
+    /// Make `len` bytes at `offset` read as zeros. With a target that has
+    /// [`FEATURE_DISCARD`](rblk_proto::FEATURE_DISCARD) and whole blocks, the target zeroes
+    /// them (a WRITE_ZEROES: nothing moves over the link) and, with `unmap`, may give a durable
+    /// volume's backing blocks back; without `unmap` they stay allocated (Linux's `REQ_NOUNMAP`,
+    /// NBD's `NO_HOLE`). Otherwise RDMA WRITEs from a zeroed registration.
+    WriteZeroes {
+        /// The backing store may free the blocks (a hole that reads zeros).
+        unmap: bool,
+    },
+    /// Drop `len` bytes at `offset` (whole blocks): they read as zeros once it finished, the
+    /// target zeroes them and a durable volume's backing store gives their blocks back. Needs a
+    /// target with [`FEATURE_DISCARD`](rblk_proto::FEATURE_DISCARD) ([`Lane::discards`]); else
+    /// refused as [`InvalidReason::Unsupported`].
+    Discard,
     /// Make every write completed so far durable: a FLUSH of exactly the ranges written since
     /// the last one; nothing is sent when there are none.
     Flush,
@@ -157,6 +178,9 @@ enum Kind {
     ReadModifyWrite(Box<Rmw>),
     /// A FLUSH: the session's flush sequence number and what it sends (None: nothing to send).
     Flush { seq: u64, body: Option<Box<FlushBody>>, ended: bool },
+    /// A DISCARD or WRITE_ZEROES the target does: `done` bytes answered so far (the piece sent
+    /// is the next at most [`MAX_ZERO_LEN`](rblk_proto::MAX_ZERO_LEN) bytes from there).
+    Zero { done: u64 },
 }
 
 /// What a read-modify-write needs besides its request.
@@ -419,8 +443,14 @@ impl Lane {
                     req.kind = Kind::Read { trim: None };
                 }
             }
-            IoOp::Write | IoOp::WriteZeroes if aligned => {}
-            IoOp::Write | IoOp::WriteZeroes => {
+            IoOp::Discard | IoOp::WriteZeroes { .. } if aligned && self.discards() => {
+                // Held exclusively (from the state's first step), then sent.
+                req.kind = Kind::Zero { done: 0 };
+                req.state = State::WaitingForHold;
+            }
+            IoOp::Write | IoOp::WriteZeroes { .. } if aligned => {}
+            IoOp::Discard => unreachable!("check() refuses an unaligned discard, or one to a target without it"),
+            IoOp::Write | IoOp::WriteZeroes { .. } => {
                 let mut edges = [None; 2];
                 if r.offset != start {
                     edges[0] = Some(start);
@@ -451,7 +481,8 @@ impl Lane {
         let what = match r.op {
             IoOp::Read => "read",
             IoOp::Write => "write",
-            IoOp::WriteZeroes => "write of zeroes",
+            IoOp::WriteZeroes { .. } => "write of zeroes",
+            IoOp::Discard => "discard",
             IoOp::Flush => return Ok(()),
         };
         let bs = bs(&self.geo);
@@ -466,6 +497,17 @@ impl Lane {
         let (start, end) = (r.offset / bs * bs, end.div_ceil(bs) * bs);
         self.geo.check_as(what, dir, start, end - start, None)?;
         self.io.check_writable(dir, start, end - start)?;
+        if r.op == IoOp::Discard {
+            if start != r.offset {
+                return invalid(InvalidReason::OffsetUnaligned { block_size: self.geo.block_size });
+            }
+            if end != r.offset + r.len {
+                return invalid(InvalidReason::LengthUnaligned { block_size: self.geo.block_size });
+            }
+            if !self.discards() {
+                return invalid(InvalidReason::Unsupported);
+            }
+        }
         match (&r.data, r.op) {
             (Data::Registered(b), IoOp::Read | IoOp::Write) => {
                 if start != r.offset || end != r.offset + r.len {
@@ -481,7 +523,7 @@ impl Lane {
             (Data::Bytes(v), IoOp::Write) if v.len() as u64 != r.len => {
                 return invalid(InvalidReason::BufferTooSmall { size: v.len() as u64 });
             }
-            (Data::Bytes(_), _) | (Data::None, IoOp::WriteZeroes) => {}
+            (Data::Bytes(_), _) | (Data::None, IoOp::WriteZeroes { .. } | IoOp::Discard) => {}
             _ => return invalid(InvalidReason::NoData),
         }
         Ok(())
@@ -564,6 +606,19 @@ impl Lane {
         // and waiting for the next reap).
         if pieces != self.q.outstanding() {
             return Err(format!("requests have {pieces} pieces on the queue, which holds {}", self.q.outstanding()));
+        }
+        // A range the target zeroes is sent only while it is held exclusively, and stays held
+        // until its last answer.
+        for (k, r) in &self.reqs {
+            if let Kind::Zero { done } = r.kind {
+                let held = r.hold.as_ref().is_some_and(|h| self.io.holds.is_granted(h));
+                if r.state.on_flushing() && !held {
+                    return Err(format!("request {k} is sent to be zeroed without its exclusive hold"));
+                }
+                if done >= r.len {
+                    return Err(format!("request {k} has every piece answered ({done} bytes) and is not finished"));
+                }
+            }
         }
         self.q.check_invariants()
     }
@@ -664,9 +719,20 @@ impl Lane {
                 self.advance(key)
             }
             State::WaitingForHold => {
+                if req.hold.is_none() {
+                    // A range the target zeroes asks for its hold here, in submission order.
+                    let hold = self.io.holds.request_exclusive(req.offset, req.offset + req.len);
+                    self.reqs[key].hold = Some(hold);
+                }
+                let req = &self.reqs[key];
                 let granted = req.hold.as_ref().is_some_and(|h| self.io.holds.try_grant(h));
                 if !granted {
                     return Step::Blocked;
+                }
+                if matches!(req.kind, Kind::Zero { .. }) {
+                    self.set_state(key, State::FlushQueued);
+                    self.advance_flush(key);
+                    return Step::Moved;
                 }
                 let req = &mut self.reqs[key];
                 if let Kind::ReadModifyWrite(rmw) = &mut req.kind {
@@ -740,7 +806,7 @@ impl Lane {
                 (_, IoOp::Write, Data::Bytes(v)) => {
                     self.q.stage_write(offset, &v[next as usize..(next + n) as usize], key as u64)
                 }
-                (_, IoOp::WriteZeroes, _) => self.q.stage_zeroes(offset, n as u32, key as u64),
+                (_, IoOp::WriteZeroes { .. }, _) => self.q.stage_zeroes(offset, n as u32, key as u64),
                 _ => Err(Error::Invalid { what: "request", offset, len: n, reason: InvalidReason::NoData }),
             };
             if let Err(e) = staged {
@@ -820,15 +886,19 @@ impl Lane {
     fn send_flush(&mut self, key: usize) {
         let req = &self.reqs[key];
         let fua_body;
-        let body = match &req.kind {
-            Kind::Flush { body: Some(b), .. } => b,
+        let msg = match &req.kind {
+            Kind::Zero { done } => zero_message(req, *done),
+            Kind::Flush { body: Some(b), .. } => {
+                b.trace();
+                Message::Flush(b.message())
+            }
             _ => {
                 fua_body = FlushBody::range(req.offset, req.len, self.features);
-                &fua_body
+                fua_body.trace();
+                Message::Flush(fua_body.message())
             }
         };
-        body.trace();
-        match self.q.post_control(&Message::Flush(body.message())) {
+        match self.q.post_control(&msg) {
             Ok(Some(tag)) => {
                 let gen = self.q.generation();
                 let req = &mut self.reqs[key];
@@ -841,8 +911,32 @@ impl Lane {
         }
     }
 
+    /// The target answered the DISCARD or WRITE_ZEROES piece of request `key` (or sending it
+    /// failed): the next piece, or the request is over (its hold released).
+    fn zero_answered(&mut self, key: usize, answer: Result<()>) {
+        let req = &mut self.reqs[key];
+        let Kind::Zero { done } = &mut req.kind else { unreachable!("a zeroing request") };
+        if answer.is_ok() {
+            *done += req.len.saturating_sub(*done).min(rblk_proto::MAX_ZERO_LEN);
+            if *done < req.len {
+                self.set_state(key, State::FlushQueued);
+                self.send_flush(key);
+                return;
+            }
+        }
+        self.flushing.retain(|&k| k != key);
+        let mut req = self.reqs.remove(key);
+        if let Some(h) = req.hold.take() {
+            self.io.holds.release(h);
+        }
+        self.finish_request(req, answer);
+    }
+
     /// The target answered FLUSH request `key` (or sending it failed).
     fn flush_answered(&mut self, key: usize, answer: Result<FlushedFlags>) {
+        if matches!(self.reqs[key].kind, Kind::Zero { .. }) {
+            return self.zero_answered(key, answer.map(|_| ()));
+        }
         let answer = answer.and_then(|flags| match control::writes_lost(self.q.link()) {
             // The target crashed while this FLUSH waited for the session.
             Some(e) => Err(e),
@@ -911,14 +1005,19 @@ impl Lane {
                 tracing::debug!(tag, "reply to a FLUSH sent before a reconnect ignored");
                 continue;
             };
+            let req = &self.reqs[key];
+            let (request, expected) = match (&req.kind, req.op) {
+                (Kind::Zero { .. }, IoOp::Discard) => (rblk_proto::Opcode::Discard, "OK(DISCARD)"),
+                (Kind::Zero { .. }, _) => (rblk_proto::Opcode::WriteZeroes, "OK(WRITE_ZEROES)"),
+                _ => (rblk_proto::Opcode::Flush, "FLUSHED"),
+            };
             let answer = reply.and_then(|r| match r {
-                Reply::Flushed(flags) => Ok(flags),
-                other => Err(Error::Protocol { addr: self.q.addr(), expected: "FLUSHED", got: other.name() }),
+                Reply::Flushed(flags) if request == rblk_proto::Opcode::Flush => Ok(flags),
+                Reply::Ok(op) if op == request => Ok(FlushedFlags::empty()),
+                other => Err(Error::Protocol { addr: self.q.addr(), expected, got: other.name() }),
             });
             let answer = answer.map_err(|e| match e {
-                Error::Target { addr, code, text, .. } => {
-                    Error::Target { addr, request: rblk_proto::Opcode::Flush, code, text }
-                }
+                Error::Target { addr, code, text, .. } => Error::Target { addr, request, code, text },
                 other => other,
             });
             self.flush_answered(key, answer);
@@ -1013,6 +1112,7 @@ impl Lane {
         let c = &self.io.counters;
         let (count, moved, latency) = match f.op {
             IoOp::Read => (&c.reads, &c.read_bytes, &c.read_latency),
+            IoOp::Discard => (&c.discards, &c.discarded_bytes, &c.write_latency),
             _ => (&c.writes, &c.written_bytes, &c.write_latency),
         };
         match &f.result {
@@ -1086,14 +1186,45 @@ impl Lane {
         f.result
     }
 
-    /// Writes `len` zero bytes at `offset`.
+    /// Makes `len` bytes at `offset` read as zeros, their blocks kept allocated (see
+    /// [`IoOp::WriteZeroes`]); with `fua`, durable when this returns.
     pub fn write_zeroes(&mut self, offset: u64, len: u64, fua: bool) -> Result<()> {
-        self.run(Request { tag: u64::MAX, op: IoOp::WriteZeroes, offset, len, fua, data: Data::None }).result
+        let op = IoOp::WriteZeroes { unmap: false };
+        self.run(Request { tag: u64::MAX, op, offset, len, fua, data: Data::None }).result
+    }
+
+    /// Discards `len` bytes at `offset`, whole blocks (see [`IoOp::Discard`]).
+    pub fn discard(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.run(Request { tag: u64::MAX, op: IoOp::Discard, offset, len, fua: false, data: Data::None }).result
+    }
+
+    /// Whether the target zeroes ranges itself ([`FEATURE_DISCARD`](rblk_proto::FEATURE_DISCARD)):
+    /// [`IoOp::Discard`] works, and [`IoOp::WriteZeroes`] of whole blocks moves nothing.
+    pub fn discards(&self) -> bool {
+        self.features & rblk_proto::FEATURE_DISCARD != 0
     }
 
     /// Makes every completed write durable (a FLUSH of the dirty ranges; none when clean).
     pub fn flush(&mut self) -> Result<()> {
         self.run(Request { tag: u64::MAX, op: IoOp::Flush, offset: 0, len: 0, fua: false, data: Data::None }).result
+    }
+}
+
+/// The DISCARD or WRITE_ZEROES of zeroing request `req`'s piece from `done` bytes in.
+fn zero_message(req: &Req, done: u64) -> Message<'static> {
+    let (offset, len) = (req.offset + done, req.len.saturating_sub(done).min(rblk_proto::MAX_ZERO_LEN));
+    match req.op {
+        IoOp::WriteZeroes { unmap } => {
+            let mut flags = rblk_proto::ZeroFlags::empty();
+            if !unmap {
+                flags = flags | rblk_proto::ZeroFlags::NO_UNMAP;
+            }
+            if req.fua {
+                flags = flags | rblk_proto::ZeroFlags::FUA;
+            }
+            Message::WriteZeroes { offset, len, flags }
+        }
+        _ => Message::Discard { offset, len },
     }
 }
 

@@ -75,7 +75,7 @@ impl EngineCounters {
         let c = &self.0.counters;
         match op {
             IoOp::Read => c.read_latency.snapshot(),
-            IoOp::Write | IoOp::WriteZeroes => c.write_latency.snapshot(),
+            IoOp::Write | IoOp::WriteZeroes { .. } | IoOp::Discard => c.write_latency.snapshot(),
             IoOp::Flush => c.flush_latency.snapshot(),
         }
     }
@@ -231,6 +231,25 @@ impl Engine {
     /// Writes `data` at `offset`, any offset and length inside the volume.
     pub fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
         self.borrow()?.write_at(data, offset, false)
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros, any offset and length inside the volume,
+    /// their blocks kept allocated (see [`IoOp::WriteZeroes`]).
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.borrow()?.write_zeroes(offset, len, false)
+    }
+
+    /// Discards `len` bytes at `offset`, whole blocks: they read as zeros when this returns
+    /// (see [`IoOp::Discard`]).
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.borrow()?.discard(offset, len)
+    }
+
+    /// Whether the target zeroes and discards ranges itself
+    /// ([`FEATURE_DISCARD`](rblk_proto::FEATURE_DISCARD)): [`Engine::discard`] works, and
+    /// zeroing whole blocks moves nothing over the link.
+    pub fn discards(&self) -> bool {
+        self.control.link.features() & rblk_proto::FEATURE_DISCARD != 0
     }
 
     /// Makes every write completed before this call durable: a FLUSH of the ranges written

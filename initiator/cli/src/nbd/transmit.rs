@@ -299,7 +299,7 @@ impl<W: Write> Exec<W> {
         let (op, offset, len, fua, data) = match op {
             Op::Read { offset, len } => (IoOp::Read, offset, len, false, Data::Bytes(Vec::new())),
             Op::Write { offset, len, fua } => (IoOp::Write, offset, len, fua, Data::Bytes(data)),
-            Op::WriteZeroes { offset, len, fua } => (IoOp::WriteZeroes, offset, len, fua, Data::None),
+            Op::WriteZeroes { offset, len, fua } => (IoOp::WriteZeroes { unmap: false }, offset, len, fua, Data::None),
             Op::Flush => (IoOp::Flush, 0, 0, false, Data::None),
             Op::Disc => unreachable!("DISC is not a request of the volume's"),
         };
