@@ -105,32 +105,37 @@ fn fuzz<S: Strategy>(
 /// Valid encodings of many kinds of message, to mutate.
 fn arb_valid_bytes() -> impl Strategy<Value = Vec<u8>> {
     let range = (0u64..1 << 40, 1u64..1 << 30).prop_map(|(o, l)| Range::new(o, l));
-    let msg = prop_oneof![
-        any::<u64>().prop_map(|features| Message::Hello { features }),
-        any::<[u8; NONCE_LEN]>().prop_map(|nonce| Message::Challenge {
-            flags: ChallengeFlags::AUTH_REQUIRED,
-            features: rblk_proto::FEATURES,
-            nonce
-        }),
-        (any::<[u8; 32]>(), proptest::option::of("[!-~]{1,40}"))
-            .prop_map(|(mac, host)| (mac, host.map(|h| &*h.leak())))
-            .prop_map(|(mac, host)| Message::Auth { mac, host }),
-        ("[!-~]{1,40}", any::<[u8; NONCE_LEN]>(), any::<[u8; 32]>())
-            .prop_map(|(host, nonce, mac)| Message::MutualAuth { host: host.leak(), nonce, mac }),
-        any::<([u8; 16], [u8; 32])>().prop_map(|(target_id, mac)| Message::AuthProof { target_id, mac }),
-        ("[a-z]{1,8}", any::<bool>()).prop_map(|(name, resume)| Message::Open {
-            mode: OpenMode::ReadWrite,
-            name: name.leak(),
-            resume: resume.then_some(Resume { session_id: 7, token: [7; TOKEN_LEN] }),
-        }),
-        any::<(u64, [u8; TOKEN_LEN])>().prop_map(|(session_id, token)| Message::Join { session_id, token }),
-        vec(range, 0..20).prop_map(|r| Message::Flush(Flush::Ranges(r.leak()))),
-        Just(Message::Flush(Flush::All)),
-        Just(Message::Stats),
-        Just(Message::Close),
-        Just(Message::Keepalive),
-        ".{0,40}".prop_map(|t| Message::Error { code: ErrorCode::Busy, text: t.leak() }),
-    ];
+    let msg =
+        prop_oneof![
+            any::<u64>().prop_map(|features| Message::Hello { features }),
+            any::<[u8; NONCE_LEN]>().prop_map(|nonce| Message::Challenge {
+                flags: ChallengeFlags::AUTH_REQUIRED,
+                features: rblk_proto::FEATURES,
+                nonce
+            }),
+            (any::<[u8; 32]>(), proptest::option::of("[!-~]{1,40}"))
+                .prop_map(|(mac, host)| (mac, host.map(|h| &*h.leak())))
+                .prop_map(|(mac, host)| Message::Auth { mac, host }),
+            ("[!-~]{1,40}", any::<[u8; NONCE_LEN]>(), any::<[u8; 32]>())
+                .prop_map(|(host, nonce, mac)| Message::MutualAuth { host: host.leak(), nonce, mac }),
+            any::<([u8; 16], [u8; 32])>().prop_map(|(target_id, mac)| Message::AuthProof { target_id, mac }),
+            ("[a-z]{1,8}", any::<bool>()).prop_map(|(name, resume)| Message::Open {
+                mode: OpenMode::ReadWrite,
+                name: name.leak(),
+                resume: resume.then_some(Resume { session_id: 7, token: [7; TOKEN_LEN] }),
+            }),
+            any::<(u64, [u8; TOKEN_LEN])>().prop_map(|(session_id, token)| Message::Join { session_id, token }),
+            vec(range, 0..20).prop_map(|r| Message::Flush(Flush::Ranges(r.leak()))),
+            Just(Message::Flush(Flush::All)),
+            Just(Message::Stats),
+            Just(Message::Close),
+            Just(Message::Keepalive),
+            ".{0,40}".prop_map(|t| Message::Error { code: ErrorCode::Busy, text: t.leak() }),
+            (0u64..1 << 40, 1u64..=rblk_proto::MAX_ZERO_LEN).prop_map(|(offset, len)| Message::Discard { offset, len }),
+            (0u64..1 << 40, 1u64..=rblk_proto::MAX_ZERO_LEN, 0u32..4).prop_map(|(offset, len, f)| {
+                Message::WriteZeroes { offset, len, flags: rblk_proto::ZeroFlags::from_bits(f).unwrap() }
+            }),
+        ];
     (msg, any::<u32>()).prop_map(|(m, tag)| {
         let mut buf = vec![0u8; MSG_SIZE];
         let len = m.encode(tag, &mut buf).expect("valid messages encode");
@@ -216,6 +221,8 @@ enum Msg {
     /// A target-to-initiator message sent as a request: 0 CHALLENGE, 1 OPENED, 2 OK, 3 ERROR,
     /// 4 STATS_REPLY, 5 FLUSHED, 6 OK(AUTH) with a proof.
     Reply(u8),
+    /// DISCARD (`true`) or WRITE_ZEROES with these flag bits (of 0-3), of (offset, length).
+    Zero(bool, u8, u64, u64),
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -253,6 +260,10 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         1 => Just(Msg::Keepalive),
         1 => prop_oneof![Just(0u32), any::<u32>()].prop_map(Msg::List),
         1 => (0u8..7).prop_map(Msg::Reply),
+        // Mostly whole blocks inside the 1 MiB volumes, some not.
+        2 => (any::<bool>(), 0u8..4, prop_oneof![(0u64..256).prop_map(|b| b * 4096), any::<u64>()],
+              prop_oneof![(1u64..64).prop_map(|b| b * 4096), 0u64..1 << 29])
+            .prop_map(|(d, f, o, l)| Msg::Zero(d, f, o, l)),
     ]
 }
 
@@ -374,6 +385,12 @@ fn encode(msg: &Msg, keyed: bool, conn: usize, known: &Known, buf: &mut [u8]) ->
         Msg::Close => Message::Close,
         Msg::Keepalive => Message::Keepalive,
         Msg::List(start) => Message::List { start: *start },
+        Msg::Zero(true, _, offset, len) => Message::Discard { offset: *offset, len: *len },
+        Msg::Zero(false, flags, offset, len) => Message::WriteZeroes {
+            offset: *offset,
+            len: *len,
+            flags: rblk_proto::ZeroFlags::from_bits(u32::from(*flags) & 3)?,
+        },
         Msg::Reply(k) => match k {
             0 => Message::Challenge { flags: ChallengeFlags::empty(), features: 0, nonce: [0; NONCE_LEN] },
             1 => Message::Opened(OPENED),
