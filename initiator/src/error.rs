@@ -297,6 +297,8 @@ fn request_name(op: Opcode) -> &'static str {
         Opcode::Open => "OPEN",
         Opcode::Join => "JOIN",
         Opcode::Flush => "FLUSH",
+        Opcode::Discard => "DISCARD",
+        Opcode::WriteZeroes => "WRITE_ZEROES",
         Opcode::Stats => "STATS",
         Opcode::Close => "CLOSE",
         _ => "a request",
@@ -308,6 +310,7 @@ const EIO: i32 = 5;
 const EINVAL: i32 = 22;
 const ENOSPC: i32 = 28;
 const EROFS: i32 = 30;
+const EOPNOTSUPP: i32 = 95;
 
 /// [`Error::busy_for`] on the fabric's own error: how long a target that rejected a connect
 /// request busy asked the peer to wait; None for every other error, a plain reject included.
@@ -343,6 +346,7 @@ impl Error {
         match self {
             Error::Invalid { reason: InvalidReason::ReadOnly, .. } => EROFS,
             Error::Invalid { reason: InvalidReason::OutOfRange { .. }, .. } => ENOSPC,
+            Error::Invalid { reason: InvalidReason::Unsupported, .. } => EOPNOTSUPP,
             Error::Invalid { .. } => EINVAL,
             Error::VolumeFailed { .. } => EROFS,
             _ => EIO,

@@ -119,6 +119,9 @@ pub use options::{ReconnectArgs, RouteArgs, TrustArgs};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};
+/// The longest range one DISCARD or WRITE_ZEROES names on the wire: what front ends advertise as
+/// their largest discard and write-zeroes request (the engine splits longer ones).
+pub use rblk_proto::MAX_ZERO_LEN;
 pub use rblk_proto::{
     check_duration, format_duration, from_hex, parse_bounded, parse_duration, parse_duration_bounded,
     parse_duration_in, printable, to_hex, Bytes, ErrorCode, ListEntry, OpenMode, StatsReply, VolumeFlags, VolumeId,

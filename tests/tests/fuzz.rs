@@ -105,37 +105,36 @@ fn fuzz<S: Strategy>(
 /// Valid encodings of many kinds of message, to mutate.
 fn arb_valid_bytes() -> impl Strategy<Value = Vec<u8>> {
     let range = (0u64..1 << 40, 1u64..1 << 30).prop_map(|(o, l)| Range::new(o, l));
-    let msg =
-        prop_oneof![
-            any::<u64>().prop_map(|features| Message::Hello { features }),
-            any::<[u8; NONCE_LEN]>().prop_map(|nonce| Message::Challenge {
-                flags: ChallengeFlags::AUTH_REQUIRED,
-                features: rblk_proto::FEATURES,
-                nonce
-            }),
-            (any::<[u8; 32]>(), proptest::option::of("[!-~]{1,40}"))
-                .prop_map(|(mac, host)| (mac, host.map(|h| &*h.leak())))
-                .prop_map(|(mac, host)| Message::Auth { mac, host }),
-            ("[!-~]{1,40}", any::<[u8; NONCE_LEN]>(), any::<[u8; 32]>())
-                .prop_map(|(host, nonce, mac)| Message::MutualAuth { host: host.leak(), nonce, mac }),
-            any::<([u8; 16], [u8; 32])>().prop_map(|(target_id, mac)| Message::AuthProof { target_id, mac }),
-            ("[a-z]{1,8}", any::<bool>()).prop_map(|(name, resume)| Message::Open {
-                mode: OpenMode::ReadWrite,
-                name: name.leak(),
-                resume: resume.then_some(Resume { session_id: 7, token: [7; TOKEN_LEN] }),
-            }),
-            any::<(u64, [u8; TOKEN_LEN])>().prop_map(|(session_id, token)| Message::Join { session_id, token }),
-            vec(range, 0..20).prop_map(|r| Message::Flush(Flush::Ranges(r.leak()))),
-            Just(Message::Flush(Flush::All)),
-            Just(Message::Stats),
-            Just(Message::Close),
-            Just(Message::Keepalive),
-            ".{0,40}".prop_map(|t| Message::Error { code: ErrorCode::Busy, text: t.leak() }),
-            (0u64..1 << 40, 1u64..=rblk_proto::MAX_ZERO_LEN).prop_map(|(offset, len)| Message::Discard { offset, len }),
-            (0u64..1 << 40, 1u64..=rblk_proto::MAX_ZERO_LEN, 0u32..4).prop_map(|(offset, len, f)| {
-                Message::WriteZeroes { offset, len, flags: rblk_proto::ZeroFlags::from_bits(f).unwrap() }
-            }),
-        ];
+    let msg = prop_oneof![
+        any::<u64>().prop_map(|features| Message::Hello { features }),
+        any::<[u8; NONCE_LEN]>().prop_map(|nonce| Message::Challenge {
+            flags: ChallengeFlags::AUTH_REQUIRED,
+            features: rblk_proto::FEATURES,
+            nonce
+        }),
+        (any::<[u8; 32]>(), proptest::option::of("[!-~]{1,40}"))
+            .prop_map(|(mac, host)| (mac, host.map(|h| &*h.leak())))
+            .prop_map(|(mac, host)| Message::Auth { mac, host }),
+        ("[!-~]{1,40}", any::<[u8; NONCE_LEN]>(), any::<[u8; 32]>())
+            .prop_map(|(host, nonce, mac)| Message::MutualAuth { host: host.leak(), nonce, mac }),
+        any::<([u8; 16], [u8; 32])>().prop_map(|(target_id, mac)| Message::AuthProof { target_id, mac }),
+        ("[a-z]{1,8}", any::<bool>()).prop_map(|(name, resume)| Message::Open {
+            mode: OpenMode::ReadWrite,
+            name: name.leak(),
+            resume: resume.then_some(Resume { session_id: 7, token: [7; TOKEN_LEN] }),
+        }),
+        any::<(u64, [u8; TOKEN_LEN])>().prop_map(|(session_id, token)| Message::Join { session_id, token }),
+        vec(range, 0..20).prop_map(|r| Message::Flush(Flush::Ranges(r.leak()))),
+        Just(Message::Flush(Flush::All)),
+        Just(Message::Stats),
+        Just(Message::Close),
+        Just(Message::Keepalive),
+        ".{0,40}".prop_map(|t| Message::Error { code: ErrorCode::Busy, text: t.leak() }),
+        (0u64..1 << 40, 1u64..=rblk_proto::MAX_ZERO_LEN).prop_map(|(offset, len)| Message::Discard { offset, len }),
+        (0u64..1 << 40, 1u64..=rblk_proto::MAX_ZERO_LEN, 0u32..4).prop_map(|(offset, len, f)| {
+            Message::WriteZeroes { offset, len, flags: rblk_proto::ZeroFlags::from_bits(f).unwrap() }
+        }),
+    ];
     (msg, any::<u32>()).prop_map(|(m, tag)| {
         let mut buf = vec![0u8; MSG_SIZE];
         let len = m.encode(tag, &mut buf).expect("valid messages encode");

@@ -229,6 +229,47 @@ fn mem_a_durable_volume_writes_back_only_what_is_dirty_after_a_takeover() {
     }
 }
 
+/// Issue 41: a discard gives a durable volume's blocks back at once (its pass punches the file),
+/// and they stay given back through a FLUSH, a takeover and the successor's clean stop (a final
+/// flush of the whole volume), and a start and stop again with a writer. Catches a final flush
+/// or write-back that fills the hole with zeros again (`stat`'s blocks come back), a successor
+/// or restart that does not find the holes in the file, and a discard whose range does not read
+/// as zeros or whose neighbours changed.
+#[test]
+fn mem_a_discarded_range_stays_unallocated_through_a_takeover_and_a_restart() {
+    use std::os::unix::fs::MetadataExt as _;
+    let s = Setup::new(true);
+    let path = s.cfg.volumes[0].path.clone().unwrap();
+    let blocks = || std::fs::metadata(&path).unwrap().blocks() * 512;
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    assert!(e.discards(), "the in-memory target zeroes ranges itself");
+    write(&e, 3, 0, 256);
+    e.flush().expect("flush");
+    let full = blocks();
+    assert!(full >= 4 * MIB, "the file holds the volume: {full} bytes allocated");
+    e.discard(MIB, 2 * MIB).expect("discard");
+    let freed = full - blocks();
+    assert!(freed >= 2 * MIB * 9 / 10, "the discard's pass punched {freed} of 2 MiB");
+    let mut zeros = vec![1u8; (2 * MIB) as usize];
+    e.read_at(&mut zeros, MIB).unwrap();
+    assert!(zeros.iter().all(|&b| b == 0), "the discarded range reads zeros");
+    check(&e, 3, 0, 64);
+    check(&e, 3, 3 * MIB, 64);
+    e.flush().expect("a flush after");
+    let new = take_over(old, s.cfg.clone()).map_err(|b| b.0).expect("takeover");
+    drop(e);
+    new.shutdown();
+    assert_eq!(full - blocks(), freed, "the successor's final flush filled the hole");
+    // A start, a writer (so the stop writes back the whole volume), a stop.
+    let again = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    write(&e, 4, 0, 1);
+    drop(e);
+    again.shutdown();
+    assert_eq!(full - blocks(), freed, "a restart's final flush filled the hole");
+}
+
 /// Catches the written state lost on the way (sent as false, or not sent): the successor's
 /// stop would skip the volume, and writes nobody flushed, made before the handover by an
 /// initiator that then went away, would never reach the backing store.

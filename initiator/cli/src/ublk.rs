@@ -31,8 +31,11 @@
 //! The device has a volatile write cache and FUA (`UBLK_ATTR_VOLATILE_CACHE | UBLK_ATTR_FUA`):
 //! the kernel sends FLUSH (an fsync of the device or of a filesystem on it), which becomes a
 //! FLUSH of exactly the ranges written since the last one, and FUA writes, which are a write
-//! then a FLUSH of their range. WRITE_ZEROES is advertised (RDMA WRITEs from a zeroed
-//! registration); DISCARD is not, since the target has nothing to discard.
+//! then a FLUSH of their range. Against a target with discard (`FEATURE_DISCARD`) the device
+//! advertises DISCARD (granularity one block, one segment, up to `MAX_ZERO_LEN` per request) and
+//! WRITE_ZEROES up to the same, both done by the target (nothing moves over the link; a
+//! WRITE_ZEROES without `UBLK_IO_F_NOUNMAP` may free a durable volume's blocks, as Linux allows);
+//! against an older target WRITE_ZEROES only, as RDMA WRITEs from a zeroed registration.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -431,7 +434,10 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
             sys::UBLK_IO_OP_READ => Some((IoOp::Read, true)),
             sys::UBLK_IO_OP_WRITE => Some((IoOp::Write, true)),
             sys::UBLK_IO_OP_FLUSH => Some((IoOp::Flush, false)),
-            sys::UBLK_IO_OP_WRITE_ZEROES => Some((IoOp::WriteZeroes { unmap: false }, false)),
+            sys::UBLK_IO_OP_WRITE_ZEROES => {
+                Some((IoOp::WriteZeroes { unmap: iod.op_flags & sys::UBLK_IO_F_NOUNMAP == 0 }, false))
+            }
+            sys::UBLK_IO_OP_DISCARD => Some((IoOp::Discard, false)),
             _ => None,
         };
         let res = match io {
@@ -593,7 +599,8 @@ fn init_ring(dev: &UblkDev) -> Result<bool, UblkError> {
     Ok(flag)
 }
 
-fn params(size: u64, block_size: u32, io_buf: u32, read_only: bool) -> sys::ublk_params {
+/// The device's parameters; `discards`: the target zeroes ranges itself (`FEATURE_DISCARD`).
+fn params(size: u64, block_size: u32, io_buf: u32, read_only: bool, discards: bool) -> sys::ublk_params {
     let shift = block_size.trailing_zeros() as u8;
     let mut attrs = sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA;
     if read_only {
@@ -611,13 +618,27 @@ fn params(size: u64, block_size: u32, io_buf: u32, read_only: bool) -> sys::ublk
             dev_sectors: size >> 9,
             ..Default::default()
         },
-        // WRITE_ZEROES only: no discard sectors means no DISCARD (the granularity must be set).
-        discard: sys::ublk_param_discard {
-            discard_granularity: block_size,
-            max_discard_sectors: 0,
-            max_write_zeroes_sectors: io_buf >> 9,
-            max_discard_segments: 0,
-            ..Default::default()
+        // Without discard on the target, WRITE_ZEROES only: no discard sectors means no DISCARD
+        // (the granularity must be set all the same). A request of the advertised size is one
+        // DISCARD or WRITE_ZEROES on the wire (the kernel splits longer ones).
+        discard: if discards {
+            let max = (rblk_initiator::MAX_ZERO_LEN >> 9) as u32;
+            sys::ublk_param_discard {
+                discard_alignment: 0,
+                discard_granularity: block_size,
+                max_discard_sectors: max,
+                max_write_zeroes_sectors: max,
+                max_discard_segments: 1,
+                ..Default::default()
+            }
+        } else {
+            sys::ublk_param_discard {
+                discard_granularity: block_size,
+                max_discard_sectors: 0,
+                max_write_zeroes_sectors: io_buf >> 9,
+                max_discard_segments: 0,
+                ..Default::default()
+            }
         },
         ..Default::default()
     }
@@ -981,7 +1002,7 @@ fn run(
     handover: Handover,
     registered: Option<list::Registration>,
 ) -> anyhow::Result<()> {
-    let (size, bs, read_only) = (vol.size(), vol.block_size(), vol.is_read_only());
+    let (size, bs, read_only, discards) = (vol.size(), vol.block_size(), vol.is_read_only(), vol.discards());
     if !(512..=4096).contains(&bs) {
         bail!("the volume's block size is {bs} bytes: a ublk device takes 512 to 4096");
     }
@@ -1070,7 +1091,7 @@ fn run(
 
     let tgt_init = move |dev: &mut UblkDev| {
         dev.tgt.dev_size = size;
-        dev.tgt.params = params(size, bs, dev.dev_info.max_io_buf_bytes.min(io_buf), read_only);
+        dev.tgt.params = params(size, bs, dev.dev_info.max_io_buf_bytes.min(io_buf), read_only, discards);
         // Room for each queue's POLL_ADD and timer beside its tags.
         let d = dev.dev_info.queue_depth;
         dev.tgt.sq_depth = d.saturating_add(8);
@@ -1321,17 +1342,25 @@ mod tests {
     }
 
     #[test]
-    fn params_keep_flush_fua_and_zeroes_but_no_discard() {
-        let p = params(64 << 20, 4096, 512 << 10, false);
+    fn params_keep_flush_fua_and_zeroes_and_discard_where_the_target_has_it() {
+        let p = params(64 << 20, 4096, 512 << 10, false, false);
         assert_eq!(p.basic.attrs & sys::UBLK_ATTR_VOLATILE_CACHE, sys::UBLK_ATTR_VOLATILE_CACHE);
         assert_eq!(p.basic.attrs & sys::UBLK_ATTR_FUA, sys::UBLK_ATTR_FUA);
         assert_eq!(p.basic.attrs & sys::UBLK_ATTR_READ_ONLY, 0);
         assert_eq!((p.basic.logical_bs_shift, p.basic.max_sectors, p.basic.dev_sectors), (12, 1024, 131072));
         assert_eq!((p.discard.max_discard_sectors, p.discard.max_write_zeroes_sectors), (0, 1024));
         assert_ne!(p.discard.discard_granularity, 0, "the kernel refuses a zero granularity");
-        let ro = params(64 << 20, 512, 4096, true);
+        let ro = params(64 << 20, 512, 4096, true, false);
         assert_eq!(ro.basic.attrs & sys::UBLK_ATTR_READ_ONLY, sys::UBLK_ATTR_READ_ONLY);
         assert_eq!(ro.basic.logical_bs_shift, 9);
+        // A target with discard: DISCARD and WRITE_ZEROES of up to MAX_ZERO_LEN, one segment.
+        let d = params(64 << 20, 4096, 512 << 10, false, true);
+        let max = (rblk_initiator::MAX_ZERO_LEN >> 9) as u32;
+        assert_eq!((d.discard.max_discard_sectors, d.discard.max_write_zeroes_sectors), (max, max));
+        assert_eq!(
+            (d.discard.discard_granularity, d.discard.discard_alignment, d.discard.max_discard_segments),
+            (4096, 0, 1)
+        );
     }
 
     #[test]
