@@ -319,6 +319,11 @@ pub struct Options {
     /// the feature is not offered, as before; what the scale script measures the saving
     /// against.
     pub solicited_events: bool,
+    /// Let the target zero and discard ranges ([`rblk_proto::FEATURE_DISCARD`], true by
+    /// default): DISCARD works and whole-block WRITE_ZEROES moves nothing over the link. False:
+    /// the feature is not offered, as against an older target: zeroes are RDMA writes and the
+    /// front ends advertise no discard.
+    pub discard: bool,
 }
 
 impl Default for Options {
@@ -343,6 +348,7 @@ impl Default for Options {
             memory_windows: true,
             session_keepalives: true,
             solicited_events: true,
+            discard: true,
         }
     }
 }
@@ -375,6 +381,9 @@ impl fmt::Debug for Options {
             .field("wait", &self.wait)
             .field("reconnect", &self.reconnect)
             .field("memory_windows", &self.memory_windows)
+            .field("session_keepalives", &self.session_keepalives)
+            .field("solicited_events", &self.solicited_events)
+            .field("discard", &self.discard)
             .finish()
     }
 }

@@ -191,6 +191,7 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
     let addr = dest.addr;
     let (mut conn, ours) = connect_first(dest, pd, opts)?;
     let ours = if opts.solicited_events { ours } else { ours & !FEATURE_SOLICITED };
+    let ours = if opts.discard { ours } else { ours & !rblk_proto::FEATURE_DISCARD };
     let deadline = Instant::now() + opts.timeout;
     let (flags, offered, nonce) =
         conn.expect(&Message::Hello { features: ours }, deadline, "CHALLENGE", |r| match r {

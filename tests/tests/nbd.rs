@@ -282,7 +282,7 @@ fn qemu_img_converts_and_compares_a_64m_image_and_rblk_read_agrees() {
 
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn kernel_client_keeps_ext4_files_across_a_detach_and_a_fresh_server() {
+fn kernel_client_keeps_ext4_files_across_a_detach_and_a_fresh_server_and_fstrim_trims() {
     let t = target(128 * MIB);
     let (mnt, sums) = (scratch("mnt"), scratch("sums"));
     std::fs::create_dir_all(&mnt).unwrap();
@@ -305,15 +305,19 @@ fn kernel_client_keeps_ext4_files_across_a_detach_and_a_fresh_server() {
 
     let server = Server::unix(&t, &[]);
     attach(&server, 4096);
-    sh(&format!(
+    // Then TRIM (issue 41): fstrim with a 16 MiB file deleted trims, and the rest is intact.
+    let trimmed = sh(&format!(
         "mount {NBD} {mnt}
          (cd {mnt} && sha256sum --quiet -c {sums})
          test $(ls {mnt}/f* | wc -l) = 24
+         rm {mnt}/big; sync; fstrim -v {mnt}
+         (cd {mnt} && grep -v ' big$' {sums} | sha256sum --quiet -c -)
          umount {mnt}
          fsck.ext4 -n -f {NBD}",
         mnt = mnt.display(),
         sums = sums.display()
     ));
+    assert!(trimmed.contains("trimmed"), "fstrim over NBD trims: {trimmed}");
     detach();
     server.stop();
     let _ = std::fs::remove_dir(&mnt);

@@ -158,6 +158,8 @@ impl Metrics {
         );
         counter(&mut reg, "read_bytes", "Bytes read by requests that succeeded", s.read_bytes);
         counter(&mut reg, "written_bytes", "Bytes written by requests that succeeded", s.written_bytes);
+        counter(&mut reg, "discards", "DISCARD requests (trims) completed (failed ones included)", s.discards);
+        counter(&mut reg, "discarded_bytes", "Bytes discarded by requests that succeeded", s.discarded_bytes);
         counter(&mut reg, "errors", "Requests that failed (reads, writes, flushes)", s.errors);
         counter(&mut reg, "reconnects", "Sessions re-established after losing the target", s.reconnects);
         counter(&mut reg, "queue_sleeps", "Waits of the queue threads that slept instead of spinning", s.sleeps);

@@ -1194,8 +1194,8 @@ fn run(
         Ok(volatile) => {
             let note = if volatile { "the volume is volatile (RAM only)" } else { "flushed to durable storage" };
             eprintln!(
-                "rblk: detached: {} reads, {} writes, {} flushes sent ({} with nothing to flush); {note}",
-                stats.reads, stats.writes, stats.flushes, stats.flushes_skipped
+                "rblk: detached: {} reads, {} writes, {} discards, {} flushes sent ({} with nothing to flush); {note}",
+                stats.reads, stats.writes, stats.discards, stats.flushes, stats.flushes_skipped
             );
             Ok(())
         }

@@ -317,6 +317,27 @@ impl Fs {
         errno
     }
 
+    /// Zeroes `start..end` of the volume (nothing when empty): with `unmap` and a target that
+    /// discards, its whole blocks by a DISCARD and the partial ones at its edges by writing
+    /// zeros; otherwise all by WRITE_ZEROES (done by the target where it can).
+    fn zero(&self, start: u64, end: u64, unmap: bool) -> std::result::Result<(), Errno> {
+        if end <= start {
+            return Ok(());
+        }
+        let fail = |e: rblk_initiator::Error| self.fail("fallocate", start, (end - start) as usize, &e);
+        let bs = u64::from(self.vf.block_size().max(1));
+        let (inner_start, inner_end) = (start.div_ceil(bs) * bs, end / bs * bs);
+        if !unmap || !self.vf.discards() || inner_end <= inner_start {
+            return self.vf.write_zeroes(start, end - start).map_err(fail);
+        }
+        for (s, e) in [(start, inner_start), (inner_end, end)] {
+            if e > s {
+                self.vf.write_zeroes(s, e - s).map_err(fail)?;
+            }
+        }
+        self.vf.discard(inner_start, inner_end - inner_start).map_err(fail)
+    }
+
     fn flush_file(&self, op: &str) -> std::result::Result<(), Errno> {
         self.vf.flush().map(drop).map_err(|e| self.fail(op, 0, 0, &e))
     }
@@ -508,14 +529,28 @@ impl fuser::Filesystem for Fs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        // Every byte of a volume is allocated: plain or keep-size allocation inside it succeeds;
-        // hole punching and zeroing ranges are not offered.
-        const KEEP_SIZE: i32 = 1;
-        match offset.checked_add(length) {
-            _ if ino != FILE => reply.error(Errno::EISDIR),
-            _ if mode & !KEEP_SIZE != 0 => reply.error(Errno::EOPNOTSUPP),
-            Some(end) if end <= self.vf.size() => reply.ok(),
-            _ => reply.error(Errno::EFBIG),
+        // Plain or keep-size allocation inside the volume succeeds (every byte of it is there).
+        // PUNCH_HOLE (with KEEP_SIZE, as Linux requires) zeroes the range, past the end cut
+        // off: its whole blocks by a DISCARD where the target has it (a loop device's discards
+        // and fstrim come this way), the partial ones at its edges by writing zeros. ZERO_RANGE
+        // zeroes it, the blocks kept allocated.
+        const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        let size = self.vf.size();
+        let end = offset.checked_add(length);
+        let result = match mode {
+            _ if ino != FILE => Err(Errno::EISDIR),
+            m if m & !(KEEP_SIZE | PUNCH_HOLE | ZERO_RANGE) != 0 => Err(Errno::EOPNOTSUPP),
+            m if m & PUNCH_HOLE != 0 && (m & KEEP_SIZE == 0 || m & ZERO_RANGE != 0) => Err(Errno::EOPNOTSUPP),
+            m if m & PUNCH_HOLE != 0 => self.zero(offset, end.unwrap_or(u64::MAX).min(size), true),
+            _ if end.is_none_or(|e| e > size) => Err(Errno::EFBIG),
+            m if m & ZERO_RANGE != 0 => self.zero(offset, end.unwrap_or(size), false),
+            _ => Ok(()),
+        };
+        match result {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
     }
 

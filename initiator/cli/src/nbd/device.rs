@@ -41,7 +41,12 @@ impl Device {
         let engine = Engine::new(vol, 0)?;
         let g = engine.geometry();
         let lane = engine.lane(depth, piece_size(&g, piece))?;
-        let geo = ExportGeometry { size: g.size, block_size: g.block_size, read_only: g.read_only };
+        let geo = ExportGeometry {
+            size: g.size,
+            block_size: g.block_size,
+            read_only: g.read_only,
+            discards: engine.discards(),
+        };
         Ok(Device { lane, engine, geo, slot: None, counted: None })
     }
 

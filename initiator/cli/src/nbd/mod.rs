@@ -431,7 +431,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mode = crate::common::open_mode(args.read_only, args.exclusive);
     // Open once up front: a bad URI, key or device fails here, not at the first client.
     let vol = Session::connect(&args.uri, &opts)?.open(mode)?;
-    let geo = ExportGeometry { size: vol.size(), block_size: vol.block_size(), read_only: vol.is_read_only() };
+    let geo = ExportGeometry {
+        size: vol.size(),
+        block_size: vol.block_size(),
+        read_only: vol.is_read_only(),
+        discards: vol.discards(),
+    };
     let uri = vol.uri().clone();
     let volatile = vol.is_volatile();
     vol.close()?;
@@ -579,12 +584,12 @@ fn serve_client(id: u64, stream: Stream, export: &RblkExport) {
             tracing::info!(export = name, "transmission started");
             let transmit::Summary { end, stats: s, errors } =
                 transmit::transmit(r, w, *device, || stream.shutdown(Shutdown::Both));
-            let (reads, writes, rmw, flushes, skipped) =
-                (s.reads, s.writes, s.read_modify_writes, s.flushes, s.flushes_skipped);
+            let (reads, writes, rmw, flushes, skipped, discards) =
+                (s.reads, s.writes, s.read_modify_writes, s.flushes, s.flushes_skipped, s.discards);
             if end.is_clean() {
-                tracing::info!(%end, reads, writes, rmw, flushes, skipped, errors, "client gone");
+                tracing::info!(%end, reads, writes, rmw, flushes, skipped, discards, errors, "client gone");
             } else {
-                tracing::warn!(%end, reads, writes, rmw, flushes, skipped, errors, "client connection ended");
+                tracing::warn!(%end, reads, writes, rmw, flushes, skipped, discards, errors, "client connection ended");
             }
         }
         Ok(Outcome::Aborted) => tracing::info!("client aborted the handshake"),

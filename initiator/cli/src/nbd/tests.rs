@@ -23,7 +23,7 @@ use super::wire::{self, ExportGeometry, RequestHeader};
 use super::{private_dir, private_socket, serve, Listen, Listener};
 
 const MIB: u64 = 1 << 20;
-const GEO: ExportGeometry = ExportGeometry { size: 4 * MIB, block_size: 4096, read_only: false };
+const GEO: ExportGeometry = ExportGeometry { size: 4 * MIB, block_size: 4096, read_only: false, discards: true };
 /// Small pieces and a shallow lane, so requests split and wait for room.
 const DEPTH: u32 = 4;
 const PIECE: u32 = 16 << 10;
@@ -144,7 +144,7 @@ impl Export for TestExport {
             return Err(Refusal::Busy("in use".into()));
         }
         let mode = if self.geo.read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
-        let opts = Options { reconnect: self.reconnect, ..options() };
+        let opts = Options { reconnect: self.reconnect, discard: self.geo.discards, ..options() };
         let vol = Session::connect(&self.target().uri, &opts).and_then(|s| s.open(mode));
         let mut dev = vol
             .and_then(|v| Device::open_with(v, DEPTH, PIECE))
@@ -448,7 +448,7 @@ fn malformed_and_out_of_range_requests_get_errors_and_the_server_keeps_serving()
     assert_eq!(c.read(0, (32 << 20) + 1), Err(22), "read over the maximum");
     assert_eq!(c.write(size - 512, &[2; 1024]), 28, "write across the end: ENOSPC, payload drained");
     assert_eq!(c.cmd(wire::CMD_WRITE, 1 << 5, 0, 4096, &[3; 4096]), 22, "unknown flag on a write");
-    assert_eq!(c.cmd(4, 0, 0, 4096, &[]), 22, "TRIM is not offered");
+    assert_eq!(c.cmd(wire::CMD_TRIM, 0, size, 4096, &[]), 28, "TRIM past the end");
     assert_eq!(c.cmd(7, 0, 0, 4096, &[]), 22, "BLOCK_STATUS is not offered");
     assert_eq!(c.cmd(0xbeef, 0, 0, 0, &[]), 22, "unknown command");
     assert_eq!(c.cmd(wire::CMD_READ, wire::CMD_FLAG_NO_HOLE, 0, 4096, &[]), 22, "NO_HOLE on a read");
@@ -711,6 +711,34 @@ fn flush_sends_nothing_when_nothing_was_written_and_fua_writes_flush() {
     // before it answers (FEATURE_DISCARD): no FLUSH of its own.
     assert_eq!((s.flushes, s.flushes_skipped), (2, 1), "a FLUSH, then one for the FUA write: {s:?}");
     assert_eq!(export.data(0, 12288), [vec![1; 4096], vec![0; 4096], vec![2; 4096]].concat());
+}
+
+/// Issue 41 on NBD: TRIM zeroes the whole blocks inside its range and leaves the partial ones
+/// at its edges; WRITE_ZEROES with FAST_ZERO works against a target that zeroes by itself and
+/// fails at once with ENOTSUP against one that cannot (nothing written: `qemu-img convert`
+/// then writes the zeros itself); TRIM is refused where it is not advertised. Catches a TRIM
+/// that is not sent or zeroes its unaligned edges, and a fast zero that silently writes.
+#[test]
+fn trim_zeroes_its_whole_blocks_and_fast_zero_fails_fast_without_discard() {
+    let export = Arc::new(TestExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    assert_eq!(c.write(0, &[7; 4 * 4096]), 0);
+    // 100 bytes into block 0 to 200 bytes into block 3: blocks 1 and 2 go.
+    assert_eq!(c.cmd(wire::CMD_TRIM, 0, 100, 3 * 4096 + 100, &[]), 0);
+    assert_eq!(c.cmd(wire::CMD_TRIM, 0, 4096 + 10, 100, &[]), 0, "no whole block: nothing to do");
+    assert_eq!(c.cmd(wire::CMD_WRITE_ZEROES, wire::CMD_FLAG_FAST_ZERO, 3 * 4096, 4096, &[]), 0);
+    let s = c.disconnect().stats;
+    assert_eq!((s.discards, s.discarded_bytes), (1, 8192), "one DISCARD of the two whole blocks: {s:?}");
+    assert_eq!(export.data(0, 4 * 4096), [vec![7; 4096], vec![0; 3 * 4096]].concat());
+
+    let old = Arc::new(TestExport::new(ExportGeometry { discards: false, ..GEO }));
+    let mut c = Client::start(Arc::clone(&old));
+    assert_eq!(c.write(0, &[7; 4096]), 0);
+    let fast = c.cmd(wire::CMD_WRITE_ZEROES, wire::CMD_FLAG_FAST_ZERO, 0, 4096, &[]);
+    assert_eq!(fast, 95, "ENOTSUP");
+    assert_eq!(c.cmd(wire::CMD_TRIM, 0, 0, 4096, &[]), 22, "TRIM is not advertised: EINVAL");
+    assert_eq!(c.cmd(wire::CMD_WRITE_ZEROES, 0, 0, 4096, &[]), 0, "a plain WRITE_ZEROES still works");
+    let _ = c.disconnect();
 }
 
 #[test]

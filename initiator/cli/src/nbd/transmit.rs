@@ -299,7 +299,18 @@ impl<W: Write> Exec<W> {
         let (op, offset, len, fua, data) = match op {
             Op::Read { offset, len } => (IoOp::Read, offset, len, false, Data::Bytes(Vec::new())),
             Op::Write { offset, len, fua } => (IoOp::Write, offset, len, fua, Data::Bytes(data)),
-            Op::WriteZeroes { offset, len, fua } => (IoOp::WriteZeroes { unmap: false }, offset, len, fua, Data::None),
+            Op::WriteZeroes { offset, len, fua, unmap } => (IoOp::WriteZeroes { unmap }, offset, len, fua, Data::None),
+            Op::Trim { offset, len, fua } => {
+                // The whole blocks inside the range: a discard is advice, and the edges keep
+                // their bytes (what a device with this granularity does).
+                let bs = u64::from(self.dev.geometry().block_size.max(1));
+                let (start, end) = (offset.div_ceil(bs) * bs, (offset + u64::from(len)) / bs * bs);
+                if end <= start {
+                    self.reply(handle, None, None);
+                    return;
+                }
+                (IoOp::Discard, start, (end - start) as u32, fua, Data::None)
+            }
             Op::Flush => (IoOp::Flush, 0, 0, false, Data::None),
             Op::Disc => unreachable!("DISC is not a request of the volume's"),
         };

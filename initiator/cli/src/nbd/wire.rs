@@ -56,18 +56,22 @@ pub const TFLAG_HAS_FLAGS: u16 = 1 << 0;
 pub const TFLAG_READ_ONLY: u16 = 1 << 1;
 pub const TFLAG_SEND_FLUSH: u16 = 1 << 2;
 pub const TFLAG_SEND_FUA: u16 = 1 << 3;
+pub const TFLAG_SEND_TRIM: u16 = 1 << 5;
 pub const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
 pub const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+pub const TFLAG_SEND_FAST_ZERO: u16 = 1 << 11;
 
 /// Command flags.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
 /// Command types.
 pub const CMD_READ: u16 = 0;
 pub const CMD_WRITE: u16 = 1;
 pub const CMD_DISC: u16 = 2;
 pub const CMD_FLUSH: u16 = 3;
+pub const CMD_TRIM: u16 = 4;
 pub const CMD_WRITE_ZEROES: u16 = 6;
 
 /// Longest option payload accepted; longer ones are drained and refused (NBD_REP_ERR_TOO_BIG).
@@ -240,17 +244,25 @@ pub struct ExportGeometry {
     pub block_size: u32,
     /// Writes are refused (EPERM).
     pub read_only: bool,
+    /// The target zeroes ranges itself (`FEATURE_DISCARD`): TRIM is advertised, and
+    /// WRITE_ZEROES is fast (moves nothing).
+    pub discards: bool,
 }
 
 impl ExportGeometry {
-    /// The transmission flags for this export: flush and FUA always, WRITE_ZEROES when
-    /// writable, multi-conn when every client's flush covers every connection's writes.
+    /// The transmission flags for this export: flush and FUA always; WRITE_ZEROES and
+    /// FAST_ZERO when writable (a fast zero fails at once with ENOTSUP where the target cannot
+    /// zero by itself, as `qemu-img convert` expects), and TRIM when the target can; multi-conn
+    /// when every client's flush covers every connection's writes.
     pub fn transmission_flags(&self, multi_conn: bool) -> u16 {
         let mut flags = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA;
         if self.read_only {
             flags |= TFLAG_READ_ONLY;
         } else {
-            flags |= TFLAG_SEND_WRITE_ZEROES;
+            flags |= TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+            if self.discards {
+                flags |= TFLAG_SEND_TRIM;
+            }
         }
         if multi_conn {
             flags |= TFLAG_CAN_MULTI_CONN;
@@ -308,8 +320,12 @@ pub enum Op {
     Read { offset: u64, len: u32 },
     /// Write the `len` bytes that follow at `offset`; flush before replying when `fua`.
     Write { offset: u64, len: u32, fua: bool },
-    /// Write `len` zero bytes at `offset` (any length inside the export).
-    WriteZeroes { offset: u64, len: u32, fua: bool },
+    /// Write `len` zero bytes at `offset` (any length inside the export); `unmap`: the blocks
+    /// may be freed (no `NO_HOLE`).
+    WriteZeroes { offset: u64, len: u32, fua: bool, unmap: bool },
+    /// Discard `len` bytes at `offset` (the whole blocks inside them; any length inside the
+    /// export).
+    Trim { offset: u64, len: u32, fua: bool },
     /// Make every write replied to so far durable.
     Flush,
     /// Finish what is in flight and close: no reply.
@@ -351,8 +367,10 @@ impl RequestHeader {
         let (flags, offset, len) = (self.flags.get(), self.offset.get(), self.len.get());
         let fua = flags & CMD_FLAG_FUA != 0;
         let allowed = match self.kind.get() {
-            CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+            CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
             CMD_READ | CMD_WRITE | CMD_FLUSH => CMD_FLAG_FUA,
+            // Not advertised without discard on the target: unknown, then.
+            CMD_TRIM if geo.discards => CMD_FLAG_FUA,
             // DISC ends the connection whatever its flags say.
             CMD_DISC => u16::MAX,
             _ => return Err(Errno::Inval),
@@ -360,7 +378,7 @@ impl RequestHeader {
         if flags & !allowed != 0 {
             return Err(Errno::Inval);
         }
-        let writes = matches!(self.kind.get(), CMD_WRITE | CMD_WRITE_ZEROES);
+        let writes = matches!(self.kind.get(), CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM);
         if writes && geo.read_only {
             return Err(Errno::Perm);
         }
@@ -371,7 +389,10 @@ impl RequestHeader {
             _ if len == 0 => Err(Errno::Inval),
             _ if !inside && writes => Err(Errno::NoSpc),
             _ if !inside => Err(Errno::Inval),
-            CMD_WRITE_ZEROES => Ok(Op::WriteZeroes { offset, len, fua }),
+            // A fast zero the target cannot do by itself would be writes: refused at once.
+            CMD_WRITE_ZEROES if flags & CMD_FLAG_FAST_ZERO != 0 && !geo.discards => Err(Errno::NotSup),
+            CMD_WRITE_ZEROES => Ok(Op::WriteZeroes { offset, len, fua, unmap: flags & CMD_FLAG_NO_HOLE == 0 }),
+            CMD_TRIM => Ok(Op::Trim { offset, len, fua }),
             _ if len > MAX_REQUEST => Err(Errno::Inval),
             CMD_READ => Ok(Op::Read { offset, len }),
             _ => Ok(Op::Write { offset, len, fua }),
@@ -394,8 +415,10 @@ mod tests {
         }
     }
 
-    const GEO: ExportGeometry = ExportGeometry { size: 1 << 20, block_size: 4096, read_only: false };
+    const GEO: ExportGeometry = ExportGeometry { size: 1 << 20, block_size: 4096, read_only: false, discards: true };
     const RO: ExportGeometry = ExportGeometry { read_only: true, ..GEO };
+    /// An export of a target without discard.
+    const OLD: ExportGeometry = ExportGeometry { discards: false, ..GEO };
 
     #[test]
     fn layouts_are_big_endian() {
@@ -441,14 +464,33 @@ mod tests {
             (header(CMD_WRITE, 0, 0, 512), RO, Err(Errno::Perm)),
             (header(CMD_WRITE, 0, 0, 0), GEO, Err(Errno::Inval)),
             (header(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 1 << 20), GEO, {
-                Ok(Op::WriteZeroes { offset: 0, len: 1 << 20, fua: false })
+                Ok(Op::WriteZeroes { offset: 0, len: 1 << 20, fua: false, unmap: false })
             }),
+            (header(CMD_WRITE_ZEROES, CMD_FLAG_FUA, 0, 4096), GEO, {
+                Ok(Op::WriteZeroes { offset: 0, len: 4096, fua: true, unmap: true })
+            }),
+            (header(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 4096), GEO, {
+                Ok(Op::WriteZeroes { offset: 0, len: 4096, fua: false, unmap: true })
+            }),
+            (header(CMD_WRITE_ZEROES, CMD_FLAG_FAST_ZERO, 0, 4096), OLD, Err(Errno::NotSup)),
+            (
+                header(CMD_WRITE_ZEROES, 0, 0, 4096),
+                OLD,
+                Ok(Op::WriteZeroes { offset: 0, len: 4096, fua: false, unmap: true }),
+            ),
             (header(CMD_WRITE_ZEROES, 0, 0, 4096), RO, Err(Errno::Perm)),
-            (header(CMD_WRITE_ZEROES, 1 << 4, 0, 4096), GEO, Err(Errno::Inval)),
+            (header(CMD_WRITE_ZEROES, 1 << 5, 0, 4096), GEO, Err(Errno::Inval)),
+            (header(CMD_TRIM, 0, 100, 10000), GEO, Ok(Op::Trim { offset: 100, len: 10000, fua: false })),
+            (header(CMD_TRIM, CMD_FLAG_FUA, 0, u32::MAX), ExportGeometry { size: 1 << 40, ..GEO }, {
+                Ok(Op::Trim { offset: 0, len: u32::MAX, fua: true })
+            }),
+            (header(CMD_TRIM, 0, size, 4096), GEO, Err(Errno::NoSpc)),
+            (header(CMD_TRIM, 0, 0, 4096), RO, Err(Errno::Perm)),
+            (header(CMD_TRIM, 0, 0, 4096), OLD, Err(Errno::Inval)),
+            (header(CMD_TRIM, CMD_FLAG_NO_HOLE, 0, 4096), GEO, Err(Errno::Inval)),
             (header(CMD_FLUSH, 0, 0, 0), GEO, Ok(Op::Flush)),
             (header(CMD_FLUSH, 0, 12, 34), RO, Ok(Op::Flush)),
             (header(CMD_DISC, 0, 0, 0), GEO, Ok(Op::Disc)),
-            (header(4, 0, 0, 4096), GEO, Err(Errno::Inval)),
             (header(5, 0, 0, 4096), GEO, Err(Errno::Inval)),
             (header(7, 0, 0, 4096), GEO, Err(Errno::Inval)),
             (header(999, 0, 0, 0), GEO, Err(Errno::Inval)),
@@ -515,8 +557,10 @@ mod tests {
 
     #[test]
     fn flags_and_block_sizes() {
-        let rw = GEO.transmission_flags(false);
-        assert_eq!(rw, TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_WRITE_ZEROES);
+        let rw = OLD.transmission_flags(false);
+        let zeroes = TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+        assert_eq!(rw, TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | zeroes);
+        assert_eq!(GEO.transmission_flags(false), rw | TFLAG_SEND_TRIM, "TRIM where the target discards");
         let ro = RO.transmission_flags(true);
         assert_eq!(ro, TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_READ_ONLY | TFLAG_CAN_MULTI_CONN);
         let b = GEO.block_size_info(true);
