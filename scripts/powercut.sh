@@ -5,6 +5,14 @@
 #      print a marker; the host kills qemu on the spot (scripts/rxe-guest.sh RXE_GUEST_POWER_CUT_ON).
 #   2. boot again with the same disk, start the target on the same file, read the 16 MiB back and
 #      compare. Unflushed data may be lost; nothing is assumed about it.
+# And discards (issue 41; the rule is in docs/DESIGN.md, "Zeroing is stores"), in the same boots:
+#   (a) 4 MiB written and flushed at 40M, then discarded: zeros after the cut, and a hole in the
+#       backing file (SEEK_DATA finds no data in it);
+#   (b) 4 MiB written and flushed at 44M, discarded, then 1 MiB written (and flushed) at 45M:
+#       that 1 MiB intact after the cut (the punch reached the file before the write), the rest
+#       of the 4 MiB zeros;
+#   (c) 4 MiB written and flushed at 48M, discarded with no FLUSH after it: each block the old
+#       data or zeros, nothing else (a DISCARD is durable at its answer, so zeros here).
 # Usage: scripts/powercut.sh (on the host; builds nothing: expects build/debug binaries, or
 # RBLK_BIN_DIR). Prints `powercut: ok` and exits 0 when the flushed data survived.
 set -euo pipefail
@@ -40,6 +48,13 @@ guest_write() {
     "$RBLK_BIN_DIR/rblk" write "$uri" --offset 4M --input "$MNT/expect.bin"
     head -c $((8 * MIB)) /dev/urandom >/tmp/unflushed.bin
     "$RBLK_BIN_DIR/rblk" write "$uri" --offset 32M --input /tmp/unflushed.bin --no-flush
+    head -c $((12 * MIB)) /dev/urandom >"$MNT/old.bin"
+    head -c $((1 * MIB)) /dev/urandom >"$MNT/y.bin"
+    sync
+    "$RBLK_BIN_DIR/rblk" write "$uri" --offset 40M --input "$MNT/old.bin"
+    "$RBLK_BIN_DIR/rblk" discard "$uri" --offset 40M --length 8M
+    "$RBLK_BIN_DIR/rblk" write "$uri" --offset 45M --input "$MNT/y.bin"
+    "$RBLK_BIN_DIR/rblk" discard "$uri" --offset 48M --length 4M
     echo "$MARKER"
     sleep 600
 }
@@ -47,14 +62,29 @@ guest_write() {
 guest_verify() {
     mkdir -p "$MNT"
     mount "${RBLK_DISK:?no scratch disk}" "$MNT"
+    # (a): no data in the backing file from 40M to 44M (read before the target opens it).
+    local next_data
+    next_data=$(python3 -c "import os; fd = os.open('$MNT/p.img', os.O_RDONLY); print(os.lseek(fd, 40 << 20, os.SEEK_DATA))")
     start_target /tmp/target.log
-    "$RBLK_BIN_DIR/rblk" read "rblk://$RBLK_ADDR:$PORT/p" --offset 4M --length 16M --output /tmp/got.bin
+    local uri="rblk://$RBLK_ADDR:$PORT/p"
+    "$RBLK_BIN_DIR/rblk" read "$uri" --offset 4M --length 16M --output /tmp/got.bin
     if cmp "$MNT/expect.bin" /tmp/got.bin; then
         echo "powercut: the 16 MiB flushed before the power cut are intact"
     else
         echo "powercut: FAIL: flushed data lost or damaged by the power cut" >&2
         exit 1
     fi
+    "$RBLK_BIN_DIR/rblk" read "$uri" --offset 40M --length 12M --output /tmp/disc.bin
+    local fail=0
+    if ((next_data < 44 * MIB)); then
+        echo "powercut: FAIL: (a) the discarded range holds data at $next_data" >&2
+        fail=1
+    fi
+    cmp -n 5M /tmp/disc.bin /dev/zero || { echo "powercut: FAIL: (a)/(b) discarded bytes are not zeros" >&2; fail=1; }
+    cmp -n 1M -i 5M:0 /tmp/disc.bin "$MNT/y.bin" || { echo "powercut: FAIL: (b) the write after the discard is lost" >&2; fail=1; }
+    cmp -n 6M -i 6M:0 /tmp/disc.bin /dev/zero || { echo "powercut: FAIL: (b)/(c) discarded bytes are not zeros" >&2; fail=1; }
+    ((fail == 0)) || exit 1
+    echo "powercut: discarded ranges read zeros and are holes; the write after a discard is intact"
 }
 
 case ${1:-} in

@@ -127,6 +127,27 @@ pub enum Command {
         #[command(flatten)]
         conn: Connection,
     },
+    /// Discard LENGTH bytes at OFFSET of a volume, as blkdiscard does for a block device: the
+    /// target zeroes them, and a durable volume's backing store gives their blocks back.
+    /// Durable when this returns. Opens the volume read-write; needs a target with discard.
+    Discard {
+        /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+        #[arg(value_parser = volume_uri_arg)]
+        uri: String,
+        /// Byte offset, a multiple of the block size (4096, 4k, 1M, ...). Required, so that nothing
+        /// is discarded by accident.
+        #[arg(long, value_parser = size_arg, value_name = "N")]
+        offset: u64,
+        /// Bytes, a multiple of the block size. Required, as --offset.
+        #[arg(long, value_parser = size_arg, value_name = "N")]
+        length: u64,
+        /// Zero the range and keep its blocks allocated (WRITE_ZEROES, as `blkdiscard --zeroout`)
+        /// instead of discarding it. Against a target without discard the zeros are written.
+        #[arg(long, short = 'z')]
+        zeroout: bool,
+        #[command(flatten)]
+        conn: Connection,
+    },
     // Its help text is on the argument struct.
     Nbd(nbd::Args),
     // Their help texts are on the argument structs.
@@ -218,6 +239,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Write { uri, offset, input, pad, no_flush, progress, conn } => {
             write(&uri, &conn, offset, input, pad, !no_flush, progress)
         }
+        Command::Discard { uri, offset, length, zeroout, conn } => discard(&uri, &conn, offset, length, zeroout),
         Command::Nbd(args) => nbd::run(args),
         Command::Mount(args) => mount::mount(args),
         Command::Umount(args) => mount::umount(args),
@@ -528,6 +550,31 @@ fn write(
     Ok(())
 }
 
+/// `rblk discard`: the range checked, then one DISCARD (or WRITE_ZEROES with `zeroout`), which the
+/// engine splits into pieces the target takes.
+fn discard(uri: &str, conn: &Connection, offset: u64, length: u64, zeroout: bool) -> anyhow::Result<()> {
+    let mut vol = open(uri, conn, OpenMode::ReadWrite, Reconnect::default())?;
+    vol.check_range(Direction::Write, offset, length)?;
+    if zeroout {
+        vol.write_zeroes(offset, length)?;
+        if !vol.discards() {
+            vol.flush()?;
+        }
+    } else {
+        if !vol.discards() {
+            bail!(
+                "the target at {} does not support DISCARD (an older rblk-target); --zeroout writes zeros instead",
+                vol.addr()
+            );
+        }
+        vol.discard(offset, length)?;
+    }
+    vol.close()?;
+    let what = if zeroout { "zeroed" } else { "discarded" };
+    eprintln!("rblk: {what} {length} bytes at offset {offset}");
+    Ok(())
+}
+
 /// The input and its length where it can be known without reading it: a file's size, a block
 /// device's (by seeking to its end); None for stdin, pipes and character devices.
 fn open_input(path: Option<&std::path::Path>) -> anyhow::Result<(Patient, Option<u64>)> {
@@ -628,6 +675,16 @@ mod tests {
         assert!(e.contains("unknown suffix"), "{e}");
         assert!(Args::try_parse_from(["rblk", "read", "rblk://h/v"]).is_err(), "--length is required");
         assert!(Args::try_parse_from(["rblk", "write", "rblk://h/v"]).is_err(), "--offset is required");
+        match Args::try_parse_from(["rblk", "discard", "rblk://h/v", "--offset", "1M", "--length", "2M", "-z"]) {
+            Ok(Args { command: Command::Discard { offset, length, zeroout: true, .. }, .. }) => {
+                assert_eq!((offset, length), (1 << 20, 2 << 20));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            Args::try_parse_from(["rblk", "discard", "rblk://h/v", "--offset", "0"]).is_err(),
+            "--length is required"
+        );
     }
 
     #[test]
