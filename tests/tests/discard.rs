@@ -137,3 +137,19 @@ fn zeroing_requests_are_refused_where_they_must_be(fabric: Fabric) {
 
     assert!(read_all(&mut w, &o) == want, "a refused request changed the volume");
 }
+
+/// scripts/lib/test_discard.py: the unit tests of scripts/discard-rxe.sh's analysis (which
+/// counters and times a goal reads, the loopback bound on bytes, which steps stay down).
+#[test]
+fn the_discard_script_s_analysis_passes_its_unit_tests() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root");
+    let run = std::process::Command::new("python3")
+        .args(["-m", "unittest", "-v", "test_discard"])
+        .current_dir(repo.join("scripts/lib"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("Ran ") && !err.contains("Ran 0 tests"), "{err}");
+}
