@@ -17,10 +17,17 @@ pub const MAX_LISTEN_BACKLOG: u32 = 65_536;
 /// The largest `admin.toml` read ([`crate::saved`]).
 pub const MAX_SIZE: u64 = 1 << 20;
 
-/// The format of a handover's state record ([`crate::handover::State`]). A successor that does
-/// not know the format it is handed refuses the handover (and the old daemon serves on). Raised
-/// when a field changes meaning or a field a successor must understand is added.
-pub const FORMAT: u32 = 1;
+/// The newest format of a handover's state record ([`crate::handover::State`]) this daemon
+/// writes and reads. A successor that does not know the format it is handed refuses the
+/// handover (and the old daemon serves on). Raised when a field changes meaning or a field a
+/// successor must understand is added. Format 2 (issue 41, once for three issues): each volume
+/// holds a list of memory segments (memfd and length; one until volumes can grow), the
+/// punches still to do in its backing store, and optionally the RDMA devices it is registered
+/// on; format 1 holds one memfd and nothing else.
+pub const FORMAT: u32 = 2;
+
+/// Every state format this daemon reads, oldest first.
+pub const FORMATS: [u32; 2] = [1, 2];
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -441,7 +448,7 @@ pub enum HandoverError {
     #[error("the running daemon refused the handover: {0}")]
     Refused(String),
     /// The state's format is not one this daemon reads.
-    #[error("the handed state has format {0}, which this rblk-target does not read (it reads format {FORMAT}): upgrade in steps, or restart")]
+    #[error("the handed state has format {0}, which this rblk-target does not read (it reads formats {FORMATS:?}): upgrade in steps, or restart")]
     Format(String),
     /// The state is not a state.
     #[error("the handed state is malformed: {0}")]

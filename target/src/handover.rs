@@ -13,7 +13,7 @@
 //! Two ways, both asked for explicitly (SIGTERM stays a plain stop with a final flush):
 //!
 //! - **`rblk-target --takeover`** (any machine): the successor connects to the running daemon's
-//!   admin socket and sends `{"version":1,"op":"takeover","formats":[1]}`. The daemon stops
+//!   admin socket and sends `{"version":1,"op":"takeover","formats":[1,2]}`. The daemon stops
 //!   listening (the port is free), holds its volumes' write-backs (a FLUSH under way finishes;
 //!   later ones wait), and sends the state and the descriptors (SCM_RIGHTS, [`rblk_fabric::fdpass`]).
 //!   The successor checks them against its configuration, maps, binds the port and says
@@ -31,7 +31,12 @@
 //!   them from the store (`FDSTOREREMOVE=1`). A successor that fails before READY is restarted
 //!   with the descriptors still stored.
 //!
-//! The successor refuses a state [`FORMAT`] it does not know, a `block_size` other than the
+//! State formats: the successor names those it reads ([`FORMATS`]) and the old daemon writes the
+//! newest of them it writes too; into the service manager's store, whose reader it does not
+//! know, it writes the oldest that holds the state ([`State::oldest_format`]), so an older
+//! successor reads it whenever it can.
+//!
+//! The successor refuses a state format it does not know, a `block_size` other than the
 //! state's, and a configuration that changes a handed volume's size or backing path or lacks
 //! one that `confirm_remove` does not list ([`check`]); volumes only in its configuration are
 //! created or loaded as at a start, and confirmed volumes only in the state are removed once
@@ -55,7 +60,7 @@ use std::time::{Duration, Instant};
 use rblk_proto::VolumeId;
 use tracing::{info, warn};
 
-pub use crate::errors::{HandoverError, FORMAT};
+pub use crate::errors::{HandoverError, FORMAT, FORMATS};
 pub use crate::notify::STATE_FDNAME;
 pub use crate::registry::StoreSink;
 
@@ -84,7 +89,7 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(4);
 /// What is handed over besides the descriptors.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct State {
-    /// [`FORMAT`].
+    /// One of [`FORMATS`].
     pub format: u32,
     /// The old daemon's pid.
     pub pid: u32,
@@ -113,11 +118,92 @@ pub struct HandedVolume {
     pub written: bool,
     /// A write-back failed: it stays failed.
     pub failed: bool,
-    /// Its memfd: an index into the descriptors.
-    pub memfd: usize,
+    /// Format 1: its memfd, an index into the descriptors (format 2 has [`segments`](Self::segments)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memfd: Option<usize>,
+    /// Format 2: its memory, in order: each segment's memfd (an index into the descriptors) and
+    /// length. One segment (volumes do not grow yet: a successor refuses more).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub segments: Vec<Segment>,
+    /// Format 2: `(offset, len)` ranges zeroed in memory whose punch in the backing store is
+    /// still to do; the successor punches them before it serves. Always empty from this
+    /// daemon: zeroing runs in write-back passes, which a handover holds, so a DISCARD queued
+    /// behind the hold is never answered here and its initiator sends it again to the successor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub punches: Vec<(u64, u64)>,
+    /// Format 2: the RDMA devices the volume is registered on, for a successor that registers
+    /// it there before its first OPEN; None: not said (a successor registers at the first OPEN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Vec<String>>,
     /// Its backing store's descriptor: an index into the descriptors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backing: Option<usize>,
+}
+
+/// A segment of a volume's memory in a format 2 [`State`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Segment {
+    /// Its memfd: an index into the descriptors.
+    pub memfd: usize,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+impl HandedVolume {
+    /// The one memfd of its memory and what its format says beyond it, checked: a format 1
+    /// entry has `memfd` and nothing of format 2; a format 2 entry has one segment covering
+    /// the whole volume and no `memfd`.
+    fn memory(&self, format: u32) -> Result<usize, String> {
+        match (format, self.memfd, self.segments.as_slice()) {
+            (1, Some(fd), []) if self.punches.is_empty() && self.devices.is_none() => Ok(fd),
+            (1, _, _) => Err("a format 1 entry needs its memfd and has no segments, punches or devices".into()),
+            (_, None, [one]) if one.len == self.size => Ok(one.memfd),
+            (_, None, [_]) => Err("its segment is not the whole volume".into()),
+            (_, None, []) => Err("no memory segment".into()),
+            (_, None, _) => Err(format!("{} memory segments: this daemon serves volumes of one", self.segments.len())),
+            (_, Some(_), _) => Err("a format 2 entry has segments, not a memfd".into()),
+        }
+    }
+
+    /// Its punches, checked against its size: none empty, none past the end.
+    fn checked_punches(&self) -> Result<&[(u64, u64)], String> {
+        match self.punches.iter().find(|&&(o, l)| l == 0 || o.checked_add(l).is_none_or(|e| e > self.size)) {
+            Some(&(o, l)) => Err(format!("a punch {o}+{l} outside the volume")),
+            None => Ok(&self.punches),
+        }
+    }
+}
+
+impl State {
+    /// The oldest format that holds this state (format 1 has one memfd per volume and no
+    /// punches or devices).
+    pub fn oldest_format(&self) -> u32 {
+        let simple = |v: &HandedVolume| v.segments.len() <= 1 && v.punches.is_empty() && v.devices.is_none();
+        if self.volumes.iter().all(simple) {
+            1
+        } else {
+            FORMAT
+        }
+    }
+
+    /// This state written in `format` (one of [`FORMATS`], at least [`State::oldest_format`]).
+    pub fn in_format(&self, format: u32) -> State {
+        let mut s = self.clone();
+        s.format = format;
+        for v in &mut s.volumes {
+            let memfd = v.memfd.or(v.segments.first().map(|g| g.memfd));
+            if format == 1 {
+                v.memfd = memfd;
+                v.segments.clear();
+            } else {
+                v.memfd = None;
+                if v.segments.is_empty() {
+                    v.segments = memfd.map(|memfd| Segment { memfd, len: v.size }).into_iter().collect();
+                }
+            }
+        }
+        s
+    }
 }
 
 /// What the successor was handed: the state, the descriptors, and the way back to the old
@@ -144,7 +230,8 @@ impl Handed {
         let started = Instant::now();
         let stream = admin_protocol::connect(socket).map_err(HandoverError::Connect)?;
         stream.set_read_timeout(Some(SILENCE)).map_err(HandoverError::Io)?;
-        let line = format!("{{\"version\":{},\"op\":\"takeover\",\"formats\":[{FORMAT}]}}\n", VERSION);
+        let line = serde_json::json!({"version": VERSION, "op": "takeover", "formats": FORMATS});
+        let line = format!("{line}\n");
         (&stream).write_all(line.as_bytes()).map_err(HandoverError::Io)?;
         let (reply, mut fds) = recv_frame(&stream)?;
         let reply: TakeoverReply =
@@ -335,7 +422,8 @@ impl Handed {
             let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
             fds.get_mut(i).and_then(Option::take).ok_or_else(|| fail(format!("descriptor {i} is missing")))
         };
-        let memfd = fd(h.memfd)?;
+        let memfd = fd(h.memory(self.state.format).map_err(fail)?)?;
+        let punches = h.checked_punches().map_err(fail)?.to_vec();
         let backing_fd = h.backing.map(fd).transpose()?;
         let instance = VolumeId::from_hex(&h.instance).ok_or_else(|| fail(format!("bad instance {:?}", h.instance)))?;
         let size = usize::try_from(h.size).map_err(|_| fail("too large".into()))?;
@@ -349,6 +437,19 @@ impl Handed {
             (None, None) => None,
             _ => return Err(fail("a backing path without its descriptor, or the reverse".into())),
         };
+        if let Some(devices) = &h.devices {
+            tracing::debug!(volume = %h.name, ?devices, "the old daemon registered it on these devices");
+        }
+        if !punches.is_empty() {
+            // Zeroed in the memory already; the backing store's punches, before anyone reads it.
+            let jobs: Vec<crate::persist::Job> =
+                punches.iter().map(|&(offset, len)| crate::persist::Job::Zero { offset, len, keep: false }).collect();
+            match &backing {
+                Some(b) => b.apply(&memory, &jobs).map_err(|e| fail(format!("its pending punches: {e}")))?,
+                None => jobs.iter().try_for_each(|j| j.zero_memory(&memory)).map_err(|e| fail(e.to_string()))?,
+            }
+            info!(volume = %h.name, count = punches.len(), "the old daemon's pending punches done");
+        }
         info!(volume = %h.name, instance = %instance, written = h.written, "taking the volume over: the same pages and instance");
         Ok(Volume::adopt(&h.name, memory, self.state.block_size, backing, instance, h.written))
     }
@@ -381,10 +482,10 @@ struct TakeoverReply {
     fds: usize,
 }
 
-/// Reads a state record, refusing a format other than [`FORMAT`] before anything else.
+/// Reads a state record, refusing a format not in [`FORMATS`] before anything else.
 pub fn parse_state(value: serde_json::Value) -> Result<State, HandoverError> {
     match value.get("format") {
-        Some(f) if f.as_u64() == Some(u64::from(FORMAT)) => {}
+        Some(f) if f.as_u64().is_some_and(|f| FORMATS.iter().any(|&k| u64::from(k) == f)) => {}
         Some(f) => return Err(HandoverError::Format(f.to_string())),
         None => return Err(HandoverError::Malformed("no format".into())),
     }
@@ -589,7 +690,10 @@ fn prepare(shared: &Arc<Shared>) -> Result<Prepared, String> {
             instance: v.instance.to_string(),
             written: v.written(),
             failed: v.failed(),
-            memfd,
+            memfd: None,
+            segments: vec![Segment { memfd, len: v.size() }],
+            punches: Vec::new(),
+            devices: None,
             backing,
         });
     }
@@ -639,10 +743,11 @@ pub(crate) fn give(shared: &Arc<Shared>, mut reader: BufReader<UnixStream>, form
         warn!("takeover refused: {message}");
         let _ = send_frame(&out, &reply_frame(false, Some(code), message, None, 0), &[]);
     };
-    if !formats.contains(&FORMAT) {
-        let text = format!("this daemon hands over state format {FORMAT}; the successor reads {formats:?}");
+    // The newest format both read (the state is made below; format 1 holds all of it today).
+    let Some(&format) = FORMATS.iter().rev().find(|f| formats.contains(f)) else {
+        let text = format!("this daemon hands over state formats {FORMATS:?}; the successor reads {formats:?}");
         return refuse("format", &text);
-    }
+    };
     // No reload or admin change while the volumes are being handed over.
     let _current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
     if shared.is_shutting_down() || shared.handed_over().is_some() {
@@ -653,13 +758,22 @@ pub(crate) fn give(shared: &Arc<Shared>, mut reader: BufReader<UnixStream>, form
         Ok(p) => p,
         Err(e) => return refuse("refused", &format!("cannot prepare the handover: {e}")),
     };
+    if format < prepared.state.oldest_format() {
+        resume(shared, &prepared.volumes);
+        let text = format!(
+            "the volumes need state format {}; the successor reads {formats:?}",
+            prepared.state.oldest_format()
+        );
+        return refuse("format", &text);
+    }
     let fds = prepared.fds();
     let bytes: u64 = prepared.volumes.iter().map(|v| v.size()).sum();
     let message = format!("handing over {} volume(s)", prepared.volumes.len());
     let sent = (|| {
         let mut chunks = fds.chunks(rblk_fabric::fdpass::MAX_FDS);
         let first = chunks.next().unwrap_or(&[]);
-        send_frame(&out, &reply_frame(true, None, &message, Some(&prepared.state), fds.len()), first)?;
+        let state = prepared.state.in_format(format);
+        send_frame(&out, &reply_frame(true, None, &message, Some(&state), fds.len()), first)?;
         for chunk in chunks {
             send_frame(&out, b"+", chunk)?;
         }
@@ -748,7 +862,8 @@ pub(crate) fn give_to_store(
     }
     let prepared = prepare(shared)?;
     let pushed = (|| {
-        let record = state_memfd(&prepared.state)?;
+        // Its reader is not known: the oldest format that holds the state.
+        let record = state_memfd(&prepared.state.in_format(prepared.state.oldest_format()))?;
         for (i, fd) in prepared.fds().into_iter().enumerate() {
             sink(&format!("{FD_PREFIX}{i}"), fd)?;
         }
@@ -807,11 +922,65 @@ mod tests {
     /// would serve volumes with fields it misreads).
     #[test]
     fn an_unknown_state_format_is_refused_before_it_is_read() {
-        let e = parse_state(serde_json::json!({"format": 2, "anything": "else"})).unwrap_err();
-        assert!(matches!(e, HandoverError::Format(ref f) if f == "2"), "{e}");
-        assert!(e.to_string().contains("format 2") && e.to_string().contains("reads format 1"), "{e}");
+        let e = parse_state(serde_json::json!({"format": 3, "anything": "else"})).unwrap_err();
+        assert!(matches!(e, HandoverError::Format(ref f) if f == "3"), "{e}");
+        assert!(e.to_string().contains("format 3") && e.to_string().contains("reads formats [1, 2]"), "{e}");
         assert!(matches!(parse_state(serde_json::json!({"pid": 1})), Err(HandoverError::Malformed(_))));
         let s = State { format: FORMAT, pid: 7, daemon: "d".into(), block_size: 4096, volumes: vec![] };
         assert_eq!(parse_state(serde_json::to_value(&s).unwrap()).unwrap(), s);
+    }
+
+    fn volume(segments: Vec<Segment>) -> HandedVolume {
+        HandedVolume {
+            name: "v".into(),
+            size: 1 << 20,
+            path: None,
+            instance: "00".repeat(16),
+            written: true,
+            failed: false,
+            memfd: None,
+            segments,
+            punches: Vec::new(),
+            devices: None,
+            backing: None,
+        }
+    }
+
+    /// Format 2 (issue 41): a record of the previous release (format 1, as it wrote it) still
+    /// adopts; a format 2 record says the same in segments and round-trips; what this daemon
+    /// cannot serve (two segments, a segment that is not the volume, a punch past its end, a
+    /// format 1 entry with format 2's fields) is refused with the reason. Catches a successor
+    /// that misreads either format, and a store record written in a format an older successor
+    /// cannot read when format 1 would have held it.
+    #[test]
+    fn both_formats_read_and_the_oldest_that_holds_the_state_is_chosen() {
+        let old = serde_json::json!({"format": 1, "pid": 9, "daemon": "rblk-target 0.1.0", "block_size": 4096,
+            "volumes": [{"name": "v", "size": 1048576, "instance": "00".repeat(16), "written": false,
+                         "failed": false, "memfd": 0, "path": "/d.img", "backing": 1}]});
+        let s = parse_state(old).expect("a format 1 record");
+        assert_eq!(s.volumes[0].memory(1), Ok(0));
+        assert_eq!(s.volumes[0].backing, Some(1));
+        let two = s.in_format(2);
+        assert_eq!(
+            (two.volumes[0].memfd, two.volumes[0].segments.as_slice()),
+            (None, &[Segment { memfd: 0, len: 1 << 20 }][..])
+        );
+        assert_eq!(two.volumes[0].memory(2), Ok(0));
+        assert_eq!(parse_state(serde_json::to_value(&two).unwrap()).unwrap(), two);
+        assert_eq!(two.in_format(1).volumes[0], s.volumes[0], "back to format 1 unchanged");
+        assert_eq!(two.oldest_format(), 1, "one segment, no punches, no devices: format 1 holds it");
+
+        let mut v = volume(vec![Segment { memfd: 0, len: 1 << 19 }, Segment { memfd: 1, len: 1 << 19 }]);
+        assert!(v.memory(2).unwrap_err().contains("2 memory segments"));
+        v.segments = vec![Segment { memfd: 0, len: 4096 }];
+        assert!(v.memory(2).unwrap_err().contains("not the whole volume"));
+        v.segments = vec![Segment { memfd: 0, len: 1 << 20 }];
+        v.punches = vec![(0, 4096), ((1 << 20) - 4096, 8192)];
+        assert!(v.checked_punches().unwrap_err().contains("outside the volume"));
+        v.punches = vec![(0, 4096)];
+        assert_eq!(v.checked_punches().unwrap(), &[(0, 4096)]);
+        assert!(v.memory(1).is_err(), "a format 1 entry with punches");
+        let state = State { format: 2, pid: 1, daemon: "d".into(), block_size: 4096, volumes: vec![v] };
+        assert_eq!(state.oldest_format(), 2, "pending punches need format 2");
     }
 }

@@ -408,9 +408,9 @@ fn mem_a_successor_whose_old_daemon_vanishes_before_bye_refuses() {
 fn mem_an_unknown_state_format_is_refused_on_both_sides() {
     let s = Setup::new(false);
     let old = Server::start(s.cfg.clone()).unwrap();
-    // A successor that reads only format 2.
+    // A successor that reads only format 3.
     let mut stream = rblk_target::admin::connect(&s.socket()).unwrap();
-    std::io::Write::write_all(&mut stream, b"{\"version\":1,\"op\":\"takeover\",\"formats\":[2]}\n").unwrap();
+    std::io::Write::write_all(&mut stream, b"{\"version\":1,\"op\":\"takeover\",\"formats\":[3]}\n").unwrap();
     let mut len = [0u8; 4];
     assert!(rblk_fabric::fdpass::recv(&stream, &mut len).unwrap().is_empty(), "no descriptors with a refusal");
     let mut reply = vec![0u8; u32::from_le_bytes(len) as usize];
@@ -419,12 +419,12 @@ fn mem_an_unknown_state_format_is_refused_on_both_sides() {
     assert_eq!(reply["ok"], false);
     assert_eq!(reply["error"], "format");
     assert_eq!(old.handed_over(), None);
-    // A state record of format 2 in the fd store: the successor refuses before reading it.
-    let path = s.dir.join("state-format-2");
-    std::fs::write(&path, br#"{"format":2}"#).unwrap();
+    // A state record of format 3 in the fd store: the successor refuses before reading it.
+    let path = s.dir.join("state-format-3");
+    std::fs::write(&path, br#"{"format":3}"#).unwrap();
     let record = OwnedFd::from(std::fs::File::open(&path).unwrap());
     let err = Handed::from_store(vec![(STATE_FDNAME.to_owned(), record)]).unwrap_err();
-    assert!(matches!(err, HandoverError::Format(ref f) if f == "2"), "{err}");
+    assert!(matches!(err, HandoverError::Format(ref f) if f == "3"), "{err}");
     old.shutdown();
 }
 
