@@ -376,15 +376,17 @@ impl Backing {
         if have < size {
             return Err(BackingError::TooSmall { path: at(), have, size });
         }
-        let ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: at(), source })?;
+        Backing::with_ring(path, file, direct, size, false)
+    }
+
+    /// The backing store of an open (and claimed) `file`: its ring, and its holes within `size`
+    /// (`SEEK_HOLE`; at adoption, what the predecessor punched is in the file by now, since a
+    /// pass ends before a handover).
+    fn with_ring(path: &Path, file: File, direct: bool, size: u64, failed: bool) -> Result<Backing, BackingError> {
+        let ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: path.to_owned(), source })?;
         let holes = find_holes(&file, size);
-        Ok(Backing {
-            path: path.to_owned(),
-            file,
-            direct,
-            ring: Mutex::new((ring, holes)),
-            failed: AtomicBool::new(false),
-        })
+        let ring = Mutex::new((ring, holes));
+        Ok(Backing { path: path.to_owned(), file, direct, ring, failed: AtomicBool::new(failed) })
     }
 
     /// A backing store a predecessor daemon handed over: `file` is its open file description,
@@ -410,16 +412,7 @@ impl Backing {
         let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)
             .map_err(|e| BackingError::Open { path: at(), source: e.into() })?;
         let direct = flags & libc::O_DIRECT != 0;
-        let ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: at(), source })?;
-        // What the predecessor punched is in the file by now (a pass ends before a handover).
-        let holes = find_holes(&file, size);
-        Ok(Backing {
-            path: path.to_owned(),
-            file,
-            direct,
-            ring: Mutex::new((ring, holes)),
-            failed: AtomicBool::new(failed),
-        })
+        Backing::with_ring(path, file, direct, size, failed)
     }
 
     /// The open backing store, for handing it to a successor daemon (the claim is its open

@@ -66,6 +66,22 @@ pub fn sh(script: &str) -> String {
     stdout.into_owned()
 }
 
+/// Runs `python3 -m unittest -v MODULE` in `scripts/lib` (the analysis of the measurement
+/// scripts) and fails with its output unless it passed and ran at least one test (none found
+/// would pass vacuously).
+pub fn python_unittest(module: &str) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root");
+    let run = std::process::Command::new("python3")
+        .args(["-m", "unittest", "-v", module])
+        .current_dir(repo.join("scripts/lib"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("python3");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    assert!(err.contains("Ran ") && !err.contains("Ran 0 tests"), "{err}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::rounds_from;

@@ -24,35 +24,32 @@ fn raw(d: &Target) -> Raw {
     Raw::connect(d.fabric(), d.addr(), ConnectData::NewSession).expect("connect to the target")
 }
 
+/// Moves the whole volume between it and `mem` by one one-sided READ or WRITE.
+fn transfer(r: &mut Raw, o: &Opened, mem: &std::sync::Arc<Memory>, write: bool) {
+    let buf = r.ep.pd().register(mem, Access::LOCAL).unwrap();
+    let (remote_addr, rkey) = (o.remote_addr, o.rkey);
+    let op = if write { Op::Write { remote_addr, rkey } } else { Op::Read { remote_addr, rkey } };
+    let wr =
+        WorkRequest { wr_id: 7, op, local: Local::Region { mr: &buf, offset: 0, len: SIZE as u32 }, signaled: true };
+    r.ep.post(&[wr]).unwrap();
+    assert_eq!(r.wait_for(7).expect("the transfer").status, WcStatus::SUCCESS);
+}
+
 /// The whole volume, by one-sided READ.
 fn read_all(r: &mut Raw, o: &Opened) -> Vec<u8> {
-    let buf = r.ep.pd().register(&Memory::anonymous(SIZE as usize).unwrap(), Access::LOCAL).unwrap();
-    let wr = WorkRequest {
-        wr_id: 7,
-        op: Op::Read { remote_addr: o.remote_addr, rkey: o.rkey },
-        local: Local::Region { mr: &buf, offset: 0, len: SIZE as u32 },
-        signaled: true,
-    };
-    r.ep.post(&[wr]).unwrap();
-    assert_eq!(r.wait_for(7).expect("read").status, WcStatus::SUCCESS);
+    let mem = Memory::anonymous(SIZE as usize).unwrap();
+    transfer(r, o, &mem, false);
     let mut out = vec![0; SIZE as usize];
-    buf.memory().read_at(0, &mut out).unwrap();
+    mem.read_at(0, &mut out).unwrap();
     out
 }
 
 /// Fills the whole volume with a pattern no block repeats, by one-sided WRITE.
 fn fill(r: &mut Raw, o: &Opened) -> Vec<u8> {
     let pattern: Vec<u8> = (0..SIZE).map(|i| (i % 251) as u8 | 1).collect();
-    let buf = r.ep.pd().register(&Memory::anonymous(SIZE as usize).unwrap(), Access::LOCAL).unwrap();
-    buf.memory().write_at(0, &pattern).unwrap();
-    let wr = WorkRequest {
-        wr_id: 8,
-        op: Op::Write { remote_addr: o.remote_addr, rkey: o.rkey },
-        local: Local::Region { mr: &buf, offset: 0, len: SIZE as u32 },
-        signaled: true,
-    };
-    r.ep.post(&[wr]).unwrap();
-    assert_eq!(r.wait_for(8).expect("write").status, WcStatus::SUCCESS);
+    let mem = Memory::anonymous(SIZE as usize).unwrap();
+    mem.write_at(0, &pattern).unwrap();
+    transfer(r, o, &mem, true);
     pattern
 }
 
@@ -142,14 +139,5 @@ fn zeroing_requests_are_refused_where_they_must_be(fabric: Fabric) {
 /// counters and times a goal reads, the loopback bound on bytes, which steps stay down).
 #[test]
 fn the_discard_script_s_analysis_passes_its_unit_tests() {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root");
-    let run = std::process::Command::new("python3")
-        .args(["-m", "unittest", "-v", "test_discard"])
-        .current_dir(repo.join("scripts/lib"))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("python3");
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{err}");
-    assert!(err.contains("Ran ") && !err.contains("Ran 0 tests"), "{err}");
+    rblk_tests::python_unittest("test_discard");
 }

@@ -14,16 +14,7 @@ fn repo() -> PathBuf {
 /// scripts/lib/test_hosts.py: the unit tests of each function of hosts.py.
 #[test]
 fn the_hosts_analysis_passes_its_unit_tests() {
-    let run = Command::new("python3")
-        .args(["-m", "unittest", "-v", "test_hosts"])
-        .current_dir(repo().join("scripts/lib"))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("python3");
-    let err = String::from_utf8_lossy(&run.stderr);
-    assert!(run.status.success(), "{err}");
-    // unittest prints "Ran N tests"; none found would pass vacuously.
-    assert!(err.contains("Ran ") && !err.contains("Ran 0 tests"), "{err}");
+    rblk_tests::python_unittest("test_hosts");
 }
 
 /// The script's `--redraw` on the recorded log: the table on stdout, summary.json beside it.
