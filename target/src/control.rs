@@ -578,9 +578,11 @@ fn zeroed(shared: &Shared, zero: &WriteBack, result: std::io::Result<()>) -> Rep
     }
 }
 
-/// A FLUSH given up (its connection ended before its write-back finished).
-pub(crate) fn abandoned(shared: &Shared, _flush: WriteBack) {
-    if let Some(hook) = &shared.fixed.flush_hook {
+/// A FLUSH, DISCARD or WRITE_ZEROES given up (its connection ended before its pass finished).
+pub(crate) fn abandoned(shared: &Shared, flush: WriteBack) {
+    // Only a FLUSH was counted as waiting at the hook (a DISCARD's or WRITE_ZEROES' pass is held
+    // by it all the same, but not counted).
+    if let Some(hook) = shared.fixed.flush_hook.as_ref().filter(|_| flush.answers == Opcode::Flush) {
         hook.gone();
     }
 }

@@ -328,7 +328,9 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
     // ticks nothing meanwhile: only the target's keepalives on the FLUSH's connection, sent while
     // the write-back runs, keep it heard (a target whose connection thread wrote back itself fell
     // silent, and the initiator took the connection for lost after 15 s), and the target must
-    // not take the unticked lane's silence meanwhile for loss (it did, after 3 s here).
+    // not take the unticked lane's silence meanwhile for loss (it did, after 3 s here). And a
+    // DISCARD on lane b held as long (issue 41: zeroing runs in the same write-back passes, and a
+    // large one must not cut its own connection, as a long FLUSH once did).
     let _serial = serial();
     let t = target(Duration::from_secs(3));
     let e = std::sync::Arc::new(engine(&t, Reconnect::default()));
@@ -339,6 +341,15 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
     a.write_at(&[1; 4096], 0, false).unwrap();
     t.hook.hold();
     a.submit(req(1, IoOp::Flush, 0, 0, false));
+    b.submit(req(2, IoOp::Discard, 32 * BS, 4 * BS, false));
+    // A session of one thread whose DISCARD is held: only the FLUSH-like accounting of the
+    // DISCARD at the target keeps its silence from being taken for loss (no FLUSH of its own).
+    let mut solo_d = volume(&t, OpenMode::ReadWrite, Reconnect::default());
+    solo_d.read_at(&mut [0u8; 4096], 0).unwrap();
+    let solo_d = std::thread::spawn(move || {
+        let r = solo_d.discard(40 * BS, 4 * BS);
+        (r, solo_d)
+    });
     let sync = {
         let e = std::sync::Arc::clone(&e);
         std::thread::spawn(move || {
@@ -358,6 +369,7 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
         b.tick().unwrap();
         e.tick().unwrap();
         assert!(a.next().is_none(), "the FLUSH finished while held");
+        assert!(b.next().is_none(), "the DISCARD finished while held");
         std::thread::sleep(Duration::from_millis(250));
     }
     assert_eq!(t.hook.waiting(), 3, "the three FLUSHes are at the target");
@@ -365,9 +377,15 @@ fn a_flush_longer_than_the_keepalive_timeout_completes() {
     let mut f = Vec::new();
     drive(&mut [&mut a], "the lane's FLUSH once released", |l| take(l[0], &mut f) && !f.is_empty());
     assert!(f[0].result.is_ok(), "{f:?}");
+    let mut d = Vec::new();
+    drive(&mut [&mut b], "the lane's DISCARD once released", |l| take(l[0], &mut d) && !d.is_empty());
+    assert!(matches!(&d[0], Finished { tag: 2, op: IoOp::Discard, result: Ok(()), .. }), "{d:?}");
     sync.join().unwrap().expect("the FLUSH on the first queue pair");
     let (r, solo) = solo.join().unwrap();
     r.expect("the FLUSH of the session of one thread");
+    let (r, solo_d) = solo_d.join().unwrap();
+    r.expect("the DISCARD of the session of one thread");
+    assert_eq!(solo_d.reconnects(), 0, "the session of one thread was taken for lost during its DISCARD");
     // Its lane (a queue pair of its own, which nothing ticked while the FLUSH waited) was not
     // taken for silent by the target.
     let mut solo = solo;
