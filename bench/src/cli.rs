@@ -35,6 +35,10 @@ use crate::{Error, Result};
 /// block against the pattern a previous --verify write left (of --generation N if given, else of
 /// any generation). Any bad block is reported with its offset and the run exits with status 1.
 ///
+/// --rw trim and randtrim discard (as fio's): each I/O is one DISCARD of --bs bytes (up to
+/// 256 MiB), which the target zeroes without moving data; they need a target with discard and
+/// take no --verify.
+///
 /// Sizes take 4k, 64k, 1.5M, 1G (k, M, G, T and KiB, MiB, GiB, TiB are powers of 1024; KB, MB,
 /// GB, TB powers of 1000, refused unless whole 4096-byte blocks). Durations take ms, s, m, h, d
 /// and mixes (500ms, 15s, 2m, 1h30m; a bare number is seconds, except for --log-interval's
@@ -60,7 +64,8 @@ pub struct Args {
     /// Percentage of reads, for --rw randrw [default: 50].
     #[arg(long, value_name = "PCT")]
     pub rwmixread: Option<u8>,
-    /// Bytes per I/O: a multiple of the volume's block size, at most its largest I/O [default: 4k].
+    /// Bytes per I/O: a multiple of the volume's block size, at most its largest I/O (a discard's:
+    /// 256 MiB) [default: 4k].
     #[arg(long, value_parser = size_arg, value_name = "SIZE")]
     pub bs: Option<u64>,
     /// I/Os in flight per job [default: 32].

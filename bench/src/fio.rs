@@ -13,7 +13,8 @@
 //!   default `bw_avg` and `iops_avg_time`).
 //! - `usr_cpu`, `sys_cpu`, `ctx`, `majf`, `minf`: the job thread's own (getrusage of the thread)
 //!   over its measured window.
-//! - `trim` and `sync` are all zeros: rblk-bench issues neither.
+//! - `trim` holds `--rw trim` and `randtrim`'s DISCARDs (zeros for other workloads); `sync` is
+//!   all zeros: rblk-bench issues no fsync.
 //! - Not written: `iodepth_level`, `iodepth_submit`, `iodepth_complete` (rblk-bench does not
 //!   sample the queue depth of each submission) and `latency_depth`, `latency_target`,
 //!   `latency_percentile`, `latency_window` (fio's latency_target mode, which rblk-bench lacks).
@@ -29,7 +30,7 @@ use serde::Serialize;
 
 use crate::command::Section;
 use crate::report::{CpuUse, JobInfo, Report, ThreadReport, VerifyReport, VolumeInfo};
-use crate::stats::{sample_stats, DirStats, Rates, ThreadUsage};
+use crate::stats::{sample_stats, DirStats, Rates, ThreadUsage, DIRS, READ, TRIM, WRITE};
 
 /// fio's default `percentile_list`.
 pub const PERCENTILES: [f64; 17] =
@@ -172,7 +173,7 @@ struct SectionExtras<'a> {
 
 /// One entry of `jobs`: a job (thread) of a section, or, with `group_reporting`, all of a group.
 struct Figures {
-    stats: [DirStats; 2],
+    stats: [DirStats; DIRS],
     window: Duration,
     rates: Rates,
     usage: Option<ThreadUsage>,
@@ -187,13 +188,13 @@ impl Figures {
     /// the same interval added (their bandwidth together), resource use added.
     fn merged<'a>(threads: impl Iterator<Item = &'a ThreadReport>) -> Figures {
         let mut f = Figures {
-            stats: [DirStats::new(), DirStats::new()],
+            stats: std::array::from_fn(|_| DirStats::new()),
             window: Duration::ZERO,
             rates: Rates::default(),
             usage: Some(ThreadUsage::default()),
         };
         for t in threads {
-            for d in 0..2 {
+            for d in 0..DIRS {
                 f.stats[d].add(&t.stats[d]);
                 add_samples(&mut f.rates.bw[d], &t.rates.bw[d]);
                 add_samples(&mut f.rates.iops[d], &t.rates.iops[d]);
@@ -227,8 +228,8 @@ pub(crate) fn document(
 ) -> String {
     let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let groups = sections.iter().map(|s| s.groupid + 1).max().unwrap_or(0);
-    // Each group's bandwidth [read, write] in KiB/s, for `bw_agg` (a job's share of it).
-    let group_bw: Vec<[f64; 2]> = (0..groups)
+    // Each group's bandwidth by direction in KiB/s, for `bw_agg` (a job's share of it).
+    let group_bw: Vec<[f64; DIRS]> = (0..groups)
         .map(|g| {
             let threads = || sections.iter().zip(reports).filter(|(s, _)| s.groupid == g).flat_map(|(_, r)| &r.threads);
             let window = threads().map(|t| t.window).max().unwrap_or_default().as_secs_f64();
@@ -240,7 +241,7 @@ pub(crate) fn document(
                     0.0
                 }
             };
-            [per(0), per(1)]
+            std::array::from_fn(per)
         })
         .collect();
     let mut jobs = Vec::new();
@@ -305,7 +306,7 @@ fn run_time(r: &Report) -> Duration {
     r.ended.duration_since(r.started).unwrap_or_default()
 }
 
-fn job(s: &Section, f: &Figures, failed: bool, elapsed: Duration, group_bw: [f64; 2], plus: bool) -> Job {
+fn job(s: &Section, f: &Figures, failed: bool, elapsed: Duration, group_bw: [f64; DIRS], plus: bool) -> Job {
     let window_ms = f.window.as_millis() as u64;
     let cpu_share = |t: Duration| {
         let w = f.window.as_secs_f64();
@@ -318,7 +319,9 @@ fn job(s: &Section, f: &Figures, failed: bool, elapsed: Duration, group_bw: [f64
     let usage = f.usage.unwrap_or_default();
     let all = {
         let mut h = f.stats[0].hist.clone();
-        h.add(&f.stats[1].hist).expect("histograms with the same bounds");
+        for d in &f.stats[1..] {
+            h.add(&d.hist).expect("histograms with the same bounds");
+        }
         h
     };
     let (latency_ns, latency_us, latency_ms) = latency_buckets(&all);
@@ -329,9 +332,9 @@ fn job(s: &Section, f: &Figures, failed: bool, elapsed: Duration, group_bw: [f64
         eta: 0,
         elapsed: elapsed.as_secs_f64().round() as u64,
         job_options: Ordered(s.options.clone()),
-        read: dir(&f.stats[0], f.window, &f.rates.bw[0], &f.rates.iops[0], group_bw[0], plus),
-        write: dir(&f.stats[1], f.window, &f.rates.bw[1], &f.rates.iops[1], group_bw[1], plus),
-        trim: dir(&DirStats::new(), Duration::ZERO, &[], &[], 0.0, plus),
+        read: dir(&f.stats[READ], f.window, &f.rates.bw[READ], &f.rates.iops[READ], group_bw[READ], plus),
+        write: dir(&f.stats[WRITE], f.window, &f.rates.bw[WRITE], &f.rates.iops[WRITE], group_bw[WRITE], plus),
+        trim: dir(&f.stats[TRIM], f.window, &f.rates.bw[TRIM], &f.rates.iops[TRIM], group_bw[TRIM], plus),
         sync: Sync { total_ios: 0, lat_ns: Lat::default() },
         job_runtime: window_ms,
         usr_cpu: cpu_share(usage.user),

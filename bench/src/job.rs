@@ -5,20 +5,23 @@
 //! before the start; I/Os use the queue's registered buffers without copies (`submit_*_buf`),
 //! except that `--verify` copies its patterns in and out. Timestamps: one clock read per
 //! submission batch and one per reaped batch, so a latency runs from the submit call to the reap
-//! that saw it.
+//! that saw it. A trim workload's job runs its queue as an engine lane ([`Lane::over`]), whose
+//! discards are DISCARDs on the queue's own queue pair, held against its other requests as the
+//! engine holds them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use rblk_initiator::{Buffer, Direction, Done, Queue};
+use rblk_initiator::engine::{Data, Finished, IoOp, Request};
+use rblk_initiator::{Buffer, Direction, Done, Lane, Queue};
 
 use crate::log::Sample;
 use crate::pattern::{self, Mismatch};
 use crate::rng::Rng;
 use crate::spec::Plan;
-use crate::stats::{DirStats, Live, ThreadUsage};
+use crate::stats::{DirStats, Live, ThreadUsage, DIRS, READ, TRIM, WRITE};
 use crate::{Error, Result};
 
 /// A `user_data` bit: check the read's blocks against the pattern.
@@ -63,8 +66,8 @@ pub(crate) struct Tally {
 /// A job's results.
 #[derive(Debug)]
 pub(crate) struct Output {
-    pub(crate) read: DirStats,
-    pub(crate) write: DirStats,
+    /// By direction.
+    pub(crate) stats: [DirStats; DIRS],
     /// Length of the measured window.
     pub(crate) window: Duration,
     /// The thread's own resource use over the measured window.
@@ -101,9 +104,25 @@ impl Bitmap {
 }
 
 struct Completed {
-    dir: Direction,
+    /// Its direction's index ([`DIRS`]).
+    dir: usize,
     len: u64,
     sent: Instant,
+}
+
+/// Where a job's I/Os go: its queue (reads and writes), or an engine lane over it (discards).
+/// One per job, made once: the queue is not boxed, being on every I/O's path.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum Io {
+    Queue(Queue),
+    Lane {
+        lane: Box<Lane>,
+        /// What the last wait handed back.
+        finished: Vec<Finished>,
+        /// Each slot's offset, for errors.
+        offsets: Vec<u64>,
+    },
 }
 
 /// Sends [`Event::Finished`] when the job's thread ends, however it ends.
@@ -119,7 +138,7 @@ impl Drop for FinishGuard<'_> {
 #[derive(Debug)]
 pub(crate) struct Job {
     index: u32,
-    q: Queue,
+    io: Io,
     bufs: Vec<Buffer>,
     slots: Vec<u32>,
     sent: Vec<Instant>,
@@ -143,17 +162,12 @@ pub(crate) struct Job {
     written: Option<Bitmap>,
     /// One I/O's bytes, for patterns (empty without --verify).
     scratch: Vec<u8>,
-    stats: [DirStats; 2],
+    stats: [DirStats; DIRS],
     tally: Tally,
+    /// Every I/O is a discard (`--rw trim` and `randtrim`).
+    trims: bool,
     /// `--log-interval`, with `--log`.
     log_interval: Option<Duration>,
-}
-
-fn dir_index(dir: Direction) -> usize {
-    match dir {
-        Direction::Read => 0,
-        Direction::Write => 1,
-    }
 }
 
 impl Job {
@@ -168,15 +182,29 @@ impl Job {
     ) -> Result<Job> {
         let spec = &plan.spec;
         let depth = spec.iodepth;
-        let bufs = (0..depth)
+        let trims = spec.workload.trims();
+        // Discards move no data: no buffers.
+        let bufs = (0..if trims { 0 } else { depth })
             .map(|_| q.alloc_buffer())
             .collect::<rblk_initiator::Result<Vec<_>>>()
             .map_err(Error::initiator(format!("taking the buffers of job {index}'s queue")))?;
+        let io = if trims {
+            let lane = Box::new(Lane::over(q));
+            if !lane.discards() {
+                return Err(Error::Invalid(format!(
+                    "--rw {}: the target does not support DISCARD (an older rblk-target)",
+                    spec.workload
+                )));
+            }
+            Io::Lane { lane, finished: Vec::with_capacity(depth as usize), offsets: vec![0; depth as usize] }
+        } else {
+            Io::Queue(q)
+        };
         let verify = spec.verify;
         let seed = spec.seed ^ u64::from(index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Ok(Job {
             index,
-            q,
+            io,
             bufs,
             slots: (0..depth).rev().collect(),
             sent: vec![Instant::now(); depth as usize],
@@ -196,8 +224,9 @@ impl Job {
             expect,
             written: (verify && spec.workload.writes()).then(|| Bitmap::new(plan.units())),
             scratch: if verify { vec![0; spec.bs as usize] } else { Vec::new() },
-            stats: [DirStats::new(), DirStats::new()],
+            stats: std::array::from_fn(|_| DirStats::new()),
             tally: Tally::default(),
+            trims,
             log_interval,
         })
     }
@@ -215,10 +244,7 @@ impl Job {
             Ok(measured)
         });
         match result {
-            Ok((window, usage)) => {
-                let [read, write] = self.stats;
-                Ok(Output { read, write, window, usage, tally: self.tally })
-            }
+            Ok((window, usage)) => Ok(Output { stats: self.stats, window, usage, tally: self.tally }),
             Err(e) => {
                 shared.abort.store(true, Ordering::Relaxed);
                 Err(e)
@@ -258,7 +284,7 @@ impl Job {
             while open && self.outstanding < self.depth && (ramping || measured + u64::from(self.outstanding) < target)
             {
                 let (dir, unit) = self.next_op();
-                let check = self.verify && dir == Direction::Read && self.written.as_ref().is_none_or(|w| w.get(unit));
+                let check = self.verify && dir == READ && self.written.as_ref().is_none_or(|w| w.get(unit));
                 self.submit(dir, unit, check, now)?;
             }
             if self.outstanding == 0 {
@@ -267,10 +293,10 @@ impl Job {
             let k = self.wait(now)?;
             let t = Instant::now();
             let in_window = t >= ramp_end && end.is_none_or(|e| t <= e);
-            let (mut ios, mut bytes) = ([0u64; 2], [0u64; 2]);
+            let (mut ios, mut bytes) = ([0u64; DIRS], [0u64; DIRS]);
             for i in 0..k {
                 let c = self.complete(i)?;
-                let d = dir_index(c.dir);
+                let d = c.dir;
                 ios[d] += 1;
                 bytes[d] += c.len;
                 if in_window {
@@ -306,7 +332,7 @@ impl Job {
 
     /// Sends the figures so far (a copy: once per interval, not per I/O).
     fn sample(&self, events: &Sender<Event>, at: Duration) {
-        let stats = [self.stats[0].clone(), self.stats[1].clone()];
+        let stats = self.stats.clone();
         let _ = events.send(Event::Sample(Box::new(Sample { job: self.index, at, stats })));
     }
 
@@ -319,7 +345,7 @@ impl Job {
             let now = Instant::now();
             while self.outstanding < self.depth && !shared.abort.load(Ordering::Relaxed) {
                 let Some(unit) = next else { break };
-                self.submit(Direction::Read, unit, true, now)?;
+                self.submit(READ, unit, true, now)?;
                 next = written.next_set(unit + 1);
             }
             if self.outstanding == 0 {
@@ -329,19 +355,21 @@ impl Job {
             for i in 0..k {
                 self.complete(i)?;
             }
-            live.add([k as u64, 0], [k as u64 * u64::from(self.bs), 0]);
+            live.add([k as u64, 0, 0], [k as u64 * u64::from(self.bs), 0, 0]);
         }
     }
 
-    fn next_op(&mut self) -> (Direction, u64) {
+    /// The next I/O: its direction's index and its unit in the slice.
+    fn next_op(&mut self) -> (usize, u64) {
         let dir = match self.read_percent {
-            100 => Direction::Read,
-            0 => Direction::Write,
+            _ if self.trims => TRIM,
+            100 => READ,
+            0 => WRITE,
             p => {
                 if self.rng.below(100) < u64::from(p) {
-                    Direction::Read
+                    READ
                 } else {
-                    Direction::Write
+                    WRITE
                 }
             }
         };
@@ -361,30 +389,40 @@ impl Job {
         Error::Job { job: self.index, what, source: Box::new(source) }
     }
 
-    fn submit(&mut self, dir: Direction, unit: u64, check: bool, now: Instant) -> Result<()> {
+    fn submit(&mut self, dir: usize, unit: u64, check: bool, now: Instant) -> Result<()> {
         let offset = self.base + unit * u64::from(self.bs);
-        // Fewer than `depth` outstanding: a slot and its buffer are free.
+        // Fewer than `depth` outstanding: a slot (and for data, its buffer) is free.
         let slot = self.slots.pop().expect("a free slot below the queue depth");
-        let buf = self.bufs.pop().expect("a free buffer below the queue depth");
         let mut tag = u64::from(slot);
         let bs = self.bs;
-        let submitted = match dir {
-            Direction::Read => {
+        let submitted = match (&mut self.io, dir) {
+            (Io::Lane { lane, offsets, .. }, TRIM) => {
+                offsets[slot as usize] = offset;
+                let len = u64::from(bs);
+                lane.submit(Request { tag, op: IoOp::Discard, offset, len, fua: false, data: Data::None });
+                Ok(())
+            }
+            (Io::Queue(q), READ) => {
                 if check {
                     tag |= CHECK;
                 }
-                self.q.submit_read_buf(offset, bs, buf, tag)
+                let buf = self.bufs.pop().expect("a free buffer below the queue depth");
+                q.submit_read_buf(offset, bs, buf, tag)
             }
-            Direction::Write => {
+            (Io::Queue(_), _) => {
+                let buf = self.bufs.pop().expect("a free buffer below the queue depth");
                 if self.verify {
                     pattern::fill_blocks(&mut self.scratch, offset, self.generation, self.block);
                     buf.write_at(0, &self.scratch)
                         .map_err(|e| self.io_err(format!("filling the pattern for {offset}"), e))?;
                 }
-                self.q.submit_write_buf(offset, bs, buf, tag)
+                let Io::Queue(q) = &mut self.io else { unreachable!("matched above") };
+                q.submit_write_buf(offset, bs, buf, tag)
             }
+            (Io::Lane { .. }, _) => unreachable!("a trim workload's job only discards"),
         };
-        submitted.map_err(|e| self.io_err(format!("submitting a {dir} of {bs} bytes at offset {offset}"), e))?;
+        let what = crate::stats::DIR_NAMES[dir];
+        submitted.map_err(|e| self.io_err(format!("submitting a {what} of {bs} bytes at offset {offset}"), e))?;
         self.sent[slot as usize] = now;
         self.outstanding += 1;
         Ok(())
@@ -392,15 +430,33 @@ impl Job {
 
     /// Waits for at least one completion (posting what is staged first).
     fn wait(&mut self, now: Instant) -> Result<usize> {
-        match self.q.wait(&mut self.done, now + WAIT_LIMIT) {
-            Ok(k) => Ok(k),
-            Err(e) => Err(self.io_err(format!("waiting for completions ({} outstanding)", self.outstanding), e)),
-        }
+        let waited = match &mut self.io {
+            Io::Queue(q) => q.wait(&mut self.done, now + WAIT_LIMIT),
+            Io::Lane { lane, finished, .. } => {
+                finished.clear();
+                lane.wait().map(|()| {
+                    finished.extend(std::iter::from_fn(|| lane.next()));
+                    finished.len()
+                })
+            }
+        };
+        waited.map_err(|e| self.io_err(format!("waiting for completions ({} outstanding)", self.outstanding), e))
     }
 
     /// Takes the `i`-th reaped completion: its buffer and slot go back to the free lists, a
     /// failed I/O fails the job, a read marked for checking is verified.
     fn complete(&mut self, i: usize) -> Result<Completed> {
+        if let Io::Lane { finished, offsets, .. } = &mut self.io {
+            let f = &mut finished[i];
+            let slot = f.tag as u32;
+            let result = std::mem::replace(&mut f.result, Ok(()));
+            let offset = offsets[slot as usize];
+            self.slots.push(slot);
+            self.outstanding -= 1;
+            let (len, sent) = (u64::from(self.bs), self.sent[slot as usize]);
+            result.map_err(|source| self.io_err(format!("discard of {len} bytes at offset {offset}"), source))?;
+            return Ok(Completed { dir: TRIM, len, sent });
+        }
         let d = &mut self.done[i];
         let slot = (d.user_data & SLOT) as u32;
         let check = d.user_data & CHECK != 0;
@@ -415,6 +471,7 @@ impl Job {
             self.bufs.push(buf);
             return Err(self.io_err(format!("{dir} of {len} bytes at offset {offset}"), source));
         }
+        let dir = if dir == Direction::Read { READ } else { WRITE };
         if check {
             let copied = buf.read_at(0, &mut self.scratch[..len as usize]);
             self.bufs.push(buf);
@@ -423,7 +480,7 @@ impl Job {
         } else {
             self.bufs.push(buf);
         }
-        if dir == Direction::Write {
+        if dir == WRITE {
             if let Some(w) = self.written.as_mut() {
                 w.set((offset - self.base) / u64::from(self.bs));
             }

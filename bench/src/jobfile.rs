@@ -109,8 +109,9 @@ impl JobOptions {
             "filename" => self.filename = Some(unescape(text()?)),
             "rw" | "readwrite" => {
                 let v = text()?;
-                let w = Workload::from_str(v, false)
-                    .map_err(|_| format!("{key}={v}: rblk-bench does read, write, randread, randwrite and randrw"))?;
+                let w = Workload::from_str(v, false).map_err(|_| {
+                    format!("{key}={v}: rblk-bench does read, write, randread, randwrite, randrw, trim and randtrim")
+                })?;
                 self.rw = Some(w);
             }
             "rwmixread" => self.rwmixread = Some(percent()?),
@@ -338,7 +339,7 @@ mod tests {
         let head = "[global]\nfilename=rblk://h/v\n[j]\n";
         refused(&format!("{head}rw=read\nioengine=libaio\n"), "t.fio, line 5: unknown option \"ioengine\"");
         refused(&format!("{head}direct=1\n"), "line 4: unknown option \"direct\"");
-        refused(&format!("{head}rw=trim\n"), "line 4: rw=trim: rblk-bench does read, write");
+        refused(&format!("{head}rw=trimwrite\n"), "line 4: rw=trimwrite: rblk-bench does read, write");
         refused(&format!("{head}bs=4q\n"), "line 4: bs=4q:");
         refused(&format!("{head}runtime=soon\n"), "line 4: runtime=soon: \"soon\" is not a duration");
         refused(&format!("{head}rwmixread=101\n"), "line 4: rwmixread=101: a percentage");

@@ -10,11 +10,11 @@
 //!   `log_avg_msec`): `PREFIX_iops.N.log`, `PREFIX_bw.N.log`, `PREFIX_lat.N.log` for job N
 //!   (1-based, as fio numbers them), lines `msec, value, direction, blocksize, offset`. msec is
 //!   the end of the interval since the job's measured window began; value is IOPS, KiB/s, or the
-//!   mean latency in ns over the interval; direction 0 read, 1 write; blocksize `--bs`; offset 0.
+//!   mean latency in ns over the interval; direction 0 read, 1 write, 2 trim; blocksize `--bs`; offset 0.
 //!   IOPS and bandwidth lines are written for every direction the workload does, zeros included;
 //!   latency lines only for intervals with I/Os of that direction.
 //! - `PREFIX.hlog`: a HdrHistogram interval log (V2 compressed histograms, latencies in ns),
-//!   one histogram per interval, job and direction, tagged `read.N` / `write.N`, readable by
+//!   one histogram per interval, job and direction, tagged `read.N` / `write.N` / `trim.N`, readable by
 //!   HdrHistogram's HistogramLogProcessor or HistogramLogAnalyzer.
 
 use std::fs::File;
@@ -26,7 +26,7 @@ use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
 use hdrhistogram::serialization::V2DeflateSerializer;
 
 use crate::spec::Spec;
-use crate::stats::DirStats;
+use crate::stats::{DirStats, DIRS, DIR_NAMES};
 use crate::{Error, Result};
 
 /// The shortest `--log-interval`: each sample copies the job's histograms (about 200 KiB).
@@ -42,8 +42,8 @@ pub(crate) struct Sample {
     pub(crate) job: u32,
     /// Since the job's measured window began.
     pub(crate) at: Duration,
-    /// `[read, write]`.
-    pub(crate) stats: [DirStats; 2],
+    /// By direction.
+    pub(crate) stats: [DirStats; DIRS],
 }
 
 /// One log file being written.
@@ -68,7 +68,7 @@ struct JobLogs {
     bw: Out,
     lat: Out,
     /// The previous sample's time and figures.
-    prev: (Duration, [DirStats; 2]),
+    prev: (Duration, [DirStats; DIRS]),
 }
 
 /// The open log files of a run: create them before the run ([`Logs::create`]), hand them to
@@ -77,8 +77,8 @@ struct JobLogs {
 pub struct Logs {
     interval: Duration,
     bs: u64,
-    /// Directions the workload does: `[read, write]`.
-    dirs: [bool; 2],
+    /// Directions the workload does ([`Spec::dirs`]).
+    dirs: [bool; DIRS],
     jobs: Vec<JobLogs>,
     hlog: Out,
     /// The first write error; the run goes on and [`Logs::finish`] returns it.
@@ -122,18 +122,16 @@ impl Logs {
                 iops: next()?,
                 bw: next()?,
                 lat: next()?,
-                prev: (Duration::ZERO, [DirStats::new(), DirStats::new()]),
+                prev: (Duration::ZERO, std::array::from_fn(|_| DirStats::new())),
             });
         }
         let hlog = Out::create(paths.next().expect("the hlog"))?;
-        let read = spec.read_percent();
-        Ok(Logs { interval, bs: spec.bs, dirs: [read > 0, read < 100], jobs, hlog, error: None })
+        Ok(Logs { interval, bs: spec.bs, dirs: spec.dirs(), jobs, hlog, error: None })
     }
 
     /// Refuses logs made for another number of jobs or another workload than `spec`'s.
     pub(crate) fn check(&self, spec: &Spec) -> Result<()> {
-        let read = spec.read_percent();
-        if self.jobs.len() != spec.jobs as usize || self.bs != spec.bs || self.dirs != [read > 0, read < 100] {
+        if self.jobs.len() != spec.jobs as usize || self.bs != spec.bs || self.dirs != spec.dirs() {
             return Err(Error::Invalid("the logs were made for another --jobs, --bs or --rw".into()));
         }
         Ok(())
@@ -192,7 +190,7 @@ impl Logs {
         let ms = s.at.as_millis();
         let secs = dt.as_secs_f64();
         let bs = self.bs;
-        for d in 0..2 {
+        for d in 0..DIRS {
             if !self.dirs[d] {
                 continue;
             }
@@ -211,7 +209,7 @@ impl Logs {
                 // `before` is an earlier state of the same histogram: every count only grew.
                 h.subtract(&before.hist).expect("a later histogram holds the earlier one");
                 io(&mut j.lat, h.mean().round() as u64)?;
-                let name = format!("{}.{n}", ["read", "write"][d]);
+                let name = format!("{}.{n}", DIR_NAMES[d]);
                 let tag = Tag::new(&name).expect("no commas or spaces in the tag");
                 IntervalLogWriterBuilder::new()
                     .begin_log_with(&mut self.hlog.file, &mut V2DeflateSerializer::new())

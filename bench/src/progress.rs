@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle, TermLike};
 
 use crate::command::Sink;
 use crate::report::human_count;
+use crate::stats::DIRS;
 
 /// Where a section's run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +32,10 @@ pub(crate) enum Phase {
 /// What a section's run has done so far (all phases) and how long it expects to go on.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Snapshot {
-    /// `[read, write]` I/Os.
-    pub(crate) ios: [u64; 2],
-    /// `[read, write]` bytes.
-    pub(crate) bytes: [u64; 2],
+    /// I/Os by direction.
+    pub(crate) ios: [u64; DIRS],
+    /// Bytes by direction.
+    pub(crate) bytes: [u64; DIRS],
     pub(crate) phase: Phase,
     /// `None`: unknown (no rate yet for a size, or the read-back).
     pub(crate) remaining: Option<Duration>,
@@ -56,10 +57,10 @@ struct State {
     sections: Vec<Section>,
     /// Lines: when the last one was printed.
     last_line: Instant,
-    /// The rates' last point: when, `[read, write]` I/Os and all bytes.
-    rate_at: (Instant, [u64; 2], u64),
-    /// I/Os per second `[read, write]` and bytes per second, over the last second or more.
-    rates: ([f64; 2], f64),
+    /// The rates' last point: when, I/Os by direction and all bytes.
+    rate_at: (Instant, [u64; DIRS], u64),
+    /// I/Os per second by direction and bytes per second, over the last second or more.
+    rates: ([f64; DIRS], f64),
 }
 
 /// The progress of a whole invocation: one or more sections, in groups run one after another.
@@ -122,8 +123,8 @@ impl Progress {
         let state = State {
             sections: vec![Section::Waiting; plan.len()],
             last_line: start,
-            rate_at: (start, [0; 2], 0),
-            rates: ([0.0; 2], 0.0),
+            rate_at: (start, [0; DIRS], 0),
+            rates: ([0.0; DIRS], 0.0),
         };
         Arc::new(Progress { start, draw, plan, state: Mutex::new(state) })
     }
@@ -152,7 +153,7 @@ impl Progress {
         let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         st.sections[section] = s;
         let now = Instant::now();
-        let (mut ios, mut bytes) = ([0u64; 2], 0u64);
+        let (mut ios, mut bytes) = ([0u64; DIRS], 0u64);
         for s in &st.sections {
             if let Section::Running(x) | Section::Done(x) = s {
                 for (sum, n) in ios.iter_mut().zip(x.ios) {
@@ -165,7 +166,7 @@ impl Progress {
         let dt = (now - at).as_secs_f64();
         if dt >= LINE_EVERY.as_secs_f64() * 0.9 {
             let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt;
-            st.rates = ([per(ios[0], ios0[0]), per(ios[1], ios0[1])], per(bytes, bytes0));
+            st.rates = (std::array::from_fn(|d| per(ios[d], ios0[d])), per(bytes, bytes0));
             st.rate_at = (now, ios, bytes);
         }
         let remaining = self.remaining(&st.sections);
@@ -183,12 +184,16 @@ impl Progress {
             Section::Running(x) if x.phase == Phase::ReadBack && p.is_empty() => " [verify read-back]",
             _ => p,
         });
-        let ([r, w], bps) = st.rates;
+        let ([r, w, t], bps) = st.rates;
+        // Trims only where there are any (a trim workload does nothing else).
+        let split = if t > 0.0 {
+            format!("read {}, write {}, trim {}", human_count(r), human_count(w), human_count(t))
+        } else {
+            format!("read {}, write {}", human_count(r), human_count(w))
+        };
         let rates = format!(
-            "{} IOPS (read {}, write {}), {:.1} MiB/s ({:.1} MB/s){phase}",
-            human_count(r + w),
-            human_count(r),
-            human_count(w),
+            "{} IOPS ({split}), {:.1} MiB/s ({:.1} MB/s){phase}",
+            human_count(r + w + t),
             bps / (1u64 << 20) as f64,
             bps / 1e6
         );
@@ -273,7 +278,7 @@ mod tests {
     use std::io;
 
     fn snap(ios: u64, phase: Phase, remaining: Option<Duration>) -> Snapshot {
-        Snapshot { ios: [ios, 0], bytes: [ios * 4096, 0], phase, remaining }
+        Snapshot { ios: [ios, 0, 0], bytes: [ios * 4096, 0, 0], phase, remaining }
     }
 
     #[test]

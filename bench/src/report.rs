@@ -33,7 +33,11 @@ pub struct Report {
     pub read: DirReport,
     /// Writes in the measured window.
     pub write: DirReport,
-    /// Both directions.
+    /// Discards in the measured window (`--rw trim` and `randtrim`; zeros otherwise, and then
+    /// left out of the JSON, whose layout predates them).
+    #[serde(skip_serializing_if = "DirReport::is_empty")]
+    pub trim: DirReport,
+    /// Every direction.
     pub total: Totals,
     /// rblk-bench's own CPU time over the measured window (all jobs and the main thread): what
     /// the initiator spends polling and posting. `None` only if the window was never marked.
@@ -56,8 +60,8 @@ pub struct Report {
 /// One job's (thread's) figures over its measured window: what fio reports per job.
 #[derive(Debug, Clone)]
 pub struct ThreadReport {
-    /// `[read, write]`.
-    pub(crate) stats: [DirStats; 2],
+    /// By direction ([`crate::stats::DIRS`]: read, write, trim).
+    pub(crate) stats: [DirStats; crate::stats::DIRS],
     pub(crate) window: Duration,
     pub(crate) rates: Rates,
     pub(crate) usage: Option<ThreadUsage>,
@@ -129,6 +133,13 @@ pub struct DirReport {
     /// pairs in increasing order, ending at `[max, 1.0]` (HdrHistogram's percentile
     /// distribution, 5 steps per halving of the tail); empty without I/Os.
     pub lat_cdf: Vec<[f64; 2]>,
+}
+
+impl DirReport {
+    /// No I/O of this direction completed.
+    pub fn is_empty(&self) -> bool {
+        self.ios == 0
+    }
 }
 
 /// Latency percentiles in microseconds.
@@ -249,7 +260,7 @@ impl Report {
             if v.volatile { ", volatile" } else { "" },
             self.device.as_deref().map(|d| format!(" via {d}")).unwrap_or_default(),
         );
-        for (name, d) in [("read", &self.read), ("write", &self.write)] {
+        for (name, d) in [("read", &self.read), ("write", &self.write), ("trim", &self.trim)] {
             let Some(lat) = &d.lat_us else { continue };
             let _ = writeln!(
                 s,
@@ -267,7 +278,7 @@ impl Report {
                 lat.p50, lat.p90, lat.p99, lat.p99_9, lat.p99_99
             );
         }
-        if self.read.ios > 0 && self.write.ios > 0 {
+        if [&self.read, &self.write, &self.trim].iter().filter(|d| d.ios > 0).count() > 1 {
             let t = &self.total;
             let _ =
                 writeln!(s, "  total: IOPS={}, BW={:.1}MiB/s ({:.1}MB/s)", human_count(t.iops), t.bw_mib_s, t.bw_mb_s);

@@ -15,7 +15,7 @@ use crate::report::{
     dir_report, CpuUse, JobInfo, MismatchReport, Report, ThreadReport, Totals, VerifyReport, VolumeInfo,
 };
 use crate::spec::{Plan, Spec};
-use crate::stats::{DirStats, Live, Rates, SAMPLE_INTERVAL};
+use crate::stats::{DirStats, Live, Rates, DIRS, SAMPLE_INTERVAL};
 use crate::{Error, Result};
 
 /// How a run reports while it runs.
@@ -27,8 +27,8 @@ pub struct Run {
     pub command_line: Vec<String>,
 }
 
-/// A job's `[read, write]` I/Os and bytes so far.
-type Counts = ([u64; 2], [u64; 2]);
+/// A job's I/Os and bytes so far, by direction.
+type Counts = ([u64; DIRS], [u64; DIRS]);
 
 /// What the main thread measured while the jobs ran.
 struct Watched {
@@ -183,14 +183,14 @@ impl Run {
         let stop = spec.stop();
         let window_end = stop.runtime.map(|d| ramp_end + d);
         // Directions sampled: those the workload does, as fio.
-        let dirs = [spec.read_percent() > 0, spec.read_percent() < 100];
+        let dirs = spec.dirs();
         let mut before = spec.ramp.is_zero().then_some(initial);
         let mut after = None;
         let (mut measured, mut finished) = (vec![false; jobs], vec![false; jobs]);
         let mut rates = vec![Rates::default(); jobs];
         // The samples' previous point per job (from the window's start), and the next tick.
         let mut sampled: Option<(Instant, Vec<Counts>)> =
-            spec.ramp.is_zero().then(|| (start, vec![([0; 2], [0; 2]); jobs]));
+            spec.ramp.is_zero().then(|| (start, vec![([0; DIRS], [0; DIRS]); jobs]));
         // All jobs' bytes when the window began (for a size's ETA).
         let mut window_base = spec.ramp.is_zero().then_some(0);
         let mut next_tick = start + SAMPLE_INTERVAL;
@@ -219,7 +219,7 @@ impl Run {
             if sampled.is_none() && now >= ramp_end {
                 // The window begins: the samples count from here, every 500 ms.
                 let live: Vec<_> = shared.live.iter().map(|l| l.get()).collect();
-                window_base = Some(live.iter().map(|(_, b)| b[0] + b[1]).sum());
+                window_base = Some(live.iter().map(|(_, b)| b.iter().sum::<u64>()).sum());
                 sampled = Some((now, live));
                 next_tick = now + SAMPLE_INTERVAL;
             }
@@ -241,7 +241,7 @@ impl Run {
                             continue;
                         }
                         let (ios, bytes) = shared.live[j].get();
-                        for d in (0..2).filter(|&d| dirs[d]) {
+                        for d in (0..DIRS).filter(|&d| dirs[d]) {
                             rates[j].iops[d].push((ios[d] - prev.0[d]) as f64 / dt);
                             rates[j].bw[d].push((bytes[d] - prev.1[d]) as f64 / 1024.0 / dt);
                         }
@@ -292,10 +292,10 @@ impl Run {
         window_base: Option<u64>,
         measured: bool,
     ) -> Snapshot {
-        let (mut ios, mut bytes) = ([0u64; 2], [0u64; 2]);
+        let (mut ios, mut bytes) = ([0u64; DIRS], [0u64; DIRS]);
         for l in &shared.live {
             let (i, b) = l.get();
-            for d in 0..2 {
+            for d in 0..DIRS {
                 ios[d] += i[d];
                 bytes[d] += b[d];
             }
@@ -311,7 +311,7 @@ impl Run {
             let by_time = window_end.map(|e| e.saturating_duration_since(now));
             // By the size: the bytes left, at the rate since the window began.
             let by_size = stop.bytes.zip(window_base).and_then(|(per_job, base)| {
-                let done = (bytes[0] + bytes[1]).saturating_sub(base);
+                let done = bytes.iter().sum::<u64>().saturating_sub(base);
                 let rate = done as f64 / now.saturating_duration_since(ramp_end).as_secs_f64().max(1e-3);
                 let left = (per_job * u64::from(spec.jobs)).saturating_sub(done);
                 (rate > 0.0).then(|| Duration::from_secs_f64(left as f64 / rate))
@@ -336,12 +336,13 @@ impl Run {
     ) -> Report {
         let Watched { cpu: (cpu, target_cpu), rates } = watched;
         let spec = &plan.spec;
-        let (mut read, mut write) = (DirStats::new(), DirStats::new());
+        let mut sums: [DirStats; DIRS] = std::array::from_fn(|_| DirStats::new());
         let mut tally = Tally::default();
         let mut window = Duration::ZERO;
         for o in outputs {
-            read.add(&o.read);
-            write.add(&o.write);
+            for (sum, d) in sums.iter_mut().zip(&o.stats) {
+                sum.add(d);
+            }
             window = window.max(o.window);
             tally.blocks += o.tally.blocks;
             tally.mismatches += o.tally.mismatches;
@@ -352,8 +353,8 @@ impl Run {
             };
         }
         let elapsed_s = window.as_secs_f64();
-        let (read, write) = (dir_report(&read, elapsed_s), dir_report(&write, elapsed_s));
-        let (ios, bytes) = (read.ios + write.ios, read.bytes + write.bytes);
+        let [read, write, trim] = sums.each_ref().map(|d| dir_report(d, elapsed_s));
+        let (ios, bytes) = (read.ios + write.ios + trim.ios, read.bytes + write.bytes + trim.bytes);
         let rate = |x: u64| if elapsed_s > 0.0 { x as f64 / elapsed_s } else { 0.0 };
         let total = Totals {
             ios,
@@ -404,6 +405,7 @@ impl Run {
             elapsed_s,
             read,
             write,
+            trim,
             total,
             cpu,
             target_cpu,
@@ -411,12 +413,7 @@ impl Run {
             threads: outputs
                 .iter()
                 .zip(rates)
-                .map(|(o, rates)| ThreadReport {
-                    stats: [o.read.clone(), o.write.clone()],
-                    window: o.window,
-                    rates,
-                    usage: o.usage,
-                })
+                .map(|(o, rates)| ThreadReport { stats: o.stats.clone(), window: o.window, rates, usage: o.usage })
                 .collect(),
             started: SystemTime::UNIX_EPOCH,
             ended: SystemTime::UNIX_EPOCH,

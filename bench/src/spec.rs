@@ -29,17 +29,28 @@ pub enum Workload {
     /// Random reads and writes, --rwmixread percent reads.
     #[value(name = "randrw")]
     RandRw,
+    /// Sequential discards (fio's `trim`): each I/O a DISCARD of --bs bytes, which the target
+    /// zeroes; needs a target with discard.
+    Trim,
+    /// Random discards (fio's `randtrim`).
+    #[value(name = "randtrim")]
+    RandTrim,
 }
 
 impl Workload {
     /// Offsets drawn at random (else sequential).
     pub fn is_random(self) -> bool {
-        matches!(self, Workload::RandRead | Workload::RandWrite | Workload::RandRw)
+        matches!(self, Workload::RandRead | Workload::RandWrite | Workload::RandRw | Workload::RandTrim)
     }
 
-    /// Whether the workload writes (and so needs a read-write open).
+    /// Whether the workload changes the volume (and so needs a read-write open).
     pub fn writes(self) -> bool {
-        matches!(self, Workload::Write | Workload::RandWrite | Workload::RandRw)
+        !matches!(self, Workload::Read | Workload::RandRead)
+    }
+
+    /// Whether the workload discards (and does nothing else).
+    pub fn trims(self) -> bool {
+        matches!(self, Workload::Trim | Workload::RandTrim)
     }
 
     /// The name `--rw` takes.
@@ -50,6 +61,8 @@ impl Workload {
             Workload::RandRead => "randread",
             Workload::RandWrite => "randwrite",
             Workload::RandRw => "randrw",
+            Workload::Trim => "trim",
+            Workload::RandTrim => "randtrim",
         }
     }
 }
@@ -127,13 +140,22 @@ fn invalid<T>(text: String) -> Result<T> {
 }
 
 impl Spec {
-    /// The share of reads in percent: 100 for read workloads, 0 for write workloads.
+    /// The share of reads in percent: 100 for read workloads, 0 for write and trim workloads.
     pub fn read_percent(&self) -> u8 {
         match self.workload {
             Workload::Read | Workload::RandRead => 100,
-            Workload::Write | Workload::RandWrite => 0,
+            Workload::Write | Workload::RandWrite | Workload::Trim | Workload::RandTrim => 0,
             Workload::RandRw => self.rwmixread.unwrap_or(50),
         }
+    }
+
+    /// The directions the workload does, by index ([`crate::stats::DIRS`]: read, write, trim).
+    pub(crate) fn dirs(&self) -> [bool; crate::stats::DIRS] {
+        if self.workload.trims() {
+            return [false, false, true];
+        }
+        let read = self.read_percent();
+        [read > 0, read < 100, false]
     }
 
     /// When each job's measured window ends.
@@ -181,6 +203,9 @@ impl Spec {
         if self.generation.is_some() && !self.verify {
             return invalid("--generation only means something with --verify".into());
         }
+        if self.verify && self.workload.trims() {
+            return invalid(format!("--verify checks data written or read; --rw {} has none", self.workload));
+        }
         Ok(())
     }
 
@@ -192,8 +217,11 @@ impl Spec {
         if bs % block != 0 {
             return invalid(format!("--bs {bs} is not a multiple of the volume's block size ({block} bytes)"));
         }
-        if bs > u64::from(geo.max_io) {
-            return invalid(format!("--bs {bs} is larger than the volume's largest I/O (max_io {} bytes)", geo.max_io));
+        // A discard is one request of the control channel, up to its largest range.
+        let max = if self.workload.trims() { rblk_initiator::MAX_ZERO_LEN } else { u64::from(geo.max_io) };
+        if bs > max {
+            let what = if self.workload.trims() { "discard (MAX_ZERO_LEN" } else { "I/O (max_io" };
+            return invalid(format!("--bs {bs} is larger than the volume's largest {what} {max} bytes)"));
         }
         if let Some(size) = self.size {
             if size > geo.size {

@@ -6,6 +6,16 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+/// The directions, as fio numbers them (its `ddir`): every per-direction array is indexed by
+/// these.
+pub(crate) const DIRS: usize = 3;
+/// The directions' names, by index: what fio calls them.
+pub(crate) const DIR_NAMES: [&str; DIRS] = ["read", "write", "trim"];
+/// Index of reads, writes, trims.
+pub(crate) const READ: usize = 0;
+pub(crate) const WRITE: usize = 1;
+pub(crate) const TRIM: usize = 2;
+
 /// Latencies are recorded in nanoseconds, 3 significant figures, up to a minute (longer ones
 /// saturate: a wait times out well before).
 const LATENCY_MAX_NS: u64 = 60_000_000_000;
@@ -45,14 +55,14 @@ impl DirStats {
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub(crate) struct Live {
-    pub(crate) ios: [AtomicU64; 2],
-    pub(crate) bytes: [AtomicU64; 2],
+    pub(crate) ios: [AtomicU64; DIRS],
+    pub(crate) bytes: [AtomicU64; DIRS],
 }
 
 impl Live {
-    /// Adds a batch of completions: `[read, write]` I/Os and bytes.
-    pub(crate) fn add(&self, ios: [u64; 2], bytes: [u64; 2]) {
-        for d in 0..2 {
+    /// Adds a batch of completions: I/Os and bytes by direction.
+    pub(crate) fn add(&self, ios: [u64; DIRS], bytes: [u64; DIRS]) {
+        for d in 0..DIRS {
             if ios[d] > 0 {
                 self.ios[d].fetch_add(ios[d], Ordering::Relaxed);
                 self.bytes[d].fetch_add(bytes[d], Ordering::Relaxed);
@@ -60,9 +70,9 @@ impl Live {
         }
     }
 
-    /// `[read, write]` I/Os and bytes so far.
-    pub(crate) fn get(&self) -> ([u64; 2], [u64; 2]) {
-        let load = |a: &[AtomicU64; 2]| [a[0].load(Ordering::Relaxed), a[1].load(Ordering::Relaxed)];
+    /// I/Os and bytes so far, by direction.
+    pub(crate) fn get(&self) -> ([u64; DIRS], [u64; DIRS]) {
+        let load = |a: &[AtomicU64; DIRS]| a.each_ref().map(|x| x.load(Ordering::Relaxed));
         (load(&self.ios), load(&self.bytes))
     }
 }
@@ -128,10 +138,10 @@ impl ThreadUsage {
 /// last, partial interval is not sampled, nor is a direction the workload does not do.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Rates {
-    /// KiB/s, `[read, write]`.
-    pub(crate) bw: [Vec<f64>; 2],
-    /// I/Os per second, `[read, write]`.
-    pub(crate) iops: [Vec<f64>; 2],
+    /// KiB/s, by direction.
+    pub(crate) bw: [Vec<f64>; DIRS],
+    /// I/Os per second, by direction.
+    pub(crate) iops: [Vec<f64>; DIRS],
 }
 
 /// fio's default `bw_avg` and `iops_avg_time`.

@@ -85,6 +85,43 @@ fn random_reads_report_consistent_figures() {
     assert!(json.contains("\"share_of_core\"") && json.contains("\"p99_9\""), "{json}");
 }
 
+/// Issue 41: `--rw trim` and `randtrim` send DISCARDs through an engine lane over each job's
+/// queue, reported under `trim` (and fio's JSON `trim`), and the volume reads zeros where they
+/// went. Catches trims counted as writes or not at all, trims that do not reach the target (the
+/// bytes stay), a trim workload with --verify, and one against a target without discard that
+/// runs instead of failing with the reason.
+#[test]
+fn trims_discard_their_blocks_and_report_under_trim() {
+    let t = target(8 * MIB);
+    // Fill the volume first, with the pattern (plain writes send whatever their buffers hold).
+    let fill = Spec { bs: 64 << 10, size: Some(8 * MIB), runtime: None, verify: true, ..short(Workload::Write) };
+    run(&t, &fill).unwrap();
+    let spec = Spec { bs: 64 << 10, jobs: 2, size: Some(2 * MIB), runtime: None, ..short(Workload::Trim) };
+    let r = run(&t, &spec).unwrap();
+    assert!(r.passed(), "{r:?}");
+    assert_eq!((r.read.ios, r.write.ios, r.trim.ios), (0, 0, 64), "2 jobs x 2 MiB in 64 KiB discards");
+    assert_eq!(r.trim.bytes, 4 * MIB);
+    assert!(r.trim.lat_us.is_some() && r.total.ios == 64, "{r:?}");
+    assert!(r.text().contains("trim: IOPS="), "{}", r.text());
+    // Each job trimmed its slice of 2 MiB (--size bounds the slice): zeros up to 4 MiB, the data
+    // beyond.
+    let vol = Session::connect(&t.uri, &options()).unwrap().open(OpenMode::ReadOnly).unwrap();
+    let e = rblk_initiator::Engine::new(vol, 1).unwrap();
+    for (at, zeros) in [(0, true), (2 * MIB, true), (4 * MIB - 4096, true), (4 * MIB, false), (7 * MIB, false)] {
+        let mut b = vec![1u8; 4096];
+        e.read_at(&mut b, at).unwrap();
+        assert_eq!(b.iter().all(|&x| x == 0), zeros, "at {at}");
+    }
+    e.close().unwrap();
+    let rand = run(&t, &Spec { bs: 4096, ..short(Workload::RandTrim) }).unwrap();
+    assert!(rand.trim.ios > 0 && rand.write.ios == 0, "{rand:?}");
+    let e = run(&t, &Spec { verify: true, ..short(Workload::Trim) }).unwrap_err();
+    assert!(e.to_string().contains("--rw trim has none"), "{e}");
+    let old = Options { discard: false, ..options() };
+    let e = Run::default().run(&t.uri, &old, &short(Workload::Trim)).unwrap_err();
+    assert!(e.to_string().contains("does not support DISCARD"), "{e}");
+}
+
 #[test]
 fn polling_jobs_verify_and_say_so() {
     // --poll changes how every wait of a deep queue spins (wait.rs's tests hold the

@@ -423,6 +423,31 @@ fn a_job_files_sections_run_together_and_stonewall_waits_for_them() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 41: a job file's `rw=trim` and `rw=randtrim` run as in fio, and fio's JSON has their
+/// figures under `trim` (read and write empty). Catches trims reported as writes, and fio's
+/// `trim` left all zeros.
+#[test]
+fn a_job_files_trims_report_under_fios_trim() {
+    let t = Target::start(16 * MIB);
+    let dir = scratch("trims");
+    let file = job_file(
+        &dir,
+        "trim.fio",
+        &t,
+        "[global]\nfilename={uri}\nbs=64k\niodepth=4\n\n[seq]\nrw=trim\nsize=2M\n\n[rand]\nstonewall\nrw=randtrim\nruntime=200ms\n",
+    );
+    let doc = bench(&[file.to_str().unwrap(), "-o", "json", "-q"]).ok().json();
+    let jobs = doc["jobs"].as_array().unwrap();
+    assert_eq!(u(&jobs[0]["trim"], "io_bytes"), 2 * MIB, "[seq] discards its 2 MiB");
+    assert_eq!(u(&jobs[0]["trim"], "total_ios"), 32);
+    assert!(u(&jobs[1]["trim"], "total_ios") > 0);
+    for j in jobs {
+        assert_eq!((u(&j["read"], "total_ios"), u(&j["write"], "total_ios")), (0, 0));
+        assert!(f(&j["trim"]["clat_ns"], "mean") > 0.0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Catches fio's `\:` escaping of a file name's colons reaching the connect as is (fio job
 /// files for rblk would have to be rewritten): the escaped and the plain spelling, in a job
 /// file and in --filename, reach the same volume.

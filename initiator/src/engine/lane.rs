@@ -299,6 +299,13 @@ impl Lane {
         }
     }
 
+    /// A lane over `q`, a queue of a [`Volume`](crate::Volume) (which keeps the session's first
+    /// queue pair heard: [`Volume::keepalive`](crate::Volume::keepalive)), for callers that want
+    /// the engine's requests (discards, any offset and length) on a queue of their own.
+    pub fn over(q: Queue) -> Lane {
+        Lane::new(q, None)
+    }
+
     /// Sets how long a wait may go without any completion while pieces are in flight (default
     /// [`DEFAULT_IO_TIMEOUT`]).
     pub fn set_io_timeout(&mut self, timeout: Duration) {
