@@ -491,13 +491,22 @@ fn bad_requests_get_error_replies_and_the_server_keeps_serving() {
     let server = Server::unix(&t, &[]);
     let mut c = Raw::unix(server.socket()).expect("GO");
     assert_eq!(c.size, 16 * MIB);
-    assert_eq!(c.flags & 0x4f, 0x4d, "HAS_FLAGS, FLUSH, FUA, WRITE_ZEROES; not read-only: {:#x}", c.flags);
+    let (trim, fast_zero) = (1 << 5, 1 << 11);
+    assert_eq!(
+        c.flags & (0x4f | trim | fast_zero),
+        0x4d | trim | fast_zero,
+        "HAS_FLAGS, FLUSH, FUA, TRIM, WRITE_ZEROES, FAST_ZERO; not read-only: {:#x}",
+        c.flags
+    );
     assert_eq!(c.call(1, 0, 8192, &[7; 8192]).0, 0);
     assert_eq!(c.call(0, 16 * MIB, 4096, &[]).0, 22, "read past the end: EINVAL");
     assert_eq!(c.call(0, 16 * MIB - 4096, 8192, &[]).0, 22, "read across the end: EINVAL");
     assert_eq!(c.call(0, u64::MAX - 4095, 4096, &[]).0, 22, "read whose end overflows: EINVAL");
     assert_eq!(c.call(1, 16 * MIB - 512, 1024, &[9; 1024]).0, 28, "write across the end: ENOSPC");
-    assert_eq!(c.call(4, 0, 4096, &[]).0, 22, "TRIM is not offered: EINVAL");
+    assert_eq!(c.call(4, 16 * MIB, 4096, &[]).0, 28, "TRIM past the end: ENOSPC");
+    assert_eq!(c.call(1, 12288, 4096, &[5; 4096]).0, 0);
+    assert_eq!(c.call(4, 12288, 4096, &[]).0, 0, "TRIM");
+    assert_eq!(c.call(0, 12288, 4096, &[]).1, vec![0; 4096], "a trimmed block reads zeros");
     assert_eq!(c.call(0x77, 0, 0, &[]).0, 22, "unknown command: EINVAL");
     // Still serving: an unaligned write read-modify-writes inside the first block.
     assert_eq!(c.call(1, 1000, 100, &[1; 100]).0, 0);

@@ -463,6 +463,21 @@ fn a_failed_write_back_revokes_the_writers_windows_at_once() {
     r.hello_with(FEATURES);
     let or = r.open_with("f", OpenMode::ReadOnly, None).expect("OPEN");
     assert_eq!(access(&mut wj, &ow, rj, Some(0x42), 0).0, WcStatus::SUCCESS);
+    // 8 MiB of data (the write-back skips the zero blocks of the new, sparse backing file: only
+    // data can fill the 4 MiB file system), in 1 MiB WRITEs through the joined QP.
+    let data = wj.ep.pd().register(&Memory::anonymous(1 << 20).unwrap(), Access::LOCAL).unwrap();
+    data.memory().write_at(0, &[0x42; 1 << 20]).unwrap();
+    for i in 0..8u64 {
+        let op = Op::Write { remote_addr: ow.remote_addr + (i << 20), rkey: rj };
+        let wr = WorkRequest {
+            wr_id: 10 + i,
+            op,
+            local: Local::Region { mr: &data, offset: 0, len: 1 << 20 },
+            signaled: true,
+        };
+        wj.ep.post(&[wr]).unwrap();
+        assert_eq!(wj.wait_for(10 + i).expect("the data's WRITE").status, WcStatus::SUCCESS);
+    }
 
     let reply = w.request(&Message::Flush(Flush::All));
     match rblk_proto::parse(&reply) {
