@@ -111,8 +111,9 @@ pub use engine::{Engine, EngineCounters, Lane};
 pub use error::{busy_after, Direction, Error, InvalidReason, Result};
 pub use link::{Continuity, LinkState};
 pub use options::{
-    check_host_id, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT, DEFAULT_RECONNECT_DELAY,
-    DEFAULT_TIMEOUT, EXACT_RECONNECT_DELAY, MAX_RECONNECT_TIME, MAX_SPIN, MAX_TIMEOUT,
+    check_host_id, first_connect_pause, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT,
+    DEFAULT_RECONNECT_DELAY, DEFAULT_TIMEOUT, EXACT_RECONNECT_DELAY, FIRST_CONNECT_MAX_PAUSE, MAX_RECONNECT_TIME,
+    MAX_SPIN, MAX_TIMEOUT,
 };
 #[cfg(feature = "clap")]
 pub use options::{ReconnectArgs, RouteArgs, TrustArgs};

@@ -44,12 +44,38 @@ pub struct Reconnect {
     /// (for md, which must see a failed mirror leg quickly). `None` (the default): I/O waits
     /// until the session is back or gives up.
     pub fast_io_fail_tmo: Option<Duration>,
+    /// How long the first connect keeps trying while the target cannot be reached or does not
+    /// listen yet (a storage host still booting), with a jittered backoff up to
+    /// [`FIRST_CONNECT_MAX_PAUSE`] ([`first_connect_pause`]) and a log line per attempt; a refusal
+    /// (authentication, access, a bad request) ends it at once. Zero (the default): one
+    /// attempt, as before.
+    pub connect_timeout: Duration,
 }
 
 impl Default for Reconnect {
     fn default() -> Self {
-        Reconnect { delay: DEFAULT_RECONNECT_DELAY, ctrl_loss_tmo: Some(DEFAULT_CTRL_LOSS_TMO), fast_io_fail_tmo: None }
+        Reconnect {
+            delay: DEFAULT_RECONNECT_DELAY,
+            ctrl_loss_tmo: Some(DEFAULT_CTRL_LOSS_TMO),
+            fast_io_fail_tmo: None,
+            connect_timeout: Duration::ZERO,
+        }
     }
+}
+
+/// The longest pause between two attempts of a first connect ([`Reconnect::connect_timeout`]).
+pub const FIRST_CONNECT_MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// The pause before first-connect attempt `attempt + 1` (after `attempt` failed ones, from 1)
+/// for a random `draw`: 250 ms doubling per attempt up to [`FIRST_CONNECT_MAX_PAUSE`], each drawn
+/// uniformly between half of that and all of it, so initiators that boot together do not knock
+/// in step.
+pub fn first_connect_pause(attempt: u32, draw: u64) -> Duration {
+    let full = (Duration::from_millis(250) * 2u32.saturating_pow(attempt.saturating_sub(1).min(16)))
+        .min(FIRST_CONNECT_MAX_PAUSE);
+    let ns = full.as_nanos();
+    let spread = (ns / 2 * u128::from(draw)) >> 64;
+    Duration::from_nanos(u64::try_from(ns / 2 + spread).unwrap_or(u64::MAX))
 }
 
 impl Reconnect {
@@ -74,8 +100,12 @@ impl Reconnect {
     }
 
     /// Never reconnect: a lost session fails at once (ctrl_loss_tmo 0).
-    pub const NEVER: Reconnect =
-        Reconnect { delay: DEFAULT_RECONNECT_DELAY, ctrl_loss_tmo: Some(Duration::ZERO), fast_io_fail_tmo: None };
+    pub const NEVER: Reconnect = Reconnect {
+        delay: DEFAULT_RECONNECT_DELAY,
+        ctrl_loss_tmo: Some(Duration::ZERO),
+        fast_io_fail_tmo: None,
+        connect_timeout: Duration::ZERO,
+    };
 
     /// Parses a timeout as nvme-cli takes it, with units: `-1` means forever (`None`); else a
     /// duration of at most [`MAX_RECONNECT_TIME`] ([`rblk_proto::parse_duration`]: `600`,
@@ -227,6 +257,18 @@ pub struct ReconnectArgs {
     /// fails the leg and can re-add it later). Default: off (I/O waits).
     #[arg(long, alias = "fast_io_fail_tmo", value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_timeout)]
     pub fast_io_fail_tmo: Option<Timeout>,
+    /// Keep trying the first connect for this long while the target cannot be reached or does
+    /// not listen yet (a storage host still booting; a bare number is seconds; at most 1 day),
+    /// backing off up to 5 s between attempts, one log line each. A refusal (the key, the
+    /// access list) ends it at once. 0: one attempt.
+    #[arg(
+        long,
+        alias = "connect_timeout",
+        value_name = "DURATION",
+        default_value = "0",
+        value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_RECONNECT_TIME))
+    )]
+    pub connect_timeout: Duration,
 }
 
 /// A timeout flag's value: `None` is -1, forever.
@@ -247,6 +289,7 @@ impl ReconnectArgs {
             delay: self.reconnect_delay,
             ctrl_loss_tmo: self.ctrl_loss_tmo.0,
             fast_io_fail_tmo: self.fast_io_fail_tmo.and_then(|t| t.0),
+            connect_timeout: self.connect_timeout,
         }
     }
 }
@@ -477,6 +520,19 @@ pub const LOCAL_TARGET_KEY: &str = "/var/lib/rblk/target.key";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first connect's backoff: 250 ms doubling to the 5 s cap, each pause between half of
+    /// its step and all of it. Catches a backoff without a cap (a target ready after 60 s found
+    /// a minute later), one without jitter, and one that overflows on a long wait.
+    #[test]
+    fn first_connect_pauses_double_to_five_seconds_with_jitter() {
+        let ms = |a, d| first_connect_pause(a, d).as_millis();
+        assert_eq!((ms(1, 0), ms(1, u64::MAX)), (125, 249));
+        assert_eq!((ms(2, 0), ms(3, 0), ms(5, 0)), (250, 500, 2000));
+        assert_eq!((ms(6, 0), ms(6, u64::MAX)), (2500, 4999), "capped at 5 s");
+        assert_eq!(ms(u32::MAX, 1 << 63), 3750);
+        assert_ne!(ms(4, 1 << 60), ms(4, 1 << 62), "jittered");
+    }
 
     /// Would catch a reconnect delay without jitter (every session that lost one target
     /// retrying in the same millisecond), jitter outside [0.5x, 1.5x), short delays (a second

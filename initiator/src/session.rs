@@ -31,8 +31,34 @@ pub struct Session {
 impl Session {
     /// Connects to the target named by `uri` (`rblk://HOST[:PORT][,HOST[:PORT]...]/VOLUME`:
     /// the first address that answers), says HELLO and authenticates with `opts.key` when the
-    /// target requires it. Each exchange has `opts.timeout`.
+    /// target requires it. Each exchange has `opts.timeout`. With
+    /// [`Reconnect::connect_timeout`](crate::Reconnect::connect_timeout), a target that cannot be
+    /// reached or does not listen yet is tried again until then ([`waits_for`]).
     pub fn connect(uri: &(impl ToUri + ?Sized), opts: &Options) -> Result<Session> {
+        let patience = opts.reconnect.connect_timeout;
+        let until = Instant::now() + patience;
+        let mut attempt = 0u32;
+        loop {
+            let err = match Session::connect_once(uri, opts) {
+                Err(e) if waits_for(&e) && Instant::now() < until => e,
+                done => return done,
+            };
+            attempt += 1;
+            let pause = crate::options::first_connect_pause(attempt, u64::from_le_bytes(rblk_fabric::random()))
+                .min(until.saturating_duration_since(Instant::now()));
+            tracing::warn!(
+                attempt,
+                error = %Chain(&err),
+                "the target is not reachable yet: trying again in {} ms (--connect-timeout {})",
+                pause.as_millis(),
+                rblk_proto::format_duration(patience)
+            );
+            std::thread::sleep(pause);
+        }
+    }
+
+    /// One attempt of [`Session::connect`].
+    fn connect_once(uri: &(impl ToUri + ?Sized), opts: &Options) -> Result<Session> {
         let uri = uri.to_uri()?;
         let dests: Vec<Dest> = uri
             .resolve_all()?
@@ -462,4 +488,12 @@ impl Predecessor {
             instance: self.instance,
         }
     }
+}
+
+/// Whether a first connect that failed with `e` is worth another attempt within
+/// `--connect-timeout`: the target could not be reached, did not listen, did not answer in time,
+/// or its name did not resolve yet. A refusal (authentication, access, a bad request) or a
+/// local error (a key file, the URI) is an answer, and ends the wait.
+pub(crate) fn waits_for(e: &Error) -> bool {
+    matches!(e, Error::Connect { .. } | Error::Resolve { .. } | Error::Timeout { .. } | Error::ConnectionLost { .. })
 }

@@ -77,6 +77,7 @@ impl Setup {
             delay: Duration::from_millis(50),
             ctrl_loss_tmo: Some(Duration::from_secs(30)),
             fast_io_fail_tmo: None,
+            connect_timeout: Duration::ZERO,
         };
         let opts = Options { fabric: Fabric::Mem, timeout: Duration::from_secs(2), reconnect, ..Options::default() };
         let uri = format!("rblk://{}/v", self.cfg.listen);
@@ -568,6 +569,7 @@ mod guest {
             delay: Duration::from_millis(200),
             ctrl_loss_tmo: Some(Duration::from_secs(60)),
             fast_io_fail_tmo: None,
+            connect_timeout: Duration::ZERO,
         };
         let opts = Options { reconnect, ..Options::default() };
         let e = Engine::new(Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap(), 1).unwrap();

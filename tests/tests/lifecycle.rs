@@ -633,7 +633,12 @@ fn covered(answered: &[Option<Vec<(u64, u64)>>], s: u64, e: u64) -> bool {
 
 fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     let t = target(rblk_proto::KEEPALIVE_TIMEOUT);
-    let reconnect = Reconnect { delay: Duration::from_millis(1), ctrl_loss_tmo: None, fast_io_fail_tmo: None };
+    let reconnect = Reconnect {
+        delay: Duration::from_millis(1),
+        ctrl_loss_tmo: None,
+        fast_io_fail_tmo: None,
+        connect_timeout: Duration::ZERO,
+    };
     let e = engine(&t, reconnect);
     let mut lanes: Vec<Lane> = (0..4).map(|_| e.lane(4, 2 * BS as usize).unwrap()).collect();
     let mut m = Model { writes: Vec::new(), pending: HashMap::new(), done: Default::default() };

@@ -112,7 +112,12 @@ impl Drop for Target {
 }
 
 fn policy(ctrl_loss: Option<Duration>, fast_fail: Option<Duration>) -> Reconnect {
-    Reconnect { delay: Duration::from_millis(100), ctrl_loss_tmo: ctrl_loss, fast_io_fail_tmo: fast_fail }
+    Reconnect {
+        delay: Duration::from_millis(100),
+        ctrl_loss_tmo: ctrl_loss,
+        fast_io_fail_tmo: fast_fail,
+        connect_timeout: Duration::ZERO,
+    }
 }
 
 fn engine(t: &Target, reconnect: Reconnect) -> Engine {
@@ -164,6 +169,54 @@ fn check(e: &Engine, seed: u64, at: u64, count: u64) {
         let s = (i * PIECE) as usize;
         assert!(got[s..s + PIECE as usize] == data(seed, offset, PIECE)[..], "piece at {offset} differs");
     }
+}
+
+/// Issue 42, `--connect-timeout`: a first connect to a target that does not listen yet keeps
+/// trying until it does (here 1.5 s late) and opens; without it, the first connect fails at once;
+/// a refusal (a key the target wants and the client lacks) ends the wait at once however long
+/// the timeout. Catches a connect that does not retry, one that gives up early, and one that
+/// retries an answer as if it were silence.
+#[test]
+fn a_first_connect_waits_for_a_target_that_starts_late_but_not_for_a_refusal() {
+    let mut t = Target::new(false, rblk_proto::KEEPALIVE_TIMEOUT);
+    t.stop();
+    let uri = t.uri();
+    let patient = Reconnect { connect_timeout: Duration::from_secs(20), ..Reconnect::default() };
+    let opts =
+        |reconnect| Options { fabric: Fabric::Mem, timeout: Duration::from_secs(2), reconnect, ..Options::default() };
+    let started = Instant::now();
+    let Err(err) = Session::connect(&uri, &opts(Reconnect::default())) else { panic!("connected to no target") };
+    assert!(matches!(err, Error::Connect { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(1), "one attempt: {:?}", started.elapsed());
+
+    let waiting = {
+        let (uri, opts) = (uri.clone(), opts(patient));
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let vol = Session::connect(&uri, &opts).and_then(|s| s.open(OpenMode::ReadOnly));
+            (vol.map(|v| v.size()), started.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    t.start();
+    let (size, took) = waiting.join().unwrap();
+    assert_eq!(size.expect("opened once the target listened"), 4 * MIB);
+    assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(10), "took {took:?}");
+
+    // A target with a key, a client without one: the refusal is an answer.
+    let keyed = Config {
+        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), t.cfg.listen.port() + 1),
+        key: Some(b"0123456789abcdef0123456789abcdef".to_vec()),
+        ..t.cfg.clone()
+    };
+    let keyed = Server::start(Config { state_dir: None, ..keyed }).expect("a keyed target");
+    let started = Instant::now();
+    let Err(err) = Session::connect(&format!("rblk://{}/v", keyed.local_addr()), &opts(patient)) else {
+        panic!("connected without the key")
+    };
+    assert!(matches!(err, Error::Auth { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "a refusal waited: {:?}", started.elapsed());
+    keyed.shutdown();
 }
 
 #[test]

@@ -183,6 +183,7 @@ fn a_reconnects_overflowing_opened_is_refused() {
         delay: Duration::from_millis(100),
         ctrl_loss_tmo: Some(Duration::from_secs(2)),
         fast_io_fail_tmo: None,
+        connect_timeout: Duration::ZERO,
     };
     let opts = rblk_initiator::Options {
         fabric: Fabric::Mem,

@@ -650,4 +650,48 @@ mod guest {
         assert!(out.status.success(), "--if-dead of a device that is gone: {out:?}");
         let _ = std::fs::remove_dir_all(dir);
     }
+
+    /// Issue 42: the attach unit's own ExecStart, started 20 s before its target (a storage host
+    /// that boots after its initiators; 5 s the unit survived before, by restarting), attaches
+    /// once the target listens, with no manual step: the first connect keeps trying for
+    /// `--connect-timeout` (`RBLK_CONNECT_TIMEOUT`). Catches a first connect that gives up at
+    /// once (the start fails), and a unit line without the flag.
+    #[test]
+    #[ignore = "needs rxe and ublk_drv: run in the guest by scripts/test.sh"]
+    fn the_attach_unit_waits_for_a_target_that_starts_20_s_later() {
+        rblk_tests::blockdev::ublk_drv();
+        let rdma = rdma();
+        let addr = std::net::SocketAddr::new(rdma.addr, 23000 + (std::process::id() % 1000) as u16);
+        let dir = temp_dir("attach-late");
+        let sock = dir.join("notify.sock");
+        let mut n = Notifications::bind(&sock);
+        let uri = format!("rblk://{addr}/late");
+        let env = [("RBLK_ATTACH_ARGS", ""), ("RBLK_URI", uri.as_str()), ("RBLK_CONNECT_TIMEOUT", "90s")];
+        let start = unit_line("ExecStart", &env);
+        assert!(start.contains("--connect-timeout 90s"), "{start}");
+        let started = Instant::now();
+        let mut attach = std::process::Command::new("sh")
+            .args(["-c", &format!("exec {start}")])
+            .env("NOTIFY_SOCKET", &sock)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(20));
+        assert!(attach.try_wait().unwrap().is_none(), "rblk attach gave up before its target started");
+        let d = Daemon::start_at(addr, &["--volume", "late:16M"]);
+        let listening = Instant::now();
+        n.until("READY=1", Duration::from_secs(60));
+        eprintln!(
+            "attach: READY {:?} after the target listened ({:?} after the attach started)",
+            listening.elapsed(),
+            started.elapsed()
+        );
+        let link = Path::new("/dev/rblk/utest");
+        let dev = std::fs::read_link(link).expect("/dev/rblk/utest exists at READY");
+        rblk_tests::sh(&format!("kill -TERM {}", attach.id()));
+        assert!(attach.wait().unwrap().success(), "a stop exits 0");
+        assert!(!dev.exists(), "the device is gone");
+        drop(d);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

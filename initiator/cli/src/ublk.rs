@@ -746,6 +746,8 @@ impl Handover {
             delay: d(self.reconnect_delay_ms),
             ctrl_loss_tmo: self.ctrl_loss_tmo_ms.map(d),
             fast_io_fail_tmo: self.fast_io_fail_tmo_ms.map(d),
+            // A takeover's connect is one attempt: the unit restarts it.
+            connect_timeout: Duration::ZERO,
         }
     }
 }
