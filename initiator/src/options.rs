@@ -232,13 +232,7 @@ pub struct ReconnectArgs {
     /// `500ms`: a bare number is seconds; at most 1 day), on average: each pause is drawn
     /// between 0.5x and 1.5x of it when above 1 s, so sessions that lost one target do not
     /// all retry at once. I/O waits meanwhile and what was in flight is sent again.
-    #[arg(
-        long,
-        alias = "reconnect_delay",
-        value_name = "DURATION",
-        default_value = "2s",
-        value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_RECONNECT_TIME))
-    )]
+    #[arg(long, alias = "reconnect_delay", value_name = "DURATION", default_value = "2s", value_parser = reconnect_time_arg)]
     pub reconnect_delay: Duration,
     /// Give up reconnecting after this long without the target (`600`, `10m`: a bare number is
     /// seconds; at most 1 day): then every waiting and new I/O fails. 0 fails at once (no
@@ -261,14 +255,14 @@ pub struct ReconnectArgs {
     /// not listen yet (a storage host still booting; a bare number is seconds; at most 1 day),
     /// backing off up to 5 s between attempts, one log line each. A refusal (the key, the
     /// access list) ends it at once. 0: one attempt.
-    #[arg(
-        long,
-        alias = "connect_timeout",
-        value_name = "DURATION",
-        default_value = "0",
-        value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_RECONNECT_TIME))
-    )]
+    #[arg(long, alias = "connect_timeout", value_name = "DURATION", default_value = "0", value_parser = reconnect_time_arg)]
     pub connect_timeout: Duration,
+}
+
+/// `--reconnect-delay` and `--connect-timeout`: a duration of at most [`MAX_RECONNECT_TIME`].
+#[cfg(feature = "clap")]
+fn reconnect_time_arg(text: &str) -> std::result::Result<Duration, String> {
+    rblk_proto::parse_duration_bounded(text, Duration::ZERO, Some(MAX_RECONNECT_TIME))
 }
 
 /// A timeout flag's value: `None` is -1, forever.
