@@ -576,9 +576,17 @@ mod guest {
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    /// The unit's `Key=` line, with the instance `utest`, the test's rblk binary and `env`.
+    /// The unit's `Key=` line, with the instance `utest`, the test's rblk binary and `env`, and
+    /// for the variables `env` does not give, the unit's own `Environment=` defaults (as
+    /// systemd gives them before the instance's EnvironmentFile=).
     fn unit_line(key: &str, env: &[(&str, &str)]) -> String {
         let unit = std::fs::read_to_string(repo().join("dist/systemd/rblk-attach@.service")).unwrap();
+        let defaults: Vec<(&str, &str)> = unit
+            .lines()
+            .filter_map(|l| l.strip_prefix("Environment=").and_then(|kv| kv.split_once('=')))
+            .filter(|(k, _)| !env.iter().any(|(e, _)| e == k))
+            .collect();
+        let env: Vec<(&str, &str)> = env.iter().copied().chain(defaults).collect();
         let mut line = unit
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{key}=")))
@@ -587,7 +595,7 @@ mod guest {
             .replace("/usr/local/bin/rblk", &rblk_tests::blockdev::rblk())
             .replace("%i", "utest")
             .replace("%n", "rblk-attach@utest.service");
-        for (k, v) in env {
+        for (k, v) in &env {
             line = line.replace(&format!("${{{k}}}"), v).replace(&format!("${k}"), v);
         }
         line
