@@ -113,7 +113,7 @@ fn set_up(
         Ok(data @ (ConnectData::NewSession | ConnectData::NewWindowSession)) => {
             let domain = match data {
                 ConnectData::NewWindowSession => {
-                    shared.window_domain(&req).map_err(fabric("allocating the window domain"))?
+                    shared.window_domain(req.device()).map_err(fabric("allocating the window domain"))?
                 }
                 _ => None,
             };

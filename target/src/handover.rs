@@ -45,8 +45,16 @@
 //!
 //! Waits are bounded by silence, not size: each side gives up after [`SILENCE`] without a word
 //! from the other, and the successor reports each volume it maps or loads, and every
-//! [`PROGRESS_EVERY`] during one, so a large handover never times out. Memory windows, registrations and rkeys are the successor's own: registration
-//! happens at each volume's first OPEN, as at a start.
+//! [`PROGRESS_EVERY`] during one, so a large handover never times out.
+//!
+//! Memory windows, registrations and rkeys are the successor's own. So that the pause the
+//! initiators see after `bye` holds nothing that grows with the volumes' size, the state names
+//! the RDMA devices each volume was registered on for memory windows (format 2), and the
+//! successor registers it there before it says ready, while the old daemon still serves
+//! ([`Handed::register_ahead`]). Without them (a format 1 record, a volume nobody opened, the
+//! service manager's store, where the old daemon is gone before the successor starts and
+//! registering first would save nothing), and in per-session registration mode (each session's
+//! own PD), registration happens at the first OPEN, as at a start.
 
 use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -131,8 +139,11 @@ pub struct HandedVolume {
     /// behind the hold is never answered here and its initiator sends it again to the successor.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub punches: Vec<(u64, u64)>,
-    /// Format 2: the RDMA devices the volume is registered on, for a successor that registers
-    /// it there before its first OPEN; None: not said (a successor registers at the first OPEN).
+    /// Format 2: the RDMA devices the old daemon had the volume registered on for memory
+    /// windows, for the successor to register it there before it says ready
+    /// ([`Handed::register_ahead`]); None: not said (the successor registers at the first OPEN,
+    /// as at a start). Advice only: a state that needs format 1 alone is written in it without
+    /// them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<Vec<String>>,
     /// Its backing store's descriptor: an index into the descriptors.
@@ -176,9 +187,9 @@ impl HandedVolume {
 
 impl State {
     /// The oldest format that holds this state (format 1 has one memfd per volume and no
-    /// punches or devices).
+    /// punches; the devices, advice only, are left out of it).
     pub fn oldest_format(&self) -> u32 {
-        let simple = |v: &HandedVolume| v.segments.len() <= 1 && v.punches.is_empty() && v.devices.is_none();
+        let simple = |v: &HandedVolume| v.segments.len() <= 1 && v.punches.is_empty();
         if self.volumes.iter().all(simple) {
             1
         } else {
@@ -195,6 +206,7 @@ impl State {
             if format == 1 {
                 v.memfd = memfd;
                 v.segments.clear();
+                v.devices = None;
             } else {
                 v.memfd = None;
                 if v.segments.is_empty() {
@@ -221,6 +233,8 @@ pub struct Handed {
     started: Instant,
     /// How many volumes were handed over.
     handed: usize,
+    /// The volumes taken ([`Handed::take`]) and the devices the state names for each.
+    ahead: Vec<(String, Vec<String>)>,
 }
 
 impl Handed {
@@ -261,6 +275,7 @@ impl Handed {
             socket: Some(socket.to_owned()),
             stored: Vec::new(),
             started,
+            ahead: Vec::new(),
         })
     }
 
@@ -306,7 +321,16 @@ impl Handed {
         let count = by_index.keys().max().map_or(0, |m| m + 1);
         let fds = std::sync::Mutex::new((0..count).map(|i| by_index.remove(&i)).collect());
         let handed = state.volumes.len();
-        Ok(Some(Handed { state, fds, peer: None, socket: None, stored, started: Instant::now(), handed }))
+        Ok(Some(Handed {
+            state,
+            fds,
+            peer: None,
+            socket: None,
+            stored,
+            started: Instant::now(),
+            handed,
+            ahead: Vec::new(),
+        }))
     }
 
     /// The state handed over.
@@ -400,8 +424,56 @@ impl Handed {
     pub(crate) fn take(&mut self, name: &str) -> Option<Result<Volume, HandoverError>> {
         let i = self.state.volumes.iter().position(|h| h.name == name)?;
         let h = self.state.volumes.remove(i);
+        if let Some(devices) = h.devices.clone().filter(|d| !d.is_empty()) {
+            self.ahead.push((h.name.clone(), devices));
+        }
         let what = format!("mapping volume {} ({} bytes)", h.name, h.size);
         Some(self.step(&what, || self.adopt(h)))
+    }
+
+    /// Registers each volume taken ([`Handed::take`]) for memory windows on the devices the
+    /// old daemon had it registered on, in `shared`'s window domain there, before the successor
+    /// says ready: the pinning, which grows with the volume, happens while the old daemon still
+    /// serves, and the first OPEN after `bye` finds the registration made. Reports progress as
+    /// every step does ([`Handed::step`]). A device this daemon does not serve (another
+    /// `device =`, windows off, no type 2B windows, gone) is skipped, and a registration that
+    /// fails is left to the first OPEN, which reports it as at a start. Per-session
+    /// registration (devices or initiators without windows) happens in each session's own PD
+    /// at its OPEN: nothing here.
+    pub(crate) fn register_ahead(&self, shared: &Shared) {
+        let started = Instant::now();
+        let mut registered = 0;
+        for (name, devices) in &self.ahead {
+            let Some(volume) = shared.catalog().volumes.get(name).cloned() else { continue };
+            for device in devices {
+                if shared.fixed.device.as_ref().is_some_and(|d| d != device) {
+                    info!(volume = %name, device, "not registering ahead: this daemon serves another device");
+                    continue;
+                }
+                let what = format!("registering volume {name} ({}) on {device}", rblk_proto::Bytes(volume.size()));
+                let done = self.step(&what, || match shared.window_domain(device)? {
+                    Some(pd) => volume.region(&pd, &shared.counters).map(|_| true),
+                    None => Ok(false),
+                });
+                match done {
+                    Ok(true) => registered += 1,
+                    Ok(false) => info!(volume = %name, device, "not registering ahead: no memory windows here"),
+                    Err(e) => warn!(
+                        volume = %name,
+                        device,
+                        error = %rblk_fabric::Chain(&e),
+                        "registering ahead failed: the volume's first OPEN registers it"
+                    ),
+                }
+            }
+        }
+        if registered > 0 {
+            info!(
+                registered,
+                took = ?started.elapsed(),
+                "registered the handed volumes ahead, before saying ready: the first OPENs pin nothing"
+            );
+        }
     }
 
     /// The handed volumes the successor's configuration did not take ([`Handed::take`]):
@@ -437,9 +509,6 @@ impl Handed {
             (None, None) => None,
             _ => return Err(fail("a backing path without its descriptor, or the reverse".into())),
         };
-        if let Some(devices) = &h.devices {
-            tracing::debug!(volume = %h.name, ?devices, "the old daemon registered it on these devices");
-        }
         if !punches.is_empty() {
             // Zeroed in the memory already; the backing store's punches, before anyone reads it.
             let jobs: Vec<crate::persist::Job> =
@@ -693,7 +762,7 @@ fn prepare(shared: &Arc<Shared>) -> Result<Prepared, String> {
             memfd: None,
             segments: vec![Segment { memfd, len: v.size() }],
             punches: Vec::new(),
-            devices: None,
+            devices: Some(v.registered_on()).filter(|d| !d.is_empty()),
             backing,
         });
     }
@@ -982,5 +1051,27 @@ mod tests {
         assert!(v.memory(1).is_err(), "a format 1 entry with punches");
         let state = State { format: 2, pid: 1, daemon: "d".into(), block_size: 4096, volumes: vec![v] };
         assert_eq!(state.oldest_format(), 2, "pending punches need format 2");
+    }
+
+    /// Issue 42: the devices a volume was registered on round-trip in format 2, and are advice
+    /// only: they do not make a state need format 2, and format 1 (an older successor, the
+    /// service manager's store) leaves them out, so that reader gets today's record and
+    /// registers at the first OPEN. Catches a state with devices that an older successor could
+    /// not read, and devices lost from a format 2 record.
+    #[test]
+    fn the_devices_round_trip_in_format_2_and_format_1_leaves_them_out() {
+        let mut v = volume(vec![Segment { memfd: 0, len: 1 << 20 }]);
+        v.devices = Some(vec!["mlx5_0".into(), "rxe0".into()]);
+        let state = State { format: 2, pid: 1, daemon: "d".into(), block_size: 4096, volumes: vec![v] };
+        let read = parse_state(serde_json::to_value(&state).unwrap()).unwrap();
+        assert_eq!(read, state);
+        assert_eq!(read.volumes[0].devices.as_deref(), Some(&["mlx5_0".to_owned(), "rxe0".to_owned()][..]));
+        assert_eq!(state.oldest_format(), 1, "devices alone need no format 2");
+        let one = state.in_format(1);
+        assert_eq!(one.volumes[0].devices, None);
+        assert_eq!(one.volumes[0].memory(1), Ok(0), "a format 1 reader adopts it");
+        let text = serde_json::to_string(&one).unwrap();
+        assert!(!text.contains("devices") && !text.contains("segments"), "{text}");
+        assert_eq!(one.in_format(2).volumes[0].devices, None, "what format 1 left out stays out");
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::{Chain, Request, Waker};
+use rblk_fabric::{Chain, Waker};
 use rblk_proto::Resume;
 use tracing::{info, warn};
 
@@ -580,28 +580,29 @@ impl Shared {
     pub fn connection_count(&self) -> usize {
         self.conns.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
-    /// The window domain of `req`'s device (see [`Shared::domains`]), made at the first
-    /// connection that asks for windows on it; None where windows are off or the device has
-    /// none.
-    pub(crate) fn window_domain(&self, req: &Request) -> rblk_fabric::Result<Option<rblk_fabric::Pd>> {
+    /// The window domain of `device` (see [`Shared::domains`]), made at the first connection
+    /// that asks for windows on it, or by a successor that registers its handed volumes ahead
+    /// ([`crate::handover::Handed::register_ahead`]); None where windows are off or the device
+    /// has none.
+    pub(crate) fn window_domain(&self, device: &str) -> rblk_fabric::Result<Option<rblk_fabric::Pd>> {
         if !self.fixed.memory_windows {
             return Ok(None);
         }
         let mut domains = self.domains.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(d) = domains.get(req.device()) {
+        if let Some(d) = domains.get(device) {
             return Ok(d.clone());
         }
-        let pd = req.alloc_pd()?;
+        let pd = rblk_fabric::Pd::alloc(self.fixed.fabric, device)?;
         let domain = pd.type2_windows().then_some(pd);
         if domain.is_some() {
-            info!(device = req.device(), "memory windows: one registration per volume, one window per QP");
+            info!(device, "memory windows: one registration per volume, one window per QP");
         } else {
             info!(
-                device = req.device(),
+                device,
                 "the device has no type 2B memory windows: each session registers its volume in a PD of its own"
             );
         }
-        domains.insert(req.device().to_owned(), domain.clone());
+        domains.insert(device.to_owned(), domain.clone());
         Ok(domain)
     }
 

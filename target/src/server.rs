@@ -169,6 +169,8 @@ impl Server {
         let (metrics, admin, taken) = match handed {
             None => (serve_metrics(&shared, cfg.metrics)?, serve_admin(&shared, cfg.admin_socket.as_deref())?, None),
             Some(h) => {
+                // The pinning that grows with the volumes, while the old daemon still serves.
+                h.register_ahead(&shared);
                 // The point of no return: the old daemon disconnects and exits once it answers.
                 h.ready()?;
                 let taken = Taken {

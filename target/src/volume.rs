@@ -183,6 +183,14 @@ impl Volume {
         Ok(r)
     }
 
+    /// The devices the volume is registered on for memory windows ([`Volume::region`]), by
+    /// name: what a handover names for the successor to register ahead.
+    pub fn registered_on(&self) -> Vec<String> {
+        let mut devices: Vec<String> = self.regions.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        devices.sort_unstable();
+        devices
+    }
+
     /// Runs `jobs` (a FLUSH's ranges to write back, a DISCARD's or WRITE_ZEROES' range to zero:
     /// [`Job`]) in the next write-back pass (group commit, see [`Group`]) on a thread of its own,
     /// started unless one runs passes already, so that no connection's thread waits for the

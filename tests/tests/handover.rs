@@ -149,6 +149,13 @@ fn take_over(old: Running, cfg: Config) -> Result<Running, Box<(StartError, Runn
     Ok(new)
 }
 
+/// scripts/lib/test_handover.py: the unit tests of scripts/handover-rxe.sh's analysis (its
+/// log parsing, the longest gap, the goals of issue 42), on recorded lines.
+#[test]
+fn the_handover_scripts_analysis() {
+    rblk_tests::python_unittest("test_handover");
+}
+
 #[test]
 fn mem_a_takeover_keeps_a_ram_volume_and_its_instance() {
     let s = Setup::new(false);
@@ -171,6 +178,40 @@ fn mem_a_takeover_keeps_a_ram_volume_and_its_instance() {
     write(&e, 3, 32 * PIECE, 4);
     check(&e, 1, 0, 16);
     check(&e, 3, 32 * PIECE, 4);
+    drop(e);
+    third.shutdown();
+}
+
+/// Issue 42, register before `bye`: the successor registers each handed volume that the old
+/// daemon had registered for memory windows, on the same device, before it says ready, so the
+/// first OPEN after the takeover pins nothing (the pause the initiators see holds nothing that
+/// grows with size); a volume nobody opened stays unregistered (nothing pinned for it), and a
+/// successor with memory windows off registers nothing ahead (each session's own PD, at its
+/// OPEN). Catches a successor that registers at the first OPEN again (the registration count
+/// is 0 right after the takeover), one that pins every volume, and one that registers in a
+/// window domain it does not use.
+#[test]
+fn mem_a_successor_registers_the_opened_volumes_before_it_is_ready() {
+    let mut s = Setup::new(false);
+    s.cfg.volumes.push(VolumeSpec { name: "idle".into(), size: 8 * MIB, path: None });
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    write(&e, 1, 0, 4);
+    assert_eq!(old.registrations(), (1, 4 * MIB), "the old daemon registered the opened volume once");
+    let new = take_over(old, s.cfg.clone()).map_err(|b| b.0).expect("takeover");
+    assert_eq!(new.registrations(), (1, 4 * MIB), "registered ahead, before any OPEN; the idle volume not");
+    write(&e, 2, 4 * PIECE, 4);
+    check(&e, 1, 0, 4);
+    assert!(e.reconnects() >= 1, "the engine reconnected to the successor");
+    assert_eq!(new.registrations(), (1, 4 * MIB), "the OPEN after the takeover found the registration made");
+    // Windows off in the next successor: nothing registered ahead; the OPEN registers in the
+    // session's own PD.
+    let mut off = s.cfg.clone();
+    off.memory_windows = false;
+    let third = take_over(new, off).map_err(|b| b.0).expect("a takeover by a successor without windows");
+    assert_eq!(third.registrations(), (0, 0), "no window domain: nothing registered ahead");
+    check(&e, 2, 4 * PIECE, 4);
+    assert_eq!(third.registrations(), (1, 4 * MIB), "the OPEN registered it in its own PD");
     drop(e);
     third.shutdown();
 }
@@ -483,6 +524,13 @@ mod guest {
         let status = old.wait_exit(Duration::from_secs(30)).expect("the old daemon exits after the handover");
         assert!(status.success(), "the old daemon exits 0 after a takeover: {status}");
         assert!(new.wait_log(&["took over 1 volume(s)"], Duration::from_secs(1)), "the successor says it took over");
+        // Issue 42: every caller had the volume open with memory windows, so the state names
+        // rxe0 and the successor registers the volume there before it says ready (on a real
+        // device, in a PD it allocates by the device's name, not from a connection).
+        assert!(
+            new.wait_log(&["registered the handed volumes ahead"], Duration::from_secs(1)),
+            "the successor registers the volume before it is ready"
+        );
         (new, took)
     }
 
@@ -536,6 +584,65 @@ mod guest {
         detach(&a.dev);
         drop(target);
         let _ = std::fs::remove_dir_all(d);
+    }
+
+    /// Issue 42, the takeover pause at two sizes through the library: QD1 reads run across a
+    /// takeover of a 64 MiB and of a 256 MiB RAM volume; the successor registers each before it
+    /// is ready (its `take_over` checks), and the reconnect's OPEN after `bye` registers nothing
+    /// (one registration line in the successor's log, not two). Catches a successor that pins
+    /// at the first OPEN again, inside the pause that grows with size. The pauses are printed,
+    /// not asserted (times under TCG: scripts/handover-rxe.sh measures them against the goals).
+    #[test]
+    #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+    fn the_pause_after_bye_registers_nothing_at_either_size() {
+        let mut pauses = Vec::new();
+        for size in ["64M", "256M"] {
+            let d = dir(&format!("pause-{size}"));
+            let sock = d.join("admin.sock").display().to_string();
+            let spec = format!("v:{size}");
+            let args = ["--volume", &spec, "--admin-socket", &sock];
+            let old = Daemon::start(&rdma(), &args);
+            let reconnect = Reconnect {
+                delay: Duration::from_millis(200),
+                ctrl_loss_tmo: Some(Duration::from_secs(60)),
+                fast_io_fail_tmo: None,
+                connect_timeout: Duration::ZERO,
+            };
+            let opts = Options { reconnect, ..Options::default() };
+            let uri = format!("rblk://{}/v", old.addr);
+            let e = Engine::new(Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadOnly).unwrap(), 1).unwrap();
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let (new, gap) = std::thread::scope(|s| {
+                let reader = s.spawn(|| {
+                    let (mut last, mut gap, mut buf) = (Instant::now(), Duration::ZERO, vec![0u8; 4096]);
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        e.read_at(&mut buf, (i % 4096) * 4096).expect("a read across the takeover");
+                        gap = gap.max(last.elapsed());
+                        last = Instant::now();
+                        i += 1;
+                    }
+                    gap
+                });
+                std::thread::sleep(Duration::from_millis(500));
+                let (new, _) = take_over(&bin("rblk-target"), old, &args);
+                let t0 = Instant::now();
+                while e.reconnects() == 0 {
+                    assert!(t0.elapsed() < Duration::from_secs(30), "no reconnect 30 s after the takeover");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                std::thread::sleep(Duration::from_millis(300));
+                stop.store(true, Ordering::Relaxed);
+                (new, reader.join().unwrap())
+            });
+            let regs = new.log_lines(&["for memory windows in"]);
+            assert_eq!(regs.len(), 1, "registered once, before ready, not again at the OPEN: {regs:?}");
+            pauses.push((size, gap));
+            drop(e);
+            drop(new);
+            let _ = std::fs::remove_dir_all(d);
+        }
+        eprintln!("handover: the longest read across the takeover, by size: {pauses:?}");
     }
 
     fn written_back(metrics: &str) -> u64 {

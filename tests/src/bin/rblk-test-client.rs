@@ -34,8 +34,12 @@
 //!     which names the cap) and "failure: TEXT" (a connect or JOIN that failed) once for each
 //!     new text, then "joined J refused R failed F", and holds every connection until stdin
 //!     closes
+//! rblk-test-client reg-time DEVICE --size BYTES
+//!     a bare registration, as a handover's successor makes one: a memfd of BYTES (untouched,
+//!     as a RAM volume nobody wrote), registered for memory-window binds in a new PD on DEVICE
+//!     (one ibv_reg_mr: the fabric's `Pd::register`); prints "reg_ms MS dereg_ms MS"
 //! ```
-//! (`open-time` and `hold` are scripts/scale-rxe.sh's and scripts/hosts-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
+//! (`reg-time` is scripts/handover-rxe.sh's baseline; `open-time` and `hold` are scripts/scale-rxe.sh's and scripts/hosts-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
 //! `keyless` the trust tests', `joins` the JOIN-cap test's attacker in tests/tests/limits.rs.)
 
 use std::path::PathBuf;
@@ -66,7 +70,8 @@ fn main() -> ExitCode {
         Some("raw-lat") => raw_lat(&args),
         Some("keyless") => keyless(&args),
         Some("joins") => joins(&args),
-        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins URI ...".into()),
+        Some("reg-time") => reg_time(&args),
+        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins|reg-time URI ...".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -80,6 +85,22 @@ fn main() -> ExitCode {
 fn open(uri: &str) -> Result<rblk_initiator::Volume, String> {
     let session = Session::connect(uri, &Options::default()).map_err(|e| format!("connect {uri}: {e}"))?;
     session.open(OpenMode::ReadWrite).map_err(|e| format!("open: {e}"))
+}
+
+fn reg_time(args: &[String]) -> Result<(), String> {
+    use rblk_fabric::{Access, Fabric, Memory, Pd};
+    let device = args.get(2).ok_or("missing DEVICE")?;
+    let size = count(args, "--size")?;
+    let memory = Memory::memfd("rblk-reg-time", size).map_err(|e| format!("memfd of {size} bytes: {e}"))?;
+    let pd = Pd::alloc(Fabric::Verbs, device).map_err(|e| format!("PD on {device}: {}", rblk_fabric::Chain(&e)))?;
+    let t0 = std::time::Instant::now();
+    let mr = pd.register(&memory, Access::BIND_ONLY).map_err(|e| format!("register: {}", rblk_fabric::Chain(&e)))?;
+    let reg = t0.elapsed();
+    let t1 = std::time::Instant::now();
+    drop(mr);
+    let dereg = t1.elapsed();
+    println!("reg_ms {:.1} dereg_ms {:.1}", reg.as_secs_f64() * 1e3, dereg.as_secs_f64() * 1e3);
+    Ok(())
 }
 
 fn keyless(args: &[String]) -> Result<(), String> {

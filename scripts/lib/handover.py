@@ -1,0 +1,213 @@
+"""scripts/handover-rxe.sh's analysis: the takeover pause (issue 42's goals).
+
+Two uses:
+  handover.py run SIZE WORKLOAD DIR   (in the guest, after one run) reads DIR/d1.log ... (the
+      successors' logs, one per takeover), DIR/lat_clat.*.log (fio's log of every completion) and
+      DIR/fio.out (fio's terse output); prints the run's `@@` lines:
+        @@gap SIZE WORKLOAD LONGEST_GAP_MS COMPLETIONS FIO_ERRORS
+        @@takeover SIZE WORKLOAD N BYE_MS AHEAD_MS OPEN_REG_MS
+      BYE_MS: the successor's request to the old daemon's `bye` (its "took over" line), AHEAD_MS:
+      its registration before saying ready ("registered the handed volumes ahead"; - when none),
+      OPEN_REG_MS: registrations after `bye` (at an OPEN; 0 when none: the pause holds none).
+  handover.py table GUEST_LOG   (on the host) reads those lines and `@@reg SIZE REG_MS DEREG_MS`
+      (a bare registration of SIZE, rblk-test-client reg-time) and prints the table and the goals.
+"""
+
+import datetime
+import glob
+import os
+import re
+import sys
+
+# The goals (issue 42).
+GAP_GOAL_MS = 300.0
+GAP_GROWTH_GOAL = 1.1
+AHEAD_VS_BARE_GOAL = 1.2
+
+_UNITS = {"s": 1e3, "ms": 1.0, "µs": 1e-3, "us": 1e-3, "ns": 1e-6}
+_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def duration_ms(text):
+    """A Rust Duration's Debug text (`1.5s`, `812.3ms`, `45µs`, `7ns`) in milliseconds; None when
+    it is not one."""
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(s|ms|µs|us|ns)", text.strip())
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else None
+
+
+def size_bytes(label):
+    """`64M`, `4G`, `512` as bytes (binary suffixes, as rblk's sizes)."""
+    m = re.fullmatch(r"([0-9]+)([KMGT]?)", label.strip().upper())
+    if not m:
+        raise ValueError(f"not a size: {label!r}")
+    return int(m.group(1)) * _SUFFIX.get(m.group(2), 1)
+
+
+def field(line, name):
+    """The value of tracing's `name=value` field in a log line, or None."""
+    m = re.search(rf"\b{re.escape(name)}=(\S+)", line)
+    return m.group(1) if m else None
+
+
+def stamp(line):
+    """The RFC 3339 time a tracing log line starts with (or None)."""
+    m = re.search(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
+    if not m:
+        return None
+    return datetime.datetime.fromisoformat(m.group(1)).replace(tzinfo=datetime.timezone.utc)
+
+
+def successor(lines):
+    """What one successor's log says: (bye_ms, ahead_ms, open_reg_ms). bye_ms: its "took over"
+    line's `took` (None if it has none); ahead_ms: its registration before ready (None when it
+    registered nothing ahead); open_reg_ms: the registrations it made after `bye` (at an OPEN)."""
+    bye = ahead = None
+    open_reg = 0.0
+    for line in lines:
+        if "took over" in line and "volume(s)" in line:
+            bye = duration_ms(field(line, "took") or "")
+        elif "registered the handed volumes ahead" in line:
+            ahead = duration_ms(field(line, "took") or "")
+        elif "for memory windows in" in line and bye is not None:
+            m = re.search(r"for memory windows in (\d+) ms", line)
+            open_reg += float(m.group(1)) if m else 0.0
+    return bye, ahead, open_reg
+
+
+def completions(lines):
+    """fio's completion log (`time_ms, value, dir, bs, offset[, prio]` a line) as sorted times."""
+    times = []
+    for line in lines:
+        first = line.split(",", 1)[0].strip()
+        if first.isdigit():
+            times.append(int(first))
+    return sorted(times)
+
+
+def longest_gap(times):
+    """The longest gap between two consecutive completion times (None with fewer than two)."""
+    return max((b - a for a, b in zip(times, times[1:])), default=None)
+
+
+def fio_errors(terse):
+    """fio's error count from terse v3 output (field 5 of its last result line); None if absent."""
+    rows = [line.split(";") for line in terse.splitlines() if line.count(";") > 100]
+    return int(rows[-1][4]) if rows else None
+
+
+def run_lines(size, workload, d):
+    """The `@@` lines of one run in directory `d`."""
+    times = []
+    for path in sorted(glob.glob(os.path.join(d, "lat_clat.*.log"))):
+        with open(path, errors="replace") as f:
+            times.extend(completions(f))
+    times.sort()
+    try:
+        with open(os.path.join(d, "fio.out"), errors="replace") as f:
+            errors = fio_errors(f.read())
+    except OSError:
+        errors = None
+    gap = longest_gap(times)
+    out = [f"@@gap {size} {workload} {gap if gap is not None else '-'} {len(times)} "
+           f"{errors if errors is not None else '-'}"]
+    n = 1
+    while os.path.exists(os.path.join(d, f"d{n}.log")):
+        with open(os.path.join(d, f"d{n}.log"), errors="replace") as f:
+            bye, ahead, open_reg = successor(f)
+        show = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+        out.append(f"@@takeover {size} {workload} {n} {show(bye)} {show(ahead)} {open_reg:.1f}")
+        n += 1
+    return out
+
+
+def parse(lines):
+    """The `@@reg`, `@@gap` and `@@takeover` lines: (reg {size: ms}, gaps {(size, wl): (gap, n,
+    errors)}, takeovers {size: [(bye, ahead, open_reg)]}); `-` reads as None."""
+    num = lambda v: None if v == "-" else float(v)  # noqa: E731
+    reg, gaps, takeovers = {}, {}, {}
+    for line in lines:
+        p = line.split()
+        if not p or not p[0].startswith("@@"):
+            continue
+        if p[0] == "@@reg" and len(p) >= 3:
+            reg[p[1]] = num(p[2])
+        elif p[0] == "@@gap" and len(p) >= 6:
+            gaps[(p[1], p[2])] = (num(p[3]), int(p[4]), None if p[5] == "-" else int(p[5]))
+        elif p[0] == "@@takeover" and len(p) >= 7:
+            takeovers.setdefault(p[1], []).append((num(p[4]), num(p[5]), num(p[6])))
+    return reg, gaps, takeovers
+
+
+def median(values):
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def worst_gap(gaps, size):
+    """The longest gap of any workload at `size` (None when no run had one)."""
+    return max((g for (s, _), (g, _, _) in gaps.items() if s == size and g is not None), default=None)
+
+
+def goals(reg, gaps, takeovers):
+    """[(goal, measured text, met)] for the smallest and the largest size measured."""
+    sizes = sorted({s for s, _ in gaps} | set(takeovers), key=size_bytes)
+    if not sizes:
+        return []
+    small, large = sizes[0], sizes[-1]
+    out = []
+    g_small, g_large = worst_gap(gaps, small), worst_gap(gaps, large)
+    if g_small is not None:
+        out.append((f"longest gap at {small} <= {GAP_GOAL_MS:.0f} ms", f"{g_small:.0f} ms", g_small <= GAP_GOAL_MS))
+    if large != small and None not in (g_small, g_large) and g_small > 0:
+        ratio = g_large / g_small
+        out.append((f"longest gap at {large} <= {GAP_GROWTH_GOAL}x at {small}", f"{ratio:.2f}x",
+                    ratio <= GAP_GROWTH_GOAL))
+    b_small = median(b for b, _, _ in takeovers.get(small, []))
+    b_large = median(b for b, _, _ in takeovers.get(large, []))
+    if large != small and None not in (b_small, b_large) and reg.get(large):
+        ratio = (b_large - b_small) / reg[large]
+        out.append((f"work before bye, {large} minus {small} <= {AHEAD_VS_BARE_GOAL}x a bare registration of {large}",
+                    f"{b_large - b_small:.0f} ms / {reg[large]:.0f} ms = {ratio:.2f}x", ratio <= AHEAD_VS_BARE_GOAL))
+    errors = sum(e or 0 for _, _, e in gaps.values())
+    out.append(("fio errors 0", str(errors), errors == 0))
+    late = sum(o or 0 for runs in takeovers.values() for _, _, o in runs)
+    out.append(("registration after bye (at the first OPEN) 0 ms", f"{late:.0f} ms", late == 0))
+    return out
+
+
+def table(lines):
+    reg, gaps, takeovers = parse(lines)
+    show = lambda v, unit="": "-" if v is None else f"{v:.0f}{unit}"  # noqa: E731
+    out = ["| size | workload | longest gap ms | completions | fio errors |", "|---|---|---|---|---|"]
+    for (size, wl), (gap, n, errors) in sorted(gaps.items(), key=lambda kv: (size_bytes(kv[0][0]), kv[0][1])):
+        out.append(f"| {size} | {wl} | {show(gap)} | {n} | {show(errors)} |")
+    out += ["", "| size | takeovers | request to bye ms (median, max) | registered ahead ms (median) | "
+            "registered after bye ms | bare ibv_reg_mr ms |", "|---|---|---|---|---|---|"]
+    for size in sorted(set(takeovers) | set(reg), key=size_bytes):
+        runs = takeovers.get(size, [])
+        byes = [b for b, _, _ in runs if b is not None]
+        out.append(f"| {size} | {len(runs)} | {show(median(byes))}, {show(max(byes, default=None))} | "
+                   f"{show(median(a for _, a, _ in runs))} | {show(sum(o or 0 for _, _, o in runs))} | "
+                   f"{show(reg.get(size))} |")
+    out += ["", "| goal | measured | met |", "|---|---|---|"]
+    out += [f"| {g} | {m} | {'yes' if ok else 'NO'} |" for g, m, ok in goals(reg, gaps, takeovers)]
+    return out
+
+
+def main(argv):
+    if len(argv) == 5 and argv[1] == "run":
+        print("\n".join(run_lines(argv[2], argv[3], argv[4])))
+        return 0
+    if len(argv) == 3 and argv[1] == "table":
+        with open(argv[2], errors="replace") as f:
+            print("\n".join(table(f.read().splitlines())))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,141 @@
+"""Unit tests of handover.py (run by tests/tests/handover.rs)."""
+
+import os
+import tempfile
+import unittest
+
+import handover
+
+# A successor's log as rblk-target writes it (tracing's default format, no colours).
+SUCCESSOR = """2026-12-07T02:40:01.100000Z  INFO rblk_target::handover: taking the volume over: the same pages and instance volume=v
+2026-12-07T02:40:01.900000Z  INFO rblk_target::volume: registered 4.0 GiB for memory windows in 812 ms volume=v device=rxe0
+2026-12-07T02:40:01.901000Z  INFO rblk_target::handover: registered the handed volumes ahead, before saying ready: the first OPENs pin nothing registered=1 took=812.5ms
+2026-12-07T02:40:01.950000Z  INFO rblk_target::handover: took over 1 volume(s) from rblk-target 0.1.0 pid=77 took=1.25s
+2026-12-07T02:40:02.100000Z  INFO rblk_target::control: opened
+""".splitlines()
+
+# One whose registration happened at the first OPEN after bye (no devices in the state).
+LATE = """2026-12-07T02:41:00.000000Z  INFO rblk_target::handover: took over 1 volume(s) from rblk-target 0.1.0 pid=78 took=300µs
+2026-12-07T02:41:00.500000Z  INFO rblk_target::volume: registered 4.0 GiB for memory windows in 790 ms volume=v device=rxe0
+""".splitlines()
+
+GUEST_LOG = """rxe-guest: booted
+@@reg 64M 20.0 3.0
+@@reg 4G 800.0 90.0
+@@gap 64M randread 120 5000 0
+@@gap 64M randwrite-fsync 180 3000 0
+@@gap 4G randread 190 5000 0
+@@gap 4G randwrite-fsync - 0 -
+@@takeover 64M randread 1 400.0 20.0 0.0
+@@takeover 64M randread 2 420.0 21.0 0.0
+@@takeover 4G randread 1 1300.0 810.0 0.0
+@@takeover 4G randread 2 1350.0 - 5.0
+@@gap
+""".splitlines()
+
+
+class Values(unittest.TestCase):
+    def test_durations_in_each_unit(self):
+        self.assertEqual(handover.duration_ms("1.25s"), 1250.0)
+        self.assertEqual(handover.duration_ms("812.5ms"), 812.5)
+        self.assertAlmostEqual(handover.duration_ms("300µs"), 0.3)
+        self.assertAlmostEqual(handover.duration_ms("7ns"), 7e-6)
+        self.assertIsNone(handover.duration_ms("soon"))
+        self.assertIsNone(handover.duration_ms(""))
+
+    def test_sizes_are_binary(self):
+        self.assertEqual(handover.size_bytes("64M"), 64 << 20)
+        self.assertEqual(handover.size_bytes("4g"), 4 << 30)
+        self.assertEqual(handover.size_bytes("512"), 512)
+        with self.assertRaises(ValueError):
+            handover.size_bytes("4 GiB")
+
+    def test_fields_and_stamps(self):
+        self.assertEqual(handover.field(SUCCESSOR[3], "took"), "1.25s")
+        self.assertEqual(handover.field(SUCCESSOR[3], "pid"), "77")
+        self.assertIsNone(handover.field(SUCCESSOR[4], "took"))
+        t = handover.stamp(SUCCESSOR[0])
+        self.assertEqual((t.minute, t.second, t.microsecond), (40, 1, 100000))
+        self.assertIsNone(handover.stamp("no time here"))
+
+
+class Successor(unittest.TestCase):
+    def test_registered_ahead(self):
+        self.assertEqual(handover.successor(SUCCESSOR), (1250.0, 812.5, 0.0))
+
+    def test_registration_after_bye_is_counted(self):
+        bye, ahead, late = handover.successor(LATE)
+        self.assertAlmostEqual(bye, 0.3)
+        self.assertIsNone(ahead)
+        self.assertEqual(late, 790.0)
+
+    def test_a_log_without_a_takeover(self):
+        self.assertEqual(handover.successor(["listening on 10.0.0.1:7431"]), (None, None, 0.0))
+
+
+class Fio(unittest.TestCase):
+    def test_completions_and_the_longest_gap(self):
+        times = handover.completions(["10, 55, 0, 4096, 0", "3, 60, 0, 4096, 8192, 0", "junk", "", "400, 1, 0, 4096, 0"])
+        self.assertEqual(times, [3, 10, 400])
+        self.assertEqual(handover.longest_gap(times), 390)
+        self.assertIsNone(handover.longest_gap([5]))
+
+    def test_errors_from_terse_output(self):
+        row = ";".join(["3", "fio-3.33", "t", "0", "7"] + ["0"] * 120)
+        self.assertEqual(handover.fio_errors("fio: note\n" + row + "\n"), 7)
+        self.assertIsNone(handover.fio_errors("fio: no result\n"))
+
+
+class Run(unittest.TestCase):
+    def test_a_run_directory_to_lines(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "lat_clat.1.log"), "w") as f:
+                f.write("1, 5, 0, 4096, 0\n2, 5, 0, 4096, 0\n250, 5, 0, 4096, 0\n")
+            with open(os.path.join(d, "fio.out"), "w") as f:
+                f.write(";".join(["3", "fio", "t", "0", "0"] + ["0"] * 120) + "\n")
+            for n, lines in ((1, SUCCESSOR), (2, LATE)):
+                with open(os.path.join(d, f"d{n}.log"), "w") as f:
+                    f.write("\n".join(lines) + "\n")
+            out = handover.run_lines("4G", "randread", d)
+        self.assertEqual(out, ["@@gap 4G randread 248 3 0", "@@takeover 4G randread 1 1250.0 812.5 0.0",
+                               "@@takeover 4G randread 2 0.3 - 790.0"])
+
+    def test_an_empty_run(self):
+        with tempfile.TemporaryDirectory() as d:
+            self.assertEqual(handover.run_lines("64M", "randread", d), ["@@gap 64M randread - 0 -"])
+
+
+class Table(unittest.TestCase):
+    def test_parse(self):
+        reg, gaps, takeovers = handover.parse(GUEST_LOG)
+        self.assertEqual(reg, {"64M": 20.0, "4G": 800.0})
+        self.assertEqual(gaps[("4G", "randwrite-fsync")], (None, 0, None))
+        self.assertEqual(takeovers["4G"][1], (1350.0, None, 5.0))
+
+    def test_goals_against_the_recorded_lines(self):
+        got = {g: (m, ok) for g, m, ok in handover.goals(*handover.parse(GUEST_LOG))}
+        self.assertEqual(got["longest gap at 64M <= 300 ms"], ("180 ms", True))
+        self.assertEqual(got["longest gap at 4G <= 1.1x at 64M"], ("1.06x", True))
+        # Medians 410 and 1325 ms: 915 ms over a bare 800 ms registration.
+        key = "work before bye, 4G minus 64M <= 1.2x a bare registration of 4G"
+        self.assertEqual(got[key], ("915 ms / 800 ms = 1.14x", True))
+        self.assertEqual(got["fio errors 0"], ("0", True))
+        self.assertEqual(got["registration after bye (at the first OPEN) 0 ms"], ("5 ms", False))
+
+    def test_missed_goals_say_so(self):
+        lines = ["@@gap 64M randread 400 10 2", "@@gap 1G randread 900 10 0"]
+        got = {g: ok for g, _, ok in handover.goals(*handover.parse(lines))}
+        self.assertFalse(got["longest gap at 64M <= 300 ms"])
+        self.assertFalse(got["longest gap at 1G <= 1.1x at 64M"])
+        self.assertFalse(got["fio errors 0"])
+        self.assertEqual(handover.goals({}, {}, {}), [])
+
+    def test_the_table_lists_every_size_in_order(self):
+        text = "\n".join(handover.table(GUEST_LOG))
+        self.assertLess(text.index("| 64M | randread"), text.index("| 4G | randread"))
+        self.assertIn("| 4G | 2 | 1325, 1350 | 810 | 5 | 800 |", text)
+        self.assertIn("| registration after bye (at the first OPEN) 0 ms | 5 ms | NO |", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
