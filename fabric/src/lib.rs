@@ -861,6 +861,13 @@ enum EndpointInner {
     Mem(mem::Endpoint),
 }
 
+/// Waits until one of `fds` is readable (returns its index) or `deadline` passes (`None`): for
+/// an endpoint's owner that sleeps on its endpoints' descriptors ([`Endpoint::event_fd`],
+/// [`Endpoint::cm_fd`]) beside one of its own. Up to 8 descriptors allocate nothing.
+pub fn wait_readable(fds: &[RawFd], deadline: Instant) -> Result<Option<usize>> {
+    verbs::cm::wait_any_readable(fds, Some(deadline)).map_err(|source| Error::Os { op: "poll", source })
+}
+
 /// One reliable-connected queue pair with its completion queue.
 pub struct Endpoint {
     inner: EndpointInner,
@@ -1088,8 +1095,9 @@ impl Endpoint {
     }
 
     /// Hybrid wait: polls for up to `spin`, then arms the CQ and sleeps until a completion,
-    /// a [`Waker`] or `deadline`. Returns the number of completions stored (0: deadline or woken;
-    /// see [`Endpoint::take_wake`]).
+    /// a [`Waker`], the peer's disconnect ([`Endpoint::cm_fd`]: then
+    /// [`Endpoint::peer_gone`] is true) or `deadline`. Returns the number of completions stored
+    /// (0: deadline, woken, see [`Endpoint::take_wake`], or disconnected).
     pub fn wait(&mut self, out: &mut [Completion], spin: Duration, deadline: Instant) -> Result<usize> {
         let fd = match &self.wake {
             Wake::Pair(pair) => Some(pair.rx.as_raw_fd()),
@@ -1157,15 +1165,42 @@ impl Endpoint {
         dispatch!(EndpointInner, &self.inner, e => e.attributes())
     }
 
-    /// Whether the peer has disconnected, as rdma_cm reports it (the active side only; cheap,
-    /// never waits). A QP does not notice the peer's disconnect request by itself: its work
-    /// fails only when the transport's retries run out (seconds), so a connection's owner asks
-    /// this on its ticks. On the in-memory fabric a disconnect flushes the QP at once: false.
+    /// Whether the peer has disconnected, as rdma_cm reports it (the active side only): takes
+    /// every event waiting on the endpoint's CM channel, never waits (a system call). A QP does
+    /// not notice the peer's disconnect request by itself: its work fails only when the
+    /// transport's retries run out (seconds), so a connection's owner asks this when
+    /// [`cm_fd`](Self::cm_fd) becomes readable. On the in-memory fabric a disconnect flushes
+    /// the QP at once: false.
     pub fn peer_disconnected(&mut self) -> bool {
         match &mut self.inner {
             EndpointInner::Verbs(e) => e.peer_disconnected(),
             #[cfg(feature = "mem")]
             EndpointInner::Mem(_) => false,
+        }
+    }
+
+    /// What the last look at the CM channel found ([`peer_disconnected`](Self::peer_disconnected),
+    /// or a [`wait`](Self::wait) that the disconnect ended), without a system call.
+    pub fn peer_gone(&self) -> bool {
+        match &self.inner {
+            EndpointInner::Verbs(e) => e.peer_gone(),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => false,
+        }
+    }
+
+    /// The endpoint's own rdma_cm event channel, for an event loop of the caller's beside
+    /// [`event_fd`](Self::event_fd): readable when rdma_cm has an event for it (the peer
+    /// disconnected, the connection failed); then call
+    /// [`peer_disconnected`](Self::peer_disconnected), which empties it. [`wait`](Self::wait)
+    /// watches it itself. None on the passive side (its events go to the [`Listener`]), once
+    /// the endpoint is disconnected or its peer was seen to leave (nothing more to learn), and
+    /// on the in-memory fabric (a disconnect flushes the QP at once there).
+    pub fn cm_fd(&self) -> Option<RawFd> {
+        match &self.inner {
+            EndpointInner::Verbs(e) => e.cm_fd(),
+            #[cfg(feature = "mem")]
+            EndpointInner::Mem(_) => None,
         }
     }
 

@@ -104,10 +104,27 @@ pub(crate) struct Conn {
     verbs: bool,
 }
 
-/// How often a connection asks rdma_cm whether the target disconnected. Asking costs a system
-/// call, and queues run the liveness check on every reap: at depth 1 that was a system call per
-/// I/O (under TCG a good part of a round trip). A target's disconnect is still seen within this.
+/// How often a connection asks rdma_cm whether the target disconnected when nothing told it to:
+/// a fallback. A disconnect is an event: the endpoint's CM channel ([`Conn::cm_fd`]) is watched
+/// by every wait of the connection's owner ([`Endpoint::wait`] itself, the front ends' event
+/// loops, which then call [`Conn::take_cm_events`]), and the check looks at what they found
+/// without a system call. Asking rdma_cm costs one, and queues run the check on every reap: at
+/// depth 1 that was a system call per I/O (under TCG a good part of a round trip).
 const DISCONNECT_CHECK: Duration = Duration::from_millis(100);
+
+/// The environment variable that turns the initiator's periodic loss detection off
+/// ([`periodic_checks`]).
+pub const NO_TICKS_ENV: &str = "RBLK_TEST_NO_TICKS";
+
+/// Whether the initiator looks for a lost target by time, as well as from events: the
+/// [`DISCONNECT_CHECK`] fallback, the keepalive rule (silence, a stuck SEND) and the front ends'
+/// ticks. False when the environment has `RBLK_TEST_NO_TICKS=1` (read once), for tests that prove
+/// a loss is seen from its event alone (docs/tests.md); never for production. Keepalives are
+/// still sent when a reap finds one due.
+pub fn periodic_checks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(NO_TICKS_ENV).is_none_or(|v| v != "1"))
+}
 
 /// The initiator's loss detection: every SEND watched, a KEEPALIVE at every interval whatever is
 /// outstanding, and loss looked for only then (the check runs on every reap).
@@ -232,19 +249,11 @@ impl Conn {
     pub(crate) fn check_liveness_in(&mut self, session_heard: Option<Instant>) -> Result<()> {
         self.alive()?;
         let now = Instant::now();
-        // A target that went away cleanly (or whose process died: the kernel disconnects for
-        // it) said so; its QP would only fail once the retries run out.
-        if now >= self.next_disconnect_check {
-            self.next_disconnect_check = now + DISCONNECT_CHECK;
-            if self.ep.peer_disconnected() {
-                let reason = "the target disconnected".to_owned();
-                self.break_with(reason.clone());
-                return Err(Error::ConnectionLost { addr: self.addr, reason });
-            }
-        }
+        self.check_disconnect(now)?;
         let heard_elsewhere = session_heard.filter(|_| self.hears_through_session());
         let reason = match self.liveness.poll(now, heard_elsewhere, self.keepalives && !self.awaiting) {
             Action::Nothing => return Ok(()),
+            Action::Silent(_) | Action::SendStuck(_) if !periodic_checks() => return Ok(()),
             Action::Silent(silent) => {
                 format!("nothing from the target for {} s (keepalives stopped)", silent.as_secs())
             }
@@ -263,6 +272,40 @@ impl Conn {
         };
         self.break_with(reason.clone());
         Err(Error::ConnectionLost { addr: self.addr, reason })
+    }
+
+    /// Breaks the connection if the target disconnected: a target that went away cleanly (or
+    /// whose process died: the kernel disconnects for it) said so, and its QP would only fail
+    /// once the retries run out. What the waits took from the CM channel is looked at every
+    /// time; rdma_cm itself is asked at most every [`DISCONNECT_CHECK`] (never without
+    /// [`periodic_checks`]).
+    fn check_disconnect(&mut self, now: Instant) -> Result<()> {
+        let mut gone = self.ep.peer_gone();
+        if !gone && now >= self.next_disconnect_check && periodic_checks() {
+            self.next_disconnect_check = now + DISCONNECT_CHECK;
+            gone = self.ep.peer_disconnected();
+        }
+        if !gone {
+            return Ok(());
+        }
+        let reason = "the target disconnected".to_owned();
+        self.break_with(reason.clone());
+        Err(Error::ConnectionLost { addr: self.addr, reason })
+    }
+
+    /// The endpoint's CM event channel while the connection works: readable when rdma_cm has
+    /// an event for it (see [`Endpoint::cm_fd`]); then call
+    /// [`take_cm_events`](Self::take_cm_events).
+    pub(crate) fn cm_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.ep.cm_fd()
+    }
+
+    /// Takes the events waiting on the CM channel (its descriptor was readable): the next
+    /// liveness check acts on a disconnect among them.
+    pub(crate) fn take_cm_events(&mut self) {
+        if !self.is_broken() {
+            self.ep.peer_disconnected();
+        }
     }
 
     /// When [`check_liveness`](Self::check_liveness) next has something to do.
@@ -407,6 +450,8 @@ impl Conn {
             }
         };
         if n == 0 {
+            // The wait ended at the target's disconnect.
+            self.check_disconnect(Instant::now())?;
             if Instant::now() >= deadline && !self.awaiting {
                 self.break_with(format!("no reply to {request:?} in time"));
                 return Err(Error::Timeout { op: reply_name(request), addr: self.addr, after: started.elapsed() });

@@ -202,6 +202,28 @@ impl Control {
         }
     }
 
+    /// The first queue pair's rdma_cm event channel, for an event loop of the caller's: readable
+    /// when the target disconnected (or died); then call [`cm_event`](Self::cm_event). None while
+    /// another thread uses the queue pair (its exchange watches the channel itself), while the
+    /// session is lost, and on the in-memory fabric. A reconnect replaces it: take it anew for
+    /// each wait.
+    pub fn cm_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.link.control_cm_fd()
+    }
+
+    /// [`cm_fd`](Self::cm_fd) was readable: takes rdma_cm's events and runs
+    /// [`try_keepalive`](Self::try_keepalive), so a target that left is noticed now, and starts
+    /// the reconnect at once (the first attempt is due as soon as the loss is seen).
+    pub fn cm_event(&self) -> Result<()> {
+        let _ = self.link.try_control_now(|conn| {
+            conn.take_cm_events();
+            Ok(())
+        });
+        let result = self.try_keepalive();
+        self.link.drive();
+        result
+    }
+
     /// [`keepalive`](Self::keepalive) unless another thread is using the first queue pair (a
     /// FLUSH or STATS exchange, which takes the keepalives that arrive meanwhile): never waits
     /// for it. What lanes call from their event loops.

@@ -61,7 +61,9 @@
 //!
 //! # Faults
 //!
-//! A session notices a lost target from any queue pair's error completion, from keepalives
+//! A session notices a lost target from rdma_cm when it says so (the target disconnected or its
+//! process died: every wait watches the connections' CM channels, and an event loop of the
+//! caller's watches [`Lane::cm_fds`] or [`Queue::cm_fd`]), from any queue pair's error completion, from keepalives
 //! stopping (every QP sends KEEPALIVE every [`KEEPALIVE_INTERVAL`] and expects the target's;
 //! silence for `KEEPALIVE_TIMEOUT` is loss), or from a failed control exchange. It then
 //! reconnects every [`Reconnect::delay`] through the URI's addresses in turn: a new session
@@ -74,7 +76,9 @@
 //! a durable volume that crashed lost the unflushed writes, and the next flush fails with
 //! [`Error::WritesLost`]. Threads that own idle queues call [`Queue::tick`] (or
 //! [`Lane::tick`], [`Engine::tick`], [`Volume::keepalive`]) every second or so, so that
-//! keepalives go out and a lost session is noticed and reconnected while nobody does I/O.
+//! keepalives go out and a lost session is reconnected while nobody does I/O; between ticks
+//! they sleep on the CM channels too ([`Lane::idle_wait`], [`Engine::idle_wait`], or their own
+//! loop over [`Lane::cm_fds`] calling [`Lane::cm_event`]), so a loss is seen when it happens.
 //! Targets without `FEATURE_RECONNECT`, and `ctrl_loss_tmo` 0, get the old behaviour: a failed
 //! connection is final ([`Error::ConnectionLost`]).
 //!
@@ -105,6 +109,7 @@ mod volume;
 mod wait;
 
 pub use buffer::{Buffer, BufferPool};
+pub use conn::{periodic_checks, NO_TICKS_ENV};
 pub use control::Control;
 pub use dirty::Dirty;
 pub use engine::{Engine, EngineCounters, Lane};

@@ -542,6 +542,12 @@ impl Link {
         result
     }
 
+    /// The control connection's CM event channel ([`Conn::cm_fd`]), unless another thread
+    /// uses the connection now (its exchange's wait watches the channel itself).
+    pub(crate) fn control_cm_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.control.try_lock().ok().and_then(|c| c.cm_fd())
+    }
+
     /// One reconnect attempt over every address in turn, starting with the last one that
     /// worked. The caller holds `attempting`.
     fn attempt(&self) {

@@ -561,6 +561,28 @@ impl Queue {
         self.conn.ep.event_fd()
     }
 
+    /// The queue pair's rdma_cm event channel, for the same event loop as
+    /// [`event_fd`](Self::event_fd): readable when rdma_cm has an event for it (the target
+    /// disconnected or died: the kernel disconnects for a process that dies), and then call
+    /// [`cm_event`](Self::cm_event). It needs no arming. [`wait`](Self::wait) watches it
+    /// itself. None while the queue pair is lost, and on the in-memory fabric. A reconnect
+    /// replaces it too: take it anew for each wait.
+    pub fn cm_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.conn.cm_fd()
+    }
+
+    /// [`cm_fd`](Self::cm_fd) was readable: takes rdma_cm's events, and if the target left,
+    /// the queue pair is lost (its operations are parked, or fail without reconnecting) and the
+    /// first reconnect attempt runs now, as the next [`tick`](Self::tick) would run it. The
+    /// [`Done`]s come from the next reap.
+    pub fn cm_event(&mut self) {
+        self.conn.take_cm_events();
+        self.tick();
+        if self.down() {
+            self.recover(None);
+        }
+    }
+
     /// Asks for an event at the next completion. Reap once more after arming, before waiting
     /// for [`event_fd`](Self::event_fd): a completion that arrived before the arm raises none.
     pub fn arm(&mut self) -> Result<()> {
@@ -924,7 +946,7 @@ impl Queue {
     }
 
     /// Like [`reap`](Self::reap), but waits (spinning briefly, then sleeping) until at least one
-    /// operation finished. Returns 0 at once when nothing is outstanding, and
+    /// operation finished or the target disconnected ([`cm_fd`](Self::cm_fd)). Returns 0 at once when nothing is outstanding, and
     /// [`Error::Timeout`] if `deadline` passes first (the operations stay outstanding). While
     /// the session reconnects it waits for that instead and returns 0 at `deadline`: the
     /// operations are held, not timed out.

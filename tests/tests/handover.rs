@@ -557,7 +557,10 @@ mod guest {
         let reconnects = || std::fs::read_to_string(&log).unwrap_or_default().matches("reconnected after").count();
         for round in 0..3 {
             std::thread::sleep(Duration::from_secs(1));
-            assert!(job.try_wait().unwrap().is_none(), "fio ended before takeover {round}");
+            if job.try_wait().unwrap().is_some() {
+                let attach_log = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("fio ended before takeover {round}; the attach log:\n{attach_log}");
+            }
             let (t, d) = take_over(&next, target, &args);
             let start = Instant::now();
             target = t;

@@ -473,19 +473,25 @@ pub(crate) fn wait_readable(fd: RawFd, deadline: Option<Instant>) -> io::Result<
     wait_any_readable(&[fd], deadline).map(|r| r.is_some())
 }
 
-/// The most descriptors [`wait_any_readable`] takes.
+/// The most descriptors [`wait_any_readable`] waits for without allocating.
 pub(crate) const MAX_WAIT_FDS: usize = 8;
 
 /// Waits until one of `fds` is readable; returns its index, or None at the deadline.
 pub(crate) fn wait_any_readable(fds: &[RawFd], deadline: Option<Instant>) -> io::Result<Option<usize>> {
-    // At most a few descriptors: a stack array, so that sleeping allocates nothing.
+    // Usually a few descriptors: a stack array, so that sleeping allocates nothing.
     const MAX: usize = MAX_WAIT_FDS;
-    assert!(fds.len() <= MAX, "wait_any_readable takes at most {MAX} descriptors");
-    let mut all = [libc::pollfd { fd: -1, events: 0, revents: 0 }; MAX];
-    for (p, &fd) in all.iter_mut().zip(fds) {
-        *p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    }
-    let pfds = &mut all[..fds.len()];
+    let pollfd = |fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let mut few = [pollfd(-1); MAX];
+    let mut many = Vec::new();
+    let pfds: &mut [libc::pollfd] = if fds.len() <= MAX {
+        for (p, &fd) in few.iter_mut().zip(fds) {
+            *p = pollfd(fd);
+        }
+        &mut few[..fds.len()]
+    } else {
+        many.extend(fds.iter().map(|&fd| pollfd(fd)));
+        &mut many
+    };
     loop {
         let timeout_ms = match deadline {
             None => 0,

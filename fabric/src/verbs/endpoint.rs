@@ -803,8 +803,9 @@ impl Endpoint {
     }
 
     /// Hybrid wait: poll for `spin`, then arm the CQ and sleep on its channel (and on `extra_fd`,
-    /// a waker) until a completion arrives or `deadline` passes. Returns how many completions were
-    /// stored in `out` (0 on timeout or wake-up).
+    /// a waker, and on the CM channel of an active side: [`Endpoint::cm_fd`]) until a completion
+    /// arrives, the peer disconnects or `deadline` passes. Returns how many completions were
+    /// stored in `out` (0 on timeout, wake-up or disconnect).
     pub(crate) fn wait(
         &mut self,
         out: &mut [Completion],
@@ -840,17 +841,28 @@ impl Endpoint {
             if now >= deadline {
                 return Ok(0);
             }
-            let comp_fd = std::os::fd::AsRawFd::as_raw_fd(&*self.comp);
-            let fds: &[std::os::fd::RawFd] = match extra_fd {
-                Some(fd) => &[comp_fd, fd],
-                None => &[comp_fd],
-            };
-            match cm::wait_any_readable(fds, Some(deadline))
+            // The CM channel too: a peer's disconnect ends the wait when it arrives (its QP
+            // would only notice once the transport's retries ran out).
+            let cm_fd = self.cm_fd();
+            let mut fds = [std::os::fd::AsRawFd::as_raw_fd(&*self.comp); 3];
+            let mut n = 1;
+            for fd in [cm_fd, extra_fd].into_iter().flatten() {
+                fds[n] = fd;
+                n += 1;
+            }
+            match cm::wait_any_readable(&fds[..n], Some(deadline))
                 .map_err(|e| verbs_err("poll on the completion channel", &self.pd.device, e))?
             {
                 None => return Ok(0),
                 Some(0) => {
                     self.take_cq_event()?;
+                }
+                // Taken at once (another event, such as an address change, goes too: the
+                // channel is read until empty, so this never spins).
+                Some(1) if cm_fd.is_some() => {
+                    if self.peer_disconnected() {
+                        return Ok(0);
+                    }
                 }
                 Some(_) => return Ok(0),
             }
@@ -917,6 +929,20 @@ impl Endpoint {
             }
         }
         self.peer_gone
+    }
+
+    /// What [`peer_disconnected`](Self::peer_disconnected) found last (also when a
+    /// [`wait`](Self::wait) took the event): no system call.
+    pub(crate) fn peer_gone(&self) -> bool {
+        self.peer_gone
+    }
+
+    /// The active side's own CM event channel, readable when rdma_cm has an event for this
+    /// endpoint, while it is connected and its peer has not been seen to leave. None on the
+    /// passive side (its events go to the listener).
+    pub(crate) fn cm_fd(&self) -> Option<std::os::fd::RawFd> {
+        let watched = self.state == State::Connected && !self.peer_gone;
+        self.channel.as_ref().filter(|_| watched).map(|c| c.fd())
     }
 
     /// Moves the QP to the error state: everything posted flushes (errors are ignored: a QP

@@ -12,10 +12,12 @@
 //! default, twice the thread's usual wait, at most 1 ms), and only then arms the
 //! completion channel, puts a POLL_ADD on it into the ring (linked to a one-second timeout,
 //! since a reconnect replaces the channel; plus a millisecond timer while a request waits for
-//! another lane, [`Lane::retry_after`]) and sleeps in `io_uring_enter`. A new ublk command
+//! another lane, [`Lane::retry_after`]) and sleeps in `io_uring_enter`. A POLL_ADD on each of
+//! the lane's rdma_cm channels ([`Lane::cm_fds`]) is always in the ring, so a target's disconnect
+//! wakes the thread when it arrives, busy or asleep. A new ublk command
 //! reaches the ring as task work that runs only when the thread enters the kernel; the ring's
-//! IORING_SETUP_TASKRUN_FLAG tells the spin when to. A one-second timer runs keepalives, loss
-//! detection and reconnecting; there is no extra thread per queue. The queue threads are named
+//! IORING_SETUP_TASKRUN_FLAG tells the spin when to. A one-second timer runs keepalives, the
+//! keepalive rule's loss detection and reconnecting; there is no extra thread per queue. The queue threads are named
 //! `rblk-q0`, `rblk-q1`, ...; their sleeps are counted (`rblk_initiator_queue_sleeps_total`
 //! with `--metrics`). While the session reconnects, requests wait (see `--ctrl-loss-tmo` and
 //! `--fast-io-fail-tmo`).
@@ -240,6 +242,12 @@ struct QueueState {
     taskrun_flag: bool,
     /// A POLL_ADD on the lane's completion channel is in the ring (and so the CQ is armed).
     polling: Cell<bool>,
+    /// A POLL_ADD on each of the lane's rdma_cm channels ([`Lane::cm_fds`]) is in the ring.
+    cm_polling: [Cell<bool>; 2],
+    /// The [`generation`](rblk_initiator::engine::CmFds::generation) those polls are of.
+    cm_generation: Cell<u64>,
+    /// One of them was readable: the lane takes rdma_cm's events at the next delivery.
+    cm_event: Cell<bool>,
     /// A retry timer for a request that waits for another lane is in the ring.
     retrying: Cell<bool>,
     /// The poll's linked timeout, and the retry timer's (the kernel reads them at submission).
@@ -255,6 +263,10 @@ const OWN: u64 = libublk::UblkUringData::Target as u64 | libublk::UblkUringData:
 const POLL_UD: u64 = OWN | 1;
 const POLL_TIMEOUT_UD: u64 = OWN | 2;
 const RETRY_UD: u64 = OWN | 3;
+/// The POLL_ADDs on the lane's rdma_cm channels, one per [`Lane::cm_fds`] entry, and the
+/// cancellations of those a reconnect left behind.
+const CM_UD: [u64; 2] = [OWN | 4, OWN | 5];
+const CM_CANCEL_UD: u64 = OWN | 6;
 
 impl QueueState {
     fn note(&self, stage: Stage, arg: u16) {
@@ -268,7 +280,8 @@ impl QueueState {
     fn deliver(&self) -> bool {
         let mut lane = self.lane.borrow_mut();
         let before = self.stages.is_some().then(|| lane.in_flight());
-        let progressed = lane.progress();
+        // A lost target is noticed (and the reconnect started) when rdma_cm says so.
+        let progressed = if self.cm_event.take() { lane.cm_event() } else { lane.progress() };
         if let Some(posted) = before.and_then(|b| lane.in_flight().checked_sub(b)).filter(|&n| n > 0) {
             self.note(Stage::Posted, u16::try_from(posted).unwrap_or(u16::MAX));
         }
@@ -297,6 +310,7 @@ impl QueueState {
     /// down.
     fn wait(&self, q: &UblkQueue<'_>) -> Result<bool, UblkError> {
         self.note(Stage::Wait, 0);
+        self.watch_cm(q)?;
         let started = Instant::now();
         let near = self.lane.borrow().in_flight();
         let (budget, adapts) = {
@@ -388,6 +402,32 @@ impl QueueState {
         Ok(())
     }
 
+    /// A POLL_ADD on each of the lane's rdma_cm channels not yet in the ring, so that a
+    /// disconnect wakes the thread when it arrives, busy or asleep; nothing to arm (a channel is
+    /// readable while an event waits on it). A reconnect replaces the channels, and a poll of an
+    /// old one would never fire: those of an older generation are cancelled, and the next wait
+    /// polls the new ones.
+    fn watch_cm(&self, q: &UblkQueue<'_>) -> Result<(), UblkError> {
+        if self.broken.get() {
+            return Ok(());
+        }
+        let cm = self.lane.borrow().cm_fds();
+        let stale = self.cm_generation.replace(cm.generation) != cm.generation;
+        for ((fd, polling), ud) in cm.fds.into_iter().zip(&self.cm_polling).zip(CM_UD) {
+            if polling.get() {
+                if stale {
+                    q.ublk_submit_sqe_sync(opcode::AsyncCancel::new(ud).build().user_data(CM_CANCEL_UD))?;
+                }
+                continue;
+            }
+            let Some(fd) = fd else { continue };
+            let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as _).build();
+            q.ublk_submit_sqe_sync(poll.user_data(ud))?;
+            polling.set(true);
+        }
+        Ok(())
+    }
+
     /// A completion of this loop's own entries, or of libublk's (its futures').
     fn completed(&self, cqe: &io_uring::cqueue::Entry) {
         match cqe.user_data() {
@@ -401,8 +441,20 @@ impl QueueState {
                     self.broken.set(true);
                 }
             }
-            POLL_TIMEOUT_UD => {}
+            POLL_TIMEOUT_UD | CM_CANCEL_UD => {}
             RETRY_UD => self.retrying.set(false),
+            ud if CM_UD.contains(&ud) => {
+                let slot = usize::from(ud == CM_UD[1]);
+                self.cm_polling[slot].set(false);
+                // Readable: rdma_cm has an event. ECANCELED: a reconnect replaced the channel;
+                // EBADF: it closed the channel first. Either way the next wait polls anew.
+                let r = cqe.result();
+                if r > 0 {
+                    self.cm_event.set(true);
+                } else if ![-libc::EINTR, -libc::ECANCELED, -libc::ETIME, -libc::EBADF].contains(&r) {
+                    tracing::debug!(errno = -r, "polling an rdma_cm channel failed");
+                }
+            }
             data => libublk::uring_async::ublk_wake_task(data, cqe),
         }
     }
@@ -472,6 +524,9 @@ async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), Ub
 /// the session's first one; while the session is lost, the reconnect and the rejoin), then
 /// whatever that finished goes to the tags.
 async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState) {
+    if !rblk_initiator::periodic_checks() {
+        return;
+    }
     let ts = types::Timespec::new().sec(1);
     loop {
         let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
@@ -518,6 +573,9 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
         null_io,
         taskrun_flag,
         polling: Cell::new(false),
+        cm_polling: [Cell::new(false), Cell::new(false)],
+        cm_generation: Cell::new(0),
+        cm_event: Cell::new(false),
         retrying: Cell::new(false),
         second: types::Timespec::new().sec(1),
         retry: Cell::new(types::Timespec::new()),
@@ -909,6 +967,8 @@ struct Shape {
 fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
     let Found { entry, path, dev_id, handover, claim } = found;
     let dev = entry.device.clone().unwrap_or_else(|| format!("/dev/ublkb{dev_id}"));
+    // The recovery's stages, timed in the log (scripts/takeover-rxe.sh reads them).
+    tracing::info!(%dev, "recovery: found the dead server's device");
     // Ours replaces the dead entry at once: `rblk list` shows the device recovering, and if
     // this process dies too the next one finds what it needs.
     let mut registered = list::register(Entry { state: "recovering".into(), ..entry.served_by_me() });
@@ -954,6 +1014,7 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
         }
     };
     drop(signals);
+    tracing::info!(took = ?started.elapsed(), ok = taken.is_ok(), "recovery: session taken over");
     let vol = match taken {
         Ok((_, Continuity::Refused(reason))) | Err(reason) => {
             return give_up(dev_id, &dev, registered.as_mut(), &reason);
@@ -974,6 +1035,7 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
         bail!("{dev} was made without ublk user recovery: it cannot be taken over");
     }
     ctrl.start_user_recover().map_err(|e| anyhow::anyhow!("START_USER_RECOVERY of {dev} failed: {}", ublk_text(&e)))?;
+    tracing::info!("recovery: START_USER_RECOVERY done");
     drop(ctrl);
     let handover = Handover::new(&handover.uri, mode, &conn, reconnect, vol.predecessor());
     let shape = Shape { queues: info.nr_hw_queues, depth: info.queue_depth.into(), recover: Some((dev_id, claim)) };
@@ -1094,10 +1156,10 @@ fn run(
     let tgt_init = move |dev: &mut UblkDev| {
         dev.tgt.dev_size = size;
         dev.tgt.params = params(size, bs, dev.dev_info.max_io_buf_bytes.min(io_buf), read_only, discards);
-        // Room for each queue's POLL_ADD and timer beside its tags.
+        // Room for each queue's POLL_ADDs and timers beside its tags.
         let d = dev.dev_info.queue_depth;
-        dev.tgt.sq_depth = d.saturating_add(8);
-        dev.tgt.cq_depth = d.saturating_add(8);
+        dev.tgt.sq_depth = d.saturating_add(16);
+        dev.tgt.cq_depth = d.saturating_add(16);
         Ok(())
     };
     let q_lanes = Arc::clone(&lanes);
@@ -1115,6 +1177,9 @@ fn run(
     let named = link_text.as_ref().map_or_else(String::new, |l| format!(" ({l})"));
     let (json, bdev_shown, link_shown) = (args.format.json(), bdev_text.clone(), link_text.clone());
     let device_fn = move |c: &UblkCtrl| {
+        if verb == "took over" {
+            tracing::info!(dev = %bdev.display(), "recovery: serving again (END_USER_RECOVERY done)");
+        }
         let mut out = std::io::stdout().lock();
         // Exactly one line on stdout, as `losetup --find --show` prints: the device (or JSON).
         let line = if json {

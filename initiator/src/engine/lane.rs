@@ -91,6 +91,18 @@ pub enum Data {
     Registered(Buffer),
 }
 
+/// The rdma_cm event channels a lane's owner watches ([`Lane::cm_fds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmFds {
+    /// The lane's queue pair's ([`Queue::cm_fd`](crate::Queue::cm_fd)) and the session's first
+    /// queue pair's ([`Control::cm_fd`]); None where there is nothing to watch now (lost, in
+    /// use by another thread, the in-memory fabric).
+    pub fds: [Option<std::os::fd::RawFd>; 2],
+    /// Changes whenever a reconnect replaces one of them. A wait that outlives a call (an
+    /// io_uring POLL_ADD) on an older set never fires: cancel it and wait anew.
+    pub generation: u64,
+}
+
 /// A block request.
 #[derive(Debug)]
 pub struct Request {
@@ -365,6 +377,54 @@ impl Lane {
     /// afterwards, then wait for [`event_fd`](Self::event_fd).
     pub fn arm(&mut self) -> Result<()> {
         self.q.arm()
+    }
+
+    /// The rdma_cm event channels whose loss matters to this lane, for the event loop that
+    /// waits for [`event_fd`](Self::event_fd): when one is readable, call
+    /// [`cm_event`](Self::cm_event), and a lost target is noticed when rdma_cm says so, not at
+    /// the next [`tick`](Self::tick). Unlike the completion channel they need no arming.
+    pub fn cm_fds(&self) -> CmFds {
+        let gen = self.q.generation() + self.q.link().gen();
+        CmFds { fds: [self.q.cm_fd(), self.control.as_ref().and_then(|c| c.cm_fd())], generation: gen }
+    }
+
+    /// One of [`cm_fds`](Self::cm_fds) was readable: takes rdma_cm's events on both queue
+    /// pairs; a target that left is noticed now (requests wait for the reconnect, which starts
+    /// at once, or fail), and then what can progress does ([`next`](Self::next) hands back
+    /// what finished). An error is the lane's own ([`progress`](Self::progress)'s): the loss of
+    /// the session's first queue pair is the session's to handle (the reconnect, which has
+    /// started), and is only logged here. (Returned as an error, it made the ublk server fail
+    /// every later request with EIO at a takeover.)
+    pub fn cm_event(&mut self) -> Result<()> {
+        self.q.cm_event();
+        if let Some(Err(e)) = self.control.as_ref().map(|c| c.cm_event()) {
+            tracing::debug!(error = %rblk_fabric::Chain(&e), "the session's first queue pair: rdma_cm event");
+        }
+        self.progress()
+    }
+
+    /// For the thread that owns this lane while nothing is in flight and it waits for work of
+    /// its own: sleeps until `wake` (its own descriptor: a socket, a pipe) is readable or
+    /// `deadline`, handling the lane's rdma_cm events meanwhile ([`cm_fds`](Self::cm_fds),
+    /// [`cm_event`](Self::cm_event)), so a lost target is noticed when it is lost. True when
+    /// `wake` is readable; false at `deadline` or after a CM event (look at
+    /// [`next`](Self::next), then wait again).
+    pub fn idle_wait(&mut self, wake: std::os::fd::BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
+        use std::os::fd::AsRawFd as _;
+        let mut fds = [wake.as_raw_fd(); 3];
+        let mut n = 1;
+        for fd in self.cm_fds().fds.into_iter().flatten() {
+            fds[n] = fd;
+            n += 1;
+        }
+        match rblk_fabric::wait_readable(&fds[..n], deadline) {
+            Ok(Some(0)) => Ok(true),
+            Ok(Some(_)) => self.cm_event().map(|()| false),
+            Ok(None) => Ok(false),
+            Err(source) => {
+                Err(Error::Fabric { op: "waiting for work and rdma_cm events", addr: self.q.addr(), source })
+            }
+        }
     }
 
     /// When an event loop waiting for [`event_fd`](Self::event_fd) should call

@@ -49,7 +49,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-pub use lane::{Data, Finished, IoOp, Lane, Request};
+pub use lane::{CmFds, Data, Finished, IoOp, Lane, Request};
 
 pub use crate::control::Control;
 use crate::io_state::Shared;
@@ -269,6 +269,53 @@ impl Engine {
             }
         }
         self.control.try_keepalive()
+    }
+
+    /// The rdma_cm event channels of the session's first queue pair and of the idle shared
+    /// lanes, for a thread that runs [`tick`](Self::tick): when one is readable, call
+    /// [`cm_event`](Self::cm_event), and a lost target is noticed then, not at the next tick.
+    /// A reconnect replaces them: take them anew for each wait.
+    pub fn cm_fds(&self) -> Vec<std::os::fd::RawFd> {
+        let mut fds: Vec<_> = self.control.cm_fd().into_iter().collect();
+        if let Ok(pool) = self.pool.try_lock() {
+            fds.extend(pool.free.iter().flat_map(|l| l.cm_fds().fds[0]));
+        }
+        fds
+    }
+
+    /// One of [`cm_fds`](Self::cm_fds) was readable: the idle shared lanes' and the first
+    /// queue pair's [`Lane::cm_event`], never waiting for a lane in use (its caller's wait
+    /// watches it). A lost target is the session's to handle (its reconnect has started): only
+    /// logged, as [`Lane::cm_event`] does.
+    pub fn cm_event(&self) {
+        if let Ok(mut pool) = self.pool.try_lock() {
+            for l in pool.free.iter_mut() {
+                let _ = l.cm_event();
+            }
+        }
+        if let Err(e) = self.control.cm_event() {
+            tracing::debug!(error = %rblk_fabric::Chain(&e), "the session's first queue pair: rdma_cm event");
+        }
+    }
+
+    /// For a thread that runs [`tick`](Self::tick): sleeps until `wake` (its own descriptor)
+    /// is readable or `deadline`, handling the session's rdma_cm events meanwhile
+    /// ([`cm_fds`](Self::cm_fds), [`cm_event`](Self::cm_event)). True when `wake` is readable.
+    pub fn idle_wait(&self, wake: std::os::fd::BorrowedFd<'_>, deadline: std::time::Instant) -> Result<bool> {
+        use std::os::fd::AsRawFd as _;
+        let mut fds = self.cm_fds();
+        fds.insert(0, wake.as_raw_fd());
+        match rblk_fabric::wait_readable(&fds, deadline) {
+            Ok(Some(0)) => Ok(true),
+            Ok(Some(_)) => {
+                self.cm_event();
+                Ok(false)
+            }
+            Ok(None) => Ok(false),
+            Err(source) => {
+                Err(crate::Error::Fabric { op: "waiting for rdma_cm events", addr: self.control.addr(), source })
+            }
+        }
     }
 
     /// Flushes what was written since the last flush, closes the shared lanes, then the

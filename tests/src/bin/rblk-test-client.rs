@@ -38,8 +38,16 @@
 //!     a bare registration, as a handover's successor makes one: a memfd of BYTES (untouched,
 //!     as a RAM volume nobody wrote), registered for memory-window binds in a new PD on DEVICE
 //!     (one ibv_reg_mr: the fabric's `Pd::register`); prints "reg_ms MS dereg_ms MS"
+//! rblk-test-client watch ADDR:PORT VOLUME
+//!     a bare rdma_cm peer: one connection, HELLO (no keepalives) and a read-only OPEN by hand,
+//!     then nothing but a sleep on the connection's descriptors until rdma_cm reports the
+//!     target's disconnect; prints "watching", then "disconnected UNIX_SECONDS"
+//! rblk-test-client idle URI
+//!     an idle library user: an engine whose owner sleeps in `Engine::idle_wait` (ticking once a
+//!     second) until the session is lost; prints "idle", then "lost UNIX_SECONDS" (with
+//!     RUST_LOG set, the library's own loss line too)
 //! ```
-//! (`reg-time` is scripts/handover-rxe.sh's baseline; `open-time` and `hold` are scripts/scale-rxe.sh's and scripts/hosts-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
+//! (`watch` and `idle` are scripts/lost-rxe.sh's; `reg-time` is scripts/handover-rxe.sh's baseline; `open-time` and `hold` are scripts/scale-rxe.sh's and scripts/hosts-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
 //! `keyless` the trust tests', `joins` the JOIN-cap test's attacker in tests/tests/limits.rs.)
 
 use std::path::PathBuf;
@@ -71,7 +79,12 @@ fn main() -> ExitCode {
         Some("keyless") => keyless(&args),
         Some("joins") => joins(&args),
         Some("reg-time") => reg_time(&args),
-        _ => Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins|reg-time URI ...".into()),
+        Some("watch") => watch(&args),
+        Some("idle") => idle(&args),
+        _ => {
+            Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins|reg-time|watch|idle URI ..."
+                .into())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -85,6 +98,45 @@ fn main() -> ExitCode {
 fn open(uri: &str) -> Result<rblk_initiator::Volume, String> {
     let session = Session::connect(uri, &Options::default()).map_err(|e| format!("connect {uri}: {e}"))?;
     session.open(OpenMode::ReadWrite).map_err(|e| format!("open: {e}"))
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn watch(args: &[String]) -> Result<(), String> {
+    let addr: std::net::SocketAddr = args.get(2).ok_or("missing ADDR:PORT")?.parse().map_err(|e| format!("{e}"))?;
+    let volume = args.get(3).ok_or("missing VOLUME")?;
+    let connect = rblk_proto::ConnectData::NewSession;
+    let mut raw = rblk_tests::raw::Raw::connect(rblk_fabric::Fabric::Verbs, addr, connect)
+        .map_err(|e| format!("connect {addr}: {}", rblk_fabric::Chain(&e)))?;
+    raw.open(volume, OpenMode::ReadOnly);
+    println!("watching");
+    let mut out = [rblk_fabric::Completion::EMPTY; 4];
+    while !raw.ep.peer_gone() {
+        // Completions (a KEEPALIVE of the target's) are taken and dropped; the wait also ends
+        // when rdma_cm has an event for the connection.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        raw.ep.wait(&mut out, std::time::Duration::ZERO, deadline).map_err(|e| format!("wait: {e}"))?;
+    }
+    println!("disconnected {:.6}", unix_now());
+    Ok(())
+}
+
+fn idle(args: &[String]) -> Result<(), String> {
+    use rblk_initiator::LinkState;
+    let uri = args.get(2).ok_or("missing URI")?;
+    let engine = rblk_initiator::Engine::new(open(uri)?, 0).map_err(|e| format!("engine: {e}"))?;
+    let counters = engine.counters();
+    let (_bell, quiet) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
+    println!("idle");
+    while counters.link_state() == LinkState::Connected {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let _ = engine.idle_wait(std::os::fd::AsFd::as_fd(&quiet), deadline);
+        let _ = engine.tick();
+    }
+    println!("lost {:.6}", unix_now());
+    Ok(())
 }
 
 fn reg_time(args: &[String]) -> Result<(), String> {

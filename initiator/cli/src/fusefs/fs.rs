@@ -1,11 +1,13 @@
 //! The FUSE filesystem: a root directory with one file, the volume.
 
 use std::ffi::{OsStr, OsString};
+use std::os::fd::AsFd as _;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
@@ -58,7 +60,8 @@ pub struct Mounted {
 /// The housekeeping thread, and how to stop it.
 #[derive(Debug)]
 struct Ticker {
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    /// Closed to stop it: the thread sleeps on the other end.
+    stop: UnixStream,
     thread: JoinHandle<()>,
 }
 
@@ -115,15 +118,16 @@ pub fn mount(vol: Volume, mountpoint: &Path, opts: &MountOptions) -> Result<Moun
         .and_then(fuser::Session::spawn)
         .map_err(|source| Error::Fuse { path: mountpoint.clone(), source })?;
 
-    let stop = Arc::new((Mutex::new(false), Condvar::new()));
-    let ticker = {
-        let (stop, vf) = (Arc::clone(&stop), Arc::clone(&vf));
-        // Keepalives and the queues' control messages, while the session threads wait for
-        // requests.
-        std::thread::Builder::new().name("rblk-keepalive".into()).spawn(move || housekeeping(&vf, &stop))
-    };
+    let ticker = UnixStream::pair().and_then(|(stop, stopped)| {
+        let vf = Arc::clone(&vf);
+        // Keepalives and the queues' control messages, and rdma_cm's events (a lost target),
+        // while the session threads wait for requests.
+        let thread =
+            std::thread::Builder::new().name("rblk-keepalive".into()).spawn(move || housekeeping(&vf, &stopped))?;
+        Ok((stop, thread))
+    });
     let ticker = match ticker {
-        Ok(thread) => Some(Ticker { stop, thread }),
+        Ok((stop, thread)) => Some(Ticker { stop, thread }),
         Err(e) => {
             tracing::warn!(error = %e, "no housekeeping thread: idle sessions rely on the target's patience");
             None
@@ -142,18 +146,29 @@ fn clamp(size: u64, offset: u64, len: usize) -> usize {
     len.min(usize::try_from(size - offset).unwrap_or(usize::MAX))
 }
 
-fn housekeeping(vf: &Engine, stop: &(Mutex<bool>, Condvar)) {
+/// Every [`TICK`], [`Engine::tick`]; between ticks, [`Engine::idle_wait`] on `stopped` (readable
+/// once [`Ticker::stop`] is closed) and the session's rdma_cm channels.
+fn housekeeping(vf: &Engine, stopped: &UnixStream) {
     let mut warned = false;
+    let mut next_tick = Instant::now() + TICK;
     loop {
-        {
-            let stopped = stop.0.lock().unwrap_or_else(PoisonError::into_inner);
-            let (stopped, _) =
-                stop.1.wait_timeout_while(stopped, TICK, |s| !*s).unwrap_or_else(PoisonError::into_inner);
-            if *stopped {
-                return;
+        let periodic = rblk_initiator::periodic_checks();
+        let deadline = if periodic { next_tick } else { Instant::now() + Duration::from_secs(3600) };
+        let result = match vf.idle_wait(stopped.as_fd(), deadline) {
+            Ok(true) => return,
+            // rdma_cm's events were taken.
+            Ok(false) if !periodic || Instant::now() < next_tick => Ok(()),
+            Ok(false) => {
+                next_tick = Instant::now() + TICK;
+                vf.tick()
             }
-        }
-        match vf.tick() {
+            Err(e) => {
+                // Not a busy loop if the wait itself keeps failing.
+                std::thread::sleep(Duration::from_millis(100));
+                Err(e)
+            }
+        };
+        match result {
             Ok(()) => warned = false,
             Err(e) if !warned => {
                 tracing::error!(error = %Chain(&e), "the rblk session failed: requests fail with EIO");
@@ -210,8 +225,7 @@ impl Mounted {
 
     fn stop_ticker(&mut self) {
         if let Some(Ticker { stop, thread }) = self.ticker.take() {
-            *stop.0.lock().unwrap_or_else(PoisonError::into_inner) = true;
-            stop.1.notify_all();
+            drop(stop);
             let _ = thread.join();
         }
     }

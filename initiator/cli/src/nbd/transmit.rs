@@ -9,6 +9,8 @@
 //! ranges written since the last one (every write replied to so far; nothing sent when clean).
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd as _;
+use std::os::unix::net::UnixStream;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -92,12 +94,21 @@ enum Incoming {
 pub fn transmit(reader: impl Read + Send, writer: impl Write, dev: Device, close: impl FnOnce()) -> Summary {
     let geo = dev.geometry();
     let (tx, rx) = mpsc::sync_channel(CHANNEL);
+    let bell = match doorbell() {
+        Ok(bell) => bell,
+        Err(e) => {
+            let stats = dev.stats();
+            let _ = dev.close();
+            return Summary { end: End::ReadFailed(e), stats, errors: 0 };
+        }
+    };
+    let (ring, listen) = bell;
     thread::scope(|s| {
         let reader = thread::Builder::new()
             .name("rblk-nbd-reader".into())
-            .spawn_scoped(s, move || read_requests(reader, geo, &tx));
+            .spawn_scoped(s, move || read_requests(reader, geo, &tx, &ring));
         let summary = match reader {
-            Ok(_) => Exec::new(dev, writer).run(rx),
+            Ok(_) => Exec::new(dev, writer, listen).run(rx),
             Err(e) => {
                 let stats = dev.stats();
                 let _ = dev.close();
@@ -109,8 +120,28 @@ pub fn transmit(reader: impl Read + Send, writer: impl Write, dev: Device, close
     })
 }
 
+/// A socket pair, both ends non-blocking: the reader thread writes a byte to the first after
+/// each message it forwards, and the connection's thread, idle, sleeps on the second beside the
+/// lane's rdma_cm channels ([`Lane::idle_wait`](rblk_initiator::Lane::idle_wait)).
+fn doorbell() -> io::Result<(UnixStream, UnixStream)> {
+    let (ring, listen) = UnixStream::pair()?;
+    ring.set_nonblocking(true)?;
+    listen.set_nonblocking(true)?;
+    Ok((ring, listen))
+}
+
 /// The reader thread: parses, checks and forwards requests until DISC, EOF or a bad magic.
-fn read_requests(mut r: impl Read, geo: ExportGeometry, tx: &SyncSender<Incoming>) {
+fn read_requests(r: impl Read, geo: ExportGeometry, tx: &SyncSender<Incoming>, bell: &UnixStream) {
+    let send = |msg| {
+        let sent = tx.send(msg).is_ok();
+        // Full: a ring is pending already.
+        let _ = (&*bell).write(&[1]);
+        sent
+    };
+    forward_requests(r, geo, send);
+}
+
+fn forward_requests(mut r: impl Read, geo: ExportGeometry, send: impl Fn(Incoming) -> bool) {
     let end = loop {
         let mut raw = [0u8; 28];
         match read_header(&mut r, &mut raw) {
@@ -136,12 +167,12 @@ fn read_requests(mut r: impl Read, geo: ExportGeometry, tx: &SyncSender<Incoming
             break End::ReadFailed(e);
         }
         let disc = op == Ok(Op::Disc);
-        if tx.send(Incoming::Request { handle: hdr.handle.get(), op, data }).is_err() || disc {
+        if !send(Incoming::Request { handle: hdr.handle.get(), op, data }) || disc {
             // The executor is gone, or the client may send nothing after DISC.
             return;
         }
     };
-    let _ = tx.send(Incoming::End(end));
+    send(Incoming::End(end));
 }
 
 /// Fills `buf`; `false` on a clean EOF before its first byte.
@@ -190,10 +221,12 @@ struct Exec<W: Write> {
     writer_dead: bool,
     write_err: Option<io::Error>,
     next_tick: Instant,
+    /// Rung by the reader thread at each message ([`doorbell`]).
+    bell: UnixStream,
 }
 
 impl<W: Write> Exec<W> {
-    fn new(mut dev: Device, writer: W) -> Self {
+    fn new(mut dev: Device, writer: W, bell: UnixStream) -> Self {
         dev.lane().set_io_timeout(IO_TIMEOUT);
         Exec {
             dev,
@@ -205,6 +238,7 @@ impl<W: Write> Exec<W> {
             writer_dead: false,
             write_err: None,
             next_tick: Instant::now() + TICK,
+            bell,
         }
     }
 
@@ -224,10 +258,9 @@ impl<W: Write> Exec<W> {
             while end.is_none() && self.can_accept() {
                 let msg = if self.in_progress() == 0 {
                     self.flush_replies();
-                    match rx.recv_timeout(self.next_tick.saturating_duration_since(Instant::now())) {
-                        Ok(msg) => msg,
-                        Err(RecvTimeoutError::Timeout) => break,
-                        Err(RecvTimeoutError::Disconnected) => Incoming::End(End::Closed),
+                    match self.next_idle(&rx) {
+                        Some(msg) => msg,
+                        None => break,
                     }
                 } else {
                     match rx.try_recv() {
@@ -284,9 +317,35 @@ impl<W: Write> Exec<W> {
         Summary { end, stats, errors }
     }
 
+    /// With nothing in progress: the reader's next message, or None at the next tick or after
+    /// the lane took rdma_cm's events (a lost target is noticed when rdma_cm says so).
+    fn next_idle(&mut self, rx: &Receiver<Incoming>) -> Option<Incoming> {
+        let deadline =
+            if rblk_initiator::periodic_checks() { self.next_tick } else { Instant::now() + Duration::from_secs(3600) };
+        loop {
+            match rx.try_recv() {
+                Ok(msg) => return Some(msg),
+                Err(TryRecvError::Disconnected) => return Some(Incoming::End(End::Closed)),
+                Err(TryRecvError::Empty) => {}
+            }
+            match self.dev.lane().idle_wait(self.bell.as_fd(), deadline) {
+                Ok(true) => while matches!((&self.bell).read(&mut [0u8; 64]), Ok(n) if n > 0) {},
+                Ok(false) => return None,
+                Err(e) => {
+                    tracing::debug!(error = %Chain(&e), "waiting for requests and rdma_cm events failed");
+                    return match rx.recv_timeout(self.next_tick.saturating_duration_since(Instant::now())) {
+                        Ok(msg) => Some(msg),
+                        Err(RecvTimeoutError::Timeout) => None,
+                        Err(RecvTimeoutError::Disconnected) => Some(Incoming::End(End::Closed)),
+                    };
+                }
+            }
+        }
+    }
+
     /// The lane's housekeeping (keepalives), every [`TICK`].
     fn maybe_tick(&mut self) {
-        if Instant::now() >= self.next_tick {
+        if rblk_initiator::periodic_checks() && Instant::now() >= self.next_tick {
             if let Err(e) = self.dev.lane().tick() {
                 tracing::debug!(error = %Chain(&e), "volume housekeeping failed");
             }

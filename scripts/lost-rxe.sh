@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# How soon an initiator reports a SIGKILLed target, against a bare rdma_cm peer of the same target,
+# over rxe in one guest boot (issue 42's goal: at most 10 ms after the bare peer sees DISCONNECTED;
+# outside CI, about 2 minutes):
+#
+#   scripts/lost-rxe.sh          # builds release binaries; RBLK_BIN_DIR=DIR uses those
+#
+# For each case a fresh rblk-target (a 64 MiB RAM volume), a bare peer (rblk-test-client watch: one
+# connection, an OPEN by hand, then a sleep until rdma_cm reports the disconnect), the initiator
+# below, 2 s of settling, then a SIGKILL of the target:
+#   library-idle   rblk-test-client idle (an engine's owner asleep in Engine::idle_wait)
+#   library-io     rblk-test-client hammer (writes through the engine without pause)
+#   ublk-idle      rblk attach, no I/O;        ublk-io   the same under fio randread QD1
+#   nbd-idle       rblk nbd + nbd-client;      nbd-io    the same under fio randread QD1
+# The initiator's report is its loss log line ("the session to the target was lost"), stamped by
+# its own log. scripts/lib/lost.py makes the table (build/lost/table.txt). Takes
+# /tmp/rblk-guest.lock.
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SCRIPT_NAME=lost
+CALLER_PWD=$PWD
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh"
+
+host_main() {
+    (($# == 0)) || help_or_usage_error "$1"
+    release_bins rblk-target rblk rblk-test-client
+    local out=$REPO_ROOT/build/lost
+    mkdir -p "$out"
+    snapshot_bins "$out/bin" rblk-target rblk rblk-test-client
+    flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$BIN_DIR" \
+        "$REPO_ROOT/scripts/rxe-guest.sh" "$REPO_ROOT/scripts/lost-rxe.sh" --in-guest | tee "$out/guest.log"
+    lib_python "$REPO_ROOT/scripts/lib/lost.py" table "$out/guest.log" | tee "$out/table.txt"
+}
+
+# wait_for FILE TEXT SECS: until FILE has TEXT (1 when it does not in time).
+wait_for() {
+    local _
+    for _ in $(seq $(($3 * 100))); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.01
+    done
+    return 1
+}
+
+one_case() { # CASE
+    local case=$1 bin=$RBLK_BIN_DIR addr=$RBLK_ADDR port=7441 d=$WORK/$1 pids=() dev=""
+    mkdir -p "$d"
+    start_target "$d/target.log" "$bin" 60 --listen "$addr:$port" --volume v:64M --admin-socket none
+    local uri=rblk://$addr:$port/v target=$TARGET_PID
+    "$bin/rblk-test-client" watch "$addr:$port" v >"$d/watch.out" 2>&1 &
+    pids+=($!)
+    wait_for "$d/watch.out" watching 30 || cat "$d/watch.out" >&2
+    case $case in
+    library-idle | library-io)
+        local mode=idle
+        [[ $case == library-io ]] && mode=hammer
+        sleep infinity | RUST_LOG=warn "$bin/rblk-test-client" "$mode" "$uri" --region 0:16M:1 >"$d/client.out" 2>"$d/init.log" &
+        pids+=($!)
+        ;;
+    ublk-*)
+        dev=$(RUST_LOG=warn "$bin/rblk" attach "$uri" --daemon --log-file "$d/init.log")
+        ;;
+    nbd-*)
+        RUST_LOG=warn "$bin/rblk" nbd "$uri" --listen "unix:$d/nbd.sock" 2>"$d/init.log" &
+        pids+=($!)
+        local _
+        for _ in $(seq 300); do [[ -S $d/nbd.sock ]] && break; sleep 0.1; done
+        nbd-client -unix "$d/nbd.sock" /dev/nbd0 -block-size 4096 >/dev/null
+        dev=/dev/nbd0
+        ;;
+    esac
+    if [[ $case == *-io && -n $dev ]]; then
+        fio --name=t --filename="$dev" --ioengine=libaio --direct=1 --rw=randread --bs=4k --iodepth=1 \
+            --size=16M --time_based --runtime=30 --output-format=terse >/dev/null 2>&1 &
+        pids+=($!)
+    fi
+    sleep 2
+    printf '@@kill %s %s\n' "$case" "$(date +%s.%N)"
+    kill -KILL "$target"
+    wait_for "$d/watch.out" disconnected 10 || echo "lost: $case: the bare peer saw no disconnect" >&2
+    wait_for "$d/init.log" "was lost" 10 || echo "lost: $case: no loss line" >&2
+    python3 "$REPO_ROOT/scripts/lib/lost.py" run "$case" "$d"
+    case $case in
+    ublk-*) "$bin/rblk" detach "$dev" >/dev/null 2>&1 || true ;;
+    nbd-*) nbd-client -d /dev/nbd0 >/dev/null 2>&1 || true ;;
+    esac
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+    wait 2>/dev/null || true
+}
+
+guest_main() {
+    # shellcheck source=lib/target.sh
+    source "$REPO_ROOT/scripts/lib/target.sh"
+    modprobe ublk_drv
+    modprobe nbd
+    WORK=/tmp/lost-rxe
+    rm -rf "$WORK"
+    mkdir -p "$WORK"
+    export RBLK_RUN_DIR=$WORK/run
+    local c
+    for c in library-idle library-io ublk-idle ublk-io nbd-idle nbd-io; do
+        one_case "$c"
+    done
+}
+
+script_main 0 "" "$@"
