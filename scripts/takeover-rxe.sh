@@ -1,104 +1,144 @@
 #!/usr/bin/env bash
-# What a ublk takeover costs, measured over rxe in one guest boot (outside CI, ~2 minutes):
+# What a ublk takeover costs (`rblk attach` SIGKILLed and run again), measured over rxe in one guest
+# boot, with its pause broken into stages (outside CI, about 3 minutes):
 #
-#   scripts/takeover-rxe.sh
+#   scripts/takeover-rxe.sh          # builds release binaries; RBLK_BIN_DIR=DIR uses those
 #
-# For a RAM and a durable 256 MiB volume: `rblk attach`, fio 4 KiB randrw at QD16 for 12 s, the
-# serving process SIGKILLed at 3 s and `rblk attach URI` run again at once. Prints how long the
-# second attach took, fio's errors and longest read and write latency (the longest an I/O waited
-# across the kill and the takeover), then the cost of the first FLUSH after the takeover (a
-# `sync` of the device: on a durable volume a whole-volume write-back) against a FLUSH of one
-# 4 KiB write (after the takeover, and before it for comparison), with the bytes the target
-# wrote back (its written_back_bytes metric).
-# Takes /tmp/rblk-guest.lock (one guest boot at a time).
+# For a RAM and a durable 256 MiB volume: `rblk attach`, fio 4 KiB randrw at QD16 for 12 s (every
+# completion logged, in Unix time), the serving process SIGKILLed at 3 s and `rblk attach URI` run
+# again at once. The stages, on one clock: the SIGKILL; the process gone; the kernel requeueing
+# the dead server's requests (tracefs block:block_rq_requeue on the ublk device); the new
+# attach's own log lines (the dead server's device found, the session taken over,
+# START_USER_RECOVERY done, serving again: END_USER_RECOVERY done); the target's OPEN of the new
+# session; the first request the kernel completes again (block:block_rq_complete) and fio's first
+# completion after the kill. Then the first FLUSH after the takeover (a `sync` of the device: on a
+# durable volume a whole-volume write-back) against a FLUSH of one 4 KiB write, with the bytes the
+# target wrote back (its written_back_bytes metric).
+# scripts/lib/recovery.py makes the table (build/takeover/table.txt; the guest's lines in
+# guest.log). Takes /tmp/rblk-guest.lock.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SCRIPT_NAME=takeover
+CALLER_PWD=$PWD
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh"
 
-if [[ ${1:-} != --in-guest ]]; then
-    cd "$REPO_ROOT"
-    cargo build --workspace --bins
-    mkdir -p build/guest
-    disk=build/guest/takeover.img
-    rm -f "$disk"
-    exec flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$REPO_ROOT/build/debug" \
-        scripts/rxe-guest.sh --disk "$disk:2G" "$REPO_ROOT/scripts/takeover-rxe.sh" --in-guest
-fi
+host_main() {
+    (($# == 0)) || help_or_usage_error "$1"
+    release_bins rblk-target rblk
+    local out=$REPO_ROOT/build/takeover
+    mkdir -p "$out"
+    snapshot_bins "$out/bin" rblk-target rblk
+    rm -f "$out/scratch.img"
+    flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$BIN_DIR" \
+        "$REPO_ROOT/scripts/rxe-guest.sh" --disk "$out/scratch.img:2G" "$REPO_ROOT/scripts/takeover-rxe.sh" --in-guest |
+        tee "$out/guest.log"
+    lib_python "$REPO_ROOT/scripts/lib/recovery.py" table "$out/guest.log" | tee "$out/table.txt"
+}
 
-bin=${RBLK_BIN_DIR:?}
-addr=${RBLK_ADDR:?}
-modprobe ublk_drv
-mnt=/mnt/takeover
-mkdir -p "$mnt"
-mkfs.ext4 -q -F "${RBLK_DISK:?}"
-mount "$RBLK_DISK" "$mnt"
-export RBLK_RUN_DIR=/run/rblk-takeover
+now() { date +%s.%N; }
 
 written_back() {
     curl -s "http://127.0.0.1:9464/metrics" | awk '/^rblk_target_written_back_bytes(_total)? /{print $2}'
 }
 
-ms_since() {
-    echo $((($(date +%s%N) - $1) / 1000000))
+# flush_ms DEV: a `sync` of DEV (one FLUSH), in ms.
+flush_ms() {
+    local t0
+    t0=$(now)
+    sync "$1"
+    echo "($(now) - $t0) * 1000 / 1" | bc
+}
+
+# The block layer's view of the ublk device: its requeues, issues and completions.
+trace_on() { # MAJOR:MINOR
+    local tr=/sys/kernel/tracing major=${1%%:*} minor=${1##*:} ev
+    [[ -d $tr/events ]] || mount -t tracefs tracefs "$tr"
+    echo 0 >"$tr/tracing_on"
+    echo >"$tr/trace"
+    echo 4096 >"$tr/buffer_size_kb"
+    for ev in block_rq_requeue block_rq_issue block_rq_complete; do
+        echo "dev == $(((major << 20) | minor))" >"$tr/events/block/$ev/filter"
+        echo 1 >"$tr/events/block/$ev/enable"
+    done
+    echo 1 >"$tr/tracing_on"
+}
+
+trace_off() { # OUT
+    local tr=/sys/kernel/tracing ev
+    echo 0 >"$tr/tracing_on"
+    cp "$tr/trace" "$1"
+    for ev in block_rq_requeue block_rq_issue block_rq_complete; do
+        echo 0 >"$tr/events/block/$ev/enable"
+    done
 }
 
 run() {
-    local kind=$1 spec=$2
-    "$bin/rblk-target" --allow-any-host --listen "$addr:7421" --state-dir "$mnt/state-$kind" \
-        --metrics 127.0.0.1:9464 --volume "$spec" >"$mnt/target-$kind.log" 2>&1 &
+    local kind=$1 spec=$2 bin=$RBLK_BIN_DIR addr=$RBLK_ADDR d=$WORK/$1
+    mkdir -p "$d"
+    RUST_LOG=info "$bin/rblk-target" --allow-any-host --listen "$addr:7421" --state-dir "$d/state" \
+        --metrics 127.0.0.1:9464 --volume "$spec" 2>"$d/target.log" &
     local target=$!
     for _ in $(seq 100); do
-        grep -q "listening on" "$mnt/target-$kind.log" && break
+        grep -q "listening on" "$d/target.log" && break
         sleep 0.2
     done
     local uri=rblk://$addr:7421/v out dev pid
-    out=$("$bin/rblk" attach "$uri" --daemon 2>&1)
+    out=$(RUST_LOG=info "$bin/rblk" attach "$uri" --daemon --log-file "$d/attach1.log" 2>&1)
     dev=$(grep -m1 '^/dev/ublkb' <<<"$out")
     pid=$(sed -n "s/^rblk: pid \([0-9]*\) serves .*/\1/p" <<<"$out")
     # The same FLUSH before any takeover, for comparison.
-    local fb t00
     dd if=/dev/urandom of="$dev" bs=4k count=1 oflag=direct status=none
-    t00=$(date +%s%N)
-    sync "$dev"
-    fb=$(ms_since "$t00")
+    local fb
+    fb=$(flush_ms "$dev")
+    trace_on "$(cat "/sys/class/block/${dev#/dev/}/dev")"
     fio --name=t --filename="$dev" --ioengine=libaio --direct=1 --rw=randrw --bs=4k --iodepth=16 \
-        --time_based --runtime=12 --output-format=terse --terse-version=3 >"$mnt/fio-$kind.out" &
+        --time_based --runtime=12 --write_lat_log="$d/lat" --log_avg_msec=0 --log_unix_epoch=1 \
+        --output-format=terse --terse-version=3 >"$d/fio.out" &
     local fio=$!
     sleep 3
-    local t0
-    t0=$(date +%s%N)
+    printf '@@stage %s kill %s\n' "$kind" "$(now)"
+    echo "rblk-kill $(now)" >/sys/kernel/tracing/trace_marker
     kill -KILL "$pid"
-    "$bin/rblk" attach "$uri" --daemon >/dev/null 2>&1
-    local took
-    took=$(ms_since "$t0")
+    (
+        while [[ -e /proc/$pid ]]; do sleep 0.005; done
+        printf '@@stage %s gone %s\n' "$kind" "$(now)"
+    ) &
+    local watcher=$!
+    printf '@@stage %s exec %s\n' "$kind" "$(now)"
+    RUST_LOG=info "$bin/rblk" attach "$uri" --daemon --log-file "$d/attach2.log" >/dev/null 2>&1
+    printf '@@stage %s attached %s\n' "$kind" "$(now)"
+    wait "$watcher" || true
     wait "$fio" || true
-    # Terse v3: 5 error, 39 read lat max (us), 80 write lat max (us).
-    local line
-    line=$(tail -n 1 "$mnt/fio-$kind.out")
-    local errors rmax wmax
-    errors=$(cut -d';' -f5 <<<"$line")
-    rmax=$(cut -d';' -f39 <<<"$line")
-    wmax=$(cut -d';' -f80 <<<"$line")
+    trace_off "$d/trace.txt"
     # fio wrote without fsync: the next FLUSH is the takeover's first, the whole volume.
     local b0 b1 b2 f1 f2
     b0=$(written_back)
-    t0=$(date +%s%N)
-    sync "$dev"
-    f1=$(ms_since "$t0")
+    f1=$(flush_ms "$dev")
     b1=$(written_back)
     dd if=/dev/urandom of="$dev" bs=4k count=1 oflag=direct status=none
-    t0=$(date +%s%N)
-    sync "$dev"
-    f2=$(ms_since "$t0")
+    f2=$(flush_ms "$dev")
     b2=$(written_back)
-    printf 'takeover %-7s: second attach %5d ms after SIGKILL; fio errors %s; longest read %d ms, write %d ms\n' \
-        "$kind" "$took" "$errors" $((rmax / 1000)) $((wmax / 1000))
-    printf 'takeover %-7s: first FLUSH after it %5d ms, %s bytes written back; a 4 KiB write'"'"'s FLUSH %d ms, %s bytes (before the takeover: %d ms)\n' \
-        "$kind" "$f1" "$((${b1:-0} - ${b0:-0}))" "$f2" "$((${b2:-0} - ${b1:-0}))" "$fb"
+    printf '@@flush %s %s %s %s %s %s\n' "$kind" "$fb" "$f1" "$((${b1:-0} - ${b0:-0}))" "$f2" "$((${b2:-0} - ${b1:-0}))"
+    python3 "$REPO_ROOT/scripts/lib/recovery.py" run "$kind" "$d"
     "$bin/rblk" detach "$dev" >/dev/null
     kill -TERM "$target"
     wait "$target" || true
 }
 
-run ram v:256M
-run durable "v:256M:$mnt/v.img"
+guest_main() {
+    # shellcheck source=lib/target.sh
+    source "$REPO_ROOT/scripts/lib/target.sh"
+    modprobe ublk_drv
+    WORK=/tmp/takeover-rxe
+    rm -rf "$WORK"
+    mkdir -p "$WORK/mnt"
+    mkfs.ext4 -q -F "${RBLK_DISK:?}"
+    mount "$RBLK_DISK" "$WORK/mnt"
+    export RBLK_RUN_DIR=$WORK/run
+    run ram v:256M
+    run durable "v:256M:$WORK/mnt/v.img"
+}
+
+script_main 0 "" "$@"

@@ -31,6 +31,14 @@ use rblk_tests::{scratch, sh};
 
 const MIB: u64 = 1 << 20;
 
+/// scripts/lib/test_recovery.py: the unit tests of scripts/takeover-rxe.sh's stage breakdown
+/// (the attach's and target's log stamps, the trace tied to Unix time by its marker, fio's
+/// completions), on recorded lines.
+#[test]
+fn the_takeover_scripts_analysis() {
+    rblk_tests::python_unittest("test_recovery");
+}
+
 fn uri(d: &Daemon, vol: &str) -> String {
     format!("rblk://{}/{vol}", d.addr)
 }
