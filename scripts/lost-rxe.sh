@@ -9,11 +9,14 @@
 # connection, an OPEN by hand, then a sleep until rdma_cm reports the disconnect), the initiator
 # below, 2 s of settling, then a SIGKILL of the target:
 #   library-idle   rblk-test-client idle (an engine's owner asleep in Engine::idle_wait)
-#   library-io     rblk-test-client hammer (writes through the engine without pause)
+#   library-io     rblk-test-client idle --io (4 KiB writes through the engine without pause)
 #   ublk-idle      rblk attach, no I/O;        ublk-io   the same under fio randread QD1
 #   nbd-idle       rblk nbd + nbd-client;      nbd-io    the same under fio randread QD1
 # The initiator's report is its loss log line ("the session to the target was lost"), stamped by
-# its own log. scripts/lib/lost.py makes the table (build/lost/table.txt). Takes
+# its own log. The kernel's side comes from tracefs (rdma_cma:cm_event_handler: when it delivered
+# DISCONNECTED to each peer's rdma_cm ids, known by `rdma resource show cm_id`), so the table
+# tells the target's teardown order apart from each peer's own latency.
+# scripts/lib/lost.py makes the table (build/lost/table.txt). Takes
 # /tmp/rblk-guest.lock.
 set -euo pipefail
 
@@ -34,10 +37,11 @@ host_main() {
     lib_python "$REPO_ROOT/scripts/lib/lost.py" table "$out/guest.log" | tee "$out/table.txt"
 }
 
-# wait_for FILE TEXT SECS: until FILE has TEXT (1 when it does not in time).
+# wait_for FILE TEXT SECS: until FILE has TEXT (1 when it does not in time). By the clock, not
+# by a count of polls: under TCG a poll costs far more than its sleep.
 wait_for() {
-    local _
-    for _ in $(seq $(($3 * 100))); do
+    local end=$((SECONDS + $3))
+    while ((SECONDS <= end)); do
         grep -q "$2" "$1" 2>/dev/null && return 0
         sleep 0.01
     done
@@ -51,19 +55,20 @@ one_case() { # CASE
     local uri=rblk://$addr:$port/v target=$TARGET_PID
     "$bin/rblk-test-client" watch "$addr:$port" v >"$d/watch.out" 2>&1 &
     pids+=($!)
+    echo "$!" >"$d/watch.pid"
     wait_for "$d/watch.out" watching 30 || cat "$d/watch.out" >&2
     case $case in
     library-idle | library-io)
-        local mode=idle
-        [[ $case == library-io ]] && mode=hammer
-        sleep infinity | RUST_LOG=warn "$bin/rblk-test-client" "$mode" "$uri" --region 0:16M:1 >"$d/client.out" 2>"$d/init.log" &
+        local io=()
+        [[ $case == library-io ]] && io=(--io)
+        RUST_LOG=warn "$bin/rblk-test-client" idle "$uri" "${io[@]}" </dev/null >"$d/client.out" 2>"$d/init.log" &
         pids+=($!)
         ;;
     ublk-*)
-        dev=$(RUST_LOG=warn "$bin/rblk" attach "$uri" --daemon --log-file "$d/init.log")
+        dev=$(RUST_LOG=warn "$bin/rblk" attach "$uri" --daemon --ctrl-loss-tmo 2 --log-file "$d/init.log")
         ;;
     nbd-*)
-        RUST_LOG=warn "$bin/rblk" nbd "$uri" --listen "unix:$d/nbd.sock" 2>"$d/init.log" &
+        RUST_LOG=warn "$bin/rblk" nbd "$uri" --ctrl-loss-tmo 2 --listen "unix:$d/nbd.sock" 2>"$d/init.log" &
         pids+=($!)
         local _
         for _ in $(seq 300); do [[ -S $d/nbd.sock ]] && break; sleep 0.1; done
@@ -77,17 +82,26 @@ one_case() { # CASE
         pids+=($!)
     fi
     sleep 2
+    # Whose each rdma_cm id is (pid, ports), for the kernel's DISCONNECTED events in the trace.
+    rdma -j resource show cm_id >"$d/cm_ids.json" 2>/dev/null || true
+    local tr=/sys/kernel/tracing
+    echo >"$tr/trace"
+    echo 1 >"$tr/tracing_on"
     printf '@@kill %s %s\n' "$case" "$(date +%s.%N)"
+    echo "rblk-kill $(date +%s.%N)" >"$tr/trace_marker"
     kill -KILL "$target"
     wait_for "$d/watch.out" disconnected 10 || echo "lost: $case: the bare peer saw no disconnect" >&2
     wait_for "$d/init.log" "was lost" 10 || echo "lost: $case: no loss line" >&2
+    echo 0 >"$tr/tracing_on"
+    cp "$tr/trace" "$d/trace.txt"
     python3 "$REPO_ROOT/scripts/lib/lost.py" run "$case" "$d"
+    kill -KILL "${pids[@]}" 2>/dev/null || true
     case $case in
     ublk-*) "$bin/rblk" detach "$dev" >/dev/null 2>&1 || true ;;
     nbd-*) nbd-client -d /dev/nbd0 >/dev/null 2>&1 || true ;;
     esac
-    kill -KILL "${pids[@]}" 2>/dev/null || true
-    wait 2>/dev/null || true
+    local p
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 }
 
 guest_main() {
@@ -99,6 +113,12 @@ guest_main() {
     rm -rf "$WORK"
     mkdir -p "$WORK"
     export RBLK_RUN_DIR=$WORK/run
+    # rdma_cm's events as the kernel delivers them (tracefs rdma_cma:cm_event_handler), to tell
+    # the kernel's order of the dying target's disconnects from each peer's own latency.
+    local tr=/sys/kernel/tracing
+    [[ -d $tr/events ]] || mount -t tracefs tracefs "$tr"
+    echo 0 >"$tr/tracing_on"
+    echo 1 >"$tr/events/rdma_cma/cm_event_handler/enable"
     local c
     for c in library-idle library-io ublk-idle ublk-io nbd-idle nbd-io; do
         one_case "$c"

@@ -42,10 +42,11 @@
 //!     a bare rdma_cm peer: one connection, HELLO (no keepalives) and a read-only OPEN by hand,
 //!     then nothing but a sleep on the connection's descriptors until rdma_cm reports the
 //!     target's disconnect; prints "watching", then "disconnected UNIX_SECONDS"
-//! rblk-test-client idle URI
-//!     an idle library user: an engine whose owner sleeps in `Engine::idle_wait` (ticking once a
-//!     second) until the session is lost; prints "idle", then "lost UNIX_SECONDS" (with
-//!     RUST_LOG set, the library's own loss line too)
+//! rblk-test-client idle URI [--io]
+//!     a library user: an engine whose owner sleeps in `Engine::idle_wait` (ticking once a
+//!     second), or with --io writes 4 KiB through it without pause, until the session is lost;
+//!     prints "idle", then "lost UNIX_SECONDS" (with RUST_LOG set, the library's own loss line
+//!     too)
 //! ```
 //! (`watch` and `idle` are scripts/lost-rxe.sh's; `reg-time` is scripts/handover-rxe.sh's baseline; `open-time` and `hold` are scripts/scale-rxe.sh's and scripts/hosts-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
 //! `keyless` the trust tests', `joins` the JOIN-cap test's attacker in tests/tests/limits.rs.)
@@ -128,9 +129,16 @@ fn idle(args: &[String]) -> Result<(), String> {
     let uri = args.get(2).ok_or("missing URI")?;
     let engine = rblk_initiator::Engine::new(open(uri)?, 0).map_err(|e| format!("engine: {e}"))?;
     let counters = engine.counters();
+    let io = args.iter().any(|a| a == "--io");
     let (_bell, quiet) = std::os::unix::net::UnixStream::pair().map_err(|e| format!("socketpair: {e}"))?;
     println!("idle");
+    let mut n = 0u64;
     while counters.link_state() == LinkState::Connected {
+        if io {
+            let _ = engine.write_at(&[n as u8; 4096], (n % 1024) * 4096);
+            n += 1;
+            continue;
+        }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
         let _ = engine.idle_wait(std::os::fd::AsFd::as_fd(&quiet), deadline);
         let _ = engine.tick();
