@@ -5,8 +5,9 @@
 #   scripts/handover-rxe.sh [SIZE...]    # default: 64M 4G; builds release binaries,
 #                                        # RBLK_BIN_DIR=DIR uses those
 #
-# First a bare registration of each size (rblk-test-client reg-time: one ibv_reg_mr of an
-# untouched memfd, as a successor registers a RAM volume). Then for each RAM volume size and each
+# First bare registrations of each size (rblk-test-client reg-time: one ibv_reg_mr of a memfd's
+# pages as a RAM volume is made, mapped and populated; then of the same pages mapped afresh, as a
+# successor maps and registers a handed RAM volume). Then for each RAM volume size and each
 # workload, fio 4 KiB at QD1 on `rblk attach` (defaults), every completion logged, across three
 # takeovers 6 s apart, each by a copy of the binary (as an upgrade installs one):
 #   randread          --rw=randread
@@ -98,7 +99,7 @@ guest_main() {
         bytes=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import handover; print(handover.size_bytes(sys.argv[2]))' \
             "$REPO_ROOT/scripts/lib" "$size")
         printf '@@reg %s %s\n' "$size" "$("$bin/rblk-test-client" reg-time "$RBLK_DEVICE" --size "$bytes" |
-            awk '{ print $2, $4 }')"
+            awk '{ print $2, $4, $6 }')"
     done
     for size in $sizes; do
         one_run "$size" randread --rw=randread

@@ -297,6 +297,20 @@ pub fn process_cpu_time() -> (std::time::Duration, std::time::Duration) {
     (d(u.ru_utime), d(u.ru_stime))
 }
 
+/// Puts the calling thread in the SCHED_IDLE class: from now on it runs only when no other thread
+/// of the machine wants the CPU. For work nobody waits for that would otherwise take the CPU from
+/// those who do: a daemon that handed its volumes over unpins and unmaps them (its exit) while
+/// its initiators reconnect to the successor on the same cores.
+pub fn run_only_when_idle() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler reads the sched_param we pass (valid for the call) and changes
+    // only the calling thread's scheduling (pid 0); on failure it changes nothing.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The memlock limit as text, for registration errors.
 pub(crate) fn memlock_text() -> String {
     match memlock_limit() {

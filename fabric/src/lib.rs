@@ -80,7 +80,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use completion::{Completion, WcOpcode, WcStatus};
-pub use error::{memlock_limit, process_cpu_time, AddrDisplay, Chain, Error, RejectBytes, Result};
+pub use error::{memlock_limit, process_cpu_time, run_only_when_idle, AddrDisplay, Chain, Error, RejectBytes, Result};
 pub use keyfile::random;
 pub use memory::Memory;
 

@@ -137,6 +137,12 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     if let Some(status) = running.handed_over() {
         notify::stopping(0);
+        // The initiators reconnect to the successor now, on the same cores: this daemon's
+        // teardown (unpinning and unmapping every volume, which grows with their size) runs
+        // only when the CPU has nothing else to do (scripts/handover-rxe.sh measures the pause).
+        if let Err(e) = rblk_fabric::run_only_when_idle() {
+            tracing::debug!(error = %e, "SCHED_IDLE for the teardown");
+        }
         running.shutdown();
         eprintln!("rblk-target: the volumes were handed over: exiting with status {status}");
         return Ok(ExitCode::from(status));

@@ -521,6 +521,11 @@ fn listen(shared: &Arc<Shared>, listener: &mut Listener, workers: crate::worker:
     if shared.handed_over().is_some() {
         // The successor serves the same pages and writes them back when asked.
         info!("shut down after handing the volumes over: nothing written back here");
+        // What is left (unpinning and unmapping the volumes as this thread lets go of them)
+        // yields the CPU to the initiators reconnecting to the successor.
+        if let Err(e) = rblk_fabric::run_only_when_idle() {
+            tracing::debug!(error = %e, "SCHED_IDLE for the teardown");
+        }
         return;
     }
     // Graceful shutdown keeps everything written, flushed or not.
