@@ -57,12 +57,11 @@ trace_on() { # MAJOR:MINOR
     [[ -d $tr/events ]] || mount -t tracefs tracefs "$tr"
     echo 0 >"$tr/tracing_on"
     echo >"$tr/trace"
-    echo 4096 >"$tr/buffer_size_kb"
+    echo 16384 >"$tr/buffer_size_kb"
     for ev in block_rq_requeue block_rq_issue block_rq_complete; do
         echo "dev == $(((major << 20) | minor))" >"$tr/events/block/$ev/filter"
         echo 1 >"$tr/events/block/$ev/enable"
     done
-    echo 1 >"$tr/tracing_on"
 }
 
 trace_off() { # OUT
@@ -92,12 +91,15 @@ run() {
     dd if=/dev/urandom of="$dev" bs=4k count=1 oflag=direct status=none
     local fb
     fb=$(flush_ms "$dev")
+    # Events only from the SIGKILL on (a ring buffer: fio's seconds before would overwrite the
+    # marker), until the takeover is over.
     trace_on "$(cat "/sys/class/block/${dev#/dev/}/dev")"
     fio --name=t --filename="$dev" --ioengine=libaio --direct=1 --rw=randrw --bs=4k --iodepth=16 \
         --time_based --runtime=12 --write_lat_log="$d/lat" --log_avg_msec=0 --log_unix_epoch=1 \
         --output-format=terse --terse-version=3 >"$d/fio.out" &
     local fio=$!
     sleep 3
+    echo 1 >/sys/kernel/tracing/tracing_on
     printf '@@stage %s kill %s\n' "$kind" "$(now)"
     echo "rblk-kill $(now)" >/sys/kernel/tracing/trace_marker
     kill -KILL "$pid"
@@ -107,11 +109,13 @@ run() {
     ) &
     local watcher=$!
     printf '@@stage %s exec %s\n' "$kind" "$(now)"
-    RUST_LOG=info "$bin/rblk" attach "$uri" --daemon --log-file "$d/attach2.log" >/dev/null 2>&1
+    # Until it serves, its log goes to stderr (the log file takes over once it is a daemon).
+    RUST_LOG=info "$bin/rblk" attach "$uri" --daemon --log-file "$d/attach2.log" >/dev/null 2>"$d/attach2.err"
     printf '@@stage %s attached %s\n' "$kind" "$(now)"
     wait "$watcher" || true
-    wait "$fio" || true
+    sleep 2
     trace_off "$d/trace.txt"
+    wait "$fio" || true
     # fio wrote without fsync: the next FLUSH is the takeover's first, the whole volume.
     local b0 b1 b2 f1 f2
     b0=$(written_back)

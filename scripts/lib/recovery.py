@@ -1,8 +1,9 @@
 """scripts/takeover-rxe.sh's analysis: a ublk takeover's pause, stage by stage (issue 42, item 4).
 
 Two uses:
-  recovery.py run KIND DIR   (in the guest, after one run) reads DIR/attach2.log (the new
-      `rblk attach`'s log, tracing's format), DIR/target.log, DIR/trace.txt (tracefs: the
+  recovery.py run KIND DIR   (in the guest, after one run) reads DIR/attach2.err and
+      DIR/attach2.log (the new `rblk attach`'s log, tracing's format, before and after it became
+      a daemon), DIR/target.log, DIR/trace.txt (tracefs: the
       `rblk-kill UNIX_SECONDS` marker and block:block_rq_* events of the ublk device),
       DIR/lat_*.log (fio's completions, Unix ms) and DIR/fio.out (terse v3); prints
         @@stage KIND NAME UNIX_SECONDS     one per stage found
@@ -130,7 +131,8 @@ def run_lines(kind, d, kill):
 
     stages = {}
     stages.update(trace_stages(read("trace.txt")))
-    stages.update(attach_stages(read("attach2.log")))
+    # Before it serves, the new attach logs to stderr; then to its log file.
+    stages.update(attach_stages(read("attach2.err") + read("attach2.log")))
     base = kill if kill is not None else stages.get("kill", min(stages.values(), default=0.0))
     t = target_open(read("target.log"), base)
     if t is not None:

@@ -590,7 +590,7 @@ mod guest {
     }
 
     /// Issue 42, the takeover pause at two sizes through the library: QD1 reads run across a
-    /// takeover of a 64 MiB and of a 256 MiB RAM volume; the successor registers each before it
+    /// takeover of a 32 MiB and of a 128 MiB RAM volume; the successor registers each before it
     /// is ready (its `take_over` checks), and the reconnect's OPEN after `bye` registers nothing
     /// (one registration line in the successor's log, not two). Catches a successor that pins
     /// at the first OPEN again, inside the pause that grows with size. The pauses are printed,
@@ -599,7 +599,7 @@ mod guest {
     #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
     fn the_pause_after_bye_registers_nothing_at_either_size() {
         let mut pauses = Vec::new();
-        for size in ["64M", "256M"] {
+        for size in ["32M", "128M"] {
             let d = dir(&format!("pause-{size}"));
             let sock = d.join("admin.sock").display().to_string();
             let spec = format!("v:{size}");
