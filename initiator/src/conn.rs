@@ -98,6 +98,8 @@ pub(crate) struct Conn {
     shares: bool,
     /// A request of ours waits for its reply (see [`Conn::set_awaiting`]).
     awaiting: bool,
+    /// Broken, its queue pair not cleaned up yet (see [`Conn::mark_broken`]).
+    cleanup: bool,
     /// When rdma_cm's events are next looked at (see [`DISCONNECT_CHECK`]).
     next_disconnect_check: Instant,
     /// Over verbs (a port whose state [`Conn::break_with`] can ask).
@@ -181,6 +183,7 @@ impl Conn {
             keepalives: false,
             shares: false,
             awaiting: false,
+            cleanup: false,
             next_disconnect_check: now,
             verbs: matches!(fabric, Fabric::Verbs),
         })
@@ -237,16 +240,22 @@ impl Conn {
     }
 
     /// The connection's loss detection and keepalives, after its completions were taken: a
-    /// KEEPALIVE when one is due, and the connection broken when the target went silent or a
-    /// SEND of ours stopped completing for KEEPALIVE_TIMEOUT.
-    pub(crate) fn check_liveness(&mut self) -> Result<()> {
-        self.check_liveness_in(None)
-    }
-
-    /// [`check_liveness`](Self::check_liveness), where `session_heard` is when the session last
-    /// heard from the target on any connection (it counts while a reply is awaited here, and
+    /// KEEPALIVE when one is due, and the connection broken when the target disconnected, went
+    /// silent or a SEND of ours stopped completing for KEEPALIVE_TIMEOUT. `session_heard` is
+    /// when the session last heard from the target on any connection (it counts while a reply is awaited here, and
     /// always on a connection that shares its session's liveness).
     pub(crate) fn check_liveness_in(&mut self, session_heard: Option<Instant>) -> Result<()> {
+        let checked = self.check_liveness_reporting_first(session_heard);
+        if checked.is_err() {
+            self.finish_break();
+        }
+        checked
+    }
+
+    /// [`check_liveness_in`](Self::check_liveness_in), except that a disconnect found leaves
+    /// the connection [marked](Self::mark_broken) only: the caller reports the loss, then calls
+    /// [`finish_break`](Self::finish_break).
+    pub(crate) fn check_liveness_reporting_first(&mut self, session_heard: Option<Instant>) -> Result<()> {
         self.alive()?;
         let now = Instant::now();
         self.check_disconnect(now)?;
@@ -289,7 +298,7 @@ impl Conn {
             return Ok(());
         }
         let reason = "the target disconnected".to_owned();
-        self.break_with(reason.clone());
+        self.mark_broken(reason.clone());
         Err(Error::ConnectionLost { addr: self.addr, reason })
     }
 
@@ -308,7 +317,7 @@ impl Conn {
         }
     }
 
-    /// When [`check_liveness`](Self::check_liveness) next has something to do.
+    /// When [`check_liveness_in`](Self::check_liveness_in) next has something to do.
     pub(crate) fn next_check(&self) -> Instant {
         self.liveness.next_check()
     }
@@ -345,16 +354,36 @@ impl Conn {
     /// connection is dropped (rdma_destroy_id sends it), which a reconnect does once the link is
     /// back.
     pub(crate) fn break_with(&mut self, reason: impl Into<String>) {
+        self.mark_broken(reason);
+        self.finish_break();
+    }
+
+    /// The first half of [`break_with`](Self::break_with): the connection is unusable from now
+    /// on ([`alive`](Self::alive) fails), but its queue pair is left as it is until
+    /// [`finish_break`](Self::finish_break), so that whoever noticed the loss can report it
+    /// first: the cleanup is two or three system calls, which under TCG put milliseconds
+    /// between rdma_cm's event and the loss line (docs/performance.md, a lost target).
+    fn mark_broken(&mut self, reason: impl Into<String>) {
         if self.broken.is_none() {
             let reason = reason.into();
-            let port_down = self.verbs && port_down(&self.ep);
-            tracing::debug!(addr = %self.addr, qpn = self.ep.qp_num(), port_down, %reason, "connection broken");
+            tracing::debug!(addr = %self.addr, qpn = self.ep.qp_num(), %reason, "connection broken");
             self.broken = Some(reason);
-            if port_down {
-                self.ep.vanish();
-            } else {
-                self.ep.disconnect();
-            }
+            self.cleanup = true;
+        }
+    }
+
+    /// The second half of [`break_with`](Self::break_with), once: the queue pair to the error
+    /// state (everything posted completes flushed), with a disconnect request unless the local
+    /// port is down. Nothing when the connection is not broken or was cleaned up already.
+    pub(crate) fn finish_break(&mut self) {
+        if !std::mem::take(&mut self.cleanup) {
+            return;
+        }
+        if self.verbs && port_down(&self.ep) {
+            tracing::debug!(addr = %self.addr, qpn = self.ep.qp_num(), "the port is down: no disconnect request");
+            self.ep.vanish();
+        } else {
+            self.ep.disconnect();
         }
     }
 
@@ -451,7 +480,10 @@ impl Conn {
         };
         if n == 0 {
             // The wait ended at the target's disconnect.
-            self.check_disconnect(Instant::now())?;
+            if let Err(e) = self.check_disconnect(Instant::now()) {
+                self.finish_break();
+                return Err(e);
+            }
             if Instant::now() >= deadline && !self.awaiting {
                 self.break_with(format!("no reply to {request:?} in time"));
                 return Err(Error::Timeout { op: reply_name(request), addr: self.addr, after: started.elapsed() });
@@ -557,7 +589,7 @@ impl Conn {
     }
 
     /// Takes whatever completed (on a QP with no data outstanding), then runs the loss
-    /// detection and keepalives ([`check_liveness`](Self::check_liveness)).
+    /// detection and keepalives ([`check_liveness_in`](Self::check_liveness_in)).
     pub(crate) fn keepalive(&mut self) -> Result<()> {
         self.alive()?;
         let mut out = [Completion::EMPTY; RECV_COUNT];
@@ -580,7 +612,8 @@ impl Conn {
                 break;
             }
         }
-        self.check_liveness()
+        // The caller reports a loss, then cleans up ([`Link::run_control`](crate::link)).
+        self.check_liveness_reporting_first(None)
     }
 
     /// [`call`](Self::call), then checks the reply is the one `request` expects.

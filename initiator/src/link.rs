@@ -537,7 +537,13 @@ impl Link {
         if result.is_err() && conn.is_broken() {
             let reason = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
             drop(conn);
+            // Reported first, then the queue pair cleaned up (a no-op if `f` did, or if a
+            // reconnect replaced the connection meanwhile). Never waited for: a thread that holds
+            // the connection now (a reconnect replacing it) leaves it to be dropped whole.
             self.lost(gen, &reason);
+            if let Ok(mut conn) = self.control.try_lock() {
+                conn.finish_break();
+            }
         }
         result
     }

@@ -737,8 +737,9 @@ impl Queue {
     /// the NIC let go of its buffers when the QP went to error, and it is destroyed before
     /// they are posted again).
     fn lose(&mut self, reason: &str) {
-        self.conn.break_with(reason);
+        // Reported first (the loss line), then the queue pair cleaned up.
         self.link.lost(self.gen, reason);
+        self.conn.break_with(reason);
         // Replies to what was sent on it never come: the senders send again on the next one.
         self.awaiting.clear();
         let posted = self.posted_slots();
@@ -1020,11 +1021,12 @@ impl Queue {
         let awaiting = !self.awaiting.is_empty();
         self.conn.set_awaiting(awaiting);
         let elsewhere = self.conn.hears_through_session();
-        if let Err(e) = self.conn.check_liveness_in(elsewhere.then(|| self.link.heard())) {
+        if let Err(e) = self.conn.check_liveness_reporting_first(elsewhere.then(|| self.link.heard())) {
             if self.link.reconnects() {
                 self.lose(&Chain(&e).to_string());
             }
-            // Otherwise the QP is in error now: its operations complete flushed and fail.
+            // Otherwise the QP goes to error now: its operations complete flushed and fail.
+            self.conn.finish_break();
         }
     }
 
