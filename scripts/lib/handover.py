@@ -17,11 +17,12 @@ Two uses:
       prints the table and the goals.
 """
 
-import datetime
 import glob
 import os
 import re
 import sys
+
+import guestlog
 
 # The goals (issue 42).
 GAP_GOAL_MS = 300.0
@@ -53,14 +54,6 @@ def field(line, name):
     return m.group(1) if m else None
 
 
-def stamp(line):
-    """The RFC 3339 time a tracing log line starts with (or None)."""
-    m = re.search(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
-    if not m:
-        return None
-    return datetime.datetime.fromisoformat(m.group(1)).replace(tzinfo=datetime.timezone.utc)
-
-
 def successor(lines):
     """What one successor's log says: (bye_ms, ahead_ms, open_reg_ms). bye_ms: its "took over"
     line's `took` (None if it has none); ahead_ms: its registration before ready (None when it
@@ -81,23 +74,14 @@ def successor(lines):
 def bye_to(old_lines, new_lines):
     """(bye to the old daemon's last stamped line, bye to the successor's first OPEN after it) in
     ms; None where a stamp is missing. `bye` is the old daemon's "the successor is ready"."""
+    stamp = guestlog.log_time
     bye = next((stamp(l) for l in old_lines if "the successor is ready" in l), None)
     if bye is None:
         return None, None
     last = max((t for t in map(stamp, old_lines) if t is not None), default=None)
     opened = next((t for t in (stamp(l) for l in new_lines if "control: opened" in l) if t and t >= bye), None)
-    ms = lambda t: None if t is None else (t - bye).total_seconds() * 1e3  # noqa: E731
+    ms = lambda t: None if t is None else (t - bye) * 1e3  # noqa: E731
     return ms(last), ms(opened)
-
-
-def completions(lines):
-    """fio's completion log (`time_ms, value, dir, bs, offset[, prio]` a line) as sorted times."""
-    times = []
-    for line in lines:
-        first = line.split(",", 1)[0].strip()
-        if first.isdigit():
-            times.append(int(first))
-    return sorted(times)
 
 
 def longest_gap(times):
@@ -105,33 +89,17 @@ def longest_gap(times):
     return max((b - a for a, b in zip(times, times[1:])), default=None)
 
 
-def fio_errors(terse):
-    """fio's error count from terse v3 output (field 5 of its last result line); None if absent."""
-    rows = [line.split(";") for line in terse.splitlines() if line.count(";") > 100]
-    return int(rows[-1][4]) if rows else None
-
-
 def run_lines(size, workload, d):
     """The `@@` lines of one run in directory `d`."""
-    times = []
-    for path in sorted(glob.glob(os.path.join(d, "lat_clat.*.log"))):
-        with open(path, errors="replace") as f:
-            times.extend(completions(f))
-    times.sort()
-    try:
-        with open(os.path.join(d, "fio.out"), errors="replace") as f:
-            errors = fio_errors(f.read())
-    except OSError:
-        errors = None
+    times = guestlog.fio_log_times(line for path in sorted(glob.glob(os.path.join(d, "lat_clat.*.log")))
+                                   for line in guestlog.read_lines(d, os.path.basename(path)))
+    terse = guestlog.fio_terse("\n".join(guestlog.read_lines(d, "fio.out")))
+    errors = terse[0] if terse else None
     gap = longest_gap(times)
     out = [f"@@gap {size} {workload} {gap if gap is not None else '-'} {len(times)} "
            f"{errors if errors is not None else '-'}"]
     def lines(n):
-        try:
-            with open(os.path.join(d, f"d{n}.log"), errors="replace") as f:
-                return f.read().splitlines()
-        except OSError:
-            return []
+        return guestlog.read_lines(d, f"d{n}.log")
 
     n = 1
     while os.path.exists(os.path.join(d, f"d{n}.log")):
@@ -233,15 +201,7 @@ def table(lines):
 
 
 def main(argv):
-    if len(argv) == 5 and argv[1] == "run":
-        print("\n".join(run_lines(argv[2], argv[3], argv[4])))
-        return 0
-    if len(argv) == 3 and argv[1] == "table":
-        with open(argv[2], errors="replace") as f:
-            print("\n".join(table(f.read().splitlines())))
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    return guestlog.main(argv, __doc__, run_lines, table, 3)
 
 
 if __name__ == "__main__":

@@ -15,23 +15,15 @@ Two uses:
       against the goal.
 """
 
-import datetime
 import json
-import os
 import re
 import sys
+
+import guestlog
 
 # The goal (issue 42): the initiator's report at most this long after the bare peer's.
 GOAL_MS = 10.0
 LOSS_LINE = "the session to the target was lost"
-
-
-def unix(line):
-    """The Unix time of a tracing line's RFC 3339 stamp, or None."""
-    m = re.search(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
-    if not m:
-        return None
-    return datetime.datetime.fromisoformat(m.group(1)).replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def watched(lines):
@@ -50,32 +42,21 @@ def reported(lines):
     """The stamp of the initiator's first loss line, or None."""
     for line in lines:
         if LOSS_LINE in line:
-            t = unix(line)
+            t = guestlog.log_time(line)
             if t is not None:
                 return t
     return None
 
 
-_EVENT = re.compile(r"\s(\d+\.\d+):\s+(\w+):\s*(.*)$")
-
-
 def disconnects(trace):
     """[(unix, src "addr:port")] of the DISCONNECTED events after the `rblk-kill UNIX` marker
     (which ties the trace clock to Unix time), in order."""
-    offset, out = None, []
-    for line in trace:
-        m = _EVENT.search(line)
-        if not m:
-            continue
-        ts, event, rest = float(m.group(1)), m.group(2), m.group(3)
-        if event == "tracing_mark_write" and rest.startswith("rblk-kill "):
-            try:
-                offset = float(rest.split()[1]) - ts
-            except (IndexError, ValueError):
-                offset = None
-        elif event == "cm_event_handler" and "DISCONNECTED" in rest and offset is not None:
+    _, events = guestlog.trace_after_marker(trace, "rblk-kill")
+    out = []
+    for t, event, rest in events:
+        if event == "cm_event_handler" and "DISCONNECTED" in rest:
             src = re.search(r"src=(\S+)", rest)
-            out.append((ts + offset, src.group(1) if src else ""))
+            out.append((t, src.group(1) if src else ""))
     return out
 
 
@@ -102,11 +83,7 @@ def kernel_times(trace, cm_ids, watcher_pid):
 
 def run_line(case, d):
     def read(name):
-        try:
-            with open(os.path.join(d, name), errors="replace") as f:
-                return f.read().splitlines()
-        except OSError:
-            return []
+        return guestlog.read_lines(d, name)
 
     try:
         cm_ids = json.loads("\n".join(read("cm_ids.json")) or "[]")
@@ -181,15 +158,7 @@ def table(lines):
 
 
 def main(argv):
-    if len(argv) == 4 and argv[1] == "run":
-        print(run_line(argv[2], argv[3]))
-        return 0
-    if len(argv) == 3 and argv[1] == "table":
-        with open(argv[2], errors="replace") as f:
-            print("\n".join(table(f.read().splitlines())))
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    return guestlog.main(argv, __doc__, lambda case, d: run_line(case, d).splitlines(), table, 2)
 
 
 if __name__ == "__main__":

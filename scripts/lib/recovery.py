@@ -14,11 +14,11 @@ Two uses:
       step is (the kernel's, rblk's, or the workload's).
 """
 
-import datetime
 import glob
 import os
-import re
 import sys
+
+import guestlog
 
 # The new attach's log lines (initiator/cli/src/ublk.rs) and the stage each marks.
 ATTACH_STAGES = (
@@ -44,22 +44,13 @@ OWNER = {
 }
 
 
-def unix(line):
-    """The Unix time (float seconds) of a tracing log line's RFC 3339 stamp, or None."""
-    m = re.search(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line)
-    if not m:
-        return None
-    t = datetime.datetime.fromisoformat(m.group(1)).replace(tzinfo=datetime.timezone.utc)
-    return t.timestamp()
-
-
 def attach_stages(lines):
     """{stage: unix} from the new attach's log (the first line of each)."""
     out = {}
     for line in lines:
         for text, name in ATTACH_STAGES:
             if text in line and name not in out:
-                t = unix(line)
+                t = guestlog.log_time(line)
                 if t is not None:
                     out[name] = t
     return out
@@ -69,65 +60,28 @@ def target_open(lines, after):
     """The first OPEN the target answered after Unix time `after`, or None."""
     for line in lines:
         if "control: opened" in line:
-            t = unix(line)
+            t = guestlog.log_time(line)
             if t is not None and t > after:
                 return t
     return None
 
 
-_TRACE = re.compile(r"\s(\d+\.\d+):\s+(\w+):\s*(.*)$")
-
-
 def trace_stages(lines):
     """{stage: unix} from tracefs output: the marker `rblk-kill UNIX` ties the trace clock to Unix
     time (its stage `kill`); then the first block_rq_requeue and the first block_rq_complete after it."""
-    offset = None
-    kill_ts = None
-    out = {}
-    for line in lines:
-        m = _TRACE.search(line)
-        if not m:
-            continue
-        ts, event, rest = float(m.group(1)), m.group(2), m.group(3)
-        if event == "tracing_mark_write" and rest.startswith("rblk-kill "):
-            out["kill"] = float(rest.split()[1])
-            offset = out["kill"] - ts
-            kill_ts = ts
-        elif kill_ts is not None and ts >= kill_ts:
-            name = {"block_rq_requeue": "requeue", "block_rq_complete": "first_complete"}.get(event)
-            if name and name not in out:
-                out[name] = ts + offset
+    kill, events = guestlog.trace_after_marker(lines, "rblk-kill")
+    out = {} if kill is None else {"kill": kill}
+    for t, event, _ in events:
+        name = {"block_rq_requeue": "requeue", "block_rq_complete": "first_complete"}.get(event)
+        if name and name not in out:
+            out[name] = t
     return out
-
-
-def fio_completions(lines):
-    """Completion times (Unix ms) from fio's lat logs (`time, value, dir, bs, offset, ...`)."""
-    out = []
-    for line in lines:
-        first = line.split(",", 1)[0].strip()
-        if first.isdigit():
-            out.append(int(first))
-    return out
-
-
-def fio_terse(text):
-    """(errors, read max ms, write max ms) from terse v3 output; None when absent."""
-    rows = [line.split(";") for line in text.splitlines() if line.count(";") > 100]
-    if not rows:
-        return None
-    r = rows[-1]
-    # 5: total errors; 39 and 80: read and write completion latency max (us).
-    return int(r[4]), float(r[38]) / 1e3, float(r[79]) / 1e3
 
 
 def run_lines(kind, d, kill):
     """The `@@` lines of one run in `d`; `kill` is the SIGKILL's Unix time (None: from the trace)."""
     def read(name):
-        try:
-            with open(os.path.join(d, name), errors="replace") as f:
-                return f.read().splitlines()
-        except OSError:
-            return []
+        return guestlog.read_lines(d, name)
 
     stages = {}
     stages.update(trace_stages(read("trace.txt")))
@@ -137,17 +91,14 @@ def run_lines(kind, d, kill):
     t = target_open(read("target.log"), base)
     if t is not None:
         stages["target_open"] = t
-    times = []
-    for path in sorted(glob.glob(os.path.join(d, "lat_clat.*.log"))):
-        with open(path, errors="replace") as f:
-            times.extend(fio_completions(f))
-    times.sort()
+    times = guestlog.fio_log_times(line for path in sorted(glob.glob(os.path.join(d, "lat_clat.*.log")))
+                                   for line in read(os.path.basename(path)))
     after = [x for x in times if x / 1e3 > base]
     if after:
         stages["fio_first"] = after[0] / 1e3
     out = [f"@@stage {kind} {name} {t:.6f}" for name, t in sorted(stages.items(), key=lambda kv: kv[1])]
     gap = max((b - a for a, b in zip(times, times[1:])), default=None)
-    terse = fio_terse("\n".join(read("fio.out")))
+    terse = guestlog.fio_terse("\n".join(read("fio.out")))
     e, rmax, wmax = terse if terse else ("-", "-", "-")
     fmt = lambda v: v if isinstance(v, str) else f"{v:.0f}"  # noqa: E731
     out.append(f"@@fio {kind} {fmt(e)} {fmt(rmax)} {fmt(wmax)} {'-' if gap is None else gap}")
@@ -206,16 +157,7 @@ def table(lines):
 
 
 def main(argv):
-    if len(argv) == 4 and argv[1] == "run":
-        kill = None
-        print("\n".join(run_lines(argv[2], argv[3], kill)))
-        return 0
-    if len(argv) == 3 and argv[1] == "table":
-        with open(argv[2], errors="replace") as f:
-            print("\n".join(table(f.read().splitlines())))
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    return guestlog.main(argv, __doc__, lambda kind, d: run_lines(kind, d, None), table, 2)
 
 
 if __name__ == "__main__":

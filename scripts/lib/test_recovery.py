@@ -48,13 +48,6 @@ class Parts(unittest.TestCase):
         self.assertAlmostEqual(got["first_complete"] - T0, 0.65, places=5)
         self.assertEqual(recovery.trace_stages(["no marker", TRACE[1]]), {})
 
-    def test_fio(self):
-        self.assertEqual(recovery.fio_completions(["1796612400100, 50, 0, 4096, 0", "x", ""]), [1796612400100])
-        row = ["0"] * 130
-        row[4], row[38], row[79] = "2", "6950000", "1500"
-        self.assertEqual(recovery.fio_terse(";".join(row)), (2, 6950.0, 1.5))
-        self.assertIsNone(recovery.fio_terse("nothing"))
-
 
 class Run(unittest.TestCase):
     def test_a_run_directory_to_lines(self):

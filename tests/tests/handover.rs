@@ -514,6 +514,18 @@ mod guest {
         d
     }
 
+    /// An engine on `uri` that reconnects every 200 ms for a minute: across a takeover.
+    fn engine_over_rxe(uri: &str, mode: OpenMode) -> Engine {
+        let reconnect = Reconnect {
+            delay: Duration::from_millis(200),
+            ctrl_loss_tmo: Some(Duration::from_secs(60)),
+            fast_io_fail_tmo: None,
+            connect_timeout: Duration::ZERO,
+        };
+        let opts = Options { reconnect, ..Options::default() };
+        Engine::new(Session::connect(uri, &opts).unwrap().open(mode).unwrap(), 1).unwrap()
+    }
+
     /// The successor from a copy of the binary at another path (as an upgrade installs one):
     /// takes over from `old` with `args`, and `old` exits 0. Returns it and how long from its
     /// start to listening.
@@ -605,15 +617,7 @@ mod guest {
             let spec = format!("v:{size}");
             let args = ["--volume", &spec, "--admin-socket", &sock];
             let old = Daemon::start(&rdma(), &args);
-            let reconnect = Reconnect {
-                delay: Duration::from_millis(200),
-                ctrl_loss_tmo: Some(Duration::from_secs(60)),
-                fast_io_fail_tmo: None,
-                connect_timeout: Duration::ZERO,
-            };
-            let opts = Options { reconnect, ..Options::default() };
-            let uri = format!("rblk://{}/v", old.addr);
-            let e = Engine::new(Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadOnly).unwrap(), 1).unwrap();
+            let e = engine_over_rxe(&format!("rblk://{}/v", old.addr), OpenMode::ReadOnly);
             let stop = std::sync::atomic::AtomicBool::new(false);
             let (new, gap) = std::thread::scope(|s| {
                 let reader = s.spawn(|| {
@@ -675,14 +679,7 @@ mod guest {
         let old = Daemon::start(&rdma(), &args);
         let addr = old.addr;
         let uri = format!("rblk://{addr}/v");
-        let reconnect = Reconnect {
-            delay: Duration::from_millis(200),
-            ctrl_loss_tmo: Some(Duration::from_secs(60)),
-            fast_io_fail_tmo: None,
-            connect_timeout: Duration::ZERO,
-        };
-        let opts = Options { reconnect, ..Options::default() };
-        let e = Engine::new(Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap(), 1).unwrap();
+        let e = engine_over_rxe(&uri, OpenMode::ReadWrite);
         write(&e, 1, 0, 32);
         e.flush().unwrap();
         write(&e, 2, 0, 2);

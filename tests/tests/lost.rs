@@ -40,6 +40,13 @@ fn the_lost_scripts_analysis() {
     rblk_tests::python_unittest("test_lost");
 }
 
+/// scripts/lib/test_guestlog.py: what the two-step analyses share (log stamps, the trace tied to
+/// Unix time by its marker, fio's logs, the command line).
+#[test]
+fn the_guest_log_helpers() {
+    rblk_tests::python_unittest("test_guestlog");
+}
+
 /// Turns the initiator's periodic checks off, in this process and in the clients it starts.
 fn no_ticks() {
     std::env::set_var(rblk_initiator::NO_TICKS_ENV, "1");
