@@ -105,7 +105,9 @@ pub struct Args {
     /// fio's latency bins).
     #[arg(short = 'o', long, value_name = "FORMAT", value_parser = format_arg, default_value = "normal")]
     pub output_format: OutputFormat,
-    /// Write the report to FILE instead of stdout, created before the run starts.
+    /// Write the report to FILE instead of stdout: a temporary file beside it is created before
+    /// the run starts (a bad path fails at once) and renamed over FILE once the run succeeded;
+    /// a failed run leaves FILE as it was.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// In fio's JSON, one entry per group (job file sections between stonewalls) instead of one
@@ -120,7 +122,8 @@ pub struct Args {
     /// (from 1) fio-format PREFIX_iops.N.log, PREFIX_bw.N.log and PREFIX_lat.N.log (lines "msec,
     /// value, direction, blocksize, offset": IOPS, KiB/s, mean latency in ns per interval;
     /// direction 0 read, 1 write), and a HdrHistogram interval log PREFIX.hlog (ns, tags read.N,
-    /// write.N). scripts/plot.py draws them. One job section only.
+    /// write.N). scripts/plot.py draws them. One job section only. Like --output, they appear
+    /// once the run succeeded; a failed run leaves earlier ones as they were.
     #[arg(long, value_name = "PREFIX")]
     pub log: Option<PathBuf>,
     /// With --log: one line per this interval, 10ms to 1h; a bare number is milliseconds, as

@@ -3,7 +3,6 @@
 //! write the report in the format asked for.
 
 use std::fmt;
-use std::fs::File;
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,6 +12,7 @@ use rblk_initiator::{Fabric, Options};
 
 use crate::cli::{Args, Invocation, OutputFormat};
 use crate::log::Logs;
+use crate::pending::Pending;
 use crate::progress::Progress;
 use crate::report::Report;
 use crate::run::Run;
@@ -112,11 +112,19 @@ impl Env {
     }
 }
 
-fn create(path: &Path) -> Result<Sink> {
-    match File::create(path) {
-        Ok(f) => Ok(Sink::new(f)),
-        Err(source) => Err(Error::File { what: "creating", path: path.to_owned(), source }),
-    }
+/// A result file, written whole once the run succeeded ([`Pending`]).
+fn create(path: &Path) -> Result<Pending> {
+    Pending::create(path).map_err(|source| Error::File { what: "creating", path: path.to_owned(), source })
+}
+
+/// Writes `text` into `file` and puts it in place.
+fn commit(mut file: Pending, text: &str) -> Result<()> {
+    let path = file.path().to_owned();
+    file.write_all(text.as_bytes()).and_then(|()| file.commit()).map_err(|source| Error::File {
+        what: "writing",
+        path,
+        source,
+    })
 }
 
 fn write_all(sink: &Sink, path: Option<&Path>, text: &str) -> Result<()> {
@@ -156,13 +164,10 @@ pub fn execute(args: &Args, env: &Env) -> Result<bool> {
     // Created before the run, so that a bad path is found before minutes of load, not after.
     let legacy = match args.json.as_deref() {
         None => None,
-        Some(p) if p == Path::new("-") => Some((env.stdout.clone(), None)),
-        Some(p) => Some((create(p)?, Some(p))),
+        Some(p) if p == Path::new("-") => Some(None),
+        Some(p) => Some(Some(create(p)?)),
     };
-    let out = match args.output.as_deref() {
-        Some(p) => create(p)?,
-        None => env.stdout.clone(),
-    };
+    let out = args.output.as_deref().map(create).transpose()?;
     let mut logs = match args.log() {
         Some(_) if many => {
             return Err(Error::Invalid(format!(
@@ -186,6 +191,9 @@ pub fn execute(args: &Args, env: &Env) -> Result<bool> {
         p.clear();
     }
     let reports = result?;
+    if let Some(l) = logs {
+        l.commit()?;
+    }
     let passed = reports.iter().all(Report::passed);
     let text = || {
         if many {
@@ -198,14 +206,18 @@ pub fn execute(args: &Args, env: &Env) -> Result<bool> {
             reports[0].text()
         }
     };
-    if let Some((sink, path)) = legacy {
+    if let Some(file) = legacy {
         let json = serde_json::to_string_pretty(&reports[0]).expect("the report serializes") + "\n";
-        if path.is_none() {
-            write_all(&env.stderr, None, &text())?;
-        } else {
-            write_all(&env.stdout, None, &text())?;
+        match file {
+            None => {
+                write_all(&env.stderr, None, &text())?;
+                write_all(&env.stdout, None, &json)?;
+            }
+            Some(file) => {
+                write_all(&env.stdout, None, &text())?;
+                commit(file, &json)?;
+            }
         }
-        write_all(&sink, path, &json)?;
         return Ok(passed);
     }
     let body = match args.output_format {
@@ -220,7 +232,10 @@ pub fn execute(args: &Args, env: &Env) -> Result<bool> {
             SystemTime::now(),
         ),
     };
-    write_all(&out, args.output.as_deref(), &body)?;
+    match out {
+        Some(file) => commit(file, &body)?,
+        None => write_all(&env.stdout, None, &body)?,
+    }
     Ok(passed)
 }
 

@@ -63,7 +63,9 @@
 //! interval log, one interval per `--log-interval`: each job sends a copy of its own
 //! histograms to the main thread at the first reaped batch past an interval boundary (the hot
 //! path only compares a timestamp it already took), and the main thread writes the difference
-//! to the job's previous copy. Use [`Run::run_with_logs`].
+//! to the job's previous copy. Use [`Run::run_with_logs`], then [`Logs::commit`]: the files
+//! appear once the run succeeded, and a failed run leaves the previous ones as they were (as
+//! `--output` does).
 //!
 //! # Threads and cleanup
 //!
@@ -89,6 +91,7 @@ mod job;
 mod jobfile;
 mod log;
 pub mod pattern;
+mod pending;
 mod progress;
 mod report;
 mod rng;

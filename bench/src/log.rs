@@ -17,7 +17,6 @@
 //!   one histogram per interval, job and direction, tagged `read.N` / `write.N` / `trim.N`, readable by
 //!   HdrHistogram's HistogramLogProcessor or HistogramLogAnalyzer.
 
-use std::fs::File;
 use std::io::{self, BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -25,6 +24,7 @@ use std::time::{Duration, SystemTime};
 use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
 use hdrhistogram::serialization::V2DeflateSerializer;
 
+use crate::pending::Pending;
 use crate::spec::Spec;
 use crate::stats::{DirStats, DIRS, DIR_NAMES};
 use crate::{Error, Result};
@@ -46,19 +46,28 @@ pub(crate) struct Sample {
     pub(crate) stats: [DirStats; DIRS],
 }
 
-/// One log file being written.
+/// One log file being written: in place once the run succeeded ([`Logs::commit`]), removed if
+/// it did not ([`Pending`]).
 #[derive(Debug)]
 struct Out {
     path: PathBuf,
-    file: BufWriter<File>,
+    file: BufWriter<Pending>,
 }
 
 impl Out {
     fn create(path: PathBuf) -> Result<Out> {
-        match File::create(&path) {
+        match Pending::create(&path) {
             Ok(f) => Ok(Out { path, file: BufWriter::new(f) }),
             Err(source) => Err(Error::Log { what: "creating", path, source }),
         }
+    }
+
+    fn commit(self) -> Result<()> {
+        let Out { path, file } = self;
+        file.into_inner()
+            .map_err(std::io::IntoInnerError::into_error)
+            .and_then(Pending::commit)
+            .map_err(|source| Error::Log { what: "writing", path, source })
     }
 }
 
@@ -72,7 +81,8 @@ struct JobLogs {
 }
 
 /// The open log files of a run: create them before the run ([`Logs::create`]), hand them to
-/// [`Run::run_with_logs`](crate::Run::run_with_logs).
+/// [`Run::run_with_logs`](crate::Run::run_with_logs), then put them in place
+/// ([`Logs::commit`]).
 #[derive(Debug)]
 pub struct Logs {
     interval: Duration,
@@ -230,6 +240,18 @@ impl Logs {
     }
 
     /// Flushes every file; the first error of the run if any.
+    /// Puts every log file in place, once the whole run succeeded: until then each is a
+    /// temporary file beside it, and logs dropped without this (a failed run) leave nothing of
+    /// their own and the previous run's files as they were.
+    pub fn commit(self) -> Result<()> {
+        for j in self.jobs {
+            for o in [j.iops, j.bw, j.lat] {
+                o.commit()?;
+            }
+        }
+        self.hlog.commit()
+    }
+
     pub(crate) fn finish(&mut self) -> Result<()> {
         for j in &mut self.jobs {
             for o in [&mut j.iops, &mut j.bw, &mut j.lat] {

@@ -272,6 +272,9 @@ fn logged_run(dir: &Path) -> (rblk_bench::Report, PathBuf) {
     let prefix = dir.join("run");
     let mut logs = Logs::create(&prefix, Duration::from_millis(100), &spec).unwrap();
     let r = Run::default().run_with_logs(&t.uri, &options(), &spec, Some(&mut logs)).unwrap();
+    // Nothing is in place before the run succeeded and the logs are committed.
+    assert!(!file(&prefix, "_iops.1.log").exists(), "a log in place before commit");
+    logs.commit().unwrap();
     (r, prefix)
 }
 
