@@ -140,6 +140,24 @@ wire_enum! {
     Exclusive = 3,
 }
 
+impl OpenMode {
+    /// The mode as users name it (`rblk --read-only`, `--exclusive`, logs): `read-only`,
+    /// `read-write` or `exclusive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadOnly => "read-only",
+            Self::ReadWrite => "read-write",
+            Self::Exclusive => "exclusive",
+        }
+    }
+}
+
+impl fmt::Display for OpenMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 wire_enum! {
     /// Why the target refused a request (ERROR's `status`).
     ///

@@ -61,7 +61,7 @@ def successor(lines):
     bye = ahead = None
     open_reg = 0.0
     for line in lines:
-        if "took over" in line and "volume(s)" in line:
+        if "took over" in line and " volume" in line:
             bye = duration_ms(field(line, "took") or "")
         elif "registered the handed volumes ahead" in line:
             ahead = duration_ms(field(line, "took") or "")

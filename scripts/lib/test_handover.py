@@ -11,12 +11,12 @@ import handover
 SUCCESSOR = """2026-12-07T02:40:01.100000Z  INFO rblk_target::handover: taking the volume over: the same pages and instance volume=v
 2026-12-07T02:40:01.900000Z  INFO rblk_target::volume: registered 4.0 GiB for memory windows in 812 ms volume=v device=rxe0
 2026-12-07T02:40:01.901000Z  INFO rblk_target::handover: registered the handed volumes ahead, before saying ready: the first OPENs pin nothing registered=1 took=812.5ms
-2026-12-07T02:40:01.950000Z  INFO rblk_target::handover: took over 1 volume(s) from rblk-target 0.1.0 pid=77 took=1.25s
+2026-12-07T02:40:01.950000Z  INFO rblk_target::handover: took over 1 volume from rblk-target 0.1.0 pid=77 took=1.25s
 2026-12-07T02:40:02.100000Z  INFO rblk_target::control: opened
 """.splitlines()
 
 # One whose registration happened at the first OPEN after bye (no devices in the state).
-LATE = """2026-12-07T02:41:00.000000Z  INFO rblk_target::handover: took over 1 volume(s) from rblk-target 0.1.0 pid=78 took=300µs
+LATE = """2026-12-07T02:41:00.000000Z  INFO rblk_target::handover: took over 1 volume from rblk-target 0.1.0 pid=78 took=300µs
 2026-12-07T02:41:00.500000Z  INFO rblk_target::volume: registered 4.0 GiB for memory windows in 790 ms volume=v device=rxe0
 """.splitlines()
 

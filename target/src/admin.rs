@@ -63,11 +63,14 @@ pub enum AdminError {
     /// Add of a name already served.
     #[error("volume {0} exists")]
     Exists(String),
+    /// Add with a relative backing path (the daemon cannot know the client's directory).
+    #[error("the backing path {} is relative: give it absolute (rblk-target admin add makes it so)", .0.display())]
+    RelativePath(std::path::PathBuf),
     /// Remove of a name not served.
     #[error("no volume {0}")]
     UnknownVolume(String),
     /// Remove of a volume with open sessions.
-    #[error("volume {name} has {sessions} open session(s): not removed (close them, then remove it)")]
+    #[error("volume {name} has {}: not removed (close them, then remove it)", crate::counted(*sessions, "open session"))]
     Busy {
         /// Which.
         name: String,
@@ -113,7 +116,7 @@ impl AdminError {
             AdminError::Exists(_) => "exists",
             AdminError::UnknownVolume(_) => "unknown_volume",
             AdminError::Busy { .. } => "busy",
-            AdminError::Invalid(_) | AdminError::Config(_) => "invalid",
+            AdminError::Invalid(_) | AdminError::Config(_) | AdminError::RelativePath(_) => "invalid",
             AdminError::Refused { .. } => "refused",
             AdminError::ShuttingDown => "shutting_down",
             AdminError::Handover(_) => "handover",
@@ -396,6 +399,11 @@ pub(crate) fn list(shared: &Shared) -> Vec<VolumeInfo> {
 }
 
 fn add(shared: &Shared, v: &FileVolume) -> Result<String, AdminError> {
+    // Relative to whose directory? `rblk-target admin add` sends it absolute; admin.toml keeps
+    // absolute paths only.
+    if let Some(path) = v.path.as_deref().filter(|p| p.is_relative()) {
+        return Err(AdminError::RelativePath(path.to_owned()));
+    }
     let spec = v.spec().map_err(AdminError::Config)?;
     let size = spec.size;
     let mut current = shared.current.lock().unwrap_or_else(|p| p.into_inner());

@@ -34,26 +34,36 @@ use crate::config::{
 /// See rblk-target.toml(5) for the config file's keys, keys and host identities, limits and
 /// the systemd units (docs/configuration.md in rblk's source).
 #[derive(Debug, Parser)]
-#[command(version, about, long_about, args_conflicts_with_subcommands = true)]
+#[command(version, args_conflicts_with_subcommands = true)]
 pub struct Args {
     /// Talk to a running daemon instead of being one.
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Where to listen (default: every address, port 7420).
+    ///
     /// Address to listen on, ADDR[:PORT] (IPv6 in brackets). Default: every address, port 7420.
     #[arg(long, value_parser = |s: &str| parse_listen(s).map_err(|e| Chain(&e).to_string()), value_name = "ADDR[:PORT]")]
     pub listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+    ///
     /// Serve Prometheus metrics (rblk_target_*) over HTTP at http://ADDR:PORT/metrics. Bind
     /// it to a management address: the endpoint has no authentication. Default: none.
     #[arg(long, value_name = "ADDR:PORT", value_parser = |s: &str| s.parse::<SocketAddr>().map_err(|e| format!("{s:?}: {e} (e.g. 127.0.0.1:9442)")))]
     pub metrics: Option<SocketAddr>,
+    /// The socket `rblk-target admin` talks to, or none.
+    ///
     /// The admin socket (a unix socket, mode 0600: root only) through which `rblk-target admin`
     /// adds, removes and lists volumes at run time; "none" serves none. Refused if another
     /// daemon serves the path; a stale socket is replaced. Default: /run/rblk-target/admin.sock.
     #[arg(long, value_name = "PATH|none")]
     pub admin_socket: Option<PathBuf>,
+    /// Accept connections on this RDMA device only.
+    ///
     /// Only accept connections arriving on this RDMA device (e.g. mlx5_0, rxe0).
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
+    /// A volume: RAM, or durable with a PATH; repeatable.
+    ///
     /// A volume NAME:SIZE[:PATH] (size like 64M, 1.5G or 64GiB, powers of 1024; 4096KB,
     /// powers of 1000: whole 4096-byte blocks either way). Repeatable.
     /// Without PATH a RAM volume (volatile). With PATH (everything after the second colon) a
@@ -62,6 +72,8 @@ pub struct Args {
     /// 1 GiB RAM volume vol0 (a config file without volumes starts with none).
     #[arg(long = "volume", value_name = "NAME:SIZE[:PATH]", value_parser = volume_arg)]
     pub volumes: Vec<VolumeSpec>,
+    /// The shared key initiators must prove.
+    ///
     /// Shared key file: initiators must prove they hold the same key (HMAC-SHA256 over a nonce
     /// and their host name) before they may open anything. At least 32 bytes on one line, mode
     /// 0600, owned by root or this user (make one with `rblk-target gen-key FILE`). Hosts with
@@ -69,59 +81,85 @@ pub struct Args {
     /// its first start; `rblk` on the same host finds it there.
     #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
     pub key_file: Option<PathBuf>,
+    /// Serve every initiator when no key is configured.
+    ///
     /// Serve without authentication when no key is configured: every initiator that reaches
     /// the port may open every volume without an access list (the protocol's keyless sequence,
     /// HELLO then OPEN). Warned about at every start.
     #[arg(long)]
     pub allow_any_host: bool,
+    /// Keys and identities (default: /var/lib/rblk).
+    ///
     /// Directory where durable volumes keep their instance identity across a clean shutdown
     /// (one small file per volume, removed at start: after a crash, or when the backing store
     /// was replaced or resized, the identity is new, and reconnecting initiators report their
     /// unflushed writes as lost). Default: /var/lib/rblk.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Cut a connection that opens nothing this long.
+    ///
     /// A connection that has not opened (or joined) a session this long after its connect
     /// request is cut (unauthenticated and half-open ones too): 1s to 1d, a bare number is
     /// seconds [default: 10s].
     #[arg(long, value_name = "DURATION", value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, MIN_OPEN_TIMEOUT, Some(MAX_TIMEOUT)))]
     pub open_timeout: Option<Duration>,
+    /// End a connection silent this long.
+    ///
     /// End a connection when an initiator that promised keepalives sent nothing for this long,
     /// or when one of the target's keepalives stayed uncompleted that long; a session goes with
     /// its last connection: 5s to 1d, a bare number is seconds [default: 15s].
     #[arg(long, value_name = "DURATION", value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, MIN_KEEPALIVE_TIMEOUT, Some(MAX_TIMEOUT)))]
     pub keepalive_timeout: Option<Duration>,
+    /// Connections not yet authenticated, at most (64).
+    ///
     /// Connections that have not authenticated yet (without keys: not opened a session), at
     /// most: past it a new one evicts the oldest of the address holding the most; from half of
     /// it, one from an address already waiting is dropped with a rising probability (sshd's
     /// MaxStartups). Default: 64.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_unopened: Option<u64>,
+    /// The same, per peer address (16).
+    ///
     /// The same, per peer address. Default: 16.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_unopened_per_addr: Option<u64>,
+    /// Worker threads (default: the CPUs, at most 4).
+    ///
     /// Worker threads serving the connections, each many of them; worker i is pinned to the
     /// i-th CPU the daemon may run on. Default: the CPUs the daemon may run on, at most 4.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub workers: Option<u64>,
+    /// Open sessions at most (1024).
+    ///
     /// Open sessions at most; past it OPEN is refused (out of resources). Default: 1024.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_sessions: Option<u64>,
+    /// Open sessions per host at most (64).
+    ///
     /// Open sessions at most per host (per address for initiators that send no host identity).
     /// At the cap, the host's sessions silent for 2 s are probed first, and those whose
     /// initiator vanished make room. Default: 64.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_sessions_per_host: Option<u64>,
+    /// Further queue pairs per session at most (128).
+    ///
     /// JOINed connections (every queue pair of a session after its first) at most per
     /// session; past it JOIN is refused (out of resources). At least 64 (`rblk attach --queues`
     /// takes up to 64). Default: 128.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 64, None))]
     pub max_joins_per_session: Option<u64>,
+    /// Further queue pairs per host at most (1024).
+    ///
     /// JOINed connections at most of one host's sessions. Default: 1024.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_joins_per_host: Option<u64>,
+    /// Further queue pairs in all at most (4096).
+    ///
     /// JOINed connections at most, in all. Default: 4096.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, 1, None))]
     pub max_joins: Option<u64>,
+    /// A memory window per QP, or a registration per session.
+    ///
     /// Memory windows (on, the default): where the RDMA device has type 2B windows and the
     /// initiator asks for them, each volume is registered once (at its first such OPEN on the
     /// device) and every QP of a session gets a window of its own over it, an rkey that works on
@@ -130,23 +168,33 @@ pub struct Args {
     /// per session). Applies at start only.
     #[arg(long, value_name = "on|off", value_parser = on_off)]
     pub memory_windows: Option<bool>,
+    /// Connect requests that may wait (1024).
+    ///
     /// Connect requests that may wait for the daemon to take them (rdma_listen's backlog),
     /// 1 to 65536: past it the kernel rejects new ones, and their initiators retry later. The
     /// kernel caps it at net.rdma_ucm.max_backlog (1024 unless raised with sysctl;
     /// --check-config warns when it is lower). Applies at start only. Default: 1024.
     #[arg(long, value_name = "N", value_parser = |t: &str| rblk_proto::parse_bounded(t, MIN_LISTEN_BACKLOG.into(), Some(MAX_LISTEN_BACKLOG.into())))]
     pub listen_backlog: Option<u64>,
+    /// The TOML config file (see rblk-target.toml(5)).
+    ///
     /// A TOML config file: keys listen, metrics, admin_socket, device, key_file, allow_any_host, require_mutual_auth, state_dir, the limits above
     /// (open_timeout, keepalive_timeout, max_unopened, ...), memory_windows, listen_backlog, confirm_widen, [[host]] tables (name, key_file, require_mutual_auth)
     /// and [[volume]] tables (name, size, optional path and allow = { HOST = "ro"|"rw"|
     /// "exclusive", "*" = ... }). Hosts and access lists are set only here. Flags override it;
-    /// --volume flags replace its volumes. Every key: rblk-target.toml(5).
+    /// --volume flags replace its volumes. Relative paths in the file are relative to the file's
+    /// directory (--print-config shows them absolute); paths given as flags stay relative to the
+    /// working directory. Every key: rblk-target.toml(5).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    ///
     /// Print the effective configuration (file plus flags) as TOML and exit; exits non-zero,
     /// printing nothing, if it does not pass the checks of --check-config.
     #[arg(long)]
     pub print_config: bool,
+    /// Check the configuration without RDMA hardware, and exit.
+    ///
     /// Check the effective configuration (file plus flags) without RDMA hardware and exit:
     /// addresses, sizes, duplicate volumes, key files (readable, non-empty), backing paths
     /// (the file or device exists, or its directory does), host names and access lists. With a
@@ -158,6 +206,8 @@ pub struct Args {
     /// or prints the reason and exits non-zero.
     #[arg(long, conflicts_with = "print_config")]
     pub check_config: bool,
+    /// Take the volumes over from the running daemon (an upgrade).
+    ///
     /// Take the volumes over from the daemon serving the admin socket (--admin-socket, or the
     /// config's), instead of creating and loading them: an upgrade that loses nothing and
     /// copies no volume data. The running daemon stops listening and hands over its volumes'
@@ -181,8 +231,9 @@ pub enum Command {
     /// and handovers read with the config file. Exits non-zero with the daemon's reason when it
     /// refuses.
     Admin(Admin),
-    /// Write a new key to FILE: 64 hex digits (256 random bits) and a newline, mode 0600.
-    /// Refuses to overwrite an existing file. Copy it (keeping mode 0600) to the initiators
+    /// Write a new key to FILE (mode 0600) for initiators to prove.
+    ///
+    /// 64 hex digits (256 random bits) and a newline, mode 0600. Refuses to overwrite an existing file. Copy it (keeping mode 0600) to the initiators
     /// that may connect and name it with their --key-file.
     GenKey {
         /// Where to write it.
@@ -194,7 +245,9 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct Admin {
     /// The daemon's admin socket.
-    #[arg(long, global = true, value_name = "PATH", env = "RBLK_ADMIN_SOCKET", default_value = crate::admin_protocol::DEFAULT_SOCKET)]
+    ///
+    /// Default: /run/rblk-target/admin.sock, or RBLK_ADMIN_SOCKET.
+    #[arg(long, global = true, value_name = "PATH", env = "RBLK_ADMIN_SOCKET", default_value = crate::admin_protocol::DEFAULT_SOCKET, hide_default_value = true, hide_env = true)]
     pub socket: PathBuf,
     /// What to do.
     #[command(subcommand)]
@@ -204,25 +257,32 @@ pub struct Admin {
 /// `rblk-target admin` operations.
 #[derive(Debug, clap::Subcommand)]
 pub enum AdminOp {
-    /// Serve a new volume: a RAM volume, or a durable one backed by PATH (loaded before
-    /// initiators can open it).
+    /// Serve a new volume, in RAM or backed by PATH.
+    ///
+    /// A RAM volume, or a durable one backed by PATH (loaded before initiators can open it). A
+    /// relative PATH is this directory's: it is sent to the daemon absolute.
     Add {
         /// NAME:SIZE[:PATH], as --volume.
         #[arg(value_name = "NAME:SIZE[:PATH]", value_parser = volume_arg)]
         volume: VolumeSpec,
-        /// Who may open it, HOST=ro|rw|exclusive (HOST * for any host); repeatable. Without
+        /// Who may open it (HOST * for any host); repeatable.
+        ///
+        /// HOST=ro|rw|exclusive (HOST * for any host); repeatable. Without
         /// any: every host that got in, as a [[volume]] without allow: every host that proved
         /// a key (every host only under --allow-any-host).
         #[arg(long = "allow", value_name = "HOST=MODE", value_parser = parse_allow)]
         allow: Vec<(String, Grant)>,
     },
-    /// Stop serving a volume (a durable one is flushed first); refused while sessions have it
-    /// open.
+    /// Stop serving a volume; refused while sessions have it open.
+    ///
+    /// A durable volume is flushed first.
     Remove {
         /// Its name.
         name: String,
     },
-    /// Hand every volume to a successor through systemd's file descriptor store and exit with
+    /// Hand every volume to a successor started by systemd (an upgrade).
+    ///
+    /// Hands every volume to a successor through systemd's file descriptor store and exits with
     /// status 75, which the unit lists in RestartForceExitStatus=: systemd starts the new
     /// binary, which takes the volumes (the same memory, backing stores and instances) instead
     /// of loading them; initiators reconnect and replay. Nothing is written back or read. For
@@ -233,10 +293,33 @@ pub enum AdminOp {
     Handover,
     /// The volumes served: size, open sessions, state.
     List {
-        /// JSON (the daemon's list as it sent it), for scripts.
-        #[arg(long)]
+        /// Output format: normal or json.
+        ///
+        /// normal: a table; json: the daemon's list as it sent it, for scripts (as rblk's and
+        /// nvme-cli's -o).
+        #[arg(short = 'o', long, value_name = "FORMAT", value_parser = output_format, default_value = "normal")]
+        output_format: Format,
+        /// The same as -o json.
+        #[arg(long, conflicts_with = "output_format")]
         json: bool,
     },
+}
+
+/// `-o`: how `admin list` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// A table.
+    Normal,
+    /// JSON.
+    Json,
+}
+
+fn output_format(text: &str) -> Result<Format, String> {
+    match text {
+        "normal" => Ok(Format::Normal),
+        "json" => Ok(Format::Json),
+        _ => Err(format!("{text:?} is not an output format (normal or json)")),
+    }
 }
 
 /// `on` or `off` (also true/false, yes/no, 1/0), for switches that take a value.
@@ -265,21 +348,25 @@ impl Args {
         }
         if self.admin_socket.is_some() {
             file.admin_socket.clone_from(&self.admin_socket);
+            file.not_from_file.push("admin_socket");
         }
         if file.admin_socket.is_none() {
             file.admin_socket = Some(crate::admin_protocol::DEFAULT_SOCKET.into());
+            file.not_from_file.push("admin_socket");
         }
         if self.device.is_some() {
             file.device.clone_from(&self.device);
         }
         if self.key_file.is_some() {
             file.key_file.clone_from(&self.key_file);
+            file.not_from_file.push("key_file");
         }
         if self.allow_any_host {
             file.allow_any_host = Some(true);
         }
         if self.state_dir.is_some() {
             file.state_dir.clone_from(&self.state_dir);
+            file.not_from_file.push("state_dir");
         }
         let limits = [
             (&mut file.max_unopened, self.max_unopened),
@@ -310,6 +397,7 @@ impl Args {
         }
         if file.state_dir.is_none() {
             file.state_dir = Some(DEFAULT_STATE_DIR.into());
+            file.not_from_file.push("state_dir");
         }
         if !self.volumes.is_empty() {
             file.volumes = self
@@ -383,5 +471,26 @@ mod tests {
         assert!(effective(&["--config", hosts.to_str().unwrap()]).volumes.is_empty(), "hosts but no volumes");
         assert_eq!(names(&effective(&["--config", empty, "--volume", "b:4k"])), ["b"]);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Issue 43, trap 8: `-h` was a wall (option lines of 150 to 766 characters). Catches a
+    /// command or subcommand whose `-h` outgrows 100 columns or 40 lines: the prose belongs in
+    /// `--help` (a doc comment's later paragraphs), `-h` gets its first.
+    #[test]
+    fn every_short_help_fits_100_columns_and_40_lines() {
+        use clap::CommandFactory as _;
+        let mut todo = vec![Args::command()];
+        let mut seen = 0;
+        while let Some(mut cmd) = todo.pop() {
+            cmd.build();
+            let help = cmd.render_help().to_string();
+            let name = cmd.get_bin_name().unwrap_or(cmd.get_name()).to_owned();
+            let widest = help.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            assert!(widest <= 100, "{name} -h has a line of {widest} columns:\n{help}");
+            assert!(help.lines().count() <= 40, "{name} -h has {} lines:\n{help}", help.lines().count());
+            todo.extend(cmd.get_subcommands().cloned());
+            seen += 1;
+        }
+        assert!(seen >= 7, "rblk-target and its subcommands: {seen}");
     }
 }

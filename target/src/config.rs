@@ -569,34 +569,34 @@ pub struct File {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keepalive_timeout: Option<Timeout>,
     /// Connections that have not opened a session yet, at most.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub max_unopened: Option<usize>,
     /// ... per peer address.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub max_unopened_per_addr: Option<usize>,
     /// Open sessions at most.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub max_sessions: Option<usize>,
     /// ... per host.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub max_sessions_per_host: Option<usize>,
     /// JOINed connections at most per session.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub max_joins_per_session: Option<usize>,
     /// ... of one host's sessions.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub max_joins_per_host: Option<usize>,
     /// ... in all.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub max_joins: Option<usize>,
     /// Memory windows where the device and the initiator have them (default true).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory_windows: Option<bool>,
     /// `rdma_listen`'s backlog (default 1024).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub listen_backlog: Option<u32>,
     /// Worker threads serving the connections.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, deserialize_with = "whole::option", skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
     /// A reload may widen access (authentication off, an allow list removed, `*` added).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -611,6 +611,40 @@ pub struct File {
     /// Volumes.
     #[serde(default, rename = "volume", skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<FileVolume>,
+    /// The file this came from (absolute), for errors; None for flags alone.
+    #[serde(skip)]
+    pub origin: Option<std::path::PathBuf>,
+    /// The path keys (`key_file`, `state_dir`, `admin_socket`) a flag or a default set, not
+    /// the file, so that an error about them does not blame the file.
+    #[serde(skip)]
+    pub not_from_file: Vec<&'static str>,
+}
+
+/// The config file's counts: serde's own say "expected usize".
+mod whole {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{Error, Unexpected, Visitor};
+
+    /// An optional whole number that fits `T`.
+    pub(super) fn option<'de, D: serde::Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+        struct Whole<T>(PhantomData<T>);
+        impl<T: TryFrom<u64>> Visitor<'_> for Whole<T> {
+            type Value = Option<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number, without quotes (e.g. 64)")
+            }
+            fn visit_u64<E: Error>(self, n: u64) -> Result<Self::Value, E> {
+                T::try_from(n).map(Some).map_err(|_| E::invalid_value(Unexpected::Unsigned(n), &"a smaller number"))
+            }
+            fn visit_i64<E: Error>(self, n: i64) -> Result<Self::Value, E> {
+                let n = u64::try_from(n).map_err(|_| E::invalid_value(Unexpected::Signed(n), &self))?;
+                self.visit_u64(n)
+            }
+        }
+        d.deserialize_any(Whole(PhantomData))
+    }
 }
 
 /// One `[[volume]]` of the config file.
@@ -653,11 +687,35 @@ pub struct FileHost {
 }
 
 impl File {
-    /// Reads and parses a config file.
+    /// Reads and parses a config file. Its relative paths (`key_file`, each `[[host]]`'s
+    /// `key_file`, each `[[volume]]`'s `path`, `state_dir`, `admin_socket`) are taken relative
+    /// to the file's directory, not to the working directory of whoever reads it (the unit runs
+    /// in `/`, a check by hand wherever its user is), and become absolute here: what a start,
+    /// a reload, `--check-config` and `--print-config` see is the same.
     pub fn read(path: &std::path::Path) -> Result<File, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_owned(), source: Box::new(e) })
+        let mut file: File =
+            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_owned(), source: Box::new(e) })?;
+        let path = std::path::absolute(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        file.resolve_paths(path.parent().unwrap_or(std::path::Path::new("/")));
+        file.origin = Some(path);
+        Ok(file)
+    }
+
+    /// Makes every relative path of the file absolute, relative to `dir` (see [`File::read`]).
+    fn resolve_paths(&mut self, dir: &std::path::Path) {
+        let paths = self
+            .key_file
+            .iter_mut()
+            .chain(self.state_dir.iter_mut())
+            // "none" (or "off", or empty) serves no socket: not a path.
+            .chain(self.admin_socket.iter_mut().filter(|p| !is_off(p)))
+            .chain(self.hosts.iter_mut().filter_map(|h| h.key_file.as_mut()))
+            .chain(self.volumes.iter_mut().filter_map(|v| v.path.as_mut()));
+        for p in paths.filter(|p| p.is_relative() && !p.as_os_str().is_empty()) {
+            *p = dir.join(&*p);
+        }
     }
 
     /// The volumes, checked like `--volume` flags.
@@ -714,7 +772,12 @@ impl File {
         self.hosts
             .iter()
             .map(|h| {
-                let key = h.key_file.as_deref().map(read_key_file).transpose()?;
+                let key = h
+                    .key_file
+                    .as_deref()
+                    .map(read_key_file)
+                    .transpose()
+                    .map_err(|e| self.in_file("host", Some(format!("[[host]] {}: key_file", h.name)), e))?;
                 Ok(HostSpec { name: h.name.clone(), key, require_mutual_auth: h.require_mutual_auth == Some(true) })
             })
             .collect()
@@ -743,10 +806,16 @@ impl File {
             device: self.device.clone(),
             volumes: self.volume_specs()?,
             key: match self.key_source() {
-                KeySource::Generated(path) => {
-                    Some(rblk_fabric::keyfile::read(&path).map_err(|source| ConfigError::KeyRead { path, source })?)
-                }
-                _ => self.key_file.as_deref().map(read_key_file).transpose()?,
+                KeySource::Generated(path) => Some(
+                    rblk_fabric::keyfile::read(&path)
+                        .map_err(|source| self.in_file("state_dir", None, ConfigError::KeyRead { path, source }))?,
+                ),
+                _ => self
+                    .key_file
+                    .as_deref()
+                    .map(read_key_file)
+                    .transpose()
+                    .map_err(|e| self.in_file("key_file", Some("key_file".into()), e))?,
             },
             hosts: self.host_specs()?,
             require_mutual_auth: self.require_mutual_auth == Some(true),
@@ -769,8 +838,27 @@ impl File {
             workers: self.workers.unwrap_or(defaults.workers).max(1),
             ..defaults
         };
-        cfg.check().map_err(ConfigError::Check)?;
+        cfg.check().map_err(|e| {
+            // A volume's errors name the volume (which may come from admin.toml) and its path.
+            let key = match &e {
+                StartError::Admin(_) => "admin_socket",
+                StartError::StateDir { .. } => "state_dir",
+                _ => return ConfigError::Check(e),
+            };
+            self.in_file(key, Some(key.to_owned()), ConfigError::Check(e))
+        })?;
         Ok(cfg)
+    }
+
+    /// `e`, about the setting `key`, with the config file named when the setting came from
+    /// it (not from a flag): `detail` names the key where `e` does not.
+    fn in_file(&self, key: &'static str, detail: Option<String>, e: ConfigError) -> ConfigError {
+        match &self.origin {
+            Some(file) if !self.not_from_file.contains(&key) => {
+                ConfigError::InFile { file: file.clone(), key: detail, source: Box::new(e) }
+            }
+            _ => e,
+        }
     }
 
     /// Where the key comes from: configured (`key_file`, or a `[[host]]` with a `key_file`),

@@ -795,7 +795,7 @@ impl Connection {
                 self.channel.send(&mut self.ep, tag, &Message::ListReply { total, entries: &entries }).map(|()| true)
             }
             Reply::Error(code, text) => {
-                debug!(?code, %text, "error reply");
+                debug!(%code, %text, "error reply");
                 self.channel.send(&mut self.ep, tag, &Message::Error { code, text: &text }).map(|()| true)
             }
         };

@@ -311,7 +311,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 Err(Refusal { code, text, after, detail }) => {
                     shared.counters.refused_opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let why = detail.as_deref().unwrap_or(&text);
-                    tracing::warn!(peer = %crate::admission::Shown(peer.ip), host = host.as_deref(), volume = name, ?mode, ?code, "OPEN refused: {why}");
+                    tracing::warn!(peer = %crate::admission::Shown(peer.ip), host = host.as_deref(), volume = name, %mode, %code, "OPEN refused: {why}");
                     (Reply::Error(code, text), after)
                 }
             }
@@ -748,7 +748,7 @@ fn open(
     }
     shared.counters.sessions_opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let access = if windows { "a memory window per QP" } else { "a registration of its own" };
-    tracing::info!(volume = name, ?mode, session = id, owner = %session.owner, "opened, with {access}");
+    tracing::info!(volume = name, %mode, session = id, owner = %session.owner, "opened, with {access}");
     session.join(conn);
     shared.connection_joined(conn, &session);
     *state = State::Open { session };

@@ -75,8 +75,9 @@ pub enum StartError {
     },
     /// A reload would remove RAM volumes that sessions wrote, and the file does not confirm it.
     #[error(
-        "the configuration removes RAM volume(s) {} that sessions have written: their contents would be lost; \
+        "the configuration removes {} {} that sessions have written: their contents would be lost; \
          keep them in the configuration, or list them in confirm_remove = [...] to remove them",
+        if .0.len() == 1 { "RAM volume" } else { "RAM volumes" },
         .0.join(", ")
     )]
     WouldLoseData(Vec<String>),
@@ -218,6 +219,19 @@ pub enum ConfigError {
         /// Why.
         #[source]
         source: Box<toml::de::Error>,
+    },
+    /// A setting of the config file that does not work, with the file and the key named (a
+    /// relative path in it was taken relative to the file's directory: the error shows it
+    /// absolute).
+    #[error("{}{}", file.display(), key.as_deref().map(|k| format!(": {k}")).unwrap_or_default())]
+    InFile {
+        /// The config file.
+        file: std::path::PathBuf,
+        /// The key, when the error does not name it itself.
+        key: Option<String>,
+        /// What is wrong.
+        #[source]
+        source: Box<ConfigError>,
     },
     /// A count limit of zero.
     #[error("{0} = 0: it must be at least 1")]

@@ -364,8 +364,8 @@ impl Handed {
                 info!(
                     pid = self.state.pid,
                     took = ?self.started.elapsed(),
-                    "took over {} volume(s) from {}",
-                    self.handed,
+                    "took over {} from {}",
+                    crate::counted(self.handed, "volume"),
                     self.state.daemon
                 );
                 Ok(())
@@ -837,7 +837,7 @@ pub(crate) fn give(shared: &Arc<Shared>, mut reader: BufReader<UnixStream>, form
     }
     let fds = prepared.fds();
     let bytes: u64 = prepared.volumes.iter().map(|v| v.size()).sum();
-    let message = format!("handing over {} volume(s)", prepared.volumes.len());
+    let message = format!("handing over {}", crate::counted(prepared.volumes.len(), "volume"));
     let sent = (|| {
         let mut chunks = fds.chunks(rblk_fabric::fdpass::MAX_FDS);
         let first = chunks.next().unwrap_or(&[]);
@@ -947,9 +947,9 @@ pub(crate) fn give_to_store(
     shared.finish_handover(EXIT_HANDED_OVER);
     shared.exit_after_handover();
     Ok(format!(
-        "handed {} volume(s) to the service manager: exiting with status {EXIT_HANDED_OVER}, and systemd starts the \
+        "handed {} to the service manager: exiting with status {EXIT_HANDED_OVER}, and systemd starts the \
          successor with them (RestartForceExitStatus={EXIT_HANDED_OVER})",
-        prepared.volumes.len()
+        crate::counted(prepared.volumes.len(), "volume")
     ))
 }
 

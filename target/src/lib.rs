@@ -88,3 +88,13 @@ pub mod start;
 pub mod uring;
 pub mod volume;
 mod worker;
+
+/// `n` and the noun, singular for one ("1 volume", "3 volumes"): messages say what they count,
+/// not "volume(s)".
+pub fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}

@@ -190,6 +190,63 @@ fn backing_stores(cfg: &Config, found: &mut Vec<Finding>, probe: Probe<'_>) {
     }
 }
 
+/// The state directory, for `--check-config` run as the user the daemon starts as (the unit's
+/// `ExecStartPre=` is): an error when this user cannot create or write it and a start must
+/// make something there (the generated key, `target.id`); a warning when it only will later
+/// (`admin.toml` at `admin add`, durable volumes' identities at shutdown).
+pub fn state_dir(file: &crate::config::File) -> Vec<Finding> {
+    state_dir_with(file, &|path, _| {
+        use nix::unistd::{access, AccessFlags};
+        access(path, AccessFlags::W_OK | AccessFlags::X_OK).map_err(std::io::Error::from)
+    })
+}
+
+fn state_dir_with(file: &crate::config::File, probe: Probe<'_>) -> Vec<Finding> {
+    use crate::config::{KeySource, DEFAULT_STATE_DIR, TARGET_ID};
+    let dir = file.state_dir.as_deref().unwrap_or(Path::new(DEFAULT_STATE_DIR));
+    // A missing directory is made (mode 0700) in its nearest existing ancestor.
+    let Some(existing) = dir.ancestors().find(|p| p.exists()) else { return Vec::new() };
+    let Err(e) = probe(existing, true) else { return Vec::new() };
+    let mut made: Vec<String> = Vec::new();
+    if let KeySource::Generated(key) = file.key_source() {
+        if !key.exists() {
+            made.push(key.display().to_string());
+        }
+    }
+    let id = dir.join(TARGET_ID);
+    if !id.exists() {
+        made.push(id.display().to_string());
+    }
+    let user = nix::unistd::Uid::effective();
+    let what = if existing == dir { "write" } else { "create" };
+    let mut found = Vec::new();
+    if made.is_empty() {
+        found.push(Finding {
+            level: Level::Warning,
+            text: format!(
+                "state_dir {}: this user (uid {user}) cannot {what} it ({}): `rblk-target admin add` could not save \
+                 admin.toml, and durable volumes could not keep their identities across a restart",
+                dir.display(),
+                e
+            ),
+        });
+    } else {
+        error(
+            &mut found,
+            format!(
+                "state_dir {}: this user (uid {user}) cannot {what} it ({}), so a start would fail making {}: run the \
+                 daemon as the user that owns it (the unit's User=), or give it a state_dir that user may write \
+                 (install -d -m 0700 -o USER {})",
+                dir.display(),
+                e,
+                made.join(" and "),
+                dir.display()
+            ),
+        );
+    }
+    found
+}
+
 fn memory_needed(cfg: &Config, m: Memory, found: &mut Vec<Finding>) {
     let need: u64 = cfg.volumes.iter().map(|v| v.size).sum();
     let show = |n: u64| rblk_proto::Bytes(n).to_string();

@@ -13,7 +13,7 @@ use rblk_target::start::StartError;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 
 use rblk_target::admin::{self, Request};
-use rblk_target::cli::{Admin, AdminOp, Args, Command};
+use rblk_target::cli::{Admin, AdminOp, Args, Command, Format};
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -55,13 +55,15 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         let mut findings = lint(&checked)?;
         findings.extend(lint::decimal_sizes(&file));
+        findings.extend(lint::state_dir(&file));
         for f in &findings {
             eprintln!("rblk-target: {f}");
         }
         let errors = findings.iter().filter(|f| f.level == lint::Level::Error).count();
         if args.check_config {
             if errors > 0 {
-                anyhow::bail!("the configuration has {errors} error(s), above: a start would accept it, but it cannot work as meant");
+                let errors = if errors == 1 { "an error".to_owned() } else { format!("{errors} errors") };
+                anyhow::bail!("the configuration has {errors}, above: the daemon would not work as meant");
             }
             compare_with_running(&checked)?;
             println!("configuration OK");
@@ -109,10 +111,10 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             )?;
             let handed = Handed::request(&socket)?;
             eprintln!(
-                "rblk-target: {} (pid {}) handed over {} volume(s)",
+                "rblk-target: {} (pid {}) handed over {}",
                 handed.state().daemon,
                 handed.state().pid,
-                handed.state().volumes.len()
+                rblk_target::counted(handed.state().volumes.len(), "volume")
             );
             Server::take_over(cfg, handed, &mut notify::progress)?
         }
@@ -258,22 +260,31 @@ fn run_admin(admin: &Admin) -> anyhow::Result<()> {
             volume: FileVolume {
                 name: volume.name.clone(),
                 size: volume.size.into(),
-                path: volume.path.clone(),
+                // The daemon's working directory is not ours (the unit's is /): it gets the
+                // path absolute, and saves it so in admin.toml.
+                path: volume
+                    .path
+                    .as_deref()
+                    .map(std::path::absolute)
+                    .transpose()
+                    .context("making the backing path absolute")?,
                 allow: allow.iter().cloned().collect(),
             },
         },
         AdminOp::Remove { name } => Request::Remove { name: name.clone() },
         AdminOp::Handover => {
             let expect = handover::preflight(&admin.socket)?;
-            eprintln!("rblk-target: the successor's checks pass for {} volume(s)", expect.len());
+            eprintln!("rblk-target: the successor's checks pass for {}", rblk_target::counted(expect.len(), "volume"));
             Request::Handover { expect: Some(expect) }
         }
         AdminOp::List { .. } => Request::List,
     };
     let reply = admin::request(&admin.socket, &request)?;
     match &admin.op {
-        AdminOp::List { json: true } => println!("{}", serde_json::to_string_pretty(&reply.volumes)?),
-        AdminOp::List { json: false } => {
+        AdminOp::List { output_format, json } if *json || *output_format == Format::Json => {
+            println!("{}", serde_json::to_string_pretty(&reply.volumes)?)
+        }
+        AdminOp::List { .. } => {
             println!("{:<24} {:>14} {:>8}  {:<8} BACKING", "NAME", "SIZE", "SESSIONS", "STATE");
             for v in reply.volumes.unwrap_or_default() {
                 let backing = v.path.as_ref().map_or_else(|| "RAM".to_owned(), |p| p.display().to_string());

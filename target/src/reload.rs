@@ -87,7 +87,7 @@ impl fmt::Display for ReloadReport {
         }
         if !self.released.is_empty() {
             let each: Vec<&str> = self.released.iter().map(|(_, what)| what.as_str()).collect();
-            parts.push(format!("released {} session(s): {}", self.released.len(), each.join("; ")));
+            parts.push(format!("released {}: {}", crate::counted(self.released.len(), "session"), each.join("; ")));
         }
         if parts.is_empty() {
             f.write_str("nothing changed")

@@ -343,3 +343,53 @@ fn admin_adds_a_volume_rblk_uses_and_removes_it() {
     assert!(!socket.exists(), "the daemon removed its socket");
     eprintln!("admin guest test: {:?}", started.elapsed());
 }
+
+/// Issue 43, traps 3 and 10: `admin add NAME:SIZE:PATH` with a relative PATH meant the daemon's
+/// working directory (`/` under systemd), not the user's, and admin.toml kept it relative;
+/// `admin list -o json` was refused (only `--json`). Catches the client sending the path as
+/// typed (admin.toml would hold `v.img`, not the absolute path), the daemon taking a relative
+/// path from a client that sends one, and `-o` missing or taking an unknown format.
+#[test]
+fn admin_paths_are_absolute_and_list_takes_dash_o() {
+    let dir = temp_dir("paths");
+    let socket = dir.join("admin.sock");
+    let state = dir.join("state");
+    let cfg = Config { state_dir: Some(state.clone()), ..config(&socket) };
+    let r = Server::start(cfg).expect("start the in-process target");
+    let out = Command::new(bin("rblk-target"))
+        .current_dir(&dir)
+        .args(["admin", "--socket"])
+        .arg(&socket)
+        .args(["add", "d:1M:v.img"])
+        .output()
+        .expect("run rblk-target admin add");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let saved = std::fs::read_to_string(state.join("admin.toml")).expect("admin.toml");
+    let want = format!("path = \"{}\"", dir.join("v.img").display());
+    assert!(saved.contains(&want), "admin.toml holds {saved:?}, not {want}");
+    assert!(dir.join("v.img").exists(), "the backing file is where the user meant");
+    // A client that sends a relative path is refused, and nothing is added.
+    let volume =
+        FileVolume { name: "rel".into(), size: "1M".into(), path: Some("rel.img".into()), ..FileVolume::default() };
+    match admin::request(&socket, &Request::Add { volume }) {
+        Err(ClientError::Refused { code, message }) => {
+            assert_eq!(code, "invalid");
+            assert!(message.contains("rel.img is relative"), "{message}");
+        }
+        other => panic!("a relative path was taken: {other:?}"),
+    }
+    assert_eq!(names(&socket), ["a", "d"]);
+    // -o json, as rblk's and nvme-cli's; --json still; other formats refused as usage errors.
+    for args in [&["list", "-o", "json"][..], &["list", "--json"], &["list", "--output-format", "json"]] {
+        let out = admin_cli(&socket, args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(list.as_array().map(Vec::len), Some(2), "{args:?}: {list}");
+    }
+    let out = admin_cli(&socket, &["list", "-o", "yaml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = admin_cli(&socket, &["list"]);
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("NAME"), "the table is the default");
+    r.shutdown();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

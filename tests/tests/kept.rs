@@ -388,7 +388,7 @@ mod guest {
         let new = Daemon::start_at(old.addr, &[&args[..], &["--takeover"]].concat());
         let status = old.wait_exit(Duration::from_secs(30)).expect("the old daemon exits after the handover");
         assert!(status.success(), "{status}");
-        assert!(new.wait_log(&["took over 2 volume(s)"], Duration::from_secs(5)), "both volumes taken over");
+        assert!(new.wait_log(&["took over 2 volumes"], Duration::from_secs(5)), "both volumes taken over");
         fio_marker(&a.dev, true);
         let attach_log = std::fs::read_to_string(&log).unwrap_or_default();
         assert!(!attach_log.contains("new instance") && !attach_log.contains("contents lost"), "{attach_log}");

@@ -130,7 +130,7 @@ fn a_reload_revokes_at_once_and_widens_only_when_confirmed(fabric: Fabric) {
     // db1's key replaced: its session ends now; web's key did not change.
     let report = t.reload(&format!("{keyed}{}{v}", host("db1", Some(DB1_NEW)))).expect("reload");
     assert!(report.contains("access: host db1's key replaced"), "{report}");
-    assert!(report.contains("released 1 session(s)") && report.contains("(host db1)"), "{report}");
+    assert!(report.contains("released 1 session:") && report.contains("(host db1)"), "{report}");
     read_fails(&mut db1, &o1, "db1");
     join_refused(&t, &o1);
     reads(&mut web, &ow, "web");
@@ -168,7 +168,7 @@ fn a_host_removed_from_the_hosts_loses_its_sessions(fabric: Fabric) {
     let (mut w, ow) = open(&t, Some(WEB), "web", "v");
     // No shared key: db1 cannot log in at all any more.
     let report = t.reload(&format!("{web}{}", volume("v", ""))).expect("reload");
-    assert!(report.contains("host db1 removed") && report.contains("released 1 session(s)"), "{report}");
+    assert!(report.contains("host db1 removed") && report.contains("released 1 session:"), "{report}");
     read_fails(&mut db1, &o1, "db1");
     join_refused(&t, &o1);
     reads(&mut w, &ow, "web");
@@ -191,7 +191,7 @@ fn a_host_off_an_allow_list_loses_that_volume_only(fabric: Fabric) {
     // db1 off a's list: its session of a ends, its session of b and web's of a go on.
     let report = t.reload(&format!("{}{b}", volume("a", "web = \"rw\""))).expect("reload");
     assert!(report.contains("volume a no longer allows db1 (was rw)"), "{report}");
-    assert!(report.contains("released 1 session(s)") && report.contains("host db1"), "{report}");
+    assert!(report.contains("released 1 session:") && report.contains("host db1"), "{report}");
     read_fails(&mut db1_a, &oa, "db1 (a)");
     join_refused(&t, &oa);
     reads(&mut db1_b, &ob, "db1 (b)");
