@@ -149,6 +149,7 @@ mod tests {
             session_id: 1,
             token: [0; 16],
             instance: None,
+            segments: None,
         };
         assert!(!Geometry::from_opened(&opened, false).read_only);
         assert!(Geometry::from_opened(&opened, true).read_only);

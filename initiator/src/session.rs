@@ -486,6 +486,7 @@ impl Predecessor {
             session_id: self.session_id,
             token: self.token,
             instance: self.instance,
+            segments: None,
         }
     }
 }

@@ -102,6 +102,12 @@ pub enum ParseError {
         /// Largest single I/O in bytes.
         max_io: u32,
     },
+    /// A segment list ([`Segments`](crate::Segments)) a volume cannot have.
+    #[error("bad segment list: {reason}")]
+    BadSegments {
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A reserved field or padding is not zero.
     #[error("{field} is reserved and must be zero")]
     Reserved {

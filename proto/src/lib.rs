@@ -66,6 +66,7 @@ mod fields;
 mod header;
 mod messages;
 mod printable;
+mod segments;
 mod size;
 
 pub use auth::{auth_mac, mutual_mac, verify_auth_mac, verify_mutual_mac, Direction, Transcript};
@@ -81,6 +82,7 @@ pub use messages::{
     from_hex, is_valid_host_id, parse, to_hex, Message, Opened, Resume, StatsReply, VolumeId, MAX_LIST_ENTRIES,
 };
 pub use printable::printable;
+pub use segments::{Segment, Segments, MAX_SEGMENTS};
 pub use size::{check_aligned, parse_bounded, parse_size, parse_size_aligned, Bytes, SizeError, BLOCK_SIZE};
 
 /// First field of every header and of [`ConnectData`]: the bytes `RBLK` read as a little-endian
@@ -152,6 +154,19 @@ pub const FEATURE_DISCARD: u64 = 128;
 /// initiator. The target zeroes a range's memory before it answers, so this bounds one
 /// answer's wait (under a second for 256 MiB here, in a TCG guest).
 pub const MAX_ZERO_LEN: u64 = 256 << 20;
+
+/// Feature bit: segments, for volumes that grow. A volume's memory is 1 to [`MAX_SEGMENTS`]
+/// segments, each registered on its own and so with an rkey of its own per QP
+/// ([`Segments`]). OPENED and JOINED carry every segment's offset, address and rkey after
+/// their other tails ([`Opened::segments`], [`Message::Joined`]'s `segments`); when the target
+/// grows a volume it binds the new segment's window on each of the session's QPs and sends
+/// each a [`Message::Resized`] with the new size and that QP's segments. The initiator splits
+/// an I/O that crosses a segment boundary. Without the bit OPENED and JOINED are today's, no
+/// RESIZED is sent, and a peer that reconnects after a grow keeps the size it opened
+/// (the target serves it the first segment's range only).
+///
+/// Not in [`FEATURES`] yet: the target and initiator implement it in a later change.
+pub const FEATURE_SEGMENTS: u64 = 256;
 
 /// Feature bit: session keepalives. A connection that JOINed a session keeps no keepalives of
 /// its own while it shares the session's fate: neither side sends KEEPALIVE on it, and its

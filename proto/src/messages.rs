@@ -6,8 +6,8 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::header::{split, write_frame, HEADER_LEN};
 use crate::{
     ChallengeFlags, EncodeError, ErrorCode, Flush, FlushedFlags, ListEntry, Opcode, OpenMode, ParseError, Range,
-    VolumeFlags, ZeroFlags, MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_VOLUME_NAME, NONCE_LEN,
-    TARGET_ID_LEN, TOKEN_LEN,
+    Segment, Segments, VolumeFlags, ZeroFlags, MAC_LEN, MAX_ERROR_TEXT, MAX_FLUSH_RANGES, MAX_HOST_ID, MAX_SEGMENTS,
+    MAX_VOLUME_NAME, NONCE_LEN, TARGET_ID_LEN, TOKEN_LEN,
 };
 
 #[cfg(test)]
@@ -140,6 +140,19 @@ pub enum Message<'a> {
     Joined {
         /// The joining QP's rkey for the volume (at OPENED's `remote_addr`).
         rkey: u32,
+        /// With [`FEATURE_SEGMENTS`](crate::FEATURE_SEGMENTS): every segment as the joining QP
+        /// reaches it (the first one's rkey is `rkey`); None otherwise.
+        segments: Option<Segments>,
+    },
+    /// Target → initiator (with [`FEATURE_SEGMENTS`](crate::FEATURE_SEGMENTS)), not answered:
+    /// the open volume grew to `size` bytes; `segments` are all of its segments as the QP this
+    /// arrives on reaches them (the new ones' windows already bound). Sent on every QP of every
+    /// session of the volume.
+    Resized {
+        /// The volume's new size in bytes.
+        size: u64,
+        /// Its segments, as this QP reaches them.
+        segments: Segments,
     },
     /// Target → initiator: success of a [`Message::MutualAuth`], sent only after the target
     /// verified it. On the wire it is OK(AUTH) with a tail: the target's identity and its proof
@@ -185,6 +198,10 @@ pub struct Opened {
     /// or new backing store). Sent only to an initiator that announced
     /// [`FEATURE_RECONNECT`](crate::FEATURE_RECONNECT); `None` otherwise.
     pub instance: Option<VolumeId>,
+    /// With [`FEATURE_SEGMENTS`](crate::FEATURE_SEGMENTS) (and `instance`, whose tail it
+    /// follows): every segment of the volume as the QP OPENED arrived on reaches it, the first
+    /// one at `remote_addr` under `rkey`; None otherwise (one segment: the whole volume there).
+    pub segments: Option<Segments>,
 }
 
 /// The session a reconnecting OPEN replaces: OPENED's id and token of the old session.
@@ -336,6 +353,77 @@ struct InstanceBody {
     instance: [u8; 16],
 }
 const _: () = assert!(size_of::<InstanceBody>() == 16);
+
+/// Followed by `count` [`SegmentEntry`]s: the segments tail of OPENED (after
+/// [`InstanceBody`]) and JOINED (after [`JoinedBody`]), and RESIZED's list.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct SegmentsHead {
+    count: u8,
+    reserved: [u8; 7],
+}
+const _: () = assert!(size_of::<SegmentsHead>() == 8);
+
+/// One [`Segment`] on the wire.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct SegmentEntry {
+    offset: U64,
+    remote_addr: U64,
+    rkey: U32,
+    reserved: U32,
+}
+const _: () = assert!(size_of::<SegmentEntry>() == 24);
+
+/// RESIZED's body: the new size, then a [`SegmentsHead`] and its entries.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+struct ResizedBody {
+    size: U64,
+}
+const _: () = assert!(size_of::<ResizedBody>() == 8);
+
+/// A segments tail (a [`SegmentsHead`] and exactly its entries), checked.
+/// `before`: the body's bytes before the tail, so that a length error counts the whole body.
+fn parse_segments(opcode: Opcode, before: usize, tail: &[u8]) -> Result<Segments, ParseError> {
+    let (head, entries) = SegmentsHead::ref_from_prefix(tail)
+        .map_err(|_| bad_length(opcode, before + size_of::<SegmentsHead>(), before + tail.len()))?;
+    zero(head.reserved == [0; 7], "segments.reserved")?;
+    let count = usize::from(head.count);
+    if count == 0 || count > MAX_SEGMENTS {
+        return Err(ParseError::BadCount { field: "segments.count", count: count as u64, max: MAX_SEGMENTS as u64 });
+    }
+    let entries = <[SegmentEntry]>::ref_from_bytes(entries).ok().filter(|e| e.len() == count).ok_or_else(|| {
+        let need = size_of::<SegmentsHead>() + count * size_of::<SegmentEntry>();
+        bad_length(opcode, before + need, before + tail.len())
+    })?;
+    let mut list = [Segment::default(); MAX_SEGMENTS];
+    for (out, e) in list.iter_mut().zip(entries) {
+        zero(e.reserved.get() == 0, "segments.reserved")?;
+        *out = Segment { offset: e.offset.get(), remote_addr: e.remote_addr.get(), rkey: e.rkey.get() };
+    }
+    Segments::new(&list[..count])
+}
+
+/// The wire form of `segments`: its head and entries.
+fn segments_bytes(segments: &Segments) -> (SegmentsHead, [SegmentEntry; MAX_SEGMENTS]) {
+    let mut entries = [(); MAX_SEGMENTS].map(|()| SegmentEntry {
+        offset: U64::ZERO,
+        remote_addr: U64::ZERO,
+        rkey: U32::ZERO,
+        reserved: U32::ZERO,
+    });
+    for (out, s) in entries.iter_mut().zip(segments.as_slice()) {
+        *out = SegmentEntry {
+            offset: U64::new(s.offset),
+            remote_addr: U64::new(s.remote_addr),
+            rkey: U32::new(s.rkey),
+            reserved: U32::ZERO,
+        };
+    }
+    // Segments holds at most MAX_SEGMENTS, which fits a u8.
+    (SegmentsHead { count: u8::try_from(segments.len()).unwrap_or(u8::MAX), reserved: [0; 7] }, entries)
+}
 
 /// JOIN's body, and the tail of a reconnecting OPEN (after [`OpenBody`]): a session's id and
 /// token.
@@ -508,6 +596,12 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
             Message::Open { mode, name: check_name(name)?, resume }
         }
         Opcode::Opened => {
+            // The segments tail follows the instance tail.
+            let split = size_of::<OpenedBody>() + size_of::<InstanceBody>();
+            let (body, segments) = match body.split_at_checked(split) {
+                Some((body, tail)) if !tail.is_empty() => (body, Some(parse_segments(opcode, split, tail)?)),
+                _ => (body, None),
+            };
             let (b, instance) = with_tail::<OpenedBody, InstanceBody>(opcode, body)?;
             let opened = Opened {
                 remote_addr: b.remote_addr.get(),
@@ -519,6 +613,7 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
                 session_id: b.session_id.get(),
                 token: b.token,
                 instance: instance.map(|i| VolumeId(i.instance)),
+                segments,
             };
             opened.check()?;
             Message::Opened(opened)
@@ -612,22 +707,41 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
             Message::AuthProof { target_id: p.target_id, mac: p.mac }
         }
         Opcode::Ok => {
+            // JOINED's segments tail follows its rkey.
+            let split = size_of::<OkBody>() + size_of::<JoinedBody>();
+            let (body, segments) = match body.split_at_checked(split) {
+                Some((body, tail)) if !tail.is_empty() => (body, Some(parse_segments(opcode, split, tail)?)),
+                _ => (body, None),
+            };
             let (b, joined) = with_tail::<OkBody, JoinedBody>(opcode, body)?;
             zero(b.reserved == [0; 6], "ok.reserved")?;
             let bad = ParseError::BadEnum { field: "ok.answers", value: b.answers.get().into() };
             let answers = Opcode::try_from(b.answers.get()).map_err(|_| bad)?;
             check_answers(answers)?;
             match joined {
-                None => Message::Ok { answers },
+                None if segments.is_none() => Message::Ok { answers },
+                None => return Err(bad_length(opcode, size_of::<OkBody>(), split)),
                 Some(j) => {
                     // Only JOIN's answer carries an rkey.
                     if answers != Opcode::Join {
                         return Err(bad_length(opcode, size_of::<OkBody>(), body.len()));
                     }
                     zero(j.reserved.get() == 0, "joined.reserved")?;
-                    Message::Joined { rkey: j.rkey.get() }
+                    let rkey = j.rkey.get();
+                    if segments.is_some_and(|s| s.as_slice()[0].rkey != rkey) {
+                        return Err(ParseError::BadSegments { reason: "the first segment's rkey is not JOINED's" });
+                    }
+                    Message::Joined { rkey, segments }
                 }
             }
+        }
+        Opcode::Resized => {
+            let (b, tail) = ResizedBody::ref_from_prefix(body)
+                .map_err(|_| bad_length(opcode, size_of::<ResizedBody>(), body.len()))?;
+            let size = b.size.get();
+            let segments = parse_segments(opcode, size_of::<ResizedBody>(), tail)?;
+            check_resized(size, &segments)?;
+            Message::Resized { size, segments }
         }
         Opcode::Error => {
             let (head, text) =
@@ -760,15 +874,39 @@ fn check_answers(answers: Opcode) -> Result<(), ParseError> {
     }
 }
 
+/// RESIZED's size and segments: a size every segment starts inside (alignment is the
+/// receiver's to check against its block size).
+fn check_resized(size: u64, segments: &Segments) -> Result<(), ParseError> {
+    if segments.as_slice().iter().any(|s| s.offset >= size) {
+        return Err(ParseError::BadSegments { reason: "a segment starts past the new size" });
+    }
+    Ok(())
+}
+
 impl Opened {
+    /// Its segments: the list OPENED carried, or the one segment of a target without
+    /// [`FEATURE_SEGMENTS`](crate::FEATURE_SEGMENTS).
+    pub fn all_segments(&self) -> Segments {
+        self.segments.unwrap_or_else(|| Segments::one(self.remote_addr, self.rkey))
+    }
+
     fn check(&self) -> Result<(), ParseError> {
         let bs = self.block_size;
         let ok = bs.is_power_of_two() && self.size % u64::from(bs) == 0 && self.max_io != 0 && self.max_io % bs == 0;
-        if ok {
-            Ok(())
-        } else {
-            Err(ParseError::BadGeometry { size: self.size, block_size: bs, max_io: self.max_io })
+        if !ok {
+            return Err(ParseError::BadGeometry { size: self.size, block_size: bs, max_io: self.max_io });
         }
+        if let Some(segments) = &self.segments {
+            if self.instance.is_none() {
+                return Err(ParseError::BadSegments { reason: "segments follow the instance tail" });
+            }
+            let first = segments.as_slice()[0];
+            if (first.remote_addr, first.rkey) != (self.remote_addr, self.rkey) {
+                return Err(ParseError::BadSegments { reason: "the first segment is not OPENED's address and rkey" });
+            }
+            segments.check(self.size, bs)?;
+        }
+        Ok(())
     }
 }
 
@@ -809,6 +947,7 @@ impl Message<'_> {
             Self::List { .. } => Opcode::List,
             Self::ListReply { .. } => Opcode::ListReply,
             Self::Ok { .. } | Self::Joined { .. } | Self::AuthProof { .. } => Opcode::Ok,
+            Self::Resized { .. } => Opcode::Resized,
             Self::Error { .. } => Opcode::Error,
         }
     }
@@ -868,9 +1007,18 @@ impl Message<'_> {
                     session_id: U64::new(o.session_id),
                     token: o.token,
                 };
-                match o.instance {
-                    None => frame(&[head.as_bytes()]),
-                    Some(VolumeId(instance)) => frame(&[head.as_bytes(), InstanceBody { instance }.as_bytes()]),
+                match (o.instance, o.segments) {
+                    (None, _) => frame(&[head.as_bytes()]),
+                    (Some(VolumeId(instance)), None) => frame(&[head.as_bytes(), InstanceBody { instance }.as_bytes()]),
+                    (Some(VolumeId(instance)), Some(segments)) => {
+                        let (seg_head, entries) = segments_bytes(&segments);
+                        frame(&[
+                            head.as_bytes(),
+                            InstanceBody { instance }.as_bytes(),
+                            seg_head.as_bytes(),
+                            entries[..segments.len()].as_bytes(),
+                        ])
+                    }
                 }
             }
             Self::Join { session_id, token } => {
@@ -943,10 +1091,31 @@ impl Message<'_> {
                 OkBody { answers: U16::new(Opcode::Auth.into()), reserved: [0; 6] }.as_bytes(),
                 ProofBody { target_id, mac }.as_bytes(),
             ]),
-            Self::Joined { rkey } => frame(&[
+            Self::Joined { rkey, segments: None } => frame(&[
                 OkBody { answers: U16::new(Opcode::Join.into()), reserved: [0; 6] }.as_bytes(),
                 JoinedBody { rkey: U32::new(rkey), reserved: U32::ZERO }.as_bytes(),
             ]),
+            Self::Joined { rkey, segments: Some(segments) } => {
+                if segments.as_slice()[0].rkey != rkey {
+                    return Err(ParseError::BadSegments { reason: "the first segment's rkey is not JOINED's" }.into());
+                }
+                let (seg_head, entries) = segments_bytes(&segments);
+                frame(&[
+                    OkBody { answers: U16::new(Opcode::Join.into()), reserved: [0; 6] }.as_bytes(),
+                    JoinedBody { rkey: U32::new(rkey), reserved: U32::ZERO }.as_bytes(),
+                    seg_head.as_bytes(),
+                    entries[..segments.len()].as_bytes(),
+                ])
+            }
+            Self::Resized { size, segments } => {
+                check_resized(size, &segments)?;
+                let (seg_head, entries) = segments_bytes(&segments);
+                frame(&[
+                    ResizedBody { size: U64::new(size) }.as_bytes(),
+                    seg_head.as_bytes(),
+                    entries[..segments.len()].as_bytes(),
+                ])
+            }
             Self::Error { code, text } => {
                 let text = truncate(text, MAX_ERROR_TEXT);
                 // MAX_ERROR_TEXT fits a u16.

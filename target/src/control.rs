@@ -91,6 +91,9 @@ pub struct Words {
 
 /// A reply to send, built from values the handler owns.
 #[derive(Debug)]
+// An OPENED with its segments (issue 44) is about 300 bytes, moved a few times per control
+// message: boxing it would allocate on the control path for nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Reply {
     /// Nothing to send.
     None,
@@ -331,7 +334,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
             let session = Arc::clone(session);
             let reply = if session.uses_windows() {
                 match session.bind(ep, peer.conn) {
-                    Ok((_, rkey)) => Message::Joined { rkey },
+                    Ok((_, rkey)) => Message::Joined { rkey, segments: None },
                     Err(e) => {
                         tracing::warn!(session = session.id, error = %Chain(&e), "JOIN refused");
                         return (Reply::Error(ErrorCode::NoResources, Chain(&e).to_string()), After::Close);
@@ -741,6 +744,7 @@ fn open(
         token: session.token,
         // Only a peer that knows the tail gets it: older ones parse the base body.
         instance: (features & rblk_proto::FEATURE_RECONNECT != 0).then_some(volume.instance),
+        segments: None,
     };
     // Checked again atomically: another connection may have opened one meanwhile.
     if let Err(full) = shared.add_session(Arc::clone(&session)) {

@@ -258,7 +258,7 @@ fn arb_msg() -> impl Strategy<Value = Msg> {
         1 => Just(Msg::Close),
         1 => Just(Msg::Keepalive),
         1 => prop_oneof![Just(0u32), any::<u32>()].prop_map(Msg::List),
-        1 => (0u8..7).prop_map(Msg::Reply),
+        1 => (0u8..9).prop_map(Msg::Reply),
         // Mostly whole blocks inside the 1 MiB volumes, some not.
         2 => (any::<bool>(), 0u8..4, prop_oneof![(0u64..256).prop_map(|b| b * 4096), any::<u64>()],
               prop_oneof![(1u64..64).prop_map(|b| b * 4096), 0u64..1 << 29])
@@ -341,6 +341,7 @@ const OPENED: Opened = Opened {
     session_id: 1,
     token: [1; TOKEN_LEN],
     instance: None,
+    segments: None,
 };
 
 /// Encodes `msg` for connection `conn` into `buf`; None if it cannot be encoded (a range that
@@ -397,6 +398,9 @@ fn encode(msg: &Msg, keyed: bool, conn: usize, known: &Known, buf: &mut [u8]) ->
             3 => Message::Error { code: ErrorCode::Internal, text: "from the initiator" },
             4 => Message::StatsReply(StatsReply::default()),
             6 => Message::AuthProof { target_id: [6; 16], mac: [6; 32] },
+            // Issue 44's notices, which only the target sends.
+            7 => Message::Resized { size: 2 << 20, segments: rblk_proto::Segments::one(0, 1) },
+            8 => Message::Joined { rkey: 1, segments: Some(rblk_proto::Segments::one(0, 1)) },
             _ => Message::Flushed { flags: FlushedFlags::VOLATILE },
         },
     };

@@ -172,6 +172,7 @@ fn a_reconnects_overflowing_opened_is_refused() {
                             session_id: 1 + u64::from(resume.is_some()),
                             token: [7; rblk_proto::TOKEN_LEN],
                             instance: Some(rblk_proto::VolumeId([9; 16])),
+                            segments: None,
                         }))
                     }
                     _ => None,

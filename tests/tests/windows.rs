@@ -194,7 +194,7 @@ mod session {
         let mut r = connect(t, ConnectData::Join { session_id: o.session_id, token: o.token });
         let reply = r.request(&Message::Join { session_id: o.session_id, token: o.token });
         let rkey = match rblk_proto::parse(&reply) {
-            Ok((_, Message::Joined { rkey })) => Some(rkey),
+            Ok((_, Message::Joined { rkey, .. })) => Some(rkey),
             Ok((_, Message::Ok { answers: rblk_proto::Opcode::Join })) => None,
             other => panic!("JOIN answered with {other:?}"),
         };
@@ -407,6 +407,7 @@ fn old_target(size: usize) -> (SocketAddr, Arc<std::sync::Mutex<Vec<u16>>>) {
                         session_id: 7,
                         token: [7; rblk_proto::TOKEN_LEN],
                         instance: Some(rblk_proto::VolumeId([1; 16])),
+                        segments: None,
                     })),
                     Message::Join { .. } => Some(Message::Ok { answers: Opcode::Join }),
                     Message::Flush(_) => Some(Message::Flushed { flags: FlushedFlags::VOLATILE }),

@@ -19,14 +19,29 @@ fn arb_range() -> impl Strategy<Value = Range> {
         .prop_map(|(offset, len)| Range::new(offset, len))
 }
 
+/// Segments of a volume of `size` bytes in `block_size` blocks, the first at `first`.
+fn arb_segments(size: u64, block_size: u32, first: (u64, u32)) -> impl Strategy<Value = Segments> {
+    let blocks = size / u64::from(block_size);
+    vec((1..blocks.max(2), any::<u64>(), any::<u32>()), 0..MAX_SEGMENTS).prop_map(move |more| {
+        let mut list = vec![Segment { offset: 0, remote_addr: first.0, rkey: first.1 }];
+        let mut starts: Vec<u64> = more.iter().map(|m| m.0).filter(|&b| b < blocks).collect();
+        starts.sort_unstable();
+        starts.dedup();
+        for (b, m) in starts.iter().zip(&more) {
+            list.push(Segment { offset: b * u64::from(block_size), remote_addr: m.1, rkey: m.2 });
+        }
+        Segments::new(&list).unwrap()
+    })
+}
+
 fn arb_opened() -> impl Strategy<Value = Opened> {
     let geometry = (0u32..=20, any::<u64>(), 1u32..=1024).prop_map(|(shift, size, ios)| {
         let block_size = 1u32 << shift;
         (size / u64::from(block_size) * u64::from(block_size), block_size, block_size * ios)
     });
     let instance = proptest::option::of(any::<[u8; 16]>().prop_map(VolumeId));
-    (geometry, any::<(u64, u32, u64, [u8; TOKEN_LEN])>(), 0..=VolumeFlags::all().bits(), instance).prop_map(
-        |((size, block_size, max_io), (remote_addr, rkey, session_id, token), flags, instance)| Opened {
+    (geometry, any::<(u64, u32, u64, [u8; TOKEN_LEN])>(), 0..=VolumeFlags::all().bits(), instance)
+        .prop_map(|((size, block_size, max_io), (remote_addr, rkey, session_id, token), flags, instance)| Opened {
             remote_addr,
             size,
             rkey,
@@ -36,8 +51,16 @@ fn arb_opened() -> impl Strategy<Value = Opened> {
             session_id,
             token,
             instance,
-        },
-    )
+            segments: None,
+        })
+        .prop_flat_map(|o| {
+            let segments = if o.instance.is_some() {
+                proptest::option::of(arb_segments(o.size, o.block_size, (o.remote_addr, o.rkey))).boxed()
+            } else {
+                Just(None).boxed()
+            };
+            (Just(o), segments).prop_map(|(o, segments)| Opened { segments, ..o })
+        })
 }
 
 /// Valid messages of every kind. Borrowed fields are leaked: a few KB per test run.
@@ -88,7 +111,13 @@ fn arb_message() -> impl Strategy<Value = Message<'static>> {
                 windows,
             }
         )),
-        any::<u32>().prop_map(|rkey| Message::Joined { rkey }),
+        any::<u32>().prop_map(|rkey| Message::Joined { rkey, segments: None }),
+        (1u64..1 << 40, any::<u32>())
+            .prop_flat_map(|(blocks, rkey)| (Just(rkey), arb_segments(blocks * 4096, 4096, (0, rkey))))
+            .prop_map(|(rkey, segments)| Message::Joined { rkey, segments: Some(segments) }),
+        (1u64..1 << 40)
+            .prop_flat_map(|blocks| (Just(blocks * 4096), arb_segments(blocks * 4096, 4096, (7, 9))))
+            .prop_map(|(size, segments)| Message::Resized { size, segments }),
         Just(Message::Close),
         Just(Message::Keepalive),
         any::<u32>().prop_map(|start| Message::List { start }),
@@ -118,6 +147,7 @@ fn fixed_len(opcode: Opcode) -> usize {
         Opcode::Discard | Opcode::WriteZeroes => size_of::<ZeroBody>(),
         Opcode::StatsReply => size_of::<StatsReplyBody>(),
         Opcode::Ok => size_of::<OkBody>(),
+        Opcode::Resized => size_of::<ResizedBody>() + size_of::<SegmentsHead>() + size_of::<SegmentEntry>(),
         Opcode::Error => size_of::<ErrorHead>(),
         Opcode::List => size_of::<ListBody>(),
         Opcode::ListReply => size_of::<ListHead>(),

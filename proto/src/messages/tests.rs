@@ -55,7 +55,18 @@ const OPENED: Opened = Opened {
     session_id: 0x0102_0304_0506_0708,
     token: [0x5a; TOKEN_LEN],
     instance: None,
+    segments: None,
 };
+
+/// Three segments of [`OPENED`]'s volume, the first at its address and rkey.
+fn three_segments() -> Segments {
+    Segments::new(&[
+        Segment { offset: 0, remote_addr: OPENED.remote_addr, rkey: OPENED.rkey },
+        Segment { offset: 256 << 20, remote_addr: 0x7f10_0000_0000, rkey: 0x55 },
+        Segment { offset: 768 << 20, remote_addr: 0x7f20_0000_0000, rkey: 0x66 },
+    ])
+    .unwrap()
+}
 
 /// At least one of every message, with edge values.
 pub(super) fn samples() -> &'static [Message<'static>] {
@@ -100,6 +111,7 @@ fn make_samples() -> Vec<Message<'static>> {
         Message::Open { mode: OpenMode::Exclusive, name: long_name, resume: None },
         Message::Opened(OPENED),
         Message::Opened(Opened { instance: Some(VolumeId([0xa5; 16])), ..OPENED }),
+        Message::Opened(Opened { instance: Some(VolumeId([0xa5; 16])), segments: Some(three_segments()), ..OPENED }),
         Message::Opened(Opened { size: 0, block_size: 1, max_io: u32::MAX, flags: VolumeFlags::all(), ..OPENED }),
         Message::Join { session_id: u64::MAX, token: [0xff; TOKEN_LEN] },
         Message::Flush(Flush::All),
@@ -125,8 +137,11 @@ fn make_samples() -> Vec<Message<'static>> {
         }),
         Message::StatsReply(StatsReply { registrations: 1, windows: Some(12), ..StatsReply::default() }),
         Message::StatsReply(StatsReply { windows: Some(u64::MAX), ..StatsReply::default() }),
-        Message::Joined { rkey: 0 },
-        Message::Joined { rkey: u32::MAX },
+        Message::Joined { rkey: 0, segments: None },
+        Message::Joined { rkey: u32::MAX, segments: None },
+        Message::Joined { rkey: OPENED.rkey, segments: Some(three_segments()) },
+        Message::Resized { size: 1 << 30, segments: three_segments() },
+        Message::Resized { size: 4096, segments: Segments::one(0, 0) },
         Message::Close,
         Message::Keepalive,
         Message::List { start: 0 },
@@ -214,7 +229,7 @@ fn wrong_version_names_both() {
 
 #[test]
 fn unknown_opcodes() {
-    for op in [0, 0x000c, 0x0100, 0x8002, 0x8008, 0x800a, 0xffff] {
+    for op in [0, 0x000d, 0x0100, 0x8002, 0x8008, 0x800a, 0xffff] {
         assert_eq!(parse(&raw(op, &[])), Err(ParseError::UnknownOpcode(op)));
     }
 }
@@ -238,7 +253,9 @@ fn fixed_bodies_of_the_wrong_size() {
     bad(Opcode::Open, 72 + 25, 72);
     bad(Opcode::Opened, 55, 56);
     bad(Opcode::Opened, 56 + 15, 56);
-    bad(Opcode::Opened, 56 + 17, 56);
+    // With FEATURE_SEGMENTS' tail after it: at least its head (and then exactly its entries).
+    bad(Opcode::Opened, 56 + 17, 56 + 16 + 8);
+    bad(Opcode::Resized, 8, 16);
     bad(Opcode::Stats, 1, 0);
     bad(Opcode::Keepalive, 8, 0);
     bad(Opcode::Flush, 7, 8);
@@ -519,9 +536,9 @@ fn joined_is_ok_join_with_an_rkey_tail() {
     let tail = |rkey: u32, reserved: u32| {
         JoinedBody { rkey: U32::new(rkey), reserved: U32::new(reserved) }.as_bytes().to_vec()
     };
-    assert_eq!(parse(&ok(Opcode::Join, &tail(0x1234, 0))), Ok((TAG, Message::Joined { rkey: 0x1234 })));
+    assert_eq!(parse(&ok(Opcode::Join, &tail(0x1234, 0))), Ok((TAG, Message::Joined { rkey: 0x1234, segments: None })));
     let mut buf = [0; MSG_SIZE];
-    let n = Message::Joined { rkey: 0x1234 }.encode(TAG, &mut buf).unwrap();
+    let n = Message::Joined { rkey: 0x1234, segments: None }.encode(TAG, &mut buf).unwrap();
     assert_eq!(&buf[..n], &ok(Opcode::Join, &tail(0x1234, 0))[..]);
     assert_eq!(parse(&ok(Opcode::Join, &tail(1, 7))), Err(ParseError::Reserved { field: "joined.reserved" }));
     for answers in [Opcode::Auth, Opcode::Close] {
@@ -679,4 +696,51 @@ fn messages_are_plain_data() {
     plain::<Message<'static>>();
     plain::<ParseError>();
     plain::<EncodeError>();
+}
+
+/// FEATURE_SEGMENTS on the wire. Catches a tail a peer without the bit would see (OPENED
+/// without instance, JOINED without segments stay today's bytes), a list that does not match
+/// OPENED's or JOINED's own address and rkey, a count the bytes do not hold, more than
+/// MAX_SEGMENTS, a RESIZED whose segment starts past its size, and reserved bytes set.
+#[test]
+fn segments_tails_and_resized() {
+    let with_instance = Opened { instance: Some(VolumeId([1; 16])), ..OPENED };
+    let today = encode_vec(&Message::Opened(with_instance), TAG);
+    let segmented = Opened { segments: Some(three_segments()), ..with_instance };
+    let buf = encode_vec(&Message::Opened(segmented), TAG);
+    assert_eq!(buf.len(), today.len() + 8 + 3 * 24, "the tail follows today's message");
+    assert_eq!(&buf[HEADER_LEN..today.len()], &today[HEADER_LEN..], "today's bytes first");
+    assert_eq!(parse(&buf), Ok((TAG, Message::Opened(segmented))));
+    assert_eq!(segmented.all_segments().len(), 3);
+    assert_eq!(OPENED.all_segments(), Segments::one(OPENED.remote_addr, OPENED.rkey));
+    // Refused when encoding and when parsing: segments without the instance tail, a first
+    // segment elsewhere than OPENED's address or rkey, one starting past the size.
+    for bad in [
+        Opened { segments: Some(three_segments()), ..OPENED },
+        Opened { remote_addr: 1, ..segmented },
+        Opened { rkey: 1, ..segmented },
+        Opened { size: 512 << 20, ..segmented },
+    ] {
+        assert!(Message::Opened(bad).encode(TAG, &mut [0; MSG_SIZE]).is_err(), "{bad:?}");
+    }
+    let mut broken = buf.clone();
+    broken[today.len()] = 2; // count 2, three entries follow
+    assert!(matches!(parse(&broken), Err(ParseError::BadLength { .. })));
+    let mut broken = buf.clone();
+    broken[today.len()] = 9;
+    assert!(matches!(parse(&broken), Err(ParseError::BadCount { field: "segments.count", .. })));
+    let mut broken = buf.clone();
+    broken[today.len() + 3] = 1;
+    assert_eq!(parse(&broken), Err(ParseError::Reserved { field: "segments.reserved" }));
+    // JOINED: the first segment's rkey is JOINED's.
+    let joined = Message::Joined { rkey: OPENED.rkey, segments: Some(three_segments()) };
+    assert_eq!(parse(&encode_vec(&joined, TAG)), Ok((TAG, joined)));
+    let wrong = Message::Joined { rkey: 9, segments: Some(three_segments()) };
+    assert!(wrong.encode(TAG, &mut [0; MSG_SIZE]).is_err());
+    // RESIZED: every segment starts inside the new size.
+    let resized = Message::Resized { size: 1 << 30, segments: three_segments() };
+    assert_eq!(parse(&encode_vec(&resized, TAG)), Ok((TAG, resized)));
+    let past = Message::Resized { size: 768 << 20, segments: three_segments() };
+    assert!(past.encode(TAG, &mut [0; MSG_SIZE]).is_err());
+    assert!(!Opcode::Resized.is_reply() && !Opcode::Resized.is_acked_by_ok());
 }
