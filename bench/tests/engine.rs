@@ -218,10 +218,12 @@ fn arguments_the_volume_cannot_take_are_refused_before_any_io() {
         (Spec { bs: 2 * MIB, ..Spec::default() }, "largest I/O"),
         (Spec { runtime: None, size: Some(8 * MIB), ..Spec::default() }, "larger than the volume"),
         (Spec { iodepth: 0, ..Spec::default() }, "--iodepth"),
-        (Spec { jobs: 2000, ..Spec::default() }, "--jobs"),
+        (Spec { jobs: 2000, ..Spec::default() }, "--numjobs"),
     ] {
         match run(&t, &spec) {
-            Err(Error::Invalid(text)) => assert!(text.contains(needle), "{needle:?} not in {text:?}"),
+            Err(Error::Invalid(text) | Error::Value { text, .. }) => {
+                assert!(text.contains(needle), "{needle:?} not in {text:?}")
+            }
             other => panic!("{spec:?}: expected a refusal, got {other:?}"),
         }
     }
