@@ -8,6 +8,10 @@
 //! that saw it. A trim workload's job runs its queue as an engine lane ([`Lane::over`]), whose
 //! discards are DISCARDs on the queue's own queue pair, held against its other requests as the
 //! engine holds them.
+//!
+//! `bssplit` draws each I/O's length by its share (one more draw per I/O, only with more than
+//! one size); offsets are multiples of the smallest. `rate_iops`/`rate` pace the job: an I/O
+//! drawn before its time is held, and with nothing in flight the job sleeps until it is due.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
