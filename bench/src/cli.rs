@@ -584,7 +584,8 @@ impl Args {
             reconnect: self.reconnect.reconnect(),
             ..defaults
         };
-        options.find_key(self.key_file.as_deref()).map_err(crate::Error::initiator("reading the key file"))?;
+        // The library's error names the file, as rblk reports it.
+        options.find_key(self.key_file.as_deref()).map_err(|e| Error::Connect(Box::new(e)))?;
         self.route.apply(&mut options);
         self.trust.apply(&mut options);
         Ok(options)

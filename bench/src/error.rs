@@ -20,8 +20,8 @@ pub enum Error {
         /// What is wrong and what is wanted.
         text: String,
     },
-    /// Connecting to the target failed: the initiator's error as `rblk` reports it (it names the
-    /// address).
+    /// Connecting to the target (or reading its key file) failed: the initiator's error as
+    /// `rblk` reports it (it names the address, or the file).
     #[error(transparent)]
     Connect(Box<rblk_initiator::Error>),
     /// Opening, a queue or the control channel failed.

@@ -378,11 +378,12 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<JobFile> {
                 format!("job {:?} has no filename= (the volume: rblk://HOST[:PORT]/VOLUME)", s.name),
             ));
         };
+        let at = s.scope.line_of("filename").unwrap_or(s.line);
         if !uri.starts_with("rblk://") {
-            return Err(err(
-                s.scope.line_of("filename").unwrap_or(s.line),
-                format!("filename={uri}: rblk-bench runs on rblk volumes, rblk://HOST[:PORT]/VOLUME"),
-            ));
+            return Err(err(at, format!("filename={uri}: rblk-bench runs on rblk volumes, rblk://HOST[:PORT]/VOLUME")));
+        }
+        if let Err(e) = rblk_initiator::Uri::parse(&uri) {
+            return Err(err(at, format!("filename={uri}: {e}")));
         }
         let spec = o.spec();
         let lines = s.scope.lines.clone();
@@ -472,6 +473,7 @@ mod tests {
         refused("[j]\nrw=read\n", "t.fio:1: job \"j\" has no filename=");
         refused("[j]\nfilename=/dev/sda\n", "t.fio:2: filename=/dev/sda: rblk-bench runs on rblk volumes");
         refused("[j]\nfilename=rblk://h/v\n[j]\n", "t.fio:3: a second section [j]");
+        refused("[global]\nfilename=rblk://h\n[j]\n", "t.fio:2: filename=rblk://h: bad URI \"rblk://h\": no /VOLUME");
         // Checks across options: at the line of the option refused (from [global] too), or the
         // section's when no one option is to blame; options named as the file names them.
         refused(
