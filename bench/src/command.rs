@@ -33,6 +33,40 @@ pub struct Section {
     pub spec: Spec,
     /// The options as given (fio's `job options`), `name` first.
     pub options: Vec<(String, String)>,
+    /// Where a job file's section is, for its errors.
+    pub(crate) place: Option<Place>,
+}
+
+/// A job file's section: the file, the section's name and header line, and each option's line.
+#[derive(Debug, Clone)]
+pub(crate) struct Place {
+    pub(crate) path: std::path::PathBuf,
+    pub(crate) name: String,
+    pub(crate) line: usize,
+    /// By the option names errors use ([`Error::Value`]'s), latest last.
+    pub(crate) lines: Vec<(String, usize)>,
+}
+
+impl Place {
+    /// `e` as an error of this section: a refused value at its option's line, another
+    /// refusal at the section's, named as the file names options; a failure of the run names
+    /// the job.
+    pub(crate) fn error(&self, e: Error) -> Error {
+        let at = |what: String, line: usize| Error::JobFile { path: self.path.clone(), line, what };
+        match e {
+            Error::Value { option, text } => {
+                let line = self.lines.iter().rev().find(|(k, _)| k == option).map_or(self.line, |&(_, n)| n);
+                at(fio_names(&text), line)
+            }
+            Error::Invalid(text) => at(format!("job {:?}: {}", self.name, fio_names(&text)), self.line),
+            e => Error::Section { name: self.name.clone(), source: Box::new(e) },
+        }
+    }
+}
+
+/// A message naming options as flags (`--iodepth`), naming them as a job file does.
+fn fio_names(text: &str) -> String {
+    text.replace("--jobs", "numjobs").replace("--numjobs", "numjobs").replace("--seed", "randseed").replace("--", "")
 }
 
 /// A shared writer: stdout, stderr, a file, or a buffer (tests).
@@ -144,11 +178,13 @@ pub fn execute(args: &Args, env: &Env) -> Result<bool> {
         env.stderr.line(&format!("rblk-bench: {notice}"));
     }
     let inv = args.invocation()?;
+    for note in &inv.notes {
+        env.stderr.line(&format!("rblk-bench: {note}"));
+    }
     let in_section = |s: &Section, e: Error| -> Error {
-        if inv.job_file.is_some() {
-            Error::Section { name: s.name.clone(), source: Box::new(e) }
-        } else {
-            e
+        match &s.place {
+            Some(p) => p.error(e),
+            None => e,
         }
     };
     for s in &inv.sections {

@@ -8,6 +8,10 @@
 //! that saw it. A trim workload's job runs its queue as an engine lane ([`Lane::over`]), whose
 //! discards are DISCARDs on the queue's own queue pair, held against its other requests as the
 //! engine holds them.
+//!
+//! `bssplit` draws each I/O's length by its share (one more draw per I/O, only with more than
+//! one size); offsets are multiples of the smallest. `rate_iops`/`rate` pace the job: an I/O
+//! drawn before its time is held, and with nothing in flight the job sleeps until it is due.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
@@ -103,6 +107,43 @@ impl Bitmap {
     }
 }
 
+/// fio's `rate_iops` and `rate` for one job: I/O `n` of a direction may start at `n / iops`
+/// seconds after the job's start, and once the bytes before it took their time at the byte
+/// rate. A job that is behind catches up (as fio's linear rate process does).
+#[derive(Debug)]
+struct Pace {
+    start: Instant,
+    iops: [Option<u64>; 2],
+    bytes: [Option<u64>; 2],
+    ios: [u64; 2],
+    moved: [u64; 2],
+}
+
+impl Pace {
+    /// When the next I/O of direction `d` (read or write) may start.
+    fn due(&self, d: usize) -> Instant {
+        let after = |n: u64, per_s: u64| {
+            Duration::from_nanos((u128::from(n) * 1_000_000_000 / u128::from(per_s)).min(u128::from(u64::MAX)) as u64)
+        };
+        let mut at = self.start;
+        if let Some(r) = self.iops[d] {
+            at = at.max(self.start + after(self.ios[d], r));
+        }
+        if let Some(b) = self.bytes[d] {
+            at = at.max(self.start + after(self.moved[d], b));
+        }
+        at
+    }
+
+    fn issued(&mut self, d: usize, len: u64) {
+        self.ios[d] += 1;
+        self.moved[d] += len;
+    }
+}
+
+/// The I/O sizes of a direction, by cumulative share: `(len, up to this percent)`.
+type Sizes = Vec<(u32, u8)>;
+
 struct Completed {
     /// Its direction's index ([`DIRS`]).
     dir: usize,
@@ -145,12 +186,23 @@ pub(crate) struct Job {
     done: Vec<Done>,
     depth: u32,
     outstanding: u32,
-    bs: u32,
+    /// Bytes of the I/Os in flight.
+    in_flight: u64,
+    /// The smallest I/O: offsets are multiples of it, trims and the verify read-back use it.
+    min: u64,
+    /// Reads' and writes' sizes (`bs`, or fio's `bssplit`).
+    sizes: [Sizes; 2],
     block: usize,
     base: u64,
-    units: u64,
+    /// Bytes of the job's slice.
+    slice: u64,
     rng: Rng,
+    /// The next sequential offset in the slice.
     cursor: u64,
+    /// `rate_iops`, `rate`.
+    pace: Option<Pace>,
+    /// An I/O drawn but held back by the pace: `(direction, offset, len)`.
+    held: Option<(usize, u64, u32)>,
     read_percent: u8,
     random: bool,
     verify: bool,
@@ -201,6 +253,25 @@ impl Job {
             Io::Queue(q)
         };
         let verify = spec.verify;
+        let sizes = std::array::from_fn(|d| {
+            let given = spec.bssplit.as_ref().map_or_else(|| vec![(spec.bs, 100)], |b| b.sizes(d, spec.bs));
+            let mut sum = 0u8;
+            given
+                .into_iter()
+                .filter(|&(_, p)| p > 0)
+                .map(|(len, p)| {
+                    sum += p;
+                    (len as u32, sum)
+                })
+                .collect()
+        });
+        let pace = spec.rate.is_set().then(|| Pace {
+            start: Instant::now(),
+            iops: spec.rate.iops,
+            bytes: spec.rate.bytes,
+            ios: [0; 2],
+            moved: [0; 2],
+        });
         let seed = spec.seed ^ u64::from(index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         Ok(Job {
             index,
@@ -211,19 +282,23 @@ impl Job {
             done: std::iter::repeat_with(Done::default).take(depth as usize).collect(),
             depth,
             outstanding: 0,
-            bs: spec.bs as u32,
+            in_flight: 0,
+            min: spec.min_bs(),
+            sizes,
             block: plan.geometry.block_size as usize,
             base: plan.base(index),
-            units: plan.units(),
+            slice: plan.slice,
             rng: Rng::new(seed),
             cursor: 0,
+            pace,
+            held: None,
             read_percent: spec.read_percent(),
             random: spec.workload.is_random(),
             verify,
             generation,
             expect,
             written: (verify && spec.workload.writes()).then(|| Bitmap::new(plan.units())),
-            scratch: if verify { vec![0; spec.bs as usize] } else { Vec::new() },
+            scratch: if verify { vec![0; spec.max_bs() as usize] } else { Vec::new() },
             stats: std::array::from_fn(|_| DirStats::new()),
             tally: Tally::default(),
             trims,
@@ -267,10 +342,13 @@ impl Job {
         let ramp_end = start + plan.spec.ramp;
         let stop = plan.spec.stop();
         let end = stop.runtime.map(|d| ramp_end + d);
-        let target = stop.bytes.map_or(u64::MAX, |b| b / plan.spec.bs);
+        let target = stop.bytes.unwrap_or(u64::MAX);
+        if let Some(p) = &mut self.pace {
+            p.start = start;
+        }
         // Two getrusage calls per job: at the window's start and at its end.
         let mut usage_start = None;
-        // Completions in the measured window.
+        // Bytes completed in the measured window.
         let mut measured = 0u64;
         let mut last = ramp_end;
         let mut next_sample = self.log_interval.map(|i| ramp_end + i);
@@ -281,14 +359,35 @@ impl Job {
                 usage_start = Some(ThreadUsage::now());
             }
             let open = !shared.abort.load(Ordering::Relaxed) && end.is_none_or(|e| now < e);
-            while open && self.outstanding < self.depth && (ramping || measured + u64::from(self.outstanding) < target)
-            {
-                let (dir, unit) = self.next_op();
-                let check = self.verify && dir == READ && self.written.as_ref().is_none_or(|w| w.get(unit));
-                self.submit(dir, unit, check, now)?;
+            let mut paced = None;
+            while open && self.outstanding < self.depth && (ramping || measured + self.in_flight < target) {
+                let (dir, offset, len) = match self.held.take() {
+                    Some(op) => op,
+                    None => self.next_op(),
+                };
+                if let Some(p) = &mut self.pace {
+                    let due = p.due(dir);
+                    if due > now {
+                        self.held = Some((dir, offset, len));
+                        paced = Some(due);
+                        break;
+                    }
+                    p.issued(dir, u64::from(len));
+                }
+                let check = self.verify && dir == READ && self.all_written(offset, len);
+                self.submit(dir, offset, len, check, now)?;
             }
             if self.outstanding == 0 {
-                break;
+                match paced {
+                    // Nothing in flight, the next I/O not due yet: sleep until it is (briefly
+                    // at a time, so that an abort or the end is seen).
+                    Some(due) => {
+                        let until = end.map_or(due, |e| due.min(e));
+                        std::thread::sleep(until.saturating_duration_since(now).min(Duration::from_millis(50)));
+                        continue;
+                    }
+                    None => break,
+                }
             }
             let k = self.wait(now)?;
             let t = Instant::now();
@@ -301,7 +400,7 @@ impl Job {
                 bytes[d] += c.len;
                 if in_window {
                     self.stats[d].record(t - c.sent, c.len);
-                    measured += 1;
+                    measured += c.len;
                     last = t;
                 }
             }
@@ -345,7 +444,7 @@ impl Job {
             let now = Instant::now();
             while self.outstanding < self.depth && !shared.abort.load(Ordering::Relaxed) {
                 let Some(unit) = next else { break };
-                self.submit(READ, unit, true, now)?;
+                self.submit(READ, self.base + unit * self.min, self.min as u32, true, now)?;
                 next = written.next_set(unit + 1);
             }
             if self.outstanding == 0 {
@@ -355,12 +454,12 @@ impl Job {
             for i in 0..k {
                 self.complete(i)?;
             }
-            live.add([k as u64, 0, 0], [k as u64 * u64::from(self.bs), 0, 0]);
+            live.add([k as u64, 0, 0], [k as u64 * self.min, 0, 0]);
         }
     }
 
-    /// The next I/O: its direction's index and its unit in the slice.
-    fn next_op(&mut self) -> (usize, u64) {
+    /// The next I/O: its direction's index, its offset in the volume and its length.
+    fn next_op(&mut self) -> (usize, u64, u32) {
         let dir = match self.read_percent {
             _ if self.trims => TRIM,
             100 => READ,
@@ -373,14 +472,34 @@ impl Job {
                 }
             }
         };
-        let unit = if self.random {
-            self.rng.below(self.units)
-        } else {
-            let u = self.cursor;
-            self.cursor = if u + 1 == self.units { 0 } else { u + 1 };
-            u
+        let len = match self.sizes.get(dir).map(Vec::as_slice) {
+            None => self.min as u32,
+            Some([(len, _)]) => *len,
+            Some(sizes) => {
+                let r = self.rng.below(100) as u8;
+                sizes.iter().find(|&&(_, upto)| r < upto).map_or(sizes[sizes.len() - 1].0, |&(len, _)| len)
+            }
         };
-        (dir, unit)
+        let offset = if self.random {
+            // Every offset, a multiple of the smallest I/O, at which this one fits.
+            self.rng.below((self.slice - u64::from(len)) / self.min + 1) * self.min
+        } else {
+            if self.cursor + u64::from(len) > self.slice {
+                self.cursor = 0;
+            }
+            let o = self.cursor;
+            self.cursor += u64::from(len);
+            o
+        };
+        (dir, self.base + offset, len)
+    }
+
+    /// Whether this job wrote (in this run) every unit of `len` bytes at `offset`, or does not
+    /// keep track (then every read is checked).
+    fn all_written(&self, offset: u64, len: u32) -> bool {
+        let Some(w) = &self.written else { return true };
+        let first = (offset - self.base) / self.min;
+        (first..first + u64::from(len) / self.min).all(|u| w.get(u))
     }
 
     /// The error of this job doing `what`. Call it inside `map_err(|e| ...)` so the message is
@@ -389,12 +508,10 @@ impl Job {
         Error::Job { job: self.index, what, source: Box::new(source) }
     }
 
-    fn submit(&mut self, dir: usize, unit: u64, check: bool, now: Instant) -> Result<()> {
-        let offset = self.base + unit * u64::from(self.bs);
+    fn submit(&mut self, dir: usize, offset: u64, bs: u32, check: bool, now: Instant) -> Result<()> {
         // Fewer than `depth` outstanding: a slot (and for data, its buffer) is free.
         let slot = self.slots.pop().expect("a free slot below the queue depth");
         let mut tag = u64::from(slot);
-        let bs = self.bs;
         let submitted = match (&mut self.io, dir) {
             (Io::Lane { lane, offsets, .. }, TRIM) => {
                 offsets[slot as usize] = offset;
@@ -412,8 +529,9 @@ impl Job {
             (Io::Queue(_), _) => {
                 let buf = self.bufs.pop().expect("a free buffer below the queue depth");
                 if self.verify {
-                    pattern::fill_blocks(&mut self.scratch, offset, self.generation, self.block);
-                    buf.write_at(0, &self.scratch)
+                    let data = &mut self.scratch[..bs as usize];
+                    pattern::fill_blocks(data, offset, self.generation, self.block);
+                    buf.write_at(0, &self.scratch[..bs as usize])
                         .map_err(|e| self.io_err(format!("filling the pattern for {offset}"), e))?;
                 }
                 let Io::Queue(q) = &mut self.io else { unreachable!("matched above") };
@@ -425,6 +543,7 @@ impl Job {
         submitted.map_err(|e| self.io_err(format!("submitting a {what} of {bs} bytes at offset {offset}"), e))?;
         self.sent[slot as usize] = now;
         self.outstanding += 1;
+        self.in_flight += u64::from(bs);
         Ok(())
     }
 
@@ -453,7 +572,8 @@ impl Job {
             let offset = offsets[slot as usize];
             self.slots.push(slot);
             self.outstanding -= 1;
-            let (len, sent) = (u64::from(self.bs), self.sent[slot as usize]);
+            let (len, sent) = (self.min, self.sent[slot as usize]);
+            self.in_flight -= len;
             result.map_err(|source| self.io_err(format!("discard of {len} bytes at offset {offset}"), source))?;
             return Ok(Completed { dir: TRIM, len, sent });
         }
@@ -466,6 +586,7 @@ impl Job {
         let result = std::mem::replace(&mut d.result, Ok(()));
         self.slots.push(slot);
         self.outstanding -= 1;
+        self.in_flight -= len;
         let sent = self.sent[slot as usize];
         if let Err(source) = result {
             self.bufs.push(buf);
@@ -482,7 +603,10 @@ impl Job {
         }
         if dir == WRITE {
             if let Some(w) = self.written.as_mut() {
-                w.set((offset - self.base) / u64::from(self.bs));
+                let first = (offset - self.base) / self.min;
+                for u in first..first + len / self.min {
+                    w.set(u);
+                }
             }
         }
         Ok(Completed { dir, len, sent })

@@ -4,16 +4,21 @@
 //! `rblk://` URI, with or without fio's `\:` escaping of colons). Sections run together, as fio
 //! runs them; a section with `stonewall` (or `wait_for_previous`) waits for every section before
 //! it to end and starts a new group. A `[global]` section's options apply to the sections after
-//! it. Lines starting with `#` or `;` are comments. Options rblk-bench does not take are refused
-//! with their name and line, as are values it cannot honour.
+//! it. Lines starting with `#` or `;` are comments.
+//!
+//! fio's options that do not apply to rblk-bench ([`IGNORED`]: the I/O engine, `direct`,
+//! `thread`, CPU and NUMA placement...) are accepted with one note each on stderr naming the
+//! file and line; a value that asks for what rblk-bench cannot do (`direct=0`, `buffered=1`: I/O
+//! through a page cache) is refused. Options it does not know are refused, and every error names
+//! the file and line (`jobs.fio:7: iodepth must be a whole number from 1 to 1024, got 0`).
 
 use std::path::Path;
 use std::time::Duration;
 
 use clap::ValueEnum as _;
 
-use crate::command::Section;
-use crate::spec::{Spec, Workload};
+use crate::command::{Place, Section};
+use crate::spec::{whole_number, BsSplit, Rate, Spec, Workload, MAX_IODEPTH, MAX_JOBS};
 use crate::{Error, Result};
 
 /// The options a job file's sections (and the command line) take, by fio's names.
@@ -25,6 +30,9 @@ pub const OPTIONS: &[&str] = &[
     "rwmixwrite",
     "bs",
     "blocksize",
+    "bssplit",
+    "rate",
+    "rate_iops",
     "iodepth",
     "numjobs",
     "runtime",
@@ -38,6 +46,33 @@ pub const OPTIONS: &[&str] = &[
     "wait_for_previous",
     "group_reporting",
     "description",
+];
+
+/// fio's options that do not apply to rblk-bench, with why: accepted with a note, never
+/// silently. (`direct=0` and `buffered=1` are refused: see [`JobOptions::set`].)
+pub const IGNORED: &[(&str, &str)] = &[
+    ("ioengine", "rblk-bench always does one-sided RDMA"),
+    ("direct", "rblk-bench's I/O never passes a page cache"),
+    ("buffered", "rblk-bench's I/O never passes a page cache"),
+    ("invalidate", "rblk-bench's I/O never passes a page cache"),
+    ("thread", "rblk-bench's jobs are always threads"),
+    ("norandommap", "rblk-bench draws random offsets without a map, always"),
+    ("randrepeat", "random offsets follow randseed (default 1)"),
+    ("fsync_on_close", "rblk-bench sends no FLUSH at the end"),
+    ("end_fsync", "rblk-bench sends no FLUSH at the end"),
+    ("iodepth_batch", "rblk-bench batches submissions itself (a doorbell per 16)"),
+    ("iodepth_batch_submit", "rblk-bench batches submissions itself (a doorbell per 16)"),
+    ("iodepth_batch_complete", "rblk-bench reaps every completion available"),
+    ("iodepth_batch_complete_min", "rblk-bench reaps every completion available"),
+    ("iodepth_batch_complete_max", "rblk-bench reaps every completion available"),
+    ("iodepth_low", "rblk-bench refills the queue at once"),
+    ("cpus_allowed", "rblk-bench does not pin its threads (run it under taskset)"),
+    ("cpus_allowed_policy", "rblk-bench does not pin its threads (run it under taskset)"),
+    ("cpumask", "rblk-bench does not pin its threads (run it under taskset)"),
+    ("numa_cpu_nodes", "rblk-bench does not place its threads (run it under numactl)"),
+    ("numa_mem_policy", "rblk-bench does not place its memory (run it under numactl)"),
+    ("clocksource", "rblk-bench takes its own timestamps (CLOCK_MONOTONIC)"),
+    ("unlink", "rblk-bench makes no files"),
 ];
 
 /// One job's options as given, before defaults.
@@ -57,6 +92,8 @@ pub(crate) struct JobOptions {
     pub(crate) generation: Option<u64>,
     pub(crate) seed: Option<u64>,
     pub(crate) stonewall: bool,
+    pub(crate) rate: Rate,
+    pub(crate) bssplit: Option<BsSplit>,
 }
 
 impl JobOptions {
@@ -80,15 +117,18 @@ impl JobOptions {
             verify: self.verify,
             generation: self.generation,
             seed: self.seed.unwrap_or(d.seed),
+            rate: self.rate,
+            bssplit: self.bssplit.clone(),
         }
     }
 
-    /// Sets option `key` (fio's name) from its text: `None` for a bare `key` line.
-    fn set(&mut self, key: &str, value: Option<&str>) -> std::result::Result<(), String> {
+    /// Sets option `key` (fio's name) from its text: `None` for a bare `key` line. Returns the
+    /// note for an option of [`IGNORED`].
+    fn set(&mut self, key: &str, value: Option<&str>) -> std::result::Result<Option<String>, String> {
         let text = || value.ok_or_else(|| format!("option {key:?} needs a value ({key}=...)"));
-        let number = |what: &str| -> std::result::Result<u64, String> {
+        let whole = |lo: u64, hi: u64| -> std::result::Result<u64, String> {
             let v = text()?;
-            v.parse().map_err(|_| format!("{key}={v}: not {what}"))
+            whole_number(v, lo, hi).map_err(|e| format!("{key} {e}, got {v}"))
         };
         let size = || -> std::result::Result<u64, String> {
             let v = text()?;
@@ -98,13 +138,7 @@ impl JobOptions {
             let v = text()?;
             crate::cli::run_time_arg(v).map_err(|e| format!("{key}={v}: {e}"))
         };
-        let percent = || -> std::result::Result<u8, String> {
-            let n = number("a percentage")?;
-            u8::try_from(n).ok().filter(|&p| p <= 100).ok_or_else(|| format!("{key}={n}: a percentage, 0 to 100"))
-        };
-        let count = || -> std::result::Result<u32, String> {
-            u32::try_from(number("a whole number")?).map_err(|_| format!("{key}: too large"))
-        };
+        let percent = || whole(0, 100).map(|p| p as u8);
         match key {
             "filename" => self.filename = Some(unescape(text()?)),
             "rw" | "readwrite" => {
@@ -117,8 +151,20 @@ impl JobOptions {
             "rwmixread" => self.rwmixread = Some(percent()?),
             "rwmixwrite" => self.rwmixread = Some(100 - percent()?),
             "bs" | "blocksize" => self.bs = Some(size()?),
-            "iodepth" => self.iodepth = Some(count()?),
-            "numjobs" => self.numjobs = Some(count()?),
+            "bssplit" => {
+                let v = text()?;
+                self.bssplit = Some(BsSplit::parse(v).map_err(|e| format!("bssplit={v}: {e}"))?);
+            }
+            "rate_iops" => {
+                let v = text()?;
+                self.rate.iops = Rate::parse_iops(v).map_err(|e| format!("rate_iops={v}: {e}"))?;
+            }
+            "rate" => {
+                let v = text()?;
+                self.rate.bytes = Rate::parse_bytes(v).map_err(|e| format!("rate={v}: {e}"))?;
+            }
+            "iodepth" => self.iodepth = Some(whole(1, u64::from(MAX_IODEPTH))? as u32),
+            "numjobs" => self.numjobs = Some(whole(1, u64::from(MAX_JOBS))? as u32),
             "runtime" => self.runtime = Some(duration()?),
             "time_based" => self.time_based = boolean(key, value)?,
             "size" => self.size = Some(size()?),
@@ -135,8 +181,8 @@ impl JobOptions {
                     }
                 }
             }
-            "generation" => self.generation = Some(number("a whole number")?),
-            "randseed" => self.seed = Some(number("a whole number")?),
+            "generation" => self.generation = Some(whole(0, u64::MAX)?),
+            "randseed" => self.seed = Some(whole(0, u64::MAX)?),
             "stonewall" | "wait_for_previous" => self.stonewall = boolean(key, value)?,
             // The file's, not a job's: read by the parser.
             "group_reporting" => {
@@ -145,9 +191,42 @@ impl JobOptions {
             "description" => {
                 text()?;
             }
-            _ => return Err(format!("unknown option {key:?} (rblk-bench takes {})", OPTIONS.join(", "))),
+            // Asking for I/O through a page cache: results rblk-bench cannot give.
+            "direct" | "buffered" if boolean(key, value)? == (key == "buffered") => {
+                let v = value.map_or(String::new(), |v| format!("={v}"));
+                let want = if key == "direct" { "direct=1" } else { "buffered=0" };
+                return Err(format!(
+                    "{key}{v} asks for I/O through a page cache, which rblk-bench does not have: remove it, or \
+                     write {want}"
+                ));
+            }
+            _ => match IGNORED.iter().find(|(k, _)| *k == key) {
+                Some((_, why)) => {
+                    let given = value.map_or_else(|| key.to_owned(), |v| format!("{key}={v}"));
+                    return Ok(Some(format!("{given} ignored: {why}")));
+                }
+                None => {
+                    return Err(format!(
+                        "unknown option {key:?} (rblk-bench takes {}; and ignores {})",
+                        OPTIONS.join(", "),
+                        IGNORED.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+                    ))
+                }
+            },
         }
-        Ok(())
+        Ok(None)
+    }
+}
+
+/// The option an error about `key` is filed under (the name [`Spec::check`] uses).
+fn canonical(key: &str) -> &str {
+    match key {
+        "readwrite" => "rw",
+        "blocksize" => "bs",
+        "rwmixwrite" => "rwmixread",
+        "wait_for_previous" => "stonewall",
+        "rate_iops" => "rate",
+        k => k,
     }
 }
 
@@ -174,15 +253,32 @@ pub(crate) struct JobFile {
     pub(crate) global_options: Vec<(String, String)>,
     /// `group_reporting` anywhere in the file.
     pub(crate) group_reporting: bool,
+    /// One note per option accepted and ignored (`jobs.fio:3: ioengine=libaio ignored: ...`).
+    pub(crate) notes: Vec<String>,
 }
 
-/// A job section being read: its name, header line, options and the line of its filename.
+/// The options of a scope (`[global]` or a job section) being read.
+#[derive(Debug, Clone, Default)]
+struct Scope {
+    options: JobOptions,
+    /// The line of each option, by [`canonical`] name (a section starts with `[global]`'s).
+    lines: Vec<(String, usize)>,
+    /// The `rwmixread`/`rwmixwrite` this scope itself gave: name, value, line.
+    mix: Option<(String, u8, usize)>,
+}
+
+impl Scope {
+    fn line_of(&self, key: &str) -> Option<usize> {
+        self.lines.iter().rev().find(|(k, _)| k == key).map(|&(_, n)| n)
+    }
+}
+
+/// A job section being read: its name, header line, options as set and as written.
 struct Open {
     name: String,
     line: usize,
-    options: JobOptions,
+    scope: Scope,
     given: Vec<(String, String)>,
-    filename_line: Option<usize>,
 }
 
 /// Reads the job file at `path`.
@@ -195,16 +291,16 @@ pub(crate) fn read(path: &Path) -> Result<JobFile> {
     parse(path, &text)
 }
 
-/// Parses a job file's text (`path` names it in errors).
+/// Parses a job file's text (`path` names it in errors and notes).
 pub(crate) fn parse(path: &Path, text: &str) -> Result<JobFile> {
     let err = |line: usize, what: String| Error::JobFile { path: path.to_owned(), line, what };
-    let mut global = JobOptions::default();
-    let mut global_filename_line = None;
+    let mut global = Scope::default();
     let mut global_options: Vec<(String, String)> = Vec::new();
     let mut in_global = false;
     let mut open: Option<Open> = None;
     let mut done: Vec<Open> = Vec::new();
     let mut group_reporting = false;
+    let mut notes = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let n = i + 1;
         let line = raw.trim();
@@ -219,17 +315,14 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<JobFile> {
             }
             done.extend(open.take());
             in_global = name == "global";
-            if !in_global {
+            if in_global {
+                global.mix = None;
+            } else {
                 if done.iter().any(|s| s.name == name) {
                     return Err(err(n, format!("a second section [{name}]: job names must differ")));
                 }
-                open = Some(Open {
-                    name: name.to_owned(),
-                    line: n,
-                    options: global.clone(),
-                    given: Vec::new(),
-                    filename_line: global_filename_line,
-                });
+                let scope = Scope { mix: None, ..global.clone() };
+                open = Some(Open { name: name.to_owned(), line: n, scope, given: Vec::new() });
             }
             continue;
         }
@@ -241,23 +334,32 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<JobFile> {
         if key == "group_reporting" {
             group_reporting = boolean(key, value).map_err(|e| err(n, e))?;
         }
-        if in_global {
-            global.set(key, value).map_err(|e| err(n, e))?;
-            if key == "filename" {
-                global_filename_line = Some(n);
-            }
-            global_options.retain(|(k, _)| k != key);
-            global_options.push(entry);
+        let (scope, written) = if in_global {
+            (&mut global, &mut global_options)
         } else if let Some(s) = open.as_mut() {
-            s.options.set(key, value).map_err(|e| err(n, e))?;
-            if key == "filename" {
-                s.filename_line = Some(n);
-            }
-            s.given.retain(|(k, _)| k != key);
-            s.given.push(entry);
+            (&mut s.scope, &mut s.given)
         } else {
             return Err(err(n, format!("option {key:?} before any section ([global] or [JOBNAME])")));
+        };
+        if let Some(note) = scope.options.set(key, value).map_err(|e| err(n, e))? {
+            notes.push(format!("{}:{n}: {note}", path.display()));
         }
+        if matches!(key, "rwmixread" | "rwmixwrite") {
+            let given = scope.options.rwmixread.map(|r| if key == "rwmixread" { r } else { 100 - r });
+            let given = given.expect("just set");
+            if let Some((other, v, at)) = &scope.mix {
+                if other != key && u16::from(*v) + u16::from(given) != 100 {
+                    return Err(err(
+                        n,
+                        format!("{key}={given} contradicts {other}={v} (line {at}): they must add up to 100"),
+                    ));
+                }
+            }
+            scope.mix = Some((key.to_owned(), given, n));
+        }
+        scope.lines.push((canonical(key).to_owned(), n));
+        written.retain(|(k, _)| k != key);
+        written.push(entry);
     }
     done.extend(open);
     if done.is_empty() {
@@ -266,26 +368,42 @@ pub(crate) fn parse(path: &Path, text: &str) -> Result<JobFile> {
     let mut sections = Vec::new();
     let mut group = 0;
     for (k, s) in done.into_iter().enumerate() {
-        if k > 0 && s.options.stonewall {
+        let o = &s.scope.options;
+        if k > 0 && o.stonewall {
             group += 1;
         }
-        let Some(uri) = s.options.filename.clone() else {
+        let Some(uri) = o.filename.clone() else {
             return Err(err(
                 s.line,
                 format!("job {:?} has no filename= (the volume: rblk://HOST[:PORT]/VOLUME)", s.name),
             ));
         };
+        let at = s.scope.line_of("filename").unwrap_or(s.line);
         if !uri.starts_with("rblk://") {
-            return Err(err(
-                s.filename_line.unwrap_or(s.line),
-                format!("filename={uri}: rblk-bench runs on rblk volumes, rblk://HOST[:PORT]/VOLUME"),
-            ));
+            return Err(err(at, format!("filename={uri}: rblk-bench runs on rblk volumes, rblk://HOST[:PORT]/VOLUME")));
+        }
+        if let Err(e) = rblk_initiator::Uri::parse(&uri) {
+            return Err(err(at, format!("filename={uri}: {e}")));
+        }
+        let spec = o.spec();
+        let lines = s.scope.lines.clone();
+        let place = Place { path: path.to_owned(), name: s.name.clone(), line: s.line, lines };
+        spec.check().map_err(|e| place.error(e))?;
+        // fio's rule: bssplit decides the sizes; a bs it leaves unused is said to be.
+        if let (Some(b), Some(at)) = (&o.bssplit, s.scope.line_of("bs")) {
+            let dirs = spec.dirs();
+            if (0..2).all(|d| !dirs[d] || b.dirs[d].is_some()) {
+                let note = format!("{}:{at}: bs ignored: bssplit sets the sizes", path.display());
+                if !notes.contains(&note) {
+                    notes.push(note);
+                }
+            }
         }
         let mut options = vec![("name".to_owned(), s.name.clone())];
         options.extend(s.given);
-        sections.push(Section { name: s.name, groupid: group, uri, spec: s.options.spec(), options });
+        sections.push(Section { name: s.name, groupid: group, uri, spec, options, place: Some(place) });
     }
-    Ok(JobFile { sections, global_options, group_reporting })
+    Ok(JobFile { sections, global_options, group_reporting, notes })
 }
 
 #[cfg(test)]
@@ -332,25 +450,120 @@ mod tests {
         );
     }
 
-    /// Catches unknown options passed over (a job file meant for another engine running with
-    /// defaults) and refusals that do not say which option on which line.
+    /// Issue 43, trap 5: unknown options passed over (a job file meant for another engine
+    /// running with defaults), and refusals that do not name the file and line (`t.fio:5:`), or
+    /// name an option as a flag (`--iodepth`) where the file has `iodepth=`.
     #[test]
     fn unknown_options_and_bad_values_are_refused_with_their_line() {
         let head = "[global]\nfilename=rblk://h/v\n[j]\n";
-        refused(&format!("{head}rw=read\nioengine=libaio\n"), "t.fio, line 5: unknown option \"ioengine\"");
-        refused(&format!("{head}direct=1\n"), "line 4: unknown option \"direct\"");
-        refused(&format!("{head}rw=trimwrite\n"), "line 4: rw=trimwrite: rblk-bench does read, write");
-        refused(&format!("{head}bs=4q\n"), "line 4: bs=4q:");
-        refused(&format!("{head}runtime=soon\n"), "line 4: runtime=soon: \"soon\" is not a duration");
-        refused(&format!("{head}rwmixread=101\n"), "line 4: rwmixread=101: a percentage");
-        refused(&format!("{head}verify=md5\n"), "line 4: verify=md5: rblk-bench verifies with its own pattern");
-        refused(&format!("{head}time_based=maybe\n"), "line 4: time_based=maybe");
-        refused(&format!("{head}iodepth\n"), "line 4: option \"iodepth\" needs a value");
-        refused("rw=read\n[j]\n", "line 1: option \"rw\" before any section");
-        refused("[j\n", "line 1: \"[j\": a section without its ]");
-        refused("[global]\nbs=4k\n", "line 2: no job section");
-        refused("[j]\nrw=read\n", "line 1: job \"j\" has no filename=");
-        refused("[j]\nfilename=/dev/sda\n", "line 2: filename=/dev/sda: rblk-bench runs on rblk volumes");
-        refused("[j]\nfilename=rblk://h/v\n[j]\n", "line 3: a second section [j]");
+        refused(&format!("{head}rw=read\nlog_avg_msec=100\n"), "t.fio:5: unknown option \"log_avg_msec\"");
+        refused(&format!("{head}rw=trimwrite\n"), "t.fio:4: rw=trimwrite: rblk-bench does read, write");
+        refused(&format!("{head}bs=4q\n"), "t.fio:4: bs=4q:");
+        refused(&format!("{head}runtime=soon\n"), "t.fio:4: runtime=soon: \"soon\" is not a duration");
+        refused(&format!("{head}rwmixread=101\n"), "t.fio:4: rwmixread must be a whole number from 0 to 100, got 101");
+        refused(&format!("{head}verify=md5\n"), "t.fio:4: verify=md5: rblk-bench verifies with its own pattern");
+        refused(&format!("{head}time_based=maybe\n"), "t.fio:4: time_based=maybe");
+        refused(&format!("{head}iodepth\n"), "t.fio:4: option \"iodepth\" needs a value");
+        refused(&format!("{head}iodepth=0\n"), "t.fio:4: iodepth must be a whole number from 1 to 1024, got 0");
+        refused(&format!("{head}numjobs=300\n"), "t.fio:4: numjobs must be a whole number from 1 to 256, got 300");
+        refused(&format!("{head}randseed=x\n"), "t.fio:4: randseed must be a whole number from 0 up, got x");
+        refused("rw=read\n[j]\n", "t.fio:1: option \"rw\" before any section");
+        refused("[j\n", "t.fio:1: \"[j\": a section without its ]");
+        refused("[global]\nbs=4k\n", "t.fio:2: no job section");
+        refused("[j]\nrw=read\n", "t.fio:1: job \"j\" has no filename=");
+        refused("[j]\nfilename=/dev/sda\n", "t.fio:2: filename=/dev/sda: rblk-bench runs on rblk volumes");
+        refused("[j]\nfilename=rblk://h/v\n[j]\n", "t.fio:3: a second section [j]");
+        refused("[global]\nfilename=rblk://h\n[j]\n", "t.fio:2: filename=rblk://h: bad URI \"rblk://h\": no /VOLUME");
+        // Checks across options: at the line of the option refused (from [global] too), or the
+        // section's when no one option is to blame; options named as the file names them.
+        refused(
+            "[global]\nbs=4k\nsize=6k\n[j]\nfilename=rblk://h/v\n",
+            "t.fio:3: size 6144 is not a multiple of bs, 4096",
+        );
+        refused(&format!("{head}rw=randread\nrwmixread=70\n"), "t.fio:5: rwmixread applies only to rw randrw");
+        refused(&format!("{head}runtime=0\n"), "t.fio:4: runtime must be longer than zero");
+        refused(&format!("{head}generation=3\n"), "t.fio:3: job \"j\": generation only means something with verify");
+    }
+
+    /// Issue 43, trap 5: fio's options that do not apply (ioengine, direct, thread...) refused
+    /// at the first line of a fio user's file, or (the other way) accepted silently. Each gives
+    /// one note naming file and line; a value rblk-bench cannot honour (I/O through a page
+    /// cache) is refused.
+    #[test]
+    fn options_that_do_not_apply_are_accepted_with_one_note_each() {
+        let f = parsed(
+            "[global]\nioengine=libaio\ndirect=1\nthread\nfilename=rblk://h/v\n[a]\nnorandommap\n[b]\nbuffered=0\n",
+        )
+        .unwrap();
+        assert_eq!(
+            f.notes,
+            [
+                "t.fio:2: ioengine=libaio ignored: rblk-bench always does one-sided RDMA",
+                "t.fio:3: direct=1 ignored: rblk-bench's I/O never passes a page cache",
+                "t.fio:4: thread ignored: rblk-bench's jobs are always threads",
+                "t.fio:7: norandommap ignored: rblk-bench draws random offsets without a map, always",
+                "t.fio:9: buffered=0 ignored: rblk-bench's I/O never passes a page cache",
+            ]
+        );
+        assert_eq!(f.sections.len(), 2);
+        refused("[j]\nfilename=rblk://h/v\ndirect=0\n", "t.fio:3: direct=0 asks for I/O through a page cache");
+        refused("[j]\nfilename=rblk://h/v\nbuffered\n", "t.fio:3: buffered asks for I/O through a page cache");
+        refused("[j]\nfilename=rblk://h/v\ndirect=maybe\n", "t.fio:3: direct=maybe: expected 1 or 0");
+        for (key, _) in IGNORED {
+            let value = if *key == "buffered" { 0 } else { 1 };
+            let text = format!("[j]\nfilename=rblk://h/v\n{key}={value}\n");
+            let f = parsed(&text).unwrap_or_else(|e| panic!("{key}: {e}"));
+            assert_eq!(f.notes.len(), 1, "{key}: {:?}", f.notes);
+        }
+    }
+
+    /// Issue 43, trap 5: rate_iops, rate, bssplit and rwmixwrite parsed into the spec (a test
+    /// of the engine checks they are honoured): fio's `r,w` forms, a missing share filled as
+    /// fio fills it, a trim part refused as not supported yet, and rwmixread and rwmixwrite
+    /// that contradict each other in one section refused (fio lets the later line win).
+    #[test]
+    fn rates_bssplit_and_rwmixwrite() {
+        let f = parsed(
+            "[global]\nfilename=rblk://h/v\nbs=8k\nrwmixread=60\n[a]\nrw=randrw\nrate_iops=2000\nrate=1M,\n\
+             bssplit=4k/50:8k/:64k/\n[b]\nrw=randrw\nrwmixwrite=30\nrate_iops=,500\nbssplit=4k/100,16k/10:32k/90\n",
+        )
+        .unwrap();
+        let [a, b] = &f.sections[..] else { panic!("{f:?}") };
+        assert_eq!(a.spec.rate, Rate { iops: [Some(2000), Some(2000)], bytes: [Some(1 << 20), None] });
+        assert_eq!(a.spec.bssplit.as_ref().unwrap().dirs[0], Some(vec![(4096, 50), (8192, 25), (65536, 25)]));
+        assert_eq!(a.spec.bssplit.as_ref().unwrap().to_string(), "4k/50:8k/25:64k/25");
+        assert_eq!(
+            (a.spec.read_percent(), b.spec.read_percent()),
+            (60, 70),
+            "a section's rwmixwrite overrides [global]"
+        );
+        assert_eq!(b.spec.rate, Rate { iops: [None, Some(500)], bytes: [None, None] });
+        let split = b.spec.bssplit.as_ref().unwrap();
+        assert_eq!(split.dirs, [Some(vec![(4096, 100)]), Some(vec![(16384, 10), (32768, 90)])]);
+        assert_eq!((b.spec.min_bs(), b.spec.max_bs()), (4096, 32768));
+        assert_eq!(f.notes, ["t.fio:3: bs ignored: bssplit sets the sizes"]);
+        let head = "[global]\nfilename=rblk://h/v\n[j]\nrw=randrw\n";
+        refused(
+            &format!("{head}rwmixread=70\nrwmixwrite=40\n"),
+            "t.fio:6: rwmixwrite=40 contradicts rwmixread=70 (line 5)",
+        );
+        parsed(&format!("{head}rwmixread=70\nrwmixwrite=30\n")).unwrap();
+        refused(&format!("{head}rate_iops=1,2,3\n"), "t.fio:5: rate_iops=1,2,3: a trim rate is not supported yet");
+        refused(&format!("{head}rate=fast\n"), "t.fio:5: rate=fast: must be bytes per second");
+        refused(
+            &format!("{head}bssplit=4k/60:8k/60\n"),
+            "t.fio:5: bssplit=4k/60:8k/60: \"4k/60:8k/60\": the shares must add up to 100",
+        );
+        refused(&format!("{head}bssplit=4k/50\n"), "add up to 100 (they add up to 50)");
+        refused(
+            &format!("{head}bssplit=4k/50:8k/50,,4k\n"),
+            "t.fio:5: bssplit=4k/50:8k/50,,4k: a trim part is not supported yet",
+        );
+        refused(
+            &format!("{head}bssplit=4k/50:6k/50\n"),
+            "t.fio:5: bssplit: 6144 is not a multiple of its smallest size 4096",
+        );
+        let t = parsed("[j]\nfilename=rblk://h/v\nrw=trim\nbssplit=4k/50:8k/50\n");
+        assert!(t.unwrap_err().to_string().contains("t.fio:4: bssplit: rw trim's discards use bs alone"));
     }
 }

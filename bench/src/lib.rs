@@ -13,7 +13,10 @@
 //!
 //! The command line takes fio's option names, and a fio job file instead of a URI (`[global]` and
 //! job sections with `filename=rblk://...`; sections run together, `stonewall` starts a new
-//! group that waits for the ones before it). [`execute`] is the binary's work, callable
+//! group that waits for the ones before it; fio's options that do not apply, such as
+//! `ioengine` and `direct=1`, are noted on stderr and ignored, and every error names the file
+//! and line). `rate_iops` and `rate` ([`Rate`]) pace each job thread, reads and writes apart;
+//! `bssplit` ([`BsSplit`]) draws each I/O's size by its share. [`execute`] is the binary's work, callable
 //! in-process. `-o json` and `-o json+` write fio's JSON layout ([`fio`] says how rblk-bench's
 //! figures map onto fio's fields); the deprecated `--json FILE` still writes rblk-bench's
 //! earlier layout, the [`Report`] serialized.
@@ -102,7 +105,7 @@ mod stats;
 pub use cli::{Args, OutputFormat};
 pub use command::{execute, Env, Section, Sink};
 pub use error::{Error, Result};
-pub use jobfile::OPTIONS as JOB_FILE_OPTIONS;
+pub use jobfile::{IGNORED as JOB_FILE_IGNORED, OPTIONS as JOB_FILE_OPTIONS};
 pub use log::{check_interval, log_paths, Logs, DEFAULT_LOG_INTERVAL, MAX_LOG_INTERVAL, MIN_LOG_INTERVAL};
 pub use progress::{Progress, Slot};
 pub use rblk_initiator::parse_duration;
@@ -110,4 +113,4 @@ pub use report::{
     CpuUse, DirReport, JobInfo, Latency, MismatchReport, Report, ThreadReport, Totals, VerifyReport, VolumeInfo,
 };
 pub use run::Run;
-pub use spec::{Plan, Spec, Stop, Workload, MAX_JOBS};
+pub use spec::{BsSplit, Plan, Rate, Spec, Stop, Workload, MAX_IODEPTH, MAX_JOBS};

@@ -20,9 +20,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
         Err(e) => {
-            // The error and its causes, each once.
+            let code = e.exit_code();
+            let no_device = e.no_device();
+            // The error and its causes, each once, as `rblk` prints them.
             eprintln!("rblk-bench: {:#}", anyhow::Error::new(e));
-            ExitCode::FAILURE
+            if no_device {
+                eprintln!("rblk-bench: no RDMA device reaches that address here (`rblk devices` lists them)");
+            }
+            ExitCode::from(code)
         }
     }
 }

@@ -89,6 +89,15 @@ pub struct JobInfo {
     pub rwmixread: u8,
     /// Bytes per I/O.
     pub bs: u64,
+    /// `--bssplit` as fio spells it (`4k/75:64k/25`), when given: it decides the sizes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bssplit: Option<String>,
+    /// `--rate-iops` as fio spells it (`2000`, `R,W`), per job thread, when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_iops: Option<String>,
+    /// `--rate` in bytes per second as fio spells it (`1M`, `R,W`), per job thread, when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
     /// Outstanding I/Os per job.
     pub iodepth: u32,
     /// Jobs.
@@ -237,12 +246,20 @@ impl Report {
             stop.push("time_based".into());
         }
         let stop = stop.join(" ");
-        let mix = if j.rw == "randrw" { format!(" rwmixread={}", j.rwmixread) } else { String::new() };
+        let mut mix = if j.rw == "randrw" { format!(" rwmixread={}", j.rwmixread) } else { String::new() };
+        let bs = match &j.bssplit {
+            Some(split) => format!("bssplit={split}"),
+            None => format!("bs={:#.1}", Bytes(j.bs)),
+        };
+        for (name, v) in [("rate_iops", &j.rate_iops), ("rate", &j.rate)] {
+            if let Some(v) = v {
+                mix.push_str(&format!(" {name}={v}"));
+            }
+        }
         let _ = writeln!(
             s,
-            "rblk-bench: rw={}{mix} bs={:#.1} iodepth={} jobs={} {stop}{}{}{}",
+            "rblk-bench: rw={}{mix} {bs} iodepth={} jobs={} {stop}{}{}{}",
             j.rw,
-            Bytes(j.bs),
             j.iodepth,
             j.jobs,
             if j.ramp_s > 0.0 { format!(" ramp={}s", j.ramp_s) } else { String::new() },

@@ -8,13 +8,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rblk_initiator::{Chain, OpenMode, Options, Session, StatsReply, Volume};
 
+use crate::cli::size_text;
 use crate::job::{Event, Job, Output, Shared, Tally};
 use crate::log::Logs;
 use crate::progress::{Phase, Slot, Snapshot};
 use crate::report::{
     dir_report, CpuUse, JobInfo, MismatchReport, Report, ThreadReport, Totals, VerifyReport, VolumeInfo,
 };
-use crate::spec::{Plan, Spec};
+use crate::spec::{Plan, Rate, Spec};
 use crate::stats::{DirStats, Live, Rates, DIRS, SAMPLE_INTERVAL};
 use crate::{Error, Result};
 
@@ -104,7 +105,7 @@ impl Run {
             l.check(spec)?;
         }
         let started = SystemTime::now();
-        let session = Session::connect(uri, options).map_err(Error::initiator(format!("connecting to {uri}")))?;
+        let session = Session::connect(uri, options).map_err(|e| Error::Connect(Box::new(e)))?;
         let mode = if spec.workload.writes() { OpenMode::ReadWrite } else { OpenMode::ReadOnly };
         let mut vol = session.open(mode).map_err(Error::initiator(format!("opening {uri}")))?;
         let plan = spec.plan(vol.geometry())?;
@@ -113,7 +114,7 @@ impl Run {
         let mut jobs = Vec::with_capacity(spec.jobs as usize);
         for j in 0..spec.jobs {
             let q = vol
-                .queue_with(spec.iodepth, spec.bs as usize)
+                .queue_with(spec.iodepth, spec.max_bs() as usize)
                 .map_err(Error::initiator(format!("opening the queue of job {j}")))?;
             jobs.push(Job::new(j, q, &plan, generation, expect, logs.as_ref().map(|l| l.interval()))?);
         }
@@ -390,6 +391,14 @@ impl Run {
                 rw: spec.workload.name().into(),
                 rwmixread: spec.read_percent(),
                 bs: spec.bs,
+                bssplit: spec.bssplit.as_ref().map(ToString::to_string),
+                rate_iops: spec
+                    .rate
+                    .iops
+                    .iter()
+                    .any(Option::is_some)
+                    .then(|| Rate::text(spec.rate.iops, |n| n.to_string())),
+                rate: spec.rate.bytes.iter().any(Option::is_some).then(|| Rate::text(spec.rate.bytes, size_text)),
                 iodepth: spec.iodepth,
                 jobs: spec.jobs,
                 runtime_s: spec.runtime.map(|d| d.as_secs_f64()),

@@ -147,11 +147,12 @@ fn arguments_the_volume_cannot_take_are_refused_before_any_io() {
         (&["--bs", "6k"][..], "--bs 6144 is not a multiple of the volume's block size (4096 bytes)"),
         (&["--bs", "2M"][..], "larger than the volume's largest I/O"),
         (&["--size", "32M"][..], "--size 33554432 is larger than the volume (16777216 bytes)"),
-        (&["--iodepth", "0"][..], "--iodepth must be between 1 and"),
+        (&["--iodepth", "0"][..], "'--iodepth <N>': must be a whole number from 1 to 1024"),
         (&["--rw", "read", "--rwmixread", "30"][..], "--rwmixread applies only to --rw randrw"),
     ] {
         let out = bench(&t, args);
-        assert!(!out.status.success(), "{args:?} accepted");
+        // Issue 43, trap 10: usage errors exit 2, as rblk's and clap's do.
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
         assert!(text(&out).contains(needle), "{args:?}: {needle:?} not in\n{}", text(&out));
         assert!(!text(&out).contains("IOPS"), "{args:?} ran I/O:\n{}", text(&out));
     }
