@@ -200,6 +200,10 @@ pub(crate) fn definitions(lines: &[String]) -> Option<Vec<Definition>> {
     if tagged < 2 || tagged * 2 < left.len() {
         return None;
     }
+    // Commands with their comments aligned are examples, not fields.
+    if lines.iter().any(|l| gap(l).is_some_and(|c| l[c..].starts_with('#'))) {
+        return None;
+    }
     let base = lines.iter().map(|l| indent(l)).min().unwrap_or(0);
     let mut out: Vec<Definition> = Vec::new();
     for (n, l) in lines.iter().enumerate() {
@@ -318,5 +322,7 @@ mod tests {
         );
         let command = ["rblk mount rblk://h/v /mnt   # prints /mnt/v".to_owned(), "mkfs.ext4 /dev/loop0".to_owned()];
         assert_eq!(definitions(&command), None, "one gap is an example, not a table");
+        let commented = ["rblk a x   # prints 1", "rblk b     # prints 2", "mkfs.ext4 /dev/loop0"].map(str::to_owned);
+        assert_eq!(definitions(&commented), None, "commands with aligned comments are examples, not a table");
     }
 }

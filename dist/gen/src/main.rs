@@ -8,6 +8,11 @@
 //!
 //! Layout: OUTDIR/completions/{bash/NAME.bash, zsh/_NAME, fish/NAME.fish} (install bash's as
 //! `bash-completion/completions/NAME`), OUTDIR/man/NAME[-SUB].1, OUTDIR/man/rblk-target.toml.5.
+//!
+//! A section-1 page (`man_page.rs`) takes NAME, SYNOPSIS, DESCRIPTION, OPTIONS and the examples
+//! from clap (`help_text.rs` reads the help texts), and EXIT STATUS, ENVIRONMENT, FILES and SEE
+//! ALSO from one table, `sections.rs`: a new subcommand, flag with `env`, or exit code is
+//! documented there, and the tests fail on a page that lacks any of them.
 
 #![forbid(unsafe_code)]
 

@@ -7,7 +7,7 @@
 use clap::{Arg, ArgAction, Command};
 use roff::{bold, italic, roman, Inline, Roff};
 
-use crate::help_text;
+use crate::help_text::{self, Block};
 use crate::sections::{self, Item};
 
 /// Where a page's command sits: its page name (`rblk-mount`), how it is typed (`rblk mount`)
@@ -54,7 +54,7 @@ pub(crate) fn render(cmd: &Command, place: &Place) -> Result<String, String> {
     page.control("SH", ["DESCRIPTION"]);
     help_text::render(&description, &mut page, "PP");
 
-    options(cmd, &mut page);
+    examples.extend(options(cmd, &mut page));
     commands(cmd, place, &mut page);
 
     if let Some((title, text)) = own_section {
@@ -169,13 +169,15 @@ fn synopsis(cmd: &Command, place: &Place, page: &mut Roff) {
         }
     }
     let has_commands = cmd.get_subcommands().any(|s| s.get_name() != "help" && !s.is_hide_set());
-    if has_commands && cmd.is_args_conflicts_with_subcommands_set() {
+    // Options or a command: the command form's COMMAND is not optional.
+    let either = has_commands && cmd.is_args_conflicts_with_subcommands_set();
+    if either {
         page.text(line);
         page.control("br", []);
         line = vec![bold(place.usage.as_str())];
     }
     if has_commands {
-        let (open, close) = if cmd.is_subcommand_required_set() { ("", "") } else { ("[", "]") };
+        let (open, close) = if cmd.is_subcommand_required_set() || either { ("", "") } else { ("[", "]") };
         line.extend([
             roman(format!(" {open}")),
             italic("COMMAND"),
@@ -195,11 +197,12 @@ fn value_name(arg: &Arg) -> String {
 }
 
 /// OPTIONS: the arguments, then the options without a help heading, then a subsection per
-/// heading, in the order clap shows them.
-fn options(cmd: &Command, page: &mut Roff) {
+/// heading, in the order clap shows them. Returns the examples of their help texts, for EXAMPLES.
+fn options(cmd: &Command, page: &mut Roff) -> Vec<Block> {
     let visible: Vec<&Arg> = cmd.get_arguments().filter(|a| !a.is_hide_set()).collect();
+    let mut examples = Vec::new();
     if visible.is_empty() {
-        return;
+        return examples;
     }
     page.control("SH", ["OPTIONS"]);
     let mut sorted = visible.clone();
@@ -215,12 +218,14 @@ fn options(cmd: &Command, page: &mut Roff) {
             page.control("SS", []).text([roman(h)]);
         }
         for arg in sorted.iter().filter(|a| a.get_help_heading() == heading) {
-            option(arg, page);
+            examples.extend(option(arg, page));
         }
     }
+    examples
 }
 
-fn option(arg: &Arg, page: &mut Roff) {
+/// An option's tagged paragraph; returns the examples of its help text.
+fn option(arg: &Arg, page: &mut Roff) -> Vec<Block> {
     let mut tag = Vec::new();
     if arg.is_positional() {
         tag.push(italic(value_name(arg)));
@@ -261,7 +266,8 @@ fn option(arg: &Arg, page: &mut Roff) {
     }
     page.control("TP", []).text(tag);
     let help = arg.get_long_help().or_else(|| arg.get_help()).map(ToString::to_string).unwrap_or_default();
-    help_text::render(&help_text::parse(&help), page, "");
+    let (help, examples) = help_text::split_examples(help_text::parse(&help));
+    help_text::render(&help, page, "");
     let values: Vec<_> = arg.get_possible_values().into_iter().filter(|v| !v.is_hide_set()).collect();
     let is_flag = matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse);
     if !values.is_empty() && !is_flag {
@@ -291,6 +297,7 @@ fn option(arg: &Arg, page: &mut Roff) {
             roman("."),
         ]);
     }
+    examples
 }
 
 /// COMMANDS: each subcommand, its one line and its page.

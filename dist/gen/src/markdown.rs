@@ -274,11 +274,11 @@ pub(crate) fn render(blocks: &[Block], page: &mut Roff) {
                 }
             }
             Block::Code(lines) => {
-                page.control("PP", []).control("RS", ["4"]).control("nf", []);
+                page.control("PP", []).control("RS", ["4"]).control("EX", []);
                 for line in lines {
                     page.text([roman(line.as_str())]);
                 }
-                page.control("fi", []).control("RE", []);
+                page.control("EE", []).control("RE", []);
             }
             Block::Table { header, rows } => {
                 for row in rows {
@@ -327,7 +327,7 @@ mod tests {
             ".PP\nIntro \\fB\\-\\-flag\\fR and \\fBstrong\\fR and \\fIem\\fR, see Keys.\n\
              .SH\nKEYS\n\
              .IP \\(bu 2\none continued\n.IP \\(bu 2\ntwo\n\
-             .PP\n.RS 4\n.nf\n\\&.hidden \\-x\n  indented\n.fi\n.RE\n\
+             .PP\n.RS 4\n.EX\n\\&.hidden \\-x\n  indented\n.EE\n.RE\n\
              .SS\n\\fB[[host]]\\fR tables\n\
              .TP\n\\fBname\\fR\n\\fIDefault\\fR: none\n.br\nwhat it is: a|b\n"
         );

@@ -301,8 +301,12 @@ pub(crate) const PAGES: &[Entry] = &[
     Entry {
         page: "rblk-target-admin",
         exit_status: Some(TARGET_TOOL_EXIT),
+        environment: Some(&[TARGET_ENV[2]]),
         files: Some(&[
-            TARGET_FILES[2],
+            item(
+                "/run/rblk-target/admin.sock",
+                "The daemon's admin socket (`--socket`), mode 0600: root's and the daemon's user's.",
+            ),
             item(
                 "/var/lib/rblk/admin.toml",
                 "In the state directory: the volumes added and removed through the admin socket, which every start, \
@@ -315,7 +319,7 @@ pub(crate) const PAGES: &[Entry] = &[
     Entry {
         page: "rblk-target-gen-key",
         exit_status: Some(TARGET_TOOL_EXIT),
-        environment: Some(&[item("RUST_LOG", "What is logged on stderr, as a `tracing` filter. Default: `info`.")]),
+        environment: Some(&[TARGET_ENV[2]]),
         files: Some(&[
             item(
                 "/var/lib/rblk/target.key",
