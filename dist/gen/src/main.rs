@@ -158,6 +158,13 @@ mod tests {
             .collect();
         pages.sort();
         assert!(pages.len() > 20, "{pages:?}");
+        for entry in super::sections::PAGES {
+            assert!(
+                pages.contains(&format!("{}.1", entry.page)),
+                "sections.rs has an entry for {}, no page",
+                entry.page
+            );
+        }
         let mut examples_checked = 0;
         for file in &pages {
             let text = read(&format!("man/{file}"));

@@ -78,8 +78,9 @@ const INITIATOR_FILES: &[Item] = &[
     on(
         "/etc/rblk/keys/HOST.key",
         &["--key-file"],
-        "The key for the target HOST (as the URI names it) when neither `--key-file` nor `RBLK_KEY_FILE` names \
-         one. Key files hold at least 32 bytes and must not be readable by group or others.",
+        "The key for the target HOST when neither `--key-file` nor `RBLK_KEY_FILE` names one: HOST as the URI \
+         writes it, without brackets or port, a name in lower case. Key files hold at least 32 bytes and must \
+         not be readable by group or others.",
     ),
     on(
         "/var/lib/rblk/target.key",
@@ -108,18 +109,43 @@ const RUN_DIR: Item = on(
      it and removed when it ends (`rblk list` reads them).",
 );
 
+/// rblk's: the connection's, and what its front ends and its logs read.
+const RBLK_ENV: &[Item] = &[
+    INITIATOR_ENV[0],
+    INITIATOR_ENV[1],
+    INITIATOR_ENV[2],
+    INITIATOR_ENV[3],
+    item(
+        "JOURNAL_STREAM",
+        "Set by systemd when stderr goes to the journal: log lines then carry the time and module, as they do \
+         when stderr is not a terminal.",
+    ),
+    on(
+        "NOTIFY_SOCKET",
+        &["attach"],
+        "Set by systemd for a `Type=notify` unit (`rblk-attach@.service`): `rblk attach` sends `READY=1` there \
+         once the device exists.",
+    ),
+    on(
+        "XDG_RUNTIME_DIR",
+        &["nbd"],
+        "For a user other than root, the directory of `rblk nbd`'s default socket: \
+         `$XDG_RUNTIME_DIR/rblk/VOLUME.sock`.",
+    ),
+];
+
 const RBLK: Entry = Entry {
     page: "rblk",
     exit_status: Some(&[
         item("0", "Success."),
         item(
             "1",
-            "Failure: the target could not be reached or refused the request, a device or file could not be \
-             used, or nothing was found (`rblk devices` without an RDMA device); the reason is on stderr.",
+            "Failure: the target could not be reached or refused the request, or a device or file could not be \
+             used; the reason is on stderr. The same in text and with `-o json`.",
         ),
         USAGE,
     ]),
-    environment: Some(INITIATOR_ENV),
+    environment: Some(RBLK_ENV),
     files: Some(&[
         INITIATOR_FILES[0],
         INITIATOR_FILES[1],
@@ -145,18 +171,6 @@ const RBLK: Entry = Entry {
     see_also: Some(&["rblk-target(1)", "rblk-bench(1)", "rblk-target.toml(5)", "nbd-client(8)", "nvme(1)"]),
     after_help_section: None,
 };
-
-/// The environment of `rblk nbd` on top of rblk's.
-const NBD_ENV: &[Item] = &[
-    INITIATOR_ENV[0],
-    INITIATOR_ENV[1],
-    INITIATOR_ENV[2],
-    INITIATOR_ENV[3],
-    item(
-        "XDG_RUNTIME_DIR",
-        "For a user other than root, the directory of the default socket: `$XDG_RUNTIME_DIR/rblk/VOLUME.sock`.",
-    ),
-];
 
 const RBLK_BENCH: Entry = Entry {
     page: "rblk-bench",
@@ -252,12 +266,7 @@ const TARGET_TOOL_EXIT: &[Item] = &[
 /// Every page's entry; the order does not matter.
 pub(crate) const PAGES: &[Entry] = &[
     RBLK,
-    Entry {
-        page: "rblk-nbd",
-        environment: Some(NBD_ENV),
-        see_also: Some(&["rblk(1)", "nbd-client(8)", "qemu-img(1)"]),
-        ..NONE
-    },
+    Entry { page: "rblk-nbd", see_also: Some(&["rblk(1)", "nbd-client(8)", "qemu-img(1)"]), ..NONE },
     Entry {
         page: "rblk-attach",
         see_also: Some(&["rblk(1)", "rblk-detach(1)", "rblk-list(1)", "systemd.service(5)"]),
@@ -355,4 +364,31 @@ pub(crate) fn resolve(path: &[String]) -> Result<Resolved, String> {
         // Only the page's own: a subcommand's after-help is its own text.
         after_help_section: entries.first().filter(|e| e.page == page).and_then(|e| e.after_help_section),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(pages: &[&str]) -> Vec<String> {
+        pages.iter().map(|p| (*p).to_owned()).collect()
+    }
+
+    /// Trap 9 (man pages), EXIT STATUS and the rest on every page: catches a subcommand page
+    /// that does not inherit its binary's sections, one that inherits what is not its own (the
+    /// daemon's 75 on an admin tool's page), and a page nothing covers passing silently.
+    #[test]
+    fn subcommand_pages_inherit_unless_overridden() {
+        let mount = resolve(&path(&["rblk", "rblk-mount"])).unwrap();
+        let names = |items: &[Item]| items.iter().map(|i| i.name).collect::<Vec<_>>();
+        assert_eq!(names(mount.exit_status), names(RBLK.exit_status.unwrap()));
+        assert_eq!(names(mount.files), names(RBLK.files.unwrap()));
+        assert_eq!(mount.see_also[0], "rblk(1)");
+        let list = resolve(&path(&["rblk-target", "rblk-target-admin", "rblk-target-admin-list"])).unwrap();
+        assert!(list.exit_status.iter().all(|i| i.name != "75"), "the daemon's status on an admin tool's page");
+        assert!(resolve(&path(&["rblk-target"])).unwrap().exit_status.iter().any(|i| i.name == "75"));
+        assert_eq!(resolve(&path(&["rblk-bench"])).unwrap().after_help_section, Some("JSON OUTPUT"));
+        let Err(e) = resolve(&path(&["rblk-other"])) else { panic!("a page without an entry resolved") };
+        assert!(e.contains("rblk-other"), "{e}");
+    }
 }
