@@ -276,7 +276,9 @@ fn option(arg: &Arg, page: &mut Roff) -> Vec<Block> {
             page.control("RS", []);
             for v in &values {
                 page.control("TP", []).text([bold(v.get_name())]);
-                page.text(v.get_help().map(|h| roman(h.to_string())).into_iter().collect::<Vec<_>>());
+                if let Some(help) = v.get_help() {
+                    page.text(help_text::inlines(&help.to_string()));
+                }
             }
             page.control("RE", []);
         } else {
