@@ -29,6 +29,8 @@ set -euo pipefail
 #                                                       and compare-rxe.sh; bench/tests/engine.rs)
 #   mdadm                                               md mirrors and stripes over rblk attach
 #                                                       devices in the guest (tests/tests/md.rs)
+#   man-db groff-base                                   `man --warnings -l` over every page rblk-dist
+#                                                       writes (dist/gen's tests, which fail without it)
 #   python3-six                                         fio's fio_jsonplus_clat2csv imports six, which
 #                                                       Debian's fio does not depend on; bench/tests/
 #                                                       fio.rs runs that tool on rblk-bench's json+
@@ -44,6 +46,7 @@ PACKAGES=(
     curl
     python3-matplotlib
     mdadm
+    man-db groff-base
     python3-six
 )
 

@@ -13,8 +13,15 @@ pub(crate) const CONFIGURATION_MD: &str = include_str!("../../../docs/configurat
 /// The page's file name under OUTDIR/man.
 pub(crate) const FILE_NAME: &str = "rblk-target.toml.5";
 
-/// The section-1 pages SEE ALSO names (rblk-dist writes them too: its test checks).
-pub(crate) const SEE_ALSO: [&str; 4] = ["rblk-target", "rblk-target-admin", "rblk-target-gen-key", "rblk"];
+/// The pages SEE ALSO names: rblk-dist writes those of section 1 too (its test checks).
+pub(crate) const SEE_ALSO: [&str; 6] = [
+    "rblk-target(1)",
+    "rblk-target-admin(1)",
+    "rblk-target-gen-key(1)",
+    "rblk(1)",
+    "systemd.service(5)",
+    "systemd.exec(5)",
+];
 
 /// The page, for rblk-target `version`; an error names the markdown it cannot render.
 pub(crate) fn page(version: &str) -> Result<String, String> {
@@ -32,15 +39,8 @@ pub(crate) fn page(version: &str) -> Result<String, String> {
         .control("SH", ["DESCRIPTION"]);
     markdown::render(intro, &mut page);
     markdown::render(sections, &mut page);
-    let mut see_also = Vec::new();
-    for (i, name) in SEE_ALSO.iter().enumerate() {
-        see_also.extend([bold(*name), roman(if i + 1 < SEE_ALSO.len() { "(1), " } else { "(1)" })]);
-    }
-    see_also.push(roman(
-        "; in rblk's source tree, docs/configuration.md (this page's source), docs/client.md, \
-         docs/recovery.md and docs/protocol.md.",
-    ));
-    page.control("SH", ["SEE ALSO"]).text(see_also);
+    let see_also: Vec<String> = SEE_ALSO.iter().map(|s| (*s).to_owned()).collect();
+    page.control("SH", ["SEE ALSO"]).text(crate::man_page::see_also_line(&see_also)?);
     Ok(page.render())
 }
 
@@ -159,6 +159,8 @@ mod tests {
             assert!(text.contains(part), "no {part:?} in the page");
         }
         assert!(text.contains("\\fBrblk\\-target\\fR(1)"), "SEE ALSO names rblk-target(1)");
+        // Trap 9 (man pages): an installed system has no docs/*.md to be sent to.
+        assert!(!text.contains(".md"), "the page names a .md file");
         let path = std::env::temp_dir().join(format!("rblk-dist-page-{}.5", std::process::id()));
         std::fs::write(&path, &text).unwrap();
         let out = std::process::Command::new("groff")

@@ -155,8 +155,8 @@ fn cells(row: &str) -> Vec<String> {
     out.iter().map(|c| c.trim().to_owned()).collect()
 }
 
-/// Inline markdown as roff: `code` and **strong** bold, *emphasis* italic, a link as its text,
-/// `\X` as X for punctuation X.
+/// Inline markdown as roff: `code` and **strong** bold, *emphasis* italic, a link as its text
+/// ([`link_text`]), `\X` as X for punctuation X.
 pub(crate) fn inlines(text: &str) -> Vec<Inline> {
     let mut out = Vec::new();
     let mut plain = String::new();
@@ -178,7 +178,7 @@ pub(crate) fn inlines(text: &str) -> Vec<Inline> {
             '*' if rest[1..].starts_with(|n: char| !n.is_whitespace()) => {
                 rest[1..].find('*').map(|end| (styled(&rest[1..1 + end], false), end + 2))
             }
-            '[' => link(rest).map(|(label, used)| (inlines(label), used)),
+            '[' => link(rest).map(|(label, target, used)| (link_text(label, target), used)),
             '\\' if rest[1..].starts_with(|n: char| n.is_ascii_punctuation()) => {
                 plain.push_str(&rest[1..2]);
                 rest = &rest[2..];
@@ -206,15 +206,49 @@ pub(crate) fn inlines(text: &str) -> Vec<Inline> {
     out
 }
 
-/// `[label](target)` at the start of `text`: the label and the bytes the link takes.
-fn link(text: &str) -> Option<(&str, usize)> {
+/// `[label](target)` at the start of `text`: the label, the target and the bytes the link takes.
+fn link(text: &str) -> Option<(&str, &str, usize)> {
     let close = text.find("](")?;
     let label = &text[1..close];
     if label.contains(['[', ']']) {
         return None;
     }
     let end = close + 2 + text[close + 2..].find(')')?;
-    Some((label, end + 1))
+    Some((label, &text[close + 2..end], end + 1))
+}
+
+/// What a doc that links point to is on an installed system, which has no .md files.
+#[derive(Clone, Copy)]
+enum LinkedDoc {
+    /// A man page: name, section.
+    Page(&'static str, &'static str),
+    /// No page: the doc in words.
+    Words(&'static str),
+}
+
+/// The docs links point to, by file name.
+const LINKED_DOCS: &[(&str, LinkedDoc)] = &[
+    ("client.md", LinkedDoc::Page("rblk", "1")),
+    ("README.md", LinkedDoc::Page("rblk", "1")),
+    ("recovery.md", LinkedDoc::Words("the recovery notes of rblk's documentation")),
+    ("protocol.md", LinkedDoc::Words("rblk's protocol description")),
+    ("DESIGN.md", LinkedDoc::Words("rblk's design notes")),
+];
+
+/// A link as a man page shows it: a link within the page, or one whose label is prose, as its
+/// label; one labelled with a doc's file name (`[client.md](client.md#metrics)`) as the doc's
+/// man page, or what the doc is in words. A file name no entry of [`LINKED_DOCS`] knows stays
+/// as written, which the config page's test refuses.
+fn link_text(label: &str, target: &str) -> Vec<Inline> {
+    let file = target.split('#').next().unwrap_or_default().rsplit('/').next().unwrap_or_default();
+    if !label.ends_with(".md") {
+        return inlines(label);
+    }
+    match LINKED_DOCS.iter().find(|(f, _)| *f == file).map(|(_, to)| *to) {
+        Some(LinkedDoc::Page(page, section)) => vec![bold(page), roman(format!("({section})"))],
+        Some(LinkedDoc::Words(words)) => vec![roman(words)],
+        None => inlines(label),
+    }
 }
 
 /// Renders `blocks` into `page`: a level-1 heading is left out (the page has its own title),
@@ -240,11 +274,11 @@ pub(crate) fn render(blocks: &[Block], page: &mut Roff) {
                 }
             }
             Block::Code(lines) => {
-                page.control("PP", []).control("RS", ["4"]).control("nf", []);
+                page.control("PP", []).control("RS", ["4"]).control("EX", []);
                 for line in lines {
                     page.text([roman(line.as_str())]);
                 }
-                page.control("fi", []).control("RE", []);
+                page.control("EE", []).control("RE", []);
             }
             Block::Table { header, rows } => {
                 for row in rows {
@@ -293,9 +327,20 @@ mod tests {
             ".PP\nIntro \\fB\\-\\-flag\\fR and \\fBstrong\\fR and \\fIem\\fR, see Keys.\n\
              .SH\nKEYS\n\
              .IP \\(bu 2\none continued\n.IP \\(bu 2\ntwo\n\
-             .PP\n.RS 4\n.nf\n\\&.hidden \\-x\n  indented\n.fi\n.RE\n\
+             .PP\n.RS 4\n.EX\n\\&.hidden \\-x\n  indented\n.EE\n.RE\n\
              .SS\n\\fB[[host]]\\fR tables\n\
              .TP\n\\fBname\\fR\n\\fIDefault\\fR: none\n.br\nwhat it is: a|b\n"
+        );
+    }
+
+    /// Trap 9 (man pages), links to .md files: catches a page that sends its reader to a file
+    /// an installed system does not have: a link labelled with a doc's file name becomes its
+    /// man page or what the doc is in words; one within the page or with a prose label, its label.
+    #[test]
+    fn links_to_docs_become_man_pages_or_words() {
+        assert_eq!(
+            roff_of("See [client.md](client.md#metrics), [recovery.md](recovery.md#x), [Keys](#keys) and [the README's example](../README.md#c).\n"),
+            ".PP\nSee \\fBrblk\\fR(1), the recovery notes of rblk's documentation, Keys and the README's example.\n"
         );
     }
 
