@@ -292,7 +292,8 @@ fn option(arg: &Arg, page: &mut Roff) -> Vec<Block> {
             page.control("IP", []).text(line);
         }
     }
-    if let Some(env) = arg.get_env().filter(|_| !arg.is_hide_env_set()) {
+    // Even where -h hides it (hide_env keeps -h short): the page is the full reference.
+    if let Some(env) = arg.get_env() {
         page.control("IP", []).text([
             roman("Also taken from the environment variable "),
             bold(env.to_string_lossy().into_owned()),
@@ -351,7 +352,7 @@ fn shown(item: &Item, cmd: &Command) -> bool {
 /// mean), with the table's text where it has one, then the table's other variables.
 fn environment(cmd: &Command, table: &[Item]) -> Vec<(String, String)> {
     fn clap_env(cmd: &Command, out: &mut Vec<(String, String)>) {
-        for a in cmd.get_arguments().filter(|a| !a.is_hide_set() && !a.is_hide_env_set()) {
+        for a in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
             if let (Some(env), Some(long)) = (a.get_env(), a.get_long()) {
                 let env = env.to_string_lossy().into_owned();
                 if !out.iter().any(|(e, _)| *e == env) {
