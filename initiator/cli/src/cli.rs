@@ -336,7 +336,7 @@ fn info(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
 
 fn discover(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     let target = rblk_initiator::Uri::parse_target(uri)?;
-    let mut session = Session::connect(&target, &conn.options(Reconnect::default())?)?;
+    let mut session = Session::connect(&target, &conn.options(uri, Reconnect::default())?)?;
     let volumes = session.list()?;
     drop(session);
     if format.json() {
@@ -727,18 +727,18 @@ mod tests {
         let a =
             Args::try_parse_from(["rblk", "info", "rblk://h/v", "--source-addr", "10.0.0.2", "--tos", "106"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
-        let o = conn.options(Reconnect::default()).unwrap();
+        let o = conn.options("rblk://h/v", Reconnect::default()).unwrap();
         assert_eq!((o.source_addr, o.tos), (Some("10.0.0.2".parse().unwrap()), Some(106)));
         assert_eq!(o.route().source, o.source_addr);
         assert!(o.memory_windows, "memory windows are asked for by default");
         assert_eq!(o.wait, rblk_initiator::Wait::Adaptive, "no polling unless asked");
         let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--memory-windows", "off", "--poll"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
-        let o = conn.options(Reconnect::default()).unwrap();
+        let o = conn.options("rblk://h/v", Reconnect::default()).unwrap();
         assert!(!o.memory_windows && o.wait == rblk_initiator::Wait::Poll);
         let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--wait", "sleep"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
-        assert_eq!(conn.options(Reconnect::default()).unwrap().wait, rblk_initiator::Wait::Sleep);
+        assert_eq!(conn.options("rblk://h/v", Reconnect::default()).unwrap().wait, rblk_initiator::Wait::Sleep);
         assert!(Args::try_parse_from(["rblk", "info", "rblk://h/v", "--wait", "sleep", "--poll"]).is_err());
         for bad in [["--tos", "256"], ["--source-addr", "eth0"], ["--memory-windows", "maybe"], ["--wait", "fast"]] {
             let mut argv = vec!["rblk", "info", "rblk://h/v"];

@@ -715,6 +715,9 @@ pub struct Handover {
     /// `--key-file`, if given (otherwise the successor looks where `rblk` always looks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
+    /// `--no-key`: the successor connects without a key too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_key: bool,
     /// `--host-id`, if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_id: Option<String>,
@@ -748,6 +751,7 @@ impl Handover {
             uri: uri.to_owned(),
             mode: mode_arg(mode).into(),
             key_file: conn.key_file.clone(),
+            no_key: conn.no_key,
             host_id: conn.host_id.clone(),
             reconnect_delay_ms: ms(r.delay),
             ctrl_loss_tmo_ms: r.ctrl_loss_tmo.map(ms),
@@ -979,7 +983,8 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
     let mut conn = args.conn.clone();
     conn.key_file = conn.key_file.or_else(|| handover.key_file.clone());
     conn.host_id = conn.host_id.or_else(|| handover.host_id.clone());
-    let opts = conn.options(reconnect)?;
+    conn.no_key |= handover.no_key && conn.key_file.is_none();
+    let opts = conn.options(&handover.uri, reconnect)?;
     eprintln!("rblk: taking over {dev} ({}) from its dead server", handover.uri);
     // A stop (systemctl stop) while the target cannot be reached removes the device: a stopped
     // unit leaves no device whose requests wait for nobody.

@@ -427,7 +427,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Listen::Unix(private_socket(&volume, nix::unistd::geteuid().is_root())?)
         }
     };
-    let opts = args.conn.options(args.reconnect.reconnect())?;
+    let opts = args.conn.options(&args.uri, args.reconnect.reconnect())?;
     let mode = crate::common::open_mode(args.read_only, args.exclusive);
     // Open once up front: a bad URI, key or device fails here, not at the first client.
     let vol = Session::connect(&args.uri, &opts)?.open(mode)?;
