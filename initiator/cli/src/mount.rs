@@ -105,9 +105,9 @@ pub fn mount(args: MountArgs) -> anyhow::Result<()> {
 pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
     let done = fusefs::unmount(&args.mountpoint)?;
     for dev in &done.loops {
-        println!("rblk: detached {}", dev.display());
+        eprintln!("rblk: detached {}", dev.display());
     }
-    println!("rblk: unmounted {}", done.mountpoint.display());
+    eprintln!("rblk: unmounted {}", done.mountpoint.display());
     Ok(())
 }
 

@@ -1349,7 +1349,7 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
                 let bytes = f.unflushed_bytes.map_or_else(|| "an unknown number of".to_owned(), |b| b.to_string());
                 bail!("removed {dev}, but {bytes} bytes written were not flushed ({})", f.state);
             }
-            println!("rblk: detached {dev}");
+            eprintln!("rblk: detached {dev}");
             Ok(())
         }
         None if args.if_dead && !Path::new(&format!("/dev/ublkc{dev_id}")).exists() => Ok(()),
@@ -1363,7 +1363,7 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
             if let Some(p) = &path {
                 let _ = std::fs::remove_file(p);
             }
-            println!("rblk: deleted {dev} (its serving process had died: writes it had not flushed may be lost)");
+            eprintln!("rblk: deleted {dev} (its serving process had died: writes it had not flushed may be lost)");
             Ok(())
         }
     }
