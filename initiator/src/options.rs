@@ -143,18 +143,18 @@ pub struct RouteArgs {
     /// Connect from this local IP address: it picks the RDMA device, port and GID (RoCE: the
     /// netdev and GID that carry the address), as perftest's -x picks a GID [default: routing
     /// chooses].
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = source_addr_arg)]
     pub source_addr: Option<IpAddr>,
     /// Type of service of the connections, 0-255 (RDMA_OPTION_ID_TOS; RoCEv2: the IP header's
     /// DSCP and ECN bits, e.g. 106 for DSCP 26 with ECN capable), as perftest's -T
     /// [default: the kernel's, 0 unless rdma_cm's default_roce_tos is set].
-    #[arg(long, value_name = "TOS")]
+    #[arg(long, value_name = "TOS", value_parser = tos_arg)]
     pub tos: Option<u8>,
     /// Ask for per-QP memory windows (on, the default): where the target and its device have
     /// them, each queue pair gets an rkey of its own that works on no other QP and dies when the
     /// session closes, and the target registers a volume once for all sessions. Off, or with a
     /// target or device without them: one registration and one rkey per session.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off_arg, action = clap::ArgAction::Set)]
     pub memory_windows: bool,
     /// How a thread waits for its queue pair (and, under `rblk attach`, for its ublk queue):
     /// sleep (arm and sleep at once: a wakeup per wait, no CPU spent spinning); adaptive (spin
@@ -172,6 +172,33 @@ pub struct RouteArgs {
     /// and burn a core [default: 20us].
     #[arg(long, value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_SPIN)), value_name = "DURATION")]
     pub spin: Option<std::time::Duration>,
+}
+
+/// `--tos`: a byte, said in words when it is not one (not clap's `300 is not in 0..=255`).
+#[cfg(feature = "clap")]
+pub fn tos_arg(text: &str) -> std::result::Result<u8, String> {
+    text.trim().parse().map_err(|_| {
+        format!("--tos must be a whole number from 0 to 255 (the IP header's DSCP and ECN bits), got {text:?}")
+    })
+}
+
+/// `--source-addr`: an IP address (not the standard library's `invalid IP address syntax`).
+#[cfg(feature = "clap")]
+pub fn source_addr_arg(text: &str) -> std::result::Result<IpAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!("--source-addr takes an IP address of this host (10.0.0.2, fe80::1), not a device name: got {text:?}")
+    })
+}
+
+/// An on/off flag's value: `on`, `off` (and true/false, yes/no, 1/0), not clap's `value was not
+/// a boolean` and `[possible values: true, false]`.
+#[cfg(feature = "clap")]
+pub fn on_off_arg(text: &str) -> std::result::Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("expected on or off, got {text:?}")),
+    }
 }
 
 #[cfg(feature = "clap")]

@@ -6,7 +6,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::daemon::bin;
-use crate::sh;
 
 /// The `rblk` binary's path.
 pub fn rblk() -> String {

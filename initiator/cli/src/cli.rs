@@ -29,7 +29,10 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List RDMA devices, their ports and the IP addresses that reach them.
+    /// List RDMA devices, their ports and the IP addresses that reach them
+    ///
+    /// With no device the listing is empty (JSON: `[]`; text: nothing on stdout, the reason on
+    /// stderr) and the exit status 0 in both forms, as `nvme list`'s.
     Devices {
         #[command(flatten)]
         format: Format,
@@ -107,7 +110,8 @@ pub enum Command {
         /// that nothing is overwritten by accident.
         #[arg(long, value_parser = size_arg, value_name = "N")]
         offset: u64,
-        /// Read the data from this file or block device instead of stdin. Any input streams in
+        /// Read the data from this file or block device instead of stdin (`-`: stdin, even a
+        /// terminal, which is refused otherwise). Any input streams in
         /// bounded memory; the length of a file or block device is checked before anything is
         /// written, a pipe's (past the end, or a partial last block without --pad) when the
         /// data gets there.
@@ -289,8 +293,11 @@ fn devices(format: &Format) -> anyhow::Result<()> {
         // An empty listing is valid JSON and no error: scripts test for `[]`.
         return print_json(&serde_json::Value::Array(all));
     }
+    // No device is no error, as in JSON (`[]`) and as `nvme list` without NVMe devices: the
+    // listing is empty, and stderr says why.
     if devs.is_empty() {
-        bail!("no RDMA device found: {}", rblk_initiator::why_no_device());
+        eprintln!("rblk: no RDMA device found: {}", rblk_initiator::why_no_device());
+        return Ok(());
     }
     println!(
         "{:<10} {:>4}  {:<7} {:<10} {:>5}  {:<14} {:<10} ADDRESSES",
@@ -483,9 +490,7 @@ fn read(
 ) -> anyhow::Result<()> {
     // Local checks before any connection: where the data goes.
     let to_stdout = output.as_deref().is_none_or(|p| p == std::path::Path::new("-"));
-    if output.is_none() && io::IsTerminal::is_terminal(&io::stdout()) {
-        bail!("standard output is a terminal: give --output FILE, or --output - to write the data there anyway");
-    }
+    crate::stdio::refuse_terminal(crate::stdio::Std::Out, output.is_some())?;
     let mut out = match &output {
         Some(path) if !to_stdout => {
             File::create(path).and_then(Patient::new).with_context(|| format!("creating {}", path.display()))?
@@ -579,6 +584,9 @@ fn discard(uri: &str, conn: &Connection, offset: u64, length: u64, zeroout: bool
 /// device's (by seeking to its end); None for stdin, pipes and character devices.
 fn open_input(path: Option<&std::path::Path>) -> anyhow::Result<(Patient, Option<u64>)> {
     use std::io::{Seek, SeekFrom};
+    // Before any connection: a terminal on stdin would have rblk wait silently for typing.
+    crate::stdio::refuse_terminal(crate::stdio::Std::In, path.is_some())?;
+    let path = path.filter(|p| *p != std::path::Path::new("-"));
     let Some(path) = path else { return Ok((Patient::stdin().context("standard input")?, None)) };
     let mut input = File::open(path).and_then(Patient::new).with_context(|| format!("opening {}", path.display()))?;
     if input.is_stream() {

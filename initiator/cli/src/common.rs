@@ -143,6 +143,15 @@ pub fn open(uri: &str, conn: &Connection, mode: OpenMode, reconnect: Reconnect) 
     Ok(session.open(mode)?)
 }
 
+/// An I/O error in words: the errno's description without the standard library's
+/// `(os error N)`.
+pub fn io_text(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => nix::errno::Errno::from_raw(n).desc().to_lowercase(),
+        None => e.to_string(),
+    }
+}
+
 /// `bytes` in the largest binary unit that divides it (`1 GiB`, `1536 KiB`): the project's one
 /// byte formatter, [`rblk_initiator::Bytes`].
 pub fn human(bytes: u64) -> String {

@@ -88,6 +88,8 @@ pub struct UmountArgs {
 
 /// `rblk mount`.
 pub fn mount(args: MountArgs) -> anyhow::Result<()> {
+    // Local arguments before any connection (or background process).
+    check_mountpoint(&args.mountpoint)?;
     if args.run.daemon && !args.run.detached {
         // The background process printed the one stdout line (relayed) and the rest to stderr.
         let pid = daemon::spawn_detached("the volume was mounted")?;
@@ -99,6 +101,18 @@ pub fn mount(args: MountArgs) -> anyhow::Result<()> {
         daemon::become_detached()?;
     }
     serve(&args)
+}
+
+/// Refuses a mount point that is not an existing directory, saying so (not the connect's error).
+fn check_mountpoint(dir: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => anyhow::bail!("the mount point {} is not a directory", dir.display()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            anyhow::bail!("the mount point {} does not exist (mkdir it first)", dir.display())
+        }
+        Err(e) => anyhow::bail!("the mount point {}: {}", dir.display(), crate::common::io_text(&e)),
+    }
 }
 
 /// `rblk umount`.

@@ -118,7 +118,7 @@ pub struct AttachArgs {
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = |t: &str| rblk_initiator::parse_bounded(t, 1, Some(64)).map(|n| n as u16))]
     queues: u16,
     /// Requests in flight per queue (1-1024).
-    #[arg(long, value_name = "D", default_value_t = 64)]
+    #[arg(long, value_name = "D", default_value_t = 64, value_parser = depth_arg)]
     depth: u32,
     /// Attach read-only: the device is read-only and the session too.
     #[arg(long, conflicts_with = "exclusive")]
@@ -169,6 +169,16 @@ pub struct DetachArgs {
     timeout: Duration,
 }
 
+/// `--depth`: checked when the command line is parsed, before root or the driver is.
+fn depth_arg(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(d) if (1..=MAX_DEPTH).contains(&d) => Ok(d),
+        _ => Err(format!(
+            "--depth must be a whole number from 1 to {MAX_DEPTH} (requests in flight per queue), got {text:?}"
+        )),
+    }
+}
+
 /// A path made absolute now: the background process of `--daemon` works from `/`.
 fn absolute_arg(text: &str) -> Result<PathBuf, String> {
     std::path::absolute(text).map_err(|e| format!("{text}: {e}"))
@@ -198,9 +208,6 @@ fn preflight(args: &AttachArgs) -> anyhow::Result<()> {
     }
     if !Path::new(CONTROL).exists() {
         bail!("{CONTROL} is missing: the ublk driver is not loaded (modprobe ublk_drv)");
-    }
-    if args.depth == 0 || args.depth > MAX_DEPTH {
-        bail!("--depth {} is out of range: a queue takes 1 to {MAX_DEPTH} requests in flight", args.depth);
     }
     Ok(())
 }
@@ -827,7 +834,8 @@ fn mode_arg(mode: OpenMode) -> &'static str {
 /// server, as before).
 fn recovery_flags() -> u64 {
     let want = u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE);
-    match UblkCtrl::get_features() {
+    // Through ublk(): without the driver libublk would print its own line.
+    match ublk("asking the ublk driver's features", || Ok(UblkCtrl::get_features())).ok().flatten() {
         Some(f) if f & want == want => want,
         _ => {
             tracing::warn!("this kernel's ublk driver has no user recovery: the device dies with this process");
@@ -1034,12 +1042,12 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
             vol
         }
     };
-    let ctrl = UblkCtrl::new_simple(dev_id as i32).map_err(|e| anyhow::anyhow!("{dev}: {}", ublk_text(&e)))?;
+    let ctrl = ublk(&format!("opening {dev}"), || UblkCtrl::new_simple(dev_id as i32))?;
     let info = ctrl.dev_info();
     if info.flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {
         bail!("{dev} was made without ublk user recovery: it cannot be taken over");
     }
-    ctrl.start_user_recover().map_err(|e| anyhow::anyhow!("START_USER_RECOVERY of {dev} failed: {}", ublk_text(&e)))?;
+    ublk(&format!("START_USER_RECOVERY of {dev}"), || ctrl.start_user_recover())?;
     tracing::info!("recovery: START_USER_RECOVERY done");
     drop(ctrl);
     let handover = Handover::new(&handover.uri, mode, &conn, reconnect, vol.predecessor());
@@ -1050,7 +1058,7 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
 /// Nothing may continue on a dead server's device: remove it (what waits on it fails), and
 /// leave the entry as a failure `rblk list` shows.
 fn give_up(dev_id: u32, dev: &str, reg: Option<&mut list::Registration>, reason: &str) -> anyhow::Result<()> {
-    if let Ok(c) = UblkCtrl::new_simple(dev_id as i32) {
+    if let Ok(c) = ublk(dev, || UblkCtrl::new_simple(dev_id as i32)) {
         let _ = c.kill_dev();
         let _ = c.del_dev();
     }
@@ -1101,7 +1109,7 @@ fn run(
         Some((id, claim)) => (Some(id), Some(claim)),
         None => (None, None),
     };
-    let ctrl = match recovering {
+    let ctrl = ublk("creating the ublk device", || match recovering {
         None => UblkCtrlBuilder::default()
             .name("rblk")
             .id(-1)
@@ -1120,8 +1128,7 @@ fn run(
             .io_buf_bytes(io_buf)
             .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
             .build(),
-    }
-    .map_err(|e| anyhow::anyhow!("creating the ublk device failed: {}", ublk_text(&e)))?;
+    })?;
     let dev_id = ctrl.dev_info().dev_id;
     let recoverable = ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) != 0;
     // A new device is ours from the start; a recovered one was claimed before START_USER_RECOVERY.
@@ -1254,7 +1261,7 @@ fn run(
     remove_link(link_text.as_deref(), &bdev_text);
     drop(lanes);
     if let Err(e) = ran {
-        bail!("starting the ublk device failed: {}", ublk_text(&e));
+        bail!("starting the ublk device: {}", ublk_text(&e));
     }
     if let Some(e) = ready.lock().unwrap_or_else(PoisonError::into_inner).take() {
         tracing::warn!(error = %e, "reporting readiness failed");
@@ -1355,10 +1362,9 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
         None if args.if_dead && !Path::new(&format!("/dev/ublkc{dev_id}")).exists() => Ok(()),
         None => {
             // The serving process is gone (killed): delete the device by its id.
-            let c = UblkCtrl::new_simple(dev_id as i32)
-                .map_err(|e| anyhow::anyhow!("ublk device {dev_id} cannot be opened: {}", ublk_text(&e)))?;
+            let c = ublk(&format!("opening {dev}"), || UblkCtrl::new_simple(dev_id as i32))?;
             let _ = c.kill_dev();
-            c.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {dev_id} failed: {}", ublk_text(&e)))?;
+            ublk(&format!("deleting {dev}"), || c.del_dev())?;
             remove_link(found_link.as_deref(), &dev);
             if let Some(p) = &path {
                 let _ = std::fs::remove_file(p);
@@ -1369,13 +1375,43 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
     }
 }
 
-/// A libublk error in words: the errno's text for driver refusals (`OtherError(-2)` is "No such
-/// file or directory"), never a Debug rendering.
+/// What a missing /dev/ublk-control means.
+const DRIVER_NOT_LOADED: &str = "the ublk driver is not loaded (modprobe ublk_drv)";
+
+/// Runs a libublk control call for `what` ("opening /dev/ublkb3"): every call of rblk's goes
+/// through here or [`ublk_text`]. The driver is checked for first, because libublk prints its
+/// own `Please run modprobe ublk_drv` on stderr and fails with a bare ENOENT without it.
+fn ublk<T>(what: &str, call: impl FnOnce() -> Result<T, UblkError>) -> anyhow::Result<T> {
+    if !Path::new(CONTROL).exists() {
+        bail!("{what}: {DRIVER_NOT_LOADED}");
+    }
+    call().map_err(|e| anyhow::anyhow!("{what}: {}", ublk_text(&e)))
+}
+
+/// A libublk error in words, the one place they are made: what an errno means for a ublk
+/// device (the driver missing, a device that does not exist, root needed), else the errno's
+/// own description; never a Debug rendering, libublk's terse text or `(os error N)`.
 fn ublk_text(e: &UblkError) -> String {
-    match e {
-        UblkError::OtherError(n) | UblkError::UringIOError(n) => std::io::Error::from_raw_os_error(n.abs()).to_string(),
-        UblkError::IOError(io) => io.to_string(),
-        other => other.to_string(),
+    let errno = match e {
+        UblkError::OtherError(n) | UblkError::UringIOError(n) => Some(n.abs()),
+        UblkError::IOError(io) => io.raw_os_error(),
+        _ => None,
+    };
+    match (errno, e) {
+        (Some(libc::ENOENT), _) if !Path::new(CONTROL).exists() => DRIVER_NOT_LOADED.into(),
+        (Some(libc::ENOENT | libc::ENODEV), _) => "no such ublk device".into(),
+        (Some(libc::EPERM | libc::EACCES), _) => "permission denied: ublk devices need root (CAP_SYS_ADMIN)".into(),
+        (Some(libc::EBUSY), _) => "the device is busy".into(),
+        (Some(libc::EEXIST), _) => "a ublk device with that id exists already".into(),
+        (Some(libc::EOPNOTSUPP), _) => "this kernel's ublk driver does not support it".into(),
+        (Some(n), _) => nix::errno::Errno::from_raw(n).desc().to_lowercase(),
+        (None, UblkError::UringTimeout) => "the ublk driver did not answer in time".into(),
+        (None, UblkError::QueueIsDown) => "the device's queue is down (it is being removed)".into(),
+        (None, UblkError::InvalidVal) => "the ublk driver cannot take these parameters".into(),
+        (None, UblkError::JsonError(_)) => "libublk's state file of the device cannot be read or written".into(),
+        (None, UblkError::UringIoQueued) => "the request is still queued".into(),
+        (None, UblkError::IOError(io)) => io.kind().to_string(),
+        (None, _) => "the ublk driver failed".into(),
     }
 }
 
@@ -1399,6 +1435,31 @@ mod tests {
         match crate::cli::Args::try_parse_from(argv).map_err(|e| e.to_string())?.command {
             crate::cli::Command::Attach(a) => Ok(a),
             other => Err(format!("{other:?}")),
+        }
+    }
+
+    /// Issue 43, trap 7: libublk's errors in words. Would catch `(os error N)`, libublk's own
+    /// texts (`other failure`, `Invalid input`) or a Debug rendering reaching a user.
+    #[test]
+    fn ublk_errors_are_words() {
+        let io = |n| UblkError::IOError(std::io::Error::from_raw_os_error(n));
+        assert_eq!(
+            ublk_text(&UblkError::OtherError(-libc::EPERM)),
+            "permission denied: ublk devices need root (CAP_SYS_ADMIN)"
+        );
+        assert_eq!(ublk_text(&io(libc::ENODEV)), "no such ublk device");
+        assert_eq!(ublk_text(&UblkError::UringIOError(-libc::EBUSY)), "the device is busy");
+        assert_eq!(ublk_text(&UblkError::OtherError(-libc::ENOMEM)), "out of memory");
+        assert_eq!(ublk_text(&UblkError::InvalidVal), "the ublk driver cannot take these parameters");
+        let missing = ublk_text(&UblkError::OtherError(-libc::ENOENT));
+        if Path::new(CONTROL).exists() {
+            assert_eq!(missing, "no such ublk device");
+        } else {
+            assert_eq!(missing, DRIVER_NOT_LOADED);
+            let e = ublk("opening /dev/ublkb0", || -> Result<(), UblkError> {
+                unreachable!("the driver is checked first")
+            });
+            assert_eq!(format!("{:#}", e.unwrap_err()), format!("opening /dev/ublkb0: {DRIVER_NOT_LOADED}"));
         }
     }
 

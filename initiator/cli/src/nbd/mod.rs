@@ -134,6 +134,20 @@ impl Listen {
         Err(format!("{text:?}: expected unix:PATH or tcp:ADDR:PORT"))
     }
 
+    /// Refuses a unix socket whose directory does not exist, before anything connects.
+    fn check_dir(&self) -> anyhow::Result<()> {
+        let Listen::Unix(path) = self else { return Ok(()) };
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => bail!("--listen unix:{}: {} is not a directory", path.display(), dir.display()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                bail!("--listen unix:{}: the directory {} does not exist", path.display(), dir.display())
+            }
+            Err(e) => bail!("--listen unix:{}: {}: {}", path.display(), dir.display(), crate::common::io_text(&e)),
+        }
+    }
+
     /// The NBD URI clients use (qemu's syntax) for the default export.
     pub fn nbd_uri(&self) -> String {
         match self {
@@ -421,7 +435,10 @@ impl Export for RblkExport {
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Local arguments first: a bad socket directory fails before any connection.
     let listen = match &args.listen {
-        Some(l) => l.clone(),
+        Some(l) => {
+            l.check_dir()?;
+            l.clone()
+        }
         None => {
             let volume = Uri::parse(&args.uri)?.volume().to_owned();
             Listen::Unix(private_socket(&volume, nix::unistd::geteuid().is_root())?)
