@@ -136,41 +136,51 @@ pub const MAX_SPIN: Duration = Duration::from_secs(1);
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RouteArgs {
-    /// Only use this RDMA device (e.g. mlx5_0, rxe0). The target's address picks the device;
-    /// this checks that it is the one expected.
+    /// Only use this RDMA device (mlx5_0, rxe0)
+    ///
+    /// The target's address picks the device; this checks that it is the one expected.
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
-    /// Connect from this local IP address: it picks the RDMA device, port and GID (RoCE: the
-    /// netdev and GID that carry the address), as perftest's -x picks a GID [default: routing
-    /// chooses].
+    /// Connect from this local IP address [default: routing chooses]
+    ///
+    /// It picks the RDMA device, port and GID (RoCE: the netdev and GID that carry the address), as
+    /// perftest's -x picks a GID.
     #[arg(long, value_name = "ADDR", value_parser = source_addr_arg)]
     pub source_addr: Option<IpAddr>,
-    /// Type of service of the connections, 0-255 (RDMA_OPTION_ID_TOS; RoCEv2: the IP header's
-    /// DSCP and ECN bits, e.g. 106 for DSCP 26 with ECN capable), as perftest's -T
-    /// [default: the kernel's, 0 unless rdma_cm's default_roce_tos is set].
+    /// Type of service of the connections, 0-255 [default: the kernel's]
+    ///
+    /// RDMA_OPTION_ID_TOS, as perftest's -T; on RoCEv2 the IP header's DSCP and ECN bits, e.g. 106
+    /// for DSCP 26 with ECN capable. The kernel's default is 0 unless rdma_cm's default_roce_tos is
+    /// set.
     #[arg(long, value_name = "TOS", value_parser = tos_arg)]
     pub tos: Option<u8>,
-    /// Ask for per-QP memory windows (on, the default): where the target and its device have
-    /// them, each queue pair gets an rkey of its own that works on no other QP and dies when the
-    /// session closes, and the target registers a volume once for all sessions. Off, or with a
-    /// target or device without them: one registration and one rkey per session.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off_arg, action = clap::ArgAction::Set)]
+    /// Ask for per-QP memory windows: on or off
+    ///
+    /// On (the default): where the target and its device have them, each queue pair gets an rkey of
+    /// its own that works on no other QP and dies when the session closes, and the target registers
+    /// a volume once for all sessions. Off, or with a target or device without them: one
+    /// registration and one rkey per session.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off_arg, action = clap::ArgAction::Set, hide_short_help = true)]
     pub memory_windows: bool,
-    /// How a thread waits for its queue pair (and, under `rblk attach`, for its ublk queue):
-    /// sleep (arm and sleep at once: a wakeup per wait, no CPU spent spinning); adaptive (spin
-    /// while work is near: a wait with at most two operations in flight spins for twice the
-    /// thread's usual wait, at most 1 ms, a deeper one briefly, then sleeps; an idle device
-    /// spins at most 1 ms a second); poll (adaptive at every depth, as perftest and SPDK poll).
-    #[arg(long, value_name = "POLICY", value_enum, default_value_t = Wait::Adaptive)]
+    /// Wait policy: sleep, adaptive or poll [default: adaptive]
+    ///
+    /// How a thread waits for its queue pair (and, under `rblk attach`, for its ublk queue): sleep
+    /// (arm and sleep at once: a wakeup per wait, no CPU spent spinning); adaptive (spin while work
+    /// is near: a wait with at most two operations in flight spins for twice the thread's usual
+    /// wait, at most 1 ms, a deeper one briefly, then sleeps; an idle device spins at most 1 ms a
+    /// second); poll (adaptive at every depth, as perftest and SPDK poll).
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = Wait::Adaptive, hide_default_value = true, hide_possible_values = true)]
     pub wait: Wait,
-    /// The same as --wait poll: cuts the latency tail when several queues are busy, at the
-    /// cost of a core per busy queue (like fio's --hipri).
-    #[arg(long, conflicts_with = "wait")]
+    /// The same as --wait poll (like fio's --hipri)
+    ///
+    /// Cuts the latency tail when several queues are busy, at the cost of a core per busy queue.
+    #[arg(long, conflicts_with = "wait", hide_short_help = true)]
     pub poll: bool,
-    /// The shortest spin before a wait sleeps (`10us`, `1ms`; at most 1 s): deep queues under
-    /// --wait adaptive spin this long, and no adaptive wait spins less. Longer spins cut latency
-    /// and burn a core [default: 20us].
-    #[arg(long, value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_SPIN)), value_name = "DURATION")]
+    /// The shortest spin before a wait sleeps [default: 20us]
+    ///
+    /// `10us`, `1ms`; at most 1 s. Deep queues under --wait adaptive spin this long, and no
+    /// adaptive wait spins less. Longer spins cut latency and burn a core.
+    #[arg(long, value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_SPIN)), value_name = "DURATION", hide_short_help = true)]
     pub spin: Option<std::time::Duration>,
 }
 
@@ -222,19 +232,23 @@ impl RouteArgs {
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TrustArgs {
-    /// The identity the target must prove: 32 hexadecimal digits, the target's
-    /// STATE_DIR/target.id (its start log says it too). Without it, the identity pinned for the
-    /// target's address in --known-targets, pinned there at the first connection.
+    /// The identity the target must prove (32 hex digits)
+    ///
+    /// The target's STATE_DIR/target.id (its start log says it too). Without it, the identity
+    /// pinned for the target's address in --known-targets, pinned there at the first connection.
     #[arg(long, value_name = "ID", value_parser = crate::trust::parse_target_id)]
     pub target_id: Option<[u8; rblk_proto::TARGET_ID_LEN]>,
-    /// Where target identities are pinned by address, as ssh's known_hosts (one
-    /// `ADDRESS:PORT ID` a line); `none` pins nothing [default: /var/lib/rblk/known_targets].
-    #[arg(long, env = "RBLK_KNOWN_TARGETS", value_name = "PATH")]
+    /// Where target identities are pinned, as ssh's known_hosts
+    ///
+    /// One `ADDRESS:PORT ID` a line; `none` pins nothing [default: /var/lib/rblk/known_targets; the
+    /// environment variable RBLK_KNOWN_TARGETS sets it too].
+    #[arg(long, env = "RBLK_KNOWN_TARGETS", hide_env = true, value_name = "PATH")]
     pub known_targets: Option<PathBuf>,
-    /// With a key, also accept a target that cannot prove it holds the key (an rblk-target
-    /// from before mutual authentication), with a warning: whoever answers at its address
-    /// could relay this host's proof to another target.
-    #[arg(long)]
+    /// With a key, also accept a target that cannot prove it holds it
+    ///
+    /// An rblk-target from before mutual authentication, with a warning: whoever answers at its
+    /// address could relay this host's proof to another target.
+    #[arg(long, hide_short_help = true)]
     pub allow_v1_target: bool,
 }
 
@@ -255,15 +269,18 @@ impl TrustArgs {
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReconnectArgs {
-    /// After losing the target, try to reconnect this often (the first try is at once; `2`,
-    /// `500ms`: a bare number is seconds; at most 1 day), on average: each pause is drawn
-    /// between 0.5x and 1.5x of it when above 1 s, so sessions that lost one target do not
-    /// all retry at once. I/O waits meanwhile and what was in flight is sent again.
+    /// Pause between reconnect attempts
+    ///
+    /// After losing the target: the first try is at once; `2`, `500ms`: a bare number is seconds;
+    /// at most 1 day. On average: each pause is drawn between 0.5x and 1.5x of it when above 1 s,
+    /// so sessions that lost one target do not all retry at once. I/O waits meanwhile and what was
+    /// in flight is sent again.
     #[arg(long, alias = "reconnect_delay", value_name = "DURATION", default_value = "2s", value_parser = reconnect_time_arg)]
     pub reconnect_delay: Duration,
-    /// Give up reconnecting after this long without the target (`600`, `10m`: a bare number is
-    /// seconds; at most 1 day): then every waiting and new I/O fails. 0 fails at once (no
-    /// reconnect); -1 retries forever.
+    /// Give up reconnecting after this long (-1: never)
+    ///
+    /// `600`, `10m`: a bare number is seconds; at most 1 day. Then every waiting and new I/O fails.
+    /// 0 fails at once (no reconnect); -1 retries forever.
     #[arg(
         long,
         alias = "ctrl_loss_tmo",
@@ -273,15 +290,17 @@ pub struct ReconnectArgs {
         value_parser = parse_timeout
     )]
     pub ctrl_loss_tmo: Timeout,
-    /// Fail waiting and new I/O with EIO after this long without the target (a bare number is
-    /// seconds), while reconnecting goes on until --ctrl-loss-tmo (for md RAID, which then
-    /// fails the leg and can re-add it later). Default: off (I/O waits).
+    /// Fail I/O with EIO after this long offline [default: off]
+    ///
+    /// A bare number is seconds. Reconnecting goes on until --ctrl-loss-tmo (for md RAID, which
+    /// then fails the leg and can re-add it later). Off: I/O waits.
     #[arg(long, alias = "fast_io_fail_tmo", value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_timeout)]
     pub fast_io_fail_tmo: Option<Timeout>,
-    /// Keep trying the first connect for this long while the target cannot be reached or does
-    /// not listen yet (a storage host still booting; a bare number is seconds; at most 1 day),
-    /// backing off up to 5 s between attempts, one log line each. A refusal (the key, the
-    /// access list) ends it at once. 0: one attempt.
+    /// Keep trying the first connect this long
+    ///
+    /// While the target cannot be reached or does not listen yet (a storage host still booting; a
+    /// bare number is seconds; at most 1 day), backing off up to 5 s between attempts, one log line
+    /// each. A refusal (the key, the access list) ends it at once. 0: one attempt.
     #[arg(long, alias = "connect_timeout", value_name = "DURATION", default_value = "0", value_parser = reconnect_time_arg)]
     pub connect_timeout: Duration,
 }

@@ -42,23 +42,27 @@ use crate::list::{self, Entry};
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct MountArgs {
-    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+    /// The volume: rblk://HOST[:PORT]/VOLUME
     uri: String,
-    /// An existing directory to mount on; the volume appears in it as one file.
+    /// An existing directory to mount on; the volume appears in it as one file
     mountpoint: PathBuf,
-    /// Open the volume read-only: writes to the file fail (EROFS), and a --loop device is
-    /// read-only too.
+    /// Open the volume read-only (writes fail with EROFS)
+    ///
+    /// Writes to the file fail (EROFS), and a --loop device is read-only too.
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
-    /// Open the volume exclusively: no other session may write it while it is mounted.
+    /// Open the volume exclusively: no other session may write it
     #[arg(long)]
     exclusive: bool,
-    /// Serve requests from N threads, each with its own queue pair to the target (N requests
-    /// in flight).
+    /// Serve requests from N threads with a queue pair each
+    ///
+    /// N requests in flight.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = |t: &str| rblk_initiator::parse_bounded(t, 1, Some(64)).map(|n| n as u32))]
     queues: u32,
-    /// Also attach a loop device to the file (`losetup --direct-io=on`) and print its path
-    /// instead of the file's. `rblk umount` detaches it.
+    /// Also attach a loop device to the file and print its path
+    ///
+    /// `losetup --direct-io=on`; its path is printed instead of the file's. `rblk umount` detaches
+    /// it.
     #[arg(long = "loop")]
     loop_device: bool,
     #[command(flatten)]

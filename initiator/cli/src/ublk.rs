@@ -98,32 +98,36 @@ const ALLOW_NULL: &str = "RBLK_ALLOW_NULL";
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct AttachArgs {
-    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME. When a device of this URI
-    /// exists whose serving process died (`rblk list` shows it dead), that device is taken over
-    /// instead of a new one made.
+    /// The volume: rblk://HOST[:PORT]/VOLUME
+    ///
+    /// When a device of this URI exists whose serving process died (`rblk list` shows it dead),
+    /// that device is taken over instead of a new one made.
     #[arg(required_unless_present = "recover", value_parser = crate::common::volume_uri_arg)]
     uri: Option<String>,
-    /// Take over this device (/dev/ublkbN or its /dev/rblk/ name) from its dead serving process,
-    /// with the URI, key file, host id, open mode and reconnect options it was attached with;
-    /// queues and depth are the device's.
+    /// Take over this device from its dead serving process
+    ///
+    /// /dev/ublkbN or its /dev/rblk/ name, with the URI, key file, host id, open mode and reconnect
+    /// options it was attached with; queues and depth are the device's.
     #[arg(long, value_name = "DEV", conflicts_with_all = ["uri", "read_only", "exclusive"])]
     recover: Option<String>,
-    /// The device's stable name: /dev/rblk/NAME, a symlink to /dev/ublkbN for fstab and
-    /// scripts, removed at detach. Default: the volume's name, with -1, -2, ... when another
-    /// device has it.
+    /// The device's stable name, /dev/rblk/NAME [default: the volume's]
+    ///
+    /// A symlink to /dev/ublkbN for fstab and scripts, removed at detach. Default: the volume's
+    /// name, with -1, -2, ... when another device has it.
     #[arg(long, value_name = "NAME", value_parser = link_name_arg)]
     name: Option<String>,
-    /// ublk queues, each served by its own thread with its own queue pair (the kernel may give
-    /// fewer: at most one per CPU).
+    /// ublk queues, each with its own thread and queue pair
+    ///
+    /// The kernel may give fewer: at most one per CPU.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = |t: &str| rblk_initiator::parse_bounded(t, 1, Some(64)).map(|n| n as u16))]
     queues: u16,
-    /// Requests in flight per queue (1-1024).
+    /// Requests in flight per queue (1-1024)
     #[arg(long, value_name = "D", default_value_t = 64, value_parser = depth_arg)]
     depth: u32,
-    /// Attach read-only: the device is read-only and the session too.
+    /// Attach read-only: the device is read-only and the session too
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
-    /// Open the volume exclusively: no other session may write it while attached.
+    /// Open the volume exclusively: no other session may write it
     #[arg(long)]
     exclusive: bool,
     /// Not for use: completes every request at once without RDMA (reads return whatever the
@@ -131,10 +135,12 @@ pub struct AttachArgs {
     /// queue loop and wait policy with the RDMA step removed). Refused unless RBLK_ALLOW_NULL=1.
     #[arg(long, hide = true)]
     null_io: bool,
-    /// Write each queue thread's own timestamps of its requests' stages (taken from the kernel,
-    /// staged, posted, finished, committed) and of its waits to FILE.q0, FILE.q1, ... when it
+    /// Write each queue's request stage timestamps to FILE.qN
+    ///
+    /// Each queue thread's own timestamps of its requests' stages (taken from the kernel, staged,
+    /// posted, finished, committed) and of its waits, written to FILE.q0, FILE.q1, ... when it
     /// stops, for scripts/stages-rxe.sh (see docs/timeline-rxe.md). Costs a timestamp per stage.
-    #[arg(long, value_name = "FILE", value_parser = absolute_arg)]
+    #[arg(long, value_name = "FILE", value_parser = absolute_arg, hide_short_help = true)]
     stage_log: Option<PathBuf>,
     #[command(flatten)]
     format: crate::common::Format,
@@ -156,15 +162,17 @@ pub struct AttachArgs {
 /// deletes the device by its id. Refuses while the device is mounted.
 #[derive(Debug, clap::Args)]
 pub struct DetachArgs {
-    /// The device (/dev/ublkbN or its /dev/rblk/NAME) or the volume's URI.
+    /// The device (/dev/ublkbN or /dev/rblk/NAME) or the volume's URI
     target: String,
-    /// Only when its serving process is dead: then remove the device (what waits on it fails);
-    /// while a process serves it, or when there is no such device, do nothing and exit 0. For
-    /// `ExecStopPost=` of rblk-attach@.service.
+    /// Only remove the device when its serving process is dead
+    ///
+    /// Then what waits on it fails; while a process serves it, or when there is no such device, do
+    /// nothing and exit 0. For `ExecStopPost=` of rblk-attach@.service.
     #[arg(long)]
     if_dead: bool,
-    /// Give up waiting for the serving process after this long (`60`, `2m`: a bare number is
-    /// seconds; at most 1 day).
+    /// Give up waiting for the serving process after this long
+    ///
+    /// `60`, `2m`: a bare number is seconds; at most 1 day.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::common::timeout_arg)]
     timeout: Duration,
 }

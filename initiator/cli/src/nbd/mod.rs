@@ -73,30 +73,34 @@ Examples:
   qemu-img info 'nbd+unix:///?socket=/run/rblk/nbd/vol0.sock'
   nbd-client -d /dev/nbd0";
 
-/// Serve a volume over NBD (Network Block Device) for nbd-client, qemu and other NBD clients,
-/// in the foreground until SIGINT/SIGTERM.
+/// Serve a volume over NBD for nbd-client, qemu and other NBD clients
+///
+/// In the foreground until SIGINT/SIGTERM.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = HELP)]
 pub struct Args {
-    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+    /// The volume: rblk://HOST[:PORT]/VOLUME
     uri: String,
-    /// Where NBD clients connect: unix:PATH (a socket file, mode 0600, created, and removed at
-    /// exit) or tcp:ADDR:PORT (10809 is NBD's port; NBD has no authentication, so every TCP
-    /// address is warned about, loopback included). Default: a private socket,
-    /// /run/rblk/nbd/VOLUME.sock for root, $XDG_RUNTIME_DIR/rblk/VOLUME.sock for other users,
-    /// in a directory of mode 0700 (as nbdkit's -U -).
+    /// Where clients connect [default: a private socket]
+    ///
+    /// unix:PATH (a socket file, mode 0600, created, and removed at exit; its directory must exist)
+    /// or tcp:ADDR:PORT (10809 is NBD's port; NBD has no authentication, so every TCP address is
+    /// warned about, loopback included). Default: a private socket, /run/rblk/nbd/VOLUME.sock for
+    /// root, $XDG_RUNTIME_DIR/rblk/VOLUME.sock for other users, in a directory of mode 0700 (as
+    /// nbdkit's -U -).
     #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", value_parser = Listen::parse)]
     listen: Option<Listen>,
-    /// Export the volume read-only (and open it read-only on the target).
+    /// Export the volume read-only (and open it read-only)
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
-    /// Open the volume exclusively: no other session may write it while a client is connected.
+    /// Open the volume exclusively: no other session may write it
     #[arg(long, conflicts_with = "shared")]
     exclusive: bool,
-    /// Let several NBD clients connect at once, each with its own rblk session (and advertise
-    /// NBD multi-conn). Without it, a second client is refused while one is connected, so on a
-    /// socket others can reach, one client that stays connected locks the rest out: keep the
-    /// default private socket (or a unix socket only the right users can open).
+    /// Let several NBD clients connect at once (NBD multi-conn)
+    ///
+    /// Each gets its own rblk session. Without it, a second client is refused while one is
+    /// connected, so on a socket others can reach, one client that stays connected locks the rest
+    /// out: keep the default private socket (or a unix socket only the right users can open).
     #[arg(long)]
     shared: bool,
     #[command(flatten)]
