@@ -247,9 +247,15 @@ pub fn main() -> ExitCode {
 }
 
 /// The error and its causes, each once: rblk's errors do not repeat their sources' text, so the
-/// chain reads `what failed: why: root cause`.
+/// chain reads `what failed: why: root cause`. An OS error is its errno's description, without
+/// the standard library's `(os error N)`.
 pub fn error_text(e: &anyhow::Error) -> String {
-    format!("{e:#}")
+    let text =
+        |c: &(dyn std::error::Error + 'static)| match c.downcast_ref::<io::Error>().and_then(io::Error::raw_os_error) {
+            Some(n) => nix::errno::Errno::from_raw(n).desc().to_owned(),
+            None => c.to_string(),
+        };
+    e.chain().map(text).collect::<Vec<_>>().join(": ")
 }
 
 /// True when rdma_cm found no RDMA device for the address (ENODEV somewhere in the chain).
@@ -773,6 +779,10 @@ mod tests {
         assert_eq!(error_text(&e), "key file /k: disk on fire");
         let e = anyhow::anyhow!("inner").context("outer");
         assert_eq!(error_text(&e), "outer: inner");
+        // Issue 43, trap 7: no `(os error 13)` after the errno's words.
+        let io = std::io::Error::from_raw_os_error(libc::EACCES);
+        let e = anyhow::Error::new(rblk_initiator::Error::KeyFile { path: "/etc/rblk/target.key".into(), source: io });
+        assert_eq!(error_text(&e), "key file /etc/rblk/target.key: Permission denied");
     }
 
     /// The no-device hint follows the errno, not the message's wording.
