@@ -10,6 +10,8 @@
 //!   string`) reaching a user instead of what the flag wants, or an OS error's `(os error N)`.
 //! - `detach_says_the_driver_is_missing_once_in_words` (trap 7): libublk's own `Please run
 //!   modprobe ublk_drv first` line and `(os error 2)` from `rblk detach`.
+//! - `a_bad_uri_is_a_usage_error_for_every_front_end` (trap 10, exit codes): `rblk mount` and
+//!   `rblk nbd` exiting 1 on a bad URI where every other command exits 2.
 //! - `attach_depth_0_is_a_usage_error_before_the_driver_check` (trap 10): `--depth 0` refused
 //!   only after root and the driver were checked (exit 1, after the wrong complaint).
 //! - `local_paths_are_checked_before_connecting` (trap 10): `rblk mount URI /nonexistent` and
@@ -79,6 +81,14 @@ fn detach_says_the_driver_is_missing_once_in_words() {
     } else {
         assert_eq!(text, "rblk: opening /dev/ublkb4093: the ublk driver is not loaded (modprobe ublk_drv)\n");
     }
+}
+
+/// Trap 10's exit codes: a bad URI is a usage error (exit 2) for `mount` and `nbd` too, as for
+/// `info`, `read` and `attach` (it was exit 1, after the key search).
+#[test]
+fn a_bad_uri_is_a_usage_error_for_every_front_end() {
+    usage_error(&["mount", "nfs://h/v", "/mnt"], "URI");
+    usage_error(&["nbd", "rblk://h"], "URI");
 }
 
 #[test]

@@ -43,6 +43,7 @@ use crate::list::{self, Entry};
 #[command(verbatim_doc_comment)]
 pub struct MountArgs {
     /// The volume: rblk://HOST[:PORT]/VOLUME
+    #[arg(value_parser = crate::common::volume_uri_arg)]
     uri: String,
     /// An existing directory to mount on; the volume appears in it as one file
     mountpoint: PathBuf,

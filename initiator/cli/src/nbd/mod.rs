@@ -80,6 +80,7 @@ Examples:
 #[command(after_long_help = HELP)]
 pub struct Args {
     /// The volume: rblk://HOST[:PORT]/VOLUME
+    #[arg(value_parser = crate::common::volume_uri_arg)]
     uri: String,
     /// Where clients connect [default: a private socket]
     ///
