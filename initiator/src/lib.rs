@@ -116,12 +116,13 @@ pub use engine::{Engine, EngineCounters, Lane};
 pub use error::{busy_after, Direction, Error, InvalidReason, Result};
 pub use link::{Continuity, LinkState};
 pub use options::{
-    check_host_id, first_connect_pause, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT,
+    check_host_id, first_connect_pause, KeySearch, Options, Reconnect, DEFAULT_CTRL_LOSS_TMO, DEFAULT_IO_TIMEOUT,
     DEFAULT_RECONNECT_DELAY, DEFAULT_TIMEOUT, EXACT_RECONNECT_DELAY, FIRST_CONNECT_MAX_PAUSE, MAX_RECONNECT_TIME,
     MAX_SPIN, MAX_TIMEOUT,
 };
 #[cfg(feature = "clap")]
 pub use options::{ReconnectArgs, RouteArgs, TrustArgs};
+pub use options::{ETC_TARGET_KEY, HOST_KEYS_DIR, KEY_FILE_ENV, LOCAL_TARGET_KEY};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};

@@ -136,42 +136,79 @@ pub const MAX_SPIN: Duration = Duration::from_secs(1);
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RouteArgs {
-    /// Only use this RDMA device (e.g. mlx5_0, rxe0). The target's address picks the device;
-    /// this checks that it is the one expected.
+    /// Only use this RDMA device (mlx5_0, rxe0)
+    ///
+    /// The target's address picks the device; this checks that it is the one expected.
     #[arg(long, value_name = "NAME")]
     pub device: Option<String>,
-    /// Connect from this local IP address: it picks the RDMA device, port and GID (RoCE: the
-    /// netdev and GID that carry the address), as perftest's -x picks a GID [default: routing
-    /// chooses].
-    #[arg(long, value_name = "ADDR")]
+    /// Connect from this local IP address [default: routing chooses]
+    ///
+    /// It picks the RDMA device, port and GID (RoCE: the netdev and GID that carry the address), as
+    /// perftest's -x picks a GID.
+    #[arg(long, value_name = "ADDR", value_parser = source_addr_arg)]
     pub source_addr: Option<IpAddr>,
-    /// Type of service of the connections, 0-255 (RDMA_OPTION_ID_TOS; RoCEv2: the IP header's
-    /// DSCP and ECN bits, e.g. 106 for DSCP 26 with ECN capable), as perftest's -T
-    /// [default: the kernel's, 0 unless rdma_cm's default_roce_tos is set].
-    #[arg(long, value_name = "TOS")]
+    /// Type of service of the connections, 0-255 [default: the kernel's]
+    ///
+    /// RDMA_OPTION_ID_TOS, as perftest's -T; on RoCEv2 the IP header's DSCP and ECN bits, e.g. 106
+    /// for DSCP 26 with ECN capable. The kernel's default is 0 unless rdma_cm's default_roce_tos is
+    /// set.
+    #[arg(long, value_name = "TOS", value_parser = tos_arg)]
     pub tos: Option<u8>,
-    /// Ask for per-QP memory windows (on, the default): where the target and its device have
-    /// them, each queue pair gets an rkey of its own that works on no other QP and dies when the
-    /// session closes, and the target registers a volume once for all sessions. Off, or with a
-    /// target or device without them: one registration and one rkey per session.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    /// Ask for per-QP memory windows: on or off
+    ///
+    /// On (the default): where the target and its device have them, each queue pair gets an rkey of
+    /// its own that works on no other QP and dies when the session closes, and the target registers
+    /// a volume once for all sessions. Off, or with a target or device without them: one
+    /// registration and one rkey per session.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off_arg, action = clap::ArgAction::Set, hide_short_help = true)]
     pub memory_windows: bool,
-    /// How a thread waits for its queue pair (and, under `rblk attach`, for its ublk queue):
-    /// sleep (arm and sleep at once: a wakeup per wait, no CPU spent spinning); adaptive (spin
-    /// while work is near: a wait with at most two operations in flight spins for twice the
-    /// thread's usual wait, at most 1 ms, a deeper one briefly, then sleeps; an idle device
-    /// spins at most 1 ms a second); poll (adaptive at every depth, as perftest and SPDK poll).
-    #[arg(long, value_name = "POLICY", value_enum, default_value_t = Wait::Adaptive)]
+    /// Wait policy: sleep, adaptive or poll [default: adaptive]
+    ///
+    /// How a thread waits for its queue pair (and, under `rblk attach`, for its ublk queue): sleep
+    /// (arm and sleep at once: a wakeup per wait, no CPU spent spinning); adaptive (spin while work
+    /// is near: a wait with at most two operations in flight spins for twice the thread's usual
+    /// wait, at most 1 ms, a deeper one briefly, then sleeps; an idle device spins at most 1 ms a
+    /// second); poll (adaptive at every depth, as perftest and SPDK poll).
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = Wait::Adaptive, hide_default_value = true, hide_possible_values = true)]
     pub wait: Wait,
-    /// The same as --wait poll: cuts the latency tail when several queues are busy, at the
-    /// cost of a core per busy queue (like fio's --hipri).
-    #[arg(long, conflicts_with = "wait")]
+    /// The same as --wait poll (like fio's --hipri)
+    ///
+    /// Cuts the latency tail when several queues are busy, at the cost of a core per busy queue.
+    #[arg(long, conflicts_with = "wait", hide_short_help = true)]
     pub poll: bool,
-    /// The shortest spin before a wait sleeps (`10us`, `1ms`; at most 1 s): deep queues under
-    /// --wait adaptive spin this long, and no adaptive wait spins less. Longer spins cut latency
-    /// and burn a core [default: 20us].
-    #[arg(long, value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_SPIN)), value_name = "DURATION")]
+    /// The shortest spin before a wait sleeps [default: 20us]
+    ///
+    /// `10us`, `1ms`; at most 1 s. Deep queues under --wait adaptive spin this long, and no
+    /// adaptive wait spins less. Longer spins cut latency and burn a core.
+    #[arg(long, value_parser = |t: &str| rblk_proto::parse_duration_bounded(t, Duration::ZERO, Some(MAX_SPIN)), value_name = "DURATION", hide_short_help = true)]
     pub spin: Option<std::time::Duration>,
+}
+
+/// `--tos`: a byte, said in words when it is not one (not clap's `300 is not in 0..=255`).
+#[cfg(feature = "clap")]
+pub fn tos_arg(text: &str) -> std::result::Result<u8, String> {
+    text.trim().parse().map_err(|_| {
+        format!("--tos must be a whole number from 0 to 255 (the IP header's DSCP and ECN bits), got {text:?}")
+    })
+}
+
+/// `--source-addr`: an IP address (not the standard library's `invalid IP address syntax`).
+#[cfg(feature = "clap")]
+pub fn source_addr_arg(text: &str) -> std::result::Result<IpAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!("--source-addr takes an IP address of this host (10.0.0.2, fe80::1), not a device name: got {text:?}")
+    })
+}
+
+/// An on/off flag's value: `on`, `off` (and true/false, yes/no, 1/0), not clap's `value was not
+/// a boolean` and `[possible values: true, false]`.
+#[cfg(feature = "clap")]
+pub fn on_off_arg(text: &str) -> std::result::Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" | "1" => Ok(true),
+        "off" | "false" | "no" | "0" => Ok(false),
+        _ => Err(format!("expected on or off, got {text:?}")),
+    }
 }
 
 #[cfg(feature = "clap")]
@@ -195,19 +232,23 @@ impl RouteArgs {
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TrustArgs {
-    /// The identity the target must prove: 32 hexadecimal digits, the target's
-    /// STATE_DIR/target.id (its start log says it too). Without it, the identity pinned for the
-    /// target's address in --known-targets, pinned there at the first connection.
+    /// The identity the target must prove (32 hex digits)
+    ///
+    /// The target's STATE_DIR/target.id (its start log says it too). Without it, the identity
+    /// pinned for the target's address in --known-targets, pinned there at the first connection.
     #[arg(long, value_name = "ID", value_parser = crate::trust::parse_target_id)]
     pub target_id: Option<[u8; rblk_proto::TARGET_ID_LEN]>,
-    /// Where target identities are pinned by address, as ssh's known_hosts (one
-    /// `ADDRESS:PORT ID` a line); `none` pins nothing [default: /var/lib/rblk/known_targets].
-    #[arg(long, env = "RBLK_KNOWN_TARGETS", value_name = "PATH")]
+    /// Where target identities are pinned, as ssh's known_hosts
+    ///
+    /// One `ADDRESS:PORT ID` a line; `none` pins nothing [default: /var/lib/rblk/known_targets; the
+    /// environment variable RBLK_KNOWN_TARGETS sets it too].
+    #[arg(long, env = "RBLK_KNOWN_TARGETS", hide_env = true, value_name = "PATH")]
     pub known_targets: Option<PathBuf>,
-    /// With a key, also accept a target that cannot prove it holds the key (an rblk-target
-    /// from before mutual authentication), with a warning: whoever answers at its address
-    /// could relay this host's proof to another target.
-    #[arg(long)]
+    /// With a key, also accept a target that cannot prove it holds it
+    ///
+    /// An rblk-target from before mutual authentication, with a warning: whoever answers at its
+    /// address could relay this host's proof to another target.
+    #[arg(long, hide_short_help = true)]
     pub allow_v1_target: bool,
 }
 
@@ -228,15 +269,18 @@ impl TrustArgs {
 #[cfg(feature = "clap")]
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReconnectArgs {
-    /// After losing the target, try to reconnect this often (the first try is at once; `2`,
-    /// `500ms`: a bare number is seconds; at most 1 day), on average: each pause is drawn
-    /// between 0.5x and 1.5x of it when above 1 s, so sessions that lost one target do not
-    /// all retry at once. I/O waits meanwhile and what was in flight is sent again.
+    /// Pause between reconnect attempts
+    ///
+    /// After losing the target: the first try is at once; `2`, `500ms`: a bare number is seconds;
+    /// at most 1 day. On average: each pause is drawn between 0.5x and 1.5x of it when above 1 s,
+    /// so sessions that lost one target do not all retry at once. I/O waits meanwhile and what was
+    /// in flight is sent again.
     #[arg(long, alias = "reconnect_delay", value_name = "DURATION", default_value = "2s", value_parser = reconnect_time_arg)]
     pub reconnect_delay: Duration,
-    /// Give up reconnecting after this long without the target (`600`, `10m`: a bare number is
-    /// seconds; at most 1 day): then every waiting and new I/O fails. 0 fails at once (no
-    /// reconnect); -1 retries forever.
+    /// Give up reconnecting after this long (-1: never)
+    ///
+    /// `600`, `10m`: a bare number is seconds; at most 1 day. Then every waiting and new I/O fails.
+    /// 0 fails at once (no reconnect); -1 retries forever.
     #[arg(
         long,
         alias = "ctrl_loss_tmo",
@@ -246,15 +290,17 @@ pub struct ReconnectArgs {
         value_parser = parse_timeout
     )]
     pub ctrl_loss_tmo: Timeout,
-    /// Fail waiting and new I/O with EIO after this long without the target (a bare number is
-    /// seconds), while reconnecting goes on until --ctrl-loss-tmo (for md RAID, which then
-    /// fails the leg and can re-add it later). Default: off (I/O waits).
+    /// Fail I/O with EIO after this long offline [default: off]
+    ///
+    /// A bare number is seconds. Reconnecting goes on until --ctrl-loss-tmo (for md RAID, which
+    /// then fails the leg and can re-add it later). Off: I/O waits.
     #[arg(long, alias = "fast_io_fail_tmo", value_name = "DURATION", allow_negative_numbers = true, value_parser = parse_timeout)]
     pub fast_io_fail_tmo: Option<Timeout>,
-    /// Keep trying the first connect for this long while the target cannot be reached or does
-    /// not listen yet (a storage host still booting; a bare number is seconds; at most 1 day),
-    /// backing off up to 5 s between attempts, one log line each. A refusal (the key, the
-    /// access list) ends it at once. 0: one attempt.
+    /// Keep trying the first connect this long
+    ///
+    /// While the target cannot be reached or does not listen yet (a storage host still booting; a
+    /// bare number is seconds; at most 1 day), backing off up to 5 s between attempts, one log line
+    /// each. A refusal (the key, the access list) ends it at once. 0: one attempt.
     #[arg(long, alias = "connect_timeout", value_name = "DURATION", default_value = "0", value_parser = reconnect_time_arg)]
     pub connect_timeout: Duration,
 }
@@ -302,15 +348,23 @@ pub struct Options {
     /// of the packets, as perftest's `-T`). None keeps the kernel's default.
     pub tos: Option<u8>,
     /// The pre-shared key, when the target requires one (see [`Options::key_from_file`]): the
-    /// target's shared key, or this host's own.
+    /// target's shared key, or this host's own. Proved to every address of the target, except
+    /// this host's own ones when [`local_target_key`](Self::local_target_key) is set.
     pub key: Option<Vec<u8>>,
-    /// Where the key was looked for without being found (see [`Options::find_key`]), each with
-    /// why it was passed over: named when a target refuses for want of a key.
+    /// The file [`key`](Self::key) was read from by [`Options::find_key_for`] (None when it was
+    /// set directly): named when a keyed initiator refuses a target that asks for no key.
+    pub key_file: Option<PathBuf>,
+    /// Where the key was looked for without being found (see [`Options::find_key_for`]), each
+    /// with why it was passed over: named when a target refuses for want of a key.
     pub key_files_tried: Vec<String>,
-    /// `key` is the key a target on this host made ([`LOCAL_TARGET_KEY`], found by
-    /// [`Options::find_key`], not given): it is used only for this host's own addresses, so a
-    /// target elsewhere never gets a proof made with it.
-    pub key_is_local_target: bool,
+    /// The key a target on this host made ([`LOCAL_TARGET_KEY`], found by
+    /// [`Options::find_key_for`] when no key was named for the target): proved only to this
+    /// host's own addresses, ahead of [`key`](Self::key) (then at most `/etc/rblk/target.key`),
+    /// so a target elsewhere never gets a proof made with it.
+    pub local_target_key: Option<Vec<u8>>,
+    /// The directory the key search's fixed paths are under ([`KeySearch`]): `/` by default.
+    /// Tests point it at a tree of their own.
+    pub key_root: PathBuf,
     /// With a key, also accept a target that cannot prove it holds the key (one that predates
     /// [`FEATURE_MUTUAL_AUTH`](rblk_proto::FEATURE_MUTUAL_AUTH)): v1 AUTH, with a warning.
     /// Its proof could be relayed to another target by whoever answers at the address.
@@ -371,8 +425,10 @@ impl Default for Options {
             source_addr: None,
             tos: None,
             key: None,
+            key_file: None,
             key_files_tried: Vec::new(),
-            key_is_local_target: false,
+            local_target_key: None,
+            key_root: PathBuf::from("/"),
             allow_v1_target: false,
             target_id: None,
             known_targets: None,
@@ -406,8 +462,10 @@ impl fmt::Debug for Options {
             .field("source_addr", &self.source_addr)
             .field("tos", &self.tos)
             .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("key_file", &self.key_file)
             .field("key_files_tried", &self.key_files_tried)
-            .field("key_is_local_target", &self.key_is_local_target)
+            .field("local_target_key", &self.local_target_key.as_ref().map(|_| "<redacted>"))
+            .field("key_root", &self.key_root)
             .field("allow_v1_target", &self.allow_v1_target)
             .field("target_id", &self.target_id.as_ref().map(|id| rblk_proto::to_hex(id)))
             .field("known_targets", &self.known_targets)
@@ -455,32 +513,80 @@ impl Options {
         rblk_fabric::keyfile::read(path).map_err(|source| Error::KeyFile { path: path.to_owned(), source })
     }
 
-    /// Finds the key and sets [`key`](Self::key), [`key_files_tried`](Self::key_files_tried)
-    /// and [`key_is_local_target`](Self::key_is_local_target): `flag` (`--key-file`), else the
-    /// file `RBLK_KEY_FILE` names, else [`LOCAL_TARGET_KEY`] (the key a target on this host
-    /// made, used for this host's addresses only) when it can be read. A file named by the flag
-    /// or the variable must be a good key file; the local target's is skipped when it cannot
-    /// be opened (absent, or not ours to read).
+    /// [`Options::find_key_for`] without a target: no `/etc/rblk/keys/HOST.key` is looked for.
     pub fn find_key(&mut self, flag: Option<&Path>) -> Result<()> {
+        self.find_key_for(flag, None)
+    }
+
+    /// Finds the key for `target` (see [`KeySearch`] for the order) and sets
+    /// [`key`](Self::key), [`key_file`](Self::key_file),
+    /// [`key_files_tried`](Self::key_files_tried) and
+    /// [`local_target_key`](Self::local_target_key). A file that does not exist is skipped and
+    /// named in `key_files_tried`; one that exists must be a good key file (its error names
+    /// it), except the local target's, which is also skipped when this user may not open it.
+    pub fn find_key_for(&mut self, flag: Option<&Path>, target: Option<&crate::Uri>) -> Result<()> {
         let env = std::env::var_os(KEY_FILE_ENV).filter(|v| !v.is_empty());
-        (self.key, self.key_files_tried, self.key_is_local_target) = (None, Vec::new(), false);
-        if let Some(path) = flag.or(env.as_deref().map(Path::new)) {
-            self.key = Some(Options::key_from_file(path)?);
-            return Ok(());
+        (self.key, self.key_file, self.key_files_tried, self.local_target_key) = (None, None, Vec::new(), None);
+        if let Some(path) = flag {
+            return self.use_key_file(path);
         }
-        let local = Path::new(LOCAL_TARGET_KEY);
+        self.key_files_tried.push("no --key-file".into());
+        if let Some(path) = env.as_deref().map(Path::new) {
+            return self.use_key_file(path);
+        }
+        self.key_files_tried.push(format!("no {KEY_FILE_ENV}"));
+        let search = KeySearch::under(&self.key_root);
+        for host in target.into_iter().flat_map(|t| t.hosts().map(|(h, _)| h)) {
+            let path = search.host_key(host);
+            if self.found(&path) {
+                return self.use_key_file(&path);
+            }
+        }
+        let local = &search.local_target;
         match std::fs::File::open(local) {
-            Ok(_) => (self.key, self.key_is_local_target) = (Some(Options::key_from_file(local)?), true),
-            Err(e) => self.key_files_tried.push(format!("{LOCAL_TARGET_KEY} ({e})")),
+            Ok(_) => self.local_target_key = Some(Options::key_from_file(local)?),
+            Err(e) => self.key_files_tried.push(format!("{} ({e})", local.display())),
+        }
+        if self.local_target_key.is_some() && same_file(&search.etc_target, local) {
+            self.key_files_tried.push(format!("{} (the local target's key again)", search.etc_target.display()));
+        } else if self.found(&search.etc_target) {
+            return self.use_key_file(&search.etc_target);
         }
         Ok(())
     }
 
-    /// The key to prove to a target at `ip`: [`key`](Self::key), unless it is the local
-    /// target's and `ip` is not this host's.
-    pub fn key_for(&self, ip: IpAddr) -> Option<&[u8]> {
-        let usable = !self.key_is_local_target || crate::trust::is_local_addr(ip);
-        self.key.as_deref().filter(|_| usable)
+    /// Connects without any key (`--no-key`): a target that asks for none is then trusted as
+    /// any keyless initiator trusts it, and one that requires a key refuses, saying so.
+    pub fn no_key(&mut self) {
+        (self.key, self.key_file, self.local_target_key) = (None, None, None);
+        self.key_files_tried = vec!["--no-key given".into()];
+    }
+
+    /// Whether `path` exists (a dangling link does not); if not, it is noted as tried.
+    fn found(&mut self, path: &Path) -> bool {
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.key_files_tried.push(format!("{} (not found)", path.display()));
+                false
+            }
+            _ => true,
+        }
+    }
+
+    fn use_key_file(&mut self, path: &Path) -> Result<()> {
+        self.key = Some(Options::key_from_file(path)?);
+        self.key_file = Some(path.to_owned());
+        Ok(())
+    }
+
+    /// The key to prove to a target at `ip`, and whether it is the local target's:
+    /// [`local_target_key`](Self::local_target_key) for this host's own addresses, else
+    /// [`key`](Self::key).
+    pub fn key_for(&self, ip: IpAddr) -> Option<(&[u8], bool)> {
+        match &self.local_target_key {
+            Some(local) if crate::trust::is_local_addr(ip) => Some((local, true)),
+            _ => self.key.as_deref().map(|k| (k, false)),
+        }
     }
 
     /// Writes a new key to `path` as `rblk-target gen-key` does ([`rblk_fabric::keyfile::generate`]):
@@ -492,17 +598,72 @@ impl Options {
     /// Why a session cannot answer a target that requires a key: none was found, and where
     /// it was looked for.
     pub fn missing_key_reason(&self) -> String {
-        let mut tried = vec!["no --key-file".to_owned(), format!("no {KEY_FILE_ENV}")];
-        tried.extend(self.key_files_tried.iter().cloned());
-        if self.key_is_local_target {
+        let mut tried = self.key_files_tried.clone();
+        if self.local_target_key.is_some() {
             tried.push(format!("{LOCAL_TARGET_KEY} (this host's target's key: not used for other hosts)"));
         }
+        let tried = if tried.is_empty() { "nothing".to_owned() } else { tried.join(", ") };
         format!(
-            "target requires a key (--key-file FILE or {KEY_FILE_ENV} with the target's key; tried: {})",
-            tried.join(", ")
+            "target requires a key (--key-file FILE, {KEY_FILE_ENV}, {HOST_KEYS_DIR}/HOST.key or {ETC_TARGET_KEY} \
+             with the target's key; tried: {tried})"
         )
     }
 }
+
+/// Whether `a` and `b` are one file (the same device and inode: a link counts).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// Where [`Options::find_key_for`] looks for the key when none is named, in this order after
+/// `--key-file` and [`KEY_FILE_ENV`]:
+///
+/// 1. `/etc/rblk/keys/HOST.key` for each host of the URI in turn, HOST as the URI names it,
+///    without brackets or port (`rblk://[FE80::1]:7000/v`: `fe80::1.key`; a host name in lower
+///    case, an IPv6 address in its short form): one key per host, whatever the port.
+/// 2. [`LOCAL_TARGET_KEY`], the key a target on this host made, for this host's own addresses
+///    only (skipped when this user may not open it).
+/// 3. `/etc/rblk/target.key`, where the README copies a target's key to, for every address,
+///    unless it is the same file as 2.
+///
+/// Each under [`Options::key_root`] (`/`). A file that does not exist is skipped; one that
+/// exists and is not a good key file is an error that names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySearch {
+    /// `/etc/rblk/keys`.
+    pub host_keys: PathBuf,
+    /// [`LOCAL_TARGET_KEY`].
+    pub local_target: PathBuf,
+    /// `/etc/rblk/target.key`.
+    pub etc_target: PathBuf,
+}
+
+impl KeySearch {
+    /// The paths under `root`.
+    pub fn under(root: &Path) -> KeySearch {
+        let at = |p: &str| root.join(p.trim_start_matches('/'));
+        KeySearch { host_keys: at(HOST_KEYS_DIR), local_target: at(LOCAL_TARGET_KEY), etc_target: at(ETC_TARGET_KEY) }
+    }
+
+    /// `HOST_KEYS_DIR/HOST.key` for a host as a URI names it.
+    pub fn host_key(&self, host: &str) -> PathBuf {
+        let name = match host.parse::<IpAddr>() {
+            Ok(ip) => ip.to_string(),
+            Err(_) => host.to_ascii_lowercase(),
+        };
+        self.host_keys.join(format!("{name}.key"))
+    }
+}
+
+/// The directory of per-target keys: `HOST.key` in it is the key for the target at HOST.
+pub const HOST_KEYS_DIR: &str = "/etc/rblk/keys";
+
+/// The key file for every target without one of its own: where the README copies a target's key.
+pub const ETC_TARGET_KEY: &str = "/etc/rblk/target.key";
 
 /// The environment variable that names a key file when `--key-file` is not given.
 pub const KEY_FILE_ENV: &str = "RBLK_KEY_FILE";
@@ -584,18 +745,83 @@ mod tests {
         let mut found = Options::default();
         found.find_key(Some(&path)).unwrap();
         assert_eq!(found.key.as_deref(), Some(&key[..]));
-        assert!(!found.key_is_local_target, "a named key is used for every address");
-        assert_eq!(found.key_for("203.0.113.7".parse().unwrap()), Some(&key[..]));
+        assert!(found.local_target_key.is_none(), "a named key is used for every address");
+        assert_eq!(found.key_for("203.0.113.7".parse().unwrap()), Some((&key[..], false)));
         // The local target's key: only for this host's addresses (would catch it being proved to
         // any target the URI names, the relay's start).
-        let local = Options { key: Some(key.to_vec()), key_is_local_target: true, ..Options::default() };
-        assert_eq!(local.key_for("127.0.0.1".parse().unwrap()), Some(&key[..]));
+        let local = Options { local_target_key: Some(key.to_vec()), ..Options::default() };
+        assert_eq!(local.key_for("127.0.0.1".parse().unwrap()), Some((&key[..], true)));
         assert_eq!(local.key_for("203.0.113.7".parse().unwrap()), None);
         assert!(local.missing_key_reason().contains("not used for other hosts"));
         let opts = Options { key_files_tried: vec!["/x/target.key (denied)".into()], ..Options::default() };
         let reason = opts.missing_key_reason();
         assert!(reason.contains("--key-file") && reason.contains("/x/target.key (denied)"), "{reason}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue 43, trap 10: the key search's order and names. Would catch a HOST.key named other
+    /// than the URI writes the host (brackets, a port, an IPv6 address's long form or a name's
+    /// capitals making two files for one host), a later file winning over an earlier one, a file
+    /// that exists but is bad skipped instead of named, the local target's key offered to other
+    /// hosts or reached again through /etc/rblk/target.key, and `--no-key` keeping a key.
+    #[test]
+    fn key_search_order() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = std::env::temp_dir().join(format!("rblk-initiator-search-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["etc/rblk/keys", "var/lib/rblk"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        for d in ["", "etc", "etc/rblk", "etc/rblk/keys", "var", "var/lib", "var/lib/rblk"] {
+            std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let write = |path: &str, key: &[u8], mode: u32| {
+            let path = root.join(path);
+            let _ = std::fs::remove_file(&path);
+            std::fs::write(&path, key).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        let (host, etc, local) = ([b'h'; 32], [b'e'; 32], [b'l'; 32]);
+        write("etc/rblk/keys/fe80::1.key", &host, 0o600);
+        write("etc/rblk/keys/storage1.key", &host, 0o600);
+        write("etc/rblk/target.key", &etc, 0o600);
+        write("var/lib/rblk/target.key", &local, 0o600);
+        let search = |uri: &str| {
+            let mut o = Options { key_root: root.clone(), ..Options::default() };
+            o.find_key_for(None, Some(&crate::Uri::parse(uri).unwrap())).map(|()| o)
+        };
+        assert!(std::env::var_os(KEY_FILE_ENV).is_none(), "run without {KEY_FILE_ENV}");
+        for uri in ["rblk://[FE80:0::1]:7000/v", "rblk://Storage1/v", "rblk://10.9.9.9,storage1:1/v"] {
+            let o = search(uri).unwrap();
+            assert_eq!(o.key.as_deref(), Some(&host[..]), "{uri}");
+            assert!(o.local_target_key.is_none(), "{uri}: the host's key is for every address");
+            assert_eq!(o.key_for("127.0.0.1".parse().unwrap()), Some((&host[..], false)));
+        }
+        // No host key: the local target's key for this host, /etc/rblk/target.key for others.
+        let o = search("rblk://203.0.113.7/v").unwrap();
+        assert_eq!(o.key_for("127.0.0.1".parse().unwrap()), Some((&local[..], true)));
+        assert_eq!(o.key_for("203.0.113.7".parse().unwrap()), Some((&etc[..], false)));
+        assert!(o.key_files_tried.iter().any(|t| t.ends_with("etc/rblk/keys/203.0.113.7.key (not found)")));
+        // The flag first, whatever else exists.
+        let mut o = Options { key_root: root.clone(), ..Options::default() };
+        o.find_key_for(Some(&root.join("etc/rblk/target.key")), Some(&crate::Uri::parse("rblk://storage1/v").unwrap()))
+            .unwrap();
+        assert_eq!(o.key.as_deref(), Some(&etc[..]));
+        // /etc/rblk/target.key linked to the local target's key: not used for other hosts.
+        std::fs::remove_file(root.join("etc/rblk/target.key")).unwrap();
+        std::fs::hard_link(root.join("var/lib/rblk/target.key"), root.join("etc/rblk/target.key")).unwrap();
+        let o = search("rblk://203.0.113.7/v").unwrap();
+        assert_eq!(o.key_for("203.0.113.7".parse().unwrap()), None);
+        assert!(o.missing_key_reason().contains("the local target's key again"), "{}", o.missing_key_reason());
+        // A file found but bad is an error naming it, not a reason to look further.
+        write("etc/rblk/keys/storage1.key", &host, 0o644);
+        let e = rblk_fabric::Chain(&search("rblk://storage1/v").unwrap_err()).to_string();
+        assert!(e.contains("storage1.key") && e.contains("0644"), "{e}");
+        let mut o = search("rblk://[fe80::1]/v").unwrap();
+        o.no_key();
+        assert!(o.key.is_none() && o.local_target_key.is_none() && o.key_for("127.0.0.1".parse().unwrap()).is_none());
+        assert!(o.missing_key_reason().contains("--no-key"), "{}", o.missing_key_reason());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -236,19 +236,21 @@ pub(crate) fn handshake(dest: &Dest, pd: Option<&Pd>, opts: &Options) -> Result<
         None
     };
     let key = opts.key_for(addr.ip());
-    if let (Some(_), false) = (key, authenticated) {
-        if !opts.key_is_local_target {
+    if let (Some((_, local)), false) = (key, authenticated) {
+        if !local {
             // A target that asks for no key proves none: whoever answers at this address.
+            let from = opts.key_file.as_ref().map_or_else(String::new, |f| format!(" from {}", f.display()));
             return Err(Error::Auth {
                 addr,
-                reason: "the target does not require a key, so it cannot prove it holds this one: refusing to \
-                         trust it (without --key-file or RBLK_KEY_FILE, rblk talks to targets that serve anyone)"
-                    .into(),
+                reason: format!(
+                    "the target does not require a key, so it cannot prove it holds this one{from}: refusing to \
+                     trust it (--no-key connects without a key, to targets that serve anyone)"
+                ),
             });
         }
         tracing::warn!(%addr, "the target does not require a key: it serves anyone");
     }
-    let key = key.filter(|_| authenticated);
+    let key = key.filter(|_| authenticated).map(|(k, _)| k);
     if let Some(key) = key {
         if features & FEATURE_MUTUAL_AUTH != 0 {
             let words = Words { hello: ours, flags: flags.bits(), offered };

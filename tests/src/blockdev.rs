@@ -6,7 +6,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::daemon::bin;
-use crate::sh;
 
 /// The `rblk` binary's path.
 pub fn rblk() -> String {
@@ -68,9 +67,15 @@ impl Drop for Attached {
     }
 }
 
-/// `rblk detach DEV`; its output.
+/// `rblk detach DEV`: its status lines (stderr); stdout must be empty.
 pub fn detach(dev: &str) -> String {
-    sh(&format!("{} detach {dev}", rblk()))
+    let out = Command::new(rblk()).args(["detach", dev]).stdin(Stdio::null()).output().expect("run rblk detach");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "rblk detach {dev} failed ({}): {stderr}", out.status);
+    // Issue 43, trap 6: status lines go to stderr; detach has no result to print.
+    assert!(stdout.is_empty(), "rblk detach {dev} printed on stdout: {stdout:?}");
+    eprint!("{stderr}");
+    stderr.into_owned()
 }
 
 /// The error count of fio's terse (v3) output: field 5 of its last line.

@@ -301,6 +301,25 @@ fn mem_external_umount_ends_the_session_cleanly() {
     std::fs::remove_dir(&dir).unwrap();
 }
 
+/// Issue 43, trap 6: `rblk umount` printed `rblk: unmounted DIR` on stdout, where only results
+/// go (it has none). Would catch a status line back on stdout, or none said at all.
+#[test]
+fn mem_rblk_umount_says_what_it_did_on_stderr_only() {
+    let t = mem_target(4 * MIB);
+    let m = mem_mount(&t, OpenMode::ReadOnly, 1);
+    let dir = m.mountpoint().to_owned();
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || tx.send(m.wait().map(drop)).unwrap());
+    let out = rblk(&["umount", dir.to_str().unwrap()]);
+    assert!(out.status.success(), "rblk umount failed");
+    assert!(out.stdout.is_empty(), "status on stdout: {:?}", String::from_utf8_lossy(&out.stdout));
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains(&format!("rblk: unmounted {}", dir.display())), "{text}");
+    rx.recv_timeout(Duration::from_secs(30)).expect("the session ends").expect("cleanly");
+    waiter.join().unwrap();
+    std::fs::remove_dir(&dir).unwrap();
+}
+
 #[test]
 fn mem_a_finished_mount_leaves_the_next_one_on_its_path_alone() {
     let t = mem_target(4 * MIB);
@@ -384,6 +403,7 @@ fn wait_gone(pid: u32) {
 fn umount_rblk(mnt: &Path) {
     let out = rblk(&["umount", mnt.to_str().unwrap()]);
     assert!(out.status.success(), "rblk umount failed");
+    assert!(out.stdout.is_empty(), "rblk umount's status belongs on stderr");
 }
 
 /// A foreground `rblk mount`, its stdout read until it says where the file is.

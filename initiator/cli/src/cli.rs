@@ -20,7 +20,7 @@ use crate::{mount, nbd, ublk};
 /// are powers of 1024; KB, MB, GB, TB powers of 1000, refused unless whole 4096-byte blocks).
 /// Durations take 500ms, 15s, 2m, 1h30m; a bare number is seconds.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(version)]
 pub struct Args {
     #[command(subcommand)]
     /// The subcommand.
@@ -29,24 +29,29 @@ pub struct Args {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List RDMA devices, their ports and the IP addresses that reach them.
+    /// List RDMA devices, their ports and the IP addresses that reach them
+    ///
+    /// With no device the listing is empty (JSON: `[]`; text: nothing on stdout, the reason on
+    /// stderr) and the exit status 0 in both forms, as `nvme list`'s.
     Devices {
         #[command(flatten)]
         format: Format,
     },
-    /// Show a volume's size, block size, largest I/O, durability and open mode. Opens it
-    /// read-only.
+    /// Show a volume's size, block size, largest I/O, durability and open mode
+    ///
+    /// Opens it read-only.
     Info {
         /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
         #[arg(value_parser = volume_uri_arg)]
         uri: String,
         #[command(flatten)]
-        conn: Connection,
-        #[command(flatten)]
         format: Format,
+        #[command(flatten)]
+        conn: Connection,
     },
-    /// List the volumes a target lets this host open (as `nvme discover` does for NVMe-oF): name,
-    /// size, volatile or durable, and the most this host may open it for. Opens and registers
+    /// List the volumes a target lets this host open (as `nvme discover`)
+    ///
+    /// Name, size, volatile or durable, and the most this host may open it for. Opens and registers
     /// nothing. (`rblk list` lists this host's attachments.)
     #[command(alias = "ls")]
     Discover {
@@ -55,94 +60,115 @@ pub enum Command {
         #[arg(value_parser = target_uri_arg)]
         uri: String,
         #[command(flatten)]
-        conn: Connection,
-        #[command(flatten)]
         format: Format,
+        #[command(flatten)]
+        conn: Connection,
     },
-    /// Show the target's counters: registrations, pinned bytes, sessions, connections and its
-    /// CPU time (which shows the data path does not use it). Opens the volume read-only, since
-    /// the target answers STATS only on an open session.
+    /// Show the target's counters: registrations, sessions, CPU time
+    ///
+    /// Registrations, pinned bytes, sessions, connections and its CPU time (which shows the data
+    /// path does not use it). Opens the volume read-only, since the target answers STATS only on an
+    /// open session.
     Stats {
         /// A volume of the target: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
         #[arg(value_parser = volume_uri_arg)]
         uri: String,
         #[command(flatten)]
-        conn: Connection,
-        #[command(flatten)]
         format: Format,
+        #[command(flatten)]
+        conn: Connection,
     },
     /// Read LENGTH bytes at OFFSET of a volume to a file or stdout. Opens it read-only.
     Read {
         /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
         #[arg(value_parser = volume_uri_arg)]
         uri: String,
-        /// Byte offset to read from, a multiple of the block size (4096, 4k, 1M, ...).
+        /// Byte offset to read from, a multiple of the block size
         #[arg(long, value_parser = size_arg, default_value = "0", value_name = "N")]
         offset: u64,
-        /// Bytes to read, a multiple of the block size (4096, 4k, 1M, ...).
+        /// Bytes to read, a multiple of the block size (4096, 4k, 1M, ...)
         #[arg(long, value_parser = size_arg, value_name = "N")]
         length: u64,
-        /// Write the data to this file (created or truncated); `-` for stdout, which must then not
-        /// be a terminal unless asked for this way (binary data would garble it).
+        /// Write the data to this file (created or truncated); `-`: stdout
+        ///
+        /// Standard output must then not be a terminal unless asked for this way (binary data would
+        /// garble it).
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// Not a file: formats are `-o`, files `--output FILE` (this refuses with that message).
         #[arg(short = 'o', value_name = "FORMAT", hide = true, value_parser = read_has_no_format)]
         output_format: Option<String>,
-        /// Show a progress bar on stderr (bytes, rate, time left), when stderr is a terminal.
+        /// Show a progress bar on stderr when it is a terminal
+        ///
+        /// Bytes, rate, time left.
         #[arg(long)]
         progress: bool,
         #[command(flatten)]
         conn: Connection,
     },
-    /// Write a file or stdin to a volume at OFFSET, then flush (so a completed write is durable
-    /// on a durable volume). Opens it read-write.
+    /// Write a file or stdin to a volume at OFFSET, then flush
+    ///
+    /// So a completed write is durable on a durable volume. Opens it read-write.
     ///
     /// The input's length must be a multiple of the volume's block size, unless --pad is given.
     Write {
         /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
         #[arg(value_parser = volume_uri_arg)]
         uri: String,
-        /// Byte offset to write at, a multiple of the block size (4096, 4k, 1M, ...). Required, so
-        /// that nothing is overwritten by accident.
+        /// Byte offset to write at, a multiple of the block size
+        ///
+        /// Required, so that nothing is overwritten by accident.
         #[arg(long, value_parser = size_arg, value_name = "N")]
         offset: u64,
-        /// Read the data from this file or block device instead of stdin. Any input streams in
-        /// bounded memory; the length of a file or block device is checked before anything is
-        /// written, a pipe's (past the end, or a partial last block without --pad) when the
-        /// data gets there.
+        /// Read the data from this file or block device (`-`: stdin)
+        ///
+        /// Instead of stdin; stdin is refused when it is a terminal, unless `-` is given. Any input
+        /// streams in bounded memory; the length of a file or block device is checked before
+        /// anything is written, a pipe's (past the end, or a partial last block without --pad) when
+        /// the data gets there.
         #[arg(long, short, value_name = "FILE")]
         input: Option<PathBuf>,
-        /// Zero-fill the last block when the input's length is not a multiple of the block size.
+        /// Zero-fill a partial last block
+        ///
+        /// When the input's length is not a multiple of the block size.
         #[arg(long)]
         pad: bool,
-        /// Do not FLUSH before exiting: the data is then in target memory only, and a durable
-        /// volume may lose it if the target crashes before someone flushes.
+        /// Do not FLUSH before exiting
+        ///
+        /// The data is then in target memory only, and a durable volume may lose it if the target
+        /// crashes before someone flushes.
         #[arg(long)]
         no_flush: bool,
-        /// Show a progress bar on stderr (bytes, rate, and time left when the input's length is
-        /// known; bytes and rate for a pipe), when stderr is a terminal.
+        /// Show a progress bar on stderr when it is a terminal
+        ///
+        /// Bytes, rate, and time left when the input's length is known; bytes and rate for a pipe.
         #[arg(long)]
         progress: bool,
         #[command(flatten)]
         conn: Connection,
     },
-    /// Discard LENGTH bytes at OFFSET of a volume, as blkdiscard does for a block device: the
-    /// target zeroes them, and a durable volume's backing store gives their blocks back.
+    /// Discard LENGTH bytes at OFFSET of a volume, as blkdiscard does
+    ///
+    /// The target zeroes them, and a durable volume's backing store gives their blocks back.
     /// Durable when this returns. Opens the volume read-write; needs a target with discard.
     Discard {
         /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
         #[arg(value_parser = volume_uri_arg)]
         uri: String,
-        /// Byte offset, a multiple of the block size (4096, 4k, 1M, ...). Required, so that nothing
-        /// is discarded by accident.
+        /// Byte offset, a multiple of the block size
+        ///
+        /// Required, so that nothing is discarded by accident.
         #[arg(long, value_parser = size_arg, value_name = "N")]
         offset: u64,
-        /// Bytes, a multiple of the block size. Required, as --offset.
+        /// Bytes, a multiple of the block size
+        ///
+        /// Required, as --offset.
         #[arg(long, value_parser = size_arg, value_name = "N")]
         length: u64,
-        /// Zero the range and keep its blocks allocated (WRITE_ZEROES, as `blkdiscard --zeroout`)
-        /// instead of discarding it. Against a target without discard the zeros are written.
+        /// Zero the range and keep its blocks allocated (WRITE_ZEROES)
+        ///
+        /// As `blkdiscard --zeroout`, instead of discarding it. Against a target without discard
+        /// the zeros are written.
         #[arg(long, short = 'z')]
         zeroout: bool,
         #[command(flatten)]
@@ -156,14 +182,18 @@ pub enum Command {
     Attach(ublk::AttachArgs),
     Detach(ublk::DetachArgs),
     List(crate::list::ListArgs),
-    /// Print a completion script for SHELL on stdout, generated from this binary's own
-    /// arguments (e.g. `rblk completions bash > /etc/bash_completion.d/rblk`).
+    /// Print a completion script for SHELL on stdout
+    ///
+    /// Generated from this binary's own arguments (e.g. `rblk completions bash >
+    /// /etc/bash_completion.d/rblk`).
     Completions {
-        /// bash, zsh, fish, elvish or powershell.
+        /// The shell
         shell: clap_complete::Shell,
     },
-    /// Write a new key to FILE: 64 hex digits (256 random bits) and a newline, mode 0600, as
-    /// `rblk-target gen-key` does. Refuses to overwrite an existing file.
+    /// Write a new key to FILE (64 hex digits, mode 0600)
+    ///
+    /// 256 random bits and a newline, as `rblk-target gen-key` does. Refuses to overwrite an
+    /// existing file.
     GenKey {
         /// Where to write it.
         file: PathBuf,
@@ -217,9 +247,15 @@ pub fn main() -> ExitCode {
 }
 
 /// The error and its causes, each once: rblk's errors do not repeat their sources' text, so the
-/// chain reads `what failed: why: root cause`.
+/// chain reads `what failed: why: root cause`. An OS error is its errno's description, without
+/// the standard library's `(os error N)`.
 pub fn error_text(e: &anyhow::Error) -> String {
-    format!("{e:#}")
+    let text =
+        |c: &(dyn std::error::Error + 'static)| match c.downcast_ref::<io::Error>().and_then(io::Error::raw_os_error) {
+            Some(n) => nix::errno::Errno::from_raw(n).desc().to_owned(),
+            None => c.to_string(),
+        };
+    e.chain().map(text).collect::<Vec<_>>().join(": ")
 }
 
 /// True when rdma_cm found no RDMA device for the address (ENODEV somewhere in the chain).
@@ -289,8 +325,11 @@ fn devices(format: &Format) -> anyhow::Result<()> {
         // An empty listing is valid JSON and no error: scripts test for `[]`.
         return print_json(&serde_json::Value::Array(all));
     }
+    // No device is no error, as in JSON (`[]`) and as `nvme list` without NVMe devices: the
+    // listing is empty, and stderr says why.
     if devs.is_empty() {
-        bail!("no RDMA device found: {}", rblk_initiator::why_no_device());
+        eprintln!("rblk: no RDMA device found: {}", rblk_initiator::why_no_device());
+        return Ok(());
     }
     println!(
         "{:<10} {:>4}  {:<7} {:<10} {:>5}  {:<14} {:<10} ADDRESSES",
@@ -336,7 +375,7 @@ fn info(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
 
 fn discover(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     let target = rblk_initiator::Uri::parse_target(uri)?;
-    let mut session = Session::connect(&target, &conn.options(Reconnect::default())?)?;
+    let mut session = Session::connect(&target, &conn.options(uri, Reconnect::default())?)?;
     let volumes = session.list()?;
     drop(session);
     if format.json() {
@@ -483,9 +522,7 @@ fn read(
 ) -> anyhow::Result<()> {
     // Local checks before any connection: where the data goes.
     let to_stdout = output.as_deref().is_none_or(|p| p == std::path::Path::new("-"));
-    if output.is_none() && io::IsTerminal::is_terminal(&io::stdout()) {
-        bail!("standard output is a terminal: give --output FILE, or --output - to write the data there anyway");
-    }
+    crate::stdio::refuse_terminal(crate::stdio::Std::Out, output.is_some())?;
     let mut out = match &output {
         Some(path) if !to_stdout => {
             File::create(path).and_then(Patient::new).with_context(|| format!("creating {}", path.display()))?
@@ -579,6 +616,9 @@ fn discard(uri: &str, conn: &Connection, offset: u64, length: u64, zeroout: bool
 /// device's (by seeking to its end); None for stdin, pipes and character devices.
 fn open_input(path: Option<&std::path::Path>) -> anyhow::Result<(Patient, Option<u64>)> {
     use std::io::{Seek, SeekFrom};
+    // Before any connection: a terminal on stdin would have rblk wait silently for typing.
+    crate::stdio::refuse_terminal(crate::stdio::Std::In, path.is_some())?;
+    let path = path.filter(|p| *p != std::path::Path::new("-"));
     let Some(path) = path else { return Ok((Patient::stdin().context("standard input")?, None)) };
     let mut input = File::open(path).and_then(Patient::new).with_context(|| format!("opening {}", path.display()))?;
     if input.is_stream() {
@@ -687,6 +727,43 @@ mod tests {
         );
     }
 
+    /// Issue 43, trap 8: `rblk read -h` had 11 option lines of 150 to 525 characters and the
+    /// ten connection options mixed into every subcommand's own. Would catch a `-h` of any
+    /// subcommand wider than 100 columns or longer than 40 lines (a long paragraph back in an
+    /// option's first line, options added without `hide_short_help` where rare), or connection
+    /// options outside their one heading.
+    #[test]
+    fn short_help_fits_a_screen() {
+        let mut root = Args::command().term_width(100);
+        root.build();
+        let mut helps = vec![("rblk".to_owned(), root.render_help().to_string())];
+        for sub in root.get_subcommands_mut() {
+            helps.push((sub.get_name().to_owned(), sub.render_help().to_string()));
+        }
+        assert!(helps.len() > 15, "every subcommand: {}", helps.len());
+        for (name, text) in &helps {
+            let lines: Vec<&str> = text.lines().collect();
+            assert!(lines.len() <= 40, "rblk {name} -h has {} lines:\n{text}", lines.len());
+            for line in &lines {
+                assert!(line.chars().count() <= 100, "rblk {name} -h: {} columns: {line}", line.chars().count());
+            }
+            if let Some(at) = text.find("\nConnection options:\n") {
+                let (own, connection) = text.split_at(at);
+                let connection = connection.split("\n\n").next().unwrap_or_default();
+                for flag in ["--key-file", "--no-key", "--host-id", "--device", "--target-id", "--timeout"] {
+                    assert!(!own.contains(flag), "rblk {name} -h: {flag} outside Connection options:\n{text}");
+                    assert!(connection.contains(flag), "rblk {name} -h: {flag} not under Connection options:\n{text}");
+                }
+            }
+        }
+        let read = &helps.iter().find(|(n, _)| n == "read").expect("rblk read").1;
+        assert!(read.contains("Connection options:") && read.contains("see more with '--help'"), "{read}");
+        // The prose is still there, in --help.
+        let mut read = root.find_subcommand_mut("read").unwrap().clone();
+        let long = read.render_long_help().to_string();
+        assert!(long.contains("/etc/rblk/keys/HOST.key") && long.contains("RDMA_OPTION_ID_TOS"), "{long}");
+    }
+
     #[test]
     fn padding() {
         assert_eq!(padded_len(8192, 4096, false).unwrap(), 8192);
@@ -702,6 +779,10 @@ mod tests {
         assert_eq!(error_text(&e), "key file /k: disk on fire");
         let e = anyhow::anyhow!("inner").context("outer");
         assert_eq!(error_text(&e), "outer: inner");
+        // Issue 43, trap 7: no `(os error 13)` after the errno's words.
+        let io = std::io::Error::from_raw_os_error(libc::EACCES);
+        let e = anyhow::Error::new(rblk_initiator::Error::KeyFile { path: "/etc/rblk/target.key".into(), source: io });
+        assert_eq!(error_text(&e), "key file /etc/rblk/target.key: Permission denied");
     }
 
     /// The no-device hint follows the errno, not the message's wording.
@@ -727,18 +808,18 @@ mod tests {
         let a =
             Args::try_parse_from(["rblk", "info", "rblk://h/v", "--source-addr", "10.0.0.2", "--tos", "106"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
-        let o = conn.options(Reconnect::default()).unwrap();
+        let o = conn.options("rblk://h/v", Reconnect::default()).unwrap();
         assert_eq!((o.source_addr, o.tos), (Some("10.0.0.2".parse().unwrap()), Some(106)));
         assert_eq!(o.route().source, o.source_addr);
         assert!(o.memory_windows, "memory windows are asked for by default");
         assert_eq!(o.wait, rblk_initiator::Wait::Adaptive, "no polling unless asked");
         let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--memory-windows", "off", "--poll"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
-        let o = conn.options(Reconnect::default()).unwrap();
+        let o = conn.options("rblk://h/v", Reconnect::default()).unwrap();
         assert!(!o.memory_windows && o.wait == rblk_initiator::Wait::Poll);
         let a = Args::try_parse_from(["rblk", "info", "rblk://h/v", "--wait", "sleep"]).unwrap();
         let Command::Info { conn, .. } = a.command else { panic!("parsed as {:?}", a.command) };
-        assert_eq!(conn.options(Reconnect::default()).unwrap().wait, rblk_initiator::Wait::Sleep);
+        assert_eq!(conn.options("rblk://h/v", Reconnect::default()).unwrap().wait, rblk_initiator::Wait::Sleep);
         assert!(Args::try_parse_from(["rblk", "info", "rblk://h/v", "--wait", "sleep", "--poll"]).is_err());
         for bad in [["--tos", "256"], ["--source-addr", "eth0"], ["--memory-windows", "maybe"], ["--wait", "fast"]] {
             let mut argv = vec!["rblk", "info", "rblk://h/v"];

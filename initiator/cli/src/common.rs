@@ -11,24 +11,45 @@ use rblk_initiator::{OpenMode, Options, Reconnect, Session, Volume};
 
 /// How to reach the target; shared by every subcommand that connects.
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Connection options")]
 pub struct Connection {
-    /// Key file, for targets that require one: the target's shared key (its --key-file, or the
-    /// STATE_DIR/target.key it made), or this host's own key from the target's `[[host]]` entry.
-    /// One line of at least 32 bytes, mode 0600, owned by root or you, in directories only you
-    /// or root may write. Default: /var/lib/rblk/target.key when it can be read (a target on
-    /// this host).
-    #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH")]
+    /// Key file for a target that requires one [default: searched]
+    ///
+    /// The target's shared key (its --key-file, or the STATE_DIR/target.key it made), or this
+    /// host's own key from the target's `[[host]]` entry. One line of at least 32 bytes, mode 0600,
+    /// owned by root or you, in directories only you or root may write.
+    ///
+    /// Without it the key is searched for in this order, the first file that exists winning:
+    /// RBLK_KEY_FILE; /etc/rblk/keys/HOST.key for each host of the URI in turn (HOST as the URI
+    /// names it without brackets or port, a name in lower case, an IPv6 address in its short form:
+    /// rblk://[fe80::1]:7000/v takes /etc/rblk/keys/fe80::1.key); /var/lib/rblk/target.key (a
+    /// target on this host made it) for this host's own addresses only, when you may read it;
+    /// /etc/rblk/target.key (a target's key copied here) for any address. A file that exists but is
+    /// not a good key file is an error naming it. With a key, a target that requires none is
+    /// refused (it cannot prove it holds the key): --no-key connects without.
+    // RBLK_KEY_FILE is read by the search itself (not as this flag's `env`), so that --no-key
+    // overrides it where it conflicts with the flag.
+    #[arg(long, value_name = "PATH")]
     pub key_file: Option<PathBuf>,
-    /// This host's identity for the target's access lists and per-host keys (like an NVMe host
-    /// NQN): printable ASCII, no spaces. Default: the machine's hostname.
-    #[arg(long, env = "RBLK_HOST_ID", value_name = "NAME", value_parser = host_id_arg)]
+    /// Connect without any key, even when one is found
+    ///
+    /// For a target that serves anyone, which an initiator with a key refuses. Overrides
+    /// RBLK_KEY_FILE; not with --key-file.
+    #[arg(long, conflicts_with = "key_file")]
+    pub no_key: bool,
+    /// This host's identity for access lists [default: hostname]
+    ///
+    /// For the target's access lists and per-host keys (like an NVMe host NQN): printable ASCII, no
+    /// spaces. The environment variable RBLK_HOST_ID sets it too.
+    #[arg(long, env = "RBLK_HOST_ID", hide_env = true, value_name = "NAME", value_parser = host_id_arg)]
     pub host_id: Option<String>,
     #[command(flatten)]
     pub route: rblk_initiator::RouteArgs,
     #[command(flatten)]
     pub trust: rblk_initiator::TrustArgs,
-    /// Give up on each control exchange (connect, open, flush) after this long (`10`, `1500ms`:
-    /// a bare number is seconds; at most 1 day).
+    /// Give up on each control exchange after this long
+    ///
+    /// Connect, open, flush; `10`, `1500ms`: a bare number is seconds; at most 1 day.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = timeout_arg)]
     pub timeout: Duration,
 }
@@ -55,7 +76,7 @@ pub struct Format {
     /// Deprecated spelling of `-o json`.
     #[arg(long, hide = true)]
     pub json: bool,
-    /// Output format, as nvme-cli spells it: normal (text) or json.
+    /// Output format: normal (text) or json, as nvme-cli spells it
     #[arg(short = 'o', long, value_name = "FORMAT", value_parser = output_format_arg)]
     pub output_format: Option<String>,
 }
@@ -98,12 +119,25 @@ pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
     }
 }
 
+/// For tests only: the directory the key search's fixed paths are under instead of `/`
+/// ([`Options::key_root`]), so a test can lay out its own /etc/rblk and /var/lib/rblk.
+pub const KEY_ROOT_ENV: &str = "RBLK_TEST_KEY_ROOT";
+
 impl Connection {
-    /// The library's options for these flags, with `reconnect` as the reconnect policy.
-    pub fn options(&self, reconnect: Reconnect) -> anyhow::Result<Options> {
+    /// The library's options for these flags to reach `uri` (a volume's or a target's: its
+    /// hosts name the key files searched), with `reconnect` as the reconnect policy.
+    pub fn options(&self, uri: &str, reconnect: Reconnect) -> anyhow::Result<Options> {
         let mut options =
             Options { host_id: self.host_id.clone(), timeout: self.timeout, reconnect, ..Options::default() };
-        options.find_key(self.key_file.as_deref())?;
+        if let Some(root) = std::env::var_os(KEY_ROOT_ENV).filter(|r| !r.is_empty()) {
+            options.key_root = root.into();
+        }
+        if self.no_key {
+            options.no_key();
+        } else {
+            let target = rblk_initiator::Uri::parse_target(uri)?;
+            options.find_key_for(self.key_file.as_deref(), Some(&target))?;
+        }
         self.route.apply(&mut options);
         self.trust.apply(&mut options);
         Ok(options)
@@ -112,8 +146,17 @@ impl Connection {
 
 /// Connects and opens a volume as the command line asks.
 pub fn open(uri: &str, conn: &Connection, mode: OpenMode, reconnect: Reconnect) -> anyhow::Result<Volume> {
-    let session = Session::connect(uri, &conn.options(reconnect)?)?;
+    let session = Session::connect(uri, &conn.options(uri, reconnect)?)?;
     Ok(session.open(mode)?)
+}
+
+/// An I/O error in words: the errno's description without the standard library's
+/// `(os error N)`.
+pub fn io_text(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => nix::errno::Errno::from_raw(n).desc().to_lowercase(),
+        None => e.to_string(),
+    }
 }
 
 /// `bytes` in the largest binary unit that divides it (`1 GiB`, `1536 KiB`): the project's one

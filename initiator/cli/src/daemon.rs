@@ -18,10 +18,14 @@ use anyhow::{bail, Context as _};
 /// `--daemon` and its companions, for the front ends that serve (flattened into their arguments).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DaemonArgs {
-    /// Return once serving, from a detached background process (its pid is printed on stderr).
+    /// Return once serving, leaving a background process to serve
+    ///
+    /// The detached process's pid is printed on stderr.
     #[arg(long)]
     pub daemon: bool,
-    /// With --daemon: append the background process's log to this file (default: discarded).
+    /// With --daemon: append the background process's log here
+    ///
+    /// Default: discarded.
     #[arg(long, value_name = "PATH", requires = "daemon")]
     pub log_file: Option<PathBuf>,
     /// Internal: this is the background process of --daemon.

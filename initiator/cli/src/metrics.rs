@@ -23,11 +23,19 @@ use rblk_initiator::{EngineCounters, EngineStats, Latency, LinkState, Uri};
 /// The `--metrics` flag, one definition for every front end.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MetricsArgs {
-    /// Serve Prometheus metrics (rblk_initiator_*: reads, writes, flushes, bytes, errors,
-    /// latency histograms, reconnects, connection state) over HTTP at http://ADDR:PORT/metrics.
-    /// Bind it to a management or loopback address: it has no authentication.
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics
+    ///
+    /// rblk_initiator_*: reads, writes, flushes, bytes, errors, latency histograms, reconnects,
+    /// connection state. Bind it to a management or loopback address: it has no authentication.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = metrics_addr_arg)]
     pub metrics: Option<SocketAddr>,
+}
+
+/// `--metrics`: an address and port, said in words (not `invalid socket address syntax`).
+fn metrics_addr_arg(text: &str) -> Result<SocketAddr, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("--metrics takes an IP address and a port (127.0.0.1:9100, [::1]:9100), got {text:?}"))
 }
 
 impl MetricsArgs {

@@ -42,23 +42,28 @@ use crate::list::{self, Entry};
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct MountArgs {
-    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+    /// The volume: rblk://HOST[:PORT]/VOLUME
+    #[arg(value_parser = crate::common::volume_uri_arg)]
     uri: String,
-    /// An existing directory to mount on; the volume appears in it as one file.
+    /// An existing directory to mount on; the volume appears in it as one file
     mountpoint: PathBuf,
-    /// Open the volume read-only: writes to the file fail (EROFS), and a --loop device is
-    /// read-only too.
+    /// Open the volume read-only (writes fail with EROFS)
+    ///
+    /// Writes to the file fail (EROFS), and a --loop device is read-only too.
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
-    /// Open the volume exclusively: no other session may write it while it is mounted.
+    /// Open the volume exclusively: no other session may write it
     #[arg(long)]
     exclusive: bool,
-    /// Serve requests from N threads, each with its own queue pair to the target (N requests
-    /// in flight).
+    /// Serve requests from N threads with a queue pair each
+    ///
+    /// N requests in flight.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = |t: &str| rblk_initiator::parse_bounded(t, 1, Some(64)).map(|n| n as u32))]
     queues: u32,
-    /// Also attach a loop device to the file (`losetup --direct-io=on`) and print its path
-    /// instead of the file's. `rblk umount` detaches it.
+    /// Also attach a loop device to the file and print its path
+    ///
+    /// `losetup --direct-io=on`; its path is printed instead of the file's. `rblk umount` detaches
+    /// it.
     #[arg(long = "loop")]
     loop_device: bool,
     #[command(flatten)]
@@ -88,6 +93,8 @@ pub struct UmountArgs {
 
 /// `rblk mount`.
 pub fn mount(args: MountArgs) -> anyhow::Result<()> {
+    // Local arguments before any connection (or background process).
+    check_mountpoint(&args.mountpoint)?;
     if args.run.daemon && !args.run.detached {
         // The background process printed the one stdout line (relayed) and the rest to stderr.
         let pid = daemon::spawn_detached("the volume was mounted")?;
@@ -101,13 +108,25 @@ pub fn mount(args: MountArgs) -> anyhow::Result<()> {
     serve(&args)
 }
 
+/// Refuses a mount point that is not an existing directory, saying so (not the connect's error).
+fn check_mountpoint(dir: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => anyhow::bail!("the mount point {} is not a directory", dir.display()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            anyhow::bail!("the mount point {} does not exist (mkdir it first)", dir.display())
+        }
+        Err(e) => anyhow::bail!("the mount point {}: {}", dir.display(), crate::common::io_text(&e)),
+    }
+}
+
 /// `rblk umount`.
 pub fn umount(args: UmountArgs) -> anyhow::Result<()> {
     let done = fusefs::unmount(&args.mountpoint)?;
     for dev in &done.loops {
-        println!("rblk: detached {}", dev.display());
+        eprintln!("rblk: detached {}", dev.display());
     }
-    println!("rblk: unmounted {}", done.mountpoint.display());
+    eprintln!("rblk: unmounted {}", done.mountpoint.display());
     Ok(())
 }
 

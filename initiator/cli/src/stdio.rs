@@ -24,6 +24,37 @@ const TICK: Duration = Duration::from_secs(1);
 /// blocking (PIPE_BUF).
 const STREAM_WRITE: usize = 4096;
 
+/// Standard input or output, for [`refuse_terminal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Std {
+    /// `rblk write`'s data when no --input is given.
+    In,
+    /// `rblk read`'s data when no --output is given.
+    Out,
+}
+
+/// Refuses binary data to or from a terminal unless it was asked for by name (`-`): on stdout
+/// it garbles the terminal, on stdin rblk would wait silently for bytes typed in. `named`: the
+/// flag named the stream (`--output -`, `--input -`).
+pub fn refuse_terminal(which: Std, named: bool) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let (terminal, what) = match which {
+        Std::Out => (
+            io::stdout().is_terminal(),
+            "standard output is a terminal: give --output FILE, or --output - to write the data there anyway",
+        ),
+        Std::In => (
+            io::stdin().is_terminal(),
+            "standard input is a terminal: give --input FILE or pipe the data in, or --input - to read the data \
+             typed there anyway (end it with Ctrl-D)",
+        ),
+    };
+    if terminal && !named {
+        anyhow::bail!("{what}");
+    }
+    Ok(())
+}
+
 /// Where `rblk write` takes its bytes from: a [`Patient`] (tests have streams of their own).
 pub trait Source {
     /// Fills `buf` unless the input ends first, keeping `vol`'s session alive while it waits;

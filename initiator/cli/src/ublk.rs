@@ -98,32 +98,36 @@ const ALLOW_NULL: &str = "RBLK_ALLOW_NULL";
 #[derive(Debug, clap::Args)]
 #[command(verbatim_doc_comment)]
 pub struct AttachArgs {
-    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME. When a device of this URI
-    /// exists whose serving process died (`rblk list` shows it dead), that device is taken over
-    /// instead of a new one made.
+    /// The volume: rblk://HOST[:PORT]/VOLUME
+    ///
+    /// When a device of this URI exists whose serving process died (`rblk list` shows it dead),
+    /// that device is taken over instead of a new one made.
     #[arg(required_unless_present = "recover", value_parser = crate::common::volume_uri_arg)]
     uri: Option<String>,
-    /// Take over this device (/dev/ublkbN or its /dev/rblk/ name) from its dead serving process,
-    /// with the URI, key file, host id, open mode and reconnect options it was attached with;
-    /// queues and depth are the device's.
+    /// Take over this device from its dead serving process
+    ///
+    /// /dev/ublkbN or its /dev/rblk/ name, with the URI, key file, host id, open mode and reconnect
+    /// options it was attached with; queues and depth are the device's.
     #[arg(long, value_name = "DEV", conflicts_with_all = ["uri", "read_only", "exclusive"])]
     recover: Option<String>,
-    /// The device's stable name: /dev/rblk/NAME, a symlink to /dev/ublkbN for fstab and
-    /// scripts, removed at detach. Default: the volume's name, with -1, -2, ... when another
-    /// device has it.
+    /// The device's stable name, /dev/rblk/NAME [default: the volume's]
+    ///
+    /// A symlink to /dev/ublkbN for fstab and scripts, removed at detach. Default: the volume's
+    /// name, with -1, -2, ... when another device has it.
     #[arg(long, value_name = "NAME", value_parser = link_name_arg)]
     name: Option<String>,
-    /// ublk queues, each served by its own thread with its own queue pair (the kernel may give
-    /// fewer: at most one per CPU).
+    /// ublk queues, each with its own thread and queue pair
+    ///
+    /// The kernel may give fewer: at most one per CPU.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = |t: &str| rblk_initiator::parse_bounded(t, 1, Some(64)).map(|n| n as u16))]
     queues: u16,
-    /// Requests in flight per queue (1-1024).
-    #[arg(long, value_name = "D", default_value_t = 64)]
+    /// Requests in flight per queue (1-1024)
+    #[arg(long, value_name = "D", default_value_t = 64, value_parser = depth_arg)]
     depth: u32,
-    /// Attach read-only: the device is read-only and the session too.
+    /// Attach read-only: the device is read-only and the session too
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
-    /// Open the volume exclusively: no other session may write it while attached.
+    /// Open the volume exclusively: no other session may write it
     #[arg(long)]
     exclusive: bool,
     /// Not for use: completes every request at once without RDMA (reads return whatever the
@@ -131,10 +135,12 @@ pub struct AttachArgs {
     /// queue loop and wait policy with the RDMA step removed). Refused unless RBLK_ALLOW_NULL=1.
     #[arg(long, hide = true)]
     null_io: bool,
-    /// Write each queue thread's own timestamps of its requests' stages (taken from the kernel,
-    /// staged, posted, finished, committed) and of its waits to FILE.q0, FILE.q1, ... when it
+    /// Write each queue's request stage timestamps to FILE.qN
+    ///
+    /// Each queue thread's own timestamps of its requests' stages (taken from the kernel, staged,
+    /// posted, finished, committed) and of its waits, written to FILE.q0, FILE.q1, ... when it
     /// stops, for scripts/stages-rxe.sh (see docs/timeline-rxe.md). Costs a timestamp per stage.
-    #[arg(long, value_name = "FILE", value_parser = absolute_arg)]
+    #[arg(long, value_name = "FILE", value_parser = absolute_arg, hide_short_help = true)]
     stage_log: Option<PathBuf>,
     #[command(flatten)]
     format: crate::common::Format,
@@ -156,17 +162,29 @@ pub struct AttachArgs {
 /// deletes the device by its id. Refuses while the device is mounted.
 #[derive(Debug, clap::Args)]
 pub struct DetachArgs {
-    /// The device (/dev/ublkbN or its /dev/rblk/NAME) or the volume's URI.
+    /// The device (/dev/ublkbN or /dev/rblk/NAME) or the volume's URI
     target: String,
-    /// Only when its serving process is dead: then remove the device (what waits on it fails);
-    /// while a process serves it, or when there is no such device, do nothing and exit 0. For
-    /// `ExecStopPost=` of rblk-attach@.service.
+    /// Only remove the device when its serving process is dead
+    ///
+    /// Then what waits on it fails; while a process serves it, or when there is no such device, do
+    /// nothing and exit 0. For `ExecStopPost=` of rblk-attach@.service.
     #[arg(long)]
     if_dead: bool,
-    /// Give up waiting for the serving process after this long (`60`, `2m`: a bare number is
-    /// seconds; at most 1 day).
+    /// Give up waiting for the serving process after this long
+    ///
+    /// `60`, `2m`: a bare number is seconds; at most 1 day.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::common::timeout_arg)]
     timeout: Duration,
+}
+
+/// `--depth`: checked when the command line is parsed, before root or the driver is.
+fn depth_arg(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(d) if (1..=MAX_DEPTH).contains(&d) => Ok(d),
+        _ => Err(format!(
+            "--depth must be a whole number from 1 to {MAX_DEPTH} (requests in flight per queue), got {text:?}"
+        )),
+    }
 }
 
 /// A path made absolute now: the background process of `--daemon` works from `/`.
@@ -198,9 +216,6 @@ fn preflight(args: &AttachArgs) -> anyhow::Result<()> {
     }
     if !Path::new(CONTROL).exists() {
         bail!("{CONTROL} is missing: the ublk driver is not loaded (modprobe ublk_drv)");
-    }
-    if args.depth == 0 || args.depth > MAX_DEPTH {
-        bail!("--depth {} is out of range: a queue takes 1 to {MAX_DEPTH} requests in flight", args.depth);
     }
     Ok(())
 }
@@ -715,6 +730,9 @@ pub struct Handover {
     /// `--key-file`, if given (otherwise the successor looks where `rblk` always looks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
+    /// `--no-key`: the successor connects without a key too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_key: bool,
     /// `--host-id`, if given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_id: Option<String>,
@@ -748,6 +766,7 @@ impl Handover {
             uri: uri.to_owned(),
             mode: mode_arg(mode).into(),
             key_file: conn.key_file.clone(),
+            no_key: conn.no_key,
             host_id: conn.host_id.clone(),
             reconnect_delay_ms: ms(r.delay),
             ctrl_loss_tmo_ms: r.ctrl_loss_tmo.map(ms),
@@ -823,7 +842,8 @@ fn mode_arg(mode: OpenMode) -> &'static str {
 /// server, as before).
 fn recovery_flags() -> u64 {
     let want = u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE);
-    match UblkCtrl::get_features() {
+    // Through ublk(): without the driver libublk would print its own line.
+    match ublk("asking the ublk driver's features", || Ok(UblkCtrl::get_features())).ok().flatten() {
         Some(f) if f & want == want => want,
         _ => {
             tracing::warn!("this kernel's ublk driver has no user recovery: the device dies with this process");
@@ -979,7 +999,8 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
     let mut conn = args.conn.clone();
     conn.key_file = conn.key_file.or_else(|| handover.key_file.clone());
     conn.host_id = conn.host_id.or_else(|| handover.host_id.clone());
-    let opts = conn.options(reconnect)?;
+    conn.no_key |= handover.no_key && conn.key_file.is_none();
+    let opts = conn.options(&handover.uri, reconnect)?;
     eprintln!("rblk: taking over {dev} ({}) from its dead server", handover.uri);
     // A stop (systemctl stop) while the target cannot be reached removes the device: a stopped
     // unit leaves no device whose requests wait for nobody.
@@ -1029,12 +1050,12 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
             vol
         }
     };
-    let ctrl = UblkCtrl::new_simple(dev_id as i32).map_err(|e| anyhow::anyhow!("{dev}: {}", ublk_text(&e)))?;
+    let ctrl = ublk(&format!("opening {dev}"), || UblkCtrl::new_simple(dev_id as i32))?;
     let info = ctrl.dev_info();
     if info.flags & u64::from(sys::UBLK_F_USER_RECOVERY) == 0 {
         bail!("{dev} was made without ublk user recovery: it cannot be taken over");
     }
-    ctrl.start_user_recover().map_err(|e| anyhow::anyhow!("START_USER_RECOVERY of {dev} failed: {}", ublk_text(&e)))?;
+    ublk(&format!("START_USER_RECOVERY of {dev}"), || ctrl.start_user_recover())?;
     tracing::info!("recovery: START_USER_RECOVERY done");
     drop(ctrl);
     let handover = Handover::new(&handover.uri, mode, &conn, reconnect, vol.predecessor());
@@ -1045,7 +1066,7 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
 /// Nothing may continue on a dead server's device: remove it (what waits on it fails), and
 /// leave the entry as a failure `rblk list` shows.
 fn give_up(dev_id: u32, dev: &str, reg: Option<&mut list::Registration>, reason: &str) -> anyhow::Result<()> {
-    if let Ok(c) = UblkCtrl::new_simple(dev_id as i32) {
+    if let Ok(c) = ublk(dev, || UblkCtrl::new_simple(dev_id as i32)) {
         let _ = c.kill_dev();
         let _ = c.del_dev();
     }
@@ -1096,7 +1117,7 @@ fn run(
         Some((id, claim)) => (Some(id), Some(claim)),
         None => (None, None),
     };
-    let ctrl = match recovering {
+    let ctrl = ublk("creating the ublk device", || match recovering {
         None => UblkCtrlBuilder::default()
             .name("rblk")
             .id(-1)
@@ -1115,8 +1136,7 @@ fn run(
             .io_buf_bytes(io_buf)
             .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV)
             .build(),
-    }
-    .map_err(|e| anyhow::anyhow!("creating the ublk device failed: {}", ublk_text(&e)))?;
+    })?;
     let dev_id = ctrl.dev_info().dev_id;
     let recoverable = ctrl.dev_info().flags & u64::from(sys::UBLK_F_USER_RECOVERY) != 0;
     // A new device is ours from the start; a recovered one was claimed before START_USER_RECOVERY.
@@ -1249,7 +1269,7 @@ fn run(
     remove_link(link_text.as_deref(), &bdev_text);
     drop(lanes);
     if let Err(e) = ran {
-        bail!("starting the ublk device failed: {}", ublk_text(&e));
+        bail!("starting the ublk device: {}", ublk_text(&e));
     }
     if let Some(e) = ready.lock().unwrap_or_else(PoisonError::into_inner).take() {
         tracing::warn!(error = %e, "reporting readiness failed");
@@ -1344,33 +1364,62 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
                 let bytes = f.unflushed_bytes.map_or_else(|| "an unknown number of".to_owned(), |b| b.to_string());
                 bail!("removed {dev}, but {bytes} bytes written were not flushed ({})", f.state);
             }
-            println!("rblk: detached {dev}");
+            eprintln!("rblk: detached {dev}");
             Ok(())
         }
         None if args.if_dead && !Path::new(&format!("/dev/ublkc{dev_id}")).exists() => Ok(()),
         None => {
             // The serving process is gone (killed): delete the device by its id.
-            let c = UblkCtrl::new_simple(dev_id as i32)
-                .map_err(|e| anyhow::anyhow!("ublk device {dev_id} cannot be opened: {}", ublk_text(&e)))?;
+            let c = ublk(&format!("opening {dev}"), || UblkCtrl::new_simple(dev_id as i32))?;
             let _ = c.kill_dev();
-            c.del_dev().map_err(|e| anyhow::anyhow!("deleting ublk device {dev_id} failed: {}", ublk_text(&e)))?;
+            ublk(&format!("deleting {dev}"), || c.del_dev())?;
             remove_link(found_link.as_deref(), &dev);
             if let Some(p) = &path {
                 let _ = std::fs::remove_file(p);
             }
-            println!("rblk: deleted {dev} (its serving process had died: writes it had not flushed may be lost)");
+            eprintln!("rblk: deleted {dev} (its serving process had died: writes it had not flushed may be lost)");
             Ok(())
         }
     }
 }
 
-/// A libublk error in words: the errno's text for driver refusals (`OtherError(-2)` is "No such
-/// file or directory"), never a Debug rendering.
+/// What a missing /dev/ublk-control means.
+const DRIVER_NOT_LOADED: &str = "the ublk driver is not loaded (modprobe ublk_drv)";
+
+/// Runs a libublk control call for `what` ("opening /dev/ublkb3"): every call of rblk's goes
+/// through here or [`ublk_text`]. The driver is checked for first, because libublk prints its
+/// own `Please run modprobe ublk_drv` on stderr and fails with a bare ENOENT without it.
+fn ublk<T>(what: &str, call: impl FnOnce() -> Result<T, UblkError>) -> anyhow::Result<T> {
+    if !Path::new(CONTROL).exists() {
+        bail!("{what}: {DRIVER_NOT_LOADED}");
+    }
+    call().map_err(|e| anyhow::anyhow!("{what}: {}", ublk_text(&e)))
+}
+
+/// A libublk error in words, the one place they are made: what an errno means for a ublk
+/// device (the driver missing, a device that does not exist, root needed), else the errno's
+/// own description; never a Debug rendering, libublk's terse text or `(os error N)`.
 fn ublk_text(e: &UblkError) -> String {
-    match e {
-        UblkError::OtherError(n) | UblkError::UringIOError(n) => std::io::Error::from_raw_os_error(n.abs()).to_string(),
-        UblkError::IOError(io) => io.to_string(),
-        other => other.to_string(),
+    let errno = match e {
+        UblkError::OtherError(n) | UblkError::UringIOError(n) => Some(n.abs()),
+        UblkError::IOError(io) => io.raw_os_error(),
+        _ => None,
+    };
+    match (errno, e) {
+        (Some(libc::ENOENT), _) if !Path::new(CONTROL).exists() => DRIVER_NOT_LOADED.into(),
+        (Some(libc::ENOENT | libc::ENODEV), _) => "no such ublk device".into(),
+        (Some(libc::EPERM | libc::EACCES), _) => "permission denied: ublk devices need root (CAP_SYS_ADMIN)".into(),
+        (Some(libc::EBUSY), _) => "the device is busy".into(),
+        (Some(libc::EEXIST), _) => "a ublk device with that id exists already".into(),
+        (Some(libc::EOPNOTSUPP), _) => "this kernel's ublk driver does not support it".into(),
+        (Some(n), _) => nix::errno::Errno::from_raw(n).desc().to_lowercase(),
+        (None, UblkError::UringTimeout) => "the ublk driver did not answer in time".into(),
+        (None, UblkError::QueueIsDown) => "the device's queue is down (it is being removed)".into(),
+        (None, UblkError::InvalidVal) => "the ublk driver cannot take these parameters".into(),
+        (None, UblkError::JsonError(_)) => "libublk's state file of the device cannot be read or written".into(),
+        (None, UblkError::UringIoQueued) => "the request is still queued".into(),
+        (None, UblkError::IOError(io)) => io.kind().to_string(),
+        (None, _) => "the ublk driver failed".into(),
     }
 }
 
@@ -1394,6 +1443,31 @@ mod tests {
         match crate::cli::Args::try_parse_from(argv).map_err(|e| e.to_string())?.command {
             crate::cli::Command::Attach(a) => Ok(a),
             other => Err(format!("{other:?}")),
+        }
+    }
+
+    /// Issue 43, trap 7: libublk's errors in words. Would catch `(os error N)`, libublk's own
+    /// texts (`other failure`, `Invalid input`) or a Debug rendering reaching a user.
+    #[test]
+    fn ublk_errors_are_words() {
+        let io = |n| UblkError::IOError(std::io::Error::from_raw_os_error(n));
+        assert_eq!(
+            ublk_text(&UblkError::OtherError(-libc::EPERM)),
+            "permission denied: ublk devices need root (CAP_SYS_ADMIN)"
+        );
+        assert_eq!(ublk_text(&io(libc::ENODEV)), "no such ublk device");
+        assert_eq!(ublk_text(&UblkError::UringIOError(-libc::EBUSY)), "the device is busy");
+        assert_eq!(ublk_text(&UblkError::OtherError(-libc::ENOMEM)), "out of memory");
+        assert_eq!(ublk_text(&UblkError::InvalidVal), "the ublk driver cannot take these parameters");
+        let missing = ublk_text(&UblkError::OtherError(-libc::ENOENT));
+        if Path::new(CONTROL).exists() {
+            assert_eq!(missing, "no such ublk device");
+        } else {
+            assert_eq!(missing, DRIVER_NOT_LOADED);
+            let e = ublk("opening /dev/ublkb0", || -> Result<(), UblkError> {
+                unreachable!("the driver is checked first")
+            });
+            assert_eq!(format!("{:#}", e.unwrap_err()), format!("opening /dev/ublkb0: {DRIVER_NOT_LOADED}"));
         }
     }
 

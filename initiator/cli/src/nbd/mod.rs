@@ -73,30 +73,35 @@ Examples:
   qemu-img info 'nbd+unix:///?socket=/run/rblk/nbd/vol0.sock'
   nbd-client -d /dev/nbd0";
 
-/// Serve a volume over NBD (Network Block Device) for nbd-client, qemu and other NBD clients,
-/// in the foreground until SIGINT/SIGTERM.
+/// Serve a volume over NBD for nbd-client, qemu and other NBD clients
+///
+/// In the foreground until SIGINT/SIGTERM.
 #[derive(Debug, clap::Args)]
 #[command(after_long_help = HELP)]
 pub struct Args {
-    /// The volume: rblk://HOST/VOLUME or rblk://HOST:PORT/VOLUME.
+    /// The volume: rblk://HOST[:PORT]/VOLUME
+    #[arg(value_parser = crate::common::volume_uri_arg)]
     uri: String,
-    /// Where NBD clients connect: unix:PATH (a socket file, mode 0600, created, and removed at
-    /// exit) or tcp:ADDR:PORT (10809 is NBD's port; NBD has no authentication, so every TCP
-    /// address is warned about, loopback included). Default: a private socket,
-    /// /run/rblk/nbd/VOLUME.sock for root, $XDG_RUNTIME_DIR/rblk/VOLUME.sock for other users,
-    /// in a directory of mode 0700 (as nbdkit's -U -).
+    /// Where clients connect [default: a private socket]
+    ///
+    /// unix:PATH (a socket file, mode 0600, created, and removed at exit; its directory must exist)
+    /// or tcp:ADDR:PORT (10809 is NBD's port; NBD has no authentication, so every TCP address is
+    /// warned about, loopback included). Default: a private socket, /run/rblk/nbd/VOLUME.sock for
+    /// root, $XDG_RUNTIME_DIR/rblk/VOLUME.sock for other users, in a directory of mode 0700 (as
+    /// nbdkit's -U -).
     #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", value_parser = Listen::parse)]
     listen: Option<Listen>,
-    /// Export the volume read-only (and open it read-only on the target).
+    /// Export the volume read-only (and open it read-only)
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
-    /// Open the volume exclusively: no other session may write it while a client is connected.
+    /// Open the volume exclusively: no other session may write it
     #[arg(long, conflicts_with = "shared")]
     exclusive: bool,
-    /// Let several NBD clients connect at once, each with its own rblk session (and advertise
-    /// NBD multi-conn). Without it, a second client is refused while one is connected, so on a
-    /// socket others can reach, one client that stays connected locks the rest out: keep the
-    /// default private socket (or a unix socket only the right users can open).
+    /// Let several NBD clients connect at once (NBD multi-conn)
+    ///
+    /// Each gets its own rblk session. Without it, a second client is refused while one is
+    /// connected, so on a socket others can reach, one client that stays connected locks the rest
+    /// out: keep the default private socket (or a unix socket only the right users can open).
     #[arg(long)]
     shared: bool,
     #[command(flatten)]
@@ -132,6 +137,20 @@ impl Listen {
             return addrs.next().map(Listen::Tcp).ok_or_else(|| format!("{addr:?} has no address"));
         }
         Err(format!("{text:?}: expected unix:PATH or tcp:ADDR:PORT"))
+    }
+
+    /// Refuses a unix socket whose directory does not exist, before anything connects.
+    fn check_dir(&self) -> anyhow::Result<()> {
+        let Listen::Unix(path) = self else { return Ok(()) };
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => bail!("--listen unix:{}: {} is not a directory", path.display(), dir.display()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                bail!("--listen unix:{}: the directory {} does not exist", path.display(), dir.display())
+            }
+            Err(e) => bail!("--listen unix:{}: {}: {}", path.display(), dir.display(), crate::common::io_text(&e)),
+        }
     }
 
     /// The NBD URI clients use (qemu's syntax) for the default export.
@@ -421,13 +440,16 @@ impl Export for RblkExport {
 pub fn run(args: Args) -> anyhow::Result<()> {
     // Local arguments first: a bad socket directory fails before any connection.
     let listen = match &args.listen {
-        Some(l) => l.clone(),
+        Some(l) => {
+            l.check_dir()?;
+            l.clone()
+        }
         None => {
             let volume = Uri::parse(&args.uri)?.volume().to_owned();
             Listen::Unix(private_socket(&volume, nix::unistd::geteuid().is_root())?)
         }
     };
-    let opts = args.conn.options(args.reconnect.reconnect())?;
+    let opts = args.conn.options(&args.uri, args.reconnect.reconnect())?;
     let mode = crate::common::open_mode(args.read_only, args.exclusive);
     // Open once up front: a bad URI, key or device fails here, not at the first client.
     let vol = Session::connect(&args.uri, &opts)?.open(mode)?;
