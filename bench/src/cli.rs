@@ -218,9 +218,17 @@ pub struct Args {
     /// Key file, for targets that require one.
     ///
     /// Key file, for targets that require one: the target's shared key, or this host's own.
-    /// Default: /var/lib/rblk/target.key when it can be read (a target on this host).
-    #[arg(long, env = "RBLK_KEY_FILE", value_name = "PATH", help_heading = CONNECTION)]
+    /// Without it, as rblk: RBLK_KEY_FILE, then /etc/rblk/keys/HOST.key for the target's host
+    /// (the first job's), the local target's /var/lib/rblk/target.key (for this host's
+    /// addresses only), then /etc/rblk/target.key.
+    #[arg(long, value_name = "PATH", help_heading = CONNECTION)]
     pub key_file: Option<PathBuf>,
+    /// Connect without any key, even when one is found.
+    ///
+    /// For a target that serves anyone, which an initiator with a key refuses. Overrides
+    /// RBLK_KEY_FILE; not with --key-file.
+    #[arg(long, conflicts_with = "key_file", help_heading = CONNECTION, hide_short_help = true)]
+    pub no_key: bool,
     /// This host's identity [default: the hostname].
     ///
     /// This host's identity for the target's access lists and per-host keys [default: the
@@ -575,8 +583,15 @@ impl Args {
         Some((self.log.as_deref()?, self.log_interval.unwrap_or(crate::log::DEFAULT_LOG_INTERVAL)))
     }
 
-    /// How to connect.
+    /// How to connect, without a target to find a key for (`--key-file`, `RBLK_KEY_FILE`,
+    /// the local target's key, /etc/rblk/target.key).
     pub fn options(&self) -> Result<Options> {
+        self.options_for(None)
+    }
+
+    /// How to connect to `target`: its key found as rblk finds it (also
+    /// /etc/rblk/keys/HOST.key for the target's host).
+    pub fn options_for(&self, target: Option<&rblk_initiator::Uri>) -> Result<Options> {
         let defaults = Options::default();
         let mut options = Options {
             host_id: self.host_id.clone(),
@@ -585,7 +600,14 @@ impl Args {
             ..defaults
         };
         // The library's error names the file, as rblk reports it.
-        options.find_key(self.key_file.as_deref()).map_err(|e| Error::Connect(Box::new(e)))?;
+        if let Some(root) = std::env::var_os(rblk_initiator::KEY_ROOT_ENV).filter(|r| !r.is_empty()) {
+            options.key_root = root.into();
+        }
+        if self.no_key {
+            options.no_key();
+        } else {
+            options.find_key_for(self.key_file.as_deref(), target).map_err(|e| Error::Connect(Box::new(e)))?;
+        }
         self.route.apply(&mut options);
         self.trust.apply(&mut options);
         Ok(options)

@@ -190,7 +190,10 @@ pub fn execute(args: &Args, env: &Env) -> Result<bool> {
     for s in &inv.sections {
         s.spec.check().map_err(|e| in_section(s, e))?;
     }
-    let options = Options { fabric: env.fabric, ..args.options()? };
+    // One set of options for every section: the key is the first section's target's (a job
+    // file names one target as a rule; --key-file picks one for all).
+    let first = inv.sections.first().and_then(|s| rblk_initiator::Uri::parse(&s.uri).ok());
+    let options = Options { fabric: env.fabric, ..args.options_for(first.as_ref())? };
     let many = inv.sections.len() > 1;
     if args.json.is_some() && many {
         return Err(Error::Invalid(

@@ -122,7 +122,7 @@ pub use options::{
 };
 #[cfg(feature = "clap")]
 pub use options::{ReconnectArgs, RouteArgs, TrustArgs};
-pub use options::{ETC_TARGET_KEY, HOST_KEYS_DIR, KEY_FILE_ENV, LOCAL_TARGET_KEY};
+pub use options::{ETC_TARGET_KEY, HOST_KEYS_DIR, KEY_FILE_ENV, KEY_ROOT_ENV, LOCAL_TARGET_KEY};
 pub use queue::{Done, Queue, MAX_DEPTH};
 pub use range::Geometry;
 pub use rblk_fabric::{list_devices, process_cpu_time, why_no_device, Chain, DeviceInfo, Fabric};

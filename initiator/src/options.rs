@@ -668,6 +668,11 @@ pub const ETC_TARGET_KEY: &str = "/etc/rblk/target.key";
 /// The environment variable that names a key file when `--key-file` is not given.
 pub const KEY_FILE_ENV: &str = "RBLK_KEY_FILE";
 
+/// For tests only: the directory the binaries (rblk, rblk-bench) put the key search's fixed
+/// paths under instead of `/` ([`Options::key_root`]), so a test can lay out its own /etc/rblk
+/// and /var/lib/rblk. The library itself never reads it.
+pub const KEY_ROOT_ENV: &str = "RBLK_TEST_KEY_ROOT";
+
 /// The key a target on this host makes at its first start when none is configured
 /// (`rblk-target`'s default state dir): initiators on the same host use it when they can read it.
 pub const LOCAL_TARGET_KEY: &str = "/var/lib/rblk/target.key";

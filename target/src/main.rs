@@ -230,8 +230,8 @@ fn announce_key(file: &ConfigFile, created: bool) {
             }
             eprintln!(
                 "rblk-target: initiators must prove the key in {path}: `rblk` on this host reads it there; copy it to \
-                 a remote host keeping it private (scp -p {path} HOST:/etc/rblk/target.key, mode 0600) and give it \
-                 there with --key-file /etc/rblk/target.key or RBLK_KEY_FILE"
+                 a remote host keeping it private (scp -p {path} HOST:/etc/rblk/target.key, mode 0600), where rblk \
+                 and rblk-bench find it without a flag"
             );
         }
         KeySource::AnyHost => tracing::warn!(

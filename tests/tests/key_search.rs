@@ -180,3 +180,35 @@ fn a_bad_key_file_found_by_the_search_is_named_before_connecting() {
     assert_eq!(code, Some(2), "--no-key with --key-file is a usage error: {text}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// rblk-bench finds keys as rblk does (issue 43, trap 10: it read only --key-file and the
+/// local target's key, so a bench against a keyed remote target needed the flag): the first
+/// job's target's /etc/rblk/keys/HOST.key is read, here one with a bad mode, named before any
+/// connect; --no-key reads none.
+#[test]
+fn rblk_bench_searches_the_keys_as_rblk_does() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = root("bench");
+    let path = root.join("etc/rblk/keys/127.0.0.1.key");
+    put(&root, "etc/rblk/keys/127.0.0.1.key", HOST_KEY);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let run = |extra: &[&str]| {
+        let out = Command::new(rblk_tests::daemon::bin("rblk-bench"))
+            .args(["rblk://127.0.0.1:9/v", "--runtime", "1", "--host-id", "h"])
+            .args(extra)
+            .env_remove("RBLK_KEY_FILE")
+            .env("RBLK_TEST_KEY_ROOT", &root)
+            .output()
+            .expect("run rblk-bench");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, text) = run(&[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains(&path.display().to_string()) && text.contains("mode 0644"), "{text}");
+    assert!(!text.contains("rdma_"), "connected before checking the key: {text}");
+    let (_, text) = run(&["--no-key"]);
+    assert!(!text.contains("mode 0644"), "--no-key read the key file: {text}");
+    let (code, text) = run(&["--no-key", "--key-file", "/k"]);
+    assert_eq!(code, Some(2), "--no-key with --key-file is a usage error: {text}");
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -482,12 +482,12 @@ fn stats(uri: &str, conn: &Connection, format: &Format) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The mode as users name it; a volume the target serves read-only is read-only whatever was asked.
 fn mode_name(mode: OpenMode, read_only: bool) -> &'static str {
-    match mode {
-        _ if read_only => "read-only",
-        OpenMode::ReadOnly => "read-only",
-        OpenMode::ReadWrite => "read-write",
-        OpenMode::Exclusive => "exclusive",
+    if read_only {
+        OpenMode::ReadOnly.as_str()
+    } else {
+        mode.as_str()
     }
 }
 

@@ -119,17 +119,13 @@ pub fn open_mode(read_only: bool, exclusive: bool) -> OpenMode {
     }
 }
 
-/// For tests only: the directory the key search's fixed paths are under instead of `/`
-/// ([`Options::key_root`]), so a test can lay out its own /etc/rblk and /var/lib/rblk.
-pub const KEY_ROOT_ENV: &str = "RBLK_TEST_KEY_ROOT";
-
 impl Connection {
     /// The library's options for these flags to reach `uri` (a volume's or a target's: its
     /// hosts name the key files searched), with `reconnect` as the reconnect policy.
     pub fn options(&self, uri: &str, reconnect: Reconnect) -> anyhow::Result<Options> {
         let mut options =
             Options { host_id: self.host_id.clone(), timeout: self.timeout, reconnect, ..Options::default() };
-        if let Some(root) = std::env::var_os(KEY_ROOT_ENV).filter(|r| !r.is_empty()) {
+        if let Some(root) = std::env::var_os(rblk_initiator::KEY_ROOT_ENV).filter(|r| !r.is_empty()) {
             options.key_root = root.into();
         }
         if self.no_key {

@@ -764,7 +764,7 @@ impl Handover {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let mut h = Handover {
             uri: uri.to_owned(),
-            mode: mode_arg(mode).into(),
+            mode: mode.as_str().into(),
             key_file: conn.key_file.clone(),
             no_key: conn.no_key,
             host_id: conn.host_id.clone(),
@@ -809,11 +809,9 @@ impl Handover {
     }
 
     fn mode(&self) -> anyhow::Result<OpenMode> {
-        match self.mode.as_str() {
-            "read-only" => Ok(OpenMode::ReadOnly),
-            "read-write" => Ok(OpenMode::ReadWrite),
-            "exclusive" => Ok(OpenMode::Exclusive),
-            other => bail!("the run entry's open mode {other:?} is not read-only, read-write or exclusive"),
+        match OpenMode::ALL.iter().find(|m| m.as_str() == self.mode) {
+            Some(mode) => Ok(*mode),
+            None => bail!("the run entry's open mode {:?} is not read-only, read-write or exclusive", self.mode),
         }
     }
 
@@ -829,13 +827,6 @@ impl Handover {
     }
 }
 
-fn mode_arg(mode: OpenMode) -> &'static str {
-    match mode {
-        OpenMode::ReadOnly => "read-only",
-        OpenMode::Exclusive => "exclusive",
-        _ => "read-write",
-    }
-}
 
 /// The ublk control flags for a new device: user recovery with re-issue of what was in flight,
 /// where the driver has it (Linux 6.0 and later); none otherwise (the device dies with its
