@@ -422,7 +422,7 @@ fn rate_arg(text: &str) -> std::result::Result<[Option<u64>; 2], String> {
 /// 4096 -> "4k", 1048576 -> "1M", 6000 -> "6000": a size as fio's options spell it.
 pub(crate) fn size_text(n: u64) -> String {
     for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "k")] {
-        if n >= 1 << shift && n % (1 << shift) == 0 {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
             return format!("{}{unit}", n >> shift);
         }
     }
@@ -433,7 +433,7 @@ pub(crate) fn size_text(n: u64) -> String {
 fn duration_text(d: Duration) -> String {
     if d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
-    } else if d.as_nanos() % 1_000_000 == 0 {
+    } else if d.as_nanos().is_multiple_of(1_000_000) {
         format!("{}ms", d.as_millis())
     } else {
         format!("{}us", d.as_micros())

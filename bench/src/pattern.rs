@@ -42,7 +42,7 @@ const SEED: u64 = 0x7262_6c6b_6265_6e63;
 /// Writes the pattern of the block at volume `offset` under `generation` into `block` (its
 /// length is the volume's block size: a multiple of 8, at least [`MIN_BLOCK`]).
 pub fn fill(block: &mut [u8], offset: u64, generation: u64) {
-    debug_assert!(block.len() >= MIN_BLOCK && block.len() % 8 == 0);
+    debug_assert!(block.len() >= MIN_BLOCK && block.len().is_multiple_of(8));
     block[..8].copy_from_slice(&MAGIC);
     block[8..16].copy_from_slice(&offset.to_le_bytes());
     block[16..24].copy_from_slice(&generation.to_le_bytes());

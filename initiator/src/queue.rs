@@ -238,7 +238,7 @@ impl Queue {
         if size == 0 {
             return bad("queue buffer size", 0, InvalidReason::ZeroLength);
         }
-        if size % u64::from(geo.block_size) != 0 {
+        if !size.is_multiple_of(u64::from(geo.block_size)) {
             return bad("queue buffer size", size, InvalidReason::LengthUnaligned { block_size: geo.block_size });
         }
         if size > u64::from(geo.max_io) {

@@ -58,10 +58,10 @@ impl Geometry {
             return invalid(InvalidReason::ReadOnly);
         }
         // A zero block size never comes out of proto's OPENED checks; treat it as 1 anyway.
-        if bs > 1 && offset % bs != 0 {
+        if bs > 1 && !offset.is_multiple_of(bs) {
             return invalid(InvalidReason::OffsetUnaligned { block_size: self.block_size });
         }
-        if bs > 1 && len % bs != 0 {
+        if bs > 1 && !len.is_multiple_of(bs) {
             return invalid(InvalidReason::LengthUnaligned { block_size: self.block_size });
         }
         if let Some(max) = max_len {

@@ -175,7 +175,7 @@ pub fn format_duration(d: Duration) -> String {
         (1_000, "us"),
         (1, "ns"),
     ];
-    let (scale, unit) = UNITS.into_iter().find(|(scale, _)| nanos % scale == 0).unwrap_or((1, "ns"));
+    let (scale, unit) = UNITS.into_iter().find(|(scale, _)| nanos.is_multiple_of(*scale)).unwrap_or((1, "ns"));
     let n = nanos / scale;
     let plural = if unit == "day" && n != 1 { "s" } else { "" };
     format!("{n} {unit}{plural}")

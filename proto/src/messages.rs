@@ -892,7 +892,10 @@ impl Opened {
 
     fn check(&self) -> Result<(), ParseError> {
         let bs = self.block_size;
-        let ok = bs.is_power_of_two() && self.size % u64::from(bs) == 0 && self.max_io != 0 && self.max_io % bs == 0;
+        let ok = bs.is_power_of_two()
+            && self.size.is_multiple_of(u64::from(bs))
+            && self.max_io != 0
+            && self.max_io.is_multiple_of(bs);
         if !ok {
             return Err(ParseError::BadGeometry { size: self.size, block_size: bs, max_io: self.max_io });
         }

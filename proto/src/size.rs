@@ -175,7 +175,7 @@ pub fn parse_size_aligned(text: &str, block: u64) -> Result<u64, SizeError> {
 /// bytes: the one check and message behind [`parse_size_aligned`], for sizes that come as
 /// numbers (a TOML integer, a size from elsewhere).
 pub fn check_aligned(input: Option<&str>, bytes: u64, block: u64) -> Result<(), SizeError> {
-    if block != 0 && bytes % block == 0 {
+    if block != 0 && bytes.is_multiple_of(block) {
         Ok(())
     } else {
         Err(SizeError::unaligned(input, bytes, block))
@@ -205,7 +205,11 @@ impl fmt::Display for Bytes {
         let fits = |shift: u32| n >> shift > 0 || shift == 0;
         let shift = match f.precision() {
             Some(_) => (0..UNITS.len() as u32).rev().map(|u| u * 10).find(|&s| fits(s)).unwrap_or(0),
-            None => (0..UNITS.len() as u32).rev().map(|u| u * 10).find(|&s| fits(s) && n % (1 << s) == 0).unwrap_or(0),
+            None => (0..UNITS.len() as u32)
+                .rev()
+                .map(|u| u * 10)
+                .find(|&s| fits(s) && n.is_multiple_of(1 << s))
+                .unwrap_or(0),
         };
         let unit = UNITS[(shift / 10) as usize];
         let space = if f.alternate() { "" } else { " " };
@@ -215,7 +219,9 @@ impl fmt::Display for Bytes {
             (u, _) => u,
         };
         match f.precision() {
-            Some(p) if n % (1 << shift) != 0 => write!(f, "{:.p$}{space}{unit}", n as f64 / (1u64 << shift) as f64),
+            Some(p) if !n.is_multiple_of(1 << shift) => {
+                write!(f, "{:.p$}{space}{unit}", n as f64 / (1u64 << shift) as f64)
+            }
             _ => write!(f, "{}{space}{unit}", n >> shift),
         }
     }

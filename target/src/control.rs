@@ -475,7 +475,7 @@ fn zero_range(
         return refuse(ErrorCode::ReadOnly, format!("{what}: volume {} is open read-only here", volume.name));
     }
     let (bs, size) = (u64::from(volume.block_size), volume.size());
-    if offset % bs != 0 || len % bs != 0 {
+    if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
         let text = format!("{what} {offset}+{len} is not whole blocks of volume {}'s {bs} bytes", volume.name);
         return refuse(ErrorCode::OutOfRange, text);
     }

@@ -55,7 +55,7 @@ fn unaligned_requests_match_a_byte_array(fabric: Fabric) {
         let len = 1 + rng(&mut x) % (80 << 10);
         let offset = rng(&mut x) % (size - len + 1);
         let (o, n) = (offset as usize, len as usize);
-        if rng(&mut x) % 3 == 0 {
+        if rng(&mut x).is_multiple_of(3) {
             // A read sees every write submitted before it only once those finished: drain first.
             while lane.pending() > 0 {
                 lane.wait().unwrap();

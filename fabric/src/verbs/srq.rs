@@ -342,7 +342,7 @@ mod tests {
         assert_eq!(wanted(1), MIN_BUFFERS);
         assert_eq!(wanted(256), 128);
         assert_eq!(wanted(257), 136);
-        assert!((1..2000).all(|n| wanted(n) % CHUNK == 0 && wanted(n) >= n / 2));
+        assert!((1..2000).all(|n| wanted(n).is_multiple_of(CHUNK) && wanted(n) >= n / 2));
         assert!((200..2000).all(|n| wanted(n) * rblk_proto::MSG_SIZE <= n * 4096));
     }
 }

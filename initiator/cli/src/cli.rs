@@ -650,7 +650,7 @@ fn write_stream(
             break;
         }
         read += got as u64;
-        let n = if (got as u64) % bs == 0 {
+        let n = if (got as u64).is_multiple_of(bs) {
             got
         } else {
             let n = padded_len(read, bs, pad).with_context(|| format!("after {written} bytes were written"))?

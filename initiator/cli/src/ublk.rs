@@ -827,7 +827,6 @@ impl Handover {
     }
 }
 
-
 /// The ublk control flags for a new device: user recovery with re-issue of what was in flight,
 /// where the driver has it (Linux 6.0 and later); none otherwise (the device dies with its
 /// server, as before).

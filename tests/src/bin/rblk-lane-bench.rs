@@ -182,7 +182,7 @@ impl Driver {
             // A lane that stops finishing anything is a failure, not a slow run.
             if finished == before {
                 idle_spins += 1;
-                if idle_spins % (1 << 20) == 0 && last_done.elapsed() > Duration::from_secs(30) {
+                if idle_spins.is_multiple_of(1 << 20) && last_done.elapsed() > Duration::from_secs(30) {
                     panic!("no request finished for 30 s ({finished} of {count} done)");
                 }
             } else {

@@ -325,7 +325,7 @@ impl Fs {
     fn fail(&self, op: &str, offset: u64, len: usize, e: &rblk_initiator::Error) -> Errno {
         let errno = Errno::from_i32(e.errno());
         let n = self.errors.fetch_add(1, Ordering::Relaxed);
-        if n < 10 || n % 1000 == 0 {
+        if n < 10 || n.is_multiple_of(1000) {
             tracing::warn!(op, offset, len, error = %Chain(e), errors = n + 1, "request failed");
         }
         errno
