@@ -26,7 +26,9 @@
 #   RXE_GUEST_MEM       guest memory (default 4G); RXE_GUEST_SMP: vCPUs (default 2)
 #   RXE_GUEST_APPEND    more of the guest kernel's command line (e.g. idle=poll)
 #   RXE_GUEST_SUITES    Debian suites to take the kernel from, in order of preference
-#                       (default "bookworm-backports bookworm")
+#                       (default "bookworm-backports bookworm", CI's 6.12). Another list, e.g.
+#                       trixie-backports for a newer kernel (7.3 in December 2026; scripts/kernel-rxe.sh),
+#                       keeps a cache pointer of its own, so it never changes the default's kernel.
 #   RXE_GUEST_REFRESH=1 look up the newest kernel again instead of using the cached one
 #   RXE_GUEST_KEEP=1    keep the per-run directory build/guest/run-* (kept anyway on failure)
 #   RXE_GUEST_POWER_CUT_ON=TEXT
@@ -39,9 +41,17 @@
 # and switches to the HPET (it did in a compare-rxe.sh run on 2026-12-04), after which every
 # clock read in the guest is a system call and spinning loops slow down mid-run.
 #
-# Everything downloaded or built is cached under build/guest/: the private apt state, the kernel .deb,
+# Everything downloaded or built is cached under build/guest/: the private apt state, the kernel .debs,
 # the unpacked kernel + modules (after depmod) and the initramfs (keyed on kernel version and on a
-# hash of the guest init scripts below, so editing them rebuilds it).
+# hash of the guest init scripts below, so editing them rebuilds it). Which kernel a suite list
+# resolved to is kept in kernel.current (the default list) or kernel.current.SUITE[+SUITE...].
+#
+# Two package layouts are handled. Up to 6.12 (bookworm-backports) linux-image-VER holds the kernel
+# as boot/vmlinuz-VER and the modules under lib/modules/VER. Newer ones (trixie-backports' 6.19 and
+# 7.x) make linux-image-VER a meta package over linux-binary-VER (usr/lib/modules/VER/vmlinuz),
+# linux-modules-VER (the modules) and linux-base-VER (modules.order, modules.builtin, config,
+# System.map: depmod needs the first two); those three are unpacked into one tree, and a link
+# lib -> usr/lib lets bookworm's depmod -b and modprobe -d, which look in BASE/lib/modules, find them.
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -53,7 +63,8 @@ TIMEOUT=${RXE_GUEST_TIMEOUT:-1800}
 MEM=${RXE_GUEST_MEM:-4G}
 SMP=${RXE_GUEST_SMP:-2}
 APPEND=${RXE_GUEST_APPEND:-}
-SUITES=${RXE_GUEST_SUITES:-bookworm-backports bookworm}
+DEFAULT_SUITES="bookworm-backports bookworm"
+SUITES=${RXE_GUEST_SUITES:-$DEFAULT_SUITES}
 
 # Fixed facts about the guest, shared by the host side and the guest scripts.
 GUEST_ADDR=10.99.0.1
@@ -330,11 +341,62 @@ resolve_kernel_package() { # SUITE
              END { exit !found }'
 }
 
+# The cache file naming the kernel the suite list resolved to: kernel.current for the default list
+# (CI's, as it always was), kernel.current.SUITE[+SUITE...] for another one.
+kernel_pointer() {
+    local suites
+    read -r -a suites <<<"$SUITES"
+    ((${#suites[@]})) || die "RXE_GUEST_SUITES is empty"
+    local suite
+    for suite in "${suites[@]}"; do
+        [[ $suite =~ ^[a-z0-9][a-z0-9.-]*$ ]] ||
+            die "RXE_GUEST_SUITES must name Debian suites (e.g. trixie-backports), got '$suite'"
+    done
+    if [[ "${suites[*]}" == "$DEFAULT_SUITES" ]]; then
+        printf '%s\n' "$GUEST_DIR/kernel.current"
+    else
+        local IFS=+
+        printf '%s\n' "$GUEST_DIR/kernel.current.${suites[*]}"
+    fi
+}
+
+# The packages that hold linux-image-VER's files: itself (up to 6.12), or for a meta package the
+# linux-binary-VER, linux-modules-VER and linux-base-VER it depends on.
+kernel_packages() { # SUITE PKG
+    local suite=$1 pkg=$2 kver=${2#linux-image-} parts
+    parts=$(apt_private "$suite" apt-cache depends "$pkg" 2>/dev/null |
+        awk -v v="$kver" '$1 == "Depends:" && ($2 == "linux-binary-" v || $2 == "linux-modules-" v ||
+                                               $2 == "linux-base-" v) { print $2 }' | sort -u)
+    if [[ -z $parts ]]; then
+        printf '%s\n' "$pkg"
+        return 0
+    fi
+    local want
+    for want in binary modules base; do
+        grep -qx "linux-$want-$kver" <<<"$parts" ||
+            die "$pkg is a meta package without linux-$want-$kver (it depends on: ${parts//$'\n'/, })"
+    done
+    printf '%s\n' "$parts"
+}
+
+# The kernel image in an unpacked tree: boot/vmlinuz-VER (up to 6.12) or usr/lib/modules/VER/vmlinuz.
+kernel_image() { # TREE KVER
+    local f
+    for f in "$1/boot/vmlinuz-$2" "$1/usr/lib/modules/$2/vmlinuz"; do
+        if [[ -f $f ]]; then
+            printf '%s\n' "$f"
+            return 0
+        fi
+    done
+    return 1
+}
+
 # Download, unpack and depmod the kernel; print its version. Uses the cached one when present.
 prepare_kernel() {
-    local kver
-    if [[ ${RXE_GUEST_REFRESH:-0} != 1 && -r $GUEST_DIR/kernel.current ]]; then
-        kver=$(<"$GUEST_DIR/kernel.current")
+    local kver pointer
+    pointer=$(kernel_pointer)
+    if [[ ${RXE_GUEST_REFRESH:-0} != 1 && -r $pointer ]]; then
+        kver=$(<"$pointer")
         if [[ -e $GUEST_DIR/linux-$kver/.complete ]]; then
             printf '%s\n' "$kver"
             return 0
@@ -354,23 +416,37 @@ prepare_kernel() {
 
     local tree=$GUEST_DIR/linux-$kver
     if [[ ! -e $tree/.complete ]]; then
-        log "fetching $pkg from $suite"
+        local -a pkgs
+        mapfile -t pkgs < <(kernel_packages "$suite" "$pkg")
+        ((${#pkgs[@]})) || die "cannot list the packages of $pkg"
+        log "fetching ${pkgs[*]} from $suite"
         mkdir -p "$GUEST_DIR/debs"
-        (cd "$GUEST_DIR/debs" && apt_private "$suite" apt-get download "$pkg" >&2) ||
-            die "apt-get download $pkg failed"
-        local deb
-        deb=$(find "$GUEST_DIR/debs" -maxdepth 1 -name "${pkg}_*.deb" -printf '%T@ %p\n' |
-            sort -n | tail -n 1 | cut -d' ' -f2-)
-        [[ -n $deb ]] || die "downloaded $pkg but cannot find its .deb"
+        (cd "$GUEST_DIR/debs" && apt_private "$suite" apt-get download "${pkgs[@]}" >&2) ||
+            die "apt-get download ${pkgs[*]} failed"
         rm -rf "$tree.tmp"
-        dpkg -x "$deb" "$tree.tmp"
-        [[ -d $tree.tmp/lib/modules/$kver ]] || die "$deb has no lib/modules/$kver"
+        local p deb
+        for p in "${pkgs[@]}"; do
+            deb=$(find "$GUEST_DIR/debs" -maxdepth 1 -name "${p}_*.deb" -printf '%T@ %p\n' |
+                sort -n | tail -n 1 | cut -d' ' -f2-)
+            [[ -n $deb ]] || die "downloaded $p but cannot find its .deb"
+            dpkg -x "$deb" "$tree.tmp"
+        done
+        if [[ ! -d $tree.tmp/lib/modules/$kver ]]; then
+            [[ -d $tree.tmp/usr/lib/modules/$kver && ! -e $tree.tmp/lib ]] ||
+                die "${pkgs[*]} hold neither lib/modules/$kver nor usr/lib/modules/$kver"
+            # bookworm's depmod -b and modprobe -d look in BASE/lib/modules only.
+            ln -s usr/lib "$tree.tmp/lib"
+        fi
+        [[ -e $tree.tmp/lib/modules/$kver/modules.order ]] ||
+            die "${pkgs[*]} hold no modules.order for $kver (depmod needs it)"
+        kernel_image "$tree.tmp" "$kver" >/dev/null ||
+            die "${pkgs[*]} hold neither boot/vmlinuz-$kver nor usr/lib/modules/$kver/vmlinuz"
         depmod -b "$tree.tmp" "$kver"
         touch "$tree.tmp/.complete"
         rm -rf "$tree"
         mv "$tree.tmp" "$tree"
     fi
-    printf '%s\n' "$kver" >"$GUEST_DIR/kernel.current"
+    printf '%s\n' "$kver" >"$pointer"
     printf '%s\n' "$kver"
 }
 
@@ -420,9 +496,10 @@ prepare_initramfs() { # KVER
     (cd "$root" && find . -print0 | cpio --null -o -H newc -R 0:0 --quiet) | gzip -1 >"$out.tmp"
     mv "$out.tmp" "$out"
     rm -rf "$root"
-    # Drop images of other script versions once they are an hour old (a concurrent run of another
-    # version may be about to boot one).
-    find "$GUEST_DIR" -maxdepth 1 -name 'initramfs-*.cpio.gz' ! -path "$out" -mmin +60 -delete
+    # Drop this kernel's images of other script versions once they are an hour old (a concurrent
+    # run of another version may be about to boot one). Other kernels' images stay: the default
+    # and a newer kernel (RXE_GUEST_SUITES) are booted in turn.
+    find "$GUEST_DIR" -maxdepth 1 -name "initramfs-$kver-*.cpio.gz" ! -path "$out" -mmin +60 -delete
     printf '%s\n' "$out"
 }
 
@@ -552,13 +629,15 @@ main() {
     initramfs=$(prepare_initramfs "$kver")
     exec {lockfd}>&-
 
-    local tree=$GUEST_DIR/linux-$kver share
+    local tree=$GUEST_DIR/linux-$kver share image
+    image=$(kernel_image "$tree" "$kver") || die "no kernel image in $tree (remove it to unpack again)"
     RUN_DIR=$(mktemp -d "$GUEST_DIR/run-XXXXXX")
     share=$RUN_DIR/share
     mkdir "$share"
     {
         printf 'KVER=%s\n' "$(sh_quote "$kver")"
-        printf 'MODDIR=%s\n' "$(sh_quote "$tree/lib/modules/$kver")"
+        # The real directory (a newer kernel's lib is a link to usr/lib).
+        printf 'MODDIR=%s\n' "$(sh_quote "$(cd -- "$tree/lib/modules/$kver" && pwd -P)")"
     } >"$share/boot.env"
     write_cmd_file "$share/cmd"
     local f
@@ -570,7 +649,7 @@ main() {
     local -a qemu=(
         qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp "$SMP"
         -nodefaults -no-user-config -display none -no-reboot -nic none
-        -kernel "$tree/boot/vmlinuz-$kver" -initrd "$initramfs"
+        -kernel "$image" -initrd "$initramfs"
         -append "console=ttyS0 quiet loglevel=1 panic=-1 oops=panic mitigations=off tsc=reliable${APPEND:+ $APPEND}"
         # Three output files the host tails (files, not stdio, so a closed stdin is no issue):
         # ttyS0, the kernel console; two virtio serial ports, CMD's stdout and stderr.

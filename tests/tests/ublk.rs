@@ -40,6 +40,17 @@ fn target_sessions(t: &Target) -> u64 {
     sessions
 }
 
+/// scripts/lib/test_kernel.py: the unit tests of scripts/kernel-rxe.sh's analysis (issue 44:
+/// ublk on a newer guest kernel), on recorded lines: the boot timed from the guest lock to rxe0
+/// ACTIVE with the download counted in the preparation, the ublk driver's UPDATE_SIZE read from
+/// the guest's report, and a run failed when the guest did not boot, the driver did not answer,
+/// or a test run failed, crashed, was cut short or ran no test (a filter matching nothing must
+/// not pass as "0 failed").
+#[test]
+fn the_kernel_scripts_analysis() {
+    rblk_tests::python_unittest("test_kernel");
+}
+
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
 fn ext4_with_50_files_survives_detach_and_attach_again() {

@@ -49,8 +49,13 @@
 //!     second), or with --io writes 4 KiB through it without pause, until the session is lost;
 //!     prints "idle", then "lost UNIX_SECONDS" (with RUST_LOG set, the library's own loss line
 //!     too)
+//! rblk-test-client ublk-features
+//!     the ublk driver's feature bits (UBLK_U_CMD_GET_FEATURES, Linux 6.5 and later); prints
+//!     "features 0xBITS NAME..." (the names of ublk_cmd.h without UBLK_F_, BIT_N for a bit libublk
+//!     does not name) and "update_size yes|no" (UBLK_F_UPDATE_SIZE: UBLK_U_CMD_UPDATE_SIZE, which
+//!     a live ublk resize needs); fails when the driver does not answer
 //! ```
-//! (`watch` and `idle` are scripts/lost-rxe.sh's; `reg-time` is scripts/handover-rxe.sh's baseline; `open-time` and `hold` are scripts/scale-rxe.sh's and scripts/hosts-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
+//! (`ublk-features` is scripts/kernel-rxe.sh's; `watch` and `idle` are scripts/lost-rxe.sh's; `reg-time` is scripts/handover-rxe.sh's baseline; `open-time` and `hold` are scripts/scale-rxe.sh's and scripts/hosts-rxe.sh's drivers, `raw-lat` compare-rxe.sh's,
 //! `keyless` the trust tests', `joins` the JOIN-cap test's attacker in tests/tests/limits.rs.)
 
 use std::path::PathBuf;
@@ -84,8 +89,9 @@ fn main() -> ExitCode {
         Some("reg-time") => reg_time(&args),
         Some("watch") => watch(&args),
         Some("idle") => idle(&args),
+        Some("ublk-features") => ublk_features(),
         _ => {
-            Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins|reg-time|watch|idle URI ..."
+            Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins|reg-time|watch|idle|ublk-features URI ..."
                 .into())
         }
     };
@@ -123,6 +129,57 @@ fn watch(args: &[String]) -> Result<(), String> {
         raw.ep.wait(&mut out, std::time::Duration::ZERO, deadline).map_err(|e| format!("wait: {e}"))?;
     }
     println!("disconnected {:.6}", unix_now());
+    Ok(())
+}
+
+/// The ublk feature bits by their names in ublk_cmd.h (without `UBLK_F_`), as libublk's copy of
+/// the header defines them.
+const UBLK_FEATURES: &[(u64, &str)] = {
+    use libublk::sys;
+    &[
+        (sys::UBLK_F_SUPPORT_ZERO_COPY as u64, "SUPPORT_ZERO_COPY"),
+        (sys::UBLK_F_URING_CMD_COMP_IN_TASK as u64, "URING_CMD_COMP_IN_TASK"),
+        (sys::UBLK_F_NEED_GET_DATA as u64, "NEED_GET_DATA"),
+        (sys::UBLK_F_USER_RECOVERY as u64, "USER_RECOVERY"),
+        (sys::UBLK_F_USER_RECOVERY_REISSUE as u64, "USER_RECOVERY_REISSUE"),
+        (sys::UBLK_F_UNPRIVILEGED_DEV as u64, "UNPRIVILEGED_DEV"),
+        (sys::UBLK_F_CMD_IOCTL_ENCODE as u64, "CMD_IOCTL_ENCODE"),
+        (sys::UBLK_F_USER_COPY as u64, "USER_COPY"),
+        (sys::UBLK_F_ZONED as u64, "ZONED"),
+        (sys::UBLK_F_USER_RECOVERY_FAIL_IO as u64, "USER_RECOVERY_FAIL_IO"),
+        (sys::UBLK_F_UPDATE_SIZE as u64, "UPDATE_SIZE"),
+        (sys::UBLK_F_AUTO_BUF_REG as u64, "AUTO_BUF_REG"),
+        (sys::UBLK_F_QUIESCE as u64, "QUIESCE"),
+        (sys::UBLK_F_PER_IO_DAEMON as u64, "PER_IO_DAEMON"),
+        (sys::UBLK_F_BUF_REG_OFF_DAEMON as u64, "BUF_REG_OFF_DAEMON"),
+        (sys::UBLK_F_BATCH_IO as u64, "BATCH_IO"),
+        (sys::UBLK_F_INTEGRITY as u64, "INTEGRITY"),
+        (sys::UBLK_F_SAFE_STOP_DEV as u64, "SAFE_STOP_DEV"),
+        (sys::UBLK_F_NO_AUTO_PART_SCAN as u64, "NO_AUTO_PART_SCAN"),
+        (sys::UBLK_F_SHMEM_ZC as u64, "SHMEM_ZC"),
+    ]
+};
+
+/// The names of the set bits of `bits`, lowest first; `BIT_N` for a bit without a name.
+fn ublk_feature_names(bits: u64) -> Vec<String> {
+    (0..64)
+        .map(|n| 1u64 << n)
+        .filter(|b| bits & b != 0)
+        .map(|b| match UBLK_FEATURES.iter().find(|(f, _)| *f == b) {
+            Some((_, name)) => (*name).to_string(),
+            None => format!("BIT_{}", b.trailing_zeros()),
+        })
+        .collect()
+}
+
+fn ublk_features() -> Result<(), String> {
+    let bits = libublk::ctrl::UblkCtrl::get_features().ok_or(
+        "the ublk driver did not answer UBLK_U_CMD_GET_FEATURES: load it (modprobe ublk_drv) \
+         and run as root; kernels before 6.5 do not have the command",
+    )?;
+    println!("features {bits:#x} {}", ublk_feature_names(bits).join(" "));
+    let update = bits & libublk::sys::UBLK_F_UPDATE_SIZE as u64 != 0;
+    println!("update_size {}", if update { "yes" } else { "no" });
     Ok(())
 }
 
@@ -594,6 +651,32 @@ fn hold(args: &[String]) -> Result<(), String> {
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 44 item 4: scripts/kernel-rxe.sh reports from these names whether a kernel's ublk
+    /// driver can resize a live device (UPDATE_SIZE, bit 10 of ublk_cmd.h). A table off by a bit
+    /// would call BATCH_IO (bit 15, which the brief first guessed) or AUTO_BUF_REG "UPDATE_SIZE"
+    /// and send the grow feature's test to a kernel that refuses UBLK_U_CMD_UPDATE_SIZE; a bit
+    /// libublk does not name must still show, not vanish.
+    #[test]
+    fn ublk_feature_bits_have_the_headers_names() {
+        assert_eq!(ublk_feature_names(1 << 10), ["UPDATE_SIZE"]);
+        assert_eq!(ublk_feature_names(1 << 15), ["BATCH_IO"]);
+        assert_eq!(
+            ublk_feature_names((1 << 3) | (1 << 4) | (1 << 40)),
+            ["USER_RECOVERY", "USER_RECOVERY_REISSUE", "BIT_40"]
+        );
+        assert!(ublk_feature_names(0).is_empty());
+        // Every named bit is one bit, and no two share one.
+        for (i, (bit, name)) in UBLK_FEATURES.iter().enumerate() {
+            assert_eq!(bit.count_ones(), 1, "{name}");
+            assert_eq!(bit.trailing_zeros() as usize, i, "{name} is not bit {i}");
         }
     }
 }
