@@ -82,7 +82,7 @@ use std::time::{Duration, Instant};
 pub use completion::{Completion, WcOpcode, WcStatus};
 pub use error::{memlock_limit, process_cpu_time, run_only_when_idle, AddrDisplay, Chain, Error, RejectBytes, Result};
 pub use keyfile::random;
-pub use memory::Memory;
+pub use memory::{Memory, Reservation};
 
 /// Which fabric to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

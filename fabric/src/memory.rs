@@ -10,9 +10,10 @@
 //! two would silently see different bytes.
 
 use std::fs::File;
+use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
@@ -27,9 +28,161 @@ pub struct Memory {
     len: usize,
     // Owns the mapping; dropped (munmap) after every registration of it is gone, because each
     // registration holds an `Arc<Memory>`.
-    _map: memmap2::MmapMut,
+    _map: Mapping,
     // The memfd the mapping shows; None for anonymous memory.
     memfd: Option<File>,
+}
+
+/// Who unmaps a [`Memory`].
+#[derive(Debug)]
+enum Mapping {
+    /// memmap2, where the kernel placed it.
+    // Held for its drop (munmap).
+    Own(#[allow(dead_code)] memmap2::MmapMut),
+    /// In a [`Reservation`], at `ptr`: given back to the reservation (mapped `PROT_NONE` again,
+    /// never left unmapped for another mapping to land in) when the memory is dropped.
+    Reserved { reservation: Arc<Reservation>, ptr: NonNull<u8>, len: usize },
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let Mapping::Reserved { reservation, ptr, len } = self else { return };
+        let Some(len) = NonZeroUsize::new(*len) else { return };
+        // SAFETY: `ptr..ptr + len` is this segment's range inside `reservation`, which is alive
+        // (we hold it) and reserved for us alone; nothing uses the segment any more (the
+        // `Memory` that owned this mapping is being dropped, after every registration of it,
+        // each of which holds the `Memory`). MAP_FIXED replaces the segment's pages with
+        // inaccessible ones in one call, so the range stays reserved. On failure the segment
+        // stays mapped until the reservation's own munmap: a leak of address space, never a
+        // use of freed memory.
+        let placed = unsafe {
+            nix::sys::mman::mmap_anonymous(
+                NonZeroUsize::new(ptr.as_ptr() as usize),
+                len,
+                nix::sys::mman::ProtFlags::PROT_NONE,
+                nix::sys::mman::MapFlags::MAP_PRIVATE
+                    | nix::sys::mman::MapFlags::MAP_FIXED
+                    | nix::sys::mman::MapFlags::MAP_NORESERVE,
+            )
+        };
+        if let Err(e) = placed {
+            tracing::warn!(error = %e, bytes = len.get(), "cannot give a segment's address range back to its reservation");
+        }
+        let _ = reservation;
+    }
+}
+
+/// Address space reserved for a volume that may grow (issue 44): its segments are mapped one
+/// after the other inside it ([`Memory::memfd_in`], [`Memory::from_memfd_in`]), so the volume's
+/// bytes stay at consecutive addresses for the CPU while each segment keeps its own memfd,
+/// seals and registration, and a growth moves nothing already registered. Reserved
+/// inaccessible (`PROT_NONE`, `MAP_NORESERVE`): it costs address space, not memory.
+#[derive(Debug)]
+pub struct Reservation {
+    base: NonNull<u8>,
+    len: usize,
+    /// Bytes from `base` handed to segments so far: the next one starts there.
+    used: Mutex<usize>,
+}
+
+// SAFETY: the reservation is an address range; its only state behind a pointer is the range
+// itself, which it never reads or writes, and `used` is behind a mutex.
+unsafe impl Send for Reservation {}
+// SAFETY: as above.
+unsafe impl Sync for Reservation {}
+
+impl Reservation {
+    /// Reserves `len` bytes of address space (a multiple of the page size).
+    pub fn new(len: usize) -> Result<Arc<Reservation>> {
+        let fail = |why: &str| Error::Map { len, source: std::io::Error::other(why.to_owned()) };
+        let page = page_size();
+        let size =
+            NonZeroUsize::new(len).filter(|_| len.is_multiple_of(page)).ok_or_else(|| fail("not whole pages"))?;
+        // SAFETY: a new private anonymous mapping at an address the kernel chooses: it cannot
+        // overlap anything of ours. PROT_NONE: nothing can touch it until a segment is mapped
+        // over part of it.
+        let base = unsafe {
+            nix::sys::mman::mmap_anonymous(
+                None,
+                size,
+                nix::sys::mman::ProtFlags::PROT_NONE,
+                nix::sys::mman::MapFlags::MAP_PRIVATE | nix::sys::mman::MapFlags::MAP_NORESERVE,
+            )
+        }
+        .map_err(|e| Error::Map { len, source: e.into() })?;
+        Ok(Arc::new(Reservation { base: base.cast(), len, used: Mutex::new(0) }))
+    }
+
+    /// The first address.
+    pub fn addr(&self) -> u64 {
+        self.base.as_ptr() as u64
+    }
+
+    /// Bytes reserved.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never: empty reservations are refused.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Bytes already given to segments (the next one is mapped there).
+    pub fn used(&self) -> usize {
+        *self.used.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Maps `len` bytes of `file` (a sealed memfd of exactly that size: checked by the caller)
+    /// shared, writable and populated at the reservation's next free address; the address.
+    fn place(self: &Arc<Reservation>, file: &File, len: usize) -> Result<NonNull<u8>> {
+        let mut used = self.used.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fits = len.is_multiple_of(page_size()) && used.checked_add(len).is_some_and(|end| end <= self.len);
+        let size = NonZeroUsize::new(len).filter(|_| fits).ok_or_else(|| Error::Map {
+            len,
+            source: std::io::Error::other(format!(
+                "a segment of {len} bytes does not fit the {} bytes left of the volume's reserved {} (or is not whole pages)",
+                self.len - *used,
+                self.len
+            )),
+        })?;
+        let at = self.base.as_ptr() as usize + *used;
+        // SAFETY: `at..at + len` is inside this reservation (checked above) and past every
+        // segment placed so far (`used` only grows, under the lock), so MAP_FIXED replaces only
+        // inaccessible reserved pages that nothing else uses. The memfd is sealed against
+        // shrinking and growing and is `len` bytes long (the caller checked), so no access
+        // through the mapping can fault past its end.
+        let ptr = unsafe {
+            nix::sys::mman::mmap(
+                NonZeroUsize::new(at),
+                size,
+                nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
+                nix::sys::mman::MapFlags::MAP_SHARED
+                    | nix::sys::mman::MapFlags::MAP_FIXED
+                    | nix::sys::mman::MapFlags::MAP_POPULATE,
+                file,
+                0,
+            )
+        }
+        .map_err(|e| Error::Map { len, source: e.into() })?;
+        *used += len;
+        Ok(ptr.cast())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(len) = NonZeroUsize::new(self.len) {
+            // SAFETY: the whole range is ours and unused: every segment placed in it holds the
+            // reservation (`Mapping::Reserved`), so all of them are gone.
+            let _ = unsafe { nix::sys::mman::munmap(self.base.cast(), len.get()) };
+        }
+    }
+}
+
+/// The system's page size.
+fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().map_or(4096, |n| n as usize)
 }
 
 // SAFETY: `Memory` is a raw region; every access goes through `read_at`/`write_at`, which copy
@@ -52,7 +205,7 @@ impl Memory {
         let _ = map.advise(memmap2::Advice::HugePage);
         let ptr = NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| Error::Map { len, source: std::io::Error::other("mapping returned a null pointer") })?;
-        Ok(Arc::new(Memory { ptr, len, _map: map, memfd: None }))
+        Ok(Arc::new(Memory { ptr, len, _map: Mapping::Own(map), memfd: None }))
     }
 
     /// Maps `len` zeroed bytes of a new memfd called `name` (`/proc/PID/fd` shows
@@ -63,6 +216,35 @@ impl Memory {
     /// descriptor can add a seal such as `F_SEAL_FUTURE_WRITE` that would keep a successor from
     /// mapping it writable (seals are never removed; this stops new ones).
     pub fn memfd(name: &str, len: usize) -> Result<Arc<Memory>> {
+        Self::map_memfd(name, Self::sealed_memfd(name, len)?, len)
+    }
+
+    /// [`Memory::memfd`], mapped at the next free address of `reservation`: a volume's first
+    /// segment, or one it grows by, right after the one before.
+    pub fn memfd_in(name: &str, len: usize, reservation: &Arc<Reservation>) -> Result<Arc<Memory>> {
+        let file = Self::sealed_memfd(name, len)?;
+        Self::map_memfd_in(name, file, len, reservation)
+    }
+
+    /// [`Memory::from_memfd`], mapped at the next free address of `reservation`: a successor
+    /// adopts a volume's segments one after the other, as the predecessor had them.
+    pub fn from_memfd_in(name: &str, fd: OwnedFd, len: usize, reservation: &Arc<Reservation>) -> Result<Arc<Memory>> {
+        Self::map_memfd_in(name, File::from(fd), len, reservation)
+    }
+
+    fn map_memfd_in(name: &str, file: File, len: usize, reservation: &Arc<Reservation>) -> Result<Arc<Memory>> {
+        Self::check_memfd(name, &file, len)?;
+        let ptr = reservation.place(&file, len)?;
+        // Huge pages are an optimisation; shmem without THP simply says no.
+        // SAFETY: `ptr..ptr + len` is the segment just mapped; MADV_HUGEPAGE changes how its
+        // pages are backed, never their contents or their mapping.
+        let _ = unsafe { nix::sys::mman::madvise(ptr.cast(), len, nix::sys::mman::MmapAdvise::MADV_HUGEPAGE) };
+        let map = Mapping::Reserved { reservation: Arc::clone(reservation), ptr, len };
+        Ok(Arc::new(Memory { ptr, len, _map: map, memfd: Some(file) }))
+    }
+
+    /// A new memfd of `len` zeroed bytes, sealed as [`Memory::memfd`] says.
+    fn sealed_memfd(name: &str, len: usize) -> Result<File> {
         let fail = |op, source| Error::Memfd { op, name: name.to_owned(), len, source };
         if len == 0 {
             return Err(fail("memfd_create", std::io::Error::other("zero-length memfd")));
@@ -79,7 +261,7 @@ impl Memory {
         file.set_len(len as u64).map_err(|e| fail("ftruncate", e))?;
         fcntl(&file, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL))
             .map_err(|e| fail("fcntl(F_ADD_SEALS)", e.into()))?;
-        Self::map_memfd(name, file, len)
+        Ok(file)
     }
 
     /// Maps a memfd another process made with [`Memory::memfd`] and handed over (its pages, not
@@ -94,8 +276,27 @@ impl Memory {
     /// Maps `file`, a memfd, shared: after checking it is sealed against resizing and holds
     /// exactly `len` bytes, which is what makes the mapping sound (see the SAFETY comment).
     fn map_memfd(name: &str, file: File, len: usize) -> Result<Arc<Memory>> {
+        Self::check_memfd(name, &file, len)?;
+        // SAFETY: memmap2 asks that the file not be truncated or resized while it is mapped,
+        // which would SIGBUS accesses past the new end. `check_memfd` returned an error unless
+        // the memfd carries F_SEAL_SHRINK and F_SEAL_GROW, which bind every holder of it (also
+        // one that reopens it through /proc) and can never be removed, and unless its size is
+        // the `len` mapped. Writes through other mappings (a predecessor's, a NIC's) are fine:
+        // the mapping is never borrowed as a slice (see the module docs).
+        let mut map = unsafe { memmap2::MmapOptions::new().len(len).populate().map_mut(&file) }
+            .map_err(|source| Error::Map { len, source })?;
+        // Huge pages are an optimisation; shmem without THP simply says no.
+        let _ = map.advise(memmap2::Advice::HugePage);
+        let ptr = NonNull::new(map.as_mut_ptr())
+            .ok_or_else(|| Error::Map { len, source: std::io::Error::other("mapping returned a null pointer") })?;
+        Ok(Arc::new(Memory { ptr, len, _map: Mapping::Own(map), memfd: Some(file) }))
+    }
+
+    /// What makes mapping `file` sound: a memfd sealed against resizing and further seals,
+    /// exactly `len` (non-zero) bytes long.
+    fn check_memfd(name: &str, file: &File, len: usize) -> Result<()> {
         let fail = |op, source| Error::Memfd { op, name: name.to_owned(), len, source };
-        let seals = fcntl(&file, FcntlArg::F_GET_SEALS).map_err(|e| fail("fcntl(F_GET_SEALS)", e.into()))?;
+        let seals = fcntl(file, FcntlArg::F_GET_SEALS).map_err(|e| fail("fcntl(F_GET_SEALS)", e.into()))?;
         // F_SEAL_SEAL too: without it, another holder of the descriptor could still add
         // F_SEAL_FUTURE_WRITE or F_SEAL_WRITE after our checks.
         let want = (SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL).bits();
@@ -111,19 +312,7 @@ impl Memory {
         if have != len as u64 || len == 0 {
             return Err(fail("fstat", std::io::Error::other(format!("it holds {have} bytes, not {len}"))));
         }
-        // SAFETY: memmap2 asks that the file not be truncated or resized while it is mapped,
-        // which would SIGBUS accesses past the new end. We returned above unless the memfd
-        // carries F_SEAL_SHRINK and F_SEAL_GROW, which bind every holder of it (also one that
-        // reopens it through /proc) and can never be removed, and unless its size is the `len`
-        // mapped. Writes through other mappings (a predecessor's, a NIC's) are fine: the mapping
-        // is never borrowed as a slice (see the module docs).
-        let mut map = unsafe { memmap2::MmapOptions::new().len(len).populate().map_mut(&file) }
-            .map_err(|source| Error::Map { len, source })?;
-        // Huge pages are an optimisation; shmem without THP simply says no.
-        let _ = map.advise(memmap2::Advice::HugePage);
-        let ptr = NonNull::new(map.as_mut_ptr())
-            .ok_or_else(|| Error::Map { len, source: std::io::Error::other("mapping returned a null pointer") })?;
-        Ok(Arc::new(Memory { ptr, len, _map: map, memfd: Some(file) }))
+        Ok(())
     }
 
     /// The memfd behind a [`Memory::memfd`] mapping; None for anonymous memory. It is for
@@ -375,5 +564,71 @@ mod tests {
             assert!(seals & libc::F_SEAL_EXEC != 0, "no F_SEAL_EXEC: {seals:#x}");
             assert_eq!(mode & 0o111, 0, "executable: {mode:o}");
         }
+    }
+
+    /// Issue 44's growth: catches a segment mapped elsewhere than right after the one before
+    /// (the volume would not be contiguous for the CPU), an earlier segment moved or remapped
+    /// by a growth (its registration and its windows would point at stale pages), a segment
+    /// not sealed (a holder could resize it under the NIC), a successor's adoption that maps
+    /// copies, a growth past the reservation taken, and a dropped segment's range left unmapped
+    /// (another mapping could land inside the volume's range).
+    #[test]
+    fn segments_grow_in_place_inside_a_reservation() {
+        let r = Reservation::new(16 * 4096).unwrap();
+        let first = Memory::memfd_in("rblk-test:seg0", 4 * 4096, &r).unwrap();
+        assert_eq!(first.addr(), r.addr(), "the first segment at the reservation's start");
+        first.write_at(4 * 4096 - 3, b"old").unwrap();
+        let ino = |m: &Memory| File::from(m.fd().unwrap().try_clone_to_owned().unwrap()).metadata().unwrap();
+        let first_ino = std::os::unix::fs::MetadataExt::ino(&ino(&first));
+        let second = Memory::memfd_in("rblk-test:seg1", 8 * 4096, &r).unwrap();
+        assert_eq!(second.addr(), first.addr() + 4 * 4096, "right after the first");
+        assert_eq!(r.used(), 12 * 4096);
+        // The first is where it was, with its bytes, its memfd and its seals.
+        let mut got = [0u8; 3];
+        first.read_at(4 * 4096 - 3, &mut got).unwrap();
+        assert_eq!(&got, b"old");
+        assert_eq!(std::os::unix::fs::MetadataExt::ino(&ino(&first)), first_ino);
+        for m in [&first, &second] {
+            let seals = SealFlag::from_bits_retain(fcntl(m.fd().unwrap(), FcntlArg::F_GET_SEALS).unwrap());
+            assert!(seals.contains(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL));
+        }
+        assert!(second.is_zero(0, 8 * 4096).unwrap(), "a new segment reads as zeros");
+        // Contiguous: one copy across the boundary through raw pointers, as a write-back does.
+        second.write_at(0, b"new").unwrap();
+        let mut across = [0u8; 6];
+        // SAFETY: both segments are mapped and alive; the 6 bytes span the end of the first
+        // and the start of the second, consecutive as asserted above.
+        unsafe { std::ptr::copy_nonoverlapping(first.as_ptr().add(4 * 4096 - 3), across.as_mut_ptr(), 6) };
+        assert_eq!(&across, b"oldnew");
+        // Past what is left: refused, nothing placed.
+        let e = Memory::memfd_in("rblk-test:seg2", 8 * 4096, &r).unwrap_err();
+        assert!(Chain(&e).to_string().contains("does not fit"), "{}", Chain(&e));
+        assert_eq!(r.used(), 12 * 4096);
+        // A successor adopts both, one after the other in its own reservation: the same pages.
+        let adopted = Reservation::new(16 * 4096).unwrap();
+        let dup = |m: &Memory| m.fd().unwrap().try_clone_to_owned().unwrap();
+        let a0 = Memory::from_memfd_in("seg0", dup(&first), 4 * 4096, &adopted).unwrap();
+        let a1 = Memory::from_memfd_in("seg1", dup(&second), 8 * 4096, &adopted).unwrap();
+        assert_eq!(a1.addr(), a0.addr() + 4 * 4096);
+        a1.write_at(4096, b"through the successor").unwrap();
+        let mut seen = [0u8; 21];
+        second.read_at(4096, &mut seen).unwrap();
+        assert_eq!(&seen, b"through the successor");
+        assert!(Memory::from_memfd_in("short", dup(&first), 4096, &adopted).is_err(), "the wrong size");
+        // A dropped segment's range stays reserved: inaccessible, not unmapped.
+        let at = second.addr() as usize;
+        drop(second);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| {
+                let (range, _) = l.split_once(' ').unwrap();
+                let (lo, hi) = range.split_once('-').unwrap();
+                let (lo, hi) = (usize::from_str_radix(lo, 16).unwrap(), usize::from_str_radix(hi, 16).unwrap());
+                lo <= at && at < hi
+            })
+            .expect("the dropped segment's range is still mapped");
+        assert!(line.split_whitespace().nth(1).unwrap().starts_with("---p"), "{line}");
+        assert!(Reservation::new(4096 + 1).is_err(), "not whole pages");
     }
 }
