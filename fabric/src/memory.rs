@@ -92,25 +92,38 @@ unsafe impl Send for Reservation {}
 unsafe impl Sync for Reservation {}
 
 impl Reservation {
-    /// Reserves `len` bytes of address space (a multiple of the page size).
+    /// Reserves `len` bytes of address space (a multiple of the page size), starting on a
+    /// 2 MiB boundary, so that segments of whole huge pages can be backed by them.
     pub fn new(len: usize) -> Result<Arc<Reservation>> {
         let fail = |why: &str| Error::Map { len, source: std::io::Error::other(why.to_owned()) };
-        let page = page_size();
-        let size =
-            NonZeroUsize::new(len).filter(|_| len.is_multiple_of(page)).ok_or_else(|| fail("not whole pages"))?;
+        if len == 0 || !len.is_multiple_of(page_size()) {
+            return Err(fail("not whole pages"));
+        }
+        let padded = len.checked_add(HUGE_PAGE).and_then(NonZeroUsize::new).ok_or_else(|| fail("too large"))?;
         // SAFETY: a new private anonymous mapping at an address the kernel chooses: it cannot
         // overlap anything of ours. PROT_NONE: nothing can touch it until a segment is mapped
         // over part of it.
-        let base = unsafe {
+        let start = unsafe {
             nix::sys::mman::mmap_anonymous(
                 None,
-                size,
+                padded,
                 nix::sys::mman::ProtFlags::PROT_NONE,
                 nix::sys::mman::MapFlags::MAP_PRIVATE | nix::sys::mman::MapFlags::MAP_NORESERVE,
             )
         }
         .map_err(|e| Error::Map { len, source: e.into() })?;
-        Ok(Arc::new(Reservation { base: base.cast(), len, used: Mutex::new(0) }))
+        let start = start.as_ptr() as usize;
+        let base = start.next_multiple_of(HUGE_PAGE);
+        // The padding before and after the aligned range goes back.
+        for (at, n) in [(start, base - start), (base + len, start + padded.get() - (base + len))] {
+            if let Some(at) = NonNull::new(at as *mut std::ffi::c_void).filter(|_| n > 0) {
+                // SAFETY: `at..at + n` is padding of the mapping just made, outside the range
+                // kept, used by nothing.
+                let _ = unsafe { nix::sys::mman::munmap(at, n) };
+            }
+        }
+        let base = NonNull::new(base as *mut u8).ok_or_else(|| fail("a null mapping"))?;
+        Ok(Arc::new(Reservation { base, len, used: Mutex::new(0) }))
     }
 
     /// The first address.
@@ -179,6 +192,10 @@ impl Drop for Reservation {
         }
     }
 }
+
+/// The huge page size reservations are aligned to (x86-64's and arm64's PMD size with 4 KiB
+/// pages).
+const HUGE_PAGE: usize = 2 << 20;
 
 /// The system's page size.
 fn page_size() -> usize {
@@ -577,6 +594,7 @@ mod tests {
         let r = Reservation::new(16 * 4096).unwrap();
         let first = Memory::memfd_in("rblk-test:seg0", 4 * 4096, &r).unwrap();
         assert_eq!(first.addr(), r.addr(), "the first segment at the reservation's start");
+        assert_eq!(r.addr() % (2 << 20), 0, "on a huge page boundary");
         first.write_at(4 * 4096 - 3, b"old").unwrap();
         let ino = |m: &Memory| File::from(m.fd().unwrap().try_clone_to_owned().unwrap()).metadata().unwrap();
         let first_ino = std::os::unix::fs::MetadataExt::ino(&ino(&first));
