@@ -46,7 +46,7 @@ pub enum Error {
         source: io::Error,
     },
     /// An rdma_cm call failed.
-    #[error("{op} ({addr}) failed")]
+    #[error("{op}{} failed", addr.0.map(|a| format!(" ({a})")).unwrap_or_default())]
     Cm {
         /// The call, e.g. `rdma_resolve_addr`.
         op: &'static str,
@@ -83,7 +83,7 @@ pub enum Error {
         private_data: Option<Box<RejectBytes>>,
     },
     /// A deadline passed.
-    #[error("{op} timed out after {after:?}")]
+    #[error("{op} timed out after {}", rblk_proto::format_duration(*after))]
     Timeout {
         /// What was waited for.
         op: &'static str,
@@ -347,6 +347,20 @@ impl std::fmt::Debug for Chain<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 43, trap 7: catches Rust renderings in what users read: an rdma_cm error without
+    /// an address said `rdma_create_event_channel (-) failed`, a timeout `after 1.5s` in
+    /// Duration's Debug form.
+    #[test]
+    fn errors_read_as_words() {
+        let cm = Error::Cm { op: "rdma_create_event_channel", addr: AddrDisplay(None), source: io::Error::other("x") };
+        assert_eq!(cm.to_string(), "rdma_create_event_channel failed");
+        let addr: SocketAddr = "10.0.0.1:7420".parse().unwrap();
+        let cm = Error::Cm { op: "rdma_resolve_addr", addr: AddrDisplay(Some(addr)), source: io::Error::other("x") };
+        assert_eq!(cm.to_string(), "rdma_resolve_addr (10.0.0.1:7420) failed");
+        let t = Error::Timeout { op: "connect", after: std::time::Duration::from_millis(1500) };
+        assert_eq!(t.to_string(), "connect timed out after 1500 ms");
+    }
+
     use super::*;
 
     /// Each cause is said once: Display leaves the source out, Chain adds it.

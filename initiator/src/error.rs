@@ -278,7 +278,7 @@ pub enum Error {
         count: usize,
     },
     /// A deadline passed.
-    #[error("{op} (target {addr}) timed out after {after:?}")]
+    #[error("{op} (target {addr}) timed out after {}", rblk_proto::format_duration(*after))]
     Timeout {
         /// What was waited for.
         op: &'static str,
