@@ -480,7 +480,10 @@ mod tests {
             "[global]\nbs=4k\nsize=6k\n[j]\nfilename=rblk://h/v\n",
             "t.fio:3: size 6144 is not a multiple of bs, 4096",
         );
-        refused(&format!("{head}rw=randread\nrwmixread=70\n"), "t.fio:5: rwmixread and rwmixwrite apply only to rw randrw");
+        refused(
+            &format!("{head}rw=randread\nrwmixread=70\n"),
+            "t.fio:5: rwmixread and rwmixwrite apply only to rw randrw",
+        );
         refused(&format!("{head}runtime=0\n"), "t.fio:4: runtime must be longer than zero");
         refused(&format!("{head}generation=3\n"), "t.fio:3: job \"j\": generation only means something with verify");
     }

@@ -567,7 +567,11 @@ mod tests {
         refused(Spec { runtime: Some(Duration::ZERO), ..d.clone() }, GEO, "--runtime must be longer");
         refused(Spec { runtime: None, ..d.clone() }, GEO, "give --runtime or --size");
         refused(Spec { runtime: None, size: Some(4096), time_based: true, ..d.clone() }, GEO, "--time_based needs");
-        refused(Spec { rwmixread: Some(70), ..d.clone() }, GEO, "--rwmixread and --rwmixwrite apply only to --rw randrw");
+        refused(
+            Spec { rwmixread: Some(70), ..d.clone() },
+            GEO,
+            "--rwmixread and --rwmixwrite apply only to --rw randrw",
+        );
         let rw = Spec { workload: Workload::RandRw, ..d.clone() };
         refused(Spec { rwmixread: Some(101), ..rw.clone() }, GEO, "0 to 100, got 101");
         assert_eq!(Spec { rwmixread: Some(70), ..rw.clone() }.plan(GEO).unwrap().spec.read_percent(), 70);

@@ -42,6 +42,9 @@ enum Mapping {
     /// In a [`Reservation`], at `ptr`: given back to the reservation (mapped `PROT_NONE` again,
     /// never left unmapped for another mapping to land in) when the memory is dropped.
     Reserved { reservation: Arc<Reservation>, ptr: NonNull<u8>, len: usize },
+    /// A view over consecutive segments of one reservation ([`Memory::span`]): it maps nothing
+    /// itself and keeps the segments (and so their mappings) alive.
+    Span(#[allow(dead_code)] Vec<Arc<Memory>>),
 }
 
 impl Drop for Mapping {
@@ -258,6 +261,30 @@ impl Memory {
         let _ = unsafe { nix::sys::mman::madvise(ptr.cast(), len, nix::sys::mman::MmapAdvise::MADV_HUGEPAGE) };
         let map = Mapping::Reserved { reservation: Arc::clone(reservation), ptr, len };
         Ok(Arc::new(Memory { ptr, len, _map: map, memfd: Some(file) }))
+    }
+
+    /// One view of `segments`, consecutive in `reservation` from its start (as
+    /// [`Memory::memfd_in`] places them): the volume's bytes for the CPU side (loads,
+    /// write-backs, zeroing), which cross segment boundaries. It has no memfd of its own
+    /// ([`Memory::fd`] is None: hand over the segments). Registering it registers every
+    /// segment's pages in one registration.
+    pub fn span(reservation: &Arc<Reservation>, segments: Vec<Arc<Memory>>) -> Result<Arc<Memory>> {
+        let mut at = reservation.addr();
+        for m in &segments {
+            let inside = matches!(&m._map, Mapping::Reserved { reservation: r, .. } if Arc::ptr_eq(r, reservation));
+            if !inside || m.addr() != at {
+                return Err(Error::Map {
+                    len: m.len,
+                    source: std::io::Error::other("a segment that does not follow the one before in the reservation"),
+                });
+            }
+            at += m.len as u64;
+        }
+        let len = (at - reservation.addr()) as usize;
+        if len == 0 {
+            return Err(Error::Map { len, source: std::io::Error::other("a span of no segment") });
+        }
+        Ok(Arc::new(Memory { ptr: reservation.base, len, _map: Mapping::Span(segments), memfd: None }))
     }
 
     /// A new memfd of `len` zeroed bytes, sealed as [`Memory::memfd`] says.
@@ -648,5 +675,14 @@ mod tests {
             .expect("the dropped segment's range is still mapped");
         assert!(line.split_whitespace().nth(1).unwrap().starts_with("---p"), "{line}");
         assert!(Reservation::new(4096 + 1).is_err(), "not whole pages");
+        // A span over the successor's two segments: one view across the boundary.
+        let span = Memory::span(&adopted, vec![Arc::clone(&a0), Arc::clone(&a1)]).unwrap();
+        assert_eq!((span.addr(), span.len()), (a0.addr(), 12 * 4096));
+        assert!(span.fd().is_none(), "a span has no memfd of its own");
+        let mut across = [0u8; 6];
+        span.read_at(4 * 4096 - 3, &mut across).unwrap();
+        assert_eq!(&across, b"oldnew");
+        assert!(Memory::span(&adopted, vec![Arc::clone(&a1)]).is_err(), "not from the start");
+        assert!(Memory::span(&r, vec![Arc::clone(&a0)]).is_err(), "another reservation's segment");
     }
 }

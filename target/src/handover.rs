@@ -161,17 +161,28 @@ pub struct Segment {
 }
 
 impl HandedVolume {
-    /// The one memfd of its memory and what its format says beyond it, checked: a format 1
-    /// entry has `memfd` and nothing of format 2; a format 2 entry has one segment covering
-    /// the whole volume and no `memfd`.
-    fn memory(&self, format: u32) -> Result<usize, String> {
+    /// Its memory's segments (descriptor index and length, in order) and what its format says
+    /// beyond them, checked: a format 1 entry has `memfd` (one segment, the whole volume) and
+    /// nothing of format 2; a format 2 entry has 1 to [`rblk_proto::MAX_SEGMENTS`] segments, none
+    /// empty, that add up to the volume, and no `memfd`.
+    fn memory(&self, format: u32) -> Result<Vec<Segment>, String> {
         match (format, self.memfd, self.segments.as_slice()) {
-            (1, Some(fd), []) if self.punches.is_empty() && self.devices.is_none() => Ok(fd),
+            (1, Some(fd), []) if self.punches.is_empty() && self.devices.is_none() => {
+                Ok(vec![Segment { memfd: fd, len: self.size }])
+            }
             (1, _, _) => Err("a format 1 entry needs its memfd and has no segments, punches or devices".into()),
-            (_, None, [one]) if one.len == self.size => Ok(one.memfd),
-            (_, None, [_]) => Err("its segment is not the whole volume".into()),
             (_, None, []) => Err("no memory segment".into()),
-            (_, None, _) => Err(format!("{} memory segments: this daemon serves volumes of one", self.segments.len())),
+            (_, None, list) if list.len() > rblk_proto::MAX_SEGMENTS => {
+                Err(format!("{} memory segments: at most {}", list.len(), rblk_proto::MAX_SEGMENTS))
+            }
+            (_, None, list) => {
+                let total = list.iter().try_fold(0u64, |sum, g| (g.len > 0).then(|| sum.checked_add(g.len)).flatten());
+                match total {
+                    Some(total) if total == self.size => Ok(list.to_vec()),
+                    Some(total) => Err(format!("its segments hold {total} bytes, not the volume's {}", self.size)),
+                    None => Err("an empty memory segment".into()),
+                }
+            }
             (_, Some(_), _) => Err("a format 2 entry has segments, not a memfd".into()),
         }
     }
@@ -494,13 +505,21 @@ impl Handed {
             let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
             fds.get_mut(i).and_then(Option::take).ok_or_else(|| fail(format!("descriptor {i} is missing")))
         };
-        let memfd = fd(h.memory(self.state.format).map_err(fail)?)?;
+        let listed = h.memory(self.state.format).map_err(fail)?;
+        let memfds = listed.iter().map(|g| fd(g.memfd)).collect::<Result<Vec<_>, _>>()?;
         let punches = h.checked_punches().map_err(fail)?.to_vec();
         let backing_fd = h.backing.map(fd).transpose()?;
         let instance = VolumeId::from_hex(&h.instance).ok_or_else(|| fail(format!("bad instance {:?}", h.instance)))?;
-        let size = usize::try_from(h.size).map_err(|_| fail("too large".into()))?;
-        let memory = rblk_fabric::Memory::from_memfd(&h.name, memfd, size)
-            .map_err(|e| fail(rblk_fabric::Chain(&e).to_string()))?;
+        let reserve = usize::try_from(crate::volume::reserve_for(h.size)).map_err(|_| fail("too large".into()))?;
+        let mapped = |e: rblk_fabric::Error| fail(rblk_fabric::Chain(&e).to_string());
+        // Each segment checked (sealed, its size) and mapped after the one before.
+        let reservation = rblk_fabric::Reservation::new(reserve).map_err(mapped)?;
+        let mut segments = Vec::with_capacity(listed.len());
+        for (g, memfd) in listed.iter().zip(memfds) {
+            let len = usize::try_from(g.len).map_err(|_| fail("too large".into()))?;
+            segments.push(rblk_fabric::Memory::from_memfd_in(&h.name, memfd, len, &reservation).map_err(mapped)?);
+        }
+        let memory = rblk_fabric::Memory::span(&reservation, segments.clone()).map_err(mapped)?;
         let backing = match (&h.path, backing_fd) {
             (Some(path), Some(fd)) => Some(
                 Backing::adopt(path, std::fs::File::from(fd), h.size, h.failed)
@@ -520,7 +539,8 @@ impl Handed {
             info!(volume = %h.name, count = punches.len(), "the old daemon's pending punches done");
         }
         info!(volume = %h.name, instance = %instance, written = h.written, "taking the volume over: the same pages and instance");
-        Ok(Volume::adopt(&h.name, memory, self.state.block_size, backing, instance, h.written))
+        Volume::adopt(&h.name, reservation, segments, self.state.block_size, backing, instance, h.written)
+            .map_err(mapped)
     }
 
     /// The old daemon's admin socket, which it removes when it exits.
@@ -721,9 +741,7 @@ impl Prepared {
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = Vec::new();
         for v in &self.volumes {
-            if let Some(fd) = v.memory.fd() {
-                fds.push(fd);
-            }
+            fds.extend(v.segments.iter().filter_map(|m| m.fd()));
             if let Some(b) = &v.backing {
                 fds.push(b.file().as_fd());
             }
@@ -744,14 +762,16 @@ fn prepare(shared: &Arc<Shared>) -> Result<Prepared, String> {
     let mut handed = Vec::new();
     let mut next = 0;
     for v in &volumes {
-        if v.memory.fd().is_none() {
+        if v.segments.iter().any(|m| m.fd().is_none()) {
             resume(shared, &volumes);
             return Err(format!("volume {}'s memory is not a memfd", v.name));
         }
-        // The descriptors' order is Prepared::fds's: each memfd, then its backing store.
-        let memfd = next;
-        let backing = v.backing.as_ref().map(|_| memfd + 1);
-        next = backing.unwrap_or(memfd) + 1;
+        // The descriptors' order is Prepared::fds's: each segment's memfd, then the backing store.
+        let segments: Vec<Segment> =
+            v.segments.iter().enumerate().map(|(i, m)| Segment { memfd: next + i, len: m.len() as u64 }).collect();
+        next += segments.len();
+        let backing = v.backing.as_ref().map(|_| next);
+        next += usize::from(backing.is_some());
         handed.push(HandedVolume {
             name: v.name.clone(),
             size: v.size(),
@@ -760,7 +780,7 @@ fn prepare(shared: &Arc<Shared>) -> Result<Prepared, String> {
             written: v.written(),
             failed: v.failed(),
             memfd: None,
-            segments: vec![Segment { memfd, len: v.size() }],
+            segments,
             punches: Vec::new(),
             devices: Some(v.registered_on()).filter(|d| !d.is_empty()),
             backing,
@@ -1016,9 +1036,10 @@ mod tests {
     }
 
     /// Format 2 (issue 41): a record of the previous release (format 1, as it wrote it) still
-    /// adopts; a format 2 record says the same in segments and round-trips; what this daemon
-    /// cannot serve (two segments, a segment that is not the volume, a punch past its end, a
-    /// format 1 entry with format 2's fields) is refused with the reason. Catches a successor
+    /// adopts; a format 2 record says the same in segments and round-trips, several segments
+    /// too (issue 44); what this daemon cannot serve (more than 8 segments, segments that do
+    /// not add up to the volume, an empty one, a punch past its end, a format 1 entry with
+    /// format 2's fields) is refused with the reason. Catches a successor
     /// that misreads either format, and a store record written in a format an older successor
     /// cannot read when format 1 would have held it.
     #[test]
@@ -1027,22 +1048,29 @@ mod tests {
             "volumes": [{"name": "v", "size": 1048576, "instance": "00".repeat(16), "written": false,
                          "failed": false, "memfd": 0, "path": "/d.img", "backing": 1}]});
         let s = parse_state(old).expect("a format 1 record");
-        assert_eq!(s.volumes[0].memory(1), Ok(0));
+        let whole = vec![Segment { memfd: 0, len: 1 << 20 }];
+        assert_eq!(s.volumes[0].memory(1), Ok(whole.clone()));
         assert_eq!(s.volumes[0].backing, Some(1));
         let two = s.in_format(2);
         assert_eq!(
             (two.volumes[0].memfd, two.volumes[0].segments.as_slice()),
             (None, &[Segment { memfd: 0, len: 1 << 20 }][..])
         );
-        assert_eq!(two.volumes[0].memory(2), Ok(0));
+        assert_eq!(two.volumes[0].memory(2), Ok(whole));
         assert_eq!(parse_state(serde_json::to_value(&two).unwrap()).unwrap(), two);
         assert_eq!(two.in_format(1).volumes[0], s.volumes[0], "back to format 1 unchanged");
         assert_eq!(two.oldest_format(), 1, "one segment, no punches, no devices: format 1 holds it");
 
-        let mut v = volume(vec![Segment { memfd: 0, len: 1 << 19 }, Segment { memfd: 1, len: 1 << 19 }]);
-        assert!(v.memory(2).unwrap_err().contains("2 memory segments"));
+        // Issue 44: a grown volume's segments, in order, adding up to its size.
+        let halves = vec![Segment { memfd: 0, len: 1 << 19 }, Segment { memfd: 1, len: 1 << 19 }];
+        let mut v = volume(halves.clone());
+        assert_eq!(v.memory(2), Ok(halves));
+        v.segments = (0..9).map(|i| Segment { memfd: i, len: (1 << 20) / 8 }).collect();
+        assert!(v.memory(2).unwrap_err().contains("at most 8"));
         v.segments = vec![Segment { memfd: 0, len: 4096 }];
-        assert!(v.memory(2).unwrap_err().contains("not the whole volume"));
+        assert!(v.memory(2).unwrap_err().contains("hold 4096 bytes, not the volume's 1048576"));
+        v.segments = vec![Segment { memfd: 0, len: 1 << 20 }, Segment { memfd: 1, len: 0 }];
+        assert!(v.memory(2).unwrap_err().contains("empty"));
         v.segments = vec![Segment { memfd: 0, len: 1 << 20 }];
         v.punches = vec![(0, 4096), ((1 << 20) - 4096, 8192)];
         assert!(v.checked_punches().unwrap_err().contains("outside the volume"));
@@ -1069,7 +1097,11 @@ mod tests {
         assert_eq!(state.oldest_format(), 1, "devices alone need no format 2");
         let one = state.in_format(1);
         assert_eq!(one.volumes[0].devices, None);
-        assert_eq!(one.volumes[0].memory(1), Ok(0), "a format 1 reader adopts it");
+        assert_eq!(
+            one.volumes[0].memory(1),
+            Ok(vec![Segment { memfd: 0, len: 1 << 20 }]),
+            "a format 1 reader adopts it"
+        );
         let text = serde_json::to_string(&one).unwrap();
         assert!(!text.contains("devices") && !text.contains("segments"), "{text}");
         assert_eq!(one.in_format(2).volumes[0].devices, None, "what format 1 left out stays out");
