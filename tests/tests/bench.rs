@@ -148,7 +148,7 @@ fn arguments_the_volume_cannot_take_are_refused_before_any_io() {
         (&["--bs", "2M"][..], "larger than the volume's largest I/O"),
         (&["--size", "32M"][..], "--size 33554432 is larger than the volume (16777216 bytes)"),
         (&["--iodepth", "0"][..], "'--iodepth <N>': must be a whole number from 1 to 1024"),
-        (&["--rw", "read", "--rwmixread", "30"][..], "--rwmixread applies only to --rw randrw"),
+        (&["--rw", "read", "--rwmixread", "30"][..], "--rwmixread and --rwmixwrite apply only to --rw randrw"),
     ] {
         let out = bench(&t, args);
         // Issue 43, trap 10: usage errors exit 2, as rblk's and clap's do.
