@@ -39,28 +39,29 @@ enum Mapping {
     /// memmap2, where the kernel placed it.
     // Held for its drop (munmap).
     Own(#[allow(dead_code)] memmap2::MmapMut),
-    /// In a [`Reservation`], at `ptr`: given back to the reservation (mapped `PROT_NONE` again,
-    /// never left unmapped for another mapping to land in) when the memory is dropped.
-    Reserved { reservation: Arc<Reservation>, ptr: NonNull<u8>, len: usize },
+    /// In a [`Reservation`]: given back to it (mapped `PROT_NONE` again, never left unmapped
+    /// for another mapping to land in) when the memory is dropped ([`Memory`]'s `Drop`).
+    Reserved(Arc<Reservation>),
     /// A view over consecutive segments of one reservation ([`Memory::span`]): it maps nothing
     /// itself and keeps the segments (and so their mappings) alive.
-    Span(#[allow(dead_code)] Vec<Arc<Memory>>),
+    Span(Vec<Arc<Memory>>),
 }
 
-impl Drop for Mapping {
+impl Drop for Memory {
     fn drop(&mut self) {
-        let Mapping::Reserved { reservation, ptr, len } = self else { return };
-        let Some(len) = NonZeroUsize::new(*len) else { return };
-        // SAFETY: `ptr..ptr + len` is this segment's range inside `reservation`, which is alive
-        // (we hold it) and reserved for us alone; nothing uses the segment any more (the
-        // `Memory` that owned this mapping is being dropped, after every registration of it,
-        // each of which holds the `Memory`). MAP_FIXED replaces the segment's pages with
-        // inaccessible ones in one call, so the range stays reserved. On failure the segment
-        // stays mapped until the reservation's own munmap: a leak of address space, never a
-        // use of freed memory.
+        if !matches!(self._map, Mapping::Reserved(_)) {
+            return;
+        }
+        let Some(len) = NonZeroUsize::new(self.len) else { return };
+        // SAFETY: `ptr..ptr + len` is this segment's range inside its reservation, which is alive
+        // (`_map` holds it, and fields drop after this) and reserved for it alone; nothing uses
+        // the segment any more (every registration of it holds the `Memory`, so all are gone).
+        // MAP_FIXED replaces the segment's pages with inaccessible ones in one call, so the range
+        // stays reserved. On failure the segment stays mapped until the reservation's own
+        // munmap: a leak of address space, never a use of freed memory.
         let placed = unsafe {
             nix::sys::mman::mmap_anonymous(
-                NonZeroUsize::new(ptr.as_ptr() as usize),
+                NonZeroUsize::new(self.ptr.as_ptr() as usize),
                 len,
                 nix::sys::mman::ProtFlags::PROT_NONE,
                 nix::sys::mman::MapFlags::MAP_PRIVATE
@@ -71,7 +72,6 @@ impl Drop for Mapping {
         if let Err(e) = placed {
             tracing::warn!(error = %e, bytes = len.get(), "cannot give a segment's address range back to its reservation");
         }
-        let _ = reservation;
     }
 }
 
@@ -259,7 +259,7 @@ impl Memory {
         // SAFETY: `ptr..ptr + len` is the segment just mapped; MADV_HUGEPAGE changes how its
         // pages are backed, never their contents or their mapping.
         let _ = unsafe { nix::sys::mman::madvise(ptr.cast(), len, nix::sys::mman::MmapAdvise::MADV_HUGEPAGE) };
-        let map = Mapping::Reserved { reservation: Arc::clone(reservation), ptr, len };
+        let map = Mapping::Reserved(Arc::clone(reservation));
         Ok(Arc::new(Memory { ptr, len, _map: map, memfd: Some(file) }))
     }
 
@@ -271,7 +271,7 @@ impl Memory {
     pub fn span(reservation: &Arc<Reservation>, segments: Vec<Arc<Memory>>) -> Result<Arc<Memory>> {
         let mut at = reservation.addr();
         for m in &segments {
-            let inside = matches!(&m._map, Mapping::Reserved { reservation: r, .. } if Arc::ptr_eq(r, reservation));
+            let inside = matches!(&m._map, Mapping::Reserved(r) if Arc::ptr_eq(r, reservation));
             if !inside || m.addr() != at {
                 return Err(Error::Map {
                     len: m.len,
@@ -285,6 +285,24 @@ impl Memory {
             return Err(Error::Map { len, source: std::io::Error::other("a span of no segment") });
         }
         Ok(Arc::new(Memory { ptr: reservation.base, len, _map: Mapping::Span(segments), memfd: None }))
+    }
+
+    /// The segments a [`Memory::span`] views, in order; empty for any other memory.
+    pub fn segments(&self) -> &[Arc<Memory>] {
+        match &self._map {
+            Mapping::Span(segments) => segments,
+            _ => &[],
+        }
+    }
+
+    /// The reservation a segment ([`Memory::memfd_in`]) or a span sits in; None for memory
+    /// the kernel placed.
+    pub fn reservation(&self) -> Option<&Arc<Reservation>> {
+        match &self._map {
+            Mapping::Reserved(r) => Some(r),
+            Mapping::Span(segments) => segments.first().and_then(|m| m.reservation()),
+            Mapping::Own(_) => None,
+        }
     }
 
     /// A new memfd of `len` zeroed bytes, sealed as [`Memory::memfd`] says.
@@ -679,6 +697,9 @@ mod tests {
         let span = Memory::span(&adopted, vec![Arc::clone(&a0), Arc::clone(&a1)]).unwrap();
         assert_eq!((span.addr(), span.len()), (a0.addr(), 12 * 4096));
         assert!(span.fd().is_none(), "a span has no memfd of its own");
+        assert_eq!(span.segments().len(), 2);
+        assert!(Arc::ptr_eq(span.reservation().unwrap(), &adopted) && a1.reservation().is_some());
+        assert!(Memory::anonymous(4096).unwrap().reservation().is_none() && a0.segments().is_empty());
         let mut across = [0u8; 6];
         span.read_at(4 * 4096 - 3, &mut across).unwrap();
         assert_eq!(&across, b"oldnew");

@@ -519,7 +519,7 @@ impl Handed {
             let len = usize::try_from(g.len).map_err(|_| fail("too large".into()))?;
             segments.push(rblk_fabric::Memory::from_memfd_in(&h.name, memfd, len, &reservation).map_err(mapped)?);
         }
-        let memory = rblk_fabric::Memory::span(&reservation, segments.clone()).map_err(mapped)?;
+        let memory = rblk_fabric::Memory::span(&reservation, segments).map_err(mapped)?;
         let backing = match (&h.path, backing_fd) {
             (Some(path), Some(fd)) => Some(
                 Backing::adopt(path, std::fs::File::from(fd), h.size, h.failed)
@@ -539,8 +539,7 @@ impl Handed {
             info!(volume = %h.name, count = punches.len(), "the old daemon's pending punches done");
         }
         info!(volume = %h.name, instance = %instance, written = h.written, "taking the volume over: the same pages and instance");
-        Volume::adopt(&h.name, reservation, segments, self.state.block_size, backing, instance, h.written)
-            .map_err(mapped)
+        Ok(Volume::adopt(&h.name, memory, self.state.block_size, backing, instance, h.written))
     }
 
     /// The old daemon's admin socket, which it removes when it exits.
@@ -741,7 +740,7 @@ impl Prepared {
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = Vec::new();
         for v in &self.volumes {
-            fds.extend(v.segments.iter().filter_map(|m| m.fd()));
+            fds.extend(v.segments().iter().filter_map(|m| m.fd()));
             if let Some(b) = &v.backing {
                 fds.push(b.file().as_fd());
             }
@@ -762,13 +761,13 @@ fn prepare(shared: &Arc<Shared>) -> Result<Prepared, String> {
     let mut handed = Vec::new();
     let mut next = 0;
     for v in &volumes {
-        if v.segments.iter().any(|m| m.fd().is_none()) {
+        if v.segments().is_empty() || v.segments().iter().any(|m| m.fd().is_none()) {
             resume(shared, &volumes);
             return Err(format!("volume {}'s memory is not a memfd", v.name));
         }
         // The descriptors' order is Prepared::fds's: each segment's memfd, then the backing store.
         let segments: Vec<Segment> =
-            v.segments.iter().enumerate().map(|(i, m)| Segment { memfd: next + i, len: m.len() as u64 }).collect();
+            v.segments().iter().enumerate().map(|(i, m)| Segment { memfd: next + i, len: m.len() as u64 }).collect();
         next += segments.len();
         let backing = v.backing.as_ref().map(|_| next);
         next += usize::from(backing.is_some());

@@ -31,13 +31,9 @@ pub enum LoadError {
 pub struct Volume {
     /// Name initiators open it by.
     pub name: String,
-    /// Its bytes (never borrowed as a slice: NICs write it): one view over its segments.
+    /// Its bytes (never borrowed as a slice: NICs write it): one view ([`Memory::span`]) over
+    /// its segments, which sit in address space reserved to grow in ([`reserve_for`]).
     pub memory: Arc<Memory>,
-    /// Its memory segments, one sealed memfd each, consecutive in its reservation (one until
-    /// volumes grow, issue 44): what a handover passes.
-    pub segments: Vec<Arc<Memory>>,
-    /// The address space its segments sit in, with room to grow ([`reserve_for`]).
-    reservation: Arc<Reservation>,
     /// Block size in bytes.
     pub block_size: u32,
     /// The backing store of a durable volume; None for RAM volumes.
@@ -85,16 +81,12 @@ pub fn reserve_for(size: u64) -> u64 {
     size.saturating_mul(8).clamp(64 << 30, 4 << 40).max(size)
 }
 
-/// A volume's memory: its reservation, its segments, and the view over them.
-type Segmented = (Arc<Reservation>, Vec<Arc<Memory>>, Arc<Memory>);
-
-/// A new volume's memory: its reservation, its first segment (zeroed, sealed), and the view.
-fn fresh_memory(name: &str, size: u64) -> rblk_fabric::Result<Segmented> {
+/// A new volume's memory: its first segment (zeroed, sealed) in a reservation of its own, and
+/// the view over it.
+fn fresh_memory(name: &str, size: u64) -> rblk_fabric::Result<Arc<Memory>> {
     let reservation = Reservation::new(usize::try_from(reserve_for(size)).unwrap_or(usize::MAX))?;
     let first = Memory::memfd_in(&memfd_name(name), size as usize, &reservation)?;
-    let segments = vec![first];
-    let memory = Memory::span(&reservation, segments.clone())?;
-    Ok((reservation, segments, memory))
+    Memory::span(&reservation, vec![first])
 }
 
 /// Why an open was refused.
@@ -104,12 +96,10 @@ pub struct Busy(pub String);
 impl Volume {
     /// Maps a zeroed RAM volume of `size` bytes.
     pub fn new(name: &str, size: u64, block_size: u32) -> rblk_fabric::Result<Volume> {
-        let (reservation, segments, memory) = fresh_memory(name, size)?;
+        let memory = fresh_memory(name, size)?;
         Ok(Volume {
             name: name.to_owned(),
             memory,
-            segments,
-            reservation,
             block_size,
             backing: None,
             instance: VolumeId(rblk_fabric::random()),
@@ -122,7 +112,7 @@ impl Volume {
 
     /// A durable volume: maps it and loads it from `backing`.
     pub fn durable(name: &str, size: u64, block_size: u32, backing: Backing) -> Result<Volume, LoadError> {
-        let (reservation, segments, memory) = fresh_memory(name, size).map_err(LoadError::Memory)?;
+        let memory = fresh_memory(name, size).map_err(LoadError::Memory)?;
         let took = backing.load(&memory, name).map_err(|source| BackingError::Load {
             name: name.to_owned(),
             path: backing.path().to_owned(),
@@ -140,8 +130,6 @@ impl Volume {
         Ok(Volume {
             name: name.to_owned(),
             memory,
-            segments,
-            reservation,
             block_size,
             backing: Some(backing),
             instance: VolumeId(rblk_fabric::random()),
@@ -152,25 +140,21 @@ impl Volume {
         })
     }
 
-    /// A volume a predecessor daemon handed over: its memory segments (the same pages, mapped
-    /// one after the other in `reservation` by [`Memory::from_memfd_in`]), its backing store,
-    /// its instance identity, and whether a session could have written it since it was last
-    /// written back whole ([`Volume::written`]), which decides what a final flush writes.
+    /// A volume a predecessor daemon handed over: its `memory` (the view over the same pages,
+    /// each segment mapped after the one before by [`Memory::from_memfd_in`]), its backing
+    /// store, its instance identity, and whether a session could have written it since it was
+    /// last written back whole ([`Volume::written`]), which decides what a final flush writes.
     pub fn adopt(
         name: &str,
-        reservation: Arc<Reservation>,
-        segments: Vec<Arc<Memory>>,
+        memory: Arc<Memory>,
         block_size: u32,
         backing: Option<Backing>,
         instance: VolumeId,
         written: bool,
-    ) -> rblk_fabric::Result<Volume> {
-        let memory = Memory::span(&reservation, segments.clone())?;
-        Ok(Volume {
+    ) -> Volume {
+        Volume {
             name: name.to_owned(),
             memory,
-            segments,
-            reservation,
             block_size,
             backing,
             instance,
@@ -178,12 +162,18 @@ impl Volume {
             zeroed: Zeroed::default(),
             opens: Mutex::new(Opens { written, ..Opens::default() }),
             regions: Mutex::default(),
-        })
+        }
+    }
+
+    /// Its memory segments, one sealed memfd each (one until volumes grow, issue 44): what a
+    /// handover passes.
+    pub fn segments(&self) -> &[Arc<Memory>] {
+        self.memory.segments()
     }
 
     /// The address space reserved for it, and how much of it its segments use.
     pub fn reserved(&self) -> (u64, u64) {
-        (self.reservation.len() as u64, self.reservation.used() as u64)
+        self.memory.reservation().map_or((0, 0), |r| (r.len() as u64, r.used() as u64))
     }
 
     /// Starts no more write-back passes and waits for the running one (see [`Group::hold`]).
@@ -403,8 +393,8 @@ mod tests {
     fn a_volume_is_a_sealed_memfd_named_after_it() {
         use std::os::fd::AsRawFd;
         let v = Volume::new("vol-a", 1 << 20, 4096).unwrap();
-        assert_eq!(v.segments.len(), 1, "one segment until volumes grow");
-        let fd = v.segments[0].fd().expect("a volume's memory is a memfd");
+        assert_eq!(v.segments().len(), 1, "one segment until volumes grow");
+        let fd = v.segments()[0].fd().expect("a volume's memory is a memfd");
         let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
         assert_eq!(link.to_string_lossy(), "/memfd:rblk-volume:vol-a (deleted)");
         let seals = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GET_SEALS).unwrap();
@@ -413,7 +403,7 @@ mod tests {
         assert_eq!(v.size(), 1 << 20);
         // Issue 44: in address space reserved for growth, the view over its one segment.
         assert_eq!(v.reserved(), (reserve_for(1 << 20), 1 << 20));
-        assert_eq!((v.memory.addr(), v.memory.len()), (v.segments[0].addr(), 1 << 20));
+        assert_eq!((v.memory.addr(), v.memory.len()), (v.segments()[0].addr(), 1 << 20));
     }
 
     /// Catches a reservation that leaves a volume no room to grow, or one so large that a
@@ -437,7 +427,7 @@ mod tests {
         let b = Backing::open(&path, 1 << 20).unwrap();
         std::fs::File::options().write(true).open(&path).unwrap().write_all_at(b"old", 4096).unwrap();
         let v = Volume::durable("vol-d", 1 << 20, 4096, b).unwrap();
-        assert!(v.segments[0].fd().is_some(), "a durable volume's memory is a memfd");
+        assert!(v.segments()[0].fd().is_some(), "a durable volume's memory is a memfd");
         let mut got = [0u8; 3];
         v.memory.read_at(4096, &mut got).unwrap();
         assert_eq!(&got, b"old");
