@@ -194,19 +194,16 @@ fn backing_stores(cfg: &Config, found: &mut Vec<Finding>, probe: Probe<'_>) {
 /// `ExecStartPre=` is): an error when this user cannot create or write it and a start must
 /// make something there (the generated key, `target.id`); a warning when it only will later
 /// (`admin.toml` at `admin add`, durable volumes' identities at shutdown).
+/// (tests/tests/config_traps.rs runs it as nobody.)
 pub fn state_dir(file: &crate::config::File) -> Vec<Finding> {
-    state_dir_with(file, &|path, _| {
-        use nix::unistd::{access, AccessFlags};
-        access(path, AccessFlags::W_OK | AccessFlags::X_OK).map_err(std::io::Error::from)
-    })
-}
-
-fn state_dir_with(file: &crate::config::File, probe: Probe<'_>) -> Vec<Finding> {
     use crate::config::{KeySource, DEFAULT_STATE_DIR, TARGET_ID};
+    use nix::unistd::{access, AccessFlags};
     let dir = file.state_dir.as_deref().unwrap_or(Path::new(DEFAULT_STATE_DIR));
     // A missing directory is made (mode 0700) in its nearest existing ancestor.
     let Some(existing) = dir.ancestors().find(|p| p.exists()) else { return Vec::new() };
-    let Err(e) = probe(existing, true) else { return Vec::new() };
+    let Err(e) = access(existing, AccessFlags::W_OK | AccessFlags::X_OK).map_err(std::io::Error::from) else {
+        return Vec::new();
+    };
     let mut made: Vec<String> = Vec::new();
     if let KeySource::Generated(key) = file.key_source() {
         if !key.exists() {
