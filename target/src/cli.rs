@@ -472,25 +472,4 @@ mod tests {
         assert_eq!(names(&effective(&["--config", empty, "--volume", "b:4k"])), ["b"]);
         std::fs::remove_dir_all(dir).unwrap();
     }
-
-    /// Issue 43, trap 8: `-h` was a wall (option lines of 150 to 766 characters). Catches a
-    /// command or subcommand whose `-h` outgrows 100 columns or 40 lines: the prose belongs in
-    /// `--help` (a doc comment's later paragraphs), `-h` gets its first.
-    #[test]
-    fn every_short_help_fits_100_columns_and_40_lines() {
-        use clap::CommandFactory as _;
-        let mut todo = vec![Args::command()];
-        let mut seen = 0;
-        while let Some(mut cmd) = todo.pop() {
-            cmd.build();
-            let help = cmd.render_help().to_string();
-            let name = cmd.get_bin_name().unwrap_or(cmd.get_name()).to_owned();
-            let widest = help.lines().map(|l| l.chars().count()).max().unwrap_or(0);
-            assert!(widest <= 100, "{name} -h has a line of {widest} columns:\n{help}");
-            assert!(help.lines().count() <= 40, "{name} -h has {} lines:\n{help}", help.lines().count());
-            todo.extend(cmd.get_subcommands().cloned());
-            seen += 1;
-        }
-        assert!(seen >= 7, "rblk-target and its subcommands: {seen}");
-    }
 }

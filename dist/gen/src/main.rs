@@ -58,10 +58,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// The command lines of the binaries users run.
+fn commands() -> [clap::Command; 3] {
+    [rblk::cli::Args::command(), rblk_bench::Args::command(), rblk_target::cli::Args::command()]
+}
+
 /// Writes everything under `out`; returns how many files.
 fn generate(out: &Path) -> std::io::Result<usize> {
     let mut n = 0;
-    for cmd in [rblk::cli::Args::command(), rblk_bench::Args::command(), rblk_target::cli::Args::command()] {
+    for cmd in commands() {
         n += completions(cmd.clone(), out)?;
         n += man_pages(cmd, &out.join("man"))?;
     }
@@ -121,6 +126,29 @@ mod tests {
         let e = super::Args::try_parse_from(["rblk-dist"]).unwrap_err();
         assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
         assert_eq!(super::Args::try_parse_from(["rblk-dist", "out"]).unwrap().outdir, std::path::Path::new("out"));
+    }
+
+    /// Issue 43, trap 8: `-h` was a wall (`rblk read -h` had option lines of 150 to 525
+    /// characters, rblk-target's up to 766). Catches any command or subcommand of rblk,
+    /// rblk-bench and rblk-target whose `-h`, at a 100-column terminal, is wider than 100
+    /// columns or longer than 40 lines: the prose belongs in `--help` (a doc comment's later
+    /// paragraphs), `-h` gets its first. (Each crate's own tests check its headings and that
+    /// the prose is still in `--help`.)
+    #[test]
+    fn every_short_help_fits_100_columns_and_40_lines() {
+        let mut todo: Vec<(String, clap::Command)> =
+            super::commands().into_iter().map(|c| (c.get_name().to_owned(), c.term_width(100))).collect();
+        let mut seen = 0;
+        while let Some((path, mut cmd)) = todo.pop() {
+            cmd.build();
+            let help = cmd.render_help().to_string();
+            let widest = help.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            assert!(widest <= 100, "{path} -h has a line of {widest} columns:\n{help}");
+            assert!(help.lines().count() <= 40, "{path} -h has {} lines:\n{help}", help.lines().count());
+            todo.extend(cmd.get_subcommands().map(|sub| (format!("{path} {}", sub.get_name()), sub.clone())));
+            seen += 1;
+        }
+        assert!(seen > 25, "the three binaries and their subcommands: {seen}");
     }
 
     /// Catches completions or man pages that are not generated (or are empty) for a command a

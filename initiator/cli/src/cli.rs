@@ -727,13 +727,12 @@ mod tests {
         );
     }
 
-    /// Issue 43, trap 8: `rblk read -h` had 11 option lines of 150 to 525 characters and the
-    /// ten connection options mixed into every subcommand's own. Would catch a `-h` of any
-    /// subcommand wider than 100 columns or longer than 40 lines (a long paragraph back in an
-    /// option's first line, options added without `hide_short_help` where rare), or connection
-    /// options outside their one heading.
+    /// Issue 43, trap 8: `rblk read -h` had the ten connection options mixed into every
+    /// subcommand's own. Would catch connection options outside their one heading, or the
+    /// prose gone from `--help`. (The size of every `-h`, at most 100 columns and 40 lines, is
+    /// rblk-dist's `every_short_help_fits_100_columns_and_40_lines`, for all three binaries.)
     #[test]
-    fn short_help_fits_a_screen() {
+    fn connection_options_under_one_heading_and_prose_in_long_help() {
         let mut root = Args::command().term_width(100);
         root.build();
         let mut helps = vec![("rblk".to_owned(), root.render_help().to_string())];
@@ -742,11 +741,6 @@ mod tests {
         }
         assert!(helps.len() > 15, "every subcommand: {}", helps.len());
         for (name, text) in &helps {
-            let lines: Vec<&str> = text.lines().collect();
-            assert!(lines.len() <= 40, "rblk {name} -h has {} lines:\n{text}", lines.len());
-            for line in &lines {
-                assert!(line.chars().count() <= 100, "rblk {name} -h: {} columns: {line}", line.chars().count());
-            }
             if let Some(at) = text.find("\nConnection options:\n") {
                 let (own, connection) = text.split_at(at);
                 let connection = connection.split("\n\n").next().unwrap_or_default();
