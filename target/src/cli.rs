@@ -297,7 +297,7 @@ pub enum AdminOp {
         ///
         /// normal: a table; json: the daemon's list as it sent it, for scripts (as rblk's and
         /// nvme-cli's -o).
-        #[arg(short = 'o', long, value_name = "FORMAT", value_parser = output_format, default_value = "normal")]
+        #[arg(short = 'o', long, value_name = "FORMAT", value_enum, default_value_t = Format::Normal, hide_possible_values = true)]
         output_format: Format,
         /// The same as -o json.
         #[arg(long, conflicts_with = "output_format")]
@@ -306,20 +306,12 @@ pub enum AdminOp {
 }
 
 /// `-o`: how `admin list` prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
     /// A table.
     Normal,
     /// JSON.
     Json,
-}
-
-fn output_format(text: &str) -> Result<Format, String> {
-    match text {
-        "normal" => Ok(Format::Normal),
-        "json" => Ok(Format::Json),
-        _ => Err(format!("{text:?} is not an output format (normal or json)")),
-    }
 }
 
 /// `on` or `off` (also true/false, yes/no, 1/0), for switches that take a value.
