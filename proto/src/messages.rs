@@ -405,6 +405,15 @@ fn parse_segments(opcode: Opcode, before: usize, tail: &[u8]) -> Result<Segments
     Segments::new(&list[..count])
 }
 
+/// `body` split where a segments tail would start (`at`): the body before it, and the tail
+/// parsed when there is one (OPENED's after its instance tail, JOINED's after its rkey).
+fn segments_tail(opcode: Opcode, body: &[u8], at: usize) -> Result<(&[u8], Option<Segments>), ParseError> {
+    match body.split_at_checked(at) {
+        Some((before, tail)) if !tail.is_empty() => Ok((before, Some(parse_segments(opcode, at, tail)?))),
+        _ => Ok((body, None)),
+    }
+}
+
 /// The wire form of `segments`: its head and entries.
 fn segments_bytes(segments: &Segments) -> (SegmentsHead, [SegmentEntry; MAX_SEGMENTS]) {
     let mut entries = [(); MAX_SEGMENTS].map(|()| SegmentEntry {
@@ -597,11 +606,7 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
         }
         Opcode::Opened => {
             // The segments tail follows the instance tail.
-            let split = size_of::<OpenedBody>() + size_of::<InstanceBody>();
-            let (body, segments) = match body.split_at_checked(split) {
-                Some((body, tail)) if !tail.is_empty() => (body, Some(parse_segments(opcode, split, tail)?)),
-                _ => (body, None),
-            };
+            let (body, segments) = segments_tail(opcode, body, size_of::<OpenedBody>() + size_of::<InstanceBody>())?;
             let (b, instance) = with_tail::<OpenedBody, InstanceBody>(opcode, body)?;
             let opened = Opened {
                 remote_addr: b.remote_addr.get(),
@@ -709,10 +714,7 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
         Opcode::Ok => {
             // JOINED's segments tail follows its rkey.
             let split = size_of::<OkBody>() + size_of::<JoinedBody>();
-            let (body, segments) = match body.split_at_checked(split) {
-                Some((body, tail)) if !tail.is_empty() => (body, Some(parse_segments(opcode, split, tail)?)),
-                _ => (body, None),
-            };
+            let (body, segments) = segments_tail(opcode, body, split)?;
             let (b, joined) = with_tail::<OkBody, JoinedBody>(opcode, body)?;
             zero(b.reserved == [0; 6], "ok.reserved")?;
             let bad = ParseError::BadEnum { field: "ok.answers", value: b.answers.get().into() };
