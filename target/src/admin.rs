@@ -538,7 +538,11 @@ fn resize(shared: &Shared, name: &str, size: u64) -> Result<String, AdminError> 
         return Ok(format!("grew volume {name} from {} to {}", rblk_proto::Bytes(was), rblk_proto::Bytes(size)));
     }
     if report.added.iter().any(|n| n == name) {
-        return Ok(format!("made volume {name} again at {} (it was {})", rblk_proto::Bytes(size), rblk_proto::Bytes(was)));
+        return Ok(format!(
+            "made volume {name} again at {} (it was {})",
+            rblk_proto::Bytes(size),
+            rblk_proto::Bytes(was)
+        ));
     }
     undo.restore();
     let why = report

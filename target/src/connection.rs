@@ -809,7 +809,13 @@ impl Connection {
                 Reply::Msg(Message::Opened(o)) => {
                     let first = segments.as_slice()[0];
                     let segments = session.segmented.then_some(segments);
-                    Reply::Msg(Message::Opened(Opened { remote_addr: first.remote_addr, rkey: first.rkey, size, segments, ..o }))
+                    Reply::Msg(Message::Opened(Opened {
+                        remote_addr: first.remote_addr,
+                        rkey: first.rkey,
+                        size,
+                        segments,
+                        ..o
+                    }))
                 }
                 Reply::Msg(Message::Joined { .. }) => {
                     let rkey = segments.as_slice()[0].rkey;

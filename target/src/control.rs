@@ -698,14 +698,13 @@ fn open(
     let windows = features & rblk_proto::FEATURE_WINDOWS != 0 && (segmented || segments.len() == 1);
     // An older initiator resuming a session keeps the size that session had (a grow since
     // would otherwise look like another volume to it, and fail its I/O).
-    let opened_size = match resume.as_ref().and_then(|r| shared.resumed_size(r.session_id)) {
+    let opened_size = match resume.as_ref().and_then(|r| shared.resumed_size(r)) {
         Some(was) if !segmented => was.min(volume.size()),
         _ => volume.size(),
     };
     let access = session::remote_access(mode);
-    let own = |m: &Arc<rblk_fabric::Memory>| {
-        pd.register(m, access).map(|mr| Registration::new(mr, Arc::clone(&counters)))
-    };
+    let own =
+        |m: &Arc<rblk_fabric::Memory>| pd.register(m, access).map(|mr| Registration::new(mr, Arc::clone(&counters)));
     let grant = if windows {
         // Every segment registered now, off the worker: the connection binds its windows.
         volume.region(&pd, &counters, segments.len() - 1).map(|_| Grant::Windows(Vec::new()))

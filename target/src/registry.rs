@@ -150,9 +150,9 @@ pub struct Shared {
     pub counters: Arc<Counters>,
     pub(crate) identity: identity::Store,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
-    /// Sizes of sessions a reconnect replaced, by their id, until the reconnect's OPEN is
-    /// handled again (see [`Shared::resumed_size`]).
-    replaced_sizes: Mutex<HashMap<u64, u64>>,
+    /// The size each recent session of an initiator without segments opened, and its token,
+    /// by session id, for its reconnect (see [`Shared::resumed_size`]).
+    replaced_sizes: Mutex<HashMap<u64, ([u8; rblk_proto::TOKEN_LEN], u64)>>,
     /// The window domain of each device connections arrived on: the one protection domain of
     /// the window sessions' QPs, windows and volume registrations there (the IB spec wants
     /// window, registration and QP in one PD; isolation comes from the windows being bound to one
@@ -625,11 +625,22 @@ impl Shared {
         s.release();
         self.forget_session(s);
     }
-    /// Removes `s` from the table (not a later session that happens to have its id).
+    /// Removes `s` from the table (not a later session that happens to have its id). An
+    /// initiator without segments that reconnects gets the size the session had: kept here.
     fn forget_session(&self, s: &Arc<Session>) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if sessions.get(&s.id).is_some_and(|t| Arc::ptr_eq(t, s)) {
             sessions.remove(&s.id);
+            if !s.segmented {
+                let mut sizes = self.replaced_sizes.lock().unwrap_or_else(|p| p.into_inner());
+                // Each is taken by the reconnect's OPEN; those of sessions nobody resumes are
+                // dropped with the rest once there are many (an old initiator that resumes one
+                // of them then gets the volume's size, as before grows existed).
+                if sizes.len() >= 4096 {
+                    sizes.clear();
+                }
+                sizes.insert(s.id, (s.token, s.opened_size));
+            }
         }
     }
 
@@ -650,15 +661,6 @@ impl Shared {
             return None;
         };
         self.end_session(&old, Ended::Replaced);
-        {
-            let mut sizes = self.replaced_sizes.lock().unwrap_or_else(|p| p.into_inner());
-            // Each is taken when the OPEN is handled again; one whose OPEN never came back
-            // is dropped with the rest once there are many.
-            if sizes.len() >= 1024 {
-                sizes.clear();
-            }
-            sizes.insert(old.id, old.opened_size);
-        }
         if old.connections() > 0 {
             return Some(old);
         }
@@ -666,10 +668,16 @@ impl Shared {
         None
     }
 
-    /// The size the session `id`, which a reconnect replaced, had at its OPEN: an initiator
-    /// that does not know segments resumes at it, even if the volume grew meanwhile.
-    pub(crate) fn resumed_size(&self, id: u64) -> Option<u64> {
-        self.replaced_sizes.lock().unwrap_or_else(|p| p.into_inner()).remove(&id)
+    /// The size the session `resume` names had at its OPEN, if it ended here and the token is
+    /// its: an initiator that does not know segments resumes at it, even if the volume grew
+    /// meanwhile.
+    pub(crate) fn resumed_size(&self, resume: &Resume) -> Option<u64> {
+        let mut sizes = self.replaced_sizes.lock().unwrap_or_else(|p| p.into_inner());
+        let (token, size) = sizes.get(&resume.session_id)?;
+        let theirs: bool = subtle::ConstantTimeEq::ct_eq(&token[..], &resume.token[..]).into();
+        theirs.then(|| *size).inspect(|_| {
+            sizes.remove(&resume.session_id);
+        })
     }
 
     /// Grows served volume `volume` to `size` bytes ([`Volume::grow`]), then gets its sessions
@@ -942,7 +950,10 @@ impl Shared {
                     let sessions = catalog.sessions_of(name);
                     let what = format!("size {} -> {}", was.size, spec.size);
                     if sessions > 0 {
-                        let what = format!("{what}: a volume cannot shrink while {} have it open", crate::counted(sessions, "session"));
+                        let what = format!(
+                            "{what}: a volume cannot shrink while {} have it open",
+                            crate::counted(sessions, "session")
+                        );
                         warn!(volume = %name, "reload: {what}");
                         report.unchanged.push(((*name).to_owned(), what));
                     } else if let Some(v) = catalog.volumes.remove(*name) {
