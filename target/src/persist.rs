@@ -1572,4 +1572,42 @@ mod tests {
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     }
+
+    /// Catches a final flush that still covers the size the volume was loaded at once it grew
+    /// (what was written past the old end would be lost at the restart), one that fills the
+    /// added hole, and a restart at the grown size that refuses the store or presents another
+    /// instance (the identity is kept with the grown store's fingerprint). Grows the way
+    /// `Volume::grow` does: a new segment after the last, the store grown, the view replaced.
+    #[test]
+    fn after_a_growth_the_final_flush_and_a_restart_cover_the_new_size() {
+        let (from, to) = (1u64 << 20, 3u64 << 20);
+        let dir = Scratch::new("grow-restart");
+        let path = dir.0.join("v.img");
+        std::fs::write(&path, vec![0x5a; from as usize]).unwrap();
+        std::fs::create_dir(dir.0.join("state")).unwrap();
+        let identity = crate::identity::Store::new(Some(dir.0.join("state")));
+        let spec = |size| crate::config::VolumeSpec { name: "v".into(), size, path: Some(path.clone()) };
+        let mut v = crate::registry::load_volume(&spec(from), 4096, &identity).unwrap();
+        let r = Arc::clone(v.memory().reservation().unwrap());
+        let mut segments = v.segments();
+        segments.push(Memory::memfd_in("rblk-volume:v", (to - from) as usize, &r).unwrap());
+        let after = Memory::span(&r, segments).unwrap();
+        let b = v.backing.take().unwrap();
+        b.grow(&after, from, "v").unwrap();
+        after.write_at(from as usize + 5000, b"grown data").unwrap();
+        let grown = crate::volume::Volume::adopt("v", after, 4096, Some(b), v.instance, true);
+        let instance = v.instance;
+        drop(v);
+        let allocated = blocks(&path);
+        crate::registry::final_flush(&identity, &grown);
+        assert_eq!(read_file(&path, from + 5000, 10), b"grown data");
+        assert!(blocks(&path) - allocated <= 16, "the final flush filled the hole: {}", blocks(&path));
+        drop(grown);
+        let again = crate::registry::load_volume(&spec(to), 4096, &identity).unwrap();
+        assert_eq!(again.size(), to);
+        assert_eq!(again.instance, instance, "the same instance after a clean restart at the grown size");
+        assert_eq!(read_memory(&again.memory(), from + 5000, 10), b"grown data");
+        assert_eq!(read_memory(&again.memory(), from - 10, 10), vec![0x5a; 10]);
+        assert_eq!(again.backing.as_ref().unwrap().hole_bytes(), to - from - 4096);
+    }
 }
