@@ -24,6 +24,13 @@
 //! hole whose memory is still zero instead of filling the hole with zeros, and writes (and
 //! forgets as holes) those written since; so neither a FLUSH of a range that was discarded nor
 //! a final flush of the whole volume gives back the space a discard freed.
+//!
+//! Growth (issue 44, [`Backing::grow`]): a volume grows by a new memory segment, and its backing
+//! store with it, never the other way round: a file is extended sparse and the added range is a
+//! hole; a block device must have been grown by the operator first (`lvextend`), and its added
+//! range is loaded. Nothing here ever makes a backing store shorter (`extend` is the one way a
+//! file is sized). The size written back is the memory's: once the volume's view covers the new
+//! segment, every write-back, the final flush included, covers the added range.
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
