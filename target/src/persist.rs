@@ -1617,4 +1617,28 @@ mod tests {
         assert_eq!(read_memory(&again.memory(), from - 10, 10), vec![0x5a; 10]);
         assert_eq!(again.backing.as_ref().unwrap().hole_bytes(), to - from - 4096);
     }
+
+    /// Catches a growth whose on-disk state, if the daemon is killed right after it (the file
+    /// extended, nothing written back, the config or the handover state at either size),
+    /// cannot be opened again at the old size or at the new one, or loses the old bytes.
+    #[test]
+    fn a_store_grown_then_abandoned_opens_at_either_size() {
+        let (from, to) = (1u64 << 20, 2u64 << 20);
+        let dir = Scratch::new("grow-killed");
+        let path = dir.0.join("v.img");
+        std::fs::write(&path, vec![0x66; from as usize]).unwrap();
+        let b = Backing::open(&path, from).unwrap();
+        let (before, after) = grown_memory(from, to - from);
+        b.load(&before, "v").unwrap();
+        b.grow(&after, from, "v").unwrap();
+        drop(b);
+        for size in [from, to] {
+            let b = Backing::open(&path, size).unwrap();
+            let m = Memory::anonymous(size as usize).unwrap();
+            b.load(&m, "v").unwrap();
+            assert_eq!(read_memory(&m, 0, from as usize), vec![0x66; from as usize], "at {size} bytes");
+            assert!(m.is_zero(from as usize, (size - from) as usize).unwrap());
+            assert_eq!(b.hole_bytes(), size - from);
+        }
+    }
 }
