@@ -167,6 +167,17 @@ pub enum BackingError {
         /// The size asked for.
         to: u64,
     },
+    /// A growth from or to a size that is not in 4 KiB blocks (O_DIRECT's unit; volume sizes
+    /// are multiples of the block size).
+    #[error("backing store {} is not grown from {size} to {to} bytes: not whole 4 KiB blocks", path.display())]
+    Unaligned {
+        /// The file or device.
+        path: PathBuf,
+        /// The volume's size.
+        size: u64,
+        /// The size asked for.
+        to: u64,
+    },
     /// A growth of a volume whose write-back failed: it promises no durability any more.
     #[error("backing store {} failed a write-back earlier: the volume is not grown", path.display())]
     Failed {
@@ -540,6 +551,40 @@ impl Backing {
         Ok(started.elapsed())
     }
 
+    /// Whether [`Backing::grow`] from `from` to `to` bytes would be refused for what it can
+    /// know before it reads anything: a shrink, sizes not in 4 KiB blocks, a failed store, one
+    /// that shrank below `from`, a block device smaller than `to`. Changes nothing. Call it
+    /// before placing the new segment, so that the likeliest refusal (a device not grown yet)
+    /// uses none of the volume's reserved address space.
+    pub fn check_growth(&self, from: u64, to: u64) -> Result<(), BackingError> {
+        self.measure_growth(from, to).map(drop)
+    }
+
+    /// [`Backing::check_growth`]; then whether the store is a regular file, and its size.
+    fn measure_growth(&self, from: u64, to: u64) -> Result<(bool, u64), BackingError> {
+        let at = || self.path.clone();
+        if to < from {
+            return Err(BackingError::Shrink { path: at(), size: from, to });
+        }
+        if !from.is_multiple_of(ALIGN) || !to.is_multiple_of(ALIGN) {
+            return Err(BackingError::Unaligned { path: at(), size: from, to });
+        }
+        if self.failed() {
+            return Err(BackingError::Failed { path: at() });
+        }
+        let size_err = |source| BackingError::Size { path: at(), source };
+        let is_file = self.file.metadata().map_err(size_err)?.is_file();
+        // Seeking to the end sizes regular files and block devices alike.
+        let have = (&self.file).seek(SeekFrom::End(0)).map_err(size_err)?;
+        if have < from {
+            return Err(BackingError::TooSmall { path: at(), have, size: from });
+        }
+        if !is_file && have < to {
+            return Err(BackingError::DeviceTooSmall { path: at(), have, size: to });
+        }
+        Ok((is_file, have))
+    }
+
     /// Grows the backing store with its volume `name`, from `from` bytes to `memory.len()`,
     /// and loads the added range into `memory` at the same offsets. `memory` is the volume's
     /// whole view after the growth ([`Memory::span`] over its segments, the new one last),
@@ -555,7 +600,8 @@ impl Backing {
     ///   not zero new extents, and the memory must hold what the device does.
     /// - Nothing is ever shrunk: a size below `from` is refused ([`BackingError::Shrink`]), as
     ///   is a store that holds less than `from` ([`BackingError::TooSmall`]: it shrank while
-    ///   served), and a failed one ([`BackingError::Failed`]).
+    ///   served), and a failed one ([`BackingError::Failed`]); see [`Backing::check_growth`],
+    ///   which the caller runs first.
     ///
     /// It runs beside write-back passes (they write below `from`; its reads use a ring of their
     /// own), and records its holes only once it succeeded. On error the volume stays at `from`
@@ -566,24 +612,7 @@ impl Backing {
         let started = Instant::now();
         let at = || self.path.clone();
         let to = memory.len() as u64;
-        if to < from {
-            return Err(BackingError::Shrink { path: at(), size: from, to });
-        }
-        if !from.is_multiple_of(ALIGN) || !to.is_multiple_of(ALIGN) {
-            let source =
-                io::Error::new(io::ErrorKind::InvalidInput, format!("{from} -> {to} bytes: not in 4 KiB blocks"));
-            return Err(BackingError::Load { name: name.to_owned(), path: at(), source });
-        }
-        if self.failed() {
-            return Err(BackingError::Failed { path: at() });
-        }
-        let size_err = |source| BackingError::Size { path: at(), source };
-        let is_file = self.file.metadata().map_err(size_err)?.is_file();
-        // Seeking to the end sizes regular files and block devices alike.
-        let have = (&self.file).seek(SeekFrom::End(0)).map_err(size_err)?;
-        if have < from {
-            return Err(BackingError::TooSmall { path: at(), have, size: from });
-        }
+        let (is_file, have) = self.measure_growth(from, to)?;
         let mut holes = Holes::default();
         if is_file {
             if have < to {
@@ -594,8 +623,6 @@ impl Backing {
             for &(s, e) in &find_holes(&self.file, from, have.min(to)).0 {
                 holes.add(s, e);
             }
-        } else if have < to {
-            return Err(BackingError::DeviceTooSmall { path: at(), have, size: to });
         }
         // What is not a hole is read.
         let mut data = Vec::new();
@@ -1469,6 +1496,9 @@ mod tests {
         let err = b.grow(&Memory::anonymous(4096).unwrap(), from, "v").unwrap_err();
         assert!(matches!(err, BackingError::Shrink { size, to: 4096, .. } if size == from), "{err}");
         assert!(err.to_string().contains("is never shrunk: the volume holds 1048576 bytes, not 4096"), "{err}");
+        let err = b.check_growth(from, from + 512).unwrap_err();
+        assert!(matches!(err, BackingError::Unaligned { .. }), "{err}");
+        assert!(err.to_string().ends_with("from 1048576 to 1049088 bytes: not whole 4 KiB blocks"), "{err}");
         // A read that fails half-way (as a failing disk's would): nothing recorded.
         crate::uring::FAIL_WAITS.set(1);
         let err = b.grow(&after, from, "v").unwrap_err();
@@ -1525,10 +1555,13 @@ mod tests {
                 "grow the device first, e.g. lvextend -L 2097152b {d}: {d} holds 1048576 bytes, the volume needs 2097152"
             );
             assert_eq!(err.to_string(), want);
+            let early = b.check_growth(from, to).unwrap_err();
+            assert_eq!(early.to_string(), want, "the check before a segment is placed refuses the same");
             assert!(after.is_zero(from as usize, (to - from) as usize).unwrap(), "nothing loaded");
             // The device grows, with bytes in its new extents (not zeroed, as LVM's are not).
             let pattern: Vec<u8> = (0..to - from).map(|i| (i / 4096 + i % 251) as u8 | 1).collect();
             lp.resize(to, Some(&pattern));
+            b.check_growth(from, to).expect("the device holds the new size now");
             b.grow(&after, from, "v").unwrap();
             assert_eq!(read_memory(&after, from, pattern.len()), pattern, "the device's bytes, loaded");
             assert_eq!(b.hole_bytes(), 0, "a device has no holes");
