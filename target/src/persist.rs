@@ -616,7 +616,14 @@ impl Backing {
         let mut holes = Holes::default();
         if is_file {
             if have < to {
-                extend(&self.file, to).map_err(|source| BackingError::Resize { path: at(), size: to, source })?;
+                // Synced: a power cut before the next FLUSH must not leave the file shorter than
+                // the size the configuration (admin.toml, a reload's file) already says, which
+                // the next start would refuse.
+                extend(&self.file, to).and_then(|()| self.file.sync_data()).map_err(|source| BackingError::Resize {
+                    path: at(),
+                    size: to,
+                    source,
+                })?;
                 // Past the old end: a hole, whether or not the file system can say so.
                 holes.add(have.div_ceil(ALIGN) * ALIGN, to);
             }
