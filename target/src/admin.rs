@@ -338,7 +338,7 @@ pub fn parse(line: &[u8]) -> Result<Request, AdminError> {
     }
     match map.get("op") {
         Some(serde_json::Value::String(op))
-            if !["list", "add", "remove", "access", "handover", "takeover"].contains(&op.as_str()) =>
+            if !["list", "add", "remove", "resize", "access", "handover", "takeover"].contains(&op.as_str()) =>
         {
             return Err(AdminError::UnknownOp(op.clone()))
         }

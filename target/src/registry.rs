@@ -675,9 +675,12 @@ impl Shared {
         let mut sizes = self.replaced_sizes.lock().unwrap_or_else(|p| p.into_inner());
         let (token, size) = sizes.get(&resume.session_id)?;
         let theirs: bool = subtle::ConstantTimeEq::ct_eq(&token[..], &resume.token[..]).into();
-        theirs.then(|| *size).inspect(|_| {
-            sizes.remove(&resume.session_id);
-        })
+        if !theirs {
+            return None;
+        }
+        let size = *size;
+        sizes.remove(&resume.session_id);
+        Some(size)
     }
 
     /// Grows served volume `volume` to `size` bytes ([`Volume::grow`]), then gets its sessions
@@ -951,8 +954,8 @@ impl Shared {
                     let what = format!("size {} -> {}", was.size, spec.size);
                     if sessions > 0 {
                         let what = format!(
-                            "{what}: a volume cannot shrink while {} have it open",
-                            crate::counted(sessions, "session")
+                            "{what}: a volume cannot shrink while it has {}",
+                            crate::counted(sessions, "open session")
                         );
                         warn!(volume = %name, "reload: {what}");
                         report.unchanged.push(((*name).to_owned(), what));

@@ -143,9 +143,9 @@ pub enum GrowError {
     /// The added segment could not be made.
     #[error("cannot map the added memory")]
     Memory(#[source] rblk_fabric::Error),
-    /// A durable volume (its backing store cannot grow with it yet).
-    #[error("it is durable, and a durable volume's backing store cannot grow with it yet: remove it and add it again at the new size")]
-    Durable,
+    /// A durable volume's backing store could not grow with it.
+    #[error(transparent)]
+    Backing(BackingError),
 }
 
 /// Why an open was refused.
@@ -289,12 +289,19 @@ impl Volume {
             most: was + room,
             size,
         })?;
-        if self.backing.is_some() {
-            return Err(GrowError::Durable);
+        // What the backing store refuses without reading, before address space is taken.
+        if let Some(b) = &self.backing {
+            b.check_growth(was, size).map_err(GrowError::Backing)?;
         }
         let segment = Memory::memfd_in(&memfd_name(&self.name), added, &reservation).map_err(GrowError::Memory)?;
         segments.push(segment);
         let view = Memory::span(&reservation, segments).map_err(GrowError::Memory)?;
+        // A durable volume's added range holds what its backing store holds there (a file
+        // extended sparse: zeros; a block device the operator grew: its bytes), before any
+        // initiator can reach it.
+        if let Some(b) = &self.backing {
+            b.grow(&view, was, &self.name).map_err(GrowError::Backing)?;
+        }
         *self.memory.write().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&view);
         tracing::info!(
             volume = %self.name,
