@@ -209,7 +209,7 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, Segments)> {
             let segs = conn.expect(&msg, deadline, "OK(JOIN)", |r| match r {
                 Reply::Ok(Opcode::Join) => Some(cur.opened.all_segments()),
                 Reply::Joined(_, Some(segs)) => Some(segs),
-                Reply::Joined(rkey, None) => Some(Segments::one(cur.opened.remote_addr, rkey)),
+                Reply::Joined(rkey, None) => Some(Segments::one(cur.opened.remote_addr, rkey, cur.opened.size)),
                 _ => None,
             })?;
             conn.send_keepalives(link.features() & FEATURE_KEEPALIVE != 0);
@@ -874,7 +874,6 @@ impl Queue {
     /// request per segment, each with that segment's rkey, within [`SPLIT_SLACK`] extra work
     /// requests on the send queue; one that finds no room is staged again, for a later commit.
     fn post_staged(&mut self, staged: &[u32]) {
-        let size = self.link.size();
         let mut extra = self.split_in_flight();
         let mut at = 0;
         while at < staged.len() {
@@ -908,16 +907,21 @@ impl Queue {
                 let mut parts: [(u64, u32, u32); rblk_proto::MAX_SEGMENTS] = [(0, 0, 0); rblk_proto::MAX_SEGMENTS];
                 let (mut off, mut left, mut count) = (slot.offset, u64::from(slot.len), 0);
                 while left > 0 && count < parts.len() {
-                    let (seg, room) = segs.locate(off, size);
-                    let len = left.min(room.max(1));
+                    let (seg, room) = segs.locate(off);
+                    if room == 0 {
+                        break;
+                    }
+                    let len = left.min(room);
                     parts[count] = (seg.remote_addr + (off - seg.offset), seg.rkey, len as u32);
                     count += 1;
                     off += len;
                     left -= len;
                 }
                 let split = count.saturating_sub(1) as u32;
-                if split > 0 && (extra + split > SPLIT_SLACK || n + count > wrs.len()) {
-                    // Still Staged: back on the list, in order, for the next commit.
+                // Past what this QP's segments reach: the volume grew, and another QP heard it
+                // first; this one's RESIZED (with the rkey) is on its way. Or no room for the
+                // parts on the send queue. Either way it waits, staged, in order.
+                if left > 0 || (split > 0 && (extra + split > SPLIT_SLACK || n + count > wrs.len())) {
                     restage.push(index);
                     continue;
                 }
@@ -1033,8 +1037,14 @@ impl Queue {
         let adaptive = self.waiter.adapts(self.in_flight);
         let spin = self.waiter.budget(self.in_flight);
         let mut slept = false;
-        while k == 0 && self.replies.is_empty() && (self.in_flight > 0 || !self.awaiting.is_empty()) && !done.is_empty()
+        // Staged operations left after a commit wait for this QP's RESIZED or for room on its
+        // send queue (see post_staged): completions bring either.
+        while k == 0
+            && self.replies.is_empty()
+            && (self.in_flight > 0 || !self.awaiting.is_empty() || !self.staged.is_empty())
+            && !done.is_empty()
         {
+            self.commit();
             if self.down() {
                 self.recover(Some(deadline));
                 k += self.take_failed(&mut done[k..]);

@@ -41,7 +41,7 @@ wire_enum! {
     /// | `List` | `0x0009` | initiator | 8 | `ListReply` (only with [`FEATURE_LIST`](crate::FEATURE_LIST)) |
     /// | `Discard` | `0x000a` | initiator | 24 | `Ok` (only with [`FEATURE_DISCARD`](crate::FEATURE_DISCARD)) |
     /// | `WriteZeroes` | `0x000b` | initiator | 24 | `Ok` (only with [`FEATURE_DISCARD`](crate::FEATURE_DISCARD)) |
-    /// | `Resized` | `0x000c` | target | 16 + 24 × segments | nothing (only with [`FEATURE_SEGMENTS`](crate::FEATURE_SEGMENTS)) |
+    /// | `Resized` | `0x000c` | target | 24 + 24 × segments | nothing (only with [`FEATURE_SEGMENTS`](crate::FEATURE_SEGMENTS)) |
     /// | `Ok` | `0x8000` | target | 8 | |
     /// | `Challenge` | `0x8001` | target | 48 | |
     /// | `Opened` | `0x8003` | target | 56 | |

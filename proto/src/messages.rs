@@ -361,8 +361,10 @@ const _: () = assert!(size_of::<InstanceBody>() == 16);
 struct SegmentsHead {
     count: u8,
     reserved: [u8; 7],
+    /// How far the segments reach ([`Segments::size`]).
+    size: U64,
 }
-const _: () = assert!(size_of::<SegmentsHead>() == 8);
+const _: () = assert!(size_of::<SegmentsHead>() == 16);
 
 /// One [`Segment`] on the wire.
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -402,7 +404,7 @@ fn parse_segments(opcode: Opcode, before: usize, tail: &[u8]) -> Result<Segments
         zero(e.reserved.get() == 0, "segments.reserved")?;
         *out = Segment { offset: e.offset.get(), remote_addr: e.remote_addr.get(), rkey: e.rkey.get() };
     }
-    Segments::new(&list[..count])
+    Segments::new(&list[..count], head.size.get())
 }
 
 /// `body` split where a segments tail would start (`at`): the body before it, and the tail
@@ -431,7 +433,8 @@ fn segments_bytes(segments: &Segments) -> (SegmentsHead, [SegmentEntry; MAX_SEGM
         };
     }
     // Segments holds at most MAX_SEGMENTS, which fits a u8.
-    (SegmentsHead { count: u8::try_from(segments.len()).unwrap_or(u8::MAX), reserved: [0; 7] }, entries)
+    let count = u8::try_from(segments.len()).unwrap_or(u8::MAX);
+    (SegmentsHead { count, reserved: [0; 7], size: U64::new(segments.size()) }, entries)
 }
 
 /// JOIN's body, and the tail of a reconnecting OPEN (after [`OpenBody`]): a session's id and
@@ -701,7 +704,12 @@ fn parse_body(opcode: Opcode, body: &[u8]) -> Result<Message<'_>, ParseError> {
         }
         Opcode::Close => empty(opcode, body, Message::Close)?,
         Opcode::Keepalive => empty(opcode, body, Message::Keepalive)?,
-        Opcode::Ok if body.len() == size_of::<OkBody>() + size_of::<ProofBody>() => {
+        // AUTH's answer with a proof; a JOINED with segments may be as long (its answers field
+        // names JOIN).
+        Opcode::Ok
+            if body.len() == size_of::<OkBody>() + size_of::<ProofBody>()
+                && OkBody::ref_from_prefix(body).is_ok_and(|(b, _)| b.answers.get() == u16::from(Opcode::Auth)) =>
+        {
             let (b, p) = body.split_at(size_of::<OkBody>());
             let (b, p): (&OkBody, &ProofBody) = (fixed(opcode, b)?, fixed(opcode, p)?);
             zero(b.reserved == [0; 6], "ok.reserved")?;
@@ -879,8 +887,8 @@ fn check_answers(answers: Opcode) -> Result<(), ParseError> {
 /// RESIZED's size and segments: a size every segment starts inside (alignment is the
 /// receiver's to check against its block size).
 fn check_resized(size: u64, segments: &Segments) -> Result<(), ParseError> {
-    if segments.as_slice().iter().any(|s| s.offset >= size) {
-        return Err(ParseError::BadSegments { reason: "a segment starts past the new size" });
+    if segments.size() != size {
+        return Err(ParseError::BadSegments { reason: "the segments do not reach the new size" });
     }
     Ok(())
 }
@@ -889,7 +897,7 @@ impl Opened {
     /// Its segments: the list OPENED carried, or the one segment of a target without
     /// [`FEATURE_SEGMENTS`](crate::FEATURE_SEGMENTS).
     pub fn all_segments(&self) -> Segments {
-        self.segments.unwrap_or_else(|| Segments::one(self.remote_addr, self.rkey))
+        self.segments.unwrap_or_else(|| Segments::one(self.remote_addr, self.rkey, self.size))
     }
 
     fn check(&self) -> Result<(), ParseError> {
@@ -908,6 +916,9 @@ impl Opened {
             let first = segments.as_slice()[0];
             if (first.remote_addr, first.rkey) != (self.remote_addr, self.rkey) {
                 return Err(ParseError::BadSegments { reason: "the first segment is not OPENED's address and rkey" });
+            }
+            if segments.size() != self.size {
+                return Err(ParseError::BadSegments { reason: "the segments do not reach the volume's size" });
             }
             segments.check(self.size, bs)?;
         }

@@ -23,18 +23,21 @@ pub struct Segment {
     pub rkey: u32,
 }
 
-/// A volume's segments in order: 1 to [`MAX_SEGMENTS`], the first at offset 0, offsets
-/// strictly increasing (checked when made, so every value holds that).
+/// A volume's segments in order, and how far they reach: 1 to [`MAX_SEGMENTS`], the first at
+/// offset 0, offsets strictly increasing, each below the size (checked when made, so every
+/// value holds that). The size is the volume's as the message that carried them knew it: a
+/// QP's segments reach that far, however much the volume grew since (another message tells).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Segments {
     count: u8,
     entries: [Segment; MAX_SEGMENTS],
+    size: u64,
 }
 
 impl Segments {
-    /// The segments `list` names, checked: 1 to [`MAX_SEGMENTS`], the first at 0, each
-    /// starting after the one before.
-    pub fn new(list: &[Segment]) -> Result<Segments, ParseError> {
+    /// The segments `list` names, of a volume of `size` bytes, checked: 1 to [`MAX_SEGMENTS`],
+    /// the first at 0, each starting after the one before, and (more than one) before `size`.
+    pub fn new(list: &[Segment], size: u64) -> Result<Segments, ParseError> {
         if list.is_empty() || list.len() > MAX_SEGMENTS {
             return Err(ParseError::BadCount {
                 field: "segments.count",
@@ -45,17 +48,26 @@ impl Segments {
         if list[0].offset != 0 || list.windows(2).any(|w| w[1].offset <= w[0].offset) {
             return Err(ParseError::BadSegments { reason: "offsets must start at 0 and increase" });
         }
+        if list.len() > 1 && list[list.len() - 1].offset >= size {
+            return Err(ParseError::BadSegments { reason: "a segment starts past the size they reach" });
+        }
         let mut entries = [Segment::default(); MAX_SEGMENTS];
         entries[..list.len()].copy_from_slice(list);
         // The length was checked against MAX_SEGMENTS, which fits a u8.
-        Ok(Segments { count: u8::try_from(list.len()).unwrap_or(u8::MAX), entries })
+        Ok(Segments { count: u8::try_from(list.len()).unwrap_or(u8::MAX), entries, size })
     }
 
-    /// One segment: the whole volume at `remote_addr` under `rkey` (a volume that never grew).
-    pub fn one(remote_addr: u64, rkey: u32) -> Segments {
+    /// One segment: a volume of `size` bytes at `remote_addr` under `rkey` (one that never
+    /// grew, or a peer without segments).
+    pub fn one(remote_addr: u64, rkey: u32, size: u64) -> Segments {
         let mut entries = [Segment::default(); MAX_SEGMENTS];
         entries[0] = Segment { offset: 0, remote_addr, rkey };
-        Segments { count: 1, entries }
+        Segments { count: 1, entries, size }
+    }
+
+    /// How far they reach: the volume's size when the message carrying them was sent.
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     /// The segments, in order.
@@ -73,12 +85,13 @@ impl Segments {
         self.count == 0
     }
 
-    /// The segment that holds byte `offset`, and the bytes from `offset` to its end (`size`
-    /// for the last): an I/O at `offset` longer than that continues in the next segment.
-    pub fn locate(&self, offset: u64, size: u64) -> (&Segment, u64) {
+    /// The segment that holds byte `offset`, and the bytes from `offset` to its end (the size
+    /// for the last; 0 past it): an I/O at `offset` longer than that continues in the next
+    /// segment.
+    pub fn locate(&self, offset: u64) -> (&Segment, u64) {
         let list = self.as_slice();
         let i = list.partition_point(|s| s.offset <= offset).saturating_sub(1);
-        let end = list.get(i + 1).map_or(size, |next| next.offset);
+        let end = list.get(i + 1).map_or(self.size, |next| next.offset);
         (&list[i], end.saturating_sub(offset))
     }
 
@@ -96,7 +109,7 @@ impl Segments {
 
 impl core::fmt::Debug for Segments {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_list().entries(self.as_slice()).finish()
+        f.debug_struct("Segments").field("size", &self.size).field("list", &self.as_slice()).finish()
     }
 }
 
@@ -112,14 +125,15 @@ mod tests {
     /// without being split: the boundaries, the bytes left in each, the last one's end.
     #[test]
     fn locate_finds_the_segment_and_its_end() {
-        let s = Segments::new(&[seg(0), seg(1 << 20), seg(3 << 20)]).unwrap();
         let size = 4 << 20;
-        assert_eq!(s.locate(0, size), (&seg(0), 1 << 20));
-        assert_eq!(s.locate((1 << 20) - 4096, size), (&seg(0), 4096));
-        assert_eq!(s.locate(1 << 20, size), (&seg(1 << 20), 2 << 20));
-        assert_eq!(s.locate((3 << 20) + 4096, size), (&seg(3 << 20), (1 << 20) - 4096));
+        let s = Segments::new(&[seg(0), seg(1 << 20), seg(3 << 20)], size).unwrap();
+        assert_eq!(s.locate(0), (&seg(0), 1 << 20));
+        assert_eq!(s.locate((1 << 20) - 4096), (&seg(0), 4096));
+        assert_eq!(s.locate(1 << 20), (&seg(1 << 20), 2 << 20));
+        assert_eq!(s.locate((3 << 20) + 4096), (&seg(3 << 20), (1 << 20) - 4096));
+        assert_eq!(s.locate(size).1, 0, "nothing past the size they reach");
         assert_eq!(
-            Segments::one(5, 6).locate(12_288, size),
+            Segments::one(5, 6, size).locate(12_288),
             (&Segment { offset: 0, remote_addr: 5, rkey: 6 }, size - 12_288)
         );
     }
@@ -128,15 +142,17 @@ mod tests {
     /// not increasing, starting past the end or inside a block.
     #[test]
     fn bad_lists_are_refused() {
-        assert!(Segments::new(&[]).is_err());
-        assert!(Segments::new(&[seg(4096)]).is_err(), "not from 0");
-        assert!(Segments::new(&[seg(0), seg(8192), seg(8192)]).is_err(), "not increasing");
+        let big = 1 << 30;
+        assert!(Segments::new(&[], big).is_err());
+        assert!(Segments::new(&[seg(4096)], big).is_err(), "not from 0");
+        assert!(Segments::new(&[seg(0), seg(8192), seg(8192)], big).is_err(), "not increasing");
         let nine: Vec<Segment> = (0..9).map(|i| seg(i * 4096)).collect();
-        assert!(Segments::new(&nine).is_err());
-        assert_eq!(Segments::new(&nine[..8]).unwrap().len(), 8);
-        let two = Segments::new(&[seg(0), seg(8192)]).unwrap();
-        assert!(two.check(8192, 4096).is_err(), "starts at the end");
+        assert!(Segments::new(&nine, big).is_err());
+        assert_eq!(Segments::new(&nine[..8], big).unwrap().len(), 8);
+        assert!(Segments::new(&[seg(0), seg(8192)], 8192).is_err(), "starts at the end");
+        let two = Segments::new(&[seg(0), seg(8192)], big).unwrap();
+        assert!(two.check(8192, 4096).is_err(), "starts at the volume's end");
         assert!(two.check(16_384, 8192).is_ok());
-        assert!(Segments::new(&[seg(0), seg(6144)]).unwrap().check(16_384, 4096).is_err(), "inside a block");
+        assert!(Segments::new(&[seg(0), seg(6144)], big).unwrap().check(16_384, 4096).is_err(), "inside a block");
     }
 }

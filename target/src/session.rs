@@ -387,7 +387,7 @@ impl Session {
         }
         if !self.segmented {
             let (_, addr, rkey) = list[0];
-            return Some((self.opened_size, Segments::one(addr, rkey)));
+            return Some((self.opened_size, Segments::one(addr, rkey, self.opened_size)));
         }
         let size = list.iter().map(|&(len, ..)| len).sum();
         let segs: Vec<Segment> = list
@@ -395,7 +395,7 @@ impl Session {
             .zip(offsets)
             .map(|(&(_, remote_addr, rkey), offset)| Segment { offset, remote_addr, rkey })
             .collect();
-        Some((size, Segments::new(&segs).ok()?))
+        Some((size, Segments::new(&segs, size).ok()?))
     }
 
     /// After the volume grew: a session with registrations of its own that knows segments

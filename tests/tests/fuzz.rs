@@ -399,8 +399,8 @@ fn encode(msg: &Msg, keyed: bool, conn: usize, known: &Known, buf: &mut [u8]) ->
             4 => Message::StatsReply(StatsReply::default()),
             6 => Message::AuthProof { target_id: [6; 16], mac: [6; 32] },
             // Issue 44's notices, which only the target sends.
-            7 => Message::Resized { size: 2 << 20, segments: rblk_proto::Segments::one(0, 1) },
-            8 => Message::Joined { rkey: 1, segments: Some(rblk_proto::Segments::one(0, 1)) },
+            7 => Message::Resized { size: 2 << 20, segments: rblk_proto::Segments::one(0, 1, 2 << 20) },
+            8 => Message::Joined { rkey: 1, segments: Some(rblk_proto::Segments::one(0, 1, 2 << 20)) },
             _ => Message::Flushed { flags: FlushedFlags::VOLATILE },
         },
     };

@@ -1,27 +1,44 @@
-//! Growing a served volume (issue 44) over the in-memory fabric: the target adds a memory
-//! segment, binds each QP's window over it and tells initiators that know segments at once
-//! (RESIZED); the library splits I/O at the segment boundary; older initiators keep the size
-//! they opened.
+//! Growing a served volume (issue 44): the target adds a memory segment, binds each QP's
+//! window over it and tells initiators that know segments at once (RESIZED); the library splits
+//! I/O at the segment boundary; older initiators keep the size they opened. Each runs over the
+//! in-memory fabric on the host and over rxe in the guest (the daemon, grown by a SIGHUP).
 //!
 //! - `the_library_learns_a_grow_at_once_and_io_crosses_the_old_end`: would catch a RESIZED not
 //!   sent or not taken (the size stays), a window not bound over the new segment (its rkey
 //!   fails), an I/O across the old end sent as one work request under one rkey (a remote
-//!   access error: a window reaches one registration only), and a hook not called.
-//! - `an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one`: would catch a
-//!   RESIZED or a segments tail sent to an initiator without FEATURE_SEGMENTS (it cannot parse
+//!   access error, then a reconnect: a window reaches one registration only; checked with the
+//!   split removed), a hook not called, and a grow that disturbs I/O running meanwhile (a
+//!   verify error or a reconnect of a queue writing and reading the volume as it grows).
+//! - `an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one` (host): would catch
+//!   a RESIZED or a segments tail sent to an initiator without FEATURE_SEGMENTS (it cannot parse
 //!   them), a resumed older session told the new size (its continuity check refuses a changed
 //!   volume and fails its I/O), and a fresh older OPEN given a window over one segment only.
+//! - `a_revoked_session_loses_every_segment`: would catch a revocation (here a reload that
+//!   takes the host off the volume's list) that deallocates a QP's first window only: the rkey
+//!   RESIZED gave for the added segment would still READ.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::Fabric;
+use rblk_fabric::{Access, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
 use rblk_initiator::{Done, OpenMode, Options, Session};
-use rblk_proto::{ConnectData, Resume, FEATURES, FEATURE_KEEPALIVE, FEATURE_SEGMENTS};
+use rblk_proto::{ConnectData, Message, Resume, FEATURES, FEATURE_KEEPALIVE, FEATURE_SEGMENTS};
 use rblk_target::config::VolumeSpec;
 use rblk_target::server::{Config, Running, Server};
 use rblk_tests::raw::Raw;
+use rblk_tests::target::Target;
+
+rblk_tests::on_both_fabrics!(
+    the_library_learns_a_grow_at_once_and_io_crosses_the_old_end,
+    a_revoked_session_loses_every_segment
+);
+
+/// The config file of a target serving RAM volume `a` of `size` bytes (`allow`: its list).
+fn toml(size: u64, allow: &str) -> String {
+    let allow = if allow.is_empty() { String::new() } else { format!("allow = {{ {allow} }}\n") };
+    format!("[[volume]]\nname = \"a\"\nsize = {size}\n{allow}")
+}
 
 const MIB: u64 = 1 << 20;
 
@@ -67,11 +84,10 @@ fn run(q: &mut rblk_initiator::Queue, write: Option<&[u8]>, offset: u64, len: u3
     back
 }
 
-#[test]
-fn the_library_learns_a_grow_at_once_and_io_crosses_the_old_end() {
-    let r = start(MIB);
-    let uri = format!("rblk://{}/a", r.local_addr());
-    let opts = Options { fabric: Fabric::Mem, ..Options::default() };
+fn the_library_learns_a_grow_at_once_and_io_crosses_the_old_end(fabric: Fabric) {
+    let t = Target::start_with_config(fabric, &toml(MIB, ""));
+    let uri = format!("rblk://{}/a", t.addr());
+    let opts = Options { fabric, ..Options::default() };
     let mut vol = Session::connect(&uri, &opts).unwrap().open(OpenMode::ReadWrite).unwrap();
     let heard = Arc::new(Mutex::new(Vec::new()));
     let hook = Arc::clone(&heard);
@@ -81,7 +97,24 @@ fn the_library_learns_a_grow_at_once_and_io_crosses_the_old_end() {
     let mut before = vol.queue_with(8, 128 << 10).unwrap();
     assert_eq!(before.segments().len(), 1);
 
-    grow(&r, 3 * MIB);
+    // A queue that writes and reads back the first half of the volume while it grows.
+    let mut busy = vol.queue_with(4, 64 << 10).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    let io = std::thread::spawn(move || {
+        let mut rounds = 0u32;
+        while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            let offset = u64::from(rounds % 8) * (64 << 10);
+            let data = pattern(rounds as u8, 64 << 10);
+            run(&mut busy, Some(&data), offset, 64 << 10);
+            assert_eq!(run(&mut busy, None, offset, 64 << 10), data, "verify at {offset} during the grow");
+            rounds += 1;
+        }
+        rounds
+    });
+
+    let report = t.reload(&toml(3 * MIB, "")).expect("the reload that grows a");
+    assert!(report.contains("grew a from 1 MiB to 3 MiB"), "{report}");
     // The queue hears RESIZED when it next looks at its completions.
     let deadline = Instant::now() + Duration::from_secs(5);
     while vol.size() != 3 * MIB {
@@ -89,6 +122,10 @@ fn the_library_learns_a_grow_at_once_and_io_crosses_the_old_end() {
         before.tick();
         std::thread::sleep(Duration::from_millis(1));
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = io.join().expect("the I/O during the grow verified");
+    assert!(rounds > 0);
+    assert_eq!(vol.reconnects(), 0, "the grow cost no reconnect");
     assert_eq!(*heard.lock().unwrap(), [3 * MIB], "the hook hears the new size once");
     assert_eq!(before.segments().len(), 2, "the queue has its window over the new segment");
     assert_eq!(before.geometry().size, 3 * MIB);
@@ -107,10 +144,51 @@ fn the_library_learns_a_grow_at_once_and_io_crosses_the_old_end() {
     let mut back = vec![0u8; 128 << 10];
     vol.read_at(&mut back, 3 * MIB - (128 << 10)).unwrap();
     assert_eq!(back, tail, "the synchronous path reads what a queue wrote past the old end");
-    // Nothing before the old end moved.
-    let mut head = vec![0u8; (MIB - (64 << 10)) as usize];
-    vol.read_at(&mut head, 0).unwrap();
-    assert_eq!(head, old[..head.len()]);
+    // Nothing before the old end moved (the busy queue wrote only its first half).
+    let mut head = vec![0u8; (MIB / 2) as usize];
+    vol.read_at(&mut head, MIB / 2 - (64 << 10)).unwrap();
+    assert_eq!(head[(64 << 10)..], old[(MIB / 2) as usize..(MIB - (64 << 10)) as usize]);
+    assert_eq!(vol.reconnects(), 0);
+}
+
+/// A one-sided READ of 4 KiB at `remote_addr` under `rkey` on `r`'s QP: the status, or the
+/// post's error (a QP the target tore down).
+fn raw_read(r: &mut Raw, remote_addr: u64, rkey: u32) -> Result<WcStatus, rblk_fabric::Error> {
+    let buf = r.ep.pd().register(&Memory::anonymous(4096).unwrap(), Access::LOCAL).unwrap();
+    let op = Op::Read { remote_addr, rkey };
+    r.ep.post(&[WorkRequest {
+        wr_id: 9,
+        op,
+        local: Local::Region { mr: &buf, offset: 0, len: 4096 },
+        signaled: true,
+    }])?;
+    Ok(r.wait_for(9)?.status)
+}
+
+fn a_revoked_session_loses_every_segment(fabric: Fabric) {
+    let t = Target::start_with_config(fabric, &toml(MIB, "db1 = \"rw\", web = \"rw\""));
+    let mut r = Raw::connect(t.fabric(), t.addr(), ConnectData::NewSession).expect("connect");
+    r.login(None, Some("db1")).expect("db1 logs in");
+    let o = r.open_with("a", OpenMode::ReadWrite, None).expect("OPEN");
+    t.reload(&toml(2 * MIB, "db1 = \"rw\", web = \"rw\"")).expect("the reload that grows a");
+    let resized = r.try_reply(Duration::from_secs(5)).expect("RESIZED");
+    let Ok((_, Message::Resized { size, segments })) = rblk_proto::parse(&resized) else {
+        panic!("not a RESIZED: {:?}", rblk_proto::parse(&resized));
+    };
+    assert_eq!((size, segments.len()), (2 * MIB, 2));
+    let [first, added] = [segments.as_slice()[0], segments.as_slice()[1]];
+    assert_eq!((first.remote_addr, first.rkey), (o.remote_addr, o.rkey), "the first window is OPENED's");
+    assert_eq!(raw_read(&mut r, added.remote_addr, added.rkey).ok(), Some(WcStatus::SUCCESS), "the added window READs");
+    // db1 off the list: its session ends, both windows with it.
+    let report = t.reload(&toml(2 * MIB, "web = \"rw\"")).expect("the reload that revokes");
+    assert!(report.contains("released 1 session:"), "{report}");
+    let got = raw_read(&mut r, added.remote_addr, added.rkey);
+    assert!(
+        !matches!(got, Ok(WcStatus::SUCCESS)),
+        "the added segment's rkey still READs after the revocation: {got:?}"
+    );
+    let got = raw_read(&mut r, first.remote_addr, first.rkey);
+    assert!(!matches!(got, Ok(WcStatus::SUCCESS)), "the first segment's rkey still READs: {got:?}");
 }
 
 /// A connection that said HELLO with `features` (never keepalives: it sends nothing unasked).

@@ -323,7 +323,7 @@ fn windows_keep_one_registration_per_volume_and_refuse_a_hello_without_them(fabr
     // A peer that predates windows (NewSession, HELLO without the bit) gets today's session:
     // a registration of its own, a plain OK(JOIN), STATS without the window count.
     let mut old = connect(&t, ConnectData::NewSession);
-    let offered = old.hello_with(FEATURES & !rblk_proto::FEATURE_WINDOWS);
+    let offered = old.hello_with(FEATURES & !rblk_proto::FEATURE_WINDOWS & !rblk_proto::FEATURE_SEGMENTS);
     assert_eq!(offered & rblk_proto::FEATURE_WINDOWS, 0, "windows are not offered without the connect kind");
     let o = old.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
     let (_j, rkey) = join(&t, &o);
@@ -345,7 +345,8 @@ fn a_target_with_windows_off_gives_todays_session_registration(fabric: Fabric) {
     assert_eq!(a.hello_with(FEATURES) & rblk_proto::FEATURE_WINDOWS, 0);
     let o = a.open_with("v", OpenMode::ReadWrite, None).expect("OPEN");
     let (mut b, rkey) = join(&t, &o);
-    assert_eq!(rkey, None, "a plain OK(JOIN)");
+    // JOINED names the session's own rkey (with the segments: FEATURE_SEGMENTS).
+    assert_eq!(rkey, Some(o.rkey), "the session's own rkey");
     // The session-wide rkey works on the joined QP, as before windows.
     assert_eq!(access(&mut b, &o, o.rkey, None, 0).0, rblk_fabric::WcStatus::SUCCESS);
     let s = a.stats();

@@ -30,7 +30,7 @@ fn arb_segments(size: u64, block_size: u32, first: (u64, u32)) -> impl Strategy<
         for (b, m) in starts.iter().zip(&more) {
             list.push(Segment { offset: b * u64::from(block_size), remote_addr: m.1, rkey: m.2 });
         }
-        Segments::new(&list).unwrap()
+        Segments::new(&list, size).unwrap()
     })
 }
 

@@ -60,11 +60,14 @@ const OPENED: Opened = Opened {
 
 /// Three segments of [`OPENED`]'s volume, the first at its address and rkey.
 fn three_segments() -> Segments {
-    Segments::new(&[
-        Segment { offset: 0, remote_addr: OPENED.remote_addr, rkey: OPENED.rkey },
-        Segment { offset: 256 << 20, remote_addr: 0x7f10_0000_0000, rkey: 0x55 },
-        Segment { offset: 768 << 20, remote_addr: 0x7f20_0000_0000, rkey: 0x66 },
-    ])
+    Segments::new(
+        &[
+            Segment { offset: 0, remote_addr: OPENED.remote_addr, rkey: OPENED.rkey },
+            Segment { offset: 256 << 20, remote_addr: 0x7f10_0000_0000, rkey: 0x55 },
+            Segment { offset: 768 << 20, remote_addr: 0x7f20_0000_0000, rkey: 0x66 },
+        ],
+        OPENED.size,
+    )
     .unwrap()
 }
 
@@ -141,7 +144,7 @@ fn make_samples() -> Vec<Message<'static>> {
         Message::Joined { rkey: u32::MAX, segments: None },
         Message::Joined { rkey: OPENED.rkey, segments: Some(three_segments()) },
         Message::Resized { size: 1 << 30, segments: three_segments() },
-        Message::Resized { size: 4096, segments: Segments::one(0, 0) },
+        Message::Resized { size: 4096, segments: Segments::one(0, 0, 4096) },
         Message::Close,
         Message::Keepalive,
         Message::List { start: 0 },
@@ -254,8 +257,8 @@ fn fixed_bodies_of_the_wrong_size() {
     bad(Opcode::Opened, 55, 56);
     bad(Opcode::Opened, 56 + 15, 56);
     // With FEATURE_SEGMENTS' tail after it: at least its head (and then exactly its entries).
-    bad(Opcode::Opened, 56 + 17, 56 + 16 + 8);
-    bad(Opcode::Resized, 8, 16);
+    bad(Opcode::Opened, 56 + 17, 56 + 16 + 16);
+    bad(Opcode::Resized, 8, 24);
     bad(Opcode::Stats, 1, 0);
     bad(Opcode::Keepalive, 8, 0);
     bad(Opcode::Flush, 7, 8);
@@ -565,7 +568,8 @@ fn mutual_auth_and_its_proof_are_tails_of_auth_and_ok() {
     for answers in [Opcode::Join, Opcode::Close] {
         let mut other = proof.clone();
         other[HEADER_LEN..HEADER_LEN + 2].copy_from_slice(&u16::from(answers).to_le_bytes());
-        assert!(matches!(parse(&other), Err(ParseError::BadLength { .. })), "{answers:?}");
+        // Not a proof (a JOINED with segments may be as long: its tail is checked as one).
+        assert!(parse(&other).is_err(), "{answers:?}");
     }
     let mut reserved = proof.clone();
     reserved[HEADER_LEN + 7] = 1;
@@ -701,18 +705,18 @@ fn messages_are_plain_data() {
 /// FEATURE_SEGMENTS on the wire. Catches a tail a peer without the bit would see (OPENED
 /// without instance, JOINED without segments stay today's bytes), a list that does not match
 /// OPENED's or JOINED's own address and rkey, a count the bytes do not hold, more than
-/// MAX_SEGMENTS, a RESIZED whose segment starts past its size, and reserved bytes set.
+/// MAX_SEGMENTS, a RESIZED whose segments do not reach its size, and reserved bytes set.
 #[test]
 fn segments_tails_and_resized() {
     let with_instance = Opened { instance: Some(VolumeId([1; 16])), ..OPENED };
     let today = encode_vec(&Message::Opened(with_instance), TAG);
     let segmented = Opened { segments: Some(three_segments()), ..with_instance };
     let buf = encode_vec(&Message::Opened(segmented), TAG);
-    assert_eq!(buf.len(), today.len() + 8 + 3 * 24, "the tail follows today's message");
+    assert_eq!(buf.len(), today.len() + 16 + 3 * 24, "the tail follows today's message");
     assert_eq!(&buf[HEADER_LEN..today.len()], &today[HEADER_LEN..], "today's bytes first");
     assert_eq!(parse(&buf), Ok((TAG, Message::Opened(segmented))));
     assert_eq!(segmented.all_segments().len(), 3);
-    assert_eq!(OPENED.all_segments(), Segments::one(OPENED.remote_addr, OPENED.rkey));
+    assert_eq!(OPENED.all_segments(), Segments::one(OPENED.remote_addr, OPENED.rkey, OPENED.size));
     // Refused when encoding and when parsing: segments without the instance tail, a first
     // segment elsewhere than OPENED's address or rkey, one starting past the size.
     for bad in [
@@ -737,10 +741,15 @@ fn segments_tails_and_resized() {
     assert_eq!(parse(&encode_vec(&joined, TAG)), Ok((TAG, joined)));
     let wrong = Message::Joined { rkey: 9, segments: Some(three_segments()) };
     assert!(wrong.encode(TAG, &mut [0; MSG_SIZE]).is_err());
-    // RESIZED: every segment starts inside the new size.
+    // RESIZED: its segments reach its size.
     let resized = Message::Resized { size: 1 << 30, segments: three_segments() };
     assert_eq!(parse(&encode_vec(&resized, TAG)), Ok((TAG, resized)));
     let past = Message::Resized { size: 768 << 20, segments: three_segments() };
     assert!(past.encode(TAG, &mut [0; MSG_SIZE]).is_err());
+    let mut short = encode_vec(&resized, TAG);
+    // The segments' size, one block less than RESIZED's.
+    let at = HEADER_LEN + 8 + 8;
+    short[at..at + 8].copy_from_slice(&((1u64 << 30) - 4096).to_le_bytes());
+    assert!(matches!(parse(&short), Err(ParseError::BadSegments { .. })));
     assert!(!Opcode::Resized.is_reply() && !Opcode::Resized.is_acked_by_ok());
 }
