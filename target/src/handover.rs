@@ -647,7 +647,8 @@ pub fn successor_config(argv: &[std::ffi::OsString]) -> Result<crate::config::Co
 
 /// The successor's checks of the volumes a daemon hands over (`block_size`, `handed`) against
 /// the configuration it starts with: the same block size, every handed volume kept with the
-/// same size and backing path, or dropped only when `confirm_remove` lists it. Run by the
+/// same backing path and the same size or a larger one (the successor grows it once adopted),
+/// or dropped only when `confirm_remove` lists it. Run by the
 /// successor before it serves, and by `rblk-target admin handover` before it asks the daemon
 /// to exit ([`preflight`]).
 pub fn check(block_size: u32, handed: &[VolumeSpec], cfg: &crate::config::Config) -> Result<(), HandoverError> {
@@ -666,8 +667,9 @@ pub fn check(block_size: u32, handed: &[VolumeSpec], cfg: &crate::config::Config
             }
             continue;
         };
-        if v.size != h.size {
-            changed.push(format!("volume {} size {} -> {}", h.name, h.size, v.size));
+        // A larger size is a grow, which the successor applies once it adopted the volume.
+        if v.size < h.size {
+            changed.push(format!("volume {} size {} -> {} (a served volume cannot shrink)", h.name, h.size, v.size));
         }
         let same_path = match (&h.path, &v.path) {
             (None, None) => true,

@@ -120,8 +120,24 @@ impl Server {
             let durable = v.path.is_some();
             progress(Progress::Loading { name: &v.name, index: i + 1, count, size: v.size, durable });
             if let Some(taken) = handed.as_deref_mut().and_then(|h| h.take(&v.name)) {
-                volumes.insert(v.name.clone(), Arc::new(taken?));
-                specs.insert(v.name.clone(), v.clone());
+                let taken = taken?;
+                let mut spec = v.clone();
+                // A configuration that grew the volume: adopted first, then grown (nobody has it
+                // open yet). A grow that fails leaves it served at the size handed over.
+                if v.size > taken.size() {
+                    if let Err(e) = taken.grow(v.size) {
+                        tracing::warn!(
+                            volume = %v.name,
+                            "served at the {} handed over, not grown to {}: {}",
+                            rblk_proto::Bytes(taken.size()),
+                            rblk_proto::Bytes(v.size),
+                            Chain(&e)
+                        );
+                        spec.size = taken.size();
+                    }
+                }
+                volumes.insert(v.name.clone(), Arc::new(taken));
+                specs.insert(v.name.clone(), spec);
                 continue;
             }
             let load = || load_volume(v, cfg.block_size, &identity);

@@ -328,22 +328,60 @@ fn mem_unflushed_writes_reach_the_file_at_the_successors_stop() {
     assert!(file[..PIECE as usize] == data(7, 0, PIECE)[..], "the successor's stop did not write the volume back");
 }
 
+/// Catches a shrink taken over (the successor would map less than the initiators reach).
 #[test]
-fn mem_a_changed_size_is_refused_and_the_old_daemon_serves_on() {
+fn mem_a_smaller_size_is_refused_and_the_old_daemon_serves_on() {
     let s = Setup::new(true);
     let old = Server::start(s.cfg.clone()).unwrap();
     let e = s.engine();
     write(&e, 1, 0, 4);
-    let mut bigger = s.cfg.clone();
-    bigger.volumes[0].size = 8 * MIB;
-    let (err, old) = *take_over(old, bigger).expect_err("a changed size is refused");
+    let mut smaller = s.cfg.clone();
+    smaller.volumes[0].size = 2 * MIB;
+    let (err, old) = *take_over(old, smaller).expect_err("a smaller size is refused");
     let text = rblk_fabric::Chain(&err).to_string();
-    assert!(text.contains("volume v size 4194304 -> 8388608"), "{text}");
+    assert!(text.contains("volume v size 4194304 -> 2097152 (a served volume cannot shrink)"), "{text}");
     assert!(matches!(err, StartError::Handover(HandoverError::Changed(_))), "{err:?}");
     assert_eq!(old.handed_over(), None);
     serves_on(&s, &old, &e);
     drop(e);
     old.shutdown();
+}
+
+/// Catches a grown volume handed over at its first segment only (the state's segment list, and
+/// the successor's mapping of each memfd after the one before: I/O past the old end would then
+/// fail after the reconnect), and a successor whose configuration grows the volume refused as a
+/// change or not grown; the data on both sides of each old end is checked.
+#[test]
+fn mem_a_grown_volume_is_handed_over_whole_and_a_larger_config_grows_it_again() {
+    let s = Setup::new(true);
+    let old = Server::start(s.cfg.clone()).unwrap();
+    let e = s.engine();
+    write(&e, 1, 0, 4);
+    let mut grown = s.cfg.clone();
+    grown.volumes[0].size = 6 * MIB;
+    old.reload(grown.clone()).expect("the reload that grows v");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.size() != 6 * MIB {
+        assert!(Instant::now() < deadline, "the engine never heard the grow");
+        e.tick().expect("tick");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    write(&e, 2, 4 * MIB - 2 * PIECE, 4);
+    let mut bigger = grown.clone();
+    bigger.volumes[0].size = 8 * MIB;
+    let new = take_over(old, bigger).map_err(|b| b.0).expect("a takeover whose configuration grows v");
+    check(&e, 1, 0, 4);
+    check(&e, 2, 4 * MIB - 2 * PIECE, 4);
+    assert_eq!(e.size(), 8 * MIB, "the reconnect found the volume grown again");
+    write(&e, 3, 8 * MIB - 4 * PIECE, 4);
+    check(&e, 3, 8 * MIB - 4 * PIECE, 4);
+    assert!(!e.flush().expect("flush"));
+    drop(e);
+    new.shutdown();
+    let file = std::fs::read(s.cfg.volumes[0].path.as_ref().unwrap()).unwrap();
+    assert_eq!(file.len() as u64, 8 * MIB, "the backing file grew with it");
+    let at = (8 * MIB - 4 * PIECE) as usize;
+    assert!(file[at..at + PIECE as usize] == data(3, at as u64, PIECE)[..], "the successor's write-back");
 }
 
 /// The old daemon after a handover fell through: its sessions go on, FLUSHes are written back,
