@@ -257,9 +257,12 @@ fn admin_handover_checks_the_successor_first() {
     };
     s.write_config("[[volume]]\nname = \"v\"\nsize = \"8M\"\n");
     assert!(refused("a conflicting config file").contains("configured twice"));
+    std::fs::write(s.dir.join("target.toml"), "[[volume]]\nname = \"v\"\nsize = \"2M\"\n").unwrap();
+    let e = refused("a smaller size");
+    assert!(e.contains("volume v size 4194304 -> 2097152"), "{e}");
+    // A larger one is a grow the successor applies once it adopted the volume.
     std::fs::write(s.dir.join("target.toml"), "[[volume]]\nname = \"v\"\nsize = \"8M\"\n").unwrap();
-    let e = refused("a changed size");
-    assert!(e.contains("volume v size 4194304 -> 8388608"), "{e}");
+    handover::check_successor(&s.argv(), &served).expect("a configuration that grows v passes");
     std::fs::write(s.dir.join("target.toml"), "").unwrap();
     assert!(refused("a dropped volume").contains("volume v is not in the configuration"));
     std::fs::write(s.dir.join("target.toml"), "max_sessions = 0\n").unwrap();
@@ -372,7 +375,7 @@ mod guest {
 
         // A successor whose configuration conflicts: refused, the old daemon serves on.
         let conflicting = d.join("conflicting.toml");
-        std::fs::write(&conflicting, "[[volume]]\nname = \"v\"\nsize = \"8M\"\n").unwrap();
+        std::fs::write(&conflicting, "[[volume]]\nname = \"v\"\nsize = \"2M\"\n").unwrap();
         let refused = std::process::Command::new(bin("rblk-target"))
             .args(["--allow-any-host", "--listen", &old.addr.to_string(), "--takeover", "--config"])
             .arg(&conflicting)
@@ -380,7 +383,7 @@ mod guest {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&refused.stderr);
-        assert!(!refused.status.success() && stderr.contains("volume v size 4194304 -> 8388608"), "{stderr}");
+        assert!(!refused.status.success() && stderr.contains("volume v size 4194304 -> 2097152"), "{stderr}");
         fio_marker(&a.dev, true);
 
         // A takeover reading the same file and admin.toml keeps the volume and its contents.
