@@ -9,7 +9,7 @@
 //!   access error, then a reconnect: a window reaches one registration only; checked with the
 //!   split removed), a hook not called, and a grow that disturbs I/O running meanwhile (a
 //!   verify error or a reconnect of a queue writing and reading the volume as it grows).
-//! - `an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one` (host): would catch
+//! - `an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one`: would catch
 //!   a RESIZED or a segments tail sent to an initiator without FEATURE_SEGMENTS (it cannot parse
 //!   them), a resumed older session told the new size (its continuity check refuses a changed
 //!   volume and fails its I/O), and a fresh older OPEN given a window over one segment only.
@@ -17,20 +17,18 @@
 //!   takes the host off the volume's list) that deallocates a QP's first window only: the rkey
 //!   RESIZED gave for the added segment would still READ.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rblk_fabric::{Access, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
 use rblk_initiator::{Done, OpenMode, Options, Session};
 use rblk_proto::{ConnectData, Message, Resume, FEATURES, FEATURE_KEEPALIVE, FEATURE_SEGMENTS};
-use rblk_target::config::VolumeSpec;
-use rblk_target::server::{Config, Running, Server};
 use rblk_tests::raw::Raw;
 use rblk_tests::target::Target;
 
 rblk_tests::on_both_fabrics!(
     the_library_learns_a_grow_at_once_and_io_crosses_the_old_end,
+    an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one,
     a_revoked_session_loses_every_segment
 );
 
@@ -41,24 +39,6 @@ fn toml(size: u64, allow: &str) -> String {
 }
 
 const MIB: u64 = 1 << 20;
-
-fn config(size: u64) -> Config {
-    Config {
-        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
-        fabric: Fabric::Mem,
-        volumes: vec![VolumeSpec { name: "a".into(), size, path: None }],
-        ..Config::default()
-    }
-}
-
-fn start(size: u64) -> Running {
-    Server::start(config(size)).expect("start the in-process target")
-}
-
-fn grow(r: &Running, size: u64) {
-    let report = r.reload(config(size)).expect("reload");
-    assert!(report.grown.iter().any(|(n, _, s)| n == "a" && *s == size), "{report:?}");
-}
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| seed.wrapping_add((i / 4096) as u8).wrapping_mul(31).wrapping_add(i as u8)).collect()
@@ -191,39 +171,42 @@ fn a_revoked_session_loses_every_segment(fabric: Fabric) {
     assert!(!matches!(got, Ok(WcStatus::SUCCESS)), "the first segment's rkey still READs: {got:?}");
 }
 
-/// A connection that said HELLO with `features` (never keepalives: it sends nothing unasked).
-fn hello(r: &Running, features: u64) -> Raw {
-    let mut raw = Raw::connect(Fabric::Mem, r.local_addr(), ConnectData::NewSession).expect("connect");
-    raw.hello_with(features & !FEATURE_KEEPALIVE);
-    raw
-}
-
-#[test]
-fn an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one() {
+fn an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one(fabric: Fabric) {
     let older = FEATURES & !FEATURE_SEGMENTS;
-    let r = start(MIB);
-    let mut a = hello(&r, older);
+    let t = Target::start_with_config(fabric, &toml(MIB, ""));
+    let hello = |features: u64| {
+        let mut raw = Raw::connect(t.fabric(), t.addr(), ConnectData::NewSession).expect("connect");
+        raw.hello_with(features & !FEATURE_KEEPALIVE);
+        raw
+    };
+    let mut a = hello(older);
     let opened = a.open_with("a", OpenMode::ReadWrite, None).expect("OPEN");
     assert_eq!((opened.size, opened.segments), (MIB, None));
 
-    grow(&r, 3 * MIB);
+    t.reload(&toml(3 * MIB, "")).expect("the reload that grows a");
     assert!(a.try_reply(Duration::from_millis(300)).is_none(), "no RESIZED for an initiator without segments");
+    let last = opened.remote_addr + MIB - 4096;
+    assert_eq!(raw_read(&mut a, last, opened.rkey).ok(), Some(WcStatus::SUCCESS), "its rkey still works");
 
-    let mut fresh = hello(&r, older);
+    let mut fresh = hello(older);
     let now = fresh.open_with("a", OpenMode::ReadOnly, None).expect("a fresh OPEN");
     assert_eq!((now.size, now.segments), (3 * MIB, None), "one rkey over the whole grown volume");
+    let end = now.remote_addr + 3 * MIB - 4096;
+    assert_eq!(raw_read(&mut fresh, end, now.rkey).ok(), Some(WcStatus::SUCCESS), "that rkey reaches the added range");
 
-    let mut knows = hello(&r, FEATURES);
+    let mut knows = hello(FEATURES);
     let seg = knows.open_with("a", OpenMode::ReadOnly, None).expect("OPEN with segments");
     assert_eq!(seg.size, 3 * MIB);
     let segments = seg.segments.expect("OPENED's segments tail");
     assert_eq!(segments.as_slice().iter().map(|s| s.offset).collect::<Vec<_>>(), [0, MIB]);
     assert_eq!(segments.as_slice()[0].rkey, seg.rkey);
 
-    // The older initiator reconnects: its new session keeps the size it had.
+    // The older initiator reconnects: its new session keeps the size it had, and works.
     drop(a);
-    let mut again = hello(&r, older);
+    let mut again = hello(older);
     let resume = Resume { session_id: opened.session_id, token: opened.token };
     let resumed = again.open_with("a", OpenMode::ReadWrite, Some(resume)).expect("the resuming OPEN");
     assert_eq!((resumed.size, resumed.segments), (MIB, None), "a resumed older session keeps its size");
+    let last = resumed.remote_addr + MIB - 4096;
+    assert_eq!(raw_read(&mut again, last, resumed.rkey).ok(), Some(WcStatus::SUCCESS), "and reads without an error");
 }
