@@ -13,6 +13,9 @@
 //!   a RESIZED or a segments tail sent to an initiator without FEATURE_SEGMENTS (it cannot parse
 //!   them), a resumed older session told the new size (its continuity check refuses a changed
 //!   volume and fails its I/O), and a fresh older OPEN given a window over one segment only.
+//! - `the_grow_scripts_analysis`: scripts/lib/test_grow.py, the unit tests of
+//!   scripts/grow-rxe.sh's analysis (resize time from the request, the hook's latency, the goals
+//!   met or missed) on recorded lines.
 //! - `a_revoked_session_loses_every_segment`: would catch a revocation (here a reload that
 //!   takes the host off the volume's list) that deallocates a QP's first window only: the rkey
 //!   RESIZED gave for the added segment would still READ.
@@ -209,4 +212,9 @@ fn an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one(fabric: F
     assert_eq!((resumed.size, resumed.segments), (MIB, None), "a resumed older session keeps its size");
     let last = resumed.remote_addr + MIB - 4096;
     assert_eq!(raw_read(&mut again, last, resumed.rkey).ok(), Some(WcStatus::SUCCESS), "and reads without an error");
+}
+
+#[test]
+fn the_grow_scripts_analysis() {
+    rblk_tests::python_unittest("test_grow");
 }

@@ -49,6 +49,14 @@
 //!     second), or with --io writes 4 KiB through it without pause, until the session is lost;
 //!     prints "idle", then "lost UNIX_SECONDS" (with RUST_LOG set, the library's own loss line
 //!     too)
+//! rblk-test-client grow-watch URI
+//!     a library user while its volume grows: a queue (depth 1, opened before any grow) writes
+//!     and reads back 64 KiB pieces at random offsets of the volume as it is (verifying each
+//!     read against what was written there, or zeros); prints "ready SIZE", then at each grow
+//!     "resized SIZE UNIX_SECONDS" from the library's on_resize hook, then writes and verifies a
+//!     piece straddling the old end through that queue and prints "past SIZE UNIX_SECONDS" when
+//!     its write completed; on stdin's end "done ios N errors E reconnects R" (an I/O or verify
+//!     error is printed as "error TEXT" and counted, not fatal)
 //! rblk-test-client ublk-features
 //!     the ublk driver's feature bits (UBLK_U_CMD_GET_FEATURES, Linux 6.5 and later); prints
 //!     "features 0xBITS NAME..." (the names of ublk_cmd.h without UBLK_F_, BIT_N for a bit libublk
@@ -90,8 +98,9 @@ fn main() -> ExitCode {
         Some("watch") => watch(&args),
         Some("idle") => idle(&args),
         Some("ublk-features") => ublk_features(),
+        Some("grow-watch") => grow_watch(&args),
         _ => {
-            Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins|reg-time|watch|idle|ublk-features URI ..."
+            Err("usage: rblk-test-client pair|hammer|open-time|hold|raw-lat|keyless|joins|reg-time|watch|idle|ublk-features|grow-watch URI ..."
                 .into())
         }
     };
@@ -203,6 +212,110 @@ fn idle(args: &[String]) -> Result<(), String> {
         let _ = engine.tick();
     }
     println!("lost {:.6}", unix_now());
+    Ok(())
+}
+
+fn grow_watch(args: &[String]) -> Result<(), String> {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    const PIECE: u64 = 64 << 10;
+    let uri = args.get(2).ok_or("missing URI")?;
+    let vol = open(uri)?;
+    let grown = Arc::new(AtomicU64::new(0));
+    let hook = Arc::clone(&grown);
+    vol.on_resize(move |size| {
+        // One line, then the I/O thread's straddle: nothing here blocks for long.
+        println!("resized {size} {:.6}", unix_now());
+        hook.store(size, Ordering::Release);
+    });
+    let mut q = vol.queue_with(1, PIECE as usize).map_err(|e| format!("queue: {e}"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        stopping.store(true, Ordering::Release);
+    });
+    let mut size = vol.size();
+    println!("ready {size}");
+    // What each piece holds: the seed it was written with (absent: zeros).
+    let mut written: HashMap<u64, u64> = HashMap::new();
+    let (mut ios, mut errors, mut x) = (0u64, 0u64, 0x2545_f491_4f6c_dd1du64);
+    let one = |q: &mut rblk_initiator::Queue, offset: u64, write: Option<u64>| -> Result<Vec<u8>, String> {
+        let mut data = vec![0u8; PIECE as usize];
+        match write {
+            Some(seed) => {
+                workload::pattern(seed, offset, &mut data);
+                q.submit_write(offset, &data, 1).map_err(|e| e.to_string())?;
+            }
+            None => q.submit_read(offset, PIECE as u32, 1).map_err(|e| e.to_string())?,
+        }
+        let mut done = [rblk_initiator::Done::default()];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while q.wait(&mut done, deadline).map_err(|e| e.to_string())? == 0 {
+            if std::time::Instant::now() >= deadline {
+                return Err(format!("I/O at {offset} took over 30 s"));
+            }
+        }
+        done[0].result.as_ref().map_err(|e| e.to_string())?;
+        if write.is_none() {
+            done[0].read_data(&mut data).map_err(|e| e.to_string())?;
+        }
+        Ok(data)
+    };
+    let verify = |q: &mut rblk_initiator::Queue, offset: u64, written: &HashMap<u64, u64>| -> Result<(), String> {
+        let got = one(q, offset, None)?;
+        let mut want = vec![0u8; PIECE as usize];
+        if let Some(&seed) = written.get(&offset) {
+            workload::pattern(seed, offset, &mut want);
+        }
+        if got != want {
+            return Err(format!("read at {offset} differs from what was written there"));
+        }
+        Ok(())
+    };
+    while !stop.load(Ordering::Acquire) {
+        let now = grown.load(Ordering::Acquire);
+        let result = if now > size {
+            // The grow: a piece straddling the old end, written then read back.
+            let offset = size - PIECE / 2;
+            let seed = ios;
+            let r = one(&mut q, offset, Some(seed)).map(|_| {
+                println!("past {now} {:.6}", unix_now());
+            });
+            let old_end = size;
+            size = now;
+            r.and_then(|()| {
+                let got = one(&mut q, offset, None)?;
+                let mut want = vec![0u8; PIECE as usize];
+                workload::pattern(seed, offset, &mut want);
+                if got != want {
+                    return Err(format!("the straddling piece at {offset} differs"));
+                }
+                // The two whole pieces it overlaps written anew, so the map holds again.
+                for o in [old_end - PIECE, old_end] {
+                    one(&mut q, o, Some(seed ^ o))?;
+                    written.insert(o, seed ^ o);
+                }
+                Ok(())
+            })
+        } else {
+            x = workload::xorshift(x);
+            let offset = (x % (size / PIECE)) * PIECE;
+            if x & 1 == 0 {
+                written.insert(offset, ios);
+                one(&mut q, offset, Some(ios)).map(|_| ())
+            } else {
+                verify(&mut q, offset, &written)
+            }
+        };
+        ios += 1;
+        if let Err(e) = result {
+            errors += 1;
+            println!("error {e}");
+        }
+    }
+    println!("done ios {ios} errors {errors} reconnects {}", vol.reconnects());
     Ok(())
 }
 
