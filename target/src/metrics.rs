@@ -86,14 +86,25 @@ pub fn render(shared: &Shared) -> String {
         "Memory windows whose deallocation failed (their connections were disconnected)",
         load(&c.window_dealloc_failures),
     );
-    // Per volume: what DISCARD and WRITE_ZEROES zeroed.
+    // Per volume: its size and memory segments (a grow changes both), and what DISCARD and
+    // WRITE_ZEROES zeroed.
     type PerVolume = prometheus_client::metrics::family::Family<Vec<(String, String)>, Counter>;
+    type PerVolumeGauge = prometheus_client::metrics::family::Family<Vec<(String, String)>, Gauge>;
     let (discarded, zeroed) = (PerVolume::default(), PerVolume::default());
+    let (size, segments) = (PerVolumeGauge::default(), PerVolumeGauge::default());
     for v in shared.catalog().volumes.values() {
         let label = vec![("volume".to_owned(), v.name.clone())];
         discarded.get_or_create(&label).inc_by(load(&v.zeroed.discarded));
         zeroed.get_or_create(&label).inc_by(load(&v.zeroed.zeroed));
+        size.get_or_create(&label).set(i64::try_from(v.size()).unwrap_or(i64::MAX));
+        segments.get_or_create(&label).set(v.segments().len() as i64);
     }
+    reg.register(
+        "volume_size_bytes",
+        "Size of each served volume in bytes (it grows with rblk-target admin resize or a reload)",
+        size,
+    );
+    reg.register("volume_segments", "Memory segments of each served volume (one more per grow, at most 8)", segments);
     reg.register("discarded_bytes", "Bytes DISCARD zeroed (and gave back where durable), per volume", discarded);
     reg.register("zeroed_bytes", "Bytes WRITE_ZEROES zeroed, per volume", zeroed);
     reg.register("flush_seconds", "FLUSH latency, write-back and fdatasync included", c.flush_seconds.clone());

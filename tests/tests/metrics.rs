@@ -80,6 +80,21 @@ fn counters_move_with_what_happens() {
     assert!(after.contains("# HELP rblk_target_flush_seconds"), "{after}");
     let (status, _) = get(at, "/");
     assert!(status.contains("404"), "{status}");
+
+    // A grow shows: the volume's size and its segments.
+    let volume = |body: &str, name: &str| value(body, &format!("rblk_target_{name}{{volume=\"v\"}}"));
+    assert_eq!((volume(&after, "volume_size_bytes"), volume(&after, "volume_segments")), (f64::from(4u32 << 20), 1.0));
+    let grown = Config {
+        listen: r.local_addr(),
+        metrics: Some(at),
+        fabric: Fabric::Mem,
+        volumes: vec![VolumeSpec { name: "v".into(), size: 6 << 20, path: None }],
+        key: Some(b"k".to_vec()),
+        ..Config::default()
+    };
+    r.reload(grown).expect("the reload that grows v");
+    let (_, grown) = get(at, "/metrics");
+    assert_eq!((volume(&grown, "volume_size_bytes"), volume(&grown, "volume_segments")), (f64::from(6u32 << 20), 2.0));
 }
 
 #[test]
