@@ -12,11 +12,13 @@
 # Per grow: the request's time (@@request, just before `admin resize`), when the library's
 # on_resize hook heard the new size (`resized`), when the first write past the old end completed
 # through the queue opened before (`past`), the target's peak RSS (VmHWM) and its memfds' inodes
-# before and after, and the client's I/O, verify errors and reconnects at the end.
+# before and after, the target's log lines for the segment made and registered, and the client's
+# I/O, verify errors and reconnects at the end.
 # scripts/lib/grow.py makes the table (build/grow/table.txt) and summary.json: the resize time
 # (request to `past`), median per case and large/small (goal: at most 1.25), the hook's latency
-# (median at most 10 ms, max at most 100 ms), RSS at most old + added + 64 MiB, 0 errors, 0
-# reconnects, the old segment's memfd inode unchanged. Takes /tmp/rblk-guest.lock.
+# (median at most 10 ms, max at most 100 ms) and where it goes (the segment made, registered,
+# told), RSS at most old + added + 64 MiB, 0 errors, 0 reconnects, the old segment's memfd
+# inode unchanged. Takes /tmp/rblk-guest.lock.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -59,7 +61,7 @@ wait_for() { # FILE TEXT SECS
 memfd_inodes() {
     local f
     for f in /proc/"$1"/fd/*; do
-        [[ $(readlink "$f" 2>/dev/null) == *rblk-volume:v* ]] && stat -L -c %i "$f"
+        [[ $(readlink "$f" 2>/dev/null) == *"rblk-volume:v (deleted)" ]] && stat -L -c %i "$f"
     done | tr '\n' ' '
 }
 
@@ -67,7 +69,10 @@ one_grow() { # CASE ROUND FROM TO
     local case=$1 round=$2 from=$3 to=$4 bin=$RBLK_BIN_DIR d=$WORK/$1-$2
     mkdir -p "$d"
     local sock=$d/admin.sock
-    start_target "$d/target.log" "$bin" 120 --listen "$RBLK_ADDR:7442" --admin-socket "$sock" --state-dir "$d/state"
+    # A config file without volumes (without one the daemon serves vol0, 1 GiB).
+    : >"$d/target.toml"
+    start_target "$d/target.log" "$bin" 120 --config "$d/target.toml" --listen "$RBLK_ADDR:7442" \
+        --admin-socket "$sock" --state-dir "$d/state"
     local target=$TARGET_PID
     "$bin/rblk-target" admin --socket "$sock" add "v:$from" >/dev/null
     exec 7> >("$bin/rblk-test-client" grow-watch "rblk://$RBLK_ADDR:7442/v" >"$d/client.out" 2>&1)
@@ -82,6 +87,8 @@ one_grow() { # CASE ROUND FROM TO
     exec 7>&-
     wait_for "$d/client.out" '^done' 60 || echo "grow: $case $round: the client did not finish" >&2
     sed "s/^/@@client $case $round /" "$d/client.out"
+    # The target's stages, on its own clock: the segment made, registered for the windows.
+    grep -E 'grew from|for memory windows' "$d/target.log" | sed "s/^/@@target $case $round /" || true
     kill -TERM "$target" 2>/dev/null || true
     wait_gone "$target" || true
 }

@@ -8,8 +8,12 @@ The guest's log has, per grow (CASE small or large, ROUND 1..N):
   @@after CASE ROUND VMHWM_KB inodes INODE...    the same, after the grow
   @@client CASE ROUND LINE                       each line of rblk-test-client grow-watch:
       ready SIZE, resized SIZE UNIX, past SIZE UNIX, error TEXT, done ios N errors E reconnects R
+  @@target CASE ROUND LOG_LINE                   the target's "grew from" line (the segment made
+      and the view swapped) and its "registered ... for memory windows" lines (tracing's
+      format: an RFC 3339 UTC time first)
 """
 
+import datetime
 import json
 import statistics
 import sys
@@ -20,6 +24,14 @@ NOTIFY_MEDIAN_MS = 10.0
 NOTIFY_MAX_MS = 100.0
 RSS_SLACK = 64 << 20
 CASES = {"small": "256 MiB -> 1,280 MiB", "large": "2 GiB -> 3 GiB"}
+
+
+def stamp(text):
+    """Unix seconds of tracing's RFC 3339 UTC time (2026-12-07T08:46:34.066768Z), or None."""
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def parse(lines):
@@ -39,6 +51,13 @@ def parse(lines):
             g[p[0][2:] + "_inodes"] = p[5:]
         elif p[0] == "@@request" and len(p) >= 4:
             g["request"] = float(p[3])
+        elif p[0] == "@@target":
+            t = stamp(p[3])
+            if t is not None and "grew from" in line:
+                g["grew"] = t
+            elif t is not None:
+                # The last registration: the added segment's (the first were the volume's own).
+                g["registered"] = t
         elif p[0] == "@@client":
             what = p[3:]
             if what[0] == "ready" and len(what) == 2:
@@ -65,6 +84,10 @@ def measure(g):
         "from": g.get("from"),
         "to": g.get("to"),
         "notify_ms": ms("resized"),
+        # Where the notice's time goes: the segment made, registered for the windows (both in
+        # the target), then bound and told (RESIZED) to the hook.
+        "made_ms": ms("grew"),
+        "registered_ms": ms("registered") if g.get("registered", 0) > g.get("request", 0) else None,
         "resize_ms": ms("past"),
         "rss": g.get("after_hwm"),
         "rss_goal": g["from"] + added + RSS_SLACK if "from" in g and "to" in g else None,
@@ -108,12 +131,12 @@ def summarize(rows):
 
 def table(rows, s):
     fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)
-    out = ["case   round  grow                  resize ms  notify ms  rss MiB (goal)   ios  errors  reconnects  memfd"]
+    out = ["case   round  grow                  resize ms  notify ms  (made  registered)  rss MiB (goal)   ios  errors  reconnects  memfd"]
     for r in rows:
         rss = f"{fmt(r['rss'] and r['rss'] / 2**20, '{:.0f}')} ({fmt(r['rss_goal'] and r['rss_goal'] / 2**20, '{:.0f}')})"
         out.append(
             f"{r['case']:<6} {r['round']:>5}  {CASES.get(r['case'], '?'):<20} {fmt(r['resize_ms']):>10} "
-            f"{fmt(r['notify_ms']):>10}  {rss:<15} {fmt(r['ios'], '{}'):>5} {fmt(r['errors'], '{}'):>7} "
+            f"{fmt(r['notify_ms']):>10}  ({fmt(r.get('made_ms')):>5} {fmt(r.get('registered_ms')):>10})  {rss:<15} {fmt(r['ios'], '{}'):>5} {fmt(r['errors'], '{}'):>7} "
             f"{fmt(r['reconnects'], '{}'):>11}  {'same' if r['same_memfd'] else 'CHANGED'}"
         )
     m = s["resize_ms_median"]

@@ -58,6 +58,17 @@ class Grow(unittest.TestCase):
         self.assertFalse(s["goals"]["resize ratio <= 1.25"])
         self.assertIn("MISSED every grow measured", grow.table(rows, s))
 
+    def test_the_targets_stages(self):
+        lines = log("small", 1, 256 * MIB, 1280 * MIB, 4.0, 250.0, 1300) + [
+            "@@target small 1 2026-12-07T03:00:00.000000Z  INFO rblk_target::volume: registered 256 MiB for memory windows in 9 ms",
+            "@@target small 1 2026-12-07T03:00:00.002000Z  INFO rblk_target::volume: grew from 256 MiB to 1.25 GiB (2 segments)",
+            "@@target small 1 2026-12-07T03:00:00.003500Z  INFO rblk_target::volume: registered 1 GiB for memory windows in 1 ms",
+        ]
+        (r,) = self.rows([l.replace(f"{T0:.6f}", f"{T0 - 0.001:.6f}") if l.startswith("@@request") else l for l in lines])
+        self.assertAlmostEqual(r["made_ms"], 3.0, places=1)
+        self.assertAlmostEqual(r["registered_ms"], 4.5, places=1)
+        self.assertEqual(grow.stamp("not a time"), None)
+
     def test_the_table_names_each_grow(self):
         rows = self.rows(log("small", 1, 256 * MIB, 1280 * MIB, 4.0, 250.0, 1300))
         text = grow.table(rows, grow.summarize(rows))
