@@ -3,10 +3,56 @@
 //! (splitting, depth, read-modify-write, FUA, zeroes, flushing exactly what is dirty); the
 //! server only translates requests and replies.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use rblk_initiator::engine::{piece_size, Engine, EngineStats, Lane};
 use rblk_initiator::Volume;
 
 use super::wire::ExportGeometry;
+
+/// An export's size, shared by the request checks (the reader thread) and the volume's
+/// size-change callback: the one place a grown volume's new end is known, so a request past the
+/// old end is served as soon as the volume grew.
+#[derive(Debug, Clone)]
+pub struct SharedSize(Arc<AtomicU64>);
+
+impl SharedSize {
+    /// Starts at `size` bytes.
+    pub fn new(size: u64) -> SharedSize {
+        SharedSize(Arc::new(AtomicU64::new(size)))
+    }
+
+    /// The size now.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Grows to `size`; false (and nothing changes) unless that is larger: volumes only grow,
+    /// and a late report of an older size must not shrink the export.
+    pub fn grow_to(&self, size: u64) -> bool {
+        self.0.fetch_max(size, Ordering::AcqRel) < size
+    }
+}
+
+/// The initiator library's size-change callback: `Engine::on_resize` calls `hook(new size in
+/// bytes)` on the I/O thread that learnt of it.
+// TODO(issue 44): `engine.on_resize(hook)` once the library's callback is on main; until then no
+// volume reports a new size, and nothing calls the hook.
+fn engine_on_resize(engine: &Engine, hook: impl Fn(u64) + Send + Sync + 'static) {
+    let _ = (engine, hook);
+}
+
+/// What the size-change callback runs: the export's size first (so requests past the old end
+/// pass the checks before anyone is told), then `then` once per growth. It must not block: it
+/// runs on the volume's I/O thread.
+fn on_grow(size: SharedSize, then: impl Fn(u64) + Send + Sync + 'static) -> impl Fn(u64) + Send + Sync + 'static {
+    move |new| {
+        if size.grow_to(new) {
+            then(new);
+        }
+    }
+}
 
 /// A client's rblk session.
 #[derive(Debug)]
@@ -14,7 +60,9 @@ pub struct Device {
     // Declaration order is drop order: the lane goes before the session.
     lane: Lane,
     engine: Engine,
+    /// Size, block size, flags at open; the size is `size`'s.
     geo: ExportGeometry,
+    size: SharedSize,
     /// Held while this client is the export's only one (released when it is done).
     slot: Option<super::Slot>,
     /// The session in the export's `--metrics`, until it closed.
@@ -47,7 +95,7 @@ impl Device {
             read_only: g.read_only,
             discards: engine.discards(),
         };
-        Ok(Device { lane, engine, geo, slot: None, counted: None })
+        Ok(Device { lane, engine, geo, size: SharedSize::new(g.size), slot: None, counted: None })
     }
 
     /// Keeps `slot` until the client is done.
@@ -62,9 +110,20 @@ impl Device {
         self
     }
 
-    /// Size, block size, read-only.
+    /// Size (now), block size, read-only.
     pub fn geometry(&self) -> ExportGeometry {
-        self.geo
+        ExportGeometry { size: self.size.get(), ..self.geo }
+    }
+
+    /// The export's size as the request checks see it.
+    pub fn size(&self) -> SharedSize {
+        self.size.clone()
+    }
+
+    /// When the volume grows: the request checks take the new size, then `hook(new size)`
+    /// runs, on the volume's I/O thread (it must not block: hand the size to a channel).
+    pub fn on_resize(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
+        engine_on_resize(&self.engine, on_grow(self.size(), hook));
     }
 
     /// The lane for the client's requests.
@@ -93,5 +152,30 @@ impl Device {
         // After the close, so that its last FLUSH counts.
         drop(counted);
         closed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Catches a callback that tells the kernel before the checks take the new size, one that
+    /// reports the same size twice, or a late smaller report that shrinks the export.
+    #[test]
+    fn the_size_grows_before_the_hook_runs_and_only_grows() {
+        let size = SharedSize::new(1 << 20);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook = {
+            let (size, seen) = (size.clone(), Arc::clone(&seen));
+            on_grow(size.clone(), move |new| seen.lock().unwrap().push((new, size.get())))
+        };
+        hook(2 << 20);
+        hook(2 << 20);
+        hook(1 << 20);
+        hook(3 << 20);
+        assert_eq!(*seen.lock().unwrap(), [(2 << 20, 2 << 20), (3 << 20, 3 << 20)]);
+        assert_eq!(size.get(), 3 << 20);
     }
 }

@@ -8,16 +8,24 @@
 //!   ([`rblk_initiator::engine`]) and replies in completion order.
 //! - `device`: what a client is served from: an rblk session's [`Engine`](rblk_initiator::Engine)
 //!   and one [`Lane`](rblk_initiator::Lane) of up to 32 volume operations in flight.
+//! - `netlink`: the kernel's nbd driver through generic netlink (connect, resize, disconnect).
+//! - `kernel`: `--nbd-device`: this process is the kernel's server on a socket pair, no nbd-client.
 //! - here: the command line, the listening socket, one thread per client, signals, the entry
 //!   for `rblk list`.
 //!
 //! Each client gets its own rblk session when it enters transmission, so the rblk volume is
 //! opened once per connected client; without `--shared` only one client at a time may.
+//!
+//! A volume that grows: with `--nbd-device` the device grows with it; a listening server's clients
+//! keep the size their handshake gave them (NBD has no way to tell them), and see the new size
+//! when they reconnect.
 
 #![forbid(unsafe_code)]
 
 mod device;
 mod handshake;
+mod kernel;
+mod netlink;
 mod transmit;
 mod wire;
 
@@ -38,7 +46,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use rblk_initiator::{Chain, OpenMode, Options, Session, Uri};
 
-use self::device::Device;
+use self::device::{Device, SharedSize};
 use self::handshake::{Export, Outcome, Refusal};
 use self::wire::ExportGeometry;
 use crate::list::{self, Entry};
@@ -73,7 +81,7 @@ Examples:
   qemu-img info 'nbd+unix:///?socket=/run/rblk/nbd/vol0.sock'
   nbd-client -d /dev/nbd0";
 
-/// Serve a volume over NBD for nbd-client, qemu and other NBD clients
+/// Serve a volume over NBD, or connect it as /dev/nbdN
 ///
 /// In the foreground until SIGINT/SIGTERM.
 #[derive(Debug, clap::Args)]
@@ -91,6 +99,16 @@ pub struct Args {
     /// nbdkit's -U -).
     #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", value_parser = Listen::parse)]
     listen: Option<Listen>,
+    /// Connect the kernel's /dev/nbdN to the volume instead of listening (root)
+    ///
+    /// /dev/nbdN, or auto for the first free one (printed on stdout). No nbd-client: rblk hands the
+    /// nbd driver one end of a socket pair through netlink, as nbd-client does, and serves it; a
+    /// grown volume grows the device. SIGINT/SIGTERM disconnect it. Needs the nbd module
+    /// (modprobe nbd) and Linux 4.12 or later (5.3 to follow a grow).
+    ///
+    /// (Not --device: that names the RDMA device.)
+    #[arg(long, value_name = "/dev/nbdN|auto", value_parser = netlink::Index::parse, conflicts_with_all = ["listen", "shared"])]
+    nbd_device: Option<netlink::Index>,
     /// Export the volume read-only (and open it read-only)
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
@@ -385,7 +403,11 @@ struct RblkExport {
     uri: Uri,
     opts: Options,
     mode: OpenMode,
+    /// Size and flags at start; the size is `size`'s.
     geo: ExportGeometry,
+    /// The volume's size as last learnt from any client's session: new clients' handshakes
+    /// give it.
+    size: SharedSize,
     shared: bool,
     busy: Arc<AtomicBool>,
     /// Every client's session, counted for `--metrics`.
@@ -402,7 +424,7 @@ impl Export for RblkExport {
     }
 
     fn geometry(&self) -> ExportGeometry {
-        self.geo
+        ExportGeometry { size: self.size.get(), ..self.geo }
     }
 
     fn multi_conn(&self) -> bool {
@@ -432,12 +454,25 @@ impl Export for RblkExport {
         };
         let vol = Session::connect(&self.uri, &self.opts).and_then(|s| s.open(self.mode)).map_err(unavailable)?;
         let dev = Device::open(vol).map_err(unavailable)?;
+        // Every client's session reports a grow: logged once, by whichever learns it first.
+        let size = self.size.clone();
+        dev.on_resize(move |new| {
+            if size.grow_to(new) {
+                tracing::info!(
+                    "volume grew to {}: NBD clients see the new size when they reconnect",
+                    crate::common::human(new)
+                );
+            }
+        });
         Ok(dev.with_slot(slot).counted_in(&self.metrics))
     }
 }
 
 /// `rblk nbd`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(index) = args.nbd_device {
+        return kernel::run(&args, index);
+    }
     // Local arguments first: a bad socket directory fails before any connection.
     let listen = match &args.listen {
         Some(l) => {
@@ -469,7 +504,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let listener = Arc::new(Listener::bind(&listen)?);
     let stop = Arc::new(AtomicBool::new(false));
     watch_signals(&listener, &stop)?;
-    let export = Arc::new(RblkExport { uri, opts, mode, geo, shared: args.shared, busy: Arc::default(), metrics });
+    let size = SharedSize::new(geo.size);
+    let export =
+        Arc::new(RblkExport { uri, opts, mode, geo, size, shared: args.shared, busy: Arc::default(), metrics });
 
     // Exactly one line on stdout: the NBD URI (or JSON); the rest to stderr.
     let nbd_uri = listen.nbd_uri();

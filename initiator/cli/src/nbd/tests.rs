@@ -905,3 +905,34 @@ fn the_default_socket_is_private() {
     l.cleanup();
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// `--nbd-device` beside the RDMA `--device`: both parse; it conflicts with --listen and
+/// --shared (the kernel is its only client); a bad device is a usage error naming the forms.
+/// Catches the flag clashing with, or swallowing, the RDMA device's.
+#[test]
+fn the_nbd_device_flag() {
+    use clap::Parser as _;
+    let parse = |extra: &[&str]| {
+        let mut argv = vec!["rblk", "nbd", "rblk://h/v"];
+        argv.extend_from_slice(extra);
+        crate::cli::Args::try_parse_from(argv)
+    };
+    match parse(&["--nbd-device", "/dev/nbd3", "--device", "rxe0"]).unwrap().command {
+        crate::cli::Command::Nbd(a) => {
+            assert_eq!(a.nbd_device, Some(super::netlink::Index::Dev(3)));
+            assert_eq!(a.conn.route.device.as_deref(), Some("rxe0"));
+        }
+        other => panic!("{other:?}"),
+    }
+    match parse(&["--nbd-device", "auto"]).unwrap().command {
+        crate::cli::Command::Nbd(a) => assert_eq!(a.nbd_device, Some(super::netlink::Index::Any)),
+        other => panic!("{other:?}"),
+    }
+    for clash in [&["--nbd-device", "auto", "--listen", "unix:/s"][..], &["--nbd-device", "auto", "--shared"]] {
+        let e = parse(clash).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{clash:?}: {e}");
+    }
+    let e = parse(&["--nbd-device", "/dev/sdb"]).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.to_string().contains("expected /dev/nbdN"), "{e}");
+}
