@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use rblk_initiator::Session;
 
 use super::device::Device;
-use super::netlink::{self, Connect, Driver, Index};
+use super::netlink::{self, Connect, Driver, DriverError, Index};
 use super::transmit;
 use crate::list::{self, Entry};
 
@@ -36,8 +36,14 @@ enum Event {
 
 /// `rblk nbd URI --nbd-device DEV`.
 pub fn run(args: &super::Args, index: Index) -> anyhow::Result<()> {
-    // The driver first: a missing module or no root fails before any connection.
+    // The driver first: a missing module, or a device that is taken, fails before any connection
+    // (the driver's EBUSY at connect stays the judge of a race).
     let driver = Driver::open()?;
+    if let Index::Dev(i) = index {
+        if netlink::holder(i).is_some() {
+            return Err(DriverError::from_errno(netlink::Request::Connect(index), libc::EBUSY, netlink::holder).into());
+        }
+    }
     let opts = args.conn.options(&args.uri, args.reconnect.reconnect())?;
     let mode = crate::common::open_mode(args.read_only, args.exclusive);
     let vol = Session::connect(&args.uri, &opts)?.open(mode)?;

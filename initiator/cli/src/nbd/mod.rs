@@ -458,8 +458,8 @@ impl Export for RblkExport {
         let size = self.size.clone();
         dev.on_resize(move |new| {
             if size.grow_to(new) {
-                tracing::info!(
-                    "volume grew to {}: NBD clients see the new size when they reconnect",
+                eprintln!(
+                    "rblk nbd: volume grew to {}: NBD clients see the new size when they reconnect",
                     crate::common::human(new)
                 );
             }

@@ -193,7 +193,8 @@ pub enum DriverError {
     InUse {
         /// The device.
         device: String,
-        /// Who holds it, as " by pid N" (from /sys/block/nbdN/pid), or nothing.
+        /// Who connected it (/sys/block/nbdN/pid), and how to free it when that process is gone
+        /// (killed, or nbd-client, which exits once the kernel has the socket), or nothing.
         holder: String,
     },
     /// Another errno from the driver.
@@ -246,26 +247,32 @@ impl Request {
 }
 
 impl DriverError {
-    /// The driver's (or the controller's) errno, positive, in words. `holder` says who holds
-    /// a busy device.
-    pub fn from_errno(req: Request, errno: i32, holder: impl FnOnce(u32) -> Option<u32>) -> DriverError {
+    /// The driver's (or the controller's) errno, positive, in words. `holder` says who connected
+    /// a busy device, and whether that process still runs.
+    pub fn from_errno(req: Request, errno: i32, holder: impl FnOnce(u32) -> Option<(u32, bool)>) -> DriverError {
         match (req, errno) {
             // The generic netlink controller knows no family of that name.
             (Request::Family, libc::ENOENT) => DriverError::NotLoaded,
             (_, libc::EPERM | libc::EACCES) => DriverError::NotPermitted { what: req.what() },
             (Request::Connect(Index::Dev(i)), libc::EBUSY) => DriverError::InUse {
                 device: device_path(i),
-                holder: holder(i).map(|pid| format!(" by pid {pid}")).unwrap_or_default(),
+                holder: match holder(i) {
+                    Some((pid, true)) => format!(" (connected by pid {pid})"),
+                    Some((pid, false)) => format!(
+                        " (connected by pid {pid}, which has exited; `nbd-client -d {}` disconnects it)",
+                        device_path(i)
+                    ),
+                    None => String::new(),
+                },
             },
             _ => DriverError::Refused { what: req.what(), reason: errno_words(errno) },
         }
     }
 }
 
-/// An errno as words: the C library's text, without Rust's "(os error N)".
+/// An errno as words (its description, as `rblk`'s errors show an OS error), lower case.
 fn errno_words(errno: i32) -> String {
-    let text = std::io::Error::from_raw_os_error(errno).to_string();
-    let text = text.split(" (os error").next().unwrap_or(&text).to_owned();
+    let text = nix::errno::Errno::from_raw(errno).desc();
     let mut chars = text.chars();
     match chars.next() {
         Some(c) => c.to_lowercase().chain(chars).collect(),
@@ -273,9 +280,11 @@ fn errno_words(errno: i32) -> String {
     }
 }
 
-/// Who holds /dev/nbdN: the pid the driver shows in sysfs while a client is connected.
-pub fn holder(index: u32) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/block/nbd{index}/pid")).ok()?.trim().parse().ok()
+/// Who connected /dev/nbdN (the pid the driver shows in sysfs while the device is connected), and
+/// whether that process still runs.
+pub fn holder(index: u32) -> Option<(u32, bool)> {
+    let pid: u32 = std::fs::read_to_string(format!("/sys/block/nbd{index}/pid")).ok()?.trim().parse().ok()?;
+    Some((pid, std::path::Path::new(&format!("/proc/{pid}")).exists()))
 }
 
 /// A netlink socket to the driver.
@@ -496,8 +505,14 @@ mod tests {
             "connecting /dev/nbd0: the nbd driver allows this to root only (CAP_SYS_ADMIN)"
         );
         assert_eq!(
-            DriverError::from_errno(Request::Connect(Index::Dev(2)), libc::EBUSY, |i| Some(1000 + i)).to_string(),
-            "/dev/nbd2 is in use by pid 1002: pick another device, or --nbd-device auto"
+            DriverError::from_errno(Request::Connect(Index::Dev(2)), libc::EBUSY, |i| Some((1000 + i, true)))
+                .to_string(),
+            "/dev/nbd2 is in use (connected by pid 1002): pick another device, or --nbd-device auto"
+        );
+        assert_eq!(
+            DriverError::from_errno(Request::Connect(Index::Dev(2)), libc::EBUSY, |_| Some((7, false))).to_string(),
+            "/dev/nbd2 is in use (connected by pid 7, which has exited; `nbd-client -d /dev/nbd2` disconnects it): \
+             pick another device, or --nbd-device auto"
         );
         assert_eq!(
             DriverError::from_errno(Request::Connect(Index::Dev(2)), libc::EBUSY, none).to_string(),
