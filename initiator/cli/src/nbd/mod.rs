@@ -67,7 +67,17 @@ nbd+unix:///?socket=PATH), or with -o json one JSON object {\"nbd_uri\", \"uri\"
 --read-only, when it enters transmission. Requests are pipelined: up to 32 volume operations in
 flight per client, replies in completion order. Requests not aligned to the volume's block
 size are served by read-modify-write, one at a time. FLUSH and FUA go to the target (a RAM
-volume's flush is an ordering point only); WRITE_ZEROES writes zeros; TRIM is not offered.
+volume's flush is an ordering point only); WRITE_ZEROES writes zeros; TRIM is offered where the
+target discards. A volume that grows keeps its old size for connected clients (NBD cannot tell
+them): they see the new one when they reconnect, and one line on stderr says so.
+
+With --nbd-device /dev/nbdN (or auto) there is no socket and no nbd-client: rblk connects the
+kernel's NBD client itself, through the nbd driver's netlink interface as nbd-client does, and
+serves it. It prints the device on stdout (with -o json: {\"device\", \"uri\", \"size\",
+\"block_size\", \"read_only\", \"volatile\", \"pid\"}); SIGINT or SIGTERM disconnects it, the
+session flushes and rblk exits 0. When the volume grows, the device grows with it (Linux 5.3 or
+later). Killed with SIGKILL, rblk leaves the device connected and failing I/O: nbd-client -d
+frees it.
 
 NBD has no authentication: anyone who can connect can read and write the volume. So by
 default it listens on a private unix socket, /run/rblk/nbd/VOLUME.sock for root
@@ -79,7 +89,9 @@ Examples:
   rblk nbd rblk://10.0.0.1/vol0          # prints nbd+unix:///?socket=/run/rblk/nbd/vol0.sock
   nbd-client -unix /run/rblk/nbd/vol0.sock /dev/nbd0 -block-size 4096
   qemu-img info 'nbd+unix:///?socket=/run/rblk/nbd/vol0.sock'
-  nbd-client -d /dev/nbd0";
+  nbd-client -d /dev/nbd0
+  modprobe nbd; rblk nbd rblk://10.0.0.1/vol0 --nbd-device /dev/nbd0   # prints /dev/nbd0
+  rblk nbd rblk://10.0.0.1/vol0 --nbd-device auto -o json              # the first free device";
 
 /// Serve a volume over NBD, or connect it as /dev/nbdN
 ///
@@ -99,7 +111,7 @@ pub struct Args {
     /// nbdkit's -U -).
     #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", value_parser = Listen::parse)]
     listen: Option<Listen>,
-    /// Connect the kernel's /dev/nbdN to the volume instead of listening (root)
+    /// Set up the kernel's /dev/nbdN itself instead of listening (root)
     ///
     /// /dev/nbdN, or auto for the first free one (printed on stdout). No nbd-client: rblk hands the
     /// nbd driver one end of a socket pair through netlink, as nbd-client does, and serves it; a
@@ -113,7 +125,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
     /// Open the volume exclusively: no other session may write it
-    #[arg(long, conflicts_with = "shared")]
+    #[arg(long, conflicts_with = "shared", hide_short_help = true)]
     exclusive: bool,
     /// Let several NBD clients connect at once (NBD multi-conn)
     ///
