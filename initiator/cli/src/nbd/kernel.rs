@@ -1,14 +1,17 @@
-//! `rblk nbd --nbd-device`: the kernel's NBD client without nbd-client. One socket pair: this process
-//! serves the transmission phase on its end (no handshake: the driver learns size, block size
-//! and flags from NBD_CMD_CONNECT's attributes), the driver gets the other end. A grown volume
-//! grows the device (NBD_CMD_RECONFIGURE); SIGINT/SIGTERM disconnect it (NBD_CMD_DISCONNECT: the
-//! driver sends NBD_CMD_DISC, the transmission ends, the session flushes and closes).
+//! `rblk nbd --nbd-device`: the kernel's NBD client without nbd-client. One socket pair: this
+//! process serves the transmission phase on its end (no handshake: the driver learns size, block
+//! size and flags from NBD_CMD_CONNECT's attributes), the driver gets the other end. A grown
+//! volume grows the device (NBD_CMD_RECONFIGURE); SIGINT/SIGTERM disconnect it
+//! (NBD_CMD_DISCONNECT: the driver sends NBD_CMD_DISC, the transmission ends, the session flushes
+//! and closes).
+//!
+//! [`serve`] runs it against a [`Kernel`]: the nbd driver ([`Driver`]), or the tests' stand-in
+//! that plays the driver's part on its end of the socket.
 
 use std::io::Write as _;
 use std::net::Shutdown;
-use std::os::fd::AsRawFd as _;
 use std::os::unix::net::UnixStream;
-use std::sync::mpsc;
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -17,15 +20,38 @@ use rblk_initiator::Session;
 
 use super::device::Device;
 use super::netlink::{self, Connect, Driver, DriverError, Index};
-use super::transmit;
+use super::transmit::{self, End};
 use crate::list::{self, Entry};
 
 /// How long the driver may take to send NBD_CMD_DISC after NBD_CMD_DISCONNECT before this end of
 /// the socket is shut down.
 const DISCONNECT_GRACE: Duration = Duration::from_secs(10);
 
-/// What the main thread waits for.
-enum Event {
+/// What the device mode asks of the nbd driver.
+pub trait Kernel {
+    /// NBD_CMD_CONNECT: the driver sends requests on `socket`; the device's index.
+    fn connect(&self, c: &Connect, socket: &UnixStream) -> Result<u32, DriverError>;
+    /// NBD_CMD_RECONFIGURE: the device is `size` bytes now.
+    fn resize(&self, index: u32, size: u64) -> Result<(), DriverError>;
+    /// NBD_CMD_DISCONNECT.
+    fn disconnect(&self, index: u32) -> Result<(), DriverError>;
+}
+
+impl Kernel for Driver {
+    fn connect(&self, c: &Connect, socket: &UnixStream) -> Result<u32, DriverError> {
+        Driver::connect(self, c, socket)
+    }
+    fn resize(&self, index: u32, size: u64) -> Result<(), DriverError> {
+        Driver::resize(self, index, size)
+    }
+    fn disconnect(&self, index: u32) -> Result<(), DriverError> {
+        Driver::disconnect(self, index)
+    }
+}
+
+/// What the serving loop waits for.
+#[derive(Debug)]
+pub enum Event {
     /// SIGINT or SIGTERM.
     Signal(i32),
     /// The volume grew to this many bytes.
@@ -54,79 +80,99 @@ pub fn run(args: &super::Args, index: Index) -> anyhow::Result<()> {
     let geo = dev.geometry();
 
     let (tx, events) = mpsc::channel();
+    watch_signals(&tx)?;
+    let json = args.format.json();
+    serve(&driver, dev, index, (tx, events), |path| {
+        // Exactly one line on stdout: the device (or JSON); the rest to stderr.
+        let line = if json {
+            serde_json::json!({
+                "device": path,
+                "uri": uri.to_string(),
+                "size": geo.size,
+                "block_size": geo.block_size,
+                "read_only": geo.read_only,
+                "volatile": volatile,
+                "pid": std::process::id(),
+            })
+            .to_string()
+        } else {
+            path.to_owned()
+        };
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}").and_then(|()| out.flush()).context("writing to stdout")?;
+        eprintln!(
+            "rblk nbd: {path} is {uri} ({} bytes, block size {}{}{})",
+            geo.size,
+            geo.block_size,
+            if geo.read_only { ", read-only" } else { "" },
+            if volatile { ", volatile" } else { "" },
+        );
+        Ok(list::register(Entry::new("nbd", &uri.to_string()).device(Some(std::path::Path::new(path)))))
+    })
+}
+
+/// Serves `dev` to the kernel as `index` until a signal (then disconnects it) or until the
+/// connection ends. `connected(device path)` runs once the device exists (to say so); what it
+/// returns is kept until the device is gone. `events` is the loop's channel: the signals' thread
+/// holds a sender, the volume's size-change callback and the transmission thread get one here.
+pub fn serve<K: Kernel, G>(
+    kernel: &K,
+    dev: Device,
+    index: Index,
+    (tx, events): (Sender<Event>, Receiver<Event>),
+    connected: impl FnOnce(&str) -> anyhow::Result<G>,
+) -> anyhow::Result<()> {
+    let geo = dev.geometry();
     let grew = tx.clone();
     dev.on_resize(move |size| drop(grew.send(Event::Grew(size))));
-    watch_signals(&tx)?;
 
     // Served before the driver has it: the kernel may read (a partition scan) at once.
     let (ours, kernels) = UnixStream::pair().context("making the socket pair for the nbd driver")?;
     let (r, w, closer) = (ours.try_clone()?, ours.try_clone()?, ours.try_clone()?);
-    let served = tx.clone();
     let server = thread::Builder::new()
         .name("rblk-nbd-kernel".into())
         .spawn(move || {
             let summary = transmit::transmit(r, w, dev, || closer.shutdown(Shutdown::Both).unwrap_or(()));
-            drop(served.send(Event::Ended(Box::new(summary))));
+            drop(tx.send(Event::Ended(Box::new(summary))));
         })
         .context("starting the transmission thread")?;
+    // Ends the transmission: the session closes before this returns.
+    let end_now = |server: thread::JoinHandle<()>| {
+        let _ = ours.shutdown(Shutdown::Both);
+        let _ = server.join();
+    };
 
     let connect = Connect {
         index,
         size: geo.size,
         block_size: geo.block_size.into(),
         server_flags: geo.transmission_flags(false).into(),
-        sockets: vec![kernels.as_raw_fd()],
     };
-    let index = match driver.connect(&connect) {
+    let index = match kernel.connect(&connect, &kernels) {
         Ok(i) => i,
         Err(e) => {
-            // Ends the transmission: the session closes before the error is reported.
-            let _ = ours.shutdown(Shutdown::Both);
-            let _ = server.join();
+            end_now(server);
             return Err(e.into());
         }
     };
     // The driver holds its own reference to its end.
     drop(kernels);
     let path = netlink::device_path(index);
-
-    // Exactly one line on stdout: the device (or JSON); the rest to stderr.
-    let line = if args.format.json() {
-        serde_json::json!({
-            "device": path,
-            "uri": uri.to_string(),
-            "size": geo.size,
-            "block_size": geo.block_size,
-            "read_only": geo.read_only,
-            "volatile": volatile,
-            "pid": std::process::id(),
-        })
-        .to_string()
-    } else {
-        path.clone()
+    let _guard = match connected(&path) {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = kernel.disconnect(index);
+            end_now(server);
+            return Err(e);
+        }
     };
-    let mut out = std::io::stdout().lock();
-    let printed = writeln!(out, "{line}").and_then(|()| out.flush());
-    drop(out);
-    if let Err(e) = printed {
-        let _ = driver.disconnect(index);
-        return Err(e).context("writing to stdout");
-    }
-    eprintln!(
-        "rblk nbd: {path} is {uri} ({} bytes, block size {}{}{})",
-        geo.size,
-        geo.block_size,
-        if geo.read_only { ", read-only" } else { "" },
-        if volatile { ", volatile" } else { "" },
-    );
-    let _registered = list::register(Entry::new("nbd", &uri.to_string()).device(Some(std::path::Path::new(&path))));
 
     let mut stopping: Option<Instant> = None;
     let summary = loop {
         let wait = stopping.map_or(Duration::from_secs(3600), |t| t.saturating_duration_since(Instant::now()));
         match events.recv_timeout(wait) {
             Ok(Event::Ended(summary)) => break summary,
-            Ok(Event::Grew(size)) => match driver.resize(index, size) {
+            Ok(Event::Grew(size)) => match kernel.resize(index, size) {
                 Ok(()) => eprintln!("rblk nbd: {path} grew to {} ({size} bytes)", crate::common::human(size)),
                 Err(e) => tracing::error!("{e}: {path} keeps its old size until it is connected again"),
             },
@@ -137,7 +183,7 @@ pub fn run(args: &super::Args, index: Index) -> anyhow::Result<()> {
             }
             Ok(Event::Signal(sig)) => {
                 tracing::info!(signal = sig, "signal received: disconnecting {path}");
-                if let Err(e) = driver.disconnect(index) {
+                if let Err(e) = kernel.disconnect(index) {
                     tracing::error!("{e}: closing the connection instead");
                     let _ = ours.shutdown(Shutdown::Both);
                 }
@@ -149,27 +195,32 @@ pub fn run(args: &super::Args, index: Index) -> anyhow::Result<()> {
                     let _ = ours.shutdown(Shutdown::Both);
                 }
             }
-            Err(mpsc::RecvTimeoutError::Disconnected) => unreachable!("the main thread holds a sender"),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // Never: the transmission thread sends Ended before it lets go of its sender.
+                break Box::new(transmit::Summary { end: End::Closed, stats: Default::default(), errors: 0 });
+            }
         }
     };
     let _ = server.join();
     let transmit::Summary { end, stats: s, errors } = *summary;
     let (reads, writes, flushes, discards) = (s.reads, s.writes, s.flushes, s.discards);
-    if stopping.is_none() {
-        // The connection ended by itself (the volume stopped answering): the driver fails the
-        // device's I/O, and its size goes to 0.
-        if let Err(e) = driver.disconnect(index) {
-            tracing::warn!("{e}");
-        }
-        anyhow::bail!("{path}: {end}; disconnected it");
+    tracing::info!(%end, reads, writes, flushes, discards, errors, "{path}: the connection ended");
+    if stopping.is_some() {
+        eprintln!("rblk nbd: {path} disconnected");
+        return Ok(());
     }
-    tracing::info!(%end, reads, writes, flushes, discards, errors, "{path} disconnected");
-    eprintln!("rblk nbd: {path} disconnected");
-    Ok(())
+    // Not asked for: the device was disconnected by someone else (nbd-client -d), or the volume
+    // stopped answering. Either way the driver lets go of the device (a no-op when it has).
+    let _ = kernel.disconnect(index);
+    if end.is_clean() {
+        eprintln!("rblk nbd: {path} was disconnected by another program ({end})");
+        return Ok(());
+    }
+    anyhow::bail!("{path}: {end}; disconnected it");
 }
 
 /// SIGINT and SIGTERM become events.
-fn watch_signals(tx: &mpsc::Sender<Event>) -> anyhow::Result<()> {
+fn watch_signals(tx: &Sender<Event>) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
     let tx = tx.clone();

@@ -110,8 +110,8 @@ pub fn device_path(index: u32) -> String {
     format!("/dev/nbd{index}")
 }
 
-/// What NBD_CMD_CONNECT tells the driver.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What NBD_CMD_CONNECT tells the driver besides the sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Connect {
     /// Which device.
     pub index: Index,
@@ -121,8 +121,6 @@ pub struct Connect {
     pub block_size: u64,
     /// The transmission flags, as a server sends them in its handshake (`NBD_FLAG_*`).
     pub server_flags: u64,
-    /// Connected sockets the driver sends requests on, one per connection.
-    pub sockets: Vec<RawFd>,
 }
 
 fn attr<T: neli::consts::genl::NlAttrType, P: neli::Size + ToBytes>(kind: T, payload: P) -> Nlattr<T, Buffer> {
@@ -140,8 +138,9 @@ fn message(cmd: Cmd, attrs: Vec<Nlattr<Attr, Buffer>>) -> Message {
 }
 
 /// NBD_CMD_CONNECT: INDEX (unless any device will do), SIZE_BYTES, BLOCK_SIZE_BYTES,
-/// SERVER_FLAGS, and SOCKETS with one NBD_SOCK_ITEM holding an NBD_SOCK_FD per socket.
-pub fn connect_message(c: &Connect) -> Message {
+/// SERVER_FLAGS, and SOCKETS with one NBD_SOCK_ITEM holding an NBD_SOCK_FD per connected socket
+/// the driver is to send requests on (the driver takes its own reference to each).
+pub fn connect_message(c: &Connect, sockets: &[RawFd]) -> Message {
     let mut attrs = Vec::new();
     if let Index::Dev(i) = c.index {
         attrs.push(attr(Attr::Index, i));
@@ -149,14 +148,14 @@ pub fn connect_message(c: &Connect) -> Message {
     attrs.push(attr(Attr::SizeBytes, c.size));
     attrs.push(attr(Attr::BlockSizeBytes, c.block_size));
     attrs.push(attr(Attr::ServerFlags, c.server_flags));
-    let mut sockets = attr(Attr::Sockets, Buffer::new());
-    for &fd in &c.sockets {
+    let mut list = attr(Attr::Sockets, Buffer::new());
+    for &fd in sockets {
         // A descriptor is never negative; the driver reads it back as an int.
         let item =
             attr(SockItem::Item, Buffer::new()).nest(&attr(Sock::Fd, fd as u32)).expect("a u32 attribute serializes");
-        sockets = sockets.nest(&item).expect("a nested attribute serializes");
+        list = list.nest(&item).expect("a nested attribute serializes");
     }
-    attrs.push(sockets);
+    attrs.push(list);
     message(Cmd::Connect, attrs)
 }
 
@@ -349,10 +348,11 @@ impl Driver {
         Ok(out)
     }
 
-    /// NBD_CMD_CONNECT: the device's index.
-    pub fn connect(&self, c: &Connect) -> Result<u32, DriverError> {
+    /// NBD_CMD_CONNECT on `socket`: the device's index.
+    pub fn connect(&self, c: &Connect, socket: &std::os::unix::net::UnixStream) -> Result<u32, DriverError> {
+        use std::os::fd::AsRawFd as _;
         let req = Request::Connect(c.index);
-        let replies = self.call(req, connect_message(c))?;
+        let replies = self.call(req, connect_message(c, &[socket.as_raw_fd()]))?;
         replies.iter().find_map(reply_index).ok_or_else(|| DriverError::NoIndex { what: req.what() })
     }
 
@@ -408,7 +408,7 @@ mod tests {
     /// `auto` (the driver would take 0xffffffff as a device number).
     #[test]
     fn connect_matches_the_headers_layout() {
-        let c = Connect { index: Index::Dev(3), size: 1 << 30, block_size: 4096, server_flags: 0x6d, sockets: vec![7] };
+        let c = Connect { index: Index::Dev(3), size: 1 << 30, block_size: 4096, server_flags: 0x6d };
         let expect = genl(
             1,
             &[
@@ -419,7 +419,7 @@ mod tests {
                 nla(7 | NESTED, &nla(1 | NESTED, &nla(1, &7u32.to_ne_bytes()))),
             ],
         );
-        assert_eq!(bytes(&connect_message(&c)), expect);
+        assert_eq!(bytes(&connect_message(&c, &[7])), expect);
         // The same, spelt out for x86's byte order, so that the helper above is checked too.
         #[cfg(target_endian = "little")]
         assert_eq!(
@@ -428,7 +428,7 @@ mod tests {
             "SOCKETS {{ SOCK_ITEM {{ SOCK_FD 7 }} }}"
         );
 
-        let any = Connect { index: Index::Any, sockets: vec![7, 9], ..c };
+        let any = Connect { index: Index::Any, ..c };
         let expect = genl(
             1,
             &[
@@ -442,7 +442,7 @@ mod tests {
                 ),
             ],
         );
-        assert_eq!(bytes(&connect_message(&any)), expect);
+        assert_eq!(bytes(&connect_message(&any, &[7, 9])), expect);
     }
 
     /// Catches RECONFIGURE sent as another command, or its size as anything but a u64.

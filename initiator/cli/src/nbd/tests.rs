@@ -936,3 +936,220 @@ fn the_nbd_device_flag() {
     assert_eq!(e.exit_code(), 2);
     assert!(e.to_string().contains("expected /dev/nbdN"), "{e}");
 }
+
+// ---- --nbd-device: the serving loop against a stand-in for the nbd driver ----
+
+mod device_mode {
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::super::kernel::{serve, Event, Kernel};
+    use super::super::netlink::{Connect, DriverError, Index, Request};
+    use super::{request, TestExport, GEO};
+    use crate::nbd::wire;
+
+    /// Plays the nbd driver's part: takes its end of the socket at connect (the test sends the
+    /// kernel's requests on it), and at disconnect sends NBD_CMD_DISC and shuts its end down, as
+    /// the driver does.
+    #[derive(Default)]
+    struct FakeKernel {
+        socket: Mutex<Option<UnixStream>>,
+        connected: Mutex<Option<Connect>>,
+        /// The errno connect answers with.
+        refuse_connect: Option<i32>,
+        /// The errno resize answers with.
+        refuse_resize: Option<i32>,
+        resized: Mutex<Vec<(u32, u64)>>,
+        disconnects: AtomicU32,
+    }
+
+    impl Kernel for FakeKernel {
+        fn connect(&self, c: &Connect, socket: &UnixStream) -> Result<u32, DriverError> {
+            if let Some(errno) = self.refuse_connect {
+                return Err(DriverError::from_errno(Request::Connect(c.index), errno, |_| None));
+            }
+            *self.connected.lock().unwrap() = Some(*c);
+            *self.socket.lock().unwrap() = Some(socket.try_clone().unwrap());
+            Ok(match c.index {
+                Index::Dev(i) => i,
+                Index::Any => 7,
+            })
+        }
+        fn resize(&self, index: u32, size: u64) -> Result<(), DriverError> {
+            if let Some(errno) = self.refuse_resize {
+                return Err(DriverError::from_errno(Request::Resize(index, size), errno, |_| None));
+            }
+            self.resized.lock().unwrap().push((index, size));
+            Ok(())
+        }
+        fn disconnect(&self, _index: u32) -> Result<(), DriverError> {
+            self.disconnects.fetch_add(1, Ordering::SeqCst);
+            if let Some(s) = self.socket.lock().unwrap().take() {
+                // The device may be gone already (a second disconnect): nothing to send then.
+                let _ = (&s).write_all(&request(wire::CMD_DISC, 0, 0, 0, 0));
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            }
+            Ok(())
+        }
+    }
+
+    impl FakeKernel {
+        /// The kernel's end, once connected.
+        fn stream(&self) -> UnixStream {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(s) = self.socket.lock().unwrap().as_ref() {
+                    return s.try_clone().unwrap();
+                }
+                assert!(Instant::now() < deadline, "no connect in 10 s");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// One request from the kernel's side and its simple reply: (error, data).
+    fn call(s: &mut UnixStream, kind: u16, handle: u64, offset: u64, len: u32, data: &[u8]) -> (u32, Vec<u8>) {
+        s.write_all(&[request(kind, 0, handle, offset, len), data.to_vec()].concat()).unwrap();
+        let mut reply = [0u8; 16];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(u32::from_be_bytes(reply[..4].try_into().unwrap()), wire::SIMPLE_REPLY_MAGIC);
+        assert_eq!(u64::from_be_bytes(reply[8..].try_into().unwrap()), handle);
+        let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
+        let mut back = vec![0; if kind == wire::CMD_READ && error == 0 { len as usize } else { 0 }];
+        s.read_exact(&mut back).unwrap();
+        (error, back)
+    }
+
+    /// `serve` in a thread for `index`: its result, the loop's sender (to play the signals and
+    /// the size-change callback), and the export's shared size.
+    fn start(
+        kernel: &Arc<FakeKernel>,
+        export: &TestExport,
+        index: Index,
+    ) -> (std::thread::JoinHandle<anyhow::Result<Vec<String>>>, mpsc::Sender<Event>, super::super::device::SharedSize)
+    {
+        use super::super::handshake::Export as _;
+        let dev = export.open().unwrap_or_else(|_| panic!("opening the test volume"));
+        let size = dev.size();
+        let (tx, rx) = mpsc::channel();
+        let sender = tx.clone();
+        let kernel = Arc::clone(kernel);
+        let t = std::thread::spawn(move || {
+            let mut said = Vec::new();
+            serve(&*kernel, dev, index, (tx, rx), |path| {
+                said.push(path.to_owned());
+                Ok(())
+            })
+            .map(|()| said)
+        });
+        (t, sender, size)
+    }
+
+    /// The driver is told the volume's size, block size and the flags a handshake would give,
+    /// on one socket; the kernel's writes and reads are served; a signal disconnects the device
+    /// (NBD_CMD_DISCONNECT once), the transmission ends on the driver's DISC, and `serve`
+    /// returns Ok after the session flushed. Catches a connect with other attributes than the
+    /// handshake's, a signal that does not disconnect, or an exit before the session closed.
+    #[test]
+    fn the_kernel_is_served_and_a_signal_disconnects_it() {
+        let export = TestExport::new(GEO);
+        let kernel = Arc::new(FakeKernel::default());
+        let (t, tx, _) = start(&kernel, &export, Index::Dev(5));
+        let mut s = kernel.stream();
+        assert_eq!(
+            *kernel.connected.lock().unwrap(),
+            Some(Connect {
+                index: Index::Dev(5),
+                size: GEO.size,
+                block_size: 4096,
+                server_flags: GEO.transmission_flags(false).into()
+            })
+        );
+        assert_eq!(call(&mut s, wire::CMD_WRITE, 1, 8192, 4096, &[7; 4096]), (0, vec![]));
+        assert_eq!(call(&mut s, wire::CMD_READ, 2, 8192, 4096, &[]), (0, vec![7; 4096]));
+        tx.send(Event::Signal(libc::SIGTERM)).unwrap();
+        let said = t.join().unwrap().expect("a signal ends it with success");
+        assert_eq!(said, ["/dev/nbd5"], "the device was announced once");
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 1);
+        assert_eq!(export.data(8192, 4096), vec![7; 4096]);
+    }
+
+    /// Another program disconnects the device (nbd-client -d: the driver's DISC, the socket shut
+    /// down): `serve` ends with success, and tells the driver to let go (harmless when it has).
+    /// Catches a server that takes that for a failure, or waits for a signal that never comes.
+    #[test]
+    fn a_device_disconnected_by_another_program_ends_the_server() {
+        let export = TestExport::new(GEO);
+        let kernel = Arc::new(FakeKernel::default());
+        let (t, _tx, _) = start(&kernel, &export, Index::Any);
+        let mut s = kernel.stream();
+        assert_eq!(call(&mut s, wire::CMD_READ, 1, 0, 4096, &[]).0, 0);
+        kernel.disconnect(7).unwrap();
+        assert_eq!(t.join().unwrap().expect("ended by the kernel: success"), ["/dev/nbd7"]);
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 2, "the test's, then the server's");
+    }
+
+    /// The kernel's end vanishes without DISC (its socket closed): the server ends, and the
+    /// device is let go. Catches a server that spins or hangs on a dead socket.
+    #[test]
+    fn the_kernels_end_vanishing_ends_the_server() {
+        let export = TestExport::new(GEO);
+        let kernel = Arc::new(FakeKernel::default());
+        let (t, _tx, _) = start(&kernel, &export, Index::Dev(1));
+        let s = kernel.stream();
+        drop(kernel.socket.lock().unwrap().take());
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(s);
+        assert!(t.join().unwrap().is_ok(), "a closed connection is a clean end");
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 1);
+    }
+
+    /// A connect the driver refuses: the error reads as words, nothing is announced, and `serve`
+    /// returns only after the session closed. Catches a server that prints a device it did not
+    /// get, or leaves its transmission thread behind.
+    #[test]
+    fn a_refused_connect_says_why_and_announces_nothing() {
+        let export = TestExport::new(GEO);
+        let kernel = Arc::new(FakeKernel { refuse_connect: Some(libc::EBUSY), ..FakeKernel::default() });
+        let (t, _tx, _) = start(&kernel, &export, Index::Dev(3));
+        let e = t.join().unwrap().unwrap_err().to_string();
+        assert_eq!(e, "/dev/nbd3 is in use: pick another device, or --nbd-device auto");
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 0);
+        // No writer left on the volume: the session closed before serve returned.
+        let vol = rblk_initiator::Session::connect(&export.target().uri, &super::options())
+            .and_then(|s| s.open(rblk_initiator::OpenMode::Exclusive))
+            .expect("an exclusive open once the refused server's session closed");
+        vol.close().unwrap();
+    }
+
+    /// The size-change callback's event reaches the driver as a resize of the device, after the
+    /// request checks took the new size; a resize the driver refuses is logged and serving goes
+    /// on. Catches a grow that never reaches the kernel, or one whose failure ends the device.
+    #[test]
+    fn a_grow_resizes_the_device_and_a_refused_resize_keeps_serving() {
+        for refuse in [None, Some(libc::EINVAL)] {
+            let export = TestExport::new(GEO);
+            let kernel = Arc::new(FakeKernel { refuse_resize: refuse, ..FakeKernel::default() });
+            let (t, tx, size) = start(&kernel, &export, Index::Dev(2));
+            let mut s = kernel.stream();
+            // What the callback does: the size first, then the event.
+            assert!(size.grow_to(3 * GEO.size));
+            tx.send(Event::Grew(3 * GEO.size)).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while refuse.is_none() && kernel.resized.lock().unwrap().is_empty() {
+                assert!(Instant::now() < deadline, "no resize in 10 s");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // Still serving.
+            assert_eq!(call(&mut s, wire::CMD_READ, 9, 0, 4096, &[]).0, 0, "refuse: {refuse:?}");
+            tx.send(Event::Signal(libc::SIGINT)).unwrap();
+            assert!(t.join().unwrap().is_ok());
+            let want: &[(u32, u64)] = if refuse.is_none() { &[(2, 3 * GEO.size)] } else { &[] };
+            assert_eq!(*kernel.resized.lock().unwrap(), want);
+        }
+    }
+}
