@@ -466,18 +466,26 @@ impl Export for RblkExport {
         };
         let vol = Session::connect(&self.uri, &self.opts).and_then(|s| s.open(self.mode)).map_err(unavailable)?;
         let dev = Device::open(vol).map_err(unavailable)?;
-        // Every client's session reports a grow: logged once, by whichever learns it first.
         let size = self.size.clone();
         dev.on_resize(move |new| {
-            if size.grow_to(new) {
-                eprintln!(
-                    "rblk nbd: volume grew to {}: NBD clients see the new size when they reconnect",
-                    crate::common::human(new)
-                );
+            if let Some(line) = export_grew(&size, new) {
+                eprintln!("{line}");
             }
         });
         Ok(dev.with_slot(slot).counted_in(&self.metrics))
     }
+}
+
+/// What a listening server says when a client's session learns that the volume grew to `new`
+/// bytes: every client's session reports the grow, so the line comes once, from whichever
+/// learns it first (and the export's handshakes give the new size from then on).
+fn export_grew(size: &SharedSize, new: u64) -> Option<String> {
+    size.grow_to(new).then(|| {
+        format!(
+            "rblk nbd: volume grew to {}: NBD clients see the new size when they reconnect",
+            crate::common::human(new)
+        )
+    })
 }
 
 /// `rblk nbd`.

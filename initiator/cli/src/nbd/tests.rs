@@ -20,7 +20,7 @@ use super::device::Device;
 use super::handshake::{Export, HandshakeError, Refusal};
 use super::transmit::{End, Summary};
 use super::wire::{self, ExportGeometry, RequestHeader};
-use super::{private_dir, private_socket, serve, Listen, Listener};
+use super::{export_grew, private_dir, private_socket, serve, Listen, Listener};
 
 const MIB: u64 = 1 << 20;
 const GEO: ExportGeometry = ExportGeometry { size: 4 * MIB, block_size: 4096, read_only: false, discards: true };
@@ -1152,4 +1152,24 @@ mod device_mode {
             assert_eq!(*kernel.resized.lock().unwrap(), want);
         }
     }
+}
+
+/// A listening server's line about a grow comes once per new size however many clients'
+/// sessions report it, and says that connected clients keep their size until they reconnect.
+/// Catches one line per client, or a line for a report of a size already known.
+#[test]
+fn a_grow_is_said_once_for_every_client() {
+    let size = super::device::SharedSize::new(256 * MIB);
+    let lines: Vec<String> = [1280 * MIB, 1280 * MIB, 256 * MIB, 1280 * MIB, 3 << 30]
+        .into_iter()
+        .filter_map(|new| export_grew(&size, new))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "rblk nbd: volume grew to 1280 MiB: NBD clients see the new size when they reconnect",
+            "rblk nbd: volume grew to 3 GiB: NBD clients see the new size when they reconnect"
+        ]
+    );
+    assert_eq!(size.get(), 3 << 30, "new clients' handshakes give the new size");
 }
