@@ -69,8 +69,18 @@ impl Drop for Memory {
                     | nix::sys::mman::MapFlags::MAP_NORESERVE,
             )
         };
-        if let Err(e) = placed {
-            tracing::warn!(error = %e, bytes = len.get(), "cannot give a segment's address range back to its reservation");
+        match placed {
+            // The last segment placed (a grow that failed after placing it) frees its range
+            // for the next: otherwise a gap would stay, and no later segment could follow the
+            // one before it.
+            Ok(_) => {
+                if let Mapping::Reserved(r) = &self._map {
+                    r.unplace(self.ptr.as_ptr() as usize, len.get());
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, bytes = len.get(), "cannot give a segment's address range back to its reservation");
+            }
         }
     }
 }
@@ -164,7 +174,8 @@ impl Reservation {
         })?;
         let at = self.base.as_ptr() as usize + *used;
         // SAFETY: `at..at + len` is inside this reservation (checked above) and past every
-        // segment placed so far (`used` only grows, under the lock), so MAP_FIXED replaces only
+        // segment alive (`used` grows under the lock, and shrinks only when the last segment is
+        // gone and its range inaccessible again: `unplace`), so MAP_FIXED replaces only
         // inaccessible reserved pages that nothing else uses. The memfd is sealed against
         // shrinking and growing and is `len` bytes long (the caller checked), so no access
         // through the mapping can fault past its end.
@@ -183,6 +194,15 @@ impl Reservation {
         .map_err(|e| Error::Map { len, source: e.into() })?;
         *used += len;
         Ok(ptr.cast())
+    }
+
+    /// The segment at `at` of `len` bytes is gone and its range inaccessible again: if it was
+    /// the last one placed, the next one goes there.
+    fn unplace(&self, at: usize, len: usize) {
+        let mut used = self.used.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if at + len == self.base.as_ptr() as usize + *used {
+            *used -= len;
+        }
     }
 }
 
@@ -692,6 +712,12 @@ mod tests {
             })
             .expect("the dropped segment's range is still mapped");
         assert!(line.split_whitespace().nth(1).unwrap().starts_with("---p"), "{line}");
+        // It was the last placed (a grow that failed after placing it): the next one goes
+        // where it was, right after the first (a gap would keep every later span from forming).
+        assert_eq!(r.used(), 4 * 4096);
+        let again = Memory::memfd_in("rblk-test:seg1b", 4 * 4096, &r).unwrap();
+        assert_eq!(again.addr(), first.addr() + 4 * 4096);
+        Memory::span(&r, vec![Arc::clone(&first), again]).expect("one view over the first and its successor");
         assert!(Reservation::new(4096 + 1).is_err(), "not whole pages");
         // A span over the successor's two segments: one view across the boundary.
         let span = Memory::span(&adopted, vec![Arc::clone(&a0), Arc::clone(&a1)]).unwrap();

@@ -28,8 +28,9 @@ pub(crate) enum Reply {
     },
     Opened(Opened),
     Ok(Opcode),
-    /// OK(JOIN) with the joining QP's window rkey.
-    Joined(u32),
+    /// OK(JOIN) with the joining QP's window rkey, and its segments (with
+    /// [`rblk_proto::FEATURE_SEGMENTS`]).
+    Joined(u32, Option<rblk_proto::Segments>),
     /// OK(AUTH) with the target's identity and proof (AUTH v2).
     AuthProof {
         target_id: [u8; rblk_proto::TARGET_ID_LEN],
@@ -49,7 +50,7 @@ impl Reply {
             Reply::Challenge { .. } => "CHALLENGE".into(),
             Reply::Opened(_) => "OPENED".into(),
             Reply::Ok(op) => format!("OK({op:?})"),
-            Reply::Joined(_) => "OK(JOIN) with an rkey".into(),
+            Reply::Joined(..) => "OK(JOIN) with an rkey".into(),
             Reply::AuthProof { .. } => "OK(AUTH) with the target's proof".into(),
             Reply::Flushed(_) => "FLUSHED".into(),
             Reply::Stats(_) => "STATS_REPLY".into(),
@@ -110,6 +111,8 @@ pub(crate) struct Conn {
     next_disconnect_check: Instant,
     /// Over verbs (a port whose state [`Conn::break_with`] can ask).
     verbs: bool,
+    /// The last RESIZED that arrived and was not taken yet ([`Conn::take_resized`]).
+    resized: Option<(u64, rblk_proto::Segments)>,
 }
 
 /// How often a connection asks rdma_cm whether the target disconnected when nothing told it to:
@@ -155,7 +158,9 @@ impl std::fmt::Debug for Conn {
 
 /// Send queue slots for `data` outstanding data operations plus the control channel's sends.
 pub(crate) fn qp_config(data: u32) -> QpConfig {
-    QpConfig { send_depth: data + SEND_COUNT as u32, recv_depth: RECV_COUNT as u32, ..QpConfig::default() }
+    // Room for the parts of operations split at segment boundaries, too.
+    let send_depth = data + crate::queue::SPLIT_SLACK + SEND_COUNT as u32;
+    QpConfig { send_depth, recv_depth: RECV_COUNT as u32, ..QpConfig::default() }
 }
 
 impl Conn {
@@ -192,7 +197,14 @@ impl Conn {
             cleanup: false,
             next_disconnect_check: now,
             verbs: matches!(fabric, Fabric::Verbs),
+            resized: None,
         })
+    }
+
+    /// The volume's new size and this QP's segments, if a RESIZED arrived since the last call
+    /// (the target grew the volume: [`rblk_proto::Message::Resized`]).
+    pub(crate) fn take_resized(&mut self) -> Option<(u64, rblk_proto::Segments)> {
+        self.resized.take()
     }
 
     /// Sends KEEPALIVE every KEEPALIVE_INTERVAL from now on (the target announced
@@ -571,7 +583,12 @@ impl Conn {
             Message::Challenge { flags, features, nonce } => Ok(Reply::Challenge { flags, features, nonce }),
             Message::Opened(opened) => Ok(Reply::Opened(opened)),
             Message::Ok { answers } => Ok(Reply::Ok(answers)),
-            Message::Joined { rkey, .. } => Ok(Reply::Joined(rkey)),
+            Message::Joined { rkey, segments } => Ok(Reply::Joined(rkey, segments)),
+            Message::Resized { size, segments } => {
+                // Unsolicited: the owner of the connection takes it ([`Conn::take_resized`]).
+                self.resized = Some((size, segments));
+                return Ok(Received::Nothing);
+            }
             Message::AuthProof { target_id, mac } => Ok(Reply::AuthProof { target_id, mac }),
             Message::Flushed { flags } => Ok(Reply::Flushed(flags)),
             Message::StatsReply(stats) => Ok(Reply::Stats(stats)),

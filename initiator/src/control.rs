@@ -23,7 +23,8 @@ use crate::{Direction, Error, Geometry, Result, Uri};
 #[derive(Debug)]
 pub struct Control {
     pub(crate) link: Arc<Link>,
-    pub(crate) geo: Geometry,
+    /// As opened; its size is the link's ([`Control::geo`]).
+    geo: Geometry,
     /// As first opened (a reconnect keeps the geometry; [`Link::current`] has the session now).
     pub(crate) opened: Opened,
     pub(crate) mode: OpenMode,
@@ -38,7 +39,12 @@ impl Control {
 
     /// Size, block size, largest I/O and read-only-ness, for access checks.
     pub fn geometry(&self) -> Geometry {
-        self.geo
+        self.geo()
+    }
+
+    /// The geometry now: the volume's size may have grown since it was opened.
+    pub(crate) fn geo(&self) -> Geometry {
+        Geometry { size: self.link.size(), ..self.geo }
     }
 
     /// What the target said about the volume when it was opened.
@@ -101,7 +107,7 @@ impl Control {
     /// Makes `len` bytes at `offset` durable (FLUSH of that range, or of everything when the
     /// target lacks ranged flushes). Returns whether the volume is volatile.
     pub fn flush_range(&self, offset: u64, len: u64) -> Result<bool> {
-        self.geo.check_as("flush", Direction::Read, offset, len, None)?;
+        self.geo().check_as("flush", Direction::Read, offset, len, None)?;
         let started = Instant::now();
         let result = self.send_flush(&FlushBody::range(offset, len, self.link.features()));
         self.io.count_flush(Some(started.elapsed()), result.is_ok());

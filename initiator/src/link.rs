@@ -123,8 +123,10 @@ pub enum Continuity {
 }
 
 /// Compares the volume `new` opened with the one `old` had; `volatile`: the volume lives in RAM.
+/// A volume that grew meanwhile continues (with [`rblk_proto::FEATURE_SEGMENTS`] the target
+/// tells its size as it is now; without, it keeps the session's).
 pub(crate) fn continuity(old: &Opened, new: &Opened, volatile: bool) -> Continuity {
-    if new.size != old.size || new.block_size != old.block_size || new.max_io < old.max_io {
+    if new.size < old.size || new.block_size != old.block_size || new.max_io < old.max_io {
         Continuity::Refused(format!(
             "the volume changed while the session was lost ({} bytes in blocks of {} became {} in blocks of {})",
             old.size, old.block_size, new.size, new.block_size
@@ -169,6 +171,23 @@ pub(crate) struct Link {
     /// When the target was last heard on any of the session's connections, in ns since `epoch`.
     heard_ns: AtomicU64,
     epoch: Instant,
+    /// The volume's size now: OPENED's, grown by RESIZED or a reconnect ([`Link::grew`]).
+    size: AtomicU64,
+    /// Called with the new size when the volume grew ([`Link::on_resize`]).
+    hooks: Mutex<Hooks>,
+}
+
+/// A callback told the volume's new size in bytes ([`Link::on_resize`]).
+pub(crate) type ResizeHook = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
+
+/// The resize callbacks of a link.
+#[derive(Default)]
+struct Hooks(Vec<ResizeHook>);
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} resize hooks", self.0.len())
+    }
 }
 
 /// Target refusals that a retry will not change: the session ends at once.
@@ -242,6 +261,33 @@ impl Link {
             next_queue: AtomicUsize::new(at + 1),
             heard_ns: AtomicU64::new(0),
             epoch: Instant::now(),
+            size: AtomicU64::new(opened.size),
+            hooks: Mutex::default(),
+        }
+    }
+
+    /// The volume's size now (cheap: checks read it for every access past the size they knew).
+    pub(crate) fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// Calls `hook` with the volume's new size whenever it grows, on the thread that learns it
+    /// (one that reaps a queue, or runs a control exchange or a reconnect): it must not block.
+    pub(crate) fn on_resize(&self, hook: ResizeHook) {
+        lock(&self.hooks).0.push(hook);
+    }
+
+    /// The target says the volume has `size` bytes now (a RESIZED, or a reconnect's OPENED):
+    /// a larger size is taken, and the hooks are told; a smaller or equal one changes nothing.
+    pub(crate) fn grew(&self, size: u64) {
+        let was = self.size.fetch_max(size, Ordering::AcqRel);
+        if size <= was {
+            return;
+        }
+        tracing::info!(volume = self.name, "the volume grew from {} to {} bytes", was, size);
+        let hooks: Vec<ResizeHook> = lock(&self.hooks).0.clone();
+        for hook in hooks {
+            hook(size);
         }
     }
 
@@ -497,6 +543,9 @@ impl Link {
             }
             let result = f(&mut conn);
             self.note_heard(conn.heard());
+            if let Some((size, _)) = conn.take_resized() {
+                self.grew(size);
+            }
             if result.is_err() && conn.is_broken() && self.reconnects() {
                 let reason = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
                 drop(conn);
@@ -534,6 +583,9 @@ impl Link {
     ) -> Result<T> {
         let result = f(&mut conn);
         self.note_heard(conn.heard());
+        if let Some((size, _)) = conn.take_resized() {
+            self.grew(size);
+        }
         if result.is_err() && conn.is_broken() {
             let reason = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
             drop(conn);
@@ -695,6 +747,7 @@ impl Link {
         self.gen.store(st.gen, Ordering::Release);
         drop(st);
         self.shared.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        self.grew(opened.size);
         tracing::warn!(
             volume = self.name,
             %addr,

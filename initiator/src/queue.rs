@@ -8,7 +8,9 @@ use std::time::Instant;
 use rblk_fabric::policy::POLL_BATCH;
 use rblk_fabric::{channel, Chain};
 use rblk_fabric::{Access, Completion, Endpoint, Local, Memory, Mr, Op, Pd, WcStatus, WorkRequest};
-use rblk_proto::{ConnectData, Message, Opcode, FEATURE_KEEPALIVE, FEATURE_SESSION_KEEPALIVE, FEATURE_SOLICITED};
+use rblk_proto::{
+    ConnectData, Message, Opcode, Segments, FEATURE_KEEPALIVE, FEATURE_SESSION_KEEPALIVE, FEATURE_SOLICITED,
+};
 
 use crate::buffer::{Buffer, BufferPool};
 use crate::conn::{self, Conn, Reply};
@@ -128,7 +130,17 @@ struct Slot {
     /// Hand the buffer back in the Done (reads, and caller-provided buffers).
     give_back: bool,
     state: SlotState,
+    /// Work requests of it beyond the first: one more per segment boundary it crosses (see
+    /// [`Queue::post_staged`]); set when posted.
+    split: u8,
+    /// Its work requests whose completion has not come yet, while posted.
+    parts: u8,
 }
+
+/// Work requests a queue may have on its send queue beyond one per operation: the parts of
+/// operations that cross a segment boundary of a volume that grew ([`rblk_proto::Segments`]).
+/// An operation that would need more waits for others to complete.
+pub(crate) const SPLIT_SLACK: u32 = 16;
 
 /// One queue pair of a session that JOINed it, with a pool of registered buffers.
 ///
@@ -160,9 +172,11 @@ pub struct Queue {
     /// Their replies, for the caller to take ([`take_reply`](Queue::take_reply)).
     replies: VecDeque<(u32, Result<Reply>)>,
     depth: u32,
+    /// As opened; its size is the link's ([`Queue::geometry`]).
     geo: Geometry,
-    remote_addr: u64,
-    rkey: u32,
+    /// Where each segment of the volume is and this QP's rkey for it (one unless the volume
+    /// grew: [`rblk_proto::FEATURE_SEGMENTS`]).
+    segs: Segments,
     max_len: u64,
     io: Shared,
     /// A registered, zeroed region of `max_len` bytes for writes of zeroes (made at the first).
@@ -175,9 +189,9 @@ pub struct Queue {
 
 /// A further queue pair of the session `cur` through the next address of the link's round
 /// robin (the others in turn when it fails): connect with the join data, then JOIN. Returns it
-/// with its rkey: its own window's (OK(JOIN) carries one in a session with memory windows), or
-/// the session's (OPENED's).
-fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
+/// with the segments it reaches: with its own windows' rkeys (JOINED carries them in a session
+/// with memory windows, and every segment with FEATURE_SEGMENTS), or the session's (OPENED's).
+fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, Segments)> {
     let (id, token) = (cur.opened.session_id, cur.opened.token);
     let mut first = None;
     for attempt in 0..link.dest_count() {
@@ -192,9 +206,10 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
         )
         .and_then(|mut conn| {
             let msg = Message::Join { session_id: id, token };
-            let rkey = conn.expect(&msg, deadline, "OK(JOIN)", |r| match r {
-                Reply::Ok(Opcode::Join) => Some(cur.opened.rkey),
-                Reply::Joined(rkey) => Some(rkey),
+            let segs = conn.expect(&msg, deadline, "OK(JOIN)", |r| match r {
+                Reply::Ok(Opcode::Join) => Some(cur.opened.all_segments()),
+                Reply::Joined(_, Some(segs)) => Some(segs),
+                Reply::Joined(rkey, None) => Some(Segments::one(cur.opened.remote_addr, rkey)),
                 _ => None,
             })?;
             conn.send_keepalives(link.features() & FEATURE_KEEPALIVE != 0);
@@ -206,7 +221,7 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
             if link.features() & session_level == session_level && shares {
                 conn.share_session_liveness();
             }
-            Ok((conn, rkey))
+            Ok((conn, segs))
         });
         match joined {
             Ok(joined) => {
@@ -225,7 +240,7 @@ fn join(link: &Link, cur: &Current, depth: u32) -> Result<(Conn, u32)> {
 impl Queue {
     /// Joins `ctl`'s session with a further QP.
     pub(crate) fn connect(ctl: &Control, depth: u32, buf_size: usize) -> Result<Queue> {
-        let (link, geo, dirty) = (Arc::clone(&ctl.link), ctl.geo, Arc::clone(&ctl.io));
+        let (link, geo, dirty) = (Arc::clone(&ctl.link), ctl.geo(), Arc::clone(&ctl.io));
         let bad = |what, len: u64, reason| Err(Error::Invalid { what, offset: 0, len, reason });
         match depth {
             0 => return bad("queue depth", 0, InvalidReason::ZeroLength),
@@ -283,7 +298,7 @@ impl Queue {
         link: Arc<Link>,
         geo: Geometry,
         io: Shared,
-        (conn, rkey): (Conn, u32),
+        (conn, segs): (Conn, Segments),
         cur: Current,
         depth: u32,
         buf_size: usize,
@@ -311,8 +326,7 @@ impl Queue {
             replies: VecDeque::new(),
             depth,
             geo,
-            remote_addr: cur.opened.remote_addr,
-            rkey,
+            segs,
             max_len: size,
             io,
             zeros: None,
@@ -342,9 +356,9 @@ impl Queue {
         &self.pool
     }
 
-    /// The volume's geometry, for access checks.
+    /// The volume's geometry, for access checks: its size as it is now (it may have grown).
     pub fn geometry(&self) -> Geometry {
-        self.geo
+        Geometry { size: self.link.size(), ..self.geo }
     }
 
     /// The largest single operation: the volume's largest I/O, or the pool's buffer size if
@@ -356,7 +370,7 @@ impl Queue {
     /// Checks one queue operation: not empty, block-aligned, at most [`max_len`](Self::max_len),
     /// inside the volume, no write when read-only.
     pub fn check_range(&self, dir: Direction, offset: u64, len: u64) -> Result<()> {
-        self.geo.check(dir, offset, len, Some(self.max_len))?;
+        self.geometry().check(dir, offset, len, Some(self.max_len))?;
         self.io.check_writable(dir, offset, len)
     }
 
@@ -392,9 +406,17 @@ impl Queue {
     }
 
     /// The volume's address and this queue's rkey (with memory windows its own QP's: it works
-    /// on [`endpoint_mut`](Self::endpoint_mut) only), for tests that post raw work requests.
+    /// on [`endpoint_mut`](Self::endpoint_mut) only), for tests that post raw work requests:
+    /// those of its first segment (a volume that grew has more: [`segments`](Self::segments)).
     pub fn remote(&self) -> (u64, u32) {
-        (self.remote_addr, self.rkey)
+        let first = self.segs.as_slice()[0];
+        (first.remote_addr, first.rkey)
+    }
+
+    /// Every segment of the volume as this queue reaches it, for tests that post raw work
+    /// requests.
+    pub fn segments(&self) -> Segments {
+        self.segs
     }
 
     /// Reads `len` bytes at `offset` into a pool buffer; the [`Done`] holds it.
@@ -802,7 +824,7 @@ impl Queue {
 
     /// A new queue pair in the session `cur`; the parked operations go out on it first.
     fn rejoin(&mut self, cur: Current) -> Result<()> {
-        let (conn, rkey) = join(&self.link, &cur, self.depth)?;
+        let (conn, segs) = join(&self.link, &cur, self.depth)?;
         tracing::debug!(
             addr = %conn.addr,
             qpn = conn.ep.qp_num(),
@@ -812,8 +834,7 @@ impl Queue {
         // The old queue pair is destroyed here, before its buffers are posted again.
         self.conn = conn;
         self.gen = cur.gen;
-        self.remote_addr = cur.opened.remote_addr;
-        self.rkey = rkey;
+        self.segs = segs;
         let staged = std::mem::take(&mut self.staged);
         for index in std::mem::take(&mut self.parked) {
             self.set_state(index, SlotState::Staged);
@@ -843,13 +864,22 @@ impl Queue {
             self.post_staged(&staged);
         }
         staged.clear();
-        debug_assert!(self.staged.is_empty(), "nothing is staged while committing");
+        // Those that wait for room on the send queue (see post_staged), in their order.
+        staged.append(&mut self.staged);
         self.staged = staged;
     }
 
-    /// Posts `staged` (taken off the list), in chunks of [`BATCH`] with one doorbell each.
+    /// Posts `staged` (taken off the list), in chunks of [`BATCH`] with one doorbell each. An
+    /// operation that crosses a segment boundary (a volume that grew) goes out as one work
+    /// request per segment, each with that segment's rkey, within [`SPLIT_SLACK`] extra work
+    /// requests on the send queue; one that finds no room is staged again, for a later commit.
     fn post_staged(&mut self, staged: &[u32]) {
-        for chunk in staged.chunks(BATCH) {
+        let size = self.link.size();
+        let mut extra = self.split_in_flight();
+        let mut at = 0;
+        while at < staged.len() {
+            let chunk = &staged[at..(at + BATCH).min(staged.len())];
+            at += chunk.len();
             if let Err(e) = self.conn.alive() {
                 let reason = Chain(&e).to_string();
                 for &index in chunk {
@@ -858,9 +888,13 @@ impl Queue {
                 }
                 continue;
             }
-            let Queue { conn, slots, remote_addr, rkey, zeros, .. } = self;
-            let mut wrs = [NO_WR; BATCH];
-            for (wr, &index) in wrs.iter_mut().zip(chunk) {
+            let Queue { conn, slots, segs, zeros, staged: restage, .. } = self;
+            let mut wrs = [NO_WR; 2 * BATCH];
+            let mut n = 0;
+            // Each posted operation's index and parts.
+            let mut sent: [(u32, u8); BATCH] = [(0, 0); BATCH];
+            let mut taken = 0;
+            for &index in chunk {
                 let Some(slot) = slots.get(index as usize) else { continue };
                 let (mr, base) = match (&slot.buffer, zeros.as_ref()) {
                     (Some(b), _) => b.region(),
@@ -868,20 +902,52 @@ impl Queue {
                     // stage_zeroes registers the region before it stages.
                     (None, None) => continue,
                 };
-                // The range was checked against the volume when staged, and every OPENED (a
-                // reconnect's too) was refused unless address + size fits 64 bits (open_on).
-                let remote_addr = *remote_addr + slot.offset;
-                let op = match slot.dir {
-                    Direction::Read => Op::Read { remote_addr, rkey: *rkey },
-                    Direction::Write => Op::Write { remote_addr, rkey: *rkey },
-                };
-                let local = Local::Region { mr, offset: base, len: slot.len };
-                *wr = WorkRequest { wr_id: index.into(), op, local, signaled: true };
+                // The parts: one per segment the range touches. The range was checked against
+                // the volume when staged, and every OPENED (a reconnect's too) was refused
+                // unless address + size fits 64 bits (open_on).
+                let mut parts: [(u64, u32, u32); rblk_proto::MAX_SEGMENTS] = [(0, 0, 0); rblk_proto::MAX_SEGMENTS];
+                let (mut off, mut left, mut count) = (slot.offset, u64::from(slot.len), 0);
+                while left > 0 && count < parts.len() {
+                    let (seg, room) = segs.locate(off, size);
+                    let len = left.min(room.max(1));
+                    parts[count] = (seg.remote_addr + (off - seg.offset), seg.rkey, len as u32);
+                    count += 1;
+                    off += len;
+                    left -= len;
+                }
+                let split = count.saturating_sub(1) as u32;
+                if split > 0 && (extra + split > SPLIT_SLACK || n + count > wrs.len()) {
+                    // Still Staged: back on the list, in order, for the next commit.
+                    restage.push(index);
+                    continue;
+                }
+                extra += split;
+                let mut local_at = base;
+                for &(remote_addr, rkey, len) in &parts[..count] {
+                    let op = match slot.dir {
+                        Direction::Read => Op::Read { remote_addr, rkey },
+                        Direction::Write => Op::Write { remote_addr, rkey },
+                    };
+                    let local = Local::Region { mr, offset: local_at, len };
+                    wrs[n] = WorkRequest { wr_id: index.into(), op, local, signaled: true };
+                    n += 1;
+                    local_at += len as usize;
+                }
+                sent[taken] = (index, count as u8);
+                taken += 1;
             }
-            match conn.ep.post(&wrs[..chunk.len()]) {
+            let posted = conn.ep.post(&wrs[..n]);
+            let sent = &sent[..taken];
+            for &(index, parts) in sent {
+                if let Some(slot) = self.slots.get_mut(index as usize) {
+                    (slot.split, slot.parts) = (parts.saturating_sub(1), parts);
+                }
+            }
+            let sent = sent.iter().map(|&(index, _)| index);
+            match posted {
                 Ok(()) => {
                     let gen = self.gen;
-                    for &index in chunk {
+                    for index in sent {
                         self.set_state(index, SlotState::Posted { gen });
                     }
                 }
@@ -889,12 +955,12 @@ impl Queue {
                     let reason = format!("posting RDMA work requests failed: {}", Chain(&source));
                     if self.link.reconnects() {
                         self.lose(&reason);
-                        for &index in chunk {
+                        for index in sent {
                             self.set_state(index, SlotState::Parked);
                         }
                     } else {
                         self.conn.break_with(reason.clone());
-                        for &index in chunk {
+                        for index in sent {
                             let to = self.lost_error(&reason);
                             self.set_state(index, to);
                         }
@@ -902,6 +968,16 @@ impl Queue {
                 }
             }
         }
+    }
+
+    /// Extra work requests on the send queue now: the parts of posted operations beyond their
+    /// first (see [`SPLIT_SLACK`]). Counted only when a volume has grown (one segment: none).
+    fn split_in_flight(&self) -> u32 {
+        if self.segs.len() == 1 {
+            return 0;
+        }
+        let posted = self.slots.iter().filter(|(_, s)| matches!(s.state, SlotState::Posted { .. }));
+        posted.map(|(_, s)| u32::from(s.split)).sum()
     }
 
     fn lost_error(&self, reason: &str) -> SlotState {
@@ -1056,6 +1132,14 @@ impl Queue {
                 self.lose(&Chain(&e).to_string());
                 return;
             }
+            if c.status.is_success() {
+                // An operation split at a segment boundary is done with its last part.
+                let slot = &mut self.slots[index as usize];
+                if slot.parts > 1 {
+                    slot.parts -= 1;
+                    continue;
+                }
+            }
             let slot = self.take_slot(index);
             let result = if c.status.is_success() {
                 if slot.dir == Direction::Write {
@@ -1079,7 +1163,14 @@ impl Queue {
     /// A control completion: a reply goes to the request that sent it (by tag); a failure
     /// breaks the connection, and the data completions then report it.
     fn on_control(&mut self, c: &Completion) {
-        match self.conn.on_control_completion(c) {
+        let taken = self.conn.on_control_completion(c);
+        if let Some((size, segs)) = self.conn.take_resized() {
+            // This QP's rkeys for the grown volume (its new windows were bound before the
+            // target sent this), then everyone hears the size.
+            self.segs = segs;
+            self.link.grew(size);
+        }
+        match taken {
             Ok(None) => {}
             Ok(Some((tag, reply))) => match self.awaiting.iter().position(|&t| t == tag) {
                 Some(i) => {
@@ -1150,7 +1241,7 @@ impl Queue {
 
 impl Slot {
     fn new(user_data: u64, dir: Direction, offset: u64, len: u32, buffer: Option<Buffer>, give_back: bool) -> Slot {
-        Slot { user_data, dir, offset, len, buffer, give_back, state: SlotState::Staged }
+        Slot { user_data, dir, offset, len, buffer, give_back, state: SlotState::Staged, split: 0, parts: 0 }
     }
 }
 

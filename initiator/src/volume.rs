@@ -57,7 +57,20 @@ impl Volume {
 
     /// Size in bytes.
     pub fn size(&self) -> u64 {
-        self.ctl.opened.size
+        self.ctl.link.size()
+    }
+
+    /// Calls `hook` with the volume's new size in bytes whenever the target grows it (the
+    /// target tells every session at once with [`rblk_proto::FEATURE_SEGMENTS`]; [`size`]
+    /// and [`geometry`] follow), also for sessions of this volume's queues and engines. It runs
+    /// on the thread that learns of it (one reaping a queue, or running a control exchange or
+    /// a reconnect): it must not block; hand the size to a thread of your own for slow work
+    /// (resizing a block device).
+    ///
+    /// [`size`]: Self::size
+    /// [`geometry`]: Self::geometry
+    pub fn on_resize(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
+        self.ctl.link.on_resize(std::sync::Arc::new(hook));
     }
 
     /// Offsets and lengths are multiples of this.
@@ -95,12 +108,12 @@ impl Volume {
 
     /// Whether writes are refused (read-only open, or the target says so).
     pub fn is_read_only(&self) -> bool {
-        self.ctl.geo.read_only
+        self.ctl.geo().read_only
     }
 
     /// Size, block size, largest I/O and read-only-ness, for access checks.
     pub fn geometry(&self) -> Geometry {
-        self.ctl.geo
+        self.ctl.geo()
     }
 
     /// The URI it was opened by.
@@ -163,7 +176,7 @@ impl Volume {
     /// Checks a synchronous access ([`read_at`](Self::read_at) / [`write_at`](Self::write_at)):
     /// not empty, block-aligned, inside the volume, no write when read-only.
     pub fn check_range(&self, dir: Direction, offset: u64, len: u64) -> Result<()> {
-        self.ctl.geo.check(dir, offset, len, None)?;
+        self.ctl.geo().check(dir, offset, len, None)?;
         self.ctl.io.check_writable(dir, offset, len)
     }
 
@@ -206,7 +219,7 @@ impl Volume {
     /// The lane of the synchronous calls, opened at the first.
     fn lane(&mut self) -> Result<&mut Lane> {
         if self.io.is_none() {
-            let chunk = crate::engine::piece_size(&self.ctl.geo, Self::CHUNK_MAX);
+            let chunk = crate::engine::piece_size(&self.ctl.geo(), Self::CHUNK_MAX);
             let mut lane = Lane::new(Queue::connect(&self.ctl, Self::SYNC_DEPTH, chunk)?, None);
             lane.set_io_timeout(self.ctl.link.opts().io_timeout);
             self.io = Some(lane);

@@ -163,9 +163,7 @@ pub const MAX_ZERO_LEN: u64 = 256 << 20;
 /// each a [`Message::Resized`] with the new size and that QP's segments. The initiator splits
 /// an I/O that crosses a segment boundary. Without the bit OPENED and JOINED are today's, no
 /// RESIZED is sent, and a peer that reconnects after a grow keeps the size it opened
-/// (the target serves it the first segment's range only).
-///
-/// Not in [`FEATURES`] yet: the target and initiator implement it in a later change.
+/// (the target serves it the range it opened).
 pub const FEATURE_SEGMENTS: u64 = 256;
 
 /// Feature bit: session keepalives. A connection that JOINed a session keeps no keepalives of
@@ -197,6 +195,7 @@ pub const FEATURES: u64 = FEATURE_FLUSH_RANGES
     | FEATURE_WINDOWS
     | FEATURE_MUTUAL_AUTH
     | FEATURE_DISCARD
+    | FEATURE_SEGMENTS
     | FEATURE_SESSION_KEEPALIVE
     | FEATURE_SOLICITED;
 

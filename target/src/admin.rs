@@ -58,7 +58,7 @@ pub enum AdminError {
     #[error("protocol version {0} is not served (this daemon speaks version {VERSION})")]
     Version(String),
     /// An op this daemon does not know.
-    #[error("unknown op {0:?} (add, remove, list, access or handover)")]
+    #[error("unknown op {0:?} (add, remove, resize, list, access or handover)")]
     UnknownOp(String),
     /// Add of a name already served.
     #[error("volume {0} exists")]
@@ -103,6 +103,17 @@ pub enum AdminError {
     /// `STATE_DIR/admin.toml` could not be read or written: nothing changed.
     #[error(transparent)]
     Saved(crate::saved::SavedError),
+    /// `resize` of a volume of the config file.
+    #[error("volume {0} is in the config file: change its size there and reload (systemctl reload rblk-target)")]
+    FromFile(String),
+    /// `resize` could not change the size.
+    #[error("volume {name} not resized: {why}")]
+    NotResized {
+        /// The volume.
+        name: String,
+        /// Why.
+        why: String,
+    },
 }
 
 impl AdminError {
@@ -122,6 +133,8 @@ impl AdminError {
             AdminError::Handover(_) => "handover",
             AdminError::Forbidden(_) => "forbidden",
             AdminError::Saved(_) => "saved",
+            AdminError::FromFile(_) => "from_file",
+            AdminError::NotResized { .. } => "not_resized",
         }
     }
 }
@@ -325,7 +338,7 @@ pub fn parse(line: &[u8]) -> Result<Request, AdminError> {
     }
     match map.get("op") {
         Some(serde_json::Value::String(op))
-            if !["list", "add", "remove", "access", "handover", "takeover"].contains(&op.as_str()) =>
+            if !["list", "add", "remove", "resize", "access", "handover", "takeover"].contains(&op.as_str()) =>
         {
             return Err(AdminError::UnknownOp(op.clone()))
         }
@@ -346,6 +359,7 @@ fn run(
         Request::Access => Ok((String::new(), None)),
         Request::Add { volume } => add(shared, &volume).map(|m| (m, None)),
         Request::Remove { name } => remove(shared, &name).map(|m| (m, None)),
+        Request::Resize { name, size } => resize(shared, &name, size).map(|m| (m, None)),
         Request::Handover { expect } => handover(shared, expect.as_deref(), handovers).map(|m| (m, None)),
         // Handled by the connection (it carries descriptors); here only when malformed.
         Request::Takeover { .. } => Err(AdminError::Malformed("takeover ends its connection's requests".into())),
@@ -485,6 +499,59 @@ fn remove(shared: &Shared, name: &str) -> Result<String, AdminError> {
         return Err(AdminError::Busy { name: name.to_owned(), sessions: *sessions });
     }
     Ok(format!("removed volume {name}"))
+}
+
+fn resize(shared: &Shared, name: &str, size: u64) -> Result<String, AdminError> {
+    let mut current = shared.current.lock().unwrap_or_else(|p| p.into_inner());
+    if shared.is_shutting_down() || shared.handed_over().is_some() {
+        return Err(AdminError::ShuttingDown);
+    }
+    let Some(was) = shared.catalog().volumes.get(name).map(|v| v.size()) else {
+        return Err(AdminError::UnknownVolume(name.to_owned()));
+    };
+    // A volume of the config file is the file's: a resize here would be undone by the next
+    // reload of the file.
+    if let Some(dir) = shared.fixed.state_dir.as_deref() {
+        let saved = crate::saved::Saved::load(dir).map_err(AdminError::Saved)?;
+        if !saved.volumes.iter().any(|v| v.name == name) {
+            return Err(AdminError::FromFile(name.to_owned()));
+        }
+    }
+    if size == was {
+        return Ok(format!("volume {name} is {} already", rblk_proto::Bytes(size)));
+    }
+    let mut new = current.clone();
+    let Some(spec) = new.volumes.iter_mut().find(|v| v.name == name) else {
+        return Err(AdminError::UnknownVolume(name.to_owned()));
+    };
+    spec.size = size;
+    // Saved before it applies: a grow that a crash interrupts is applied again at the start.
+    let undo = save(shared, |s| s.resized(name, size))?;
+    let report = match shared.apply(&mut current, new, &mut |_| {}) {
+        Ok(report) => report,
+        Err(e) => {
+            undo.restore();
+            return Err(AdminError::Invalid(e));
+        }
+    };
+    if report.grown.iter().any(|(n, ..)| n == name) {
+        return Ok(format!("grew volume {name} from {} to {}", rblk_proto::Bytes(was), rblk_proto::Bytes(size)));
+    }
+    if report.added.iter().any(|n| n == name) {
+        return Ok(format!(
+            "made volume {name} again at {} (it was {})",
+            rblk_proto::Bytes(size),
+            rblk_proto::Bytes(was)
+        ));
+    }
+    undo.restore();
+    let why = report
+        .unchanged
+        .iter()
+        .chain(&report.refused)
+        .find(|(n, _)| n == name)
+        .map_or_else(|| "nothing changed".to_owned(), |(_, why)| why.clone());
+    Err(AdminError::NotResized { name: name.to_owned(), why })
 }
 
 /// What `STATE_DIR/admin.toml` held before a change, to put back if the change does not apply.

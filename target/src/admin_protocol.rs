@@ -46,6 +46,14 @@ pub enum Request {
         /// Its name.
         name: String,
     },
+    /// Change the size of a volume added with `add`: grow it while it is served, or make it
+    /// again smaller while nobody has it open (see [`crate::reload`]'s rules).
+    Resize {
+        /// Its name.
+        name: String,
+        /// The new size in bytes.
+        size: u64,
+    },
     /// Hand every volume to the service manager's file descriptor store and exit, for systemd
     /// to start the successor with them (see [`crate::handover`]).
     Handover {

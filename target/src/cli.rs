@@ -280,6 +280,22 @@ pub enum AdminOp {
         /// Its name.
         name: String,
     },
+    /// Grow a volume added with `add` while it is served.
+    ///
+    /// Initiators that know of grows learn the new size at once; older ones keep the size they
+    /// opened until they open the volume again.
+    /// Nothing in the volume moves or is copied: the added range is new memory. A volume grows
+    /// at most 7 times while served (8 memory segments). A smaller SIZE makes the volume again
+    /// at that size, refused while sessions have it open (and for a RAM volume holding data:
+    /// remove it and add it again). STATE_DIR/admin.toml is rewritten before the answer; for a
+    /// volume of the config file, change the file and reload instead.
+    Resize {
+        /// Its name.
+        name: String,
+        /// The new size: bytes, or with a suffix (K, M, G, T: powers of 1024).
+        #[arg(value_parser = size_arg)]
+        size: u64,
+    },
     /// Hand every volume to a successor started by systemd (an upgrade).
     ///
     /// Hands every volume to a successor through systemd's file descriptor store and exits with
@@ -411,6 +427,11 @@ impl Args {
         }
         Ok(file)
     }
+}
+
+/// A size, as the config file writes them.
+fn size_arg(s: &str) -> Result<u64, String> {
+    crate::config::parse_size(s).map_err(|e| Chain(&e).to_string())
 }
 
 /// `--volume`, with the whole error chain in clap's message.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rblk_fabric::channel::{self, Channel, Event};
 use rblk_fabric::liveness::{Action, Cadence, Liveness, Rules};
 use rblk_fabric::{Chain, Completion, Endpoint, QpConfig, Request, Waker};
-use rblk_proto::{ConnectData, Message, MSG_SIZE};
+use rblk_proto::{ConnectData, ErrorCode, Message, Opened, MSG_SIZE};
 use tracing::{debug, info, info_span, warn};
 
 use crate::admission::Shown;
@@ -275,7 +275,20 @@ pub(crate) struct Connection {
     more: bool,
     /// Its QP was told its peer solicits ([`Connection::note_solicits`]).
     solicits: bool,
+    /// Window binds posted whose completion was not taken yet (at most [`BIND_SLACK`]).
+    binds: u32,
+    /// OPENED or JOINED, waiting for the QP's windows to be bound (see
+    /// [`Connection::sync_windows`]).
+    unbound_reply: Option<(u32, Reply, After)>,
+    /// The volume size the initiator was last told on this QP (OPENED, JOINED, RESIZED); 0
+    /// before.
+    told: u64,
 }
+
+/// Window binds a connection has on its send queue at once: the send queue's room beyond the
+/// control channel's [`rblk_proto::SEND_COUNT`] SENDs, so its completion queue share holds
+/// every completion (see `QpConfig` in [`admit`]).
+const BIND_SLACK: u32 = 2;
 
 /// An AUTH failure's reply, held back.
 struct Held {
@@ -361,6 +374,9 @@ impl Connection {
             replacing: None,
             more: false,
             solicits: false,
+            binds: 0,
+            unbound_reply: None,
+            told: 0,
         }
     }
 
@@ -415,6 +431,7 @@ impl Connection {
             self.poll(scratch)?;
         }
         self.answer_flushes()?;
+        self.sync_windows()?;
         self.note_solicits();
         if !self.counted_open && self.protocol.past_auth(self.shared.auth_required()) {
             self.counted_open = true;
@@ -584,6 +601,7 @@ impl Connection {
                 warn!(status = ?c.status, wr_id = c.wr_id, "binding a memory window failed");
                 return Err("binding a memory window failed".into());
             }
+            self.binds = self.binds.saturating_sub(1);
             return Ok(());
         }
         match self.channel.on_completion(&mut self.ep, c, scratch) {
@@ -752,8 +770,87 @@ impl Connection {
         self.parked = self.replacing.take().map(|r| r.open);
     }
 
-    /// Replies, and does what `after` says.
+    /// Keeps the QP's access to the volume whole: binds the windows it lacks (after OPEN or
+    /// JOIN, or once the volume grew), one at a time within the send queue's slack
+    /// ([`BIND_SLACK`]); once the last is posted, sends the OPENED or JOINED that waited for
+    /// them, or, when the volume grew past what the initiator was told, a RESIZED to an
+    /// initiator that knows segments (with this QP's rkeys). The QP executes its send queue in
+    /// order, so each rkey works by the time the message naming it arrives.
+    fn sync_windows(&mut self) -> Result<(), Reason> {
+        let Some(session) = self.protocol.session().cloned() else { return Ok(()) };
+        if session.uses_windows() {
+            while self.binds < BIND_SLACK {
+                match session.bind_next(&mut self.ep, self.conn) {
+                    Ok(true) => self.binds += 1,
+                    Ok(false) => break,
+                    // Revoked meanwhile: the session's end takes the connection down.
+                    Err(crate::session::BindError::Revoked) => return Ok(()),
+                    Err(e) => {
+                        warn!(session = session.id, error = %Chain(&e), "binding a memory window failed");
+                        if let Some((tag, ..)) = self.unbound_reply.take() {
+                            let text = Chain(&e).to_string();
+                            self.answer_now(tag, Reply::Error(ErrorCode::NoResources, text), After::Close)?;
+                            return Ok(());
+                        }
+                        return Err("binding a memory window failed".into());
+                    }
+                }
+            }
+            if session.unbound(self.conn) {
+                // Back as soon as a bind's completion frees the slack: a bind's completion is
+                // no solicited event, so it may not wake the worker.
+                self.more = true;
+                return Ok(());
+            }
+        }
+        if let Some((tag, reply, after)) = self.unbound_reply.take() {
+            let Some((size, segments)) = session.reach(self.conn) else { return Ok(()) };
+            let reply = match reply {
+                Reply::Msg(Message::Opened(o)) => {
+                    let first = segments.as_slice()[0];
+                    let segments = session.segmented.then_some(segments);
+                    Reply::Msg(Message::Opened(Opened {
+                        remote_addr: first.remote_addr,
+                        rkey: first.rkey,
+                        size,
+                        segments,
+                        ..o
+                    }))
+                }
+                Reply::Msg(Message::Joined { .. }) => {
+                    let rkey = segments.as_slice()[0].rkey;
+                    Reply::Msg(Message::Joined { rkey, segments: session.segmented.then_some(segments) })
+                }
+                other => other,
+            };
+            self.told = size;
+            return self.answer_now(tag, reply, after);
+        }
+        if session.segmented && self.told > 0 {
+            if let Some((size, segments)) = session.reach(self.conn).filter(|&(size, _)| size > self.told) {
+                if self.channel.free_sends() == 0 {
+                    self.more = true;
+                    return Ok(());
+                }
+                debug!(session = session.id, size, "telling the initiator the volume grew");
+                self.told = size;
+                self.reply(0, Reply::Msg(Message::Resized { size, segments }))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replies, and does what `after` says; OPENED and JOINED wait for the QP's windows first
+    /// ([`Connection::sync_windows`]).
     fn answer(&mut self, tag: u32, reply: Reply, after: After) -> Result<(), Reason> {
+        if matches!(reply, Reply::Msg(Message::Opened(_) | Message::Joined { .. })) {
+            self.unbound_reply = Some((tag, reply, after));
+            return self.sync_windows();
+        }
+        self.answer_now(tag, reply, after)
+    }
+
+    fn answer_now(&mut self, tag: u32, reply: Reply, after: After) -> Result<(), Reason> {
         if matches!(after, After::Refused | After::AuthFailed) {
             // Counted before the reply goes out: whoever has the reply sees the count.
             self.shared.counters.malformed.fetch_add(1, Ordering::Relaxed);

@@ -309,7 +309,7 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 credential: *credential,
                 probe: peer.probe,
             };
-            match open(shared, ep, state, opener, mode, name, resume) {
+            match open(shared, state, opener, mode, name, resume) {
                 Ok(opened) => (opened, After::Continue),
                 Err(Refusal { code, text, after, detail }) => {
                     shared.counters.refused_opens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -332,14 +332,10 @@ pub fn handle(shared: &Shared, peer: &Peer, ep: &mut Endpoint, state: &mut State
                 return (Reply::Error(ErrorCode::BadSession, format!("JOIN refused: {ended}")), After::Close);
             }
             let session = Arc::clone(session);
-            let reply = if session.uses_windows() {
-                match session.bind(ep, peer.conn) {
-                    Ok((_, rkey)) => Message::Joined { rkey, segments: None },
-                    Err(e) => {
-                        tracing::warn!(session = session.id, error = %Chain(&e), "JOIN refused");
-                        return (Reply::Error(ErrorCode::NoResources, Chain(&e).to_string()), After::Close);
-                    }
-                }
+            let reply = if session.uses_windows() || session.segmented {
+                // The connection binds the QP's windows, then fills in their rkeys, and the
+                // segments for an initiator that knows them (see Connection::sync_windows).
+                Message::Joined { rkey: 0, segments: None }
             } else {
                 Message::Ok { answers: rblk_proto::Opcode::Join }
             };
@@ -635,7 +631,6 @@ fn revoked_text(why: &crate::access::Revoked) -> String {
 
 fn open(
     shared: &Shared,
-    ep: &mut Endpoint,
     state: &mut State,
     opener: Opener,
     mode: OpenMode,
@@ -696,12 +691,27 @@ fn open(
         return Err(Refusal::new(ErrorCode::Busy, busy.0));
     }
     let counters = Arc::clone(&shared.counters);
-    let windows = features & rblk_proto::FEATURE_WINDOWS != 0;
+    let segmented = session::segmented(features);
+    let segments = volume.segments();
+    // An older initiator reaches the volume through one rkey per QP: a window binds within one
+    // segment, so once the volume has grown it gets a registration of its own over all of them.
+    let windows = features & rblk_proto::FEATURE_WINDOWS != 0 && (segmented || segments.len() == 1);
+    // An older initiator resuming a session keeps the size that session had (a grow since
+    // would otherwise look like another volume to it, and fail its I/O).
+    let opened_size = match resume.as_ref().and_then(|r| shared.resumed_size(r)) {
+        Some(was) if !segmented => was.min(volume.size()),
+        _ => volume.size(),
+    };
+    let access = session::remote_access(mode);
+    let own =
+        |m: &Arc<rblk_fabric::Memory>| pd.register(m, access).map(|mr| Registration::new(mr, Arc::clone(&counters)));
     let grant = if windows {
-        volume.region(&pd, &counters).map(|region| Grant::Windows { region, bound: Vec::new() })
+        // Every segment registered now, off the worker: the connection binds its windows.
+        volume.region(&pd, &counters, segments.len() - 1).map(|_| Grant::Windows(Vec::new()))
+    } else if segmented {
+        segments.iter().map(own).collect::<rblk_fabric::Result<Vec<_>>>().map(Grant::Own)
     } else {
-        let access = session::remote_access(mode);
-        pd.register(&volume.memory, access).map(|mr| Grant::Own(Registration::new(mr, Arc::clone(&counters))))
+        own(&volume.memory()).map(|r| Grant::Own(vec![r]))
     };
     let grant = match grant {
         Ok(grant) => grant,
@@ -712,20 +722,24 @@ fn open(
         }
     };
     // From here on the session gives the open mode back when it is dropped.
-    let session =
-        Arc::new(Session::new(id, pd, Arc::clone(volume), mode, grant, counters, features, owner, credential));
-    let remote = if windows {
-        session.bind(ep, conn).map_err(|e| Chain(&e).to_string())
-    } else {
-        session.remote().ok_or_else(|| "the session's registration is gone".to_owned())
-    };
-    let (remote_addr, rkey) = match remote {
-        Ok(remote) => remote,
-        Err(text) => {
-            tracing::warn!(volume = name, "{text}");
-            return Err(Refusal::resources(text));
-        }
-    };
+    let session = Arc::new(Session::new(
+        id,
+        pd,
+        Arc::clone(volume),
+        mode,
+        grant,
+        counters,
+        features,
+        owner,
+        credential,
+        opened_size,
+    ));
+    // With windows the connection binds them before OPENED goes out, and fills in the rkeys
+    // then (see Connection::sync_windows); a registration's are known now.
+    let (remote_addr, rkey) = session.reach(conn).map_or((0, 0), |(_, segs)| {
+        let first = segs.as_slice()[0];
+        (first.remote_addr, first.rkey)
+    });
     let mut flags = if volume.is_volatile() { VolumeFlags::VOLATILE } else { VolumeFlags::empty() };
     if mode == OpenMode::ReadOnly {
         flags = flags | VolumeFlags::READ_ONLY;
@@ -735,7 +749,7 @@ fn open(
     }
     let opened = Opened {
         remote_addr,
-        size: volume.size(),
+        size: opened_size,
         rkey,
         block_size: volume.block_size,
         max_io: shared.max_io,

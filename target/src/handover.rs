@@ -463,7 +463,8 @@ impl Handed {
                 }
                 let what = format!("registering volume {name} ({}) on {device}", rblk_proto::Bytes(volume.size()));
                 let done = self.step(&what, || match shared.window_domain(device)? {
-                    Some(pd) => volume.region(&pd, &shared.counters).map(|_| true),
+                    // Every segment (regions register in order up to the last).
+                    Some(pd) => volume.region(&pd, &shared.counters, volume.segments().len() - 1).map(|_| true),
                     None => Ok(false),
                 });
                 match done {
@@ -733,14 +734,16 @@ pub fn forget_stored(names: &[String]) {
 /// held) and the state describing them.
 struct Prepared {
     volumes: Vec<Arc<Volume>>,
+    /// Each volume's segments as the state lists them (a grow after this changes neither).
+    segments: Vec<Vec<Arc<rblk_fabric::Memory>>>,
     state: State,
 }
 
 impl Prepared {
     fn fds(&self) -> Vec<BorrowedFd<'_>> {
         let mut fds = Vec::new();
-        for v in &self.volumes {
-            fds.extend(v.segments().iter().filter_map(|m| m.fd()));
+        for (v, segments) in self.volumes.iter().zip(&self.segments) {
+            fds.extend(segments.iter().filter_map(|m| m.fd()));
             if let Some(b) = &v.backing {
                 fds.push(b.file().as_fd());
             }
@@ -759,21 +762,25 @@ fn prepare(shared: &Arc<Shared>) -> Result<Prepared, String> {
         v.hold_write_back();
     }
     let mut handed = Vec::new();
+    let mut memories = Vec::new();
     let mut next = 0;
     for v in &volumes {
-        if v.segments().is_empty() || v.segments().iter().any(|m| m.fd().is_none()) {
+        let memory = v.memory();
+        let mine = memory.segments();
+        if mine.is_empty() || mine.iter().any(|m| m.fd().is_none()) {
             resume(shared, &volumes);
             return Err(format!("volume {}'s memory is not a memfd", v.name));
         }
         // The descriptors' order is Prepared::fds's: each segment's memfd, then the backing store.
         let segments: Vec<Segment> =
-            v.segments().iter().enumerate().map(|(i, m)| Segment { memfd: next + i, len: m.len() as u64 }).collect();
+            mine.iter().enumerate().map(|(i, m)| Segment { memfd: next + i, len: m.len() as u64 }).collect();
+        memories.push(mine.to_vec());
         next += segments.len();
         let backing = v.backing.as_ref().map(|_| next);
         next += usize::from(backing.is_some());
         handed.push(HandedVolume {
             name: v.name.clone(),
-            size: v.size(),
+            size: memory.len() as u64,
             path: v.backing.as_ref().map(|b| b.path().to_owned()),
             instance: v.instance.to_string(),
             written: v.written(),
@@ -792,7 +799,7 @@ fn prepare(shared: &Arc<Shared>) -> Result<Prepared, String> {
         block_size: shared.fixed.block_size,
         volumes: handed,
     };
-    Ok(Prepared { volumes, state })
+    Ok(Prepared { volumes, segments: memories, state })
 }
 
 /// Undoes [`prepare`]: the write-backs run again, the port reopens.

@@ -272,6 +272,7 @@ fn run_admin(admin: &Admin) -> anyhow::Result<()> {
             },
         },
         AdminOp::Remove { name } => Request::Remove { name: name.clone() },
+        AdminOp::Resize { name, size } => Request::Resize { name: name.clone(), size: *size },
         AdminOp::Handover => {
             let expect = handover::preflight(&admin.socket)?;
             eprintln!("rblk-target: the successor's checks pass for {}", rblk_target::counted(expect.len(), "volume"));

@@ -24,6 +24,13 @@
 //! hole whose memory is still zero instead of filling the hole with zeros, and writes (and
 //! forgets as holes) those written since; so neither a FLUSH of a range that was discarded nor
 //! a final flush of the whole volume gives back the space a discard freed.
+//!
+//! Growth (issue 44, [`Backing::grow`]): a volume grows by a new memory segment, and its backing
+//! store with it, never the other way round: a file is extended sparse and the added range is a
+//! hole; a block device must have been grown by the operator first (`lvextend`), and its added
+//! range is loaded. Nothing here ever makes a backing store shorter (`extend` is the one way a
+//! file is sized). The size written back is the memory's: once the volume's view covers the new
+//! segment, every write-back, the final flush included, covers the added range.
 
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom};
@@ -133,6 +140,49 @@ pub enum BackingError {
         have: u64,
         /// The volume's size.
         size: u64,
+    },
+    /// A growth of a block device's volume past what the device holds: the operator grows the
+    /// device first (nothing is changed).
+    #[error(
+        "grow the device first, e.g. lvextend -L {size}b {}: {} holds {have} bytes, the volume needs {size}",
+        path.display(),
+        path.display()
+    )]
+    DeviceTooSmall {
+        /// The device.
+        path: PathBuf,
+        /// Its size.
+        have: u64,
+        /// The volume's new size.
+        size: u64,
+    },
+    /// A growth to less than the volume holds: a durable volume's backing store is never
+    /// shrunk (nothing is changed).
+    #[error("backing store {} is never shrunk: the volume holds {size} bytes, not {to}", path.display())]
+    Shrink {
+        /// The file or device.
+        path: PathBuf,
+        /// The volume's size.
+        size: u64,
+        /// The size asked for.
+        to: u64,
+    },
+    /// A growth from or to a size that is not in 4 KiB blocks (O_DIRECT's unit; volume sizes
+    /// are multiples of the block size).
+    #[error("backing store {} is not grown from {size} to {to} bytes: not whole 4 KiB blocks", path.display())]
+    Unaligned {
+        /// The file or device.
+        path: PathBuf,
+        /// The volume's size.
+        size: u64,
+        /// The size asked for.
+        to: u64,
+    },
+    /// A growth of a volume whose write-back failed: it promises no durability any more.
+    #[error("backing store {} failed a write-back earlier: the volume is not grown", path.display())]
+    Failed {
+        /// The file or device.
+        path: PathBuf,
     },
     /// No io_uring for it (an old kernel, or io_uring disabled by sysctl or seccomp).
     #[error("cannot set up io_uring for {}", path.display())]
@@ -290,16 +340,16 @@ impl Holes {
     }
 }
 
-/// The holes of regular file `file` within its first `size` bytes (`SEEK_HOLE`/`SEEK_DATA`);
-/// none for a block device, or where the file system cannot say.
-fn find_holes(file: &File, size: u64) -> Holes {
+/// The holes of regular file `file` within `start..end` (`SEEK_HOLE`/`SEEK_DATA`), in whole
+/// [`ALIGN`] blocks; none for a block device, or where the file system cannot say.
+fn find_holes(file: &File, start: u64, end: u64) -> Holes {
     use nix::unistd::{lseek, Whence};
     let mut holes = Holes::default();
     if !file.metadata().is_ok_and(|m| m.is_file()) {
         return holes;
     }
-    let mut at = 0i64;
-    let size = i64::try_from(size).unwrap_or(i64::MAX);
+    let mut at = i64::try_from(start).unwrap_or(i64::MAX);
+    let size = i64::try_from(end).unwrap_or(i64::MAX);
     while at < size {
         let Ok(hole) = lseek(file, at, Whence::SeekHole) else { break };
         if hole >= size {
@@ -313,6 +363,44 @@ fn find_holes(file: &File, size: u64) -> Holes {
         at = data;
     }
     holes
+}
+
+/// Makes regular file `file` at least `size` bytes long, sparse (nothing is written). Never
+/// shorter: the one way rblk sizes a backing file, so that no path can cut a volume's data
+/// off (a file longer already, say extended by the operator, is left as it is).
+fn extend(file: &File, size: u64) -> io::Result<()> {
+    if file.metadata()?.len() < size {
+        file.set_len(size)?;
+    }
+    Ok(())
+}
+
+/// Reads `ranges` of the backing store `fd` into the same offsets of `memory` with `ring`,
+/// logging progress of large loads as volume `name`'s.
+fn read(ring: &mut Ring, fd: std::os::fd::RawFd, memory: &Memory, ranges: &[(u64, u64)], name: &str) -> io::Result<()> {
+    let total: u64 = ranges.iter().map(|&(_, len)| len).sum();
+    let mut next_report = Instant::now() + Duration::from_secs(1);
+    let run = move || {
+        ring.transfer(fd, memory, ranges, Dir::Load, CHUNK, |done| {
+            if Instant::now() >= next_report {
+                next_report += Duration::from_secs(1);
+                tracing::info!(
+                    volume = name,
+                    "loading: {:.1} of {}",
+                    rblk_proto::Bytes(done),
+                    rblk_proto::Bytes(total)
+                );
+            }
+        })
+    };
+    // On a thread of its own: the kernel's io_uring workers (`iou-wrk`) that the reads may
+    // start belong to the thread that submitted them, and the last of them stays until that
+    // thread exits. Loaded on the main thread (at start, at a reload), it stayed a thread of
+    // the daemon for good, beyond the `workers` + 4 that docs/DESIGN.md promises.
+    std::thread::scope(|s| {
+        let loading = std::thread::Builder::new().name("rblk-load".into()).spawn_scoped(s, run)?;
+        loading.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 impl Backing {
@@ -330,17 +418,31 @@ impl Backing {
             e if e.is_not_found() => BackingError::Create { path: at(), source: e.into() },
             source => BackingError::Untrusted { path: at(), source },
         })?;
-        Backing::open_walked(&walked, path, size)
+        Backing::open_walked(&walked, path, size, true)
+    }
+
+    /// [`Backing::open`] without O_DIRECT: the tests' way to the buffered path where the file
+    /// system offers O_DIRECT.
+    #[cfg(test)]
+    fn open_buffered(path: &Path, size: u64) -> Result<Backing, BackingError> {
+        let walked = rblk_fabric::trusted::walk(path, rblk_fabric::trusted::Last::Any).unwrap();
+        Backing::open_walked(&walked, path, size, false)
     }
 
     /// [`Backing::open`] once the path is walked: what is opened is the entry the walk found
-    /// (one replaced since is refused), its kind taken from the descriptor.
-    fn open_walked(walked: &rblk_fabric::trusted::Walked, path: &Path, size: u64) -> Result<Backing, BackingError> {
+    /// (one replaced since is refused), its kind taken from the descriptor; with O_DIRECT
+    /// where the file system allows it and `try_direct`.
+    fn open_walked(
+        walked: &rblk_fabric::trusted::Walked,
+        path: &Path,
+        size: u64,
+        try_direct: bool,
+    ) -> Result<Backing, BackingError> {
         use nix::fcntl::OFlag;
         let at = || path.to_owned();
         if walked.stat().is_none() {
             let f = walked.create(0o600).map_err(|source| BackingError::Create { path: at(), source })?;
-            f.set_len(size).map_err(|source| BackingError::Resize { path: at(), size, source })?;
+            extend(&f, size).map_err(|source| BackingError::Resize { path: at(), size, source })?;
         }
         // O_EXCL without O_CREAT claims a block device (EBUSY while anyone else holds it so, or
         // it is mounted) and means nothing for a regular file: so the kind need not be known
@@ -355,9 +457,9 @@ impl Backing {
         };
         // O_DIRECT where the file system allows it (tmpfs does not); every transfer is 4 KiB
         // aligned in memory, offset and length.
-        let (mut file, direct) = match open(true) {
-            Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false).map_err(failed)?, false),
+        let (mut file, direct) = match open(try_direct) {
+            Ok(f) => (f, try_direct),
+            Err(e) if try_direct && e.raw_os_error() == Some(libc::EINVAL) => (open(false).map_err(failed)?, false),
             Err(source) => return Err(failed(source)),
         };
         let kind = file.metadata().map_err(|source| BackingError::Open { path: at(), source })?.file_type();
@@ -384,7 +486,7 @@ impl Backing {
     /// pass ends before a handover).
     fn with_ring(path: &Path, file: File, direct: bool, size: u64, failed: bool) -> Result<Backing, BackingError> {
         let ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: path.to_owned(), source })?;
-        let holes = find_holes(&file, size);
+        let holes = find_holes(&file, 0, size);
         let ring = Mutex::new((ring, holes));
         Ok(Backing { path: path.to_owned(), file, direct, ring, failed: AtomicBool::new(failed) })
     }
@@ -444,33 +546,126 @@ impl Backing {
     /// Reads the whole backing store into `memory`, logging progress of large loads.
     pub fn load(&self, memory: &Memory, name: &str) -> io::Result<Duration> {
         let started = Instant::now();
-        let total = memory.len() as u64;
-        let mut next_report = started + Duration::from_secs(1);
         let mut guard = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        let ring: &mut Ring = &mut guard.0;
-        let fd = self.file.as_raw_fd();
-        let run = move || {
-            ring.transfer(fd, memory, &[(0, total)], Dir::Load, CHUNK, |done| {
-                if Instant::now() >= next_report {
-                    next_report += Duration::from_secs(1);
-                    tracing::info!(
-                        volume = name,
-                        "loading: {:.1} of {}",
-                        rblk_proto::Bytes(done),
-                        rblk_proto::Bytes(total)
-                    );
-                }
-            })
-        };
-        // On a thread of its own: the kernel's io_uring workers (`iou-wrk`) that the reads may
-        // start belong to the thread that submitted them, and the last of them stays until that
-        // thread exits. Loaded on the main thread (at start, at a reload), it stayed a thread of
-        // the daemon for good, beyond the `workers` + 4 that docs/DESIGN.md promises.
-        std::thread::scope(|s| {
-            let loading = std::thread::Builder::new().name("rblk-load".into()).spawn_scoped(s, run)?;
-            loading.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })?;
+        read(&mut guard.0, self.file.as_raw_fd(), memory, &[(0, memory.len() as u64)], name)?;
         Ok(started.elapsed())
+    }
+
+    /// Whether [`Backing::grow`] from `from` to `to` bytes would be refused for what it can
+    /// know before it reads anything: a shrink, sizes not in 4 KiB blocks, a failed store, one
+    /// that shrank below `from`, a block device smaller than `to`. Changes nothing. Call it
+    /// before placing the new segment, so that the likeliest refusal (a device not grown yet)
+    /// uses none of the volume's reserved address space.
+    pub fn check_growth(&self, from: u64, to: u64) -> Result<(), BackingError> {
+        self.measure_growth(from, to).map(drop)
+    }
+
+    /// [`Backing::check_growth`]; then whether the store is a regular file, and its size.
+    fn measure_growth(&self, from: u64, to: u64) -> Result<(bool, u64), BackingError> {
+        let at = || self.path.clone();
+        if to < from {
+            return Err(BackingError::Shrink { path: at(), size: from, to });
+        }
+        if !from.is_multiple_of(ALIGN) || !to.is_multiple_of(ALIGN) {
+            return Err(BackingError::Unaligned { path: at(), size: from, to });
+        }
+        if self.failed() {
+            return Err(BackingError::Failed { path: at() });
+        }
+        let size_err = |source| BackingError::Size { path: at(), source };
+        let is_file = self.file.metadata().map_err(size_err)?.is_file();
+        // Seeking to the end sizes regular files and block devices alike.
+        let have = (&self.file).seek(SeekFrom::End(0)).map_err(size_err)?;
+        if have < from {
+            return Err(BackingError::TooSmall { path: at(), have, size: from });
+        }
+        if !is_file && have < to {
+            return Err(BackingError::DeviceTooSmall { path: at(), have, size: to });
+        }
+        Ok((is_file, have))
+    }
+
+    /// Grows the backing store with its volume `name`, from `from` bytes to `memory.len()`,
+    /// and loads the added range into `memory` at the same offsets. `memory` is the volume's
+    /// whole view after the growth ([`Memory::span`] over its segments, the new one last),
+    /// whose added range reads zeros, as a new segment ([`Memory::memfd_in`]) does: holes are
+    /// not read. Both sizes are multiples of 4 KiB (O_DIRECT's unit).
+    ///
+    /// - A regular file shorter than the new size is extended sparse (nothing is written) and
+    ///   the added range is a hole from then on (see the module docs), so no write-back, the
+    ///   final flush included, fills it with zeros. A file longer already (the operator
+    ///   extended it) has that range loaded, its holes found.
+    /// - A block device must hold the new size already (`lvextend` first; a smaller one is
+    ///   refused with [`BackingError::DeviceTooSmall`]). The added range is loaded: LVM does
+    ///   not zero new extents, and the memory must hold what the device does.
+    /// - Nothing is ever shrunk: a size below `from` is refused ([`BackingError::Shrink`]), as
+    ///   is a store that holds less than `from` ([`BackingError::TooSmall`]: it shrank while
+    ///   served), and a failed one ([`BackingError::Failed`]); see [`Backing::check_growth`],
+    ///   which the caller runs first.
+    ///
+    /// It runs beside write-back passes (they write below `from`; its reads use a ring of their
+    /// own), and records its holes only once it succeeded. On error the volume stays at `from`
+    /// (the caller drops the new segment) and nothing it knows changed; a file may be left
+    /// extended sparse, which every open and adoption accepts (longer than the volume). Calls
+    /// for one volume must not overlap. Returns how long it took.
+    pub fn grow(&self, memory: &Memory, from: u64, name: &str) -> Result<Duration, BackingError> {
+        let started = Instant::now();
+        let at = || self.path.clone();
+        let to = memory.len() as u64;
+        let (is_file, have) = self.measure_growth(from, to)?;
+        let mut holes = Holes::default();
+        if is_file {
+            if have < to {
+                // Synced: a power cut before the next FLUSH must not leave the file shorter than
+                // the size the configuration (admin.toml, a reload's file) already says, which
+                // the next start would refuse.
+                extend(&self.file, to).and_then(|()| self.file.sync_data()).map_err(|source| BackingError::Resize {
+                    path: at(),
+                    size: to,
+                    source,
+                })?;
+                // Past the old end: a hole, whether or not the file system can say so.
+                holes.add(have.div_ceil(ALIGN) * ALIGN, to);
+            }
+            for &(s, e) in &find_holes(&self.file, from, have.min(to)).0 {
+                holes.add(s, e);
+            }
+        }
+        // What is not a hole is read.
+        let mut data = Vec::new();
+        let mut next = from;
+        for &(s, e) in holes.within(from, to).iter().chain([(to, to)].iter()) {
+            if next < s {
+                data.push((next, s - next));
+            }
+            next = e;
+        }
+        let load_err = |source| BackingError::Load { name: name.to_owned(), path: at(), source };
+        if !data.is_empty() {
+            let mut ring = Ring::new(DEPTH).map_err(|source| BackingError::Ring { path: at(), source })?;
+            read(&mut ring, self.file.as_raw_fd(), memory, &data, name).map_err(load_err)?;
+        }
+        let loaded: u64 = data.iter().map(|&(_, len)| len).sum();
+        let mut guard = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        // Anything recorded past `from` (by an earlier growth the volume did not keep) is
+        // replaced by what was found now.
+        guard.1.remove(from, u64::MAX);
+        for &(s, e) in &holes.0 {
+            guard.1.add(s, e);
+        }
+        drop(guard);
+        let took = started.elapsed();
+        tracing::info!(
+            volume = name,
+            path = %self.path.display(),
+            direct = self.direct,
+            "backing store grown to {}: {} loaded, {} sparse, in {:.3} s",
+            rblk_proto::Bytes(to),
+            rblk_proto::Bytes(loaded),
+            rblk_proto::Bytes(holes.bytes()),
+            took.as_secs_f64()
+        );
+        Ok(took)
     }
 
     /// Writes `ranges` of `memory` to the backing store, waits for every write, then
@@ -1115,6 +1310,23 @@ mod tests {
         }
     }
 
+    impl Loop {
+        /// Gives the loop's file `len` bytes (`pattern` written from the old end, if any) and
+        /// tells the device (`losetup -c`), as `lvextend` or `lvreduce` would change an LV.
+        fn resize(&self, len: u64, pattern: Option<&[u8]>) {
+            let file = self.dir.join("disk");
+            let f = std::fs::File::options().write(true).open(&file).unwrap();
+            let old = f.metadata().unwrap().len();
+            f.set_len(len).unwrap();
+            if let Some(p) = pattern {
+                std::os::unix::fs::FileExt::write_all_at(&f, p, old).unwrap();
+            }
+            f.sync_all().unwrap();
+            let out = losetup(&["-c".as_ref(), self.dev.as_os_str()]);
+            assert!(out.status.success(), "losetup -c: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+
     impl Drop for Loop {
         fn drop(&mut self) {
             losetup(&["-d".as_ref(), self.dev.as_os_str()]);
@@ -1146,7 +1358,7 @@ mod tests {
         std::fs::File::create(&path).unwrap().set_len(1 << 20).unwrap();
         let walked = rblk_fabric::trusted::walk(&path, rblk_fabric::trusted::Last::Any).unwrap();
         std::fs::rename(lp.node("node"), &path).unwrap();
-        let err = Backing::open_walked(&walked, &path, 1 << 20).unwrap_err();
+        let err = Backing::open_walked(&walked, &path, 1 << 20, true).unwrap_err();
         assert!(rblk_fabric::Chain(&err).to_string().contains("replaced while being opened"), "{err}");
         // Opened afresh it is a block device, and claimed.
         let b = Backing::open(&path, 1 << 20).unwrap();
@@ -1176,5 +1388,297 @@ mod tests {
             assert!(text.contains("symlink owned by uid 4321"), "{text}");
         }
         assert_eq!(std::fs::read(&victim).unwrap(), vec![7u8; 1 << 20]);
+    }
+
+    /// Issue 44's growth: a volume's memory as it grows, `old` bytes in a first segment of a
+    /// reservation, then the view after a second segment of `added` bytes (zeros) is mapped
+    /// right after it: (the view before, the view after).
+    fn grown_memory(old: u64, added: u64) -> (Arc<Memory>, Arc<Memory>) {
+        let r = rblk_fabric::Reservation::new(64 << 20).unwrap();
+        let first = Memory::memfd_in("rblk-test:grow0", old as usize, &r).unwrap();
+        let before = Memory::span(&r, vec![Arc::clone(&first)]).unwrap();
+        let second = Memory::memfd_in("rblk-test:grow1", added as usize, &r).unwrap();
+        (before, Memory::span(&r, vec![first, second]).unwrap())
+    }
+
+    /// A directory of this test's own under the temporary directory, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir = std::env::temp_dir().join(format!("rblk-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn blocks(path: &Path) -> u64 {
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(path).unwrap())
+    }
+
+    fn read_file(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+        let mut got = vec![0u8; len];
+        std::os::unix::fs::FileExt::read_exact_at(&std::fs::File::open(path).unwrap(), &mut got, offset).unwrap();
+        got
+    }
+
+    fn read_memory(memory: &Memory, offset: u64, len: usize) -> Vec<u8> {
+        let mut got = vec![0u8; len];
+        memory.read_at(offset as usize, &mut got).unwrap();
+        got
+    }
+
+    /// Catches a growth that does not extend the backing file (the first write-back past the
+    /// old end, or the next load, would fail), one that writes the added range (space taken on
+    /// every grow, and a full disk would refuse it), one that leaves the added range out of the
+    /// holes (a whole-volume flush, as the final one is, would allocate it with zeros), a
+    /// write-back past the old end landing at the wrong offset, and a successor's adoption that
+    /// refuses the grown size or forgets the hole. On the O_DIRECT path and the buffered one.
+    #[test]
+    fn a_file_grows_sparse_and_writes_back_past_the_old_end() {
+        let (from, to) = (1u64 << 20, 4u64 << 20);
+        for direct in [true, false] {
+            let dir = Scratch::new(&format!("grow-file-{direct}"));
+            let path = dir.0.join("v.img");
+            std::fs::write(&path, vec![0xa5; from as usize]).unwrap();
+            let b = if direct { Backing::open(&path, from) } else { Backing::open_buffered(&path, from) }.unwrap();
+            assert_eq!(b.direct(), direct, "the path under test");
+            let (before, after) = grown_memory(from, to - from);
+            b.load(&before, "v").unwrap();
+            let allocated = blocks(&path);
+            b.grow(&after, from, "v").unwrap();
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), to, "extended to the new size");
+            assert_eq!(blocks(&path), allocated, "extended sparse: nothing written");
+            assert_eq!(b.hole_bytes(), to - from, "the added range is a hole");
+            assert!(after.is_zero(from as usize, (to - from) as usize).unwrap());
+            assert_eq!(read_memory(&after, from - 4096, 4096), vec![0xa5; 4096], "the old range is untouched");
+            // A whole flush, as the final one: the hole stays one.
+            b.flush(&after, &[(0, to)]).unwrap();
+            assert_eq!(blocks(&path), allocated, "a whole flush filled the added range");
+            // A write past the old end lands where it belongs, and only its block is taken.
+            let at = from + (2 << 20) + 100;
+            after.write_at(at as usize, b"past the old end").unwrap();
+            b.flush(&after, &[(at, 16)]).unwrap();
+            assert_eq!(read_file(&path, at, 16), b"past the old end");
+            assert_eq!(read_file(&path, at - 100, 100), vec![0; 100]);
+            assert!(blocks(&path) - allocated <= 16, "one block written, not the range: {}", blocks(&path));
+            assert_eq!(b.hole_bytes(), to - from - 4096);
+            // A successor adopts the grown store at the grown size, its hole found again.
+            let handed = b.file().try_clone().unwrap();
+            let adopted = Backing::adopt(&path, handed, to, false).unwrap();
+            assert_eq!(adopted.hole_bytes(), to - from - 4096);
+            let again = Memory::anonymous(to as usize).unwrap();
+            adopted.load(&again, "v").unwrap();
+            assert_eq!(read_memory(&again, at, 16), b"past the old end");
+        }
+    }
+
+    /// Catches a growth that reads nothing from a file the operator extended (its data in the
+    /// added range would be lost at the next write-back of that range) or that cuts the file
+    /// back to the volume's size; a shrink that is carried out; and a failed load that records
+    /// holes or changes the file (the volume stays at its old size, and a second try works).
+    #[test]
+    fn a_file_extended_by_the_operator_is_loaded_and_never_shrunk() {
+        let (from, to) = (1u64 << 20, 2u64 << 20);
+        let dir = Scratch::new("grow-longer");
+        let path = dir.0.join("v.img");
+        std::fs::write(&path, vec![0x11; from as usize]).unwrap();
+        let b = Backing::open(&path, from).unwrap();
+        let (before, after) = grown_memory(from, to - from);
+        b.load(&before, "v").unwrap();
+        // The operator extends the file past the new size and writes into the added range.
+        {
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_len(3 << 20).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &[0x22; 8192], from + 4096).unwrap();
+        }
+        // Never shrunk: a smaller size is refused, naming both sizes.
+        let err = b.grow(&Memory::anonymous(4096).unwrap(), from, "v").unwrap_err();
+        assert!(matches!(err, BackingError::Shrink { size, to: 4096, .. } if size == from), "{err}");
+        assert!(err.to_string().contains("is never shrunk: the volume holds 1048576 bytes, not 4096"), "{err}");
+        let err = b.check_growth(from, from + 512).unwrap_err();
+        assert!(matches!(err, BackingError::Unaligned { .. }), "{err}");
+        assert!(err.to_string().ends_with("from 1048576 to 1049088 bytes: not whole 4 KiB blocks"), "{err}");
+        // A read that fails half-way (as a failing disk's would): nothing recorded.
+        crate::uring::FAIL_WAITS.set(1);
+        let err = b.grow(&after, from, "v").unwrap_err();
+        assert!(matches!(err, BackingError::Load { .. }), "{err}");
+        assert!(rblk_fabric::Chain(&err).to_string().contains("loading volume v from"), "{err}");
+        assert_eq!(b.hole_bytes(), 0, "no holes recorded by a failed growth");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 3 << 20);
+        assert!(!b.failed(), "a failed growth is no failed write-back");
+        // The caller's second try: a new segment.
+        let (before, after) = grown_memory(from, to - from);
+        b.load(&before, "v").unwrap();
+        b.grow(&after, from, "v").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 3 << 20, "the file was cut back");
+        assert_eq!(read_memory(&after, from + 4096, 8192), vec![0x22; 8192], "the operator's data");
+        assert_eq!(read_memory(&after, from - 8, 8), vec![0x11; 8]);
+        assert_eq!(b.hole_bytes(), to - from - 8192, "the rest of the added range is a hole");
+        b.flush(&after, &[(0, to)]).unwrap();
+        assert_eq!(read_file(&path, from + 4096, 8192), vec![0x22; 8192]);
+    }
+
+    /// Catches the one way rblk sizes backing files shortening one that is longer already.
+    #[test]
+    fn extending_never_shortens() {
+        let dir = Scratch::new("extend");
+        let path = dir.0.join("f");
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        extend(&f, 4096).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), vec![7u8; 8192]);
+        extend(&f, 16384).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 16384);
+    }
+
+    /// Catches a block device's growth before the device holds the new size (the volume would
+    /// serve bytes the device cannot keep; refused, saying what to do, with nothing changed),
+    /// a growth that does not load the added range (LVM does not zero new extents: the memory
+    /// must hold what the device holds), one that writes back past the old end at the wrong
+    /// offset, and a device that shrank while served grown anyway. Over a loop device resized
+    /// with `losetup -c`, as an LV is by `lvextend`; O_DIRECT and buffered.
+    #[test]
+    fn a_block_device_grows_once_the_device_did() {
+        let (from, to) = (1u64 << 20, 2u64 << 20);
+        for direct in [true, false] {
+            let lp = Loop::new(&format!("grow-{direct}"));
+            let dev = lp.dev.clone();
+            let b = if direct { Backing::open(&dev, from) } else { Backing::open_buffered(&dev, from) }.unwrap();
+            assert_eq!(b.direct(), direct, "the path under test");
+            let (before, after) = grown_memory(from, to - from);
+            b.load(&before, "v").unwrap();
+            let err = b.grow(&after, from, "v").unwrap_err();
+            assert!(matches!(err, BackingError::DeviceTooSmall { have, size, .. } if have == from && size == to));
+            let d = dev.display();
+            let want = format!(
+                "grow the device first, e.g. lvextend -L 2097152b {d}: {d} holds 1048576 bytes, the volume needs 2097152"
+            );
+            assert_eq!(err.to_string(), want);
+            let early = b.check_growth(from, to).unwrap_err();
+            assert_eq!(early.to_string(), want, "the check before a segment is placed refuses the same");
+            assert!(after.is_zero(from as usize, (to - from) as usize).unwrap(), "nothing loaded");
+            // The device grows, with bytes in its new extents (not zeroed, as LVM's are not).
+            let pattern: Vec<u8> = (0..to - from).map(|i| (i / 4096 + i % 251) as u8 | 1).collect();
+            lp.resize(to, Some(&pattern));
+            b.check_growth(from, to).expect("the device holds the new size now");
+            b.grow(&after, from, "v").unwrap();
+            assert_eq!(read_memory(&after, from, pattern.len()), pattern, "the device's bytes, loaded");
+            assert_eq!(b.hole_bytes(), 0, "a device has no holes");
+            after.write_at((from + 12288) as usize, b"written back").unwrap();
+            b.flush(&after, &[(from + 12288, 12)]).unwrap();
+            assert_eq!(read_file(&lp.dir.join("disk"), from + 12288, 12), b"written back");
+            // The device shrinks under the volume: its next growth is refused.
+            lp.resize(from / 2, None);
+            let (_, bigger) = grown_memory(to, from);
+            let err = b.grow(&bigger, to, "v").unwrap_err();
+            assert!(matches!(err, BackingError::TooSmall { have: 524288, size: 2097152, .. }), "{err}");
+            assert!(err.to_string().contains(&format!("{d} holds 524288 bytes, less than the volume's 2097152")));
+        }
+    }
+
+    /// Catches a growth that writes the added range (on a full file system it would fail, and
+    /// anywhere it takes the space), and a final flush that fills the new hole with zeros (it
+    /// would fail here with ENOSPC); a write-back that does not fit fails and marks the store
+    /// failed, after which no growth is made. On a 1 MiB tmpfs in a mount namespace of the
+    /// test's own (gone with its thread).
+    #[test]
+    fn a_full_disk_grows_sparse_and_fails_only_the_write_back() {
+        use nix::mount::{mount, MsFlags};
+        let dir = Scratch::new("grow-full");
+        let mnt = dir.0.clone();
+        std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("a mount namespace (root)");
+            mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+            mount(Some("rblk-test"), &mnt, Some("tmpfs"), MsFlags::empty(), Some("size=1m,mode=0700")).unwrap();
+            let path = mnt.join("v.img");
+            let (from, to) = (512u64 << 10, 8u64 << 20);
+            let b = Backing::open(&path, from).unwrap();
+            let (before, after) = grown_memory(from, to - from);
+            before.write_at(0, &vec![0x33; from as usize]).unwrap();
+            b.flush(&before, &[(0, from)]).unwrap();
+            b.grow(&after, from, "v").expect("a sparse growth on a nearly full file system");
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), to);
+            b.flush(&after, &[(0, to)]).expect("a final flush that leaves the hole alone fits");
+            after.write_at(from as usize, &vec![0x44; 2 << 20]).unwrap();
+            let err = b.flush(&after, &[(from, 2 << 20)]).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::StorageFull, "{err}");
+            assert!(b.failed());
+            let (_, more) = grown_memory(to, 1 << 20);
+            let err = b.grow(&more, to, "v").unwrap_err();
+            assert!(matches!(err, BackingError::Failed { .. }), "{err}");
+            assert_eq!(std::fs::metadata(&path).unwrap().len(), to, "nothing changed");
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+    }
+
+    /// Catches a final flush that still covers the size the volume was loaded at once it grew
+    /// (what was written past the old end would be lost at the restart), one that fills the
+    /// added hole, and a restart at the grown size that refuses the store or presents another
+    /// instance (the identity is kept with the grown store's fingerprint). Grows the way
+    /// `Volume::grow` does: a new segment after the last, the store grown, the view replaced.
+    #[test]
+    fn after_a_growth_the_final_flush_and_a_restart_cover_the_new_size() {
+        let (from, to) = (1u64 << 20, 3u64 << 20);
+        let dir = Scratch::new("grow-restart");
+        let path = dir.0.join("v.img");
+        std::fs::write(&path, vec![0x5a; from as usize]).unwrap();
+        std::fs::create_dir(dir.0.join("state")).unwrap();
+        let identity = crate::identity::Store::new(Some(dir.0.join("state")));
+        let spec = |size| crate::config::VolumeSpec { name: "v".into(), size, path: Some(path.clone()) };
+        let mut v = crate::registry::load_volume(&spec(from), 4096, &identity).unwrap();
+        let r = Arc::clone(v.memory().reservation().unwrap());
+        let mut segments = v.segments();
+        segments.push(Memory::memfd_in("rblk-volume:v", (to - from) as usize, &r).unwrap());
+        let after = Memory::span(&r, segments).unwrap();
+        let b = v.backing.take().unwrap();
+        b.grow(&after, from, "v").unwrap();
+        after.write_at(from as usize + 5000, b"grown data").unwrap();
+        let grown = crate::volume::Volume::adopt("v", after, 4096, Some(b), v.instance, true);
+        let instance = v.instance;
+        drop(v);
+        let allocated = blocks(&path);
+        crate::registry::final_flush(&identity, &grown);
+        assert_eq!(read_file(&path, from + 5000, 10), b"grown data");
+        assert!(blocks(&path) - allocated <= 16, "the final flush filled the hole: {}", blocks(&path));
+        drop(grown);
+        let again = crate::registry::load_volume(&spec(to), 4096, &identity).unwrap();
+        assert_eq!(again.size(), to);
+        assert_eq!(again.instance, instance, "the same instance after a clean restart at the grown size");
+        assert_eq!(read_memory(&again.memory(), from + 5000, 10), b"grown data");
+        assert_eq!(read_memory(&again.memory(), from - 10, 10), vec![0x5a; 10]);
+        assert_eq!(again.backing.as_ref().unwrap().hole_bytes(), to - from - 4096);
+    }
+
+    /// Catches a growth whose on-disk state, if the daemon is killed right after it (the file
+    /// extended, nothing written back, the config or the handover state at either size),
+    /// cannot be opened again at the old size or at the new one, or loses the old bytes.
+    #[test]
+    fn a_store_grown_then_abandoned_opens_at_either_size() {
+        let (from, to) = (1u64 << 20, 2u64 << 20);
+        let dir = Scratch::new("grow-killed");
+        let path = dir.0.join("v.img");
+        std::fs::write(&path, vec![0x66; from as usize]).unwrap();
+        let b = Backing::open(&path, from).unwrap();
+        let (before, after) = grown_memory(from, to - from);
+        b.load(&before, "v").unwrap();
+        b.grow(&after, from, "v").unwrap();
+        drop(b);
+        for size in [from, to] {
+            let b = Backing::open(&path, size).unwrap();
+            let m = Memory::anonymous(size as usize).unwrap();
+            b.load(&m, "v").unwrap();
+            assert_eq!(read_memory(&m, 0, from as usize), vec![0x66; from as usize], "at {size} bytes");
+            assert!(m.is_zero(from as usize, (size - from) as usize).unwrap());
+            assert_eq!(b.hole_bytes(), size - from);
+        }
     }
 }

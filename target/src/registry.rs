@@ -43,6 +43,8 @@ pub(crate) enum Wake {
     SessionEnded,
     /// Its RDMA device reported its QP in the error state (an asynchronous event, named).
     QpFailed(&'static str),
+    /// Its session's volume grew: it binds its new window and tells its initiator.
+    Grew,
 }
 
 /// What [`Shared::wake_connection`] recorded for a connection since its last turn.
@@ -148,6 +150,9 @@ pub struct Shared {
     pub counters: Arc<Counters>,
     pub(crate) identity: identity::Store,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// The size each recent session of an initiator without segments opened, and its token,
+    /// by session id, for its reconnect (see [`Shared::resumed_size`]).
+    replaced_sizes: Mutex<HashMap<u64, ([u8; rblk_proto::TOKEN_LEN], u64)>>,
     /// The window domain of each device connections arrived on: the one protection domain of
     /// the window sessions' QPs, windows and volume registrations there (the IB spec wants
     /// window, registration and QP in one PD; isolation comes from the windows being bound to one
@@ -230,6 +235,7 @@ impl Shared {
             unopened: Mutex::default(),
             auth_failures: Mutex::default(),
             sessions: Mutex::default(),
+            replaced_sizes: Mutex::default(),
             domains: Mutex::default(),
             conns: Mutex::default(),
             // Ids of sessions from before a restart rarely name a live one (their tokens would
@@ -386,7 +392,7 @@ impl Shared {
             }
             Wake::Evicted => live.wakes.evicted = true,
             Wake::Probe => live.wakes.probe = true,
-            Wake::SessionEnded => {}
+            Wake::SessionEnded | Wake::Grew => {}
             Wake::QpFailed(what) => live.wakes.qp_failed = Some(what),
         }
         live.waker.wake();
@@ -619,11 +625,22 @@ impl Shared {
         s.release();
         self.forget_session(s);
     }
-    /// Removes `s` from the table (not a later session that happens to have its id).
+    /// Removes `s` from the table (not a later session that happens to have its id). An
+    /// initiator without segments that reconnects gets the size the session had: kept here.
     fn forget_session(&self, s: &Arc<Session>) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         if sessions.get(&s.id).is_some_and(|t| Arc::ptr_eq(t, s)) {
             sessions.remove(&s.id);
+            if !s.segmented {
+                let mut sizes = self.replaced_sizes.lock().unwrap_or_else(|p| p.into_inner());
+                // Each is taken by the reconnect's OPEN; those of sessions nobody resumes are
+                // dropped with the rest once there are many (an old initiator that resumes one
+                // of them then gets the volume's size, as before grows existed).
+                if sizes.len() >= 4096 {
+                    sizes.clear();
+                }
+                sizes.insert(s.id, (s.token, s.opened_size));
+            }
         }
     }
 
@@ -649,6 +666,62 @@ impl Shared {
         }
         info!("session {} replaced by a reconnect", old.id);
         None
+    }
+
+    /// The size the session `resume` names had at its OPEN, if it ended here and the token is
+    /// its: an initiator that does not know segments resumes at it, even if the volume grew
+    /// meanwhile.
+    pub(crate) fn resumed_size(&self, resume: &Resume) -> Option<u64> {
+        let mut sizes = self.replaced_sizes.lock().unwrap_or_else(|p| p.into_inner());
+        let (token, size) = sizes.get(&resume.session_id)?;
+        let theirs: bool = subtle::ConstantTimeEq::ct_eq(&token[..], &resume.token[..]).into();
+        if !theirs {
+            return None;
+        }
+        let size = *size;
+        sizes.remove(&resume.session_id);
+        Some(size)
+    }
+
+    /// Grows served volume `volume` to `size` bytes ([`Volume::grow`]), then gets its sessions
+    /// there: registers the new segment for the window sessions on each device and in the own
+    /// protection domain of each session with registrations that knows segments, and wakes
+    /// every connection of every session of the volume, which binds its new window and tells
+    /// its initiator ([`rblk_proto::Message::Resized`]). Sessions of initiators that do not
+    /// know segments keep the size they opened.
+    pub(crate) fn grow_volume(&self, volume: &Arc<Volume>, size: u64) -> Result<(), crate::volume::GrowError> {
+        volume.grow(size)?;
+        let last = volume.segments().len() - 1;
+        let sessions: Vec<Arc<Session>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| Arc::ptr_eq(&s.volume, volume))
+            .cloned()
+            .collect();
+        let mut registered: Vec<String> = Vec::new();
+        for s in &sessions {
+            let done = if s.uses_windows() && s.segmented {
+                if registered.iter().any(|d| d == s.pd.device()) {
+                    Ok(())
+                } else {
+                    registered.push(s.pd.device().to_owned());
+                    volume.region(&s.pd, &self.counters, last).map(|_| ())
+                }
+            } else {
+                s.register_grown().map(|_| ())
+            };
+            if let Err(e) = done {
+                // Its connections find the segment missing when they bind (and fail), or
+                // keep the size they were told.
+                warn!(session = s.id, volume = %volume.name, error = %Chain(&e), "registering the added segment failed");
+            }
+            for conn in s.live_connections() {
+                self.wake_connection(conn, Wake::Grew);
+            }
+        }
+        Ok(())
     }
 
     /// Ends session `s` from outside (see [`Session::end`]): its rkeys die now, it is
@@ -731,7 +804,7 @@ pub(crate) fn log_serving(v: &Volume) {
 pub(crate) fn final_flush(identity: &identity::Store, v: &Volume) {
     let Some(b) = v.backing.as_ref().filter(|b| !b.failed()) else { return };
     let result = if v.written() {
-        b.flush(&v.memory, &[(0, v.size())]).inspect(|()| {
+        b.flush(&v.memory(), &[(0, v.size())]).inspect(|()| {
             v.written_back_whole();
             info!(volume = %v.name, "flushed to {}", b.path().display());
         })
@@ -784,7 +857,7 @@ impl Shared {
     pub(crate) fn apply(
         &self,
         current: &mut Config,
-        new: Config,
+        mut new: Config,
         progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<ReloadReport, StartError> {
         let mut policy = new.check()?;
@@ -816,14 +889,23 @@ impl Shared {
         let wanted: HashMap<&str, &crate::config::VolumeSpec> =
             new.volumes.iter().map(|v| (v.name.as_str(), v)).collect();
 
+        // Grows (applied once OPEN may go on), and volumes made again smaller.
+        let mut grows: Vec<(String, u64, u64)> = Vec::new();
+        let mut shrunk: Vec<Arc<Volume>> = Vec::new();
         // Removals, the new policy and limits, in one step for OPEN.
         let (gone, to_load) = {
             let mut catalog = shared.catalog.write().unwrap_or_else(|p| p.into_inner());
             // RAM volumes whose contents would go with them: only when the file says so.
+            // A shrink makes the volume again: the same rule (one with sessions is refused below).
+            let shrinks = |v: &Volume| {
+                wanted.get(v.name.as_str()).is_some_and(|spec| {
+                    spec.size < v.size() && catalog.specs.get(&v.name).is_some_and(|was| was.path == spec.path)
+                })
+            };
             let mut losing: Vec<String> = catalog
                 .volumes
                 .values()
-                .filter(|v| !wanted.contains_key(v.name.as_str()) && v.is_volatile() && v.written())
+                .filter(|v| (!wanted.contains_key(v.name.as_str()) || shrinks(v)) && v.is_volatile() && v.written())
                 .filter(|v| catalog.sessions_of(&v.name) == 0 && !new.confirm_remove.contains(&v.name))
                 .map(|v| v.name.clone())
                 .collect();
@@ -854,21 +936,35 @@ impl Shared {
                 }
             }
             for (name, spec) in &wanted {
-                if let Some(was) = catalog.specs.get(*name) {
-                    let mut what = Vec::new();
+                let Some(was) = catalog.specs.get(*name) else { continue };
+                if was.path != spec.path {
+                    let show = |p: &Option<std::path::PathBuf>| {
+                        p.as_ref().map_or_else(|| "RAM".to_owned(), |p| p.display().to_string())
+                    };
+                    let mut what = format!("path {} -> {}", show(&was.path), show(&spec.path));
                     if was.size != spec.size {
-                        what.push(format!("size {} -> {}", was.size, spec.size));
+                        what = format!("size {} -> {}, {what}", was.size, spec.size);
                     }
-                    if was.path != spec.path {
-                        let show = |p: &Option<std::path::PathBuf>| {
-                            p.as_ref().map_or_else(|| "RAM".to_owned(), |p| p.display().to_string())
-                        };
-                        what.push(format!("path {} -> {}", show(&was.path), show(&spec.path)));
-                    }
-                    if !what.is_empty() {
-                        let what = what.join(", ");
-                        warn!(volume = %name, "reload: {what}: not applied to a served volume (remove it, reload, add it again)");
+                    warn!(volume = %name, "reload: {what}: not applied to a served volume (remove it, reload, add it again)");
+                    report.unchanged.push(((*name).to_owned(), what));
+                } else if spec.size > was.size {
+                    grows.push(((*name).to_owned(), was.size, spec.size));
+                } else if spec.size < was.size {
+                    let sessions = catalog.sessions_of(name);
+                    let what = format!("size {} -> {}", was.size, spec.size);
+                    if sessions > 0 {
+                        let what = format!(
+                            "{what}: a volume cannot shrink while it has {}",
+                            crate::counted(sessions, "open session")
+                        );
+                        warn!(volume = %name, "reload: {what}");
                         report.unchanged.push(((*name).to_owned(), what));
+                    } else if let Some(v) = catalog.volumes.remove(*name) {
+                        // Made again at its new size below, as a removal and an addition (a RAM
+                        // volume holding data needs confirm_remove, checked above).
+                        catalog.specs.remove(*name);
+                        info!(volume = %name, "reload: {what}: made again at the new size");
+                        shrunk.push(v);
                     }
                 }
             }
@@ -882,6 +978,30 @@ impl Shared {
         };
 
         // Nobody can open these any more, and nobody has them open.
+        for v in shrunk {
+            final_flush(&shared.identity, &v);
+        }
+        for (name, was, size) in grows {
+            let Some(v) = shared.catalog().volumes.get(&name).cloned() else { continue };
+            match shared.grow_volume(&v, size) {
+                Ok(()) => {
+                    let mut catalog = shared.catalog.write().unwrap_or_else(|p| p.into_inner());
+                    if let Some(spec) = catalog.specs.get_mut(&name) {
+                        spec.size = size;
+                    }
+                    report.grown.push((name, was, size));
+                }
+                Err(e) => {
+                    let what = format!("size {was} -> {size}: {}", Chain(&e));
+                    warn!(volume = %name, "reload: not grown: {what}");
+                    // The configuration applied keeps the size served.
+                    if let Some(spec) = new.volumes.iter_mut().find(|s| s.name == name) {
+                        spec.size = was;
+                    }
+                    report.unchanged.push((name, what));
+                }
+            }
+        }
         for v in gone {
             final_flush(&shared.identity, &v);
             info!(volume = %v.name, "volume removed");

@@ -16,8 +16,17 @@
 //! - A removed volume with open sessions stays (served as before, with its old access list)
 //!   and is reported busy; the next reload tries again. An idle one goes: a durable one after
 //!   the final flush that shutdown does, its identity kept for a later re-add.
-//! - A volume whose size or backing path changed is served as it was (reported): remove it,
-//!   reload, add it again.
+//! - A volume whose backing path changed is served as it was (reported): remove it, reload,
+//!   add it again.
+//! - A volume whose size grew grows while it is served ([`Volume::grow`]: nothing in it moves
+//!   or is copied), and its sessions hear of it
+//!   ([`Shared::grow_volume`](crate::registry::Shared::grow_volume)); a grow that cannot be
+//!   done (a ninth segment, its reserved address space full) is reported and leaves it as it was.
+//! - A volume whose size shrank is made again at the new size, as a removal and an addition
+//!   would (a RAM volume holding data needs `confirm_remove`); while sessions have it open it
+//!   is served as it was (reported).
+//!
+//! [`Volume::grow`]: crate::volume::Volume::grow
 //! - An added volume is created (or loaded from its backing store) before OPEN can find it; a
 //!   volume that failed to load earlier is tried again.
 //! - Hosts, keys and access lists apply to the next AUTH and OPEN, and take access away at
@@ -43,8 +52,10 @@ pub struct ReloadReport {
     pub busy: Vec<(String, usize)>,
     /// Volumes that could not be created or loaded, with the reason (OPEN reports it).
     pub refused: Vec<(String, String)>,
-    /// Volumes whose size or backing path changed, served as before, with what changed.
+    /// Volumes whose size or backing path changed, served as before, with what changed and why.
     pub unchanged: Vec<(String, String)>,
+    /// Volumes grown while served: name, old and new size in bytes.
+    pub grown: Vec<(String, u64, u64)>,
     /// Settings that differ but only a restart applies.
     pub needs_restart: Vec<String>,
     /// Who may get in and open what, as it changed.
@@ -75,6 +86,9 @@ impl fmt::Display for ReloadReport {
         }
         for (name, why) in &self.refused {
             parts.push(format!("refused {name} ({why})"));
+        }
+        for (name, was, size) in &self.grown {
+            parts.push(format!("grew {name} from {} to {}", rblk_proto::Bytes(*was), rblk_proto::Bytes(*size)));
         }
         for (name, what) in &self.unchanged {
             parts.push(format!("left {name} as it was ({what})"));

@@ -1,4 +1,4 @@
-//! `STATE_DIR/admin.toml`: what `rblk-target admin add` and `admin remove` changed, saved so
+//! `STATE_DIR/admin.toml`: what `rblk-target admin add`, `admin resize` and `admin remove` changed, saved so
 //! that a restart, a SIGHUP and a handover keep it (as nvmetcli's `save` and SPDK's
 //! `save_config` persist run-time changes).
 //!
@@ -142,6 +142,13 @@ impl Saved {
     pub(crate) fn added(&mut self, v: &FileVolume) {
         self.volumes.retain(|s| s.name != v.name);
         self.volumes.push(v.clone());
+    }
+
+    /// After `admin resize` of `name` to `size` bytes.
+    pub(crate) fn resized(&mut self, name: &str, size: u64) {
+        for v in self.volumes.iter_mut().filter(|v| v.name == name) {
+            v.size = size.into();
+        }
     }
 
     /// After `admin remove` of `name`.

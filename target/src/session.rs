@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rblk_fabric::{Access, Chain, Endpoint, Mw, Pd, Waker};
-use rblk_proto::{OpenMode, NONCE_LEN, TOKEN_LEN};
+use rblk_proto::{OpenMode, Segment, Segments, NONCE_LEN, TOKEN_LEN};
 use subtle::ConstantTimeEq;
 
 use crate::access::Credential;
@@ -45,7 +45,8 @@ impl std::fmt::Display for Owner {
     }
 }
 
-/// A memory window bound to one connection's QP, counted in [`Counters::windows`]. Dropping it
+/// A memory window bound to one connection's QP over one segment of the volume, counted in
+/// [`Counters::windows`]. Dropping it
 /// deallocates it (`ibv_dealloc_mw`), which kills its rkey at once, from any thread, whether the
 /// QP is alive or in error: that is how the target revokes a window (CLOSE, loss, replacement,
 /// a failed volume, a connection leaving). If the deallocation fails, the rkey may still work,
@@ -57,8 +58,12 @@ pub struct Window {
     conn: u64,
     /// The QP it is bound to.
     qpn: u32,
+    /// The volume's segment it reaches.
+    segment: usize,
     /// None once deallocated.
     mw: Option<Mw>,
+    /// The segment's registration it is bound within (kept until the window is gone).
+    region: Arc<Registration>,
     counters: Arc<Counters>,
     /// Wakes the connection, to disconnect it after a failed deallocation.
     waker: Waker,
@@ -67,10 +72,18 @@ pub struct Window {
 }
 
 impl Window {
-    /// Counts `mw`, bound to connection `conn`'s QP `ep`, in.
-    fn new(conn: u64, ep: &Endpoint, mw: Mw, counters: Arc<Counters>, stuck: Arc<Mutex<Vec<u64>>>) -> Window {
+    /// Counts `mw`, bound to connection `conn`'s QP `ep` over segment `segment` (`region`), in.
+    fn new(
+        conn: u64,
+        ep: &Endpoint,
+        segment: usize,
+        mw: Mw,
+        region: Arc<Registration>,
+        counters: Arc<Counters>,
+        stuck: Arc<Mutex<Vec<u64>>>,
+    ) -> Window {
         counters.windows.fetch_add(1, Ordering::SeqCst);
-        Window { conn, qpn: ep.qp_num(), mw: Some(mw), counters, waker: ep.waker(), stuck }
+        Window { conn, qpn: ep.qp_num(), segment, mw: Some(mw), region, counters, waker: ep.waker(), stuck }
     }
 }
 
@@ -78,9 +91,9 @@ impl Drop for Window {
     fn drop(&mut self) {
         self.counters.windows.fetch_sub(1, Ordering::SeqCst);
         let Some(mw) = self.mw.take() else { return };
-        let (conn, qpn, rkey) = (self.conn, self.qpn, format_args!("{:#x}", mw.rkey()));
+        let (conn, qpn, segment, rkey) = (self.conn, self.qpn, self.segment, format_args!("{:#x}", mw.rkey()));
         match mw.dealloc() {
-            Ok(()) => tracing::debug!(conn, qpn, %rkey, "window revoked"),
+            Ok(()) => tracing::debug!(conn, qpn, segment, %rkey, "window revoked"),
             Err(e) => {
                 self.counters.window_dealloc_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(
@@ -101,18 +114,15 @@ impl Drop for Window {
 /// How a session reaches its volume.
 #[derive(Debug)]
 pub enum Grant {
-    /// A registration of the volume in the session's own protection domain, with one rkey for
-    /// all its QPs (the fallback: devices without type 2B windows, initiators without
-    /// [`rblk_proto::FEATURE_WINDOWS`]).
-    Own(Registration),
-    /// Windows over the volume's shared registration (no remote access of its own, see
-    /// [`crate::volume::Volume::region`]), one bound to each of the session's QPs.
-    Windows {
-        /// The volume's registration on this device (shared by every window session).
-        region: Arc<Registration>,
-        /// One window per connection.
-        bound: Vec<Window>,
-    },
+    /// Registrations of the volume in the session's own protection domain, each with one rkey
+    /// for all its QPs (the fallback: devices without type 2B windows, initiators without
+    /// [`rblk_proto::FEATURE_WINDOWS`]): one per segment for an initiator with
+    /// [`rblk_proto::FEATURE_SEGMENTS`], else one over the whole volume as it opened it.
+    Own(Vec<Registration>),
+    /// Windows over the volume's shared registrations of its segments (no remote access of
+    /// their own, see [`crate::volume::Volume::region`]), one bound to each of the session's
+    /// QPs per segment, in segment order.
+    Windows(Vec<Window>),
 }
 
 /// Why a window could not be bound.
@@ -158,6 +168,12 @@ pub struct Session {
     pub mode: OpenMode,
     /// Features the opening connection negotiated; they hold for the connections that join.
     pub features: u64,
+    /// Its initiator knows segments ([`rblk_proto::FEATURE_SEGMENTS`], with the instance tail
+    /// they follow): it reaches every segment and hears of grows. Else it reaches the volume as
+    /// it opened it: `opened_size` bytes through one rkey per QP.
+    pub segmented: bool,
+    /// The size the volume had for the session at OPEN (an older initiator's, for good).
+    pub opened_size: u64,
     /// Whom it counts against.
     pub owner: Owner,
     /// What its opening connection proved at AUTH (a reload that changes the key its host must
@@ -231,8 +247,9 @@ impl Session {
         features: u64,
         owner: Owner,
         credential: Credential,
+        opened_size: u64,
     ) -> Session {
-        let windows = matches!(grant, Grant::Windows { .. });
+        let windows = matches!(grant, Grant::Windows(_));
         Session {
             id,
             token: random(),
@@ -240,6 +257,8 @@ impl Session {
             volume,
             mode,
             features,
+            segmented: segmented(features),
+            opened_size,
             owner,
             credential,
             members: Mutex::default(),
@@ -300,32 +319,100 @@ impl Session {
         self.token.ct_eq(token).into()
     }
 
-    /// Remote address and rkey of the session's own registration, while it exists (None for
-    /// a session with windows: see [`Session::bind`]).
-    pub fn remote(&self) -> Option<(u64, u32)> {
-        match &*self.grant.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(Grant::Own(r)) => Some((r.mr().addr(), r.mr().rkey())),
-            _ => None,
+    /// How many of the volume's segments the session reaches: all of them for an initiator that
+    /// knows segments, the first one for an older initiator with windows (whose volume had one
+    /// when it opened), its one registration's for an older one without.
+    fn wanted(&self) -> usize {
+        if self.segmented {
+            self.volume.segments().len()
+        } else {
+            1
         }
     }
 
-    /// Binds a window over the whole volume to connection `conn`'s QP `ep` (read-only or
-    /// read-write as the session was opened), as work request [`BIND_WR_ID`], and returns the
-    /// volume's address and the window's rkey. The bind is posted before the reply that carries
-    /// the rkey, and a QP executes its send queue in order, so the rkey works by the time the
-    /// initiator has it; a failed bind fails the QP, and with it that reply.
-    pub fn bind(&self, ep: &mut Endpoint, conn: u64) -> Result<(u64, u32), BindError> {
+    /// Binds the next window connection `conn`'s QP `ep` lacks (read-only or read-write as the
+    /// session was opened): over the lowest segment not yet bound to it, as work request
+    /// [`BIND_WR_ID`]. False when it has all it should have ([`Session::wanted`]). The caller
+    /// posts one at a time within its send queue's slack and sends the message that carries
+    /// the rkeys ([`Session::reach`]) after the last: a QP executes its send queue in order, so
+    /// the rkeys work by the time the initiator has them; a failed bind fails the QP, and with
+    /// it that message.
+    pub fn bind_next(&self, ep: &mut Endpoint, conn: u64) -> Result<bool, BindError> {
+        let wanted = self.wanted();
         let mut grant = self.grant.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(Grant::Windows { region, bound }) = &mut *grant else {
+        let Some(Grant::Windows(bound)) = &mut *grant else {
             return Err(if grant.is_some() { BindError::NoWindows } else { BindError::Revoked });
         };
+        let next = bound.iter().filter(|w| w.conn == conn).count();
+        if next >= wanted {
+            return Ok(false);
+        }
+        let region = self.volume.region(&self.pd, &self.counters, next).map_err(BindError::Fabric)?;
         let mr = region.mr();
         let mut mw = self.pd.alloc_mw().map_err(BindError::Fabric)?;
-        let rkey = ep
-            .bind_mw(BIND_WR_ID, &mut mw, mr, 0, mr.len() as u64, remote_access(self.mode))
-            .map_err(BindError::Fabric)?;
-        bound.push(Window::new(conn, ep, mw, Arc::clone(&self.counters), Arc::clone(&self.stuck)));
-        Ok((mr.addr(), rkey))
+        ep.bind_mw(BIND_WR_ID, &mut mw, mr, 0, mr.len() as u64, remote_access(self.mode)).map_err(BindError::Fabric)?;
+        let (counters, stuck) = (Arc::clone(&self.counters), Arc::clone(&self.stuck));
+        bound.push(Window::new(conn, ep, next, mw, Arc::clone(&region), counters, stuck));
+        Ok(true)
+    }
+
+    /// Whether connection `conn` lacks windows it should have ([`Session::bind_next`]).
+    pub fn unbound(&self, conn: u64) -> bool {
+        let wanted = self.wanted();
+        match &*self.grant.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(Grant::Windows(bound)) => bound.iter().filter(|w| w.conn == conn).count() < wanted,
+            _ => false,
+        }
+    }
+
+    /// What connection `conn`'s QP reaches now: the volume's size as far as it reaches, and
+    /// each segment's offset, address and rkey (a window's for this QP, or the session's own
+    /// registration's). An older initiator's is the size it opened, through one segment. None
+    /// once released, or while the QP has no window yet.
+    pub fn reach(&self, conn: u64) -> Option<(u64, Segments)> {
+        let offsets = self.volume.segment_offsets();
+        let grant = self.grant.lock().unwrap_or_else(|p| p.into_inner());
+        let list: Vec<(u64, u64, u32)> = match grant.as_ref()? {
+            Grant::Own(regs) => regs.iter().map(|r| (r.mr().len() as u64, r.mr().addr(), r.mr().rkey())).collect(),
+            Grant::Windows(bound) => {
+                let mut mine: Vec<&Window> = bound.iter().filter(|w| w.conn == conn).collect();
+                mine.sort_by_key(|w| w.segment);
+                mine.iter()
+                    .filter_map(|w| Some((w.region.mr().len() as u64, w.region.mr().addr(), w.mw.as_ref()?.rkey())))
+                    .collect()
+            }
+        };
+        if list.is_empty() {
+            return None;
+        }
+        if !self.segmented {
+            let (_, addr, rkey) = list[0];
+            return Some((self.opened_size, Segments::one(addr, rkey)));
+        }
+        let size = list.iter().map(|&(len, ..)| len).sum();
+        let segs: Vec<Segment> = list
+            .iter()
+            .zip(offsets)
+            .map(|(&(_, remote_addr, rkey), offset)| Segment { offset, remote_addr, rkey })
+            .collect();
+        Some((size, Segments::new(&segs).ok()?))
+    }
+
+    /// After the volume grew: a session with registrations of its own that knows segments
+    /// registers the new ones in its protection domain (windows are bound by each connection:
+    /// [`Session::bind_next`]). Returns whether it has every segment.
+    pub fn register_grown(&self) -> rblk_fabric::Result<bool> {
+        if !self.segmented {
+            return Ok(true);
+        }
+        let segments = self.volume.segments();
+        let mut grant = self.grant.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(Grant::Own(regs)) = &mut *grant else { return Ok(true) };
+        while regs.len() < segments.len() {
+            let mr = self.pd.register(&segments[regs.len()], remote_access(self.mode))?;
+            regs.push(Registration::new(mr, Arc::clone(&self.counters)));
+        }
+        Ok(true)
     }
 
     /// Counts connection `conn` in (the opener, or a joiner once admitted). False if the
@@ -341,7 +428,7 @@ impl Session {
     /// Revokes the window bound to connection `conn`'s QP, if any: before that QP is destroyed
     /// (a bound window holds its QP; rxe's QP destroy waits for it).
     pub fn unbind(&self, conn: u64) {
-        if let Some(Grant::Windows { bound, .. }) = &mut *self.grant.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some(Grant::Windows(bound)) = &mut *self.grant.lock().unwrap_or_else(|p| p.into_inner()) {
             bound.retain(|w| w.conn != conn);
         }
     }
@@ -432,6 +519,13 @@ impl Drop for Session {
     fn drop(&mut self) {
         self.release();
     }
+}
+
+/// Whether an initiator with `features` knows segments: [`rblk_proto::FEATURE_SEGMENTS`], and
+/// [`rblk_proto::FEATURE_RECONNECT`], whose instance tail the segments tail follows.
+pub fn segmented(features: u64) -> bool {
+    let both = rblk_proto::FEATURE_SEGMENTS | rblk_proto::FEATURE_RECONNECT;
+    features & both == both
 }
 
 pub use rblk_fabric::random;

@@ -35,6 +35,13 @@ impl std::fmt::Debug for Ring {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: the next ring made on this thread fails this many waits (see `Ring::fail_waits`),
+    /// for rings made inside the code under test.
+    pub(crate) static FAIL_WAITS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 struct Pending {
     offset: u64,
     len: u64,
@@ -47,7 +54,7 @@ impl Ring {
             ring: IoUring::new(depth.next_power_of_two())?,
             depth: depth as usize,
             #[cfg(test)]
-            fail_waits: 0,
+            fail_waits: FAIL_WAITS.take(),
         })
     }
 

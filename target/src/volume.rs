@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rblk_fabric::{Access, Memory, Mr, Pd, Reservation};
 use rblk_proto::{OpenMode, VolumeId};
@@ -32,8 +32,9 @@ pub struct Volume {
     /// Name initiators open it by.
     pub name: String,
     /// Its bytes (never borrowed as a slice: NICs write it): one view ([`Memory::span`]) over
-    /// its segments, which sit in address space reserved to grow in ([`reserve_for`]).
-    pub memory: Arc<Memory>,
+    /// its segments, which sit in address space reserved to grow in ([`reserve_for`]);
+    /// replaced by a wider one when the volume grows ([`Volume::grow`]).
+    memory: RwLock<Arc<Memory>>,
     /// Block size in bytes.
     pub block_size: u32,
     /// The backing store of a durable volume; None for RAM volumes.
@@ -47,8 +48,11 @@ pub struct Volume {
     pub zeroed: Zeroed,
     /// Open sessions by mode, for exclusivity.
     opens: Mutex<Opens>,
-    /// The registration memory windows are bound to, by device (see [`Volume::region`]).
-    regions: Mutex<HashMap<String, Arc<Registration>>>,
+    /// The registrations memory windows are bound to, by device, one per segment (see
+    /// [`Volume::region`]).
+    regions: Mutex<HashMap<String, Vec<Arc<Registration>>>>,
+    /// Serializes grows ([`Volume::grow`]).
+    growing: Mutex<()>,
 }
 
 /// Bytes a volume's DISCARDs and WRITE_ZEROES zeroed (counted when answered).
@@ -89,6 +93,61 @@ fn fresh_memory(name: &str, size: u64) -> rblk_fabric::Result<Arc<Memory>> {
     Memory::span(&reservation, vec![first])
 }
 
+/// Why a volume could not grow ([`Volume::grow`]); nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrowError {
+    /// The new size is not larger (a shrink is refused elsewhere, before this).
+    #[error("{size} bytes is not larger than its {was}")]
+    NotLarger {
+        /// Its size.
+        was: u64,
+        /// The size asked for.
+        size: u64,
+    },
+    /// The new size is not a multiple of the block size.
+    #[error("{size} bytes is not a multiple of its block size, {block_size}")]
+    Unaligned {
+        /// The size asked for.
+        size: u64,
+        /// The volume's block size.
+        block_size: u32,
+    },
+    /// It already has the most segments a volume can have.
+    #[error(
+        "it has grown {} times already, the most a served volume can (it has {max} memory segments): \
+         to grow it further, remove it and add it again at the new size (a durable volume keeps its data; \
+         a RAM volume's is lost), or restart the daemon with the new size in its configuration",
+        max - 1
+    )]
+    TooManySegments {
+        /// [`rblk_proto::MAX_SEGMENTS`].
+        max: usize,
+    },
+    /// Its address space has no room for the added range.
+    #[error(
+        "its reserved address space ({reserved} bytes) holds at most {most} bytes, not {size}: \
+         remove it and add it again at the new size, or restart the daemon with the new size"
+    )]
+    Reservation {
+        /// The address space reserved for it.
+        reserved: u64,
+        /// The largest size it can grow to.
+        most: u64,
+        /// The size asked for.
+        size: u64,
+    },
+    /// It was not made in a reservation (cannot happen to a served volume).
+    #[error("its memory has no address space reserved to grow in")]
+    NoReservation,
+    /// The added segment could not be made.
+    #[error("cannot map the added memory")]
+    Memory(#[source] rblk_fabric::Error),
+    /// A durable volume's backing store could not grow with it.
+    #[error(transparent)]
+    Backing(BackingError),
+}
+
 /// Why an open was refused.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Busy(pub String);
@@ -99,7 +158,7 @@ impl Volume {
         let memory = fresh_memory(name, size)?;
         Ok(Volume {
             name: name.to_owned(),
-            memory,
+            memory: RwLock::new(memory),
             block_size,
             backing: None,
             instance: VolumeId(rblk_fabric::random()),
@@ -107,6 +166,7 @@ impl Volume {
             zeroed: Zeroed::default(),
             opens: Mutex::default(),
             regions: Mutex::default(),
+            growing: Mutex::default(),
         })
     }
 
@@ -129,7 +189,7 @@ impl Volume {
         );
         Ok(Volume {
             name: name.to_owned(),
-            memory,
+            memory: RwLock::new(memory),
             block_size,
             backing: Some(backing),
             instance: VolumeId(rblk_fabric::random()),
@@ -137,6 +197,7 @@ impl Volume {
             zeroed: Zeroed::default(),
             opens: Mutex::default(),
             regions: Mutex::default(),
+            growing: Mutex::default(),
         })
     }
 
@@ -154,7 +215,7 @@ impl Volume {
     ) -> Volume {
         Volume {
             name: name.to_owned(),
-            memory,
+            memory: RwLock::new(memory),
             block_size,
             backing,
             instance,
@@ -162,18 +223,94 @@ impl Volume {
             zeroed: Zeroed::default(),
             opens: Mutex::new(Opens { written, ..Opens::default() }),
             regions: Mutex::default(),
+            growing: Mutex::default(),
         }
     }
 
-    /// Its memory segments, one sealed memfd each (one until volumes grow, issue 44): what a
-    /// handover passes.
-    pub fn segments(&self) -> &[Arc<Memory>] {
-        self.memory.segments()
+    /// Its bytes now: the view over every segment (a grow replaces it; a holder of an older
+    /// view keeps reaching the range it had, which never moves).
+    pub fn memory(&self) -> Arc<Memory> {
+        Arc::clone(&self.memory.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Its memory segments, one sealed memfd each, in order: what a handover passes, and what
+    /// is registered (and windowed) one by one.
+    pub fn segments(&self) -> Vec<Arc<Memory>> {
+        self.memory().segments().to_vec()
+    }
+
+    /// Where each segment starts in the volume, in bytes, in order.
+    pub fn segment_offsets(&self) -> Vec<u64> {
+        let mut at = 0;
+        self.segments()
+            .iter()
+            .map(|m| {
+                let start = at;
+                at += m.len() as u64;
+                start
+            })
+            .collect()
     }
 
     /// The address space reserved for it, and how much of it its segments use.
     pub fn reserved(&self) -> (u64, u64) {
-        self.memory.reservation().map_or((0, 0), |r| (r.len() as u64, r.used() as u64))
+        self.memory().reservation().map_or((0, 0), |r| (r.len() as u64, r.used() as u64))
+    }
+
+    /// Grows the volume to `size` bytes while it is served: a new sealed memfd segment for the
+    /// added range, mapped right after the last one in the volume's reserved address space (so
+    /// nothing already in the volume moves or is copied, and every registration and window
+    /// over the old segments stays valid), loaded from a durable volume's backing store, and a
+    /// new view over all segments. The caller then registers the segment where sessions need it
+    /// and tells the sessions ([`crate::registry::Shared::grow_volume`]). Refuses a size that
+    /// is not larger, not a multiple of the block size, a ninth segment, or more than the
+    /// reservation holds; on any error nothing changed.
+    pub fn grow(&self, size: u64) -> Result<Arc<Memory>, GrowError> {
+        let _one = self.growing.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.memory();
+        let was = old.len() as u64;
+        if size <= was {
+            return Err(GrowError::NotLarger { was, size });
+        }
+        if !size.is_multiple_of(u64::from(self.block_size)) {
+            return Err(GrowError::Unaligned { size, block_size: self.block_size });
+        }
+        let mut segments = old.segments().to_vec();
+        if segments.len() >= rblk_proto::MAX_SEGMENTS {
+            return Err(GrowError::TooManySegments { max: rblk_proto::MAX_SEGMENTS });
+        }
+        let reservation = old.reservation().cloned().ok_or(GrowError::NoReservation)?;
+        let room = (reservation.len() - reservation.used()) as u64;
+        if size - was > room {
+            return Err(GrowError::Reservation { reserved: reservation.len() as u64, most: was + room, size });
+        }
+        let added = usize::try_from(size - was).map_err(|_| GrowError::Reservation {
+            reserved: reservation.len() as u64,
+            most: was + room,
+            size,
+        })?;
+        // What the backing store refuses without reading, before address space is taken.
+        if let Some(b) = &self.backing {
+            b.check_growth(was, size).map_err(GrowError::Backing)?;
+        }
+        let segment = Memory::memfd_in(&memfd_name(&self.name), added, &reservation).map_err(GrowError::Memory)?;
+        segments.push(segment);
+        let view = Memory::span(&reservation, segments).map_err(GrowError::Memory)?;
+        // A durable volume's added range holds what its backing store holds there (a file
+        // extended sparse: zeros; a block device the operator grew: its bytes), before any
+        // initiator can reach it.
+        if let Some(b) = &self.backing {
+            b.grow(&view, was, &self.name).map_err(GrowError::Backing)?;
+        }
+        *self.memory.write().unwrap_or_else(|p| p.into_inner()) = Arc::clone(&view);
+        tracing::info!(
+            volume = %self.name,
+            "grew from {} to {} ({} segments)",
+            rblk_proto::Bytes(was),
+            rblk_proto::Bytes(size),
+            view.segments().len()
+        );
+        Ok(view)
     }
 
     /// Starts no more write-back passes and waits for the running one (see [`Group::hold`]).
@@ -188,27 +325,39 @@ impl Volume {
         }
     }
 
-    /// The volume's one registration in `pd` (the target's window domain of its device), with
-    /// no remote access of its own: windows bound to QPs grant that ([`Access::BIND_ONLY`]).
-    /// Registered at the first OPEN with windows on the device and kept while the volume is
-    /// served, so a session costs one window per QP, whatever the volume's size.
-    pub fn region(&self, pd: &Pd, counters: &Arc<Counters>) -> rblk_fabric::Result<Arc<Registration>> {
+    /// The registration of the volume's segment `index` in `pd` (the target's window domain of
+    /// its device), with no remote access of its own: windows bound to QPs grant that
+    /// ([`Access::BIND_ONLY`]). A type 2B window binds within one registration, so each segment
+    /// has its own. Registered at the first OPEN with windows on the device (or when the volume
+    /// grows while such sessions are open) and kept while the volume is served, so a session
+    /// costs one window per QP and segment, whatever the volume's size.
+    pub fn region(&self, pd: &Pd, counters: &Arc<Counters>, index: usize) -> rblk_fabric::Result<Arc<Registration>> {
+        let segments = self.segments();
+        let Some(segment) = segments.get(index) else {
+            return Err(rblk_fabric::Error::Map {
+                len: 0,
+                source: std::io::Error::other(format!("volume {} has no segment {index}", self.name)),
+            });
+        };
         let mut regions = self.regions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = regions.get(pd.device()) {
-            return Ok(Arc::clone(r));
+        let on_device = regions.entry(pd.device().to_owned()).or_default();
+        // Registered in order: a later segment's registration implies every earlier one's.
+        while on_device.len() <= index {
+            let i = on_device.len();
+            let started = std::time::Instant::now();
+            let mr = pd.register(&segments[i], Access::BIND_ONLY)?;
+            tracing::info!(
+                volume = %self.name,
+                device = pd.device(),
+                segment = i,
+                "registered {} for memory windows in {:.0} ms",
+                rblk_proto::Bytes(segments[i].len() as u64),
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            on_device.push(Arc::new(Registration::new(mr, Arc::clone(counters))));
         }
-        let started = std::time::Instant::now();
-        let mr = pd.register(&self.memory, Access::BIND_ONLY)?;
-        tracing::info!(
-            volume = %self.name,
-            device = pd.device(),
-            "registered {} for memory windows in {:.0} ms",
-            rblk_proto::Bytes(self.size()),
-            started.elapsed().as_secs_f64() * 1e3
-        );
-        let r = Arc::new(Registration::new(mr, Arc::clone(counters)));
-        regions.insert(pd.device().to_owned(), Arc::clone(&r));
-        Ok(r)
+        debug_assert!(Arc::ptr_eq(on_device[index].mr().memory(), segment));
+        Ok(Arc::clone(&on_device[index]))
     }
 
     /// The devices the volume is registered on for memory windows ([`Volume::region`]), by
@@ -265,8 +414,8 @@ impl Volume {
                 hook.pass();
             }
             match &self.backing {
-                Some(b) => b.apply(&self.memory, &jobs),
-                None => jobs.iter().try_for_each(|job| job.zero_memory(&self.memory)),
+                Some(b) => b.apply(&self.memory(), &jobs),
+                None => jobs.iter().try_for_each(|job| job.zero_memory(&self.memory())),
             }
         });
     }
@@ -283,7 +432,7 @@ impl Volume {
 
     /// Size in bytes.
     pub fn size(&self) -> u64 {
-        self.memory.len() as u64
+        self.memory.read().unwrap_or_else(|p| p.into_inner()).len() as u64
     }
 
     /// Records an open by `session`; refuses a second exclusive opener, and writers while an
@@ -394,7 +543,8 @@ mod tests {
         use std::os::fd::AsRawFd;
         let v = Volume::new("vol-a", 1 << 20, 4096).unwrap();
         assert_eq!(v.segments().len(), 1, "one segment until volumes grow");
-        let fd = v.segments()[0].fd().expect("a volume's memory is a memfd");
+        let segments = v.segments();
+        let fd = segments[0].fd().expect("a volume's memory is a memfd");
         let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
         assert_eq!(link.to_string_lossy(), "/memfd:rblk-volume:vol-a (deleted)");
         let seals = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GET_SEALS).unwrap();
@@ -403,11 +553,52 @@ mod tests {
         assert_eq!(v.size(), 1 << 20);
         // Issue 44: in address space reserved for growth, the view over its one segment.
         assert_eq!(v.reserved(), (reserve_for(1 << 20), 1 << 20));
-        assert_eq!((v.memory.addr(), v.memory.len()), (v.segments()[0].addr(), 1 << 20));
+        assert_eq!((v.memory().addr(), v.memory().len()), (v.segments()[0].addr(), 1 << 20));
     }
 
     /// Catches a reservation that leaves a volume no room to grow, or one so large that a
     /// few thousand volumes would exhaust the address space (x86-64 gives a process 128 TiB).
+    /// Catches a grow that copies or moves what the volume holds (the old segment's address
+    /// and memfd must stay, with their bytes, so registrations and windows over them stay
+    /// valid), a new segment not right after the last (the view would not be one range), and
+    /// a grow past the eighth segment or to a size that is not larger or not whole blocks.
+    #[test]
+    fn a_volume_grows_by_a_segment_after_the_last_and_keeps_what_it_holds() {
+        let v = Volume::new("grows", 1 << 20, 4096).unwrap();
+        v.memory().write_at(4096, b"kept").unwrap();
+        let first = v.segments()[0].clone();
+        let inode = |m: &Memory| {
+            use std::os::{fd::AsRawFd as _, unix::fs::MetadataExt as _};
+            std::fs::metadata(format!("/proc/self/fd/{}", m.fd().unwrap().as_raw_fd())).unwrap().ino()
+        };
+        let first_inode = inode(&first);
+        v.grow(3 << 20).unwrap();
+        let segments = v.segments();
+        assert_eq!(segments.len(), 2);
+        assert!(Arc::ptr_eq(&segments[0], &first), "the first segment is the same memory");
+        assert_eq!(inode(&segments[0]), first_inode, "and the same memfd");
+        assert_eq!(segments[1].addr(), first.addr() + (1 << 20), "the new one follows it");
+        assert_eq!((v.size(), v.segment_offsets()), (3 << 20, vec![0, 1 << 20]));
+        let mut got = [0u8; 4];
+        v.memory().read_at(4096, &mut got).unwrap();
+        assert_eq!(&got, b"kept");
+        // One view across the boundary: the CPU side reads and writes the volume as one range.
+        v.memory().write_at((1 << 20) - 2, b"span").unwrap();
+        let mut got = [0u8; 2];
+        segments[1].read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"an");
+        assert!(matches!(v.grow(3 << 20), Err(GrowError::NotLarger { .. })));
+        assert!(matches!(v.grow((3 << 20) + 512), Err(GrowError::Unaligned { .. })));
+        for i in 0..6u64 {
+            v.grow((4 + i) << 20).unwrap();
+        }
+        assert_eq!(v.segments().len(), rblk_proto::MAX_SEGMENTS);
+        let ninth = v.grow(64 << 20).unwrap_err();
+        assert!(matches!(ninth, GrowError::TooManySegments { .. }));
+        assert!(ninth.to_string().contains("remove it and add it again"), "{ninth}");
+        assert_eq!(v.size(), 9 << 20, "a refused grow changes nothing");
+    }
+
     #[test]
     fn the_reservation_leaves_room_to_grow_within_bounds() {
         assert_eq!(reserve_for(1 << 20), 64 << 30, "at least 64 GiB");
@@ -429,10 +620,10 @@ mod tests {
         let v = Volume::durable("vol-d", 1 << 20, 4096, b).unwrap();
         assert!(v.segments()[0].fd().is_some(), "a durable volume's memory is a memfd");
         let mut got = [0u8; 3];
-        v.memory.read_at(4096, &mut got).unwrap();
+        v.memory().read_at(4096, &mut got).unwrap();
         assert_eq!(&got, b"old");
-        v.memory.write_at(8192, b"new").unwrap();
-        v.backing.as_ref().unwrap().flush(&v.memory, &[(8192, 3)]).unwrap();
+        v.memory().write_at(8192, b"new").unwrap();
+        v.backing.as_ref().unwrap().flush(&v.memory(), &[(8192, 3)]).unwrap();
         let mut on_disk = [0u8; 3];
         std::fs::File::open(&path).unwrap().read_exact_at(&mut on_disk, 8192).unwrap();
         assert_eq!(&on_disk, b"new");

@@ -12,6 +12,10 @@
 //!   that pulls a volume from under its session (or never removes it), and wrong list counts.
 //! - `a_reload_applies_the_file_again`: would catch runtime changes kept across a SIGHUP,
 //!   against what --help and the README say.
+//! - `admin_resize_grows_saves_and_refuses_what_it_must`: would catch a grow not saved to
+//!   admin.toml before the answer (a restart would serve the old size), a durable volume's
+//!   file not extended, a shrink under a session, a resize of a config-file volume (the next
+//!   reload would undo it), and a refused resize that changes admin.toml.
 //!
 //! In the guest, over rxe, the real daemon and the real clients:
 //! - `admin_adds_a_volume_rblk_uses_and_removes_it`: would catch the subcommand not reaching the
@@ -392,4 +396,53 @@ fn admin_paths_are_absolute_and_list_takes_dash_o() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("NAME"), "the table is the default");
     r.shutdown();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn admin_resize_grows_saves_and_refuses_what_it_must() {
+    let dir = temp_dir("resize");
+    let socket = dir.join("admin.sock");
+    let state = dir.join("state");
+    let cfg = Config { state_dir: Some(state.clone()), ..config(&socket) };
+    let r = Server::start(cfg).expect("start the in-process target");
+    let img = dir.join("d.img");
+    let add = admin_cli(&socket, &["add", &format!("d:1M:{}", img.display())]);
+    assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stderr));
+    add_ram(&socket, "m");
+    let (_session, ok) = open(&r, "d");
+    assert!(ok, "OPEN d");
+
+    let out = admin_cli(&socket, &["resize", "d", "3M"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("grew volume d"), "{}", String::from_utf8_lossy(&out.stdout));
+    let saved = std::fs::read_to_string(state.join("admin.toml")).expect("admin.toml");
+    assert!(saved.contains(&format!("size = {}", 3 * MIB)), "admin.toml holds {saved:?}");
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 3 * MIB, "the backing file grew with it");
+    let list = admin::request(&socket, &Request::List).unwrap().volumes.unwrap();
+    assert_eq!(list.iter().find(|v| v.name == "d").map(|v| v.size), Some(3 * MIB));
+
+    // Refusals change nothing, admin.toml included.
+    let refuse = |args: &[&str], says: &str| {
+        let out = admin_cli(&socket, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was done");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(std::fs::read_to_string(state.join("admin.toml")).unwrap(), saved, "{args:?} changed admin.toml");
+    };
+    refuse(&["resize", "d", "2M"], "cannot shrink while it has 1 open session");
+    refuse(&["resize", "a", "8M"], "is in the config file");
+    refuse(&["resize", "nope", "8M"], "no volume nope");
+    let bad = admin_cli(&socket, &["resize", "d", "lots"]);
+    assert_eq!(bad.status.code(), Some(2), "a size that is no size is a usage error");
+    // A RAM volume nobody opened shrinks: made again (it holds nothing).
+    let out = admin_cli(&socket, &["resize", "m", "512K"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let list = admin::request(&socket, &Request::List).unwrap().volumes.unwrap();
+    assert_eq!(list.iter().find(|v| v.name == "m").map(|v| v.size), Some(512 << 10));
+    r.shutdown();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn add_ram(socket: &Path, name: &str) {
+    add(socket, name, "1M").unwrap_or_else(|e| panic!("add {name}: {e:?}"));
 }

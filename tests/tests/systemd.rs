@@ -11,8 +11,9 @@
 //!   that fails its checks (a new volume or key before the duplicate is found).
 //! - `reload_applies_keys_access_lists_and_limits`: would catch a policy or limits read once at
 //!   start (a plain value instead of the locked one).
-//! - `a_resized_volume_is_left_as_it_was`: would catch a reload that resizes or re-backs a
-//!   served volume (its sessions' registrations cover the old memory).
+//! - `a_reload_grows_a_volume_and_refuses_to_shrink_one_with_sessions`: would catch a grown
+//!   size left unapplied (OPEN's size), or a shrink under a session (its rkeys cover the
+//!   memory a shrink would drop).
 //! - `a_durable_volume_is_loaded_when_added_and_flushed_when_removed`: would catch serving an
 //!   added durable volume before its load, or removing one without the final flush and the kept
 //!   identity (its data and instance would be lost).
@@ -201,13 +202,17 @@ fn reload_applies_keys_access_lists_and_limits() {
 }
 
 #[test]
-fn a_resized_volume_is_left_as_it_was() {
+fn a_reload_grows_a_volume_and_refuses_to_shrink_one_with_sessions() {
     let r = start(&config(vec![ram("a", 4 * MIB)]));
     let report = r.reload(config(vec![ram("a", 8 * MIB)])).expect("reload");
-    assert_eq!(report.unchanged.len(), 1, "{report:?}");
-    assert!(report.unchanged[0].1.contains("size"), "{report:?}");
-    assert!(report.added.is_empty() && report.removed.is_empty(), "{report:?}");
-    assert_eq!(open(&r, "a").1.expect("OPEN a").size, 4 * MIB);
+    assert_eq!(report.grown, [("a".to_owned(), 4 * MIB, 8 * MIB)], "{report:?}");
+    assert!(report.unchanged.is_empty() && report.added.is_empty() && report.removed.is_empty(), "{report:?}");
+    let (_held, opened) = open(&r, "a");
+    assert_eq!(opened.expect("OPEN a").size, 8 * MIB);
+    // With that session open, a shrink is refused and changes nothing.
+    let report = r.reload(config(vec![ram("a", 4 * MIB)])).expect("reload");
+    assert!(report.unchanged.iter().any(|(n, what)| n == "a" && what.contains("cannot shrink")), "{report:?}");
+    assert_eq!(open(&r, "a").1.expect("OPEN a").size, 8 * MIB);
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

@@ -254,7 +254,6 @@ pub struct Lane {
     /// The session's first queue pair, kept heard by [`tick`](Self::tick).
     control: Option<Arc<Control>>,
     io: Shared,
-    geo: Geometry,
     max: u64,
     features: u64,
     reqs: slab::Slab<Req>,
@@ -288,14 +287,12 @@ impl Lane {
     pub(crate) fn new(q: Queue, control: Option<Arc<Control>>) -> Lane {
         let depth = q.depth() as usize;
         let io = Arc::clone(q.shared());
-        let geo = q.geometry();
         let max = q.max_len();
         let features = q.link().features();
         Lane {
             q,
             control,
             io,
-            geo,
             max,
             features,
             reqs: slab::Slab::with_capacity(depth),
@@ -331,9 +328,13 @@ impl Lane {
         self.defer_posts = defer;
     }
 
-    /// The volume's geometry.
+    /// The volume's geometry (its size as it is now: it may have grown).
     pub fn geometry(&self) -> Geometry {
-        self.geo
+        self.q.geometry()
+    }
+
+    fn geo(&self) -> Geometry {
+        self.q.geometry()
     }
 
     /// The largest piece: requests longer than this are split.
@@ -458,7 +459,7 @@ impl Lane {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let bs = bs(&self.geo);
+        let bs = bs(&self.geo());
         // A FLUSH's offset and length mean nothing (ublk passes whatever the iod holds).
         let (start, end) = match r.op {
             IoOp::Flush => (0, 0),
@@ -552,24 +553,24 @@ impl Lane {
             IoOp::Discard => "discard",
             IoOp::Flush => return Ok(()),
         };
-        let bs = bs(&self.geo);
+        let bs = bs(&self.geo());
         let invalid = |reason| Err(Error::Invalid { what, offset: r.offset, len: r.len, reason });
         if r.len == 0 {
             return invalid(InvalidReason::ZeroLength);
         }
         // The covering blocks must lie inside the volume (its size is a multiple of the block size).
         let Some(end) = r.offset.checked_add(r.len) else {
-            return invalid(InvalidReason::OutOfRange { size: self.geo.size });
+            return invalid(InvalidReason::OutOfRange { size: self.geo().size });
         };
         let (start, end) = (r.offset / bs * bs, end.div_ceil(bs) * bs);
-        self.geo.check_as(what, dir, start, end - start, None)?;
+        self.geo().check_as(what, dir, start, end - start, None)?;
         self.io.check_writable(dir, start, end - start)?;
         if r.op == IoOp::Discard {
             if start != r.offset {
-                return invalid(InvalidReason::OffsetUnaligned { block_size: self.geo.block_size });
+                return invalid(InvalidReason::OffsetUnaligned { block_size: self.geo().block_size });
             }
             if end != r.offset + r.len {
-                return invalid(InvalidReason::LengthUnaligned { block_size: self.geo.block_size });
+                return invalid(InvalidReason::LengthUnaligned { block_size: self.geo().block_size });
             }
             if !self.discards() {
                 return invalid(InvalidReason::Unsupported);
@@ -578,7 +579,7 @@ impl Lane {
         match (&r.data, r.op) {
             (Data::Registered(b), IoOp::Read | IoOp::Write) => {
                 if start != r.offset || end != r.offset + r.len {
-                    return invalid(InvalidReason::OffsetUnaligned { block_size: self.geo.block_size });
+                    return invalid(InvalidReason::OffsetUnaligned { block_size: self.geo().block_size });
                 }
                 if r.len > self.max || r.len > b.len() as u64 {
                     return invalid(InvalidReason::TooLarge { max: self.max.min(b.len() as u64) });
@@ -813,7 +814,7 @@ impl Lane {
                 let edges = rmw.edges;
                 let mut posted = posted;
                 let mut outstanding = outstanding;
-                let bs = bs(&self.geo) as u32;
+                let bs = bs(&self.geo()) as u32;
                 while (posted as usize) < edges.len() {
                     let Some(at) = edges[posted as usize] else {
                         posted += 1;

@@ -118,7 +118,7 @@ impl Engine {
     /// ([`lane`](Self::lane)), one is opened only if a synchronous call needs it.
     pub fn new(vol: impl Into<Control>, lanes: u32) -> Result<Engine> {
         let control = Arc::new(vol.into());
-        let piece = piece_size(&control.geo, POOL_PIECE);
+        let piece = piece_size(&control.geo(), POOL_PIECE);
         let free = (0..lanes)
             .map(|_| Ok(Lane::new(Queue::connect(&control, POOL_DEPTH, piece)?, Some(Arc::clone(&control)))))
             .collect::<Result<Vec<_>>>()?;
@@ -156,22 +156,28 @@ impl Engine {
 
     /// Size, block size, largest I/O, read-only.
     pub fn geometry(&self) -> Geometry {
-        self.control.geo
+        self.control.geo()
+    }
+
+    /// Calls `hook` with the volume's new size when the target grows it: see
+    /// [`Volume::on_resize`](crate::Volume::on_resize).
+    pub fn on_resize(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
+        self.control.link.on_resize(std::sync::Arc::new(hook));
     }
 
     /// Size in bytes.
     pub fn size(&self) -> u64 {
-        self.control.geo.size
+        self.control.geo().size
     }
 
     /// The volume's block size: accesses aligned to it need no read-modify-write.
     pub fn block_size(&self) -> u32 {
-        self.control.geo.block_size
+        self.control.geo().block_size
     }
 
     /// Whether writes are refused.
     pub fn is_read_only(&self) -> bool {
-        self.control.geo.read_only
+        self.control.geo().read_only
     }
 
     /// Whether the volume lives in RAM only (a FLUSH then only orders).
@@ -342,7 +348,7 @@ impl Engine {
             }
             if pool.opened == 0 {
                 // Made with no shared lane: the first synchronous call opens one.
-                let lane = self.lane(POOL_DEPTH, piece_size(&self.control.geo, POOL_PIECE))?;
+                let lane = self.lane(POOL_DEPTH, piece_size(&self.control.geo(), POOL_PIECE))?;
                 pool.opened = 1;
                 return Ok(Borrowed { engine: self, lane: Some(lane) });
             }
