@@ -4,7 +4,7 @@
 //! server only translates requests and replies.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rblk_initiator::engine::{piece_size, Engine, EngineStats, Lane};
 use rblk_initiator::Volume;
@@ -35,12 +35,29 @@ impl SharedSize {
     }
 }
 
-/// The initiator library's size-change callback: `Engine::on_resize` calls `hook(new size in
-/// bytes)` on the I/O thread that learnt of it.
-// TODO(issue 44): `engine.on_resize(hook)` once the library's callback is on main; until then no
-// volume reports a new size, and nothing calls the hook.
-fn engine_on_resize(engine: &Engine, hook: impl Fn(u64) + Send + Sync + 'static) {
-    let _ = (engine, hook);
+/// What runs when the volume grows, after the request checks took the new size.
+type Hook = Box<dyn Fn(u64) + Send + Sync>;
+
+/// [`Device::on_resize`]'s hooks, shared with the session's one callback.
+#[derive(Default, Clone)]
+struct Hooks(Arc<Mutex<Vec<Hook>>>);
+
+impl Hooks {
+    fn add(&self, hook: Hook) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(hook);
+    }
+
+    fn call(&self, new: u64) {
+        for hook in self.0.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            hook(new);
+        }
+    }
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} hooks", self.0.lock().unwrap_or_else(PoisonError::into_inner).len())
+    }
 }
 
 /// What the size-change callback runs: the export's size first (so requests past the old end
@@ -63,6 +80,8 @@ pub struct Device {
     /// Size, block size, flags at open; the size is `size`'s.
     geo: ExportGeometry,
     size: SharedSize,
+    /// [`on_resize`](Self::on_resize)'s hooks.
+    hooks: Hooks,
     /// Held while this client is the export's only one (released when it is done).
     slot: Option<super::Slot>,
     /// The session in the export's `--metrics`, until it closed.
@@ -95,7 +114,12 @@ impl Device {
             read_only: g.read_only,
             discards: engine.discards(),
         };
-        Ok(Device { lane, engine, geo, size: SharedSize::new(g.size), slot: None, counted: None })
+        // One callback of the session's, from the start: the request checks follow a grow whoever
+        // else is told.
+        let (size, hooks) = (SharedSize::new(g.size), Hooks::default());
+        let told = hooks.clone();
+        engine.on_resize(on_grow(size.clone(), move |new| told.call(new)));
+        Ok(Device { lane, engine, geo, size, hooks, slot: None, counted: None })
     }
 
     /// Keeps `slot` until the client is done.
@@ -121,9 +145,10 @@ impl Device {
     }
 
     /// When the volume grows: the request checks take the new size, then `hook(new size)`
-    /// runs, on the volume's I/O thread (it must not block: hand the size to a channel).
+    /// runs, once per grow, on the thread that learnt it (it must not block: hand the size to
+    /// a channel).
     pub fn on_resize(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
-        engine_on_resize(&self.engine, on_grow(self.size(), hook));
+        self.hooks.add(Box::new(hook));
     }
 
     /// The lane for the client's requests.

@@ -54,6 +54,22 @@ impl Target {
     }
 }
 
+impl Target {
+    /// Grows `v` to `size` bytes, as a reload of the target's configuration does.
+    fn grow(&self, geo: ExportGeometry, size: u64) {
+        let running = self.running.as_ref().expect("running");
+        let cfg = Config {
+            listen: running.local_addr(),
+            volumes: vec![VolumeSpec { name: "v".into(), size, path: None }],
+            fabric: Fabric::Mem,
+            block_size: geo.block_size,
+            ..Config::default()
+        };
+        let report = running.reload(cfg).expect("reload");
+        assert!(report.grown.iter().any(|(n, _, s)| n == "v" && *s == size), "{report:?}");
+    }
+}
+
 impl Drop for Target {
     fn drop(&mut self) {
         if let Some(r) = self.running.take() {
@@ -117,6 +133,11 @@ impl TestExport {
         let engine = Engine::new(vol, 1).unwrap();
         engine.write_at(data, offset).unwrap();
         engine.close().unwrap();
+    }
+
+    /// Grows the volume to `size` bytes on the target.
+    fn grow(&self, size: u64) {
+        self.target().grow(self.geo, size);
     }
 
     /// Makes the next `count` RDMA operations of the last client's lane fail.
@@ -1126,9 +1147,13 @@ mod device_mode {
         vol.close().unwrap();
     }
 
-    /// The size-change callback's event reaches the driver as a resize of the device, after the
-    /// request checks took the new size; a resize the driver refuses is logged and serving goes
-    /// on. Catches a grow that never reaches the kernel, or one whose failure ends the device.
+    /// A volume that grows on the target (a reload) reaches the driver as a resize of the
+    /// device at once (within 500 ms) while the server is idle, after the request checks took
+    /// the new size: the
+    /// kernel's write just past the old end is served and reads back. A resize the driver
+    /// refuses is logged and serving goes on. Catches a grow that never reaches the kernel (the
+    /// callback not hooked, or an idle server that never takes the target's RESIZED), a device
+    /// resized before the checks allow its new range, or a refused resize that ends the device.
     #[test]
     fn a_grow_resizes_the_device_and_a_refused_resize_keeps_serving() {
         for refuse in [None, Some(libc::EINVAL)] {
@@ -1136,20 +1161,28 @@ mod device_mode {
             let kernel = Arc::new(FakeKernel { refuse_resize: refuse, ..FakeKernel::default() });
             let (t, tx, size) = start(&kernel, &export, Index::Dev(2));
             let mut s = kernel.stream();
-            // What the callback does: the size first, then the event.
-            assert!(size.grow_to(3 * GEO.size));
-            tx.send(Event::Grew(3 * GEO.size)).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while refuse.is_none() && kernel.resized.lock().unwrap().is_empty() {
-                assert!(Instant::now() < deadline, "no resize in 10 s");
-                std::thread::sleep(Duration::from_millis(5));
+            assert_eq!(call(&mut s, wire::CMD_READ, 1, GEO.size, 4096, &[]).0, 22, "past the end before the grow");
+            let grown = 3 * GEO.size;
+            let asked = Instant::now();
+            export.grow(grown);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while size.get() != grown || (refuse.is_none() && kernel.resized.lock().unwrap().is_empty()) {
+                assert!(Instant::now() < deadline, "the grow did not reach the device in 5 s ({refuse:?})");
+                std::thread::sleep(Duration::from_millis(1));
             }
-            // Still serving.
-            assert_eq!(call(&mut s, wire::CMD_READ, 9, 0, 4096, &[]).0, 0, "refuse: {refuse:?}");
+            let took = asked.elapsed();
+            eprintln!("the grow reached the device {} ms after the reload", took.as_millis());
+            // An idle server takes the target's RESIZED when it arrives, not at its next tick
+            // (1 s after it started: without the armed completion channel, 995 ms here).
+            assert!(took < Duration::from_millis(500), "the grow took {took:?} to reach the device");
+            let want: &[(u32, u64)] = if refuse.is_none() { &[(2, grown)] } else { &[] };
+            assert_eq!(*kernel.resized.lock().unwrap(), want);
+            // Past the old end, still serving either way.
+            assert_eq!(call(&mut s, wire::CMD_WRITE, 2, GEO.size, 8192, &[9; 8192]), (0, vec![]), "{refuse:?}");
+            assert_eq!(call(&mut s, wire::CMD_READ, 3, GEO.size - 4096, 12288, &[]).0, 0);
+            assert_eq!(call(&mut s, wire::CMD_READ, 4, GEO.size, 8192, &[]), (0, vec![9; 8192]));
             tx.send(Event::Signal(libc::SIGINT)).unwrap();
             assert!(t.join().unwrap().is_ok());
-            let want: &[(u32, u64)] = if refuse.is_none() { &[(2, 3 * GEO.size)] } else { &[] };
-            assert_eq!(*kernel.resized.lock().unwrap(), want);
         }
     }
 }
@@ -1172,4 +1205,23 @@ fn a_grow_is_said_once_for_every_client() {
         ]
     );
     assert_eq!(size.get(), 3 << 30, "new clients' handshakes give the new size");
+}
+
+/// A listening server's connected client is served past the old end once the volume grew (its
+/// session heard the grow, and the request checks follow it), though NBD gave it no new size.
+/// Catches checks that keep the size the connection started with.
+#[test]
+fn a_connected_client_is_served_past_the_old_end_after_a_grow() {
+    let export = Arc::new(TestExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    assert_eq!(c.read(GEO.size, 4096), Err(22), "past the end before the grow");
+    export.grow(2 * GEO.size);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while c.read(GEO.size, 4096).is_err() {
+        assert!(std::time::Instant::now() < deadline, "past the old end still refused 5 s after the grow");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(c.cmd(wire::CMD_WRITE, 0, 2 * GEO.size - 4096, 4096, &[3; 4096]), 0);
+    assert_eq!(c.read(2 * GEO.size - 4096, 4096), Ok(vec![3; 4096]));
+    assert!(matches!(c.disconnect().end, End::Disconnect));
 }

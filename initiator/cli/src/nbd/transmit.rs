@@ -330,7 +330,7 @@ impl<W: Write> Exec<W> {
                 Err(TryRecvError::Disconnected) => return Some(Incoming::End(End::Closed)),
                 Err(TryRecvError::Empty) => {}
             }
-            match self.dev.lane().idle_wait(self.bell.as_fd(), deadline) {
+            match self.idle_wait(deadline) {
                 Ok(true) => while matches!((&self.bell).read(&mut [0u8; 64]), Ok(n) if n > 0) {},
                 Ok(false) => return None,
                 Err(e) => {
@@ -342,6 +342,34 @@ impl<W: Write> Exec<W> {
                     };
                 }
             }
+        }
+    }
+
+    /// [`Lane::idle_wait`](rblk_initiator::Lane::idle_wait) with the lane's completion channel
+    /// armed too: a completion while idle (the target's RESIZED) is taken at once, so a grow
+    /// reaches the size-change callback now, not at the next tick. True when the doorbell rang.
+    fn idle_wait(&mut self, deadline: Instant) -> rblk_initiator::Result<bool> {
+        use std::os::fd::AsRawFd as _;
+        let bell = self.bell.as_raw_fd();
+        let lane = self.dev.lane();
+        if lane.arm().is_err() {
+            return lane.idle_wait(self.bell.as_fd(), deadline);
+        }
+        // A completion that landed before the arm raised no event.
+        lane.progress()?;
+        let mut fds = [bell, lane.event_fd(), bell, bell];
+        let mut n = 2;
+        for fd in lane.cm_fds().fds.into_iter().flatten() {
+            fds[n] = fd;
+            n += 1;
+        }
+        match rblk_fabric::wait_readable(&fds[..n], deadline) {
+            Ok(Some(0)) => Ok(true),
+            Ok(Some(1)) => lane.progress().map(|()| false),
+            Ok(Some(_)) => lane.cm_event().map(|()| false),
+            Ok(None) => Ok(false),
+            // The library's own wait says what failed.
+            Err(_) => lane.idle_wait(self.bell.as_fd(), deadline),
         }
     }
 
