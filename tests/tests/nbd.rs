@@ -444,35 +444,51 @@ fn free_nbd0() {
 
 /// `rblk nbd URI --nbd-device /dev/nbd0` connects the kernel's client itself (no nbd-client):
 /// the device has the volume's size, what dd writes with O_DIRECT reads back through the device
-/// and through another session (`rblk read`), a second server for the same device is refused
-/// naming who holds it, and SIGTERM disconnects it (size 0) with exit 0. Catches a connect
-/// whose attributes the driver refuses or reads wrongly (size, block size, the socket), a device
-/// left connected at exit, and the busy device's words.
+/// and through another session (`rblk read`); the volume grown by a reload of the target grows
+/// the device at once (NBD_CMD_RECONFIGURE: `blockdev --getsize64`), and a write past the old end
+/// reads back both ways; a second server for the same device is refused naming who holds it;
+/// SIGTERM disconnects it (size 0) with exit 0. Catches a connect whose attributes the driver
+/// refuses or reads wrongly (size, block size, the socket), a grow that stops at the initiator or
+/// is refused by the driver, a device resized before the request checks allow its new range, a
+/// device left connected at exit, and the busy device's words.
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn nbd_device_connects_through_netlink_and_sigterm_disconnects_it() {
-    let t = target(64 * MIB);
+fn nbd_device_connects_through_netlink_grows_and_sigterm_disconnects_it() {
+    let volume = |size: &str| format!("[[volume]]\nname = \"v\"\nsize = \"{size}\"\n");
+    let t = Target::start_with_config(Fabric::Verbs, &volume("32M"));
     free_nbd0();
     let started = Instant::now();
     let (mut server, line) = Server::device(&t, NBD, &[]);
     assert_eq!(line, NBD, "the one stdout line is the device");
-    wait_sectors(NBD, 64 * MIB / 512, 5);
-    assert_eq!(sh(&format!("blockdev --getsize64 {NBD}")).trim(), (64 * MIB).to_string());
+    wait_sectors(NBD, 32 * MIB / 512, 5);
+    assert_eq!(sh(&format!("blockdev --getsize64 {NBD}")).trim(), (32 * MIB).to_string());
     eprintln!("{NBD} connected {} ms after the start", started.elapsed().as_millis());
 
     let (a, back) = (scratch("a"), scratch("back"));
-    sh(&format!(
-        "head -c 1M /dev/urandom > {a}
-         dd if={a} of={NBD} bs=256K seek=32 oflag=direct status=none
-         dd if={NBD} of={back} bs=256K skip=32 count=4 iflag=direct status=none
-         cmp {a} {back}
-         {rblk} read {uri} --offset 8M --length 1M --output {back}
-         cmp {a} {back}",
-        a = a.display(),
-        back = back.display(),
-        rblk = bin("rblk").display(),
-        uri = uri(&t),
-    ));
+    let write_and_read = |at_mib: u64| {
+        sh(&format!(
+            "head -c 1M /dev/urandom > {a}
+             dd if={a} of={NBD} bs=256K seek={seek} oflag=direct status=none
+             dd if={NBD} of={back} bs=256K skip={seek} count=4 iflag=direct status=none
+             cmp {a} {back}
+             {rblk} read {uri} --offset {at_mib}M --length 1M --output {back}
+             cmp {a} {back}",
+            a = a.display(),
+            back = back.display(),
+            seek = at_mib * 4,
+            rblk = bin("rblk").display(),
+            uri = uri(&t),
+        ))
+    };
+    write_and_read(8);
+
+    let asked = Instant::now();
+    t.reload(&volume("96M")).expect("the reload grows v");
+    wait_sectors(NBD, 96 * MIB / 512, 10);
+    eprintln!("{NBD} grew {} ms after the reload was asked for", asked.elapsed().as_millis());
+    assert_eq!(sh(&format!("blockdev --getsize64 {NBD}")).trim(), (96 * MIB).to_string());
+    assert!(server.logged(&format!("{NBD} grew to 96 MiB")), "no 'grew' line");
+    write_and_read(32);
 
     // The device is taken: the second server says by whom, and changes nothing.
     let out = Command::new(bin("rblk"))
@@ -485,7 +501,7 @@ fn nbd_device_connects_through_netlink_and_sigterm_disconnects_it() {
     let words = format!("{NBD} is in use (connected by pid {})", server.child.id());
     assert!(err.contains(&words), "wanted {words:?} in:\n{err}");
     assert!(out.stdout.is_empty(), "nothing on stdout when refused");
-    assert_eq!(sectors(NBD), Some(64 * MIB / 512), "the refused server left {NBD} alone");
+    assert_eq!(sectors(NBD), Some(96 * MIB / 512), "the refused server left {NBD} alone");
 
     let status = server.terminate();
     assert!(status.success(), "rblk nbd --nbd-device exited with {status} after SIGTERM");
@@ -497,20 +513,25 @@ fn nbd_device_connects_through_netlink_and_sigterm_disconnects_it() {
     }
 }
 
-/// `rblk nbd --nbd-device auto` killed (SIGKILL) while dd writes: dd fails instead of hanging,
-/// the next server for that device is told it is still connected for a process that has exited
-/// and how to free it, and `nbd-client -d` frees it. Catches a device that hangs its users when
-/// its server dies, and a busy error that does not say what to do.
+/// `rblk nbd --nbd-device auto` killed (SIGKILL) while dd writes: the device stays connected
+/// (the driver keeps its socket, dead: new I/O fails with EIO, I/O in flight waits, as the
+/// driver has no request timeout here), the next server for that device is told it is still
+/// connected for a process that has exited and how to free it, and `nbd-client -d` frees it:
+/// dd then fails instead of hanging, and the size is 0. Catches a busy error that does not say
+/// what to do, or a device that cannot be freed.
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
-fn a_killed_nbd_device_server_fails_io_and_the_next_one_says_how_to_free_the_device() {
+fn a_killed_nbd_device_server_leaves_a_device_the_next_one_says_how_to_free() {
     let t = target(16 * MIB);
     free_nbd0();
     let (mut server, dev) = Server::device(&t, "auto", &[]);
     assert!(dev.starts_with("/dev/nbd"), "auto printed {dev:?}");
     wait_sectors(&dev, 16 * MIB / 512, 5);
     let mut dd = Command::new("bash")
-        .args(["-c", &format!("for i in $(seq 1000); do dd if=/dev/zero of={dev} bs=1M count=16 oflag=direct status=none || exit 1; done")])
+        .args([
+            "-c",
+            &format!("for i in $(seq 1000); do dd if=/dev/zero of={dev} bs=1M count=16 oflag=direct status=none || exit 1; done"),
+        ])
         .stdin(Stdio::null())
         .spawn()
         .expect("run dd");
@@ -518,18 +539,6 @@ fn a_killed_nbd_device_server_fails_io_and_the_next_one_says_how_to_free_the_dev
     let pid = server.child.id();
     server.child.kill().expect("SIGKILL rblk nbd");
     server.child.wait().expect("reap rblk nbd");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = dd.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = dd.kill();
-            panic!("dd on {dev} still runs 10 s after its server was killed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(!status.success(), "dd kept writing to {dev} after its server was killed");
 
     let out = Command::new(bin("rblk"))
         .args(["nbd", &uri(&t), "--nbd-device", &dev])
@@ -540,8 +549,21 @@ fn a_killed_nbd_device_server_fails_io_and_the_next_one_says_how_to_free_the_dev
     let words =
         format!("{dev} is in use (connected by pid {pid}, which has exited; `nbd-client -d {dev}` disconnects it)");
     assert!(!out.status.success() && err.contains(&words), "wanted {words:?} in:\n{err}");
+
     sh(&format!("nbd-client -d {dev}"));
     wait_sectors(&dev, 0, 10);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = dd.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = dd.kill();
+            panic!("dd on {dev} still runs 10 s after nbd-client -d");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "dd kept writing to {dev} with its server killed");
 }
 
 // ---- a raw NBD client ----

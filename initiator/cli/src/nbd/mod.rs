@@ -76,8 +76,8 @@ kernel's NBD client itself, through the nbd driver's netlink interface as nbd-cl
 serves it. It prints the device on stdout (with -o json: {\"device\", \"uri\", \"size\",
 \"block_size\", \"read_only\", \"volatile\", \"pid\"}); SIGINT or SIGTERM disconnects it, the
 session flushes and rblk exits 0. When the volume grows, the device grows with it (Linux 5.3 or
-later). Killed with SIGKILL, rblk leaves the device connected and failing I/O: nbd-client -d
-frees it.
+later). Killed with SIGKILL, rblk leaves the device connected (new I/O fails, I/O in flight
+waits) until nbd-client -d frees it.
 
 NBD has no authentication: anyone who can connect can read and write the volume. So by
 default it listens on a private unix socket, /run/rblk/nbd/VOLUME.sock for root
