@@ -513,7 +513,8 @@ fn nbd_device_connects_through_netlink_grows_and_sigterm_disconnects_it() {
     }
 }
 
-/// `rblk nbd --nbd-device auto` killed (SIGKILL) while dd writes: the device stays connected
+/// `rblk nbd --nbd-device auto -o json` (the device the driver picked, in one JSON line) killed
+/// (SIGKILL) while dd writes: the device stays connected
 /// (the driver keeps its socket, dead: new I/O fails with EIO, I/O in flight waits, as the
 /// driver has no request timeout here), the next server for that device is told it is still
 /// connected for a process that has exited and how to free it, and `nbd-client -d` frees it:
@@ -524,8 +525,14 @@ fn nbd_device_connects_through_netlink_grows_and_sigterm_disconnects_it() {
 fn a_killed_nbd_device_server_leaves_a_device_the_next_one_says_how_to_free() {
     let t = target(16 * MIB);
     free_nbd0();
-    let (mut server, dev) = Server::device(&t, "auto", &[]);
-    assert!(dev.starts_with("/dev/nbd"), "auto printed {dev:?}");
+    let (mut server, line) = Server::device(&t, "auto", &["-o", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    let dev = json["device"].as_str().unwrap_or_else(|| panic!("no device in {line}")).to_owned();
+    assert!(dev.starts_with("/dev/nbd"), "auto gave {dev:?}");
+    assert_eq!(json["size"], 16 * MIB, "{line}");
+    assert_eq!(json["block_size"], 4096, "{line}");
+    assert_eq!(json["pid"], server.child.id(), "{line}");
+    assert_eq!(json["uri"], uri(&t), "{line}");
     wait_sectors(&dev, 16 * MIB / 512, 5);
     let mut dd = Command::new("bash")
         .args([
