@@ -35,6 +35,8 @@ pub trait Kernel {
     fn resize(&self, index: u32, size: u64) -> Result<(), DriverError>;
     /// NBD_CMD_DISCONNECT.
     fn disconnect(&self, index: u32) -> Result<(), DriverError>;
+    /// Who connected the device (the pid, and whether it runs), while it is connected.
+    fn holder(&self, index: u32) -> Option<(u32, bool)>;
 }
 
 impl Kernel for Driver {
@@ -46,6 +48,9 @@ impl Kernel for Driver {
     }
     fn disconnect(&self, index: u32) -> Result<(), DriverError> {
         Driver::disconnect(self, index)
+    }
+    fn holder(&self, index: u32) -> Option<(u32, bool)> {
+        netlink::holder(index)
     }
 }
 
@@ -210,8 +215,11 @@ pub fn serve<K: Kernel, G>(
         return Ok(());
     }
     // Not asked for: the device was disconnected by someone else (nbd-client -d), or the volume
-    // stopped answering. Either way the driver lets go of the device (a no-op when it has).
-    let _ = kernel.disconnect(index);
+    // stopped answering. The driver lets go of the device if it is still ours (not if another
+    // client has connected it since).
+    if kernel.holder(index).is_some_and(|(pid, _)| pid == std::process::id()) {
+        let _ = kernel.disconnect(index);
+    }
     if end.is_clean() {
         eprintln!("rblk nbd: {path} was disconnected by another program ({end})");
         return Ok(());

@@ -1009,12 +1009,17 @@ mod device_mode {
         }
         fn disconnect(&self, _index: u32) -> Result<(), DriverError> {
             self.disconnects.fetch_add(1, Ordering::SeqCst);
+            *self.connected.lock().unwrap() = None;
             if let Some(s) = self.socket.lock().unwrap().take() {
                 // The device may be gone already (a second disconnect): nothing to send then.
                 let _ = (&s).write_all(&request(wire::CMD_DISC, 0, 0, 0, 0));
                 let _ = s.shutdown(std::net::Shutdown::Write);
             }
             Ok(())
+        }
+        fn holder(&self, _index: u32) -> Option<(u32, bool)> {
+            // Ours while connected (the driver shows the pid that connected it).
+            self.connected.lock().unwrap().map(|_| (std::process::id(), true))
         }
     }
 
@@ -1100,8 +1105,9 @@ mod device_mode {
     }
 
     /// Another program disconnects the device (nbd-client -d: the driver's DISC, the socket shut
-    /// down): `serve` ends with success, and tells the driver to let go (harmless when it has).
-    /// Catches a server that takes that for a failure, or waits for a signal that never comes.
+    /// down): `serve` ends with success, and disconnects nothing more (the device may be another
+    /// client's by then). Catches a server that takes that for a failure, waits for a signal that
+    /// never comes, or disconnects a device that is no longer its own.
     #[test]
     fn a_device_disconnected_by_another_program_ends_the_server() {
         let export = TestExport::new(GEO);
@@ -1111,11 +1117,12 @@ mod device_mode {
         assert_eq!(call(&mut s, wire::CMD_READ, 1, 0, 4096, &[]).0, 0);
         kernel.disconnect(7).unwrap();
         assert_eq!(t.join().unwrap().expect("ended by the kernel: success"), ["/dev/nbd7"]);
-        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 2, "the test's, then the server's");
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 1, "the other program's only");
     }
 
-    /// The kernel's end vanishes without DISC (its socket closed): the server ends, and the
-    /// device is let go. Catches a server that spins or hangs on a dead socket.
+    /// The kernel's end vanishes without DISC (its socket closed): the server ends, and lets go
+    /// of the device, still its own. Catches a server that spins or hangs on a dead socket, or
+    /// leaves the driver holding a dead device.
     #[test]
     fn the_kernels_end_vanishing_ends_the_server() {
         let export = TestExport::new(GEO);
