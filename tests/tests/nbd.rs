@@ -51,9 +51,31 @@ impl Server {
     /// socket) and waits for its listening line.
     fn start(t: &Target, listen: &str, args: &[&str]) -> Server {
         let listen_args = if listen.is_empty() { vec![] } else { vec!["--listen", listen] };
+        let (child, line, log, rx) = Server::spawn(t, &[&listen_args[..], args].concat());
+        let socket = match listen {
+            "" => line.strip_prefix("nbd+unix:///?socket=").map(PathBuf::from),
+            _ => listen.strip_prefix("unix:").map(PathBuf::from),
+        };
+        let server = Server { child, listen: listen.to_owned(), socket, log };
+        // Exactly one stdout line, the export's NBD URI (the rest is on stderr).
+        assert_eq!(line, server.url(), "the one stdout line is the NBD URI");
+        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "a second stdout line after {line:?}");
+        server
+    }
+
+    /// Starts `rblk nbd URI --nbd-device DEV ARGS...` and waits for its one stdout line, the
+    /// device it connected.
+    fn device(t: &Target, dev: &str, args: &[&str]) -> (Server, String) {
+        let (child, line, log, rx) = Server::spawn(t, &[&["--nbd-device", dev][..], args].concat());
+        let server = Server { child, listen: String::new(), socket: None, log };
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "a second stdout line after {line:?}");
+        (server, line)
+    }
+
+    /// `rblk nbd URI ARGS...`, its stderr logged, and its first stdout line.
+    fn spawn(t: &Target, args: &[&str]) -> (Child, String, Arc<Mutex<String>>, mpsc::Receiver<String>) {
         let mut child = Command::new(bin("rblk"))
             .args(["nbd", &uri(t)])
-            .args(listen_args)
             .args(args)
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdin(Stdio::null())
@@ -84,18 +106,13 @@ impl Server {
             Ok(line) => line,
             Err(_) => {
                 let _ = child.kill();
-                panic!("rblk nbd printed no listening line in 60 s");
+                let _ = child.wait();
+                // Give the stderr thread a moment to log why.
+                std::thread::sleep(Duration::from_millis(200));
+                panic!("rblk nbd {args:?} printed no line on stdout in 60 s:\n{}", log.lock().unwrap());
             }
         };
-        let socket = match listen {
-            "" => line.strip_prefix("nbd+unix:///?socket=").map(PathBuf::from),
-            _ => listen.strip_prefix("unix:").map(PathBuf::from),
-        };
-        let server = Server { child, listen: listen.to_owned(), socket, log };
-        // Exactly one stdout line, the export's NBD URI (the rest is on stderr).
-        assert_eq!(line, server.url(), "the one stdout line is the NBD URI");
-        assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "a second stdout line after {line:?}");
-        server
+        (child, line, log, rx)
     }
 
     /// On a fresh unix socket.
@@ -398,6 +415,162 @@ fn data_crosses_between_nbd_and_rblk_read_and_write() {
     for f in [a, b, back] {
         let _ = std::fs::remove_file(f);
     }
+}
+
+// ---- rblk nbd --nbd-device: the kernel's client through netlink, no nbd-client ----
+
+/// `/sys/block/NAME/size`: 512-byte sectors, 0 while disconnected; None without the device.
+fn sectors(dev: &str) -> Option<u64> {
+    let name = dev.trim_start_matches("/dev/");
+    std::fs::read_to_string(format!("/sys/block/{name}/size")).ok()?.trim().parse().ok()
+}
+
+/// Waits up to `secs` for `dev`'s size to be `want` sectors.
+fn wait_sectors(dev: &str, want: u64, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while sectors(dev) != Some(want) {
+        assert!(Instant::now() < deadline, "{dev} has {:?} sectors after {secs} s, not {want}", sectors(dev));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Frees /dev/nbd0 if an earlier test left it connected: one failure, not a cascade.
+fn free_nbd0() {
+    if Path::new("/sys/block/nbd0/pid").exists() {
+        eprintln!("{NBD} is still connected from an earlier test: disconnecting it");
+        detach();
+    }
+}
+
+/// `rblk nbd URI --nbd-device /dev/nbd0` connects the kernel's client itself (no nbd-client):
+/// the device has the volume's size, what dd writes with O_DIRECT reads back through the device
+/// and through another session (`rblk read`); the volume grown by a reload of the target grows
+/// the device at once (NBD_CMD_RECONFIGURE: `blockdev --getsize64`), and a write past the old end
+/// reads back both ways; a second server for the same device is refused naming who holds it;
+/// SIGTERM disconnects it (size 0) with exit 0. Catches a connect whose attributes the driver
+/// refuses or reads wrongly (size, block size, the socket), a grow that stops at the initiator or
+/// is refused by the driver, a device resized before the request checks allow its new range, a
+/// device left connected at exit, and the busy device's words.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn nbd_device_connects_through_netlink_grows_and_sigterm_disconnects_it() {
+    let volume = |size: &str| format!("[[volume]]\nname = \"v\"\nsize = \"{size}\"\n");
+    let t = Target::start_with_config(Fabric::Verbs, &volume("32M"));
+    free_nbd0();
+    let started = Instant::now();
+    let (mut server, line) = Server::device(&t, NBD, &[]);
+    assert_eq!(line, NBD, "the one stdout line is the device");
+    wait_sectors(NBD, 32 * MIB / 512, 5);
+    assert_eq!(sh(&format!("blockdev --getsize64 {NBD}")).trim(), (32 * MIB).to_string());
+    eprintln!("{NBD} connected {} ms after the start", started.elapsed().as_millis());
+
+    let (a, back) = (scratch("a"), scratch("back"));
+    let write_and_read = |at_mib: u64| {
+        sh(&format!(
+            "head -c 1M /dev/urandom > {a}
+             dd if={a} of={NBD} bs=256K seek={seek} oflag=direct status=none
+             dd if={NBD} of={back} bs=256K skip={seek} count=4 iflag=direct status=none
+             cmp {a} {back}
+             {rblk} read {uri} --offset {at_mib}M --length 1M --output {back}
+             cmp {a} {back}",
+            a = a.display(),
+            back = back.display(),
+            seek = at_mib * 4,
+            rblk = bin("rblk").display(),
+            uri = uri(&t),
+        ))
+    };
+    write_and_read(8);
+
+    let asked = Instant::now();
+    t.reload(&volume("96M")).expect("the reload grows v");
+    wait_sectors(NBD, 96 * MIB / 512, 10);
+    eprintln!("{NBD} grew {} ms after the reload was asked for", asked.elapsed().as_millis());
+    assert_eq!(sh(&format!("blockdev --getsize64 {NBD}")).trim(), (96 * MIB).to_string());
+    assert!(server.logged(&format!("{NBD} grew to 96 MiB")), "no 'grew' line");
+    write_and_read(32);
+
+    // The device is taken: the second server says by whom, and changes nothing.
+    let out = Command::new(bin("rblk"))
+        .args(["nbd", &uri(&t), "--nbd-device", NBD])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rblk nbd");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a second rblk nbd on {NBD}: {err}");
+    let words = format!("{NBD} is in use (connected by pid {})", server.child.id());
+    assert!(err.contains(&words), "wanted {words:?} in:\n{err}");
+    assert!(out.stdout.is_empty(), "nothing on stdout when refused");
+    assert_eq!(sectors(NBD), Some(96 * MIB / 512), "the refused server left {NBD} alone");
+
+    let status = server.terminate();
+    assert!(status.success(), "rblk nbd --nbd-device exited with {status} after SIGTERM");
+    wait_sectors(NBD, 0, 5);
+    assert!(!Path::new("/sys/block/nbd0/pid").exists(), "{NBD} still connected after rblk nbd exited");
+    assert!(server.logged(&format!("{NBD} disconnected")), "no 'disconnected' line");
+    for f in [a, back] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// `rblk nbd --nbd-device auto -o json` (the device the driver picked, in one JSON line) killed
+/// (SIGKILL) while dd writes: the device stays connected
+/// (the driver keeps its socket, dead: new I/O fails with EIO, I/O in flight waits, as the
+/// driver has no request timeout here), the next server for that device is told it is still
+/// connected for a process that has exited and how to free it, and `nbd-client -d` frees it:
+/// dd then fails instead of hanging, and the size is 0. Catches a busy error that does not say
+/// what to do, or a device that cannot be freed.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_killed_nbd_device_server_leaves_a_device_the_next_one_says_how_to_free() {
+    let t = target(16 * MIB);
+    free_nbd0();
+    let (mut server, line) = Server::device(&t, "auto", &["-o", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    let dev = json["device"].as_str().unwrap_or_else(|| panic!("no device in {line}")).to_owned();
+    assert!(dev.starts_with("/dev/nbd"), "auto gave {dev:?}");
+    assert_eq!(json["size"], 16 * MIB, "{line}");
+    assert_eq!(json["block_size"], 4096, "{line}");
+    assert_eq!(json["pid"], server.child.id(), "{line}");
+    assert_eq!(json["uri"], uri(&t), "{line}");
+    wait_sectors(&dev, 16 * MIB / 512, 5);
+    let mut dd = Command::new("bash")
+        .args([
+            "-c",
+            &format!("for i in $(seq 1000); do dd if=/dev/zero of={dev} bs=1M count=16 oflag=direct status=none || exit 1; done"),
+        ])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("run dd");
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.child.id();
+    server.child.kill().expect("SIGKILL rblk nbd");
+    server.child.wait().expect("reap rblk nbd");
+
+    let out = Command::new(bin("rblk"))
+        .args(["nbd", &uri(&t), "--nbd-device", &dev])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rblk nbd");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let words =
+        format!("{dev} is in use (connected by pid {pid}, which has exited; `nbd-client -d {dev}` disconnects it)");
+    assert!(!out.status.success() && err.contains(&words), "wanted {words:?} in:\n{err}");
+
+    sh(&format!("nbd-client -d {dev}"));
+    wait_sectors(&dev, 0, 10);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = dd.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = dd.kill();
+            panic!("dd on {dev} still runs 10 s after nbd-client -d");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "dd kept writing to {dev} with its server killed");
 }
 
 // ---- a raw NBD client ----

@@ -8,16 +8,24 @@
 //!   ([`rblk_initiator::engine`]) and replies in completion order.
 //! - `device`: what a client is served from: an rblk session's [`Engine`](rblk_initiator::Engine)
 //!   and one [`Lane`](rblk_initiator::Lane) of up to 32 volume operations in flight.
+//! - `netlink`: the kernel's nbd driver through generic netlink (connect, resize, disconnect).
+//! - `kernel`: `--nbd-device`: this process is the kernel's server on a socket pair, no nbd-client.
 //! - here: the command line, the listening socket, one thread per client, signals, the entry
 //!   for `rblk list`.
 //!
 //! Each client gets its own rblk session when it enters transmission, so the rblk volume is
 //! opened once per connected client; without `--shared` only one client at a time may.
+//!
+//! A volume that grows: with `--nbd-device` the device grows with it; a listening server's clients
+//! keep the size their handshake gave them (NBD has no way to tell them), and see the new size
+//! when they reconnect.
 
 #![forbid(unsafe_code)]
 
 mod device;
 mod handshake;
+mod kernel;
+mod netlink;
 mod transmit;
 mod wire;
 
@@ -38,7 +46,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use rblk_initiator::{Chain, OpenMode, Options, Session, Uri};
 
-use self::device::Device;
+use self::device::{Device, SharedSize};
 use self::handshake::{Export, Outcome, Refusal};
 use self::wire::ExportGeometry;
 use crate::list::{self, Entry};
@@ -59,7 +67,17 @@ nbd+unix:///?socket=PATH), or with -o json one JSON object {\"nbd_uri\", \"uri\"
 --read-only, when it enters transmission. Requests are pipelined: up to 32 volume operations in
 flight per client, replies in completion order. Requests not aligned to the volume's block
 size are served by read-modify-write, one at a time. FLUSH and FUA go to the target (a RAM
-volume's flush is an ordering point only); WRITE_ZEROES writes zeros; TRIM is not offered.
+volume's flush is an ordering point only); WRITE_ZEROES writes zeros; TRIM is offered where the
+target discards. A volume that grows keeps its old size for connected clients (NBD cannot tell
+them): they see the new one when they reconnect, and one line on stderr says so.
+
+With --nbd-device /dev/nbdN (or auto) there is no socket and no nbd-client: rblk connects the
+kernel's NBD client itself, through the nbd driver's netlink interface as nbd-client does, and
+serves it. It prints the device on stdout (with -o json: {\"device\", \"uri\", \"size\",
+\"block_size\", \"read_only\", \"volatile\", \"pid\"}); SIGINT or SIGTERM disconnects it, the
+session flushes and rblk exits 0. When the volume grows, the device grows with it (Linux 5.3 or
+later). Killed with SIGKILL, rblk leaves the device connected (new I/O fails, I/O in flight
+waits) until nbd-client -d frees it.
 
 NBD has no authentication: anyone who can connect can read and write the volume. So by
 default it listens on a private unix socket, /run/rblk/nbd/VOLUME.sock for root
@@ -71,9 +89,11 @@ Examples:
   rblk nbd rblk://10.0.0.1/vol0          # prints nbd+unix:///?socket=/run/rblk/nbd/vol0.sock
   nbd-client -unix /run/rblk/nbd/vol0.sock /dev/nbd0 -block-size 4096
   qemu-img info 'nbd+unix:///?socket=/run/rblk/nbd/vol0.sock'
-  nbd-client -d /dev/nbd0";
+  nbd-client -d /dev/nbd0
+  modprobe nbd; rblk nbd rblk://10.0.0.1/vol0 --nbd-device /dev/nbd0   # prints /dev/nbd0
+  rblk nbd rblk://10.0.0.1/vol0 --nbd-device auto -o json              # the first free device";
 
-/// Serve a volume over NBD for nbd-client, qemu and other NBD clients
+/// Serve a volume over NBD, or connect it as /dev/nbdN
 ///
 /// In the foreground until SIGINT/SIGTERM.
 #[derive(Debug, clap::Args)]
@@ -91,11 +111,21 @@ pub struct Args {
     /// nbdkit's -U -).
     #[arg(long, value_name = "unix:PATH|tcp:ADDR:PORT", value_parser = Listen::parse)]
     listen: Option<Listen>,
+    /// Set up the kernel's /dev/nbdN itself instead of listening (root)
+    ///
+    /// /dev/nbdN, or auto for the first free one (printed on stdout). No nbd-client: rblk hands the
+    /// nbd driver one end of a socket pair through netlink, as nbd-client does, and serves it; a
+    /// grown volume grows the device. SIGINT/SIGTERM disconnect it. Needs the nbd module
+    /// (modprobe nbd) and Linux 4.12 or later (5.3 to follow a grow).
+    ///
+    /// (Not --device: that names the RDMA device.)
+    #[arg(long, value_name = "/dev/nbdN|auto", value_parser = netlink::Index::parse, conflicts_with_all = ["listen", "shared"])]
+    nbd_device: Option<netlink::Index>,
     /// Export the volume read-only (and open it read-only)
     #[arg(long, conflicts_with = "exclusive")]
     read_only: bool,
     /// Open the volume exclusively: no other session may write it
-    #[arg(long, conflicts_with = "shared")]
+    #[arg(long, conflicts_with = "shared", hide_short_help = true)]
     exclusive: bool,
     /// Let several NBD clients connect at once (NBD multi-conn)
     ///
@@ -385,7 +415,11 @@ struct RblkExport {
     uri: Uri,
     opts: Options,
     mode: OpenMode,
+    /// Size and flags at start; the size is `size`'s.
     geo: ExportGeometry,
+    /// The volume's size as last learnt from any client's session: new clients' handshakes
+    /// give it.
+    size: SharedSize,
     shared: bool,
     busy: Arc<AtomicBool>,
     /// Every client's session, counted for `--metrics`.
@@ -402,7 +436,7 @@ impl Export for RblkExport {
     }
 
     fn geometry(&self) -> ExportGeometry {
-        self.geo
+        ExportGeometry { size: self.size.get(), ..self.geo }
     }
 
     fn multi_conn(&self) -> bool {
@@ -432,12 +466,33 @@ impl Export for RblkExport {
         };
         let vol = Session::connect(&self.uri, &self.opts).and_then(|s| s.open(self.mode)).map_err(unavailable)?;
         let dev = Device::open(vol).map_err(unavailable)?;
+        let size = self.size.clone();
+        dev.on_resize(move |new| {
+            if let Some(line) = export_grew(&size, new) {
+                eprintln!("{line}");
+            }
+        });
         Ok(dev.with_slot(slot).counted_in(&self.metrics))
     }
 }
 
+/// What a listening server says when a client's session learns that the volume grew to `new`
+/// bytes: every client's session reports the grow, so the line comes once, from whichever
+/// learns it first (and the export's handshakes give the new size from then on).
+fn export_grew(size: &SharedSize, new: u64) -> Option<String> {
+    size.grow_to(new).then(|| {
+        format!(
+            "rblk nbd: volume grew to {}: NBD clients see the new size when they reconnect",
+            crate::common::human(new)
+        )
+    })
+}
+
 /// `rblk nbd`.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(index) = args.nbd_device {
+        return kernel::run(&args, index);
+    }
     // Local arguments first: a bad socket directory fails before any connection.
     let listen = match &args.listen {
         Some(l) => {
@@ -469,7 +524,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let listener = Arc::new(Listener::bind(&listen)?);
     let stop = Arc::new(AtomicBool::new(false));
     watch_signals(&listener, &stop)?;
-    let export = Arc::new(RblkExport { uri, opts, mode, geo, shared: args.shared, busy: Arc::default(), metrics });
+    let size = SharedSize::new(geo.size);
+    let export =
+        Arc::new(RblkExport { uri, opts, mode, geo, size, shared: args.shared, busy: Arc::default(), metrics });
 
     // Exactly one line on stdout: the NBD URI (or JSON); the rest to stderr.
     let nbd_uri = listen.nbd_uri();

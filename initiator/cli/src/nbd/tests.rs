@@ -20,7 +20,7 @@ use super::device::Device;
 use super::handshake::{Export, HandshakeError, Refusal};
 use super::transmit::{End, Summary};
 use super::wire::{self, ExportGeometry, RequestHeader};
-use super::{private_dir, private_socket, serve, Listen, Listener};
+use super::{export_grew, private_dir, private_socket, serve, Listen, Listener};
 
 const MIB: u64 = 1 << 20;
 const GEO: ExportGeometry = ExportGeometry { size: 4 * MIB, block_size: 4096, read_only: false, discards: true };
@@ -51,6 +51,22 @@ impl Target {
         let running = Server::start(cfg).expect("in-process target");
         let uri = format!("rblk://{}/v", running.local_addr());
         Target { running: Some(running), uri }
+    }
+}
+
+impl Target {
+    /// Grows `v` to `size` bytes, as a reload of the target's configuration does.
+    fn grow(&self, geo: ExportGeometry, size: u64) {
+        let running = self.running.as_ref().expect("running");
+        let cfg = Config {
+            listen: running.local_addr(),
+            volumes: vec![VolumeSpec { name: "v".into(), size, path: None }],
+            fabric: Fabric::Mem,
+            block_size: geo.block_size,
+            ..Config::default()
+        };
+        let report = running.reload(cfg).expect("reload");
+        assert!(report.grown.iter().any(|(n, _, s)| n == "v" && *s == size), "{report:?}");
     }
 }
 
@@ -117,6 +133,11 @@ impl TestExport {
         let engine = Engine::new(vol, 1).unwrap();
         engine.write_at(data, offset).unwrap();
         engine.close().unwrap();
+    }
+
+    /// Grows the volume to `size` bytes on the target.
+    fn grow(&self, size: u64) {
+        self.target().grow(self.geo, size);
     }
 
     /// Makes the next `count` RDMA operations of the last client's lane fail.
@@ -904,4 +925,310 @@ fn the_default_socket_is_private() {
     assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600, "the socket is 0600");
     l.cleanup();
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// `--nbd-device` beside the RDMA `--device`: both parse; it conflicts with --listen and
+/// --shared (the kernel is its only client); a bad device is a usage error naming the forms.
+/// Catches the flag clashing with, or swallowing, the RDMA device's.
+#[test]
+fn the_nbd_device_flag() {
+    use clap::Parser as _;
+    let parse = |extra: &[&str]| {
+        let mut argv = vec!["rblk", "nbd", "rblk://h/v"];
+        argv.extend_from_slice(extra);
+        crate::cli::Args::try_parse_from(argv)
+    };
+    match parse(&["--nbd-device", "/dev/nbd3", "--device", "rxe0"]).unwrap().command {
+        crate::cli::Command::Nbd(a) => {
+            assert_eq!(a.nbd_device, Some(super::netlink::Index::Dev(3)));
+            assert_eq!(a.conn.route.device.as_deref(), Some("rxe0"));
+        }
+        other => panic!("{other:?}"),
+    }
+    match parse(&["--nbd-device", "auto"]).unwrap().command {
+        crate::cli::Command::Nbd(a) => assert_eq!(a.nbd_device, Some(super::netlink::Index::Any)),
+        other => panic!("{other:?}"),
+    }
+    for clash in [&["--nbd-device", "auto", "--listen", "unix:/s"][..], &["--nbd-device", "auto", "--shared"]] {
+        let e = parse(clash).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{clash:?}: {e}");
+    }
+    let e = parse(&["--nbd-device", "/dev/sdb"]).unwrap_err();
+    assert_eq!(e.exit_code(), 2);
+    assert!(e.to_string().contains("expected /dev/nbdN"), "{e}");
+}
+
+// ---- --nbd-device: the serving loop against a stand-in for the nbd driver ----
+
+mod device_mode {
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::super::kernel::{serve, Event, Kernel};
+    use super::super::netlink::{Connect, DriverError, Index, Request};
+    use super::{request, TestExport, GEO};
+    use crate::nbd::wire;
+
+    /// Plays the nbd driver's part: takes its end of the socket at connect (the test sends the
+    /// kernel's requests on it), and at disconnect sends NBD_CMD_DISC and shuts its end down, as
+    /// the driver does.
+    #[derive(Default)]
+    struct FakeKernel {
+        socket: Mutex<Option<UnixStream>>,
+        connected: Mutex<Option<Connect>>,
+        /// The errno connect answers with.
+        refuse_connect: Option<i32>,
+        /// The errno resize answers with.
+        refuse_resize: Option<i32>,
+        resized: Mutex<Vec<(u32, u64)>>,
+        disconnects: AtomicU32,
+    }
+
+    impl Kernel for FakeKernel {
+        fn connect(&self, c: &Connect, socket: &UnixStream) -> Result<u32, DriverError> {
+            if let Some(errno) = self.refuse_connect {
+                return Err(DriverError::from_errno(Request::Connect(c.index), errno, |_| None));
+            }
+            *self.connected.lock().unwrap() = Some(*c);
+            *self.socket.lock().unwrap() = Some(socket.try_clone().unwrap());
+            Ok(match c.index {
+                Index::Dev(i) => i,
+                Index::Any => 7,
+            })
+        }
+        fn resize(&self, index: u32, size: u64) -> Result<(), DriverError> {
+            if let Some(errno) = self.refuse_resize {
+                return Err(DriverError::from_errno(Request::Resize(index, size), errno, |_| None));
+            }
+            self.resized.lock().unwrap().push((index, size));
+            Ok(())
+        }
+        fn disconnect(&self, _index: u32) -> Result<(), DriverError> {
+            self.disconnects.fetch_add(1, Ordering::SeqCst);
+            *self.connected.lock().unwrap() = None;
+            if let Some(s) = self.socket.lock().unwrap().take() {
+                // The device may be gone already (a second disconnect): nothing to send then.
+                let _ = (&s).write_all(&request(wire::CMD_DISC, 0, 0, 0, 0));
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            }
+            Ok(())
+        }
+        fn holder(&self, _index: u32) -> Option<(u32, bool)> {
+            // Ours while connected (the driver shows the pid that connected it).
+            self.connected.lock().unwrap().map(|_| (std::process::id(), true))
+        }
+    }
+
+    impl FakeKernel {
+        /// The kernel's end, once connected.
+        fn stream(&self) -> UnixStream {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(s) = self.socket.lock().unwrap().as_ref() {
+                    return s.try_clone().unwrap();
+                }
+                assert!(Instant::now() < deadline, "no connect in 10 s");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// One request from the kernel's side and its simple reply: (error, data).
+    fn call(s: &mut UnixStream, kind: u16, handle: u64, offset: u64, len: u32, data: &[u8]) -> (u32, Vec<u8>) {
+        s.write_all(&[request(kind, 0, handle, offset, len), data.to_vec()].concat()).unwrap();
+        let mut reply = [0u8; 16];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(u32::from_be_bytes(reply[..4].try_into().unwrap()), wire::SIMPLE_REPLY_MAGIC);
+        assert_eq!(u64::from_be_bytes(reply[8..].try_into().unwrap()), handle);
+        let error = u32::from_be_bytes(reply[4..8].try_into().unwrap());
+        let mut back = vec![0; if kind == wire::CMD_READ && error == 0 { len as usize } else { 0 }];
+        s.read_exact(&mut back).unwrap();
+        (error, back)
+    }
+
+    /// `serve` in a thread for `index`: its result, the loop's sender (to play the signals and
+    /// the size-change callback), and the export's shared size.
+    fn start(
+        kernel: &Arc<FakeKernel>,
+        export: &TestExport,
+        index: Index,
+    ) -> (std::thread::JoinHandle<anyhow::Result<Vec<String>>>, mpsc::Sender<Event>, super::super::device::SharedSize)
+    {
+        use super::super::handshake::Export as _;
+        let dev = export.open().unwrap_or_else(|_| panic!("opening the test volume"));
+        let size = dev.size();
+        let (tx, rx) = mpsc::channel();
+        let sender = tx.clone();
+        let kernel = Arc::clone(kernel);
+        let t = std::thread::spawn(move || {
+            let mut said = Vec::new();
+            serve(&*kernel, dev, index, (tx, rx), |path| {
+                said.push(path.to_owned());
+                Ok(())
+            })
+            .map(|()| said)
+        });
+        (t, sender, size)
+    }
+
+    /// The driver is told the volume's size, block size and the flags a handshake would give,
+    /// on one socket; the kernel's writes and reads are served; a signal disconnects the device
+    /// (NBD_CMD_DISCONNECT once), the transmission ends on the driver's DISC, and `serve`
+    /// returns Ok after the session flushed. Catches a connect with other attributes than the
+    /// handshake's, a signal that does not disconnect, or an exit before the session closed.
+    #[test]
+    fn the_kernel_is_served_and_a_signal_disconnects_it() {
+        let export = TestExport::new(GEO);
+        let kernel = Arc::new(FakeKernel::default());
+        let (t, tx, _) = start(&kernel, &export, Index::Dev(5));
+        let mut s = kernel.stream();
+        assert_eq!(
+            *kernel.connected.lock().unwrap(),
+            Some(Connect {
+                index: Index::Dev(5),
+                size: GEO.size,
+                block_size: 4096,
+                server_flags: GEO.transmission_flags(false).into()
+            })
+        );
+        assert_eq!(call(&mut s, wire::CMD_WRITE, 1, 8192, 4096, &[7; 4096]), (0, vec![]));
+        assert_eq!(call(&mut s, wire::CMD_READ, 2, 8192, 4096, &[]), (0, vec![7; 4096]));
+        tx.send(Event::Signal(libc::SIGTERM)).unwrap();
+        let said = t.join().unwrap().expect("a signal ends it with success");
+        assert_eq!(said, ["/dev/nbd5"], "the device was announced once");
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 1);
+        assert_eq!(export.data(8192, 4096), vec![7; 4096]);
+    }
+
+    /// Another program disconnects the device (nbd-client -d: the driver's DISC, the socket shut
+    /// down): `serve` ends with success, and disconnects nothing more (the device may be another
+    /// client's by then). Catches a server that takes that for a failure, waits for a signal that
+    /// never comes, or disconnects a device that is no longer its own.
+    #[test]
+    fn a_device_disconnected_by_another_program_ends_the_server() {
+        let export = TestExport::new(GEO);
+        let kernel = Arc::new(FakeKernel::default());
+        let (t, _tx, _) = start(&kernel, &export, Index::Any);
+        let mut s = kernel.stream();
+        assert_eq!(call(&mut s, wire::CMD_READ, 1, 0, 4096, &[]).0, 0);
+        kernel.disconnect(7).unwrap();
+        assert_eq!(t.join().unwrap().expect("ended by the kernel: success"), ["/dev/nbd7"]);
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 1, "the other program's only");
+    }
+
+    /// The kernel's end vanishes without DISC (its socket closed): the server ends, and lets go
+    /// of the device, still its own. Catches a server that spins or hangs on a dead socket, or
+    /// leaves the driver holding a dead device.
+    #[test]
+    fn the_kernels_end_vanishing_ends_the_server() {
+        let export = TestExport::new(GEO);
+        let kernel = Arc::new(FakeKernel::default());
+        let (t, _tx, _) = start(&kernel, &export, Index::Dev(1));
+        let s = kernel.stream();
+        drop(kernel.socket.lock().unwrap().take());
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(s);
+        assert!(t.join().unwrap().is_ok(), "a closed connection is a clean end");
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 1);
+    }
+
+    /// A connect the driver refuses: the error reads as words, nothing is announced, and `serve`
+    /// returns only after the session closed. Catches a server that prints a device it did not
+    /// get, or leaves its transmission thread behind.
+    #[test]
+    fn a_refused_connect_says_why_and_announces_nothing() {
+        let export = TestExport::new(GEO);
+        let kernel = Arc::new(FakeKernel { refuse_connect: Some(libc::EBUSY), ..FakeKernel::default() });
+        let (t, _tx, _) = start(&kernel, &export, Index::Dev(3));
+        let e = t.join().unwrap().unwrap_err().to_string();
+        assert_eq!(e, "/dev/nbd3 is in use: pick another device, or --nbd-device auto");
+        assert_eq!(kernel.disconnects.load(Ordering::SeqCst), 0);
+        // No writer left on the volume: the session closed before serve returned.
+        let vol = rblk_initiator::Session::connect(&export.target().uri, &super::options())
+            .and_then(|s| s.open(rblk_initiator::OpenMode::Exclusive))
+            .expect("an exclusive open once the refused server's session closed");
+        vol.close().unwrap();
+    }
+
+    /// A volume that grows on the target (a reload) reaches the driver as a resize of the
+    /// device at once (within 500 ms) while the server is idle, after the request checks took
+    /// the new size: the
+    /// kernel's write just past the old end is served and reads back. A resize the driver
+    /// refuses is logged and serving goes on. Catches a grow that never reaches the kernel (the
+    /// callback not hooked, or an idle server that never takes the target's RESIZED), a device
+    /// resized before the checks allow its new range, or a refused resize that ends the device.
+    #[test]
+    fn a_grow_resizes_the_device_and_a_refused_resize_keeps_serving() {
+        for refuse in [None, Some(libc::EINVAL)] {
+            let export = TestExport::new(GEO);
+            let kernel = Arc::new(FakeKernel { refuse_resize: refuse, ..FakeKernel::default() });
+            let (t, tx, size) = start(&kernel, &export, Index::Dev(2));
+            let mut s = kernel.stream();
+            assert_eq!(call(&mut s, wire::CMD_READ, 1, GEO.size, 4096, &[]).0, 22, "past the end before the grow");
+            let grown = 3 * GEO.size;
+            let asked = Instant::now();
+            export.grow(grown);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while size.get() != grown || (refuse.is_none() && kernel.resized.lock().unwrap().is_empty()) {
+                assert!(Instant::now() < deadline, "the grow did not reach the device in 5 s ({refuse:?})");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let took = asked.elapsed();
+            eprintln!("the grow reached the device {} ms after the reload", took.as_millis());
+            // An idle server takes the target's RESIZED when it arrives, not at its next tick
+            // (1 s after it started: without the armed completion channel, 995 ms here).
+            assert!(took < Duration::from_millis(500), "the grow took {took:?} to reach the device");
+            let want: &[(u32, u64)] = if refuse.is_none() { &[(2, grown)] } else { &[] };
+            assert_eq!(*kernel.resized.lock().unwrap(), want);
+            // Past the old end, still serving either way.
+            assert_eq!(call(&mut s, wire::CMD_WRITE, 2, GEO.size, 8192, &[9; 8192]), (0, vec![]), "{refuse:?}");
+            assert_eq!(call(&mut s, wire::CMD_READ, 3, GEO.size - 4096, 12288, &[]).0, 0);
+            assert_eq!(call(&mut s, wire::CMD_READ, 4, GEO.size, 8192, &[]), (0, vec![9; 8192]));
+            tx.send(Event::Signal(libc::SIGINT)).unwrap();
+            assert!(t.join().unwrap().is_ok());
+        }
+    }
+}
+
+/// A listening server's line about a grow comes once per new size however many clients'
+/// sessions report it, and says that connected clients keep their size until they reconnect.
+/// Catches one line per client, or a line for a report of a size already known.
+#[test]
+fn a_grow_is_said_once_for_every_client() {
+    let size = super::device::SharedSize::new(256 * MIB);
+    let lines: Vec<String> = [1280 * MIB, 1280 * MIB, 256 * MIB, 1280 * MIB, 3 << 30]
+        .into_iter()
+        .filter_map(|new| export_grew(&size, new))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "rblk nbd: volume grew to 1280 MiB: NBD clients see the new size when they reconnect",
+            "rblk nbd: volume grew to 3 GiB: NBD clients see the new size when they reconnect"
+        ]
+    );
+    assert_eq!(size.get(), 3 << 30, "new clients' handshakes give the new size");
+}
+
+/// A listening server's connected client is served past the old end once the volume grew (its
+/// session heard the grow, and the request checks follow it), though NBD gave it no new size.
+/// Catches checks that keep the size the connection started with.
+#[test]
+fn a_connected_client_is_served_past_the_old_end_after_a_grow() {
+    let export = Arc::new(TestExport::new(GEO));
+    let mut c = Client::start(Arc::clone(&export));
+    assert_eq!(c.read(GEO.size, 4096), Err(22), "past the end before the grow");
+    export.grow(2 * GEO.size);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while c.read(GEO.size, 4096).is_err() {
+        assert!(std::time::Instant::now() < deadline, "past the old end still refused 5 s after the grow");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(c.cmd(wire::CMD_WRITE, 0, 2 * GEO.size - 4096, 4096, &[3; 4096]), 0);
+    assert_eq!(c.read(2 * GEO.size - 4096, 4096), Ok(vec![3; 4096]));
+    assert!(matches!(c.disconnect().end, End::Disconnect));
 }

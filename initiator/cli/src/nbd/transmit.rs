@@ -20,7 +20,7 @@ use zerocopy::IntoBytes as _;
 use rblk_initiator::engine::{Data, EngineStats, Finished, IoOp, Request};
 use rblk_initiator::Chain;
 
-use super::device::Device;
+use super::device::{Device, SharedSize};
 use super::wire::{self, Errno, ExportGeometry, Op, RequestHeader};
 
 /// How a connection's transmission phase ended.
@@ -92,7 +92,7 @@ enum Incoming {
 /// closes the device. `close` runs once the replies are done, to unblock the reader (shut the
 /// socket down); the reader thread has ended when this returns.
 pub fn transmit(reader: impl Read + Send, writer: impl Write, dev: Device, close: impl FnOnce()) -> Summary {
-    let geo = dev.geometry();
+    let (geo, size) = (dev.geometry(), dev.size());
     let (tx, rx) = mpsc::sync_channel(CHANNEL);
     let bell = match doorbell() {
         Ok(bell) => bell,
@@ -106,7 +106,7 @@ pub fn transmit(reader: impl Read + Send, writer: impl Write, dev: Device, close
     thread::scope(|s| {
         let reader = thread::Builder::new()
             .name("rblk-nbd-reader".into())
-            .spawn_scoped(s, move || read_requests(reader, geo, &tx, &ring));
+            .spawn_scoped(s, move || read_requests(reader, geo, &size, &tx, &ring));
         let summary = match reader {
             Ok(_) => Exec::new(dev, writer, listen).run(rx),
             Err(e) => {
@@ -131,17 +131,19 @@ fn doorbell() -> io::Result<(UnixStream, UnixStream)> {
 }
 
 /// The reader thread: parses, checks and forwards requests until DISC, EOF or a bad magic.
-fn read_requests(r: impl Read, geo: ExportGeometry, tx: &SyncSender<Incoming>, bell: &UnixStream) {
+fn read_requests(r: impl Read, geo: ExportGeometry, size: &SharedSize, tx: &SyncSender<Incoming>, bell: &UnixStream) {
     let send = |msg| {
         let sent = tx.send(msg).is_ok();
         // Full: a ring is pending already.
         let _ = (&*bell).write(&[1]);
         sent
     };
-    forward_requests(r, geo, send);
+    forward_requests(r, geo, size, send);
 }
 
-fn forward_requests(mut r: impl Read, geo: ExportGeometry, send: impl Fn(Incoming) -> bool) {
+/// Checks each request against `geo` with the size `size` has when it arrives: a grown
+/// volume's new range is served from then on.
+fn forward_requests(mut r: impl Read, geo: ExportGeometry, size: &SharedSize, send: impl Fn(Incoming) -> bool) {
     let end = loop {
         let mut raw = [0u8; 28];
         match read_header(&mut r, &mut raw) {
@@ -153,7 +155,7 @@ fn forward_requests(mut r: impl Read, geo: ExportGeometry, send: impl Fn(Incomin
             Ok(hdr) => hdr,
             Err(e) => break End::Violation(e.to_string()),
         };
-        let op = hdr.check(&geo);
+        let op = hdr.check(&ExportGeometry { size: size.get(), ..geo });
         let mut data = Vec::new();
         let read = match op {
             Ok(Op::Write { len, .. }) => {
@@ -328,7 +330,7 @@ impl<W: Write> Exec<W> {
                 Err(TryRecvError::Disconnected) => return Some(Incoming::End(End::Closed)),
                 Err(TryRecvError::Empty) => {}
             }
-            match self.dev.lane().idle_wait(self.bell.as_fd(), deadline) {
+            match self.idle_wait(deadline) {
                 Ok(true) => while matches!((&self.bell).read(&mut [0u8; 64]), Ok(n) if n > 0) {},
                 Ok(false) => return None,
                 Err(e) => {
@@ -340,6 +342,34 @@ impl<W: Write> Exec<W> {
                     };
                 }
             }
+        }
+    }
+
+    /// [`Lane::idle_wait`](rblk_initiator::Lane::idle_wait) with the lane's completion channel
+    /// armed too: a completion while idle (the target's RESIZED) is taken at once, so a grow
+    /// reaches the size-change callback now, not at the next tick. True when the doorbell rang.
+    fn idle_wait(&mut self, deadline: Instant) -> rblk_initiator::Result<bool> {
+        use std::os::fd::AsRawFd as _;
+        let bell = self.bell.as_raw_fd();
+        let lane = self.dev.lane();
+        if lane.arm().is_err() {
+            return lane.idle_wait(self.bell.as_fd(), deadline);
+        }
+        // A completion that landed before the arm raised no event.
+        lane.progress()?;
+        let mut fds = [bell, lane.event_fd(), bell, bell];
+        let mut n = 2;
+        for fd in lane.cm_fds().fds.into_iter().flatten() {
+            fds[n] = fd;
+            n += 1;
+        }
+        match rblk_fabric::wait_readable(&fds[..n], deadline) {
+            Ok(Some(0)) => Ok(true),
+            Ok(Some(1)) => lane.progress().map(|()| false),
+            Ok(Some(_)) => lane.cm_event().map(|()| false),
+            Ok(None) => Ok(false),
+            // The library's own wait says what failed.
+            Err(_) => lane.idle_wait(self.bell.as_fd(), deadline),
         }
     }
 
@@ -441,5 +471,61 @@ impl<W: Write> Exec<W> {
                 self.write_err = Some(e);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    fn request(kind: u16, handle: u64, offset: u64, len: u32) -> Vec<u8> {
+        let r = RequestHeader {
+            magic: wire::REQUEST_MAGIC.into(),
+            flags: 0.into(),
+            kind: kind.into(),
+            handle: handle.into(),
+            offset: offset.into(),
+            len: len.into(),
+        };
+        r.as_bytes().to_vec()
+    }
+
+    /// A read and a write just past the old end are refused (EINVAL, ENOSPC) while the export
+    /// has its old size and served once it grew, with nothing else changed: catches request
+    /// checks that keep the size the connection started with.
+    #[test]
+    fn the_range_check_follows_a_size_change() {
+        const OLD: u64 = 1 << 20;
+        let geo = ExportGeometry { size: OLD, block_size: 4096, read_only: false, discards: true };
+        let size = SharedSize::new(OLD);
+        let mut wire = Vec::new();
+        for handle in [1, 3] {
+            wire.extend(request(wire::CMD_READ, handle, OLD, 4096));
+            wire.extend(request(wire::CMD_WRITE, handle + 1, OLD, 4096));
+            wire.extend([0xab; 4096]);
+        }
+        let seen = Mutex::new(Vec::new());
+        forward_requests(&wire[..], geo, &size, |msg| {
+            if let Incoming::Request { handle, op, data } = msg {
+                seen.lock().unwrap().push((handle, op, data.len()));
+                // The volume grows between the first pair and the second.
+                if handle == 2 {
+                    assert!(size.grow_to(2 * OLD));
+                }
+            }
+            true
+        });
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(
+            seen,
+            [
+                (1, Err(Errno::Inval), 0),
+                (2, Err(Errno::NoSpc), 0),
+                (3, Ok(Op::Read { offset: OLD, len: 4096 }), 0),
+                (4, Ok(Op::Write { offset: OLD, len: 4096, fua: false }), 4096),
+            ]
+        );
     }
 }
