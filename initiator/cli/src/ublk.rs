@@ -91,6 +91,11 @@ const ALLOW_NULL: &str = "RBLK_ALLOW_NULL";
 /// Needs root and the ublk_drv module (modprobe ublk_drv). Choose it over `rblk nbd` and
 /// `rblk mount` for filesystems and VMs: it is the fastest way to mount a volume.
 ///
+/// When the volume grows on the target, the device grows with it at once where the kernel's
+/// ublk driver can resize a device (UPDATE_SIZE, Linux 6.16 and later; then resize2fs or
+/// xfs_growfs grows a mounted filesystem). On older kernels it keeps its size, and stderr says
+/// so: detach and attach again to use the new size.
+///
 /// Examples:
 ///   rblk attach rblk://10.0.0.1/vol0 --daemon         # prints /dev/ublkb0 (also /dev/rblk/vol0)
 ///   mkfs.ext4 /dev/rblk/vol0 && mount /dev/rblk/vol0 /srv/data
