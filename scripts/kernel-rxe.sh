@@ -11,8 +11,11 @@
 # the rxe (= ignored) tests of each TEST, a file of tests/tests (ublk for tests/tests/ublk.rs):
 # those whose names contain FILTER, or all. Default: ublk:two_volumes_attached_at_once.
 #
-# The ublk online-resize test is not here yet: issue 44's grow feature adds it, and it runs on
-# the new kernel as `scripts/kernel-rxe.sh TEST:FILTER` with its own file and name.
+# The ublk online-resize test (issue 44) is tests/tests/ublk_grow.rs, a test target CI never
+# builds (test = false in tests/Cargo.toml: it fails on 6.12, whose driver has no UPDATE_SIZE):
+# `scripts/kernel-rxe.sh ublk_grow` attaches a 256 MiB volume, writes ext4 files, grows the
+# volume to 1280 MiB with `rblk-target admin resize`, waits for the device to follow, runs
+# resize2fs online and checks every file.
 #
 # Builds the debug binaries and the TEST executables first (cargo build --workspace
 # --all-features --bins --test TEST...; the tests find the binaries by RBLK_BIN_DIR) and gives the

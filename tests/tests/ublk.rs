@@ -1,7 +1,8 @@
 //! `rblk attach` over rxe in the guest: a volume as /dev/ublkbN through ublk_drv, with ext4,
 //! fio's verification, data crossing to `rblk read`/`rblk write`, a SIGKILLed server (whose
 //! device waits for a successor: `ublk_recovery.rs` takes it over), two
-//! attachments, read-only attachments, FLUSH reaching the target, and the refusals.
+//! attachments, read-only attachments, FLUSH reaching the target, a grown volume (the device
+//! follows where the driver can, else says it keeps its size), and the refusals.
 //!
 //! The guest kernel must have ublk_drv: on a kernel without it (bookworm's 6.1 fallback) every
 //! test here fails with that reason; none skips.
@@ -257,6 +258,61 @@ fn two_volumes_attached_at_once_stay_apart() {
     assert!(!out.status.success(), "a second writer got into an exclusively attached volume");
     detach(&a.dev);
     detach(&b.dev);
+}
+
+/// Issue 44: a grown volume's device follows where the ublk driver has UPDATE_SIZE (Linux
+/// 6.16 and later), and where it has not (CI's 6.12) `rblk attach` says in one line that the
+/// device keeps its size until it is attached again; either way I/O goes on, and a new
+/// attachment has the new size. Would catch a grow that goes unsaid, UPDATE_SIZE sent to a
+/// driver without it (a failure, or worse), a device that does not follow where it can, and a
+/// serving process or its I/O disturbed by the grow.
+#[test]
+#[ignore = "needs rxe: run in the guest by scripts/test.sh"]
+fn a_grown_volume_is_followed_or_the_device_says_it_keeps_its_size() {
+    ublk_drv();
+    let config = |size: &str| format!("[[volume]]\nname = \"v\"\nsize = \"{size}\"\n");
+    let t = Target::start_with_config(Fabric::Verbs, &config("64M"));
+    let u = uri(&t, "v");
+    let log = std::env::temp_dir().join(format!("rblk-ublk-grow-{}.log", std::process::id()));
+    let a = attach(&u, &format!("--log-file {}", log.display()));
+    let sectors = format!("/sys/block/{}/size", a.dev.trim_start_matches("/dev/"));
+    let dev_size = || std::fs::read_to_string(&sectors).unwrap().trim().parse::<u64>().unwrap() << 9;
+    assert_eq!(dev_size(), 64 * MIB);
+    let can =
+        libublk::ctrl::UblkCtrl::get_features().is_some_and(|f| f & u64::from(libublk::sys::UBLK_F_UPDATE_SIZE) != 0);
+    t.reload(&config("96M")).expect("the reload grows the volume");
+    let line = if can {
+        format!("rblk: volume grew to 96 MiB; {} follows: 96 MiB", a.dev)
+    } else {
+        format!(
+            "rblk: volume grew to 96 MiB; {} keeps 64 MiB until it is attached again (this kernel's ublk driver \
+             cannot resize a device: UPDATE_SIZE needs Linux 6.16 or later)",
+            a.dev
+        )
+    };
+    let start = Instant::now();
+    let mut said = String::new();
+    while !said.contains(&line) && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+        said = std::fs::read_to_string(&log).unwrap_or_default();
+    }
+    assert!(said.contains(&line), "the attach log lacks {line:?}: {said}");
+    assert_eq!(said.matches("volume grew").count(), 1, "one line per grow: {said}");
+    assert_eq!(dev_size(), if can { 96 * MIB } else { 64 * MIB });
+    // I/O goes on: up to the device's end.
+    let end = dev_size() / MIB;
+    sh(&format!(
+        "head -c 1M /dev/urandom > /tmp/ublk-grow-1m
+         dd if=/tmp/ublk-grow-1m of={dev} bs=1M seek={last} oflag=direct status=none
+         dd if={dev} bs=1M skip={last} count=1 iflag=direct status=none | cmp - /tmp/ublk-grow-1m",
+        dev = a.dev,
+        last = end - 1
+    ));
+    detach(&a.dev);
+    let b = attach(&u, "");
+    assert_eq!(sh(&format!("blockdev --getsize64 {}", b.dev)).trim(), (96 * MIB).to_string(), "attached again");
+    detach(&b.dev);
+    let _ = std::fs::remove_file(&log);
 }
 
 #[test]

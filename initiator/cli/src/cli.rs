@@ -959,6 +959,32 @@ mod stream_tests {
         assert_eq!(vol.stats().unwrap().registrations, 1);
     }
 
+    /// Issue 44: `rblk info` and `rblk discover` open fresh sessions, so they show a grown
+    /// volume's new size. Would catch either reporting a size from anything but the target's
+    /// answer now (an OPENED or LIST of the old size).
+    #[test]
+    fn info_and_discover_show_a_grown_volumes_size() {
+        let config = |size| Config {
+            listen: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0),
+            fabric: Fabric::Mem,
+            volumes: vec![VolumeSpec { name: "v".into(), size, path: None }],
+            ..Config::default()
+        };
+        let r = Server::start(config(8 << 20)).unwrap();
+        let opts = Options { fabric: Fabric::Mem, ..Options::default() };
+        let before = Session::connect(&format!("rblk://{}/v", r.local_addr()), &opts).unwrap().open(OpenMode::ReadOnly);
+        assert_eq!(info_json(&before.unwrap())["size"], 8 << 20);
+        let grown = r.reload(Config { listen: r.local_addr(), ..config(24 << 20) }).unwrap();
+        assert!(grown.grown.iter().any(|(n, _, s)| n == "v" && *s == 24 << 20), "{grown:?}");
+        let vol = Session::connect(&format!("rblk://{}/v", r.local_addr()), &opts).unwrap().open(OpenMode::ReadOnly);
+        assert_eq!(info_json(&vol.unwrap())["size"], 24 << 20);
+        let target = rblk_initiator::Uri::parse_target(&format!("rblk://{}", r.local_addr())).unwrap();
+        let listed = Session::connect(&target, &opts).unwrap().list().unwrap();
+        assert_eq!(discover_json(&listed)[0]["size"], 24 << 20);
+        let table = discover_table(&listed);
+        assert!(table[1].contains("24 MiB"), "{table:?}");
+    }
+
     /// Catches a stream's length errors going unnoticed or unexplained.
     #[test]
     fn a_streams_bad_length_is_refused_when_it_gets_there() {

@@ -31,6 +31,10 @@ use crate::list::{self, Entry};
 /// -o json, one JSON object {"mountpoint", "file", "loop_device", "pid"}. Everything else
 /// (what was mounted, the serving pid) goes to stderr.
 ///
+/// When the volume grows on the target, the file grows with it at once (stat, reads and writes
+/// past the old end); `losetup -c /dev/loopN` then `resize2fs /dev/loopN` grow a filesystem on
+/// the loop device online.
+///
 /// Examples:
 ///   rblk mount rblk://10.0.0.1/vol0 /mnt/vol0                   # prints /mnt/vol0/vol0
 ///   rblk mount rblk://10.0.0.1/vol0 /mnt/vol0 --loop --daemon   # prints /dev/loopN

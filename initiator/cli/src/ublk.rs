@@ -91,6 +91,11 @@ const ALLOW_NULL: &str = "RBLK_ALLOW_NULL";
 /// Needs root and the ublk_drv module (modprobe ublk_drv). Choose it over `rblk nbd` and
 /// `rblk mount` for filesystems and VMs: it is the fastest way to mount a volume.
 ///
+/// When the volume grows on the target, the device grows with it at once where the kernel's
+/// ublk driver can resize a device (UPDATE_SIZE, Linux 6.16 and later; then resize2fs or
+/// xfs_growfs grows a mounted filesystem). On older kernels it keeps its size, and stderr says
+/// so: detach and attach again to use the new size.
+///
 /// Examples:
 ///   rblk attach rblk://10.0.0.1/vol0 --daemon         # prints /dev/ublkb0 (also /dev/rblk/vol0)
 ///   mkfs.ext4 /dev/rblk/vol0 && mount /dev/rblk/vol0 /srv/data
@@ -782,12 +787,19 @@ impl Handover {
         h
     }
 
-    /// The session now (a reconnect made a new one).
+    /// The session now (a reconnect made a new one). A size the device grew to stays: the
+    /// session's own is the size it opened.
     fn session(&mut self, p: Predecessor) {
         self.session_id = p.session_id;
         self.token = rblk_initiator::to_hex(&p.token);
-        (self.size, self.block_size, self.max_io) = (p.size, p.block_size, p.max_io);
+        (self.size, self.block_size, self.max_io) = (p.size.max(self.size), p.block_size, p.max_io);
         self.instance = p.instance.map(|i| i.to_string());
+    }
+
+    /// The device grew to `size` bytes with its volume (UPDATE_SIZE): a successor takes it over
+    /// only from a volume at least that large.
+    fn grew(&mut self, size: u64) {
+        self.size = self.size.max(size);
     }
 
     fn predecessor(&self) -> anyhow::Result<Predecessor> {
@@ -838,6 +850,89 @@ fn recovery_flags() -> u64 {
         _ => {
             tracing::warn!("this kernel's ublk driver has no user recovery: the device dies with this process");
             0
+        }
+    }
+}
+
+/// The ublk driver resizes a live device (`UBLK_U_CMD_UPDATE_SIZE`, Linux 6.16 and later).
+const UPDATE_SIZE: u64 = sys::UBLK_F_UPDATE_SIZE as u64;
+
+/// What a device does when its volume grew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Follow {
+    /// Nothing: the device has that many whole blocks already.
+    Nothing,
+    /// UPDATE_SIZE to this many bytes (whole blocks).
+    Resize(u64),
+    /// The driver cannot resize: say so, in this line.
+    Keep(String),
+}
+
+/// What device `dev` of `old` bytes in blocks of `bs` does when its volume has `new` bytes, with
+/// the ublk driver's features `features` (None: the driver did not say).
+fn follow(features: Option<u64>, dev: &str, old: u64, new: u64, bs: u32) -> Follow {
+    let bs = u64::from(bs.max(512));
+    let whole = new / bs * bs;
+    if whole <= old {
+        Follow::Nothing
+    } else if features.is_some_and(|f| f & UPDATE_SIZE != 0) {
+        Follow::Resize(whole)
+    } else {
+        Follow::Keep(keeps_size(
+            dev,
+            old,
+            new,
+            "this kernel's ublk driver cannot resize a device: UPDATE_SIZE needs Linux 6.16 or later",
+        ))
+    }
+}
+
+/// The line said when device `dev` stays at `old` bytes while its volume has `new`.
+fn keeps_size(dev: &str, old: u64, new: u64, why: &str) -> String {
+    use crate::common::human;
+    format!("volume grew to {}; {dev} keeps {} until it is attached again ({why})", human(new), human(old))
+}
+
+/// The device follows its volume's growth, from the thread that owns its control (the engine's
+/// resize hook runs on a queue thread, which must not block: it hands the size over).
+struct Grower {
+    features: Option<u64>,
+    dev: String,
+    block_size: u32,
+    /// The device's size now, in bytes.
+    size: u64,
+}
+
+impl Grower {
+    /// The volume has `new` bytes: resizes the device where the driver can, else says why it
+    /// cannot (once per grow). Some(size): the device has that size now.
+    fn grew(&mut self, c: &UblkCtrl, new: u64) -> Option<u64> {
+        match follow(self.features, &self.dev, self.size, new, self.block_size) {
+            Follow::Nothing => None,
+            Follow::Keep(line) => {
+                eprintln!("rblk: {line}");
+                None
+            }
+            Follow::Resize(bytes) => {
+                let started = Instant::now();
+                match ublk(&format!("resizing {}", self.dev), || c.update_size(bytes)) {
+                    Ok(_) => {
+                        tracing::info!(dev = self.dev, took = ?started.elapsed(), "UPDATE_SIZE done");
+                        eprintln!(
+                            "rblk: volume grew to {}; {} follows: {}",
+                            crate::common::human(new),
+                            self.dev,
+                            crate::common::human(bytes)
+                        );
+                        self.size = bytes;
+                        Some(bytes)
+                    }
+                    Err(e) => {
+                        eprintln!("rblk: {}", keeps_size(&self.dev, self.size, new, &format!("{e:#}")));
+                        None
+                    }
+                }
+            }
         }
     }
 }
@@ -1053,6 +1148,21 @@ fn recover(args: &AttachArgs, found: Found) -> anyhow::Result<()> {
     run(args, vol, shape, handover, registered)
 }
 
+/// The device's size in bytes, as the driver has it (GET_PARAMS).
+fn device_size(c: &UblkCtrl) -> Option<u64> {
+    let mut p = sys::ublk_params::default();
+    c.get_params(&mut p).ok()?;
+    Some(p.basic.dev_sectors << 9)
+}
+
+/// Device `e` grew to `size` bytes: its run entry's handover says so (a successor then agrees
+/// on the size).
+fn record_growth(e: &mut Entry, size: u64) {
+    if let Some(h) = e.handover.as_mut() {
+        h.grew(size);
+    }
+}
+
 /// Nothing may continue on a dead server's device: remove it (what waits on it fails), and
 /// leave the entry as a failure `rblk list` shows.
 fn give_up(dev_id: u32, dev: &str, reg: Option<&mut list::Registration>, reason: &str) -> anyhow::Result<()> {
@@ -1094,6 +1204,13 @@ fn run(
     );
     // No shared lanes: every queue thread has its own.
     let engine = Arc::new(Engine::new(vol, 0)?);
+    // A grown volume's size, from the queue thread that heard it to the device's thread.
+    let (grew_tx, grew_rx) = std::sync::mpsc::channel::<u64>();
+    engine.on_resize(move |size| {
+        let _ = grew_tx.send(size);
+    });
+    let grew_rx = Mutex::new(grew_rx);
+    let features = ublk("asking the ublk driver's features", || Ok(UblkCtrl::get_features())).ok().flatten();
     let metrics = crate::metrics::Metrics::new(engine.uri());
     let _counted = metrics.add(engine.counters());
     let _endpoint = args.metrics.serve(&metrics)?;
@@ -1139,6 +1256,7 @@ fn run(
         }
     };
     let bdev = PathBuf::from(ctrl.get_bdev_path());
+    let mut grower = Grower { features, dev: bdev.display().to_string(), block_size: bs, size };
     let kept = registered.as_ref().and_then(|r| r.entry().link.clone());
     let volume_name = engine.uri().volume().to_owned();
     let link = make_link(kept.as_deref(), args.name.as_deref().unwrap_or(&volume_name), &bdev);
@@ -1223,13 +1341,27 @@ fn run(
             *ready_err.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
         }
         // Until a signal: keep the run entry's session current (a reconnect makes a new one),
-        // so a successor resumes the right one.
+        // so a successor resumes the right one, and the device's size that of its volume.
         let mut signals = signals;
         let mut last = served.control().predecessor();
+        let grew_rx = grew_rx.into_inner().unwrap_or_else(PoisonError::into_inner);
+        // The volume may have grown before the hook was there, or while a dead predecessor
+        // served the device (which kept the size it had).
+        if let Some(now) = device_size(c) {
+            grower.size = now;
+        }
+        let mut grown = Some(served.size());
         'serving: loop {
             if let Some(sig) = signals.pending().next() {
                 tracing::info!(signal = sig, "stopping the device");
                 break 'serving;
+            }
+            if let Some(new) = grown.take() {
+                if let Some(bytes) = grower.grew(c, new) {
+                    if let Some(r) = reg.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+                        r.update(|e| record_growth(e, bytes));
+                    }
+                }
             }
             let now = served.control().predecessor();
             if now != last && recoverable {
@@ -1242,7 +1374,10 @@ fn run(
                     });
                 }
             }
-            std::thread::sleep(Duration::from_millis(200));
+            if let Ok(new) = grew_rx.recv_timeout(Duration::from_millis(200)) {
+                // The newest of what queued up meanwhile.
+                grown = Some(grew_rx.try_iter().fold(new, u64::max));
+            }
         }
         let _ = c.kill_dev();
     };
@@ -1492,6 +1627,65 @@ mod tests {
             (d.discard.discard_granularity, d.discard.discard_alignment, d.discard.max_discard_segments),
             (4096, 0, 1)
         );
+    }
+
+    /// Issue 44: what a device does when its volume grows, from the driver's features. Would
+    /// catch UPDATE_SIZE sent to a driver without it (6.12 answers EINVAL or worse), a size
+    /// that is not whole blocks sent (libublk refuses it, the driver would take it), a grow
+    /// not said where the device cannot follow, or the line losing the device, the sizes or
+    /// what to do.
+    #[test]
+    fn a_grown_volume_resizes_the_device_only_where_the_driver_can() {
+        const MIB: u64 = 1 << 20;
+        let with = Some(UPDATE_SIZE | u64::from(sys::UBLK_F_USER_RECOVERY));
+        let dev = "/dev/ublkb3";
+        assert_eq!(follow(with, dev, 256 * MIB, 1280 * MIB, 4096), Follow::Resize(1280 * MIB));
+        assert_eq!(follow(with, dev, 256 * MIB, 256 * MIB, 4096), Follow::Nothing, "not grown");
+        assert_eq!(follow(with, dev, 256 * MIB, 128 * MIB, 4096), Follow::Nothing, "a device never shrinks");
+        assert_eq!(follow(with, dev, 256 * MIB, 256 * MIB + 4095, 4096), Follow::Nothing, "no whole block more");
+        assert_eq!(follow(with, dev, 256 * MIB, 256 * MIB + 5000, 4096), Follow::Resize(256 * MIB + 4096));
+        assert_eq!(follow(with, dev, 256 * MIB, 256 * MIB + 1000, 512), Follow::Resize(256 * MIB + 512));
+        let line = "volume grew to 1280 MiB; /dev/ublkb3 keeps 256 MiB until it is attached again (this kernel's \
+                    ublk driver cannot resize a device: UPDATE_SIZE needs Linux 6.16 or later)";
+        for without in [None, Some(0), Some(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))] {
+            assert_eq!(follow(without, dev, 256 * MIB, 1280 * MIB, 4096), Follow::Keep(line.into()), "{without:?}");
+            assert_eq!(follow(without, dev, 256 * MIB, 256 * MIB, 4096), Follow::Nothing, "{without:?}");
+        }
+    }
+
+    /// Issue 44: a device that grew says so in its run entry, so a successor's takeover checks
+    /// the volume against the size the device has. Would catch the entry keeping the opened
+    /// size, a reconnect's session update putting the opened size back, or the size lost in
+    /// the entry's JSON.
+    #[test]
+    fn a_grown_devices_run_entry_keeps_its_size_through_the_file_and_reconnects() {
+        let prev = |size| Predecessor {
+            session_id: 7,
+            token: [5; 16],
+            size,
+            block_size: 4096,
+            max_io: 1 << 20,
+            instance: Some(rblk_initiator::VolumeId::from_hex("00112233445566778899aabbccddeeff").unwrap()),
+        };
+        let conn = parse(&["rblk://h/v"]).unwrap().conn;
+        let handover = Handover::new("rblk://h/v", OpenMode::ReadWrite, &conn, Reconnect::default(), prev(256 << 20));
+        let mut entry = Entry { dev_id: Some(3), handover: Some(handover), ..Entry::new("ublk", "rblk://h/v") };
+        record_growth(&mut entry, 1280 << 20);
+        let text = serde_json::to_string_pretty(&entry).unwrap();
+        let back: Entry = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, entry);
+        let mut h = back.handover.unwrap();
+        assert_eq!(h.predecessor().unwrap().size, 1280 << 20, "{text}");
+        // A reconnect made a new session, which knows the size it opened.
+        h.session(Predecessor { session_id: 8, ..prev(256 << 20) });
+        assert_eq!((h.session_id, h.size), (8, 1280 << 20));
+        // A successor that opened after the grow: its own size.
+        h.session(prev(2048 << 20));
+        assert_eq!(h.size, 2048 << 20);
+        // Without a handover (no user recovery) there is nothing to record.
+        let mut plain = Entry::new("ublk", "rblk://h/v");
+        record_growth(&mut plain, 1 << 30);
+        assert_eq!(plain.handover, None);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::os::fd::AsFd as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -21,7 +21,8 @@ use super::{Error, Result};
 
 const ROOT: INodeNo = INodeNo::ROOT;
 const FILE: INodeNo = INodeNo(2);
-/// How long the kernel may cache names and attributes: they never change while mounted.
+/// How long the kernel may cache names and attributes. They change only when the volume grows,
+/// and then the file's inode is invalidated at once ([`follow_growth`]).
 const TTL: Duration = Duration::from_secs(60);
 /// Largest read or write request the kernel sends (it splits larger ones).
 const MAX_REQUEST: u32 = 1 << 20;
@@ -54,7 +55,17 @@ pub struct Mounted {
     vf: Option<Arc<Engine>>,
     session: Option<fuser::BackgroundSession>,
     ticker: Option<Ticker>,
+    /// Tells the kernel the file's new size when the volume grows.
+    follower: Option<Follower>,
     errors: Arc<AtomicU64>,
+}
+
+/// The thread that passes a grown volume's size on to the kernel ([`follow_growth`]).
+#[derive(Debug)]
+struct Follower {
+    /// `None` stops it; the engine's resize hook sends `Some(size)`.
+    tx: mpsc::Sender<Option<u64>>,
+    thread: JoinHandle<()>,
 }
 
 /// The housekeeping thread, and how to stop it.
@@ -134,8 +145,52 @@ pub fn mount(vol: Volume, mountpoint: &Path, opts: &MountOptions) -> Result<Moun
         }
     };
     let file = mountpoint.join(&name);
+    let follower = follow_growth(&vf, session.notifier(), file.clone());
     tracing::info!(mountpoint = %mountpoint.display(), file = %file.display(), queues = opts.queues, "mounted");
-    Ok(Mounted { mountpoint, file, vf: Some(vf), session: Some(session), ticker, errors })
+    Ok(Mounted { mountpoint, file, vf: Some(vf), session: Some(session), ticker, follower, errors })
+}
+
+/// Makes the kernel see the file's new size as soon as the volume grows, instead of after the
+/// attribute [`TTL`]: the engine's resize hook (on an I/O thread, which must not block) hands
+/// the size to a thread of its own, which invalidates the file's inode and then stats the file.
+/// The stat is what makes the kernel fetch the attributes again (from a FUSE worker thread) and
+/// update the inode's size: a loop device's `LOOP_SET_CAPACITY` (`losetup -c`) reads that size
+/// without asking the filesystem on kernels before 6.15.
+fn follow_growth(vf: &Engine, notifier: fuser::Notifier, file: PathBuf) -> Option<Follower> {
+    let (tx, rx) = mpsc::channel::<Option<u64>>();
+    let thread = std::thread::Builder::new().name("rblk-grow".into()).spawn(move || {
+        while let Ok(Some(size)) = rx.recv() {
+            if let Err(e) = notifier.inval_inode(FILE, 0, 0) {
+                tracing::warn!(
+                    error = %e, size,
+                    "the volume grew, but the kernel was not told: stat shows the new size within a minute"
+                );
+                continue;
+            }
+            match std::fs::metadata(&file) {
+                Ok(m) => tracing::info!(file = %file.display(), size = m.len(), "the volume grew: the file follows"),
+                Err(e) => {
+                    tracing::warn!(file = %file.display(), error = %e, "the volume grew, but its file cannot be read")
+                }
+            }
+        }
+    });
+    match thread {
+        Ok(thread) => {
+            let hook = tx.clone();
+            vf.on_resize(move |size| {
+                let _ = hook.send(Some(size));
+            });
+            Some(Follower { tx, thread })
+        }
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "no thread to follow a growing volume: the file shows a new size within a minute of a grow"
+            );
+            None
+        }
+    }
 }
 
 /// Bytes of an access of `len` at `offset` that lie inside a file of `size` bytes.
@@ -226,6 +281,10 @@ impl Mounted {
     fn stop_ticker(&mut self) {
         if let Some(Ticker { stop, thread }) = self.ticker.take() {
             drop(stop);
+            let _ = thread.join();
+        }
+        if let Some(Follower { tx, thread }) = self.follower.take() {
+            let _ = tx.send(None);
             let _ = thread.join();
         }
     }
