@@ -600,6 +600,18 @@ impl Link {
         result
     }
 
+    /// Arms the control connection's completion channel and returns its descriptor, readable
+    /// once a completion arrived (a message of the target's), unless another thread uses the
+    /// connection now or the session is down (None).
+    pub(crate) fn arm_control(&self) -> Option<std::os::fd::RawFd> {
+        if !self.is_up() {
+            return None;
+        }
+        let mut conn = self.control.try_lock().ok()?;
+        conn.ep.arm_events().ok()?;
+        Some(conn.ep.event_fd())
+    }
+
     /// The control connection's CM event channel ([`Conn::cm_fd`]), unless another thread
     /// uses the connection now (its exchange's wait watches the channel itself).
     pub(crate) fn control_cm_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -27,7 +27,10 @@
 //! - `lanes_keep_their_invariants` (property): 4 lanes of one session driven one step at a time
 //!   in an order proptest chooses, with aligned and unaligned reads and writes, write-zeroes
 //!   (whole blocks: done by the target, holding their range exclusively until answered),
-//!   discards, FUA, FLUSH, FLUSHes held at the target, and queue pairs severed (reconnect and replay). After
+//!   discards, FUA, FLUSH, FLUSHes held at the target, queue pairs severed (reconnect and
+//!   replay), and the volume grown under them by up to 16 blocks at a time (issue 44: segments
+//!   of a few blocks, so requests cross one or two boundaries; requests past the size are
+//!   refused until a grow makes room, then served). After
 //!   every step: the lanes' and queues' invariants (every request on the list of its state, the
 //!   queue holding exactly the pieces requests have on it, slot states and lists agreeing), each
 //!   tag completes exactly once, reads return bytes a byte model allows, and a FLUSH completes
@@ -64,6 +67,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 struct Target {
     running: Running,
     hook: FlushHook,
+    /// What it started with (a grow reloads it with a larger size).
+    cfg: Config,
 }
 
 impl Drop for Target {
@@ -92,7 +97,9 @@ fn target_with(keepalive: Duration, path: Option<std::path::PathBuf>) -> Target 
         flush_hook: Some(hook.clone()),
         ..Config::default()
     };
-    Target { running: Server::start(cfg).expect("start the target"), hook }
+    let running = Server::start(cfg.clone()).expect("start the target");
+    let cfg = Config { listen: running.local_addr(), ..cfg };
+    Target { running, hook, cfg }
 }
 
 fn engine(t: &Target, reconnect: Reconnect) -> Engine {
@@ -519,12 +526,29 @@ fn a_read_only_flush_writes_nothing() {
 
 #[derive(Debug, Clone)]
 enum Step {
-    Submit { lane: usize, op: IoOp, offset: u64, len: u64, fua: bool },
-    Progress { lane: usize },
+    Submit {
+        lane: usize,
+        op: IoOp,
+        offset: u64,
+        len: u64,
+        fua: bool,
+    },
+    Progress {
+        lane: usize,
+    },
     Hold,
     Release,
-    Sever { lane: usize },
+    Sever {
+        lane: usize,
+    },
+    /// The volume grows by this many blocks (at most 7 times: 8 segments).
+    Grow {
+        blocks: u64,
+    },
 }
+
+/// The most a volume of the property test grows to: 7 grows of at most 16 blocks.
+const MAX_SIZE: u64 = SIZE + 7 * 16 * BS;
 
 fn step() -> impl Strategy<Value = Step> {
     let lane = 0..4usize;
@@ -537,8 +561,11 @@ fn step() -> impl Strategy<Value = Step> {
         2 => Just(IoOp::Flush),
     ];
     // Aligned (blocks) or anywhere (bytes), up to 5 blocks: pieces are 2 blocks.
-    let range =
-        prop_oneof![(0..SIZE / BS - 5, 1..=5u64).prop_map(|(b, n)| (b * BS, n * BS)), (0..SIZE - 5 * BS, 1..5 * BS),];
+    // Anywhere a grown volume may reach: past the size they are refused.
+    let range = prop_oneof![
+        (0..MAX_SIZE / BS - 5, 1..=5u64).prop_map(|(b, n)| (b * BS, n * BS)),
+        (0..MAX_SIZE - 5 * BS, 1..5 * BS),
+    ];
     prop_oneof![
         6 => (lane.clone(), op, range, any::<bool>())
             .prop_map(|(lane, op, (offset, len), fua)| {
@@ -554,6 +581,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Hold),
         1 => Just(Step::Release),
         1 => lane.prop_map(|lane| Step::Sever { lane }),
+        1 => (4..=16u64).prop_map(|blocks| Step::Grow { blocks }),
     ]
 }
 
@@ -580,6 +608,8 @@ struct Pending {
     submitted: u64,
     /// Index into `writes` for writes.
     write: Option<usize>,
+    /// Past the volume's size when submitted: refused.
+    past_the_end: bool,
 }
 
 struct Model {
@@ -647,6 +677,7 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     // After a cut, FLUSHes are not held any more: a FLUSH held on another queue pair of the
     // old session would hold its teardown, which the reconnect waits for.
     let mut severed = false;
+    let (mut size, mut grows) = (SIZE, 0);
     let check = |lanes: &mut Vec<Lane>, m: &mut Model, clock: u64| -> Result<(), TestCaseError> {
         for (i, l) in lanes.iter_mut().enumerate() {
             l.check_invariants().map_err(|e| TestCaseError::fail(format!("lane {i} at {clock}: {e}")))?;
@@ -654,6 +685,10 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 prop_assert!(m.done.insert(f.tag), "tag {} completed twice", f.tag);
                 let p =
                     m.pending.remove(&f.tag).ok_or_else(|| TestCaseError::fail(format!("unknown tag {}", f.tag)))?;
+                if p.past_the_end {
+                    prop_assert!(f.result.is_err(), "{:?} of {}+{} past the end was served", p.op, p.offset, p.len);
+                    continue;
+                }
                 prop_assert!(f.result.is_ok(), "{:?} of {}+{} failed: {:?}", p.op, p.offset, p.len, f.result);
                 if let Some(w) = p.write {
                     m.writes[w].completed = Some(clock);
@@ -712,6 +747,13 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 let tag = next_tag;
                 next_tag += 1;
                 let r = req(tag, op, offset, len, fua);
+                let past_the_end = op != IoOp::Flush && (offset + len).div_ceil(BS) * BS > size;
+                if past_the_end {
+                    m.pending.insert(tag, Pending { op, offset, len, submitted: clock, write: None, past_the_end });
+                    lanes[lane].submit(r);
+                    check(&mut lanes, &mut m, clock)?;
+                    continue;
+                }
                 let write = match (&r.data, op) {
                     (Data::Bytes(v), IoOp::Write) => Some(v.clone()),
                     (_, IoOp::WriteZeroes { .. } | IoOp::Discard) => Some(vec![0; len as usize]),
@@ -723,7 +765,7 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                     m.writes.push(Write { offset, data, submitted: clock, completed: None, on_target, lane });
                     m.writes.len() - 1
                 });
-                m.pending.insert(tag, Pending { op, offset, len, submitted: clock, write });
+                m.pending.insert(tag, Pending { op, offset, len, submitted: clock, write, past_the_end });
                 lanes[lane].submit(r);
             }
             Step::Progress { lane } => {
@@ -737,6 +779,29 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 t.hook.release();
                 severed = true;
                 rblk_fabric::mem::sever(lanes[lane].qp_num());
+            }
+            Step::Grow { .. } if grows == 7 => {}
+            Step::Grow { blocks } => {
+                grows += 1;
+                size += blocks * BS;
+                let cfg = Config { volumes: vec![VolumeSpec { name: "v".into(), size, path: None }], ..t.cfg.clone() };
+                let report = t.running.reload(cfg).map_err(|e| TestCaseError::fail(format!("grow: {e}")))?;
+                prop_assert_eq!(&report.grown, &[("v".to_owned(), size - blocks * BS, size)]);
+                // The lanes hear it as they run (RESIZED on their QPs, or a reconnect's OPENED);
+                // requests past the old end submitted from here on are served.
+                let by = Instant::now() + Duration::from_secs(10);
+                while e.size() != size {
+                    // Idle lanes take their QP's messages at their tick, the session's first
+                    // queue pair at the engine's.
+                    for l in lanes.iter_mut() {
+                        l.progress().map_err(|e| TestCaseError::fail(format!("progress: {e}")))?;
+                        l.tick().map_err(|e| TestCaseError::fail(format!("tick: {e}")))?;
+                    }
+                    e.tick().map_err(|e| TestCaseError::fail(format!("tick: {e}")))?;
+                    check(&mut lanes, &mut m, clock)?;
+                    prop_assert!(Instant::now() < by, "the session never heard the grow to {}", size);
+                    std::thread::sleep(Duration::from_micros(100));
+                }
             }
         }
         check(&mut lanes, &mut m, clock)?;

@@ -412,14 +412,24 @@ impl Lane {
     /// [`next`](Self::next), then wait again).
     pub fn idle_wait(&mut self, wake: std::os::fd::BorrowedFd<'_>, deadline: Instant) -> Result<bool> {
         use std::os::fd::AsRawFd as _;
-        let mut fds = [wake.as_raw_fd(); 3];
-        let mut n = 1;
+        // The lane's own completion channel too: a message of the target's (RESIZED: the
+        // volume grew) is taken when it arrives, not at the next tick. Armed, then polled once
+        // more, so nothing that arrived before the arm waits for it.
+        self.q.arm()?;
+        self.q.tick();
+        let mut fds = [wake.as_raw_fd(); 4];
+        fds[1] = self.q.event_fd();
+        let mut n = 2;
         for fd in self.cm_fds().fds.into_iter().flatten() {
             fds[n] = fd;
             n += 1;
         }
         match rblk_fabric::wait_readable(&fds[..n], deadline) {
             Ok(Some(0)) => Ok(true),
+            Ok(Some(1)) => {
+                self.q.tick();
+                Ok(false)
+            }
             Ok(Some(_)) => self.cm_event().map(|()| false),
             Ok(None) => Ok(false),
             Err(source) => {

@@ -311,8 +311,20 @@ impl Engine {
         use std::os::fd::AsRawFd as _;
         let mut fds = self.cm_fds();
         fds.insert(0, wake.as_raw_fd());
+        // The first queue pair's completion channel too: a message of the target's (RESIZED:
+        // the volume grew) is taken when it arrives, not at the next tick. Armed, then polled
+        // once more, so nothing that arrived before the arm waits for it.
+        let control = self.control.link.arm_control();
+        if control.is_some() {
+            let _ = self.control.try_keepalive();
+        }
+        fds.extend(control);
         match rblk_fabric::wait_readable(&fds, deadline) {
             Ok(Some(0)) => Ok(true),
+            Ok(Some(i)) if control.is_some() && i == fds.len() - 1 => {
+                let _ = self.control.try_keepalive();
+                Ok(false)
+            }
             Ok(Some(_)) => {
                 self.cm_event();
                 Ok(false)
