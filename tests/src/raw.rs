@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::channel::{self, Channel, Event};
-use rblk_fabric::{Completion, Endpoint, Fabric, Local, Op, QpConfig, Route, WorkRequest};
+use rblk_fabric::{Access, Completion, Endpoint, Fabric, Local, Memory, Op, QpConfig, Route, WcStatus, WorkRequest};
 use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, Opened, Resume, MSG_SIZE};
 
 /// One QP speaking the control protocol by hand.
@@ -181,6 +181,15 @@ impl Raw {
     /// completion on the CQ is not necessarily the raw request's: taking it for that would report
     /// a stale SUCCESS for an access the target refused. Err if waiting on the CQ fails; panics
     /// on a message that arrives meanwhile (nothing here asked for one) and after 30 s.
+    /// A one-sided READ of 4 KiB at `remote_addr` under `rkey` on this QP: the completion's
+    /// status, or the post's error (a QP the target already tore down).
+    pub fn read_block(&mut self, remote_addr: u64, rkey: u32) -> rblk_fabric::Result<WcStatus> {
+        let buf = self.ep.pd().register(&Memory::anonymous(4096)?, Access::LOCAL)?;
+        let local = Local::Region { mr: &buf, offset: 0, len: 4096 };
+        self.ep.post(&[WorkRequest { wr_id: 9, op: Op::Read { remote_addr, rkey }, local, signaled: true }])?;
+        Ok(self.wait_for(9)?.status)
+    }
+
     pub fn wait_for(&mut self, wr_id: u64) -> rblk_fabric::Result<Completion> {
         assert!(!channel::is_control(wr_id), "wr_id {wr_id:#x} is one of the control channel's");
         let deadline = Instant::now() + STEP;

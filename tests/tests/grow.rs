@@ -23,7 +23,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rblk_fabric::{Access, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
+use rblk_fabric::{Fabric, WcStatus};
 use rblk_initiator::{Done, OpenMode, Options, Session};
 use rblk_proto::{ConnectData, Message, Resume, FEATURES, FEATURE_KEEPALIVE, FEATURE_SEGMENTS};
 use rblk_tests::raw::Raw;
@@ -134,20 +134,6 @@ fn the_library_learns_a_grow_at_once_and_io_crosses_the_old_end(fabric: Fabric) 
     assert_eq!(vol.reconnects(), 0);
 }
 
-/// A one-sided READ of 4 KiB at `remote_addr` under `rkey` on `r`'s QP: the status, or the
-/// post's error (a QP the target tore down).
-fn raw_read(r: &mut Raw, remote_addr: u64, rkey: u32) -> Result<WcStatus, rblk_fabric::Error> {
-    let buf = r.ep.pd().register(&Memory::anonymous(4096).unwrap(), Access::LOCAL).unwrap();
-    let op = Op::Read { remote_addr, rkey };
-    r.ep.post(&[WorkRequest {
-        wr_id: 9,
-        op,
-        local: Local::Region { mr: &buf, offset: 0, len: 4096 },
-        signaled: true,
-    }])?;
-    Ok(r.wait_for(9)?.status)
-}
-
 fn a_revoked_session_loses_every_segment(fabric: Fabric) {
     let t = Target::start_with_config(fabric, &toml(MIB, "db1 = \"rw\", web = \"rw\""));
     let mut r = Raw::connect(t.fabric(), t.addr(), ConnectData::NewSession).expect("connect");
@@ -161,16 +147,16 @@ fn a_revoked_session_loses_every_segment(fabric: Fabric) {
     assert_eq!((size, segments.len()), (2 * MIB, 2));
     let [first, added] = [segments.as_slice()[0], segments.as_slice()[1]];
     assert_eq!((first.remote_addr, first.rkey), (o.remote_addr, o.rkey), "the first window is OPENED's");
-    assert_eq!(raw_read(&mut r, added.remote_addr, added.rkey).ok(), Some(WcStatus::SUCCESS), "the added window READs");
+    assert_eq!(r.read_block(added.remote_addr, added.rkey).ok(), Some(WcStatus::SUCCESS), "the added window READs");
     // db1 off the list: its session ends, both windows with it.
     let report = t.reload(&toml(2 * MIB, "web = \"rw\"")).expect("the reload that revokes");
     assert!(report.contains("released 1 session:"), "{report}");
-    let got = raw_read(&mut r, added.remote_addr, added.rkey);
+    let got = r.read_block(added.remote_addr, added.rkey);
     assert!(
         !matches!(got, Ok(WcStatus::SUCCESS)),
         "the added segment's rkey still READs after the revocation: {got:?}"
     );
-    let got = raw_read(&mut r, first.remote_addr, first.rkey);
+    let got = r.read_block(first.remote_addr, first.rkey);
     assert!(!matches!(got, Ok(WcStatus::SUCCESS)), "the first segment's rkey still READs: {got:?}");
 }
 
@@ -189,13 +175,13 @@ fn an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one(fabric: F
     t.reload(&toml(3 * MIB, "")).expect("the reload that grows a");
     assert!(a.try_reply(Duration::from_millis(300)).is_none(), "no RESIZED for an initiator without segments");
     let last = opened.remote_addr + MIB - 4096;
-    assert_eq!(raw_read(&mut a, last, opened.rkey).ok(), Some(WcStatus::SUCCESS), "its rkey still works");
+    assert_eq!(a.read_block(last, opened.rkey).ok(), Some(WcStatus::SUCCESS), "its rkey still works");
 
     let mut fresh = hello(older);
     let now = fresh.open_with("a", OpenMode::ReadOnly, None).expect("a fresh OPEN");
     assert_eq!((now.size, now.segments), (3 * MIB, None), "one rkey over the whole grown volume");
     let end = now.remote_addr + 3 * MIB - 4096;
-    assert_eq!(raw_read(&mut fresh, end, now.rkey).ok(), Some(WcStatus::SUCCESS), "that rkey reaches the added range");
+    assert_eq!(fresh.read_block(end, now.rkey).ok(), Some(WcStatus::SUCCESS), "that rkey reaches the added range");
 
     let mut knows = hello(FEATURES);
     let seg = knows.open_with("a", OpenMode::ReadOnly, None).expect("OPEN with segments");
@@ -211,7 +197,7 @@ fn an_older_initiator_keeps_its_size_and_a_fresh_open_gets_the_new_one(fabric: F
     let resumed = again.open_with("a", OpenMode::ReadWrite, Some(resume)).expect("the resuming OPEN");
     assert_eq!((resumed.size, resumed.segments), (MIB, None), "a resumed older session keeps its size");
     let last = resumed.remote_addr + MIB - 4096;
-    assert_eq!(raw_read(&mut again, last, resumed.rkey).ok(), Some(WcStatus::SUCCESS), "and reads without an error");
+    assert_eq!(again.read_block(last, resumed.rkey).ok(), Some(WcStatus::SUCCESS), "and reads without an error");
 }
 
 #[test]

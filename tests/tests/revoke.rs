@@ -26,7 +26,7 @@
 
 use std::path::PathBuf;
 
-use rblk_fabric::{Access, Fabric, Local, Memory, Op, WcStatus, WorkRequest};
+use rblk_fabric::{Fabric, WcStatus};
 use rblk_proto::{ConnectData, ErrorCode, Message, OpenMode, Opened, FEATURES, FEATURE_KEEPALIVE};
 use rblk_tests::raw::Raw;
 use rblk_tests::target::Target;
@@ -82,15 +82,7 @@ fn open(t: &Target, key: Option<&[u8]>, host: &str, volume: &str) -> (Raw, Opene
 /// A one-sided READ of the volume's first block with the session's rkey: the completion's
 /// status, or the post's error (a QP the target already tore down).
 fn read(r: &mut Raw, o: &Opened) -> Result<WcStatus, rblk_fabric::Error> {
-    let buf = r.ep.pd().register(&Memory::anonymous(4096).unwrap(), Access::LOCAL).unwrap();
-    let op = Op::Read { remote_addr: o.remote_addr, rkey: o.rkey };
-    r.ep.post(&[WorkRequest {
-        wr_id: 9,
-        op,
-        local: Local::Region { mr: &buf, offset: 0, len: 4096 },
-        signaled: true,
-    }])?;
-    Ok(r.wait_for(9)?.status)
+    r.read_block(o.remote_addr, o.rkey)
 }
 
 fn reads(r: &mut Raw, o: &Opened, who: &str) {
