@@ -779,10 +779,15 @@ impl Connection {
     fn sync_windows(&mut self) -> Result<(), Reason> {
         let Some(session) = self.protocol.session().cloned() else { return Ok(()) };
         if session.uses_windows() {
+            // Whether the QP has every window it should; unknown while the slack is full.
+            let mut whole = false;
             while self.binds < BIND_SLACK {
                 match session.bind_next(&mut self.ep, self.conn) {
                     Ok(true) => self.binds += 1,
-                    Ok(false) => break,
+                    Ok(false) => {
+                        whole = true;
+                        break;
+                    }
                     // Revoked meanwhile: the session's end takes the connection down.
                     Err(crate::session::BindError::Revoked) => return Ok(()),
                     Err(e) => {
@@ -796,7 +801,7 @@ impl Connection {
                     }
                 }
             }
-            if session.unbound(self.conn) {
+            if !whole && session.unbound(self.conn) {
                 // Back as soon as a bind's completion frees the slack: a bind's completion is
                 // no solicited event, so it may not wake the worker.
                 self.more = true;
@@ -826,7 +831,9 @@ impl Connection {
             self.told = size;
             return self.answer_now(tag, reply, after);
         }
-        if session.segmented && self.told > 0 {
+        // What the QP reaches is never more than the volume's size: only past what it was told
+        // is there anything to tell (most turns stop at this comparison).
+        if session.segmented && self.told > 0 && session.volume.size() > self.told {
             if let Some((size, segments)) = session.reach(self.conn).filter(|&(size, _)| size > self.told) {
                 if self.channel.free_sends() == 0 {
                     self.more = true;

@@ -464,7 +464,7 @@ impl Handed {
                 let what = format!("registering volume {name} ({}) on {device}", rblk_proto::Bytes(volume.size()));
                 let done = self.step(&what, || match shared.window_domain(device)? {
                     // Every segment (regions register in order up to the last).
-                    Some(pd) => volume.region(&pd, &shared.counters, volume.segments().len() - 1).map(|_| true),
+                    Some(pd) => volume.region(&pd, &shared.counters, volume.segment_count() - 1).map(|_| true),
                     None => Ok(false),
                 });
                 match done {

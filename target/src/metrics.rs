@@ -97,7 +97,7 @@ pub fn render(shared: &Shared) -> String {
         discarded.get_or_create(&label).inc_by(load(&v.zeroed.discarded));
         zeroed.get_or_create(&label).inc_by(load(&v.zeroed.zeroed));
         size.get_or_create(&label).set(i64::try_from(v.size()).unwrap_or(i64::MAX));
-        segments.get_or_create(&label).set(v.segments().len() as i64);
+        segments.get_or_create(&label).set(v.segment_count() as i64);
     }
     reg.register(
         "volume_size_bytes",

@@ -691,7 +691,7 @@ impl Shared {
     /// know segments keep the size they opened.
     pub(crate) fn grow_volume(&self, volume: &Arc<Volume>, size: u64) -> Result<(), crate::volume::GrowError> {
         volume.grow(size)?;
-        let last = volume.segments().len() - 1;
+        let last = volume.segment_count() - 1;
         let sessions: Vec<Arc<Session>> = self
             .sessions
             .lock()
@@ -710,7 +710,7 @@ impl Shared {
                     volume.region(&s.pd, &self.counters, last).map(|_| ())
                 }
             } else {
-                s.register_grown().map(|_| ())
+                s.register_grown()
             };
             if let Err(e) = done {
                 // Its connections find the segment missing when they bind (and fail), or

@@ -324,7 +324,7 @@ impl Session {
     /// when it opened), its one registration's for an older one without.
     fn wanted(&self) -> usize {
         if self.segmented {
-            self.volume.segments().len()
+            self.volume.segment_count()
         } else {
             1
         }
@@ -400,19 +400,19 @@ impl Session {
 
     /// After the volume grew: a session with registrations of its own that knows segments
     /// registers the new ones in its protection domain (windows are bound by each connection:
-    /// [`Session::bind_next`]). Returns whether it has every segment.
-    pub fn register_grown(&self) -> rblk_fabric::Result<bool> {
+    /// [`Session::bind_next`]).
+    pub fn register_grown(&self) -> rblk_fabric::Result<()> {
         if !self.segmented {
-            return Ok(true);
+            return Ok(());
         }
         let segments = self.volume.segments();
         let mut grant = self.grant.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(Grant::Own(regs)) = &mut *grant else { return Ok(true) };
+        let Some(Grant::Own(regs)) = &mut *grant else { return Ok(()) };
         while regs.len() < segments.len() {
             let mr = self.pd.register(&segments[regs.len()], remote_access(self.mode))?;
             regs.push(Registration::new(mr, Arc::clone(&self.counters)));
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Counts connection `conn` in (the opener, or a joiner once admitted). False if the

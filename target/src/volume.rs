@@ -239,6 +239,11 @@ impl Volume {
         self.memory().segments().to_vec()
     }
 
+    /// How many segments it has (without copying their list: every connection's turn asks).
+    pub fn segment_count(&self) -> usize {
+        self.memory.read().unwrap_or_else(|p| p.into_inner()).segments().len()
+    }
+
     /// Where each segment starts in the volume, in bytes, in order.
     pub fn segment_offsets(&self) -> Vec<u64> {
         let mut at = 0;
