@@ -875,10 +875,7 @@ impl Queue {
     /// requests on the send queue; one that finds no room is staged again, for a later commit.
     fn post_staged(&mut self, staged: &[u32]) {
         let mut extra = self.split_in_flight();
-        let mut at = 0;
-        while at < staged.len() {
-            let chunk = &staged[at..(at + BATCH).min(staged.len())];
-            at += chunk.len();
+        for chunk in staged.chunks(BATCH) {
             if let Err(e) = self.conn.alive() {
                 let reason = Chain(&e).to_string();
                 for &index in chunk {
