@@ -12,6 +12,14 @@ pub fn rblk() -> String {
     bin("rblk").display().to_string()
 }
 
+/// `rblk ARGS...` (with `-o json` or `--json` among them) that must succeed: its stdout as JSON. Panics with
+/// rblk's stderr when it fails, or with what was wrong when it printed no JSON.
+pub fn rblk_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(rblk()).args(args).output().expect("run rblk");
+    assert!(out.status.success(), "rblk {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("rblk {args:?} printed no JSON ({e})"))
+}
+
 /// Loads ublk_drv; fails the test when the kernel has none.
 pub fn ublk_drv() {
     let ok = Command::new("modprobe").arg("ublk_drv").status().is_ok_and(|s| s.success());

@@ -19,14 +19,8 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rblk_tests::blockdev::rblk;
+use rblk_tests::blockdev::{rblk, rblk_json};
 use rblk_tests::daemon::Daemon;
-
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(rblk()).args(args).output().expect("run rblk");
-    assert!(out.status.success(), "rblk {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("rblk {args:?} printed no JSON ({e})"))
-}
 
 #[test]
 #[ignore = "needs rxe: run in the guest by scripts/test.sh"]
@@ -39,7 +33,7 @@ fn devices_name_the_rxe_port_its_link_and_gid_types() {
     let line = text.lines().find(|l| l.starts_with(&rdma.device)).expect("a line for the rxe device");
     assert!(line.contains("Ethernet") && line.contains("RoCE v2"), "{line}");
     assert!(line.contains(&rdma.addr.to_string()), "{line}");
-    let all = json(&["devices", "--json"]);
+    let all = rblk_json(&["devices", "--json"]);
     let dev = all.as_array().unwrap().iter().find(|d| d["name"] == rdma.device.as_str()).expect("the device");
     let port = &dev["ports"][0];
     assert_eq!(port["link_layer"], "Ethernet");
@@ -52,10 +46,10 @@ fn devices_name_the_rxe_port_its_link_and_gid_types() {
 fn info_and_stats_speak_json() {
     let d = Daemon::start(&rblk_tests::rxe::rdma(), &["--volume", "v:8M"]);
     let uri = format!("rblk://{}/v", d.addr);
-    let info = json(&["info", &uri, "--json"]);
+    let info = rblk_json(&["info", &uri, "--json"]);
     assert_eq!((info["size"].as_u64(), info["block_size"].as_u64()), (Some(8 << 20), Some(4096)));
     assert_eq!(info["volatile"], true);
-    let stats = json(&["stats", &uri, "-o", "json"]);
+    let stats = rblk_json(&["stats", &uri, "-o", "json"]);
     assert_eq!(stats["sessions"], 1, "the query's own session: {stats}");
     assert_eq!(stats["pinned_bytes"], 8 << 20);
     assert!(stats["cpu_user_us"].as_u64().is_some());

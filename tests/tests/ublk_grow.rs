@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rblk_tests::blockdev::{attach, detach, rblk, ublk_drv};
+use rblk_tests::blockdev::{attach, detach, rblk_json, ublk_drv};
 use rblk_tests::daemon::{bin, Daemon};
 use rblk_tests::sh;
 
@@ -86,13 +86,6 @@ fn entry_size(pid: u32) -> Option<u64> {
 
 fn getsize64(dev: &str) -> u64 {
     sh(&format!("blockdev --getsize64 {dev}")).trim().parse().expect("blockdev --getsize64 prints a number")
-}
-
-/// The rblk client's JSON output of `args`.
-fn rblk_json(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(rblk()).args(args).output().expect("run rblk");
-    assert!(out.status.success(), "rblk {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("rblk {args:?} -o json: {e}"))
 }
 
 #[test]
