@@ -255,6 +255,16 @@ def report(meta, rows, fails):
     return "\n".join(out)
 
 
+def _write(path, text):
+    """Writes text to path; an OSError names the path (a full disk fails at close, where Python's
+    error has none)."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from e
+
+
 def summarize(log_path, summary_path, table_path):
     """The guest's log to table.txt (also printed) and summary.json; 0 when a row has stages,
     else 1."""
@@ -263,11 +273,8 @@ def summarize(log_path, summary_path, table_path):
     analyse_stage_logs(meta, rows, fails, logs, os.path.dirname(summary_path))
     text = report(meta, rows, fails)
     print(text)
-    with open(table_path, "w") as f:
-        f.write(text + "\n")
-    with open(summary_path, "w") as f:
-        json.dump({"meta": meta, "rows": rows, "failures": fails}, f, indent=2)
-        f.write("\n")
+    _write(table_path, text + "\n")
+    _write(summary_path, json.dumps({"meta": meta, "rows": rows, "failures": fails}, indent=2) + "\n")
     return 0 if any("stages" in r for r in rows.values()) else 1
 
 
@@ -277,7 +284,11 @@ def main(argv):
             print(fio_row(json.load(f)))
         return 0
     if len(argv) == 4 and argv[0] == "summarize":
-        return summarize(*argv[1:])
+        try:
+            return summarize(*argv[1:])
+        except OSError as e:
+            print(f"stages: {e.filename}: {e.strerror}", file=sys.stderr)
+            return 1
     import argparse
     p = argparse.ArgumentParser(description="Summarize an rblk attach --stage-log file.")
     p.add_argument("log")

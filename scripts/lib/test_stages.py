@@ -12,7 +12,7 @@ import json
 import os
 import tempfile
 import unittest
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 
 import stages
 
@@ -140,9 +140,17 @@ class GuestLog(unittest.TestCase):
                 self.assertEqual(stages.summarize(log, os.path.join(d, "s.json"), os.path.join(d, "t.txt")), 1)
 
     def test_a_full_disk_is_an_error(self):
-        with self.assertRaises(OSError):
-            with redirect_stdout(io.StringIO()):
-                stages.summarize(LOG, "/dev/full", "/dev/full")
+        """Writing summary.json on a full disk: exit status 1 and the reason in words."""
+        with tempfile.TemporaryDirectory() as d:
+            full = os.path.join(d, "summary.json")
+            os.symlink("/dev/full", full)
+            err = io.StringIO()
+            with redirect_stdout(io.StringIO()), redirect_stderr(err):
+                self.assertEqual(stages.main(["summarize", LOG, full, os.path.join(d, "table.txt")]), 1)
+            self.assertEqual(err.getvalue(), f"stages: {full}: No space left on device\n")
+            with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
+                self.assertEqual(stages.main(["summarize", os.path.join(d, "none.log"), full, full]), 1)
+            self.assertIn("none.log: No such file or directory", err.getvalue())
 
     def test_table_of_a_recorded_row(self):
         _, rows, fails, logs = recorded()

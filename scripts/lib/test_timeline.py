@@ -394,10 +394,13 @@ class Report(unittest.TestCase):
                 self.assertEqual(timeline.summarize(empty, s, t), 1)
             self.assertEqual(err.getvalue(), "timeline: error: no path has analysed I/Os\n")
 
-    def test_a_full_disk_is_an_error(self):
+    def test_a_full_disk_or_a_missing_log_is_an_error(self):
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
             self.assertEqual(timeline.main(["summarize", LOG, "/dev/full", "/dev/full"]), 1)
-        self.assertTrue(err.getvalue().startswith("timeline: error: cannot write /dev/full: "), err.getvalue())
+        self.assertEqual(err.getvalue(), "timeline: error: cannot write /dev/full: No space left on device\n")
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(timeline.main(["summarize", "/nonexistent/g.log", "/dev/full", "/dev/full"]), 1)
+        self.assertEqual(err.getvalue(), "timeline: error: cannot read /nonexistent/g.log: No such file or directory\n")
 
 
 class GuestHelpers(unittest.TestCase):
