@@ -4,7 +4,8 @@
 # step removed, in ONE rxe guest boot (issue 23; the kernel's side is scripts/timeline-rxe.sh):
 #
 #   scripts/stages-rxe.sh [--secs S]
-#   scripts/stages-rxe.sh --redraw        # no guest: summarize build/stages/guest.log again
+#   scripts/stages-rxe.sh --redraw [LOG OUT_DIR]   # no guest: summarize LOG (default
+#                                                  # build/stages/guest.log) into OUT_DIR again
 #
 # Builds the release binaries (RBLK_BIN_DIR=DIR takes rblk and rblk-target from DIR instead),
 # boots the guest under `flock /tmp/rblk-guest.lock` (as scripts/lib/script.sh's run_guest), starts
@@ -24,8 +25,10 @@
 # asleep and running its tasks, and per request its loop passes, io_uring_enter calls, sleeps and
 # doorbells.
 #
-# Prints the tables and writes build/stages/table.txt and summary.json; the guest's raw output is
-# build/stages/guest.log, and each row's stage log build/stages/ROW.q0 (e.g. rdma-qd1.q0). A row that fails is recorded with its error and the others run.
+# Prints the tables and writes build/stages/table.txt and summary.json (scripts/lib/stages.py
+# summarize); the guest's raw output is build/stages/guest.log, and each row's stage log
+# build/stages/ROW.q0 (e.g. rdma-qd1.q0). A row that fails is recorded with its error and the
+# others run.
 # Timing: a boot of ~15 s, then per row S + ~6 s. TCG: compare rows of one boot only.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -66,14 +69,12 @@ guest_main() {
         sleep) extra=(--wait sleep) ;;
         esac
         log "$name: attach, fio randread 4k QD$qd for ${secs}s"
-        if ! RBLK_ALLOW_NULL=1 timeout 120 "$bin/rblk" attach "$uri" --queues 1 --depth 32 --device "$dev" \
-            "${extra[@]}" --stage-log "$log" --daemon >"$work/attach.out" 2>"$work/attach.log"; then
+        if ! RBLK_ALLOW_NULL=1 attach_daemon "$work" "$bin" "$uri" --queues 1 --depth 32 --device "$dev" \
+            "${extra[@]}" --stage-log "$log"; then
             printf '@@fail %s rblk attach failed: %s\n' "$name" "$(tr -s '\n' ' ' <"$work/attach.log" | cut -c1-300)"
             continue
         fi
-        local bdev pid
-        bdev=$(sed -n 1p "$work/attach.out")
-        pid=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$work/attach.log")
+        local bdev=$ATTACH_DEV
         if ! wait_bdev "$bdev"; then
             printf '@@fail %s %s did not appear\n' "$name" "$bdev"
         elif ! fio --name=stages --filename="$bdev" --ioengine=libaio --direct=1 --bs=4k --rw=randread \
@@ -81,12 +82,9 @@ guest_main() {
             --output-format=json >"$work/fio.json" 2>"$work/fio.err"; then
             printf '@@fail %s fio failed: %s\n' "$name" "$(tr -s '\n' ' ' <"$work/fio.err" | cut -c1-300)"
         fi
-        timeout 60 "$bin/rblk" detach "$bdev" >&2 || printf '@@fail %s rblk detach failed\n' "$name"
-        [[ -n $pid ]] && { wait_gone "$pid" || kill -KILL "$pid" 2>/dev/null || true; }
+        detach_daemon "$bin" "$bdev" "$ATTACH_PID" || printf '@@fail %s rblk detach failed\n' "$name"
         [[ -s $work/fio.json ]] || continue
-        printf '@@row %s %s\n' "$name" "$(lib_python -c 'import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0]["read"]
-print("%.0f %.1f" % (j["iops"], j["clat_ns"]["percentile"]["50.000000"] / 1000))' "$work/fio.json")"
+        printf '@@row %s %s\n' "$name" "$(lib_python "$REPO_ROOT/scripts/lib/stages.py" fio-row "$work/fio.json")"
         if [[ -s $log.q0 ]]; then
             # Read on the host: python over a QD32 log takes minutes under TCG.
             printf '@@stagelog %s\n' "$name"
@@ -99,64 +97,14 @@ print("%.0f %.1f" % (j["iops"], j["clat_ns"]["percentile"]["50.000000"] / 1000))
     done
 }
 
+# On the host: scripts/lib/stages.py reads the log.
 summarize() { # LOG SUMMARY_JSON TABLE_TXT
-    lib_python - "$@" <<'PY'
-import base64, gzip, json, os, sys
-from stages import StageLogError, analyse, read, table
-log_path, summary_path, table_path = sys.argv[1:4]
-out_dir = os.path.dirname(summary_path)
-meta, rows, fails, block, name = {}, {}, [], None, None
-with open(log_path, errors="replace") as f:
-    for line in f:
-        line = line.rstrip("\r\n")
-        if block is not None:
-            if line == "@@endstagelog":
-                # Kept beside the table for another reading (scripts/lib/stages.py FILE).
-                path = os.path.join(out_dir, name.replace(" ", "-") + ".q0")
-                try:
-                    data = gzip.decompress(base64.b64decode("".join(block)))
-                    with open(path, "wb") as g:
-                        g.write(data)
-                    events, _ = read(path)
-                    rows.setdefault(name, {})["stages"] = analyse(events, float(meta.get("secs", "5")))
-                except (OSError, ValueError, EOFError, StageLogError) as e:
-                    fails.append({"row": name, "error": f"its stage log: {e}"})
-                block = None
-            else:
-                block.append(line)
-        elif line.startswith("@@meta "):
-            k, _, v = line[7:].partition(" ")
-            meta[k] = v
-        elif line.startswith("@@row "):
-            *n, iops, p50 = line[6:].split()
-            rows.setdefault(" ".join(n), {}).update(iops=float(iops), p50_us=float(p50))
-        elif line.startswith("@@stagelog "):
-            name, block = line[11:], []
-        elif line.startswith("@@fail "):
-            kind, qd, msg = line[7:].split(" ", 2)
-            fails.append({"row": f"{kind} {qd}", "error": msg})
-out = [f"rblk attach's queue thread, fio randread 4k, one boot: guest kernel {meta.get('guest_kernel', '?')}, "
-       f"{meta.get('guest_cpus', '?')} vCPUs (TCG)"]
-for n, r in rows.items():
-    out.append("")
-    out.append(f"{n}: fio {r.get('iops', 0):,.0f} IOPS, p50 {r.get('p50_us', 0):,.1f} us")
-    if "stages" in r:
-        out.append(table(r["stages"], n))
-for x in fails:
-    out.append(f"failed: {x['row']}: {x['error']}")
-text = "\n".join(out)
-print(text)
-with open(table_path, "w") as f:
-    f.write(text + "\n")
-with open(summary_path, "w") as f:
-    json.dump({"meta": meta, "rows": rows, "failures": fails}, f, indent=2)
-    f.write("\n")
-sys.exit(0 if any("stages" in r for r in rows.values()) else 1)
-PY
+    lib_python "$REPO_ROOT/scripts/lib/stages.py" summarize "$@"
 }
 
 host_main() {
     local secs=5 redraw=0
+    local -a redraw_from=()
     while (($#)); do
         case $1 in
         --secs)
@@ -164,18 +112,26 @@ host_main() {
             secs=$2
             shift
             ;;
-        --redraw) redraw=1 ;;
+        --redraw)
+            redraw=1
+            if (($# >= 3)) && [[ $2 != -* ]]; then
+                redraw_from=("$2" "$3")
+                shift 2
+            fi
+            ;;
         *) help_or_usage_error "$1" ;;
         esac
         shift
     done
-    mkdir -p "$OUT"
     if ((redraw)); then
-        [[ -s $OUT/guest.log ]] || die "no $OUT/guest.log to summarize"
-        summarize_run "$OUT/guest.log" "$OUT"
-        finish_run "$OUT/guest.log"
+        local rlog=${redraw_from[0]:-$OUT/guest.log} rout=${redraw_from[1]:-$OUT}
+        [[ -s $rlog ]] || die "no $rlog to summarize"
+        mkdir -p "$rout"
+        summarize_run "$rlog" "$rout"
+        finish_run "$rlog"
         return
     fi
+    mkdir -p "$OUT"
     is_count "$secs" || die "--secs must be a positive whole number of seconds (got '$secs')"
     release_bins rblk-target rblk
     snapshot_bins "$OUT/bin" rblk-target rblk

@@ -20,8 +20,21 @@ the tasks, and per request how many loop passes, io_uring_enter calls and sleeps
 --window SECS keeps only the last SECS seconds before the last request (leaving out the reads of
 the partition scan at attach and anything before the measured run); default: everything from the
 first request to the last.
+
+scripts/stages-rxe.sh also runs, in the guest and on the host:
+
+    python3 scripts/lib/stages.py fio-row FIO_JSON          # "IOPS P50_US" of fio's read, one line
+    python3 scripts/lib/stages.py summarize LOG SUMMARY_JSON TABLE_TXT
+
+summarize reads the guest's log (@@meta, @@row, @@fail lines and each row's stage log, gzip and
+base64 between @@stagelog NAME and @@endstagelog), keeps each stage log beside SUMMARY_JSON
+(NAME with - for spaces, .q0), prints the table and writes both files; its exit status is 1 when
+no row has stages.
 """
+import base64
+import gzip
 import json
+import os
 import statistics
 import sys
 
@@ -174,7 +187,108 @@ def table(r, title):
     return "\n".join(out)
 
 
+# ---------------------------------------------------------------------------------------------------
+# scripts/stages-rxe.sh: the guest's log of one boot to its table and summary.json.
+
+def fio_row(doc):
+    """'IOPS P50_US' of the read side of fio's JSON output (its first job): the @@row line's
+    figures."""
+    j = doc["jobs"][0]["read"]
+    return "%.0f %.1f" % (j["iops"], j["clat_ns"]["percentile"]["50.000000"] / 1000)
+
+
+def read_guest_log(lines):
+    """(meta, rows, failures, stage logs) of the guest's log: rows {name: {"iops", "p50_us"}} from
+    @@row, failures [{"row", "error"}] from @@fail, stage logs [(name, [base64 lines])] in their
+    order."""
+    meta, rows, fails, logs, block, name = {}, {}, [], [], None, None
+    for line in lines:
+        line = line.rstrip("\r\n")
+        if block is not None:
+            if line == "@@endstagelog":
+                logs.append((name, block))
+                block = None
+            else:
+                block.append(line)
+        elif line.startswith("@@meta "):
+            k, _, v = line[7:].partition(" ")
+            meta[k] = v
+        elif line.startswith("@@row "):
+            *n, iops, p50 = line[6:].split()
+            rows.setdefault(" ".join(n), {}).update(iops=float(iops), p50_us=float(p50))
+        elif line.startswith("@@stagelog "):
+            name, block = line[11:], []
+        elif line.startswith("@@fail "):
+            kind, qd, msg = line[7:].split(" ", 2)
+            fails.append({"row": f"{kind} {qd}", "error": msg})
+    return meta, rows, fails, logs
+
+
+def analyse_stage_logs(meta, rows, fails, logs, out_dir):
+    """Decodes each stage log into out_dir (NAME.q0, spaces as -: kept for another reading with
+    `stages.py FILE`) and adds its analyse() over the last `secs` seconds (@@meta secs, default 5)
+    to its row as "stages"; a log that cannot be decoded or read adds a failure instead."""
+    for name, block in logs:
+        path = os.path.join(out_dir, name.replace(" ", "-") + ".q0")
+        try:
+            data = gzip.decompress(base64.b64decode("".join(block)))
+            with open(path, "wb") as g:
+                g.write(data)
+            events, _ = read(path)
+            rows.setdefault(name, {})["stages"] = analyse(events, float(meta.get("secs", "5")))
+        except (OSError, ValueError, EOFError, StageLogError) as e:
+            fails.append({"row": name, "error": f"its stage log: {e}"})
+
+
+def report(meta, rows, fails):
+    """The text of table.txt: a heading with the guest, then per row fio's IOPS and p50 and its
+    stages' table, then the failures."""
+    out = [f"rblk attach's queue thread, fio randread 4k, one boot: guest kernel {meta.get('guest_kernel', '?')}, "
+           f"{meta.get('guest_cpus', '?')} vCPUs (TCG)"]
+    for n, r in rows.items():
+        out.append("")
+        out.append(f"{n}: fio {r.get('iops', 0):,.0f} IOPS, p50 {r.get('p50_us', 0):,.1f} us")
+        if "stages" in r:
+            out.append(table(r["stages"], n))
+    for x in fails:
+        out.append(f"failed: {x['row']}: {x['error']}")
+    return "\n".join(out)
+
+
+def _write(path, text):
+    """Writes text to path; an OSError names the path (a full disk fails at close, where Python's
+    error has none)."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from e
+
+
+def summarize(log_path, summary_path, table_path):
+    """The guest's log to table.txt (also printed) and summary.json; 0 when a row has stages,
+    else 1."""
+    with open(log_path, errors="replace") as f:
+        meta, rows, fails, logs = read_guest_log(f)
+    analyse_stage_logs(meta, rows, fails, logs, os.path.dirname(summary_path))
+    text = report(meta, rows, fails)
+    print(text)
+    _write(table_path, text + "\n")
+    _write(summary_path, json.dumps({"meta": meta, "rows": rows, "failures": fails}, indent=2) + "\n")
+    return 0 if any("stages" in r for r in rows.values()) else 1
+
+
 def main(argv):
+    if len(argv) == 2 and argv[0] == "fio-row":
+        with open(argv[1]) as f:
+            print(fio_row(json.load(f)))
+        return 0
+    if len(argv) == 4 and argv[0] == "summarize":
+        try:
+            return summarize(*argv[1:])
+        except OSError as e:
+            print(f"stages: {e.filename}: {e.strerror}", file=sys.stderr)
+            return 1
     import argparse
     p = argparse.ArgumentParser(description="Summarize an rblk attach --stage-log file.")
     p.add_argument("log")

@@ -120,3 +120,30 @@ nvmeof_connect() {
     echo "nvme connect made no /dev/nvmeXnY for $nqn" >&2
     return 1
 }
+
+# ---------------------------------------------------------------------------------------------------
+# timeline-rxe.sh and stages-rxe.sh (issue 45): a `rblk attach --daemon` device and its detach.
+
+# attach_daemon WORK BIN ARGS...: `BIN/rblk attach ARGS... --daemon` (at most 120 s), its stdout in
+# WORK/attach.out and stderr in WORK/attach.log (a file, not $(...): the server it leaves running
+# could keep a pipe open). Sets ATTACH_DEV to stdout's first line (/dev/ublkbN) and ATTACH_PID to
+# the serving process's id from stderr's `rblk: pid N serves ...` (empty when either is missing).
+# Returns 1 when attach failed.
+# shellcheck disable=SC2034 # ATTACH_*: the caller's
+attach_daemon() {
+    local work=$1 bin=$2
+    shift 2
+    ATTACH_DEV="" ATTACH_PID=""
+    timeout 120 "$bin/rblk" attach "$@" --daemon >"$work/attach.out" 2>"$work/attach.log" || return 1
+    ATTACH_DEV=$(sed -n 1p "$work/attach.out")
+    ATTACH_PID=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$work/attach.log")
+}
+
+# detach_daemon BIN DEV PID: `BIN/rblk detach DEV` (at most 60 s, its output on stderr), then waits
+# for PID (when not empty) to exit, killing it after 60 s. Returns 1 when the detach failed.
+detach_daemon() {
+    local rc=0
+    timeout 60 "$1/rblk" detach "$2" >&2 || rc=1
+    if [[ -n $3 ]]; then wait_gone "$3" || kill -KILL "$3" 2>/dev/null || true; fi
+    return "$rc"
+}

@@ -1,7 +1,10 @@
-//! `scripts/timeline-rxe.sh`'s parser (`--redraw`) on a synthetic trace, on the host: bash and
-//! python3, no guest. What it would catch: the split of the RDMA leg at rxe's first work item
-//! lost, a post whose work item ran on a vCPU that was idle (halted) counted as busy or the other
-//! way round, or the idle time before the post measured from the wrong switch.
+//! `scripts/timeline-rxe.sh`'s analysis (`scripts/lib/timeline.py`, through `--redraw`) on a
+//! synthetic trace and on a recorded guest log, on the host: bash and python3, no guest. What it
+//! would catch: the split of the RDMA leg at rxe's first work item lost, a post whose work item ran
+//! on a vCPU that was idle (halted) counted as busy or the other way round, the idle time before
+//! the post measured from the wrong switch, any figure of the table or summary.json no longer what
+//! the script made before its analysis moved out of its heredoc (issue 45), and `--redraw` no
+//! longer reaching the analysis.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -9,6 +12,42 @@ use std::process::Command;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_path_buf()
+}
+
+/// scripts/lib/test_timeline.py: the unit tests of each function of timeline.py (each table row
+/// and summary.json field, the trace parser, the windows and boundaries, malformed logs).
+#[test]
+fn the_timeline_analysis_passes_its_unit_tests() {
+    rblk_tests::python_unittest("test_timeline");
+}
+
+/// The script's `--redraw` on the recorded log: the table on stdout and in table.txt as the old
+/// analysis made it, summary.json beside it.
+#[test]
+fn timeline_rxe_redraws_its_table_and_summary_from_a_recorded_log() {
+    let dir = std::env::temp_dir().join(format!("rblk-timeline-recorded-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let data = repo().join("scripts/lib/testdata");
+    let run = Command::new("bash")
+        .arg(repo().join("scripts/timeline-rxe.sh"))
+        .arg("--redraw")
+        .arg(data.join("timeline-guest.log"))
+        .arg(&dir)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("bash");
+    let text = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{text}\n{}", String::from_utf8_lossy(&run.stderr));
+    let want = std::fs::read_to_string(data.join("timeline-table.txt")).unwrap();
+    assert_eq!(text, want);
+    assert_eq!(std::fs::read_to_string(dir.join("table.txt")).unwrap(), want);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let old: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("timeline-summary.json")).unwrap()).unwrap();
+    assert_eq!(doc["paths"], old["paths"]);
+    assert_eq!(doc["kprobes"], old["kprobes"]);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// One line of ftrace's text output.
