@@ -179,6 +179,14 @@ fio_traced() {
         --numjobs=1 --size="$VOLUME_SIZE" --time_based --runtime="$secs" --output-format=json \
         --output="$work/fio.json" >"$work/fio.err" 2>&1 &
     fpid=$!
+    # fio's job is a process of its own, forked once fio has set up: on a loaded host that can
+    # take longer than the warm-up, and a job missing from the ids goes untraced.
+    local _
+    for _ in $(seq 1 300); do
+        (($(pgrep -cx fio || true) >= 2)) && break
+        kill -0 "$fpid" 2>/dev/null || break
+        sleep 0.1
+    done
     sleep "$WARM_SECS"
     mapfile -t pids < <(pgrep -x fio || true)
     read -r -a tids <<<"$(tids_of "${pids[@]}" ${server:+"$server"})"
