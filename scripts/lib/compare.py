@@ -182,9 +182,17 @@ def main(argv):
     except LogError as e:
         print(f"compare: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        print(f"compare: error: cannot read the guest's log {log_path}: {e.strerror}", file=sys.stderr)
+        return 1
     table, doc, missing, complete, rounds = summarize(log, log_path, out_dir, timeline_script)
     print(table)
-    write_outputs(log, table, doc, rounds, out_dir, summary_path, table_path)
+    try:
+        write_outputs(log, table, doc, rounds, out_dir, summary_path, table_path)
+    except OSError as e:
+        print(f"compare: error: cannot write the summary into {out_dir or '.'}: {e.filename or ''}: {e.strerror}",
+              file=sys.stderr)
+        return 1
     if missing:
         print("compare: error: goal rows missing (a goal row is ublk, nvmeof or rblk-bench): " + "; ".join(missing),
               file=sys.stderr)
