@@ -13,7 +13,9 @@
 # counted, PID: the process whose rblk-q* threads' sleeps are counted; either may be empty).
 # This is the wrapping point for per-I/O counts (system calls, context switches, doorbells, CQ
 # re-arms around a workload): a wrapper here sees every measured run and nothing else (not the
-# warm-ups, not the device set-up).
+# warm-ups, not the device set-up). For perftest, CMD is the whole server-and-client pair with its
+# retries (a failed clock calibration runs it again); for a block device, SAMPLE names the device
+# and the process serving it (none for nvmeof: the kernel serves it).
 measure() {
     local sample=$4
     shift 4
