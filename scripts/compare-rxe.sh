@@ -63,8 +63,9 @@
 #                      the lock already (`flock /tmp/rblk-guest.lock scripts/compare-rxe.sh`) is
 #                      noticed and the lock is not taken twice
 #   RXE_GUEST_TIMEOUT  seconds the guest run may take (default: generous, from SECS and ROUNDS)
-# Timing: --quick is a guest run of about 8 to 12 minutes (boot included), after building;
-# building libublk's example the first time adds about 4 minutes. TCG makes absolute figures
+# Timing: --quick is a guest run of about 8 to 12 minutes (boot included; 16 on 2026-12-07 with
+# the host at load 13), after building; building libublk's example the first time adds about 4
+# minutes (10 on that loaded host). TCG makes absolute figures
 # meaningless and boots vary by ~10% (far more on a busy host): compare ratios from the same boot,
 # on an idle host. The guest's 6.12 kernel has panicked in rdma_rxe now and then: the host then
 # prints what the guest reported, the reason and INCOMPLETE, and fails.
