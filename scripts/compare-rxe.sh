@@ -72,7 +72,7 @@
 #
 # Where things are: the boot and the host side here; the guest's part in scripts/lib/compare-guest.sh
 # (every measured run through `measure` in scripts/lib/compare-runs.sh; the block devices in
-# scripts/lib/compare-blk.sh); the analysis in scripts/lib/compare.py (tests: test_compare.py).
+# scripts/lib/compare-blk.sh); the analysis in scripts/lib/compare.py (tests: test_compare*.py).
 set -euo pipefail
 shopt -s inherit_errexit
 

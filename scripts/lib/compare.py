@@ -11,7 +11,8 @@ goal row is missing or the guest did not finish (after the tables and summary.js
 
 The parts: compare_log.py reads the log and each run's figure, compare_rows.py makes each row's
 medians, ratios and goals, compare_table.py the text; this file the timeline's part, summary.json
-and the command line. Tests: test_compare.py, on a recorded log (testdata/compare-guest.log).
+and the command line. Tests: test_compare.py and test_compare_report.py, on a recorded log
+(testdata/compare-guest.log).
 """
 import datetime
 import json

@@ -12,10 +12,17 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_path_buf()
 }
 
-/// scripts/lib/test_compare.py: the unit tests of each function of the analysis.
+/// scripts/lib/test_compare.py: the unit tests of the analysis's reading of the log and its rows.
 #[test]
 fn the_comparison_analysis_passes_its_unit_tests() {
     rblk_tests::python_unittest("test_compare");
+}
+
+/// scripts/lib/test_compare_report.py: the unit tests of the tables, the timeline's part and
+/// summary.json.
+#[test]
+fn the_comparison_report_passes_its_unit_tests() {
+    rblk_tests::python_unittest("test_compare_report");
 }
 
 /// scripts/lib/test_libublk_null.py: the offline manifest of libublk's null example.
