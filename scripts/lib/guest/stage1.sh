@@ -1,4 +1,5 @@
 #!/bin/busybox sh
+# shellcheck shell=dash # busybox ash, which shellcheck checks as dash
 /bin/busybox --install -s /bin
 export PATH=/bin
 
@@ -24,6 +25,7 @@ done </modules.order
 p9='trans=virtio,version=9p2000.L,msize=512000'
 mount -t 9p -o "$p9,ro,cache=loose" hostroot /lower || die "mount the host root (9p hostroot)"
 mount -t 9p -o "$p9" rxeshare /share || die "mount the writable share (9p rxeshare)"
+# shellcheck source=/dev/null # written by rxe-guest.sh for each run
 . /share/boot.env || die "read boot.env"
 mount -t tmpfs -o mode=0755 tmpfs /upper || die "mount the overlay's tmpfs"
 mkdir -p /upper/data /upper/work
@@ -59,12 +61,13 @@ mkdir -p $n/dev/virtio-ports
 i=0
 while [ ! -e $n/dev/virtio-ports/rxe.stdout ] || [ ! -e $n/dev/virtio-ports/rxe.stderr ]; do
     [ $i -lt 100 ] || die "no virtio serial ports rxe.stdout and rxe.stderr"
-    for p in $n/sys/class/virtio-ports/*; do
-        [ -r $p/name ] && read -r name <$p/name && ln -sfn ../${p##*/} "$n/dev/virtio-ports/$name"
+    for p in "$n"/sys/class/virtio-ports/*; do
+        [ -r "$p/name" ] && read -r name <"$p/name" && ln -sfn "../${p##*/}" "$n/dev/virtio-ports/$name"
     done
     i=$((i + 1))
     sleep 0.05
 done
 
+# shellcheck disable=SC2093 # the line after runs only when exec fails
 exec switch_root $n /.rxe-guest/init
 die "switch_root failed"

@@ -23,6 +23,7 @@ fail() {
 # virtio serial ports the host streams.
 exec </dev/null >/dev/virtio-ports/rxe.stdout 2>/dev/virtio-ports/rxe.stderr
 
+# shellcheck source=/dev/null # written by rxe-guest.sh for each run
 . "$SHARE/cmd" || fail "cannot read the command file"
 
 modprobe -a rdma_rxe ib_uverbs rdma_ucm veth || fail "cannot load rdma_rxe, ib_uverbs, rdma_ucm, veth"
@@ -88,6 +89,7 @@ cd "$RXE_CWD" || fail "cannot cd to $RXE_CWD"
 # stdout line-buffered (C stdio would buffer it fully on a non-tty and lose it if the run is killed).
 (
     for v in $(compgen -e); do unset "$v"; done
+    # shellcheck disable=SC2163 # kv is NAME=VALUE
     for kv in "${RXE_ENV[@]}"; do export "$kv"; done
     exec stdbuf -oL "${RXE_CMD[@]}"
 )
