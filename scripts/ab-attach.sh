@@ -113,18 +113,6 @@ guest_main() {
     trap "kill -TERM $tpid 2>/dev/null || true" EXIT
     printf '@@meta target %s/rblk-target (%s)\n' "${bin[$target_build]}" "$target_build"
 
-    # One line of at most 400 characters from the files given (for @@fail).
-    oneline() { cat "$@" 2>/dev/null | tr -s '\r\n\t' '   ' | cut -c1-400; }
-    # utime + stime of process $1, all its threads (/proc/PID/stat fields 14 and 15), in ticks.
-    # The comm field (2) may hold spaces and parentheses: the fields after its last ')' start at 3.
-    proc_ticks() {
-        local line rest
-        local -a f
-        read -r line <"/proc/$1/stat" || return 1
-        rest=${line##*) }
-        read -r -a f <<<"$rest"
-        echo $((f[11] + f[12]))
-    }
     # The run time of process $1's live threads, in ns (first field of each task's schedstat).
     proc_sched_ns() {
         local sum=0 ns _ t
@@ -146,7 +134,7 @@ guest_main() {
         # A file, not $(...): the background server could keep a pipe open.
         if ! timeout 120 "${bin[$b]}/rblk" attach "$uri" --queues 1 --depth 32 --device "$dev" --daemon \
             >"$work/attach.out" 2>"$work/attach.log"; then
-            fail "$b" "$r" attach "rblk attach --daemon failed: $(oneline "$work/attach.out" "$work/attach.log")"
+            fail "$b" "$r" attach "rblk attach --daemon failed: $(oneline 400 "$work/attach.out" "$work/attach.log")"
             return 1
         fi
         blk_dev=$(sed -n 1p "$work/attach.out")
@@ -154,7 +142,7 @@ guest_main() {
         blk_pid=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$work/attach.log")
         [[ -n $blk_pid ]] || blk_pid=$(sed -n '2s/^pid \([0-9][0-9]*\)$/\1/p' "$work/attach.out")
         if [[ $blk_dev != /dev/ublkb* || -z $blk_pid ]]; then
-            fail "$b" "$r" attach "rblk attach printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline "$work/attach.out")"
+            fail "$b" "$r" attach "rblk attach printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline 400 "$work/attach.out")"
             [[ -n $blk_pid ]] && kill -TERM "$blk_pid" 2>/dev/null && wait_gone "$blk_pid"
             return 1
         fi
@@ -168,7 +156,7 @@ guest_main() {
     detach() {
         local b=$1 r=$2
         if ! timeout 60 "${bin[$b]}/rblk" detach "$blk_dev" >"$work/detach.log" 2>&1; then
-            fail "$b" "$r" detach "rblk detach $blk_dev failed: $(oneline "$work/detach.log")"
+            fail "$b" "$r" detach "rblk detach $blk_dev failed: $(oneline 400 "$work/detach.log")"
             kill -TERM "$blk_pid" 2>/dev/null || true
         fi
         if ! wait_gone "$blk_pid"; then
@@ -194,11 +182,11 @@ guest_main() {
         timeout $((s * 10 + 120)) "${cmd[@]}" --output="$json" >"$work/fio.err" 2>&1 || rc=$?
         t1=${EPOCHREALTIME/./}
         if ! c1=$(proc_ticks "$blk_pid") || ! n1=$(proc_sched_ns "$blk_pid"); then
-            fail "$b" "$r" "$rw" "rblk attach (pid $blk_pid) exited during fio (fio status $rc): $(oneline "$work/fio.err")"
+            fail "$b" "$r" "$rw" "rblk attach (pid $blk_pid) exited during fio (fio status $rc): $(oneline 400 "$work/fio.err")"
             return 1
         fi
         if ((rc != 0)) || [[ ! -s $json ]]; then
-            fail "$b" "$r" "$rw" "fio exited with status $rc: $(oneline "$work/fio.err" "$json")"
+            fail "$b" "$r" "$rw" "fio exited with status $rc: $(oneline 400 "$work/fio.err" "$json")"
             return 1
         fi
         printf '@@begin %s %s %s %s %s %s %s\n' "$b" "$r" "${rw}_4k_qd32" "$((c1 - c0))" "$((n1 - n0))" \

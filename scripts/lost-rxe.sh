@@ -32,20 +32,8 @@ host_main() {
     local out=$REPO_ROOT/build/lost
     mkdir -p "$out"
     snapshot_bins "$out/bin" rblk-target rblk rblk-test-client
-    flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$BIN_DIR" \
-        "$REPO_ROOT/scripts/rxe-guest.sh" "$REPO_ROOT/scripts/lost-rxe.sh" --in-guest | tee "$out/guest.log"
+    guest_tee "$out/guest.log" "$REPO_ROOT/scripts/lost-rxe.sh" --in-guest
     lib_python "$REPO_ROOT/scripts/lib/lost.py" table "$out/guest.log" | tee "$out/table.txt"
-}
-
-# wait_for FILE TEXT SECS: until FILE has TEXT (1 when it does not in time). By the clock, not
-# by a count of polls: under TCG a poll costs far more than its sleep.
-wait_for() {
-    local end=$((SECONDS + $3))
-    while ((SECONDS <= end)); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.01
-    done
-    return 1
 }
 
 one_case() { # CASE
