@@ -90,8 +90,7 @@ guest_main() {
     export RBLK_RUN_DIR=$WORK/run RUST_LOG=info
     for size in $sizes; do
         local bytes
-        bytes=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import handover; print(handover.size_bytes(sys.argv[2]))' \
-            "$REPO_ROOT/scripts/lib" "$size")
+        bytes=$(python3 "$REPO_ROOT/scripts/lib/handover.py" bytes "$size")
         printf '@@reg %s %s\n' "$size" "$("$bin/rblk-test-client" reg-time "$RBLK_DEVICE" --size "$bytes" |
             awk '{ print $2, $4, $6 }')"
     done

@@ -65,21 +65,7 @@ target_dir() {
 }
 
 # Print the test executables from `cargo test --no-run --message-format=json` on stdin, one a line.
-test_executables() {
-    python3 -c '
-import json, sys
-seen = set()
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    exe = msg.get("executable")
-    if msg.get("reason") == "compiler-artifact" and exe and msg["profile"]["test"] and exe not in seen:
-        seen.add(exe)
-        print(exe)
-'
-}
+test_executables() { python3 scripts/lib/cargo_tests.py; }
 
 # The scripts' gate: every check runs (so one run lists everything), and the step fails if any did.
 lint_scripts() {

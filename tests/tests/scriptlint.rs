@@ -1,11 +1,21 @@
-//! `scripts/lib/scriptlint.py`, the size rules scripts/test.sh's scripts step enforces (issue 45:
-//! no heredoc over 20 lines, no script over 400 lines but rxe-guest.sh), on small fixture files;
-//! python3 on the host. What it would catch: a long heredoc or script passing unreported, one
-//! reported at the wrong line or with the wrong length, here-strings and shifts taken for
-//! heredocs, and the default file list missing a folder or checking the test fixtures.
+//! The Python behind `scripts/test.sh` itself, on the host (python3, no guest):
+//! - `scripts/lib/scriptlint.py`, the size rules its scripts step enforces (issue 45: no heredoc
+//!   over 20 lines, no script over 400 lines but rxe-guest.sh), on small fixture files. What it
+//!   would catch: a long heredoc or script passing unreported, one reported at the wrong line or
+//!   with the wrong length, here-strings and shifts taken for heredocs, and the default file list
+//!   missing a folder or checking the test fixtures.
+//! - `scripts/lib/cargo_tests.py`, the test executables it sends to the guest, from cargo's JSON
+//!   messages. What it would catch: a test executable left out (its rxe tests never run), a
+//!   binary or a duplicate sent, cargo's non-JSON lines breaking the list.
 
 /// scripts/lib/test_scriptlint.py: the unit tests of each function of scriptlint.py.
 #[test]
 fn the_script_size_checker_passes_its_unit_tests() {
     rblk_tests::python_unittest("test_scriptlint");
+}
+
+/// scripts/lib/test_cargo_tests.py: the unit tests of cargo_tests.py.
+#[test]
+fn the_test_executables_list_passes_its_unit_tests() {
+    rblk_tests::python_unittest("test_cargo_tests");
 }
