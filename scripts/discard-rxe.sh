@@ -138,7 +138,7 @@ guest_main() {
     "$r" detach "$dev" >/dev/null 2>&1
     "$r" nbd "rblk://$addr:7433/f" --listen "unix:$work/nbd.sock" 2>"$work/nbd.log" &
     local nbd=$!
-    for _ in $(seq 300); do [[ -S $work/nbd.sock ]] && break; sleep 0.1; done
+    wait_socket "$work/nbd.sock" 30 || true
     nbd-client -unix "$work/nbd.sock" /dev/nbd0 -block-size 4096 >/dev/null
     fio_trim nbd /dev/nbd0
     nbd-client -d /dev/nbd0 >/dev/null

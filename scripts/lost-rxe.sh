@@ -59,7 +59,7 @@ one_case() { # CASE
         RUST_LOG=warn "$bin/rblk" nbd "$uri" --ctrl-loss-tmo 2 --listen "unix:$d/nbd.sock" 2>"$d/init.log" &
         pids+=($!)
         local _
-        for _ in $(seq 300); do [[ -S $d/nbd.sock ]] && break; sleep 0.1; done
+        wait_socket "$d/nbd.sock" 30 || true
         nbd-client -unix "$d/nbd.sock" /dev/nbd0 -block-size 4096 >/dev/null
         dev=/dev/nbd0
         ;;

@@ -155,6 +155,16 @@ proc_ticks() {
     echo $((f[11] + f[12]))
 }
 
+# wait_socket PATH SECS: waits until PATH is a socket (a server's listening Unix socket); 1 when
+# SECS seconds pass first.
+wait_socket() {
+    local end=$((SECONDS + $2))
+    until [[ -S $1 ]]; do
+        ((SECONDS <= end)) || return 1
+        sleep 0.1
+    done
+}
+
 # oneline MAX [FILE...]: FILE... (stdin without) as one line of at most MAX characters, for a
 # failure row: line ends and tabs squeezed to one space each.
 oneline() {
