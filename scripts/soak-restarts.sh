@@ -10,8 +10,8 @@
 # - `flushed_data_reads_back_across_sigkills`: flushed data read back across ROUNDS SIGKILLs;
 # - `nbd_and_fuse_loop_keep_ext4_across_restarts`: ext4 on `rblk nbd` and on `rblk mount --loop`,
 #   each across ROUNDS graceful restarts and ROUNDS SIGKILLs, checksums and e2fsck.
-# CI runs the same tests with one round. Takes /tmp/rblk-guest.lock (one guest boot at a time; RBLK_GUEST_LOCK=PATH another, empty
-# none) unless the caller holds it.
+# CI runs the same tests with one round. Takes /tmp/rblk-guest.lock (one guest boot at a time;
+# RBLK_GUEST_LOCK=PATH another, empty none) unless the caller holds it.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
