@@ -58,7 +58,6 @@ one_case() { # CASE
     nbd-*)
         RUST_LOG=warn "$bin/rblk" nbd "$uri" --ctrl-loss-tmo 2 --listen "unix:$d/nbd.sock" 2>"$d/init.log" &
         pids+=($!)
-        local _
         wait_socket "$d/nbd.sock" 30 || true
         nbd-client -unix "$d/nbd.sock" /dev/nbd0 -block-size 4096 >/dev/null
         dev=/dev/nbd0
