@@ -131,14 +131,20 @@ nvmeof_connect() {
 wait_lines() {
     local file=$1 pat=$2 n=$3 end=$((SECONDS + $4)) pid=${5:-}
     while ((SECONDS <= end)); do
-        (($(grep -c -- "$pat" "$file" 2>/dev/null || true) >= n)) && return 0
+        (($(_count_lines "$file" "$pat") >= n)) && return 0
         if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
-            (($(grep -c -- "$pat" "$file" 2>/dev/null || true) >= n))
+            (($(_count_lines "$file" "$pat") >= n))
             return
         fi
         sleep 0.01
     done
     return 1
+}
+# The lines of FILE matching PATTERN; 0 for a file not there yet.
+_count_lines() {
+    local c
+    c=$(grep -c -- "$2" "$1" 2>/dev/null) || true
+    echo "${c:-0}"
 }
 
 # wait_for FILE PATTERN SECS [PID]: waits until FILE has a line matching PATTERN (wait_lines ... 1).
