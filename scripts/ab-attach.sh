@@ -113,18 +113,6 @@ guest_main() {
     trap "kill -TERM $tpid 2>/dev/null || true" EXIT
     printf '@@meta target %s/rblk-target (%s)\n' "${bin[$target_build]}" "$target_build"
 
-    # One line of at most 400 characters from the files given (for @@fail).
-    oneline() { cat "$@" 2>/dev/null | tr -s '\r\n\t' '   ' | cut -c1-400; }
-    # utime + stime of process $1, all its threads (/proc/PID/stat fields 14 and 15), in ticks.
-    # The comm field (2) may hold spaces and parentheses: the fields after its last ')' start at 3.
-    proc_ticks() {
-        local line rest
-        local -a f
-        read -r line <"/proc/$1/stat" || return 1
-        rest=${line##*) }
-        read -r -a f <<<"$rest"
-        echo $((f[11] + f[12]))
-    }
     # The run time of process $1's live threads, in ns (first field of each task's schedstat).
     proc_sched_ns() {
         local sum=0 ns _ t
@@ -146,7 +134,7 @@ guest_main() {
         # A file, not $(...): the background server could keep a pipe open.
         if ! timeout 120 "${bin[$b]}/rblk" attach "$uri" --queues 1 --depth 32 --device "$dev" --daemon \
             >"$work/attach.out" 2>"$work/attach.log"; then
-            fail "$b" "$r" attach "rblk attach --daemon failed: $(oneline "$work/attach.out" "$work/attach.log")"
+            fail "$b" "$r" attach "rblk attach --daemon failed: $(oneline 400 "$work/attach.out" "$work/attach.log")"
             return 1
         fi
         blk_dev=$(sed -n 1p "$work/attach.out")
@@ -154,7 +142,7 @@ guest_main() {
         blk_pid=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$work/attach.log")
         [[ -n $blk_pid ]] || blk_pid=$(sed -n '2s/^pid \([0-9][0-9]*\)$/\1/p' "$work/attach.out")
         if [[ $blk_dev != /dev/ublkb* || -z $blk_pid ]]; then
-            fail "$b" "$r" attach "rblk attach printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline "$work/attach.out")"
+            fail "$b" "$r" attach "rblk attach printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline 400 "$work/attach.out")"
             [[ -n $blk_pid ]] && kill -TERM "$blk_pid" 2>/dev/null && wait_gone "$blk_pid"
             return 1
         fi
@@ -168,7 +156,7 @@ guest_main() {
     detach() {
         local b=$1 r=$2
         if ! timeout 60 "${bin[$b]}/rblk" detach "$blk_dev" >"$work/detach.log" 2>&1; then
-            fail "$b" "$r" detach "rblk detach $blk_dev failed: $(oneline "$work/detach.log")"
+            fail "$b" "$r" detach "rblk detach $blk_dev failed: $(oneline 400 "$work/detach.log")"
             kill -TERM "$blk_pid" 2>/dev/null || true
         fi
         if ! wait_gone "$blk_pid"; then
@@ -194,11 +182,11 @@ guest_main() {
         timeout $((s * 10 + 120)) "${cmd[@]}" --output="$json" >"$work/fio.err" 2>&1 || rc=$?
         t1=${EPOCHREALTIME/./}
         if ! c1=$(proc_ticks "$blk_pid") || ! n1=$(proc_sched_ns "$blk_pid"); then
-            fail "$b" "$r" "$rw" "rblk attach (pid $blk_pid) exited during fio (fio status $rc): $(oneline "$work/fio.err")"
+            fail "$b" "$r" "$rw" "rblk attach (pid $blk_pid) exited during fio (fio status $rc): $(oneline 400 "$work/fio.err")"
             return 1
         fi
         if ((rc != 0)) || [[ ! -s $json ]]; then
-            fail "$b" "$r" "$rw" "fio exited with status $rc: $(oneline "$work/fio.err" "$json")"
+            fail "$b" "$r" "$rw" "fio exited with status $rc: $(oneline 400 "$work/fio.err" "$json")"
             return 1
         fi
         printf '@@begin %s %s %s %s %s %s %s\n' "$b" "$r" "${rw}_4k_qd32" "$((c1 - c0))" "$((n1 - n0))" \
@@ -255,206 +243,11 @@ guest_main() {
 }
 
 # ---------------------------------------------------------------------------------------------------
-# On the host: parse the guest's output, print the table, write summary.json. Exits 1 when a build
-# has no complete round (or the log has no results at all).
+# On the host: scripts/lib/ab.py parses the guest's output, prints the table, writes summary.json;
+# it exits 1 when a build has no complete round (or the log has no results at all).
 
 summarize() { # LOG SUMMARY_JSON TABLE_TXT
-    lib_python - "$@" <<'PY'
-import datetime, json, statistics, sys
-
-from report import host_info
-
-log_path, summary_path, table_path = sys.argv[1:4]
-BUILDS = ["old", "new"]
-WORKLOADS = [("randwrite_4k_qd32", "randwrite 4k QD32", "write"), ("randread_4k_qd32", "randread 4k QD32", "read")]
-
-meta, runs, fails, idles, orders = {}, [], [], [], {}
-block = None
-with open(log_path, errors="replace") as f:
-    for raw in f:
-        line = raw.rstrip("\r\n").replace("\r", "")
-        if block is not None:
-            if line == "@@end":
-                runs.append(block)
-                block = None
-            else:
-                block["text"].append(line)
-        elif line.startswith("@@meta "):
-            parts = line.split(" ", 2)
-            meta[parts[1]] = parts[2] if len(parts) > 2 else ""
-        elif line.startswith("@@begin "):
-            b, rnd, w, ticks, sched_ns, wall_ns, *cmd = line.split(" ")[1:]
-            block = {"build": b, "round": int(rnd), "workload": w, "ticks": int(ticks), "sched_ns": int(sched_ns),
-                     "wall_ns": int(wall_ns), "cmd": " ".join(cmd), "text": []}
-        elif line.startswith("@@fail "):
-            b, rnd, step, *msg = line.split(" ")[1:]
-            fails.append({"build": b, "round": int(rnd), "step": step, "error": " ".join(msg)})
-        elif line.startswith("@@idle "):
-            b, rnd, ticks, sched_ns, wall_ns = line.split()[1:6]
-            idles.append({"build": b, "round": int(rnd), "ticks": int(ticks), "sched_ns": int(sched_ns),
-                          "wall_ns": int(wall_ns)})
-        elif line.startswith("@@order "):
-            _, rnd, b = line.split()
-            orders.setdefault(int(rnd), []).append(b)
-if block is not None:
-    fails.append({"build": block["build"], "round": block["round"], "step": block["workload"],
-                  "error": "the guest's output ends inside this fio report"})
-
-hz = int(meta.get("clk_tck", "100") or 100)
-secs, rounds = int(meta.get("secs", "0")), int(meta.get("rounds", "0"))
-results = []  # every measured run, warm-up included
-for run in runs:
-    w = run["workload"]
-    section = next((s for k, _, s in WORKLOADS if k == w), None)
-    entry = {k: run[k] for k in ("build", "round", "workload", "ticks", "sched_ns", "wall_ns", "cmd")}
-    try:
-        text = "\n".join(run["text"])
-        job = json.loads(text[text.index("{"):])["jobs"][0]
-        if job.get("error"):
-            raise ValueError(f"fio reports error {job['error']}")
-        s = job[section]
-        ios = int(s["total_ios"])
-        if ios <= 0:
-            raise ValueError("fio completed no I/O")
-        cpu_s = run["ticks"] / hz
-        entry.update({
-            "iops": float(s["iops"]), "total_ios": ios,
-            "clat_p50_us": float(s["clat_ns"]["percentile"]["50.000000"]) / 1000.0,
-            "cpu_s": cpu_s, "cpu_us_per_io": cpu_s * 1e6 / ios,
-            "sched_us_per_io": run["sched_ns"] / 1000.0 / ios,
-            "cpu_share": cpu_s / (run["wall_ns"] / 1e9) if run["wall_ns"] else None,
-            "fio_runtime_ms": int(job.get("job_runtime", s.get("runtime", 0))),
-        })
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-        fails.append({"build": run["build"], "round": run["round"], "step": w,
-                      "error": f"cannot read fio's report: {e}"})
-        continue
-    results.append(entry)
-
-measured = [e for e in results if e["round"] > 0]
-real_fails = [x for x in fails if x["round"] > 0]
-
-
-def stat(xs):
-    if not xs:
-        return None
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": len(xs), "values": xs}
-
-
-FIGS = ["iops", "cpu_us_per_io", "sched_us_per_io", "clat_p50_us", "cpu_share"]
-summary = {}
-for key, label, _ in WORKLOADS:
-    entry = {}
-    for b in BUILDS:
-        mine = [e for e in measured if e["build"] == b and e["workload"] == key]
-        mine.sort(key=lambda e: e["round"])
-        entry[b] = {fig: stat([e[fig] for e in mine if e.get(fig) is not None]) for fig in FIGS}
-        entry[b]["rounds_ok"] = [e["round"] for e in mine]
-        entry[b]["failed"] = [x for x in real_fails if x["build"] == b and x["step"] in (key.split("_")[0], "attach")]
-    ratio = {}
-    for fig in FIGS:
-        o, n = entry["old"][fig], entry["new"][fig]
-        ratio[fig] = n["median"] / o["median"] if o and n and o["median"] else None
-    entry["ratio_new_old"] = ratio
-    summary[key] = entry
-
-# A round of a build is complete when its attach and both fio jobs succeeded.
-done = {(e["build"], e["round"], e["workload"]) for e in measured}
-complete = {b: [r for r in range(1, rounds + 1) if all((b, r, k) in done for k, _, _ in WORKLOADS)] for b in BUILDS}
-idle = {}
-for b in BUILDS:
-    xs = [i["sched_ns"] / i["wall_ns"] for i in idles if i["build"] == b and i["wall_ns"]]
-    ts = [i["ticks"] / hz / (i["wall_ns"] / 1e9) for i in idles if i["build"] == b and i["wall_ns"]]
-    idle[b] = {"sched_share": stat(xs), "tick_share": stat(ts)}
-
-
-def fnum(x, kind):
-    if x is None:
-        return "-"
-    if kind == "iops":
-        return f"{x:,.0f}"
-    if kind == "pct":
-        return f"{x * 100:.1f}%"
-    return f"{x:,.1f}" if x >= 100 else f"{x:.2f}"
-
-
-def cell(st, kind):
-    if st is None:
-        return "no run"
-    if st["runs"] == 1:
-        return fnum(st["median"], kind)
-    return f"{fnum(st['median'], kind)} ({fnum(st['min'], kind)}-{fnum(st['max'], kind)})"
-
-
-out = []
-head = (f"{'workload (fio 4k, 1 job, libaio, direct)':<41} {'build':<7} {'ok':>5}  {'IOPS median (min-max)':>25}  "
-        f"{'CPU us/IO median (min-max)':>27}  {'sched us/IO':>11}  {'cpu/core':>8}  {'clat p50 us':>11}")
-out.append(head)
-out.append("-" * len(head))
-for key, label, _ in WORKLOADS:
-    e = summary[key]
-    for i, b in enumerate(BUILDS):
-        d = e[b]
-        ok = f"{len(d['rounds_ok'])}/{rounds}"
-        med = lambda fig, kind: fnum(d[fig]["median"], kind) if d[fig] else "-"
-        out.append(f"{label if i == 0 else '':<41} {b:<7} {ok:>5}  {cell(d['iops'], 'iops'):>25}  "
-                   f"{cell(d['cpu_us_per_io'], 'us'):>27}  {med('sched_us_per_io', 'us'):>11}  "
-                   f"{med('cpu_share', 'pct'):>8}  {med('clat_p50_us', 'us'):>11}")
-    r = e["ratio_new_old"]
-    rt = lambda fig: "-" if r[fig] is None else f"{r[fig]:.3f}"
-    out.append(f"{'':<41} {'new/old':<7} {'':>5}  {rt('iops'):>25}  {rt('cpu_us_per_io'):>27}  "
-               f"{rt('sched_us_per_io'):>11}  {rt('cpu_share'):>8}  {rt('clat_p50_us'):>11}")
-out.append("")
-out.append("CPU us/IO: the attach process's utime+stime (/proc/PID/stat, CLK_TCK " + str(hz) + ") over fio's whole run"
-           " / fio's total_ios (no ramp); sched us/IO: the same from its threads' schedstat (ns).")
-out.append("attach process idle (no I/O, share of a core, median of rounds, schedstat): "
-           + ", ".join(f"{b} {fnum(idle[b]['sched_share']['median'], 'pct') if idle[b]['sched_share'] else '-'}"
-                       for b in BUILDS))
-for b in BUILDS:
-    out.append(f"{b}: {meta.get('dir_' + b, '?')} ({meta.get('version_' + b, '?')}; sha256 of rblk "
-               f"{meta.get('sha_' + b, '?')[:12]})")
-out.append(f"target: {meta.get('target', '?')}; order per round: "
-           + ", ".join(f"{r}: {'-'.join(orders[r])}" for r in sorted(orders)))
-out.append(f"{rounds} round(s) of {secs} s per fio job; guest kernel {meta.get('guest_kernel', '?')}, "
-           f"{meta.get('guest_cpus', '?')} vCPUs (qemu TCG); {meta.get('fio', '')}; "
-           f"host load average before {meta.get('host_load_before', '?')}, after "
-           f"{meta.get('host_load_after', '?')}; guest run "
-           f"{meta.get('guest_run_secs', '?')} s")
-if meta.get("complete") != "yes":
-    out.append("INCOMPLETE: the guest did not finish the rounds (see " + log_path + ")")
-for x in fails:
-    what = "warm-up" if x["round"] == 0 else f"round {x['round']}"
-    out.append(f"failed: {x['build']} {what} {x['step']}: {x['error']}")
-table = "\n".join(out)
-print(table)
-
-doc = {
-    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    "host": {**host_info(), "load_before": meta.get("host_load_before"), "load_after": meta.get("host_load_after")},
-    "guest": {"kernel": meta.get("guest_kernel"), "cpus": int(meta.get("guest_cpus", "0") or 0), "accel": "tcg"},
-    "builds": {b: {"dir": meta.get("dir_" + b), "version": meta.get("version_" + b),
-                   "rblk_sha256": meta.get("sha_" + b)} for b in BUILDS},
-    "target": meta.get("target"),
-    "secs": secs, "rounds": rounds, "clk_tck": hz, "fio": meta.get("fio"),
-    "complete": meta.get("complete") == "yes",
-    "guest_run_secs": float(meta["guest_run_secs"]) if "guest_run_secs" in meta else None,
-    "order": {str(r): orders[r] for r in sorted(orders)},
-    "workloads": summary,
-    "complete_rounds": complete,
-    "attach_idle_share": idle,
-    "runs": results,
-    "failures": fails,
-}
-with open(summary_path, "w") as f:
-    json.dump(doc, f, indent=2)
-    f.write("\n")
-with open(table_path, "w") as f:
-    f.write(table + "\n")
-missing = [b for b in BUILDS if not complete[b]]
-if missing:
-    print(f"ab-attach: error: no complete round (attach and both fio jobs) for: {', '.join(missing)}", file=sys.stderr)
-    sys.exit(1)
-PY
+    lib_python "$REPO_ROOT/scripts/lib/ab.py" "$@"
 }
 
 host_main() {

@@ -33,9 +33,8 @@ host_main() {
     local out=$REPO_ROOT/build/discard
     mkdir -p "$out"
     rm -f "$out/scratch.img"
-    flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$BIN_DIR" RXE_GUEST_MEM="${RXE_GUEST_MEM:-6G}" \
-        "$REPO_ROOT/scripts/rxe-guest.sh" --disk "$out/scratch.img:2G" \
-        "$REPO_ROOT/scripts/discard-rxe.sh" --in-guest | tee "$out/guest.log"
+    RXE_GUEST_MEM=${RXE_GUEST_MEM:-6G} guest_tee "$out/guest.log" --disk "$out/scratch.img:2G" \
+        "$REPO_ROOT/scripts/discard-rxe.sh" --in-guest
     lib_python "$REPO_ROOT/scripts/lib/discard.py" "$out/guest.log" | tee "$out/table.txt"
 }
 
@@ -125,7 +124,7 @@ guest_main() {
     blocks restarted /mnt/discard/d.img
     "$bin/rblk-target" --allow-any-host "${args[@]}" --takeover 2>"$work/t4.log" &
     local new=$!
-    for _ in $(seq 600); do grep -q 'listening on' "$work/t4.log" && break; sleep 0.1; done
+    wait_for "$work/t4.log" 'listening on' 60 || true
     wait_gone "$old"
     kill -TERM "$new"
     wait_gone "$new"
@@ -139,7 +138,7 @@ guest_main() {
     "$r" detach "$dev" >/dev/null 2>&1
     "$r" nbd "rblk://$addr:7433/f" --listen "unix:$work/nbd.sock" 2>"$work/nbd.log" &
     local nbd=$!
-    for _ in $(seq 300); do [[ -S $work/nbd.sock ]] && break; sleep 0.1; done
+    wait_socket "$work/nbd.sock" 30 || true
     nbd-client -unix "$work/nbd.sock" /dev/nbd0 -block-size 4096 >/dev/null
     fio_trim nbd /dev/nbd0
     nbd-client -d /dev/nbd0 >/dev/null

@@ -139,15 +139,7 @@ EOT
 tx_packets() { cat "/sys/class/net/$INI_IF/statistics/tx_packets"; }
 
 # fio's JSON report FILE: "total_err first_error total_ios clat_max_ms".
-fio_figures() {
-    python3 - "$1" <<'EOF'
-import json, sys
-text = open(sys.argv[1]).read()
-job = json.loads(text[text.index("{"):])["jobs"][0]
-read = job["read"]
-print(job["total_err"], job["first_error"], read["total_ios"], round(read["clat_ns"]["max"] / 1e6, 1))
-EOF
-}
+fio_figures() { python3 "$REPO_ROOT/scripts/lib/flap.py" fio "$1"; }
 
 guest_main() {
     local bin=$1 down=$2 mode=$3 qd=$4 delay=$5 lead=$6 after=$7
@@ -224,20 +216,9 @@ guest_main() {
     fi
     wait "$rpid" || true
 
-    local ferr=NA ffirst=NA fios=NA fmax=NA verr=NA passes=0 f e1 e2 n m
+    local ferr=NA ffirst=NA fios=NA fmax=NA verr=NA passes=0
     if ((!hung)); then
-        ferr=0 ffirst=0 fios=0 fmax=0
-        for f in "$work"/pass.*.json; do
-            read -r e1 e2 n m < <(fio_figures "$f") || {
-                log "no fio report in $f: $(head -c 300 "$f")"
-                ferr=NA
-                break
-            }
-            passes=$((passes + 1))
-            ferr=$((ferr + e1)) fios=$((fios + n))
-            [[ $ffirst == 0 ]] && ffirst=$e2
-            fmax=$(awk -v a="$fmax" -v b="$m" 'BEGIN { print (b > a) ? b : a }')
-        done
+        read -r passes ferr ffirst fios fmax < <(python3 "$REPO_ROOT/scripts/lib/flap.py" passes "$work"/pass.*.json)
         log "verifying all $DATA once more"
         fio --name=verify "${fio_common[@]}" --rw=read --iodepth=16 --verify_fatal=0 --continue_on_error=all \
             --output-format=json >"$work/verify.json" 2>"$work/verify.err" || true
@@ -287,49 +268,8 @@ guest_main() {
 # ---------------------------------------------------------------------------------------------------
 # On the host.
 
-# The summary of the guest's @@result lines in LOG, and the verdict (exit status).
-summarize() {
-    local log=$1 k v
-    local -A r=()
-    while read -r _ k v; do
-        r[$k]=$v
-    done < <(grep '^@@result ' "$log")
-    ((${#r[@]})) || die "no results in $log"
-    local delay=${r[reconnect_delay_s]} rec=${r[reconnected_after_up_s]} att=${r[reconnect_attempt_ms]}
-    local started=NA
-    [[ $rec != NA && $att != NA ]] && started=$(awk -v r="$rec" -v a="$att" 'BEGIN { printf "%.2f", r - a / 1000 }')
-    printf '\nflap-rxe: %s volume, fio randread 4k QD%s with crc32c verify; ip link set %s down for %s s\n' \
-        "${r[mode]}" "${r[qd]}" "$INI_IF" "${r[link_down_s]}"
-    printf '  fio errors under the flap  %s (first error %s; %s reads in %s passes; stuck: %s)\n' \
-        "${r[fio_errors]}" "${r[fio_first_error]}" "${r[fio_reads]}" "${r[fio_passes]}" "${r[fio_hung]}"
-    printf '  verify pass afterwards     %s errors\n' "${r[verify_pass_errors]}"
-    printf '  longest read               %s ms\n' "${r[longest_read_ms]}"
-    printf '  loss seen                  %s s after the link went down; %s failed reconnect attempts\n' \
-        "${r[loss_seen_after_down_s]}" "${r[failed_attempts]}"
-    printf '  link up -> "reconnected"   %s s (the attempt itself %s ms, so it started %s s after the link came back; --reconnect-delay %s)\n' \
-        "$rec" "$att" "$started" "$delay"
-    printf '  packets over %s         %s\n' "$INI_IF" "${r[veth_tx_packets]}"
-    printf '  GSI QPs at the end         %s\n' "${r[gsi_qps]}"
-    local -a why=()
-    if [[ ${r[fio_hung]} != 0 ]]; then
-        why+=("the reads never finished")
-    else
-        [[ ${r[fio_errors]} == 0 ]] || why+=("fio failed ${r[fio_errors]} I/Os")
-        [[ ${r[verify_pass_errors]} == 0 ]] || why+=("the verify pass found ${r[verify_pass_errors]} errors")
-    fi
-    if [[ $started == NA ]]; then
-        why+=("no reconnect")
-    elif awk -v s="$started" -v d="$delay" 'BEGIN { exit !(s > d + 0.5) }'; then
-        why+=("the reconnect started ${started} s after the link came back (--reconnect-delay $delay)")
-    fi
-    if ((${#why[@]})); then
-        local all
-        all=$(printf '%s; ' "${why[@]}")
-        printf 'flap-rxe: FAIL: %s\n' "${all%; }"
-        return 1
-    fi
-    echo "flap-rxe: PASS"
-}
+# The summary of the guest's @@result lines in LOG, and the verdict (exit status): scripts/lib/flap.py.
+summarize() { lib_python "$REPO_ROOT/scripts/lib/flap.py" summary "$1" "$INI_IF"; }
 
 host_main() {
     local down=5 mode=durable qd=16 delay=1 lead=4 after=10
@@ -376,15 +316,10 @@ host_main() {
         rm -f "$OUT/disk.img"
         disk=(--disk "$OUT/disk.img:512M")
     fi
-    local -a cmd=(env RXE_GUEST_TIMEOUT="${RXE_GUEST_TIMEOUT:-$((360 + lead + down + after))}"
-        "$REPO_ROOT/scripts/rxe-guest.sh" "${disk[@]}" "$REPO_ROOT/scripts/flap-rxe.sh" --in-guest
-        "$BIN_DIR" "$down" "$mode" "$qd" "$delay" "$lead" "$after")
-    local lock=${RBLK_GUEST_LOCK-/tmp/rblk-guest.lock}
-    if [[ -n $lock ]] && ! guest_lock_held "$lock"; then
-        cmd=(flock "$lock" "${cmd[@]}")
-    fi
     local rc=0
-    RBLK_BIN_DIR=$BIN_DIR "${cmd[@]}" >"$glog" || rc=$?
+    RXE_GUEST_TIMEOUT=${RXE_GUEST_TIMEOUT:-$((360 + lead + down + after))} guest_tee "$glog" "${disk[@]}" \
+        "$REPO_ROOT/scripts/flap-rxe.sh" --in-guest "$BIN_DIR" "$down" "$mode" "$qd" "$delay" "$lead" "$after" \
+        >/dev/null || rc=$?
     ((rc == 0)) || die "the guest run failed (exit status $rc); see $glog"
     summarize "$glog"
 }

@@ -43,18 +43,8 @@ host_main() {
     local out=$REPO_ROOT/build/grow
     mkdir -p "$out"
     snapshot_bins "$out/bin" rblk-target rblk-test-client
-    flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$BIN_DIR" RXE_GUEST_MEM="${RXE_GUEST_MEM:-8G}" \
-        "$REPO_ROOT/scripts/rxe-guest.sh" "$REPO_ROOT/scripts/grow-rxe.sh" --in-guest "$rounds" | tee "$out/guest.log"
+    RXE_GUEST_MEM=${RXE_GUEST_MEM:-8G} guest_tee "$out/guest.log" "$REPO_ROOT/scripts/grow-rxe.sh" --in-guest "$rounds"
     lib_python "$REPO_ROOT/scripts/lib/grow.py" "$out/guest.log" "$out/summary.json" | tee "$out/table.txt"
-}
-
-wait_for() { # FILE TEXT SECS
-    local end=$((SECONDS + $3))
-    while ((SECONDS <= end)); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.005
-    done
-    return 1
 }
 
 # The inodes of the target's volume memfds, in fd order.

@@ -34,19 +34,13 @@ host_main() {
     local out=$REPO_ROOT/build/handover
     mkdir -p "$out"
     snapshot_bins "$out/bin" rblk-target rblk rblk-test-client
-    flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$BIN_DIR" RXE_GUEST_MEM="${RXE_GUEST_MEM:-8G}" \
-        "$REPO_ROOT/scripts/rxe-guest.sh" "$REPO_ROOT/scripts/handover-rxe.sh" --in-guest "$sizes" |
-        tee "$out/guest.log"
+    RXE_GUEST_MEM=${RXE_GUEST_MEM:-8G} guest_tee "$out/guest.log" "$REPO_ROOT/scripts/handover-rxe.sh" --in-guest "$sizes"
     lib_python "$REPO_ROOT/scripts/lib/handover.py" table "$out/guest.log" | tee "$out/table.txt"
 }
 
 # wait_log FILE TEXT: waits (up to 120 s) until FILE has a line with TEXT.
 wait_log() {
-    local _
-    for _ in $(seq 1200); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
+    wait_for "$1" "$2" 120 && return 0
     echo "handover: no '$2' in $1" >&2
     cat "$1" >&2
     return 1
@@ -96,8 +90,7 @@ guest_main() {
     export RBLK_RUN_DIR=$WORK/run RUST_LOG=info
     for size in $sizes; do
         local bytes
-        bytes=$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import handover; print(handover.size_bytes(sys.argv[2]))' \
-            "$REPO_ROOT/scripts/lib" "$size")
+        bytes=$(python3 "$REPO_ROOT/scripts/lib/handover.py" bytes "$size")
         printf '@@reg %s %s\n' "$size" "$("$bin/rblk-test-client" reg-time "$RBLK_DEVICE" --size "$bytes" |
             awk '{ print $2, $4, $6 }')"
     done

@@ -143,16 +143,6 @@ guest_main() {
 # 0 for a directory that is gone (the process exited): not a failure under pipefail.
 count_dir() { { find "$1" -mindepth 1 -maxdepth 1 2>/dev/null || true; } | wc -l; }
 
-# utime + stime of process PID, in clock ticks (the fields after comm, which may hold spaces).
-cpu_ticks() {
-    local line
-    read -r line <"/proc/$1/stat" || return 1
-    line=${line##*) }
-    # shellcheck disable=SC2086 # split into fields on purpose
-    set -- $line
-    echo $((${12} + ${13}))
-}
-
 status_kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 
 # cmtime_run ADDR N: cmtime's server and a client making N connections to it on ADDR.
@@ -170,7 +160,7 @@ cmtime_run() {
     if out=$(timeout 300 cmtime -s "$addr" -p "$CMTIME_PORT" -c "$n" 2>&1); then
         printf '%s\n' "$out"
     else
-        printf '@@endcmtime\n@@fail cmtime -c %s: %s\n' "$n" "$(tr -s '\n' ' ' <<<"$out" | cut -c1-300)"
+        printf '@@endcmtime\n@@fail cmtime -c %s: %s\n' "$n" "$(oneline 300 <<<"$out")"
         kill "$spid" 2>/dev/null || true
         wait "$spid" 2>/dev/null || true
         return 0
@@ -201,11 +191,11 @@ hold_phase() {
         2>"$out.err" &
     local hpid=$! n held=0 stopped=0
     exec 9>"$fifo" # the client's stdin, open until the phase ends
-    if hold_wait "$out" "$hpid" 1 600; then
+    if wait_lines "$out" '^held' 1 600 "$hpid"; then
         held=1
     else
         printf '@@fail %s the hold client did not open its first session: %s\n' "$phase" \
-            "$(tr -s '\n' ' ' <"$out.err" | cut -c1-300)"
+            "$(oneline 300 "$out.err")"
         counts=()
     fi
     for n in "${counts[@]}"; do
@@ -218,9 +208,9 @@ hold_phase() {
             local lines
             lines=$(grep -c '^held' "$out" || true)
             printf 'grow %s\n' "$n" >&9
-            if ! hold_wait "$out" "$hpid" $((lines + 1)) $(((n - held) * 30 + 600)); then
+            if ! wait_lines "$out" '^held' $((lines + 1)) $(((n - held) * 30 + 600)) "$hpid"; then
                 printf '@@fail %s the hold client stopped growing at %s sessions: %s\n' "$phase" "$held" \
-                    "$(tr -s '\n' ' ' <"$out.err" | cut -c1-300)"
+                    "$(oneline 300 "$out.err")"
                 break
             fi
             read -r _ held _ _ < <(grep '^held' "$out" | tail -n 1)
@@ -254,18 +244,6 @@ hold_phase() {
     printf '@@meta %s_threads_after %s\n' "$phase" "$(count_dir "/proc/$TARGET_PID/task")"
 }
 
-# hold_wait OUT PID LINES SECS: waits until OUT has LINES "held" lines; 1 if PID exits or SECS
-# pass first.
-hold_wait() {
-    local _
-    for _ in $(seq 1 $(($4 * 10))); do
-        (($(grep -c '^held' "$1" || true) >= $3)) && return 0
-        kill -0 "$2" 2>/dev/null || return 1
-        sleep 0.1
-    done
-    return 1
-}
-
 # hold_status WORK PHASE: asks the phase's hold client (on fd 9) for its status; prints its
 # sessions' reconnects so far, those that gave up and its queues that rejoined a reconnected
 # session ("-1 -1 -1" when it does not answer in 30 s).
@@ -274,10 +252,7 @@ hold_status() {
     lines=$(grep -c '^status' "$out" || true)
     # In a subshell: a client that exited would make the write's SIGPIPE end this script.
     (printf 'status\n' >&9) 2>/dev/null || true
-    for _ in $(seq 1 300); do
-        (($(grep -c '^status' "$out" || true) > lines)) && break
-        sleep 0.1
-    done
+    wait_lines "$out" '^status' $((lines + 1)) 30 || true
     read -r _ _ _ _ reconnects _ failed _ rejoins _ < <(grep '^status' "$out" | tail -n 1) || true
     printf '%s %s %s\n' "${reconnects:--1}" "${failed:--1}" "${rejoins:--1}"
 }
@@ -307,14 +282,14 @@ storm_step() {
     # would keep the FIFO open after the phase closes it, and the client would never see EOF.
     if ! start_target "$log" "$bin" 120 "${TARGET_ARGS[@]}" "${extra[@]}" 9>&-; then
         printf '@@fail storm-%s the new daemon did not start: %s\n' "$kind" \
-            "$(tail -n 3 "$log" | tr -s '\n' ' ' | cut -c1-300)"
+            "$(tail -n 3 "$log" | oneline 300)"
         return 0
     fi
     r=$r0 f=$f0 j=$j0
     for _ in $(seq 1 600); do
         if ! kill -0 "$TARGET_PID" 2>/dev/null; then
             printf '@@fail storm-%s the new daemon exited: %s\n' "$kind" \
-                "$(tail -n 3 "$log" | tr -s '\n' ' ' | cut -c1-300)"
+                "$(tail -n 3 "$log" | oneline 300)"
             break
         fi
         threads=$(count_dir "/proc/$TARGET_PID/task")
@@ -334,9 +309,9 @@ measure_step() {
     log "$phase: $n sessions held: idle ${idle}s, $opens opens, rblk-bench"
     local t0 c0 h0 t1 c1 h1
     # A client that exited meanwhile reads as 0 (its failure is the next step's).
-    t0=$EPOCHREALTIME c0=$(cpu_ticks "$tpid") h0=$(cpu_ticks "$hpid" || echo 0)
+    t0=$EPOCHREALTIME c0=$(proc_ticks "$tpid") h0=$(proc_ticks "$hpid" || echo 0)
     sleep "$idle"
-    t1=$EPOCHREALTIME c1=$(cpu_ticks "$tpid") h1=$(cpu_ticks "$hpid" || echo 0)
+    t1=$EPOCHREALTIME c1=$(proc_ticks "$tpid") h1=$(proc_ticks "$hpid" || echo 0)
     # Were the held sessions up all along? (A lost one reconnects: not idle.)
     local reconnects failed
     read -r reconnects failed _ < <(hold_status "$work" "$phase")
@@ -349,13 +324,13 @@ measure_step() {
     if line=$(timeout 900 "$bin/rblk-test-client" open-time "$uri" --count "$opens" 2>"$work/open.err"); then
         printf '@@open %s %s %s\n' "$phase" "$n" "$line"
     else
-        printf '@@fail open-%s-%s %s\n' "$phase" "$n" "$(tr -s '\n' ' ' <"$work/open.err" | cut -c1-300)"
+        printf '@@fail open-%s-%s %s\n' "$phase" "$n" "$(oneline 300 "$work/open.err")"
     fi
     if timeout 120 "$bin/rblk-bench" "$uri" --rw randread --bs 4k --iodepth 1 --runtime "${bench}s" \
         --ramp_time 1s -o json --output "$work/bench.json" >/dev/null 2>"$work/bench.err"; then
         printf '@@bench %s %s %s\n' "$phase" "$n" "$(tr -d '\n' <"$work/bench.json")"
     else
-        printf '@@fail bench-%s-%s %s\n' "$phase" "$n" "$(tr -s '\n' ' ' <"$work/bench.err" | cut -c1-300)"
+        printf '@@fail bench-%s-%s %s\n' "$phase" "$n" "$(oneline 300 "$work/bench.err")"
     fi
 }
 

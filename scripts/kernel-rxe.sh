@@ -90,7 +90,7 @@ host_main() {
     local i
     for i in "${!exes[@]}"; do guest_args+=("${exes[i]}" "${filters[i]}"); done
 
-    local glog=$out/guest.log elog=$out/stderr.log lock=${RBLK_GUEST_LOCK-/tmp/rblk-guest.lock}
+    local glog=$out/guest.log elog=$out/stderr.log
     : >"$glog"
     : >"$elog"
     # A fresh scratch disk, as scripts/test.sh gives CI's guest: the durability tests need one.
@@ -102,13 +102,9 @@ host_main() {
         RXE_GUEST_TIMEOUT="${RXE_GUEST_TIMEOUT:-1500}" RBLK_BIN_DIR="$tdir/debug"
         "$REPO_ROOT/scripts/rxe-guest.sh" --disk "$disk:2G" "$REPO_ROOT/scripts/kernel-rxe.sh" --in-guest
         "${guest_args[@]}")
-    if [[ -n $lock ]] && guest_lock_held "$lock"; then
-        lock=""
-    fi
-    [[ -n $lock ]] && cmd=(flock "$lock" "${cmd[@]}")
     local rc=0
     set +e
-    "${cmd[@]}" 2> >(stamp_lines "$elog" >&2) | tee -a "$glog"
+    with_guest_lock "${cmd[@]}" 2> >(stamp_lines "$elog" >&2) | tee -a "$glog"
     rc=${PIPESTATUS[0]}
     set -e
     wait "$!" 2>/dev/null || true # the stamping of stderr

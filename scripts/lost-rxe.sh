@@ -32,20 +32,8 @@ host_main() {
     local out=$REPO_ROOT/build/lost
     mkdir -p "$out"
     snapshot_bins "$out/bin" rblk-target rblk rblk-test-client
-    flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$BIN_DIR" \
-        "$REPO_ROOT/scripts/rxe-guest.sh" "$REPO_ROOT/scripts/lost-rxe.sh" --in-guest | tee "$out/guest.log"
+    guest_tee "$out/guest.log" "$REPO_ROOT/scripts/lost-rxe.sh" --in-guest
     lib_python "$REPO_ROOT/scripts/lib/lost.py" table "$out/guest.log" | tee "$out/table.txt"
-}
-
-# wait_for FILE TEXT SECS: until FILE has TEXT (1 when it does not in time). By the clock, not
-# by a count of polls: under TCG a poll costs far more than its sleep.
-wait_for() {
-    local end=$((SECONDS + $3))
-    while ((SECONDS <= end)); do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.01
-    done
-    return 1
 }
 
 one_case() { # CASE
@@ -70,8 +58,7 @@ one_case() { # CASE
     nbd-*)
         RUST_LOG=warn "$bin/rblk" nbd "$uri" --ctrl-loss-tmo 2 --listen "unix:$d/nbd.sock" 2>"$d/init.log" &
         pids+=($!)
-        local _
-        for _ in $(seq 300); do [[ -S $d/nbd.sock ]] && break; sleep 0.1; done
+        wait_socket "$d/nbd.sock" 30 || true
         nbd-client -unix "$d/nbd.sock" /dev/nbd0 -block-size 4096 >/dev/null
         dev=/dev/nbd0
         ;;

@@ -99,8 +99,8 @@ sh_quote() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 qemu_escape() { printf '%s' "${1//,/,,}"; }
 
 # ---------------------------------------------------------------------------------------------------
-# Guest side. These two functions print the scripts that run in the guest; the initramfs embeds both,
-# and its cache key hashes them.
+# Guest side. These two functions print the scripts that run in the guest (scripts/lib/guest/); the
+# initramfs embeds both, and its cache key hashes them, so editing either file builds a new one.
 # ---------------------------------------------------------------------------------------------------
 
 # Stage 1: /init of the initramfs (busybox sh). Loads the 9p/overlay modules, mounts the host root
@@ -108,180 +108,13 @@ qemu_escape() { printf '%s' "${1//,/,,}"; }
 # moves the writable share to /.rxe-guest/share and switch_roots into stage 2.
 # Any failure powers the guest off at once, so a broken boot cannot hang CI.
 guest_stage1() {
-    cat <<'EOF'
-#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH=/bin
-
-log() { echo "rxe-guest(initramfs): $*" >/dev/console; }
-die() {
-    log "FATAL: $*; powering off"
-    for f in /proc/sys/kernel/printk /newroot/proc/sys/kernel/printk; do
-        [ -e $f ] && echo 0 >$f # no "reboot: Power down"
-    done
-    poweroff -f
-    echo o >/proc/sysrq-trigger
-    exit 1 # init exiting panics the kernel; panic=-1 and qemu -no-reboot end the run
-}
-
-mount -t proc proc /proc || die "mount /proc"
-mount -t sysfs sysfs /sys || die "mount /sys"
-mount -t devtmpfs devtmpfs /dev || die "mount /dev"
-
-while read -r ko; do
-    insmod "/modules/$ko" || die "insmod $ko"
-done </modules.order
-
-p9='trans=virtio,version=9p2000.L,msize=512000'
-mount -t 9p -o "$p9,ro,cache=loose" hostroot /lower || die "mount the host root (9p hostroot)"
-mount -t 9p -o "$p9" rxeshare /share || die "mount the writable share (9p rxeshare)"
-. /share/boot.env || die "read boot.env"
-mount -t tmpfs -o mode=0755 tmpfs /upper || die "mount the overlay's tmpfs"
-mkdir -p /upper/data /upper/work
-mount -t overlay -o lowerdir=/lower,upperdir=/upper/data,workdir=/upper/work overlay /newroot ||
-    die "mount the overlay root"
-mkdir -p /newroot/.rxe-guest/share "/newroot/usr/lib/modules/$KVER"
-mount -o bind "/newroot$MODDIR" "/newroot/usr/lib/modules/$KVER" || die "bind the module tree"
-mount --move /share /newroot/.rxe-guest/share || die "move the share"
-cp /stage2 /newroot/.rxe-guest/init || die "install stage 2"
-chmod 0755 /newroot/.rxe-guest/init
-
-# The new root's pseudo filesystems. Done here, with the static busybox, because under TCG every exec
-# of one of the host's dynamically linked tools over 9p costs ~0.1-0.3 s.
-n=/newroot
-mkdir -p $n/dev $n/proc $n/sys $n/run $n/tmp
-mount --move /dev $n/dev || die "move /dev"
-mount --move /proc $n/proc || die "move /proc"
-mount --move /sys $n/sys || die "move /sys"
-mkdir -p $n/dev/pts $n/dev/shm
-mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts $n/dev/pts || die "mount /dev/pts"
-mount -t tmpfs -o mode=1777 tmpfs $n/dev/shm || die "mount /dev/shm"
-mount -t tmpfs -o mode=0755 tmpfs $n/run || die "mount /run"
-# /tmp stays part of the overlay: a checkout under the host's /tmp (CI clones anywhere) must be
-# visible in the guest at the same path.
-ln -sfn /proc/self/fd $n/dev/fd
-ln -sfn /proc/self/fd/0 $n/dev/stdin
-ln -sfn /proc/self/fd/1 $n/dev/stdout
-ln -sfn /proc/self/fd/2 $n/dev/stderr
-hostname rxe-guest
-# CMD's stdout and stderr: virtio serial ports named rxe.stdout and rxe.stderr (a serial tty is ~100x
-# slower under TCG, a virtio console worse), linked as udev would from /dev/virtio-ports/NAME.
-mkdir -p $n/dev/virtio-ports
-i=0
-while [ ! -e $n/dev/virtio-ports/rxe.stdout ] || [ ! -e $n/dev/virtio-ports/rxe.stderr ]; do
-    [ $i -lt 100 ] || die "no virtio serial ports rxe.stdout and rxe.stderr"
-    for p in $n/sys/class/virtio-ports/*; do
-        [ -r $p/name ] && read -r name <$p/name && ln -sfn ../${p##*/} "$n/dev/virtio-ports/$name"
-    done
-    i=$((i + 1))
-    sleep 0.05
-done
-
-exec switch_root $n /.rxe-guest/init
-die "switch_root failed"
-EOF
+    cat -- "$SCRIPT_DIR/lib/guest/stage1.sh" || die "no $SCRIPT_DIR/lib/guest/stage1.sh"
 }
 
 # Stage 2: PID 1 in the new root (the host's bash). Loads the RDMA modules, sets up rxe0 and runs the
 # command from the share; writes its exit status to the share and powers off.
 guest_stage2() {
-    cat <<'EOF'
-#!/bin/bash
-set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-SHARE=/.rxe-guest/share
-
-power_off() {
-    echo 0 >/proc/sys/kernel/printk # no "reboot: Power down" (panics still print)
-    busybox poweroff -f             # syncs first
-    sync
-    echo o >/proc/sysrq-trigger
-    sleep 10
-    exit 1 # PID 1 exiting panics the kernel; panic=-1 and qemu -no-reboot end the run
-}
-
-# A setup failure: tell the host why (it prints this) and stop.
-fail() {
-    echo "rxe-guest(guest): FATAL: $*" >&2
-    printf '%s\n' "$*" >"$SHARE/error"
-    power_off
-}
-
-# Stage 1 mounted /proc, /sys, /dev, /dev/pts, /dev/shm and /run. stdout and stderr go to two
-# virtio serial ports the host streams.
-exec </dev/null >/dev/virtio-ports/rxe.stdout 2>/dev/virtio-ports/rxe.stderr
-
-. "$SHARE/cmd" || fail "cannot read the command file"
-
-modprobe -a rdma_rxe ib_uverbs rdma_ucm veth || fail "cannot load rdma_rxe, ib_uverbs, rdma_ucm, veth"
-# Optional, for later tests, where the kernel has them (ublk_drv only on 6.12; fuse is built in).
-# modprobe -a goes on past a missing module; -q keeps it quiet.
-modprobe -qa configfs nbd fuse loop virtio_blk ublk_drv || true
-if [[ -d /sys/kernel/config ]]; then
-    busybox mount -t configfs configfs /sys/kernel/config || fail "mount configfs"
-fi
-
-# rdma_cm does not work with rxe on lo, and rxe on both ends of a veth does not pass traffic: one rxe
-# device on one veth end that carries the guest's own address; MTU 9000 makes rxe's MTU 4096.
-ip -batch - <<EOT || fail "cannot set up the veth pair"
-link set lo up
-link add rxe-veth0 mtu 9000 type veth peer name rxe-veth1 mtu 9000
-addr add $RXE_ADDR/24 dev rxe-veth0
-link set rxe-veth1 up
-link set rxe-veth0 up
-EOT
-rdma link add "$RXE_DEVICE" type rxe netdev rxe-veth0 || fail "rdma link add $RXE_DEVICE failed"
-port_state() {
-    local s=""
-    read -r s 2>/dev/null <"/sys/class/infiniband/$RXE_DEVICE/ports/1/state"
-    printf '%s' "$s"
-}
-for ((i = 0; i < 300; i++)); do
-    [[ $(port_state) == *ACTIVE* ]] && break
-    sleep 0.1
-done
-[[ $(port_state) == *ACTIVE* ]] || fail "$RXE_DEVICE port did not become ACTIVE: $(port_state)"
-
-if [[ -n $RXE_DISK ]]; then
-    for ((i = 0; i < 100; i++)); do
-        [[ -b $RXE_DISK ]] && break
-        sleep 0.1
-    done
-    [[ -b $RXE_DISK ]] || fail "scratch disk $RXE_DISK did not appear"
-fi
-
-: >"$SHARE/ready" # the host prints the boot time when it sees this
-
-# loglevel=1 keeps the console quiet (a serial console is slow under TCG), but it also keeps a soft
-# lockup's or a hung task's stack (KERN_DEFAULT) off it, and CI keeps only the host's streams: copy
-# each such report, with the lines after it, to stderr. (A CI run once showed only "soft lockup -
-# CPU#1 stuck for 939s! [kworker/u8:0:12]" and no stack to say what looped.)
-kernel_reports() {
-    local line n=0
-    while IFS= read -r line; do
-        case $line in
-        *"soft lockup"* | *"blocked for more than"* | *"rcu"*"stall"* | *"WARNING: CPU"* | *"BUG:"*) n=60 ;;
-        esac
-        if ((n > 0)); then
-            printf 'rxe-guest(kernel): %s\n' "$line" >&2
-            n=$((n - 1))
-        fi
-    done < <(exec dmesg --follow --noescape --level=emerg,alert,crit,err,warn)
-}
-kernel_reports &
-
-ulimit -l unlimited
-cd "$RXE_CWD" || fail "cannot cd to $RXE_CWD"
-# Run the command with exactly the environment the host chose (like env -i, without its exec), its
-# stdout line-buffered (C stdio would buffer it fully on a non-tty and lose it if the run is killed).
-(
-    for v in $(compgen -e); do unset "$v"; done
-    for kv in "${RXE_ENV[@]}"; do export "$kv"; done
-    exec stdbuf -oL "${RXE_CMD[@]}"
-)
-printf '%d\n' "$?" >"$SHARE/status"
-power_off
-EOF
+    cat -- "$SCRIPT_DIR/lib/guest/stage2.sh" || die "no $SCRIPT_DIR/lib/guest/stage2.sh"
 }
 
 # ---------------------------------------------------------------------------------------------------

@@ -29,15 +29,14 @@ REPO_ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 if [[ -n ${RBLK_BIN_DIR:-} && $RBLK_BIN_DIR != /* ]]; then
     RBLK_BIN_DIR=$PWD/$RBLK_BIN_DIR
 fi
+CALLER_PWD=$PWD
 cd "$REPO_ROOT"
 OUT=build/scale
 PORT=7421
 
-log() { printf 'scale: %s\n' "$*" >&2; }
-die() {
-    log "error: $*"
-    exit 1
-}
+SCRIPT_NAME=scale
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh"
 
 # In the guest: both modes, one after the other, each with a target of its own.
 guest_main() {
@@ -83,11 +82,8 @@ guest_mode() {
         "$bin/rblk-test-client" hold "$base/s4g" --sessions "$n" <"$fifo" >"$work/hold.$n.out" &
         local hpid=$!
         exec 9>"$fifo" # holds the client's stdin open
-        for _ in $(seq 1 600); do
-            grep -q '^held' "$work/hold.$n.out" && break
-            kill -0 "$hpid" 2>/dev/null || die "rblk-test-client hold $n failed"
-            sleep 0.1
-        done
+        wait_for "$work/hold.$n.out" '^held' 60 "$hpid" || kill -0 "$hpid" 2>/dev/null ||
+            die "rblk-test-client hold $n failed"
         local pin
         pin=$(vm_pin)
         printf '%-9s %12s %14s %8s\n' "$n" "$pin" "$(stat registrations)" "$(stat windows)"
@@ -99,6 +95,7 @@ guest_mode() {
 }
 
 host_main() {
+    (($# == 0)) || help_or_usage_error "$1"
     local opens=${SCALE_OPENS:-10}
     [[ $opens =~ ^[1-9][0-9]*$ ]] || die "SCALE_OPENS must be a positive number (got '$opens')"
     scripts/deps.sh
@@ -112,15 +109,11 @@ host_main() {
         [[ -x $bin_dir/$b ]] || die "no $bin_dir/$b"
     done
     mkdir -p "$OUT"
+    : >"$OUT/guest.log"
     RBLK_BIN_DIR=$bin_dir RXE_GUEST_MEM=${RXE_GUEST_MEM:-8G} \
-        scripts/rxe-guest.sh "$REPO_ROOT/scripts/scale-rxe.sh" --in-guest "$opens" >"$OUT/guest.log" ||
-        die "the guest run failed; see $OUT/guest.log"
-    sed -n '/^== /,$p' "$OUT/guest.log" | grep -v '^rxe-guest:' | tee "$OUT/table.txt"
+        run_guest "$OUT/guest.log" 1800 "$REPO_ROOT/scripts/scale-rxe.sh" "$opens"
+    ((GUEST_RC == 0)) || die "the guest run failed; see $OUT/guest.log"
+    sed -n '/^== /,$p' "$OUT/guest.log" | grep -v '^rxe-guest:\|^@@meta ' | tee "$OUT/table.txt"
 }
 
-case ${1:-} in
-    --in-guest) guest_main "${2:?}" ;;
-    -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
-    "") host_main ;;
-    *) die "unknown argument $1 (see --help)" ;;
-esac
+script_main 1 OPENS "$@"

@@ -7,10 +7,14 @@
 # disk and runs tests/tests/durable.rs's `a_slow_write_back_keeps_its_connection` with a
 # write-back of SECONDS (RBLK_SLOW_FLUSH_SECS): a FLUSH through dm-delay from a session of one
 # connection with the initiator's default options must complete, and the connection stay. CI
-# runs the same test with 20 s. Takes /tmp/rblk-guest.lock (one guest boot at a time).
+# runs the same test with 20 s. Takes /tmp/rblk-guest.lock (one guest boot at a time; RBLK_GUEST_LOCK=PATH another, empty
+# none) unless the caller holds it.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SCRIPT_NAME=soak-flush
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh"
 secs=${1:-60}
 cd "$REPO_ROOT"
 cargo build -p rblk-target --bins
@@ -21,7 +25,7 @@ disk=build/guest/soak-flush.img
 rm -f "$disk"
 export RBLK_SLOW_FLUSH_SECS=$secs
 export RXE_GUEST_TIMEOUT=$((secs * 3 + 600))
-if flock /tmp/rblk-guest.lock scripts/rxe-guest.sh --disk "$disk:1G" "$exe" --ignored --test-threads=1 --nocapture \
+if with_guest_lock scripts/rxe-guest.sh --disk "$disk:1G" "$exe" --ignored --test-threads=1 --nocapture \
     --exact a_slow_write_back_keeps_its_connection; then
     echo "soak-flush: PASS: a ${secs} s write-back completed and the connection stayed"
 else

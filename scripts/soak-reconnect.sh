@@ -14,9 +14,14 @@
 # the target's RDMA resources (`rdma res show qp|mr|pd` of its process) return to their
 # baseline once the benches are gone. The last line says so:
 #   soak: PASS: ... | soak: FAIL: ...
+# The guest's output is also in build/guest/soak.log; one guest at a time (the guest lock, as
+# scripts/lib/script.sh's guest_tee takes it).
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SCRIPT_NAME=soak
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh"
 
 if [[ ${1:-} != --in-guest ]]; then
     secs=${1:-240}
@@ -25,13 +30,17 @@ if [[ ${1:-} != --in-guest ]]; then
     mkdir -p build/guest
     disk=build/guest/soak.img
     rm -f "$disk"
-    exec env RBLK_BIN_DIR="$REPO_ROOT/build/release" SOAK_SECS="$secs" \
-        scripts/rxe-guest.sh --disk "$disk:2G" "$REPO_ROOT/scripts/soak-reconnect.sh" --in-guest
+    BIN_DIR=$REPO_ROOT/build/release
+    # SECONDS as an argument: rxe-guest.sh passes only RBLK_*, RUST_*, PATH and CI variables on.
+    guest_tee build/guest/soak.log --disk "$disk:2G" "$REPO_ROOT/scripts/soak-reconnect.sh" --in-guest "$secs"
+    exit
 fi
 
 # ---- in the guest ----
+# shellcheck source=lib/target.sh
+source "$REPO_ROOT/scripts/lib/target.sh"
 B=$RBLK_BIN_DIR
-SECS=${SOAK_SECS:-240}
+SECS=${2:-240}
 PORT=7500
 DIR=/mnt/soak
 mkdir -p "$DIR"
@@ -44,10 +53,7 @@ tpid=
 start_target() {
     "$B/rblk-target" --allow-any-host --listen "$RBLK_ADDR:$PORT" "${vols[@]}" --state-dir "$DIR/state" 2>>/tmp/soak-target.log &
     tpid=$!
-    for _ in $(seq 300); do
-        grep -q "listening on" /tmp/soak-target.log 2>/dev/null && [[ $(grep -c "listening on" /tmp/soak-target.log) -ge $1 ]] && return
-        sleep 0.1
-    done
+    wait_lines /tmp/soak-target.log "listening on" "$1" 30 && return
     echo "soak: FAIL: rblk-target did not start"
     exit 1
 }

@@ -10,10 +10,14 @@
 # - `flushed_data_reads_back_across_sigkills`: flushed data read back across ROUNDS SIGKILLs;
 # - `nbd_and_fuse_loop_keep_ext4_across_restarts`: ext4 on `rblk nbd` and on `rblk mount --loop`,
 #   each across ROUNDS graceful restarts and ROUNDS SIGKILLs, checksums and e2fsck.
-# CI runs the same tests with one round. Takes /tmp/rblk-guest.lock (one guest boot at a time).
+# CI runs the same tests with one round. Takes /tmp/rblk-guest.lock (one guest boot at a time;
+# RBLK_GUEST_LOCK=PATH another, empty none) unless the caller holds it.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SCRIPT_NAME=soak-restarts
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh"
 rounds=${1:-3}
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "soak-restarts: FAIL: ROUNDS must be a number above 0, not '$rounds'"; exit 2; }
 cd "$REPO_ROOT"
@@ -25,7 +29,7 @@ disk=build/guest/soak-restarts.img
 rm -f "$disk"
 export RBLK_SOAK_ROUNDS=$rounds RBLK_REQUIRE_RDMA=1
 export RXE_GUEST_TIMEOUT=$((rounds * 240 + 600))
-if flock /tmp/rblk-guest.lock scripts/rxe-guest.sh --disk "$disk:2G" "$exe" --ignored --test-threads=1 --nocapture \
+if with_guest_lock scripts/rxe-guest.sh --disk "$disk:2G" "$exe" --ignored --test-threads=1 --nocapture \
     --exact fio_verify_on_ublk_survives_graceful_restarts flushed_data_reads_back_across_sigkills \
     nbd_and_fuse_loop_keep_ext4_across_restarts; then
     echo "soak-restarts: PASS: $rounds rounds of restarts and SIGKILLs under fio verify, reads and ext4"

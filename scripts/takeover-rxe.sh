@@ -31,9 +31,7 @@ host_main() {
     mkdir -p "$out"
     snapshot_bins "$out/bin" rblk-target rblk
     rm -f "$out/scratch.img"
-    flock /tmp/rblk-guest.lock env RBLK_BIN_DIR="$BIN_DIR" \
-        "$REPO_ROOT/scripts/rxe-guest.sh" --disk "$out/scratch.img:2G" "$REPO_ROOT/scripts/takeover-rxe.sh" --in-guest |
-        tee "$out/guest.log"
+    guest_tee "$out/guest.log" --disk "$out/scratch.img:2G" "$REPO_ROOT/scripts/takeover-rxe.sh" --in-guest
     lib_python "$REPO_ROOT/scripts/lib/recovery.py" table "$out/guest.log" | tee "$out/table.txt"
 }
 
@@ -76,13 +74,9 @@ trace_off() { # OUT
 run() {
     local kind=$1 spec=$2 bin=$RBLK_BIN_DIR addr=$RBLK_ADDR d=$WORK/$1
     mkdir -p "$d"
-    RUST_LOG=info "$bin/rblk-target" --allow-any-host --listen "$addr:7421" --state-dir "$d/state" \
-        --metrics 127.0.0.1:9464 --volume "$spec" 2>"$d/target.log" &
-    local target=$!
-    for _ in $(seq 100); do
-        grep -q "listening on" "$d/target.log" && break
-        sleep 0.2
-    done
+    RUST_LOG=info start_target "$d/target.log" "$bin" 20 --listen "$addr:7421" --state-dir "$d/state" \
+        --metrics 127.0.0.1:9464 --volume "$spec" || die "$kind: rblk-target did not start"
+    local target=$TARGET_PID
     local uri=rblk://$addr:7421/v out dev pid
     out=$(RUST_LOG=info "$bin/rblk" attach "$uri" --daemon --log-file "$d/attach1.log" 2>&1)
     dev=$(grep -m1 '^/dev/ublkb' <<<"$out")

@@ -6,6 +6,9 @@
 # Steps, each announced with a `== step ==` line; the first failing step fails the run:
 #   deps      host packages (scripts/deps.sh)
 #   fmt       cargo fmt --all --check
+#   scripts   shellcheck -x over scripts/*.sh, scripts/lib/*.sh, scripts/lib/guest/*.sh and .ci/run;
+#             pyflakes3 over scripts/*.py and scripts/lib/*.py; scripts/lib/scriptlint.py (no heredoc
+#             over 20 lines, no script over 400 lines but rxe-guest.sh)
 #   clippy    cargo clippy --workspace --all-targets --all-features -- -D warnings
 #   test      cargo test --workspace --all-features on the host (the rxe tests show as ignored)
 #   fuzz      the control-channel fuzzers (tests/tests/fuzz.rs) for RBLK_FUZZ_SECS (default 15)
@@ -62,20 +65,18 @@ target_dir() {
 }
 
 # Print the test executables from `cargo test --no-run --message-format=json` on stdin, one a line.
-test_executables() {
-    python3 -c '
-import json, sys
-seen = set()
-for line in sys.stdin:
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        continue
-    exe = msg.get("executable")
-    if msg.get("reason") == "compiler-artifact" and exe and msg["profile"]["test"] and exe not in seen:
-        seen.add(exe)
-        print(exe)
-'
+test_executables() { python3 scripts/lib/cargo_tests.py; }
+
+# The scripts' gate: every check runs (so one run lists everything), and the step fails if any did.
+lint_scripts() {
+    local rc=0
+    local -a sh=(scripts/*.sh scripts/lib/*.sh scripts/lib/guest/*.sh .ci/run) py=(scripts/*.py scripts/lib/*.py)
+    shellcheck -x "${sh[@]}" || rc=1
+    pyflakes3 "${py[@]}" || rc=1
+    python3 scripts/lib/scriptlint.py || rc=1
+    ((rc == 0)) && printf 'test.sh: %d shell scripts and %d Python files pass shellcheck, pyflakes3 and scriptlint\n' \
+        "${#sh[@]}" "${#py[@]}"
+    return "$rc"
 }
 
 main() {
@@ -86,6 +87,9 @@ main() {
 
     step "fmt: cargo fmt --all --check"
     cargo fmt --all --check
+
+    step "scripts: shellcheck, pyflakes3, scripts/lib/scriptlint.py"
+    lint_scripts
 
     step "clippy: cargo clippy --workspace --all-targets --all-features -- -D warnings"
     cargo clippy --workspace --all-targets --all-features -- -D warnings

@@ -1,6 +1,7 @@
 """scripts/handover-rxe.sh's analysis: the takeover pause (issue 42's goals).
 
-Two uses:
+Three uses:
+  handover.py bytes SIZE   (in the guest) prints SIZE (64M, 4G, 512) in bytes.
   handover.py run SIZE WORKLOAD DIR   (in the guest, after one run) reads DIR/d1.log ... (the
       successors' logs, one per takeover), DIR/lat_clat.*.log (fio's log of every completion) and
       DIR/fio.out (fio's terse output); prints the run's `@@` lines:
@@ -201,6 +202,13 @@ def table(lines):
 
 
 def main(argv):
+    if len(argv) == 3 and argv[1] == "bytes":
+        try:
+            print(size_bytes(argv[2]))
+        except ValueError as e:
+            print(f"handover.py: {e}", file=sys.stderr)
+            return 1
+        return 0
     return guestlog.main(argv, __doc__, run_lines, table, 3)
 
 

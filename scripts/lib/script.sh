@@ -185,3 +185,30 @@ finish_run() {
     ((${GUEST_RC:-0} == 0)) || die "the guest run failed (exit status $GUEST_RC); see $1"
     ((${SUMMARY_RC:-0} == 0)) || exit 1
 }
+
+# ---------------------------------------------------------------------------------------------------
+# Booting a guest with its output live (issue 45's scripts: grow, lost, handover, takeover and
+# discard each had a copy of this).
+
+# with_guest_lock CMD...: CMD under `flock /tmp/rblk-guest.lock` (RBLK_GUEST_LOCK=PATH for another
+# lock file, RBLK_GUEST_LOCK= for none), or as it is when this process holds that lock already.
+with_guest_lock() {
+    local lock=${RBLK_GUEST_LOCK-/tmp/rblk-guest.lock}
+    if [[ -n $lock ]] && ! guest_lock_held "$lock"; then
+        flock "$lock" "$@"
+    else
+        "$@"
+    fi
+}
+
+# guest_tee LOG RXE_GUEST_ARGS...: scripts/rxe-guest.sh RXE_GUEST_ARGS... (e.g. [--disk SPEC]
+# SCRIPT --in-guest ARGS...) with RBLK_BIN_DIR=BIN_DIR, its stdout shown and written to LOG. One
+# guest at a time, as run_guest: under `flock /tmp/rblk-guest.lock` (RBLK_GUEST_LOCK=PATH for
+# another lock file, RBLK_GUEST_LOCK= for none) unless this process holds that lock already.
+# Returns rxe-guest.sh's exit status (under pipefail); RXE_GUEST_MEM etc. pass through the
+# environment.
+guest_tee() {
+    local glog=$1
+    shift
+    with_guest_lock env RBLK_BIN_DIR="$BIN_DIR" "$REPO_ROOT/scripts/rxe-guest.sh" "$@" | tee "$glog"
+}

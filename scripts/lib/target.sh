@@ -147,3 +147,60 @@ detach_daemon() {
     if [[ -n $3 ]]; then wait_gone "$3" || kill -KILL "$3" 2>/dev/null || true; fi
     return "$rc"
 }
+
+# Waiting and reading processes (issue 45's scripts: grow, lost, handover, takeover, discard, scale,
+# hosts, soak-reconnect and ab-attach shared copies of these).
+
+# wait_lines FILE PATTERN N SECS [PID]: waits until FILE has at least N lines matching PATTERN (grep
+# -c); 1 when SECS seconds pass first, or as soon as PID (when given) has exited. By the clock, not
+# by a count of polls: under TCG a poll costs far more than its sleep.
+wait_lines() {
+    local file=$1 pat=$2 n=$3 end=$((SECONDS + $4)) pid=${5:-}
+    while ((SECONDS <= end)); do
+        (($(_count_lines "$file" "$pat") >= n)) && return 0
+        if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
+            (($(_count_lines "$file" "$pat") >= n))
+            return
+        fi
+        sleep 0.01
+    done
+    return 1
+}
+# The lines of FILE matching PATTERN; 0 for a file not there yet.
+_count_lines() {
+    local c
+    c=$(grep -c -- "$2" "$1" 2>/dev/null) || true
+    echo "${c:-0}"
+}
+
+# wait_for FILE PATTERN SECS [PID]: waits until FILE has a line matching PATTERN (wait_lines ... 1).
+wait_for() { wait_lines "$1" "$2" 1 "$3" "${4:-}"; }
+
+# proc_ticks PID: utime + stime of process PID, all its threads (/proc/PID/stat fields 14 and 15),
+# in clock ticks (getconf CLK_TCK). The comm field (2) may hold spaces and parentheses: the fields
+# after its last ')' start at 3. Returns 1 when PID is gone.
+proc_ticks() {
+    local line
+    local -a f
+    read -r line 2>/dev/null <"/proc/$1/stat" || return 1
+    read -r -a f <<<"${line##*) }"
+    echo $((f[11] + f[12]))
+}
+
+# wait_socket PATH SECS: waits until PATH is a socket (a server's listening Unix socket); 1 when
+# SECS seconds pass first.
+wait_socket() {
+    local end=$((SECONDS + $2))
+    until [[ -S $1 ]]; do
+        ((SECONDS <= end)) || return 1
+        sleep 0.1
+    done
+}
+
+# oneline MAX [FILE...]: FILE... (stdin without) as one line of at most MAX characters, for a
+# failure row: line ends and tabs squeezed to one space each.
+oneline() {
+    local max=$1
+    shift
+    cat -- "$@" 2>/dev/null | tr -s '\r\n\t' '   ' | cut -c1-"$max"
+}

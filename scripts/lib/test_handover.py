@@ -1,8 +1,10 @@
 """Unit tests of handover.py (run by tests/tests/handover.rs)."""
 
+import io
 import os
 import tempfile
 import unittest
+from contextlib import redirect_stderr, redirect_stdout
 
 import guestlog
 import handover
@@ -65,6 +67,16 @@ class Values(unittest.TestCase):
         self.assertEqual(handover.size_bytes("512"), 512)
         with self.assertRaises(ValueError):
             handover.size_bytes("4 GiB")
+
+    def test_bytes_command(self):
+        """`handover.py bytes SIZE`, which handover-rxe.sh calls for each size (not a bare
+        `python3 -c`): the bytes on stdout; a size it cannot read fails with a message."""
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            self.assertEqual(handover.main(["handover.py", "bytes", "4G"]), 0)
+            self.assertEqual(handover.main(["handover.py", "bytes", "4 GiB"]), 1)
+        self.assertEqual(out.getvalue(), f"{4 << 30}\n")
+        self.assertIn("not a size: '4 GiB'", err.getvalue())
 
     def test_fields_and_stamps(self):
         self.assertEqual(handover.field(SUCCESSOR[3], "took"), "1.25s")
