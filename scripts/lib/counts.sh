@@ -1,0 +1,218 @@
+# shellcheck shell=bash
+# Per-I/O counts around one workload in the rxe guest (issue 45, item 2). Source it (bash, as
+# root, with tracefs), then:
+#
+#   counts_setup                 once, before the first counted workload and while nothing runs
+#   counted LABEL DEV SERVER CMD...
+#                                runs CMD (a fio or rblk-bench run: a second of ramp, then
+#                                COUNTS_SECS measured) and counts over a window inside it
+#   counts_teardown              once, at the end, while nothing runs
+#
+# counted starts CMD in the background, waits COUNTS_LEAD seconds (default 1.5: its start and
+# ramp), counts for COUNTS_SECS - 1 seconds (at least 1), waits for CMD and returns its status.
+# DEV: the block device the workload runs on (- for none: rblk-bench); SERVER: the pid of the
+# process serving DEV (- for none: the kernel serves nvme-rdma; gen: the load generator is its
+# own server, rblk-bench). COUNTS_TARGET_PID: rblk-target's pid, counted as "target" (optional).
+# With COUNTS_OFF=1 only /proc and the device are read (the uncounted row the tracing's cost is
+# measured against). What it prints on stdout (scripts/lib/counts.py reads it):
+#
+#   @@counts LABEL counting=0|1 window_ns=N ios=N ctxt=N busy=T all=T clk_tck=HZ
+#            server_ticks=T gen_ticks=T target_ticks=T overran=0|1      (-1: not measured)
+#   @@counts_tids LABEL ROLE TID,TID,...        the threads of the server, gen, target
+#   @@counts_hist LABEL KIND { common_pid: COMM [TID], ... } hitcount: N     a hist line
+#   @@counts_meta KEY VALUE...                  what counts_setup armed, or why not
+#
+# What each count is measured with (in the window only, system-wide; counts.py splits them by
+# thread into server, load generator, target, kernel threads):
+#   system calls      tracefs hist trigger on raw_syscalls:sys_enter, keys common_pid.execname
+#                     (the thread) and id.syscall (KIND syscalls)
+#   context switches  tracefs hist trigger on sched:sched_switch keyed by the thread switched out
+#                     (KIND switches), and /proc/stat's ctxt (all CPUs)
+#   doorbells         kprobe rdma_rxe's rxe_post_send, hist keyed by thread (KIND post_send): every
+#                     send-queue post on rxe. A user QP's post reaches it through rdma-core's rxe
+#                     provider's doorbell, a write() of IB_USER_VERBS_CMD_POST_SEND on the uverbs
+#                     fd (ib_uverbs_post_send); nvme-rdma and nvmet-rdma call it from the kernel
+#   receive posts     kprobe rxe_post_recv (KIND post_recv): the kernel's ULPs only (rdma-core's rxe
+#                     provider posts receives into the shared queue without a system call)
+#   CQ re-arms        kprobe rxe_req_notify_cq (KIND notify_cq): ibv_req_notify_cq is a write() on
+#                     rxe (ibv_cmd_req_notify_cq), ib_req_notify_cq from the kernel
+#   CPU               /proc/stat's cpu line (busy and all ticks of all vCPUs), utime + stime of
+#                     /proc/PID/stat summed over the server's, the load generator's (CMD and its
+#                     children) and the target's processes
+#   I/Os              /sys/block/DEV/stat, reads + writes completed in the window; without a device
+#                     counts.py takes the workload's IOPS x the window
+# The probes are armed once (counts_setup) and only paused, cleared and continued per window: arming
+# patches kernel text, and under TCG patching code the other vCPU runs has crashed this guest
+# (scripts/timeline-rxe.sh). The kprobes sit on verbs entry points, not on rxe's task functions.
+
+COUNTS_TR=/sys/kernel/tracing
+# KIND|EVENT DIR|hist spec (the same spec pauses, clears and continues it).
+COUNTS_HISTS=(
+    "syscalls|raw_syscalls/sys_enter|hist:keys=common_pid.execname,id.syscall:vals=hitcount:sort=hitcount.descending:size=8192"
+    "switches|sched/sched_switch|hist:keys=common_pid.execname:vals=hitcount:sort=hitcount.descending:size=2048"
+)
+COUNTS_KPROBES=(post_send:rxe_post_send post_recv:rxe_post_recv notify_cq:rxe_req_notify_cq)
+COUNTS_ARMED=()
+
+_counts_meta() { printf '@@counts_meta %s\n' "$*"; }
+
+# counts_setup: mounts tracefs if need be, adds the kprobes (group rblkcounts) and arms every hist
+# trigger paused. What is missing is reported (@@counts_meta unavailable KIND WHY) and not
+# counted; returns 0 either way.
+counts_setup() {
+    local tr=$COUNTS_TR h kind ev spec k
+    COUNTS_ARMED=()
+    if [[ ! -e $tr/trace ]]; then
+        mount -t tracefs nodev "$tr" 2>/dev/null || {
+            _counts_meta unavailable all "cannot mount tracefs on $tr"
+            return 0
+        }
+    fi
+    local -a hists=("${COUNTS_HISTS[@]}")
+    for k in "${COUNTS_KPROBES[@]}"; do
+        if grep -q "^${k#*:}\b" "$tr/available_filter_functions" 2>/dev/null &&
+            echo "p:rblkcounts/${k%%:*} ${k#*:}" >>"$tr/kprobe_events" 2>/dev/null; then
+            hists+=("${k%%:*}|rblkcounts/${k%%:*}|hist:keys=common_pid.execname:vals=hitcount:size=2048")
+        else
+            _counts_meta unavailable "${k%%:*}" "no kprobe on ${k#*:} (rdma_rxe not loaded, or the function is gone)"
+        fi
+    done
+    for h in "${hists[@]}"; do
+        IFS='|' read -r kind ev spec <<<"$h"
+        if echo "$spec:pause" >>"$tr/events/$ev/trigger" 2>/dev/null; then
+            COUNTS_ARMED+=("$kind|$ev|$spec")
+            _counts_meta armed "$kind" "$ev" "$spec"
+        else
+            _counts_meta unavailable "$kind" "the hist trigger on $ev was refused"
+        fi
+    done
+}
+
+# counts_teardown: removes the triggers and the kprobes.
+counts_teardown() {
+    local h kind ev spec
+    for h in "${COUNTS_ARMED[@]}"; do
+        IFS='|' read -r kind ev spec <<<"$h"
+        echo "!$spec" >>"$COUNTS_TR/events/$ev/trigger" 2>/dev/null || true
+    done
+    COUNTS_ARMED=()
+    for kind in "${COUNTS_KPROBES[@]}"; do
+        echo "-:rblkcounts/${kind%%:*}" >>"$COUNTS_TR/kprobe_events" 2>/dev/null || true
+    done
+}
+
+# _counts_cmd WORD: WORD (pause, clear, cont) to every armed trigger.
+_counts_cmd() {
+    local h kind ev spec
+    for h in "${COUNTS_ARMED[@]}"; do
+        IFS='|' read -r kind ev spec <<<"$h"
+        echo "$spec:$1" >>"$COUNTS_TR/events/$ev/trigger" 2>/dev/null || true
+    done
+}
+
+# _counts_tree PID: PID and its descendants.
+_counts_tree() {
+    local p c
+    for p in "$@"; do
+        [[ -e /proc/$p ]] || continue
+        echo "$p"
+        for c in $(pgrep -P "$p" 2>/dev/null); do _counts_tree "$c"; done
+    done
+}
+
+# _counts_ticks PID...: utime + stime of the processes PID... (all their threads); -1 when one is
+# gone or none is given.
+_counts_ticks() {
+    local p line sum=0
+    (($#)) || {
+        echo -1
+        return
+    }
+    for p in "$@"; do
+        read -r line <"/proc/$p/stat" 2>/dev/null || {
+            echo -1
+            return
+        }
+        line=${line##*) } # the fields after comm, which may hold spaces
+        # shellcheck disable=SC2086 # split into fields on purpose
+        set -- $line
+        sum=$((sum + ${12} + ${13}))
+    done
+    echo "$sum"
+}
+
+# _counts_tids PID...: the thread ids of processes PID..., comma-separated.
+_counts_tids() {
+    local p t out=""
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            [[ -e $t ]] && out+="${out:+,}${t##*/}"
+        done
+    done
+    echo "${out:--}"
+}
+
+# _counts_now DEV: sets C_T (us), C_CTXT, C_BUSY, C_ALL (/proc/stat) and C_IOS (reads + writes
+# completed on DEV; -1 without one).
+_counts_now() {
+    local _ us ni sy id io hi si st line
+    local -a f
+    C_T=${EPOCHREALTIME/./}
+    read -r _ us ni sy id io hi si st _ </proc/stat
+    C_BUSY=$((us + ni + sy + hi + si + st)) C_ALL=$((us + ni + sy + hi + si + st + id + io))
+    while read -r line; do
+        [[ $line == ctxt\ * ]] && C_CTXT=${line#ctxt }
+    done </proc/stat
+    C_IOS=-1
+    if [[ $1 != - ]] && read -r -a f <"/sys/class/block/${1#/dev/}/stat" 2>/dev/null; then
+        C_IOS=$((f[0] + f[4]))
+    fi
+}
+
+# counted LABEL DEV SERVER CMD...: see the top of this file.
+counted() {
+    local label=$1 dev=$2 server=$3 pid rc=0 overran=0 win
+    local secs=${COUNTS_SECS:-3} lead=${COUNTS_LEAD:-1.5} counting=1 tpid=${COUNTS_TARGET_PID:-}
+    shift 3
+    win=$((secs > 2 ? secs - 1 : 1))
+    [[ ${COUNTS_OFF:-0} == 1 || ${#COUNTS_ARMED[@]} == 0 ]] && counting=0
+    "$@" &
+    pid=$!
+    sleep "$lead"
+    local -a gen srv=() tgt=()
+    mapfile -t gen < <(_counts_tree "$pid")
+    [[ $server =~ ^[0-9]+$ ]] && srv=("$server")
+    [[ $server == gen ]] && srv=("${gen[@]}")
+    [[ -n $tpid ]] && tgt=("$tpid")
+    local t0 x0 b0 a0 i0 s0 g0 p0
+    ((counting)) && _counts_cmd clear && _counts_cmd cont
+    _counts_now "$dev"
+    t0=$C_T x0=$C_CTXT b0=$C_BUSY a0=$C_ALL i0=$C_IOS
+    s0=$(_counts_ticks "${srv[@]}") g0=$(_counts_ticks "${gen[@]}") p0=$(_counts_ticks "${tgt[@]}")
+    sleep "$win"
+    _counts_now "$dev"
+    local s1 g1 p1
+    s1=$(_counts_ticks "${srv[@]}") g1=$(_counts_ticks "${gen[@]}") p1=$(_counts_ticks "${tgt[@]}")
+    ((counting)) && _counts_cmd pause
+    kill -0 "$pid" 2>/dev/null || overran=1
+    local ios=-1 sd=-1 gd=-1 pd=-1
+    ((i0 >= 0 && C_IOS >= 0)) && ios=$((C_IOS - i0))
+    ((s0 >= 0 && s1 >= 0)) && sd=$((s1 - s0))
+    ((g0 >= 0 && g1 >= 0)) && gd=$((g1 - g0))
+    ((p0 >= 0 && p1 >= 0)) && pd=$((p1 - p0))
+    printf '@@counts %s counting=%s window_ns=%s ios=%s ctxt=%s busy=%s all=%s clk_tck=%s server_ticks=%s gen_ticks=%s target_ticks=%s overran=%s\n' \
+        "$label" "$counting" $(((C_T - t0) * 1000)) "$ios" $((C_CTXT - x0)) $((C_BUSY - b0)) $((C_ALL - a0)) \
+        "$(getconf CLK_TCK)" "$sd" "$gd" "$pd" "$overran"
+    printf '@@counts_tids %s server %s\n' "$label" "$(_counts_tids "${srv[@]}")"
+    printf '@@counts_tids %s gen %s\n' "$label" "$(_counts_tids "${gen[@]}")"
+    printf '@@counts_tids %s target %s\n' "$label" "$(_counts_tids "${tgt[@]}")"
+    if ((counting)); then
+        local h kind ev spec
+        for h in "${COUNTS_ARMED[@]}"; do
+            IFS='|' read -r kind ev spec <<<"$h"
+            grep '^{' "$COUNTS_TR/events/$ev/hist" | sed "s/^/@@counts_hist $label $kind /" || true
+        done
+    fi
+    wait "$pid" || rc=$?
+    return "$rc"
+}
