@@ -31,9 +31,9 @@
 # is counted over S - 1 seconds inside its measured part (scripts/lib/counts.sh, whose header
 # says where each count comes from: tracefs hist triggers on raw_syscalls:sys_enter and
 # sched:sched_switch, kprobes on rxe_post_send, rxe_post_recv and rxe_req_notify_cq, /proc/stat,
-# /proc/PID/stat, /sys/block/DEV/stat). Before the counting is armed, the first row of LIST at
-# QD32 (ublk's when it is in LIST) runs once uncounted: the table gives IOPS counted / uncounted,
-# what the tracing costs under TCG.
+# /proc/PID/stat, /sys/block/DEV/stat). Before the counting is armed, the first front end of LIST
+# (ublk when it is in LIST) runs its last RW at QD1 and QD32 uncounted: the table gives IOPS
+# counted / uncounted, what the tracing costs under TCG.
 #
 # scripts/lib/counts.py makes the table (one row per front end, RW and depth: IOPS, CPU, and per
 # I/O context switches, system calls of the server and of the load generator, io_uring_enter,
@@ -143,8 +143,8 @@ guest_main() {
         [[ -z $first || $f == ublk ]] && first=$f
     done
     if [[ -n $first ]]; then
-        log "$first ${rwl[-1]} QD32 uncounted (the tracing's cost)"
-        COUNTS_OFF=1 front_rows "$first" "${rwl[-1]}" 32 :uncounted
+        log "$first ${rwl[-1]} QD1 and QD32 uncounted (the tracing's cost)"
+        COUNTS_OFF=1 front_rows "$first" "${rwl[-1]}" 1,32 :uncounted
     fi
     counts_setup
     for f in "${fronts[@]}"; do
@@ -160,8 +160,8 @@ guest_main() {
     trap - EXIT
 }
 
-# front_rows FRONT RW... [QD SUFFIX]: makes FRONT's device, runs each RW at QD1 and QD32 (or at QD
-# only, labels ending in SUFFIX) and removes the device.
+# front_rows FRONT RW... [QDS SUFFIX]: makes FRONT's device, runs each RW at QD1 and QD32 (or at
+# the depths QDS, comma-separated, labels ending in SUFFIX) and removes the device.
 front_rows() {
     local f=$1 rw qd
     shift
@@ -171,7 +171,7 @@ front_rows() {
         rwl+=("$1")
         shift
     done
-    (($#)) && qds=("$1") suffix=$2
+    (($#)) && IFS=, read -r -a qds <<<"$1" && suffix=$2
     if [[ $f != bench ]] && ! blk_attach "$f"; then
         for rw in "${rwl[@]}"; do
             for qd in "${qds[@]}"; do printf '@@fail %s:%s:%s%s %s\n' "$f" "$rw" "$qd" "$suffix" "$BLK_ERR"; done
@@ -210,7 +210,7 @@ workload() {
         return 0
     fi
     printf '@@counts_json %s %s\n' "$label" "$(python3 "$REPO_ROOT/scripts/lib/counts.py" --trim "$json")"
-    log "  $label: done"
+    log "  $label: done (${SECONDS} s into the guest script)"
 }
 
 # ---------------------------------------------------------------------------------------------------

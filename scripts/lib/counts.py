@@ -250,12 +250,16 @@ def table(s):
         for _, key, d in COLUMNS:
             v = r.get(key) if key.endswith("_pct") else r["per_io"].get(key)
             cells.append(f" {fmt(v, d):>7}")
-        out.append(f"{r['front']:<13} {r['rw']:<9} {r['qd']:>3} {r['iops']:>7.0f}" + "".join(cells))
+        mark = "*" if r["overran"] else " "
+        out.append(f"{r['front']:<12}{mark} {r['rw']:<9} {r['qd']:>3} {r['iops']:>7.0f}" + "".join(cells))
     out.append("per I/O: cs = context switches (/proc/stat ctxt, all CPUs); srv/gen/tgt sys = system calls of the "
                "server (the process serving the device; rblk-bench itself), the load generator (fio, rblk-bench), "
                "rblk-target; uring = the server's io_uring_enter; srv/all db = doorbells (rxe_post_send) by the "
                "server / by anyone; re-arm = rxe_req_notify_cq; recv = rxe_post_recv (kernel ULPs). CPU% = all "
                "vCPUs busy; srvCPU% = the server's share of one core")
+    if any(r["overran"] for r in s["rows"]):
+        out.append("* the workload ended (or never started moving I/O) before its counting window did: "
+                   "its counts include its start or end")
     out.append("issue 45's goals:")
     for g in s["goals"]:
         out.append(f"  {g['front']} {g['rw']} QD{g['qd']}: {g['what']} per I/O <= {g['at_most']}: "

@@ -110,46 +110,67 @@ _counts_cmd() {
     done
 }
 
-# _counts_tree PID: PID and its descendants.
+# _counts_tree PID: sets C_TREE to PID and its descendants (builtins only: no fork).
 _counts_tree() {
-    local p c
-    for p in "$@"; do
+    local st line pp p
+    local -A kids=()
+    for st in /proc/[0-9]*/stat; do
+        read -r line 2>/dev/null <"$st" || continue
+        p=${st#/proc/} p=${p%/stat}
+        line=${line##*) } # the fields after comm, which may hold spaces: state ppid ...
+        pp=${line#* } pp=${pp%% *}
+        kids[$pp]+=" $p"
+    done
+    C_TREE=()
+    local -a todo=("$1")
+    while ((${#todo[@]})); do
+        p=${todo[0]}
+        todo=("${todo[@]:1}")
         [[ -e /proc/$p ]] || continue
-        echo "$p"
-        for c in $(pgrep -P "$p" 2>/dev/null); do _counts_tree "$c"; done
+        C_TREE+=("$p")
+        # shellcheck disable=SC2206 # pids, split on purpose
+        todo+=(${kids[$p]:-})
     done
 }
 
-# _counts_ticks PID...: utime + stime of the processes PID... (all their threads); -1 when one is
-# gone or none is given.
+# _counts_ticks NAME PID...: utime + stime of each process PID (all its threads) into the
+# associative array NAME, by pid; a process that is gone is left out.
 _counts_ticks() {
-    local p line sum=0
-    (($#)) || {
-        echo -1
-        return
-    }
+    local -n _ct_out=$1
+    local p line
+    local -a f
+    shift
+    _ct_out=()
     for p in "$@"; do
-        read -r line <"/proc/$p/stat" 2>/dev/null || {
-            echo -1
-            return
-        }
-        line=${line##*) } # the fields after comm, which may hold spaces
-        # shellcheck disable=SC2086 # split into fields on purpose
-        set -- $line
-        sum=$((sum + ${12} + ${13}))
+        read -r line 2>/dev/null <"/proc/$p/stat" || continue
+        read -r -a f <<<"${line##*) }" # the fields after comm, which may hold spaces
+        # shellcheck disable=SC2004 # associative array: the key needs its $
+        _ct_out[$p]=$((f[11] + f[12]))
     done
-    echo "$sum"
+}
+
+# _counts_delta NAME0 NAME1: the ticks between two _counts_ticks readings, over the processes in
+# both; -1 when none is.
+_counts_delta() {
+    local -n _cd_a=$1 _cd_b=$2
+    local p sum=0 n=0
+    for p in "${!_cd_a[@]}"; do
+        [[ -n ${_cd_b[$p]:-} ]] || continue
+        # shellcheck disable=SC2004 # associative arrays: the key needs its $
+        sum=$((sum + _cd_b[$p] - _cd_a[$p])) n=$((n + 1))
+    done
+    ((n)) && echo "$sum" || echo -1
 }
 
 # _counts_tids PID...: the thread ids of processes PID..., comma-separated.
 _counts_tids() {
-    local p t out=""
+    local p t list=""
     for p in "$@"; do
         for t in /proc/"$p"/task/*; do
-            [[ -e $t ]] && out+="${out:+,}${t##*/}"
+            [[ -e $t ]] && list+="${list:+,}${t##*/}"
         done
     done
-    echo "${out:--}"
+    echo "${list:--}"
 }
 
 # _counts_now DEV: sets C_T (us), C_CTXT, C_BUSY, C_ALL (/proc/stat) and C_IOS (reads + writes
@@ -164,45 +185,81 @@ _counts_now() {
         [[ $line == ctxt\ * ]] && C_CTXT=${line#ctxt }
     done </proc/stat
     C_IOS=-1
-    if [[ $1 != - ]] && read -r -a f <"/sys/class/block/${1#/dev/}/stat" 2>/dev/null; then
+    if [[ $1 != - ]] && read -r -a f 2>/dev/null <"/sys/class/block/${1#/dev/}/stat"; then
         C_IOS=$((f[0] + f[4]))
     fi
+}
+
+# _counts_wait_start DEV PID: waits (up to 120 s) until the workload PID moves I/O: DEV's count
+# of completed I/Os grows; without DEV, one of PID's processes has a second thread (rblk-bench's
+# job). Returns 1 when PID ends first or the time is up.
+_counts_wait_start() {
+    local dev=$1 pid=$2 i0 p
+    local -a t
+    _counts_now "$dev"
+    i0=$C_IOS
+    for _ in $(seq 1 600); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        if [[ $dev != - ]]; then
+            _counts_now "$dev"
+            ((C_IOS > i0)) && return 0
+        else
+            _counts_tree "$pid"
+            for p in "${C_TREE[@]}"; do
+                t=(/proc/"$p"/task/*)
+                ((${#t[@]} > 1)) && return 0
+            done
+        fi
+        sleep 0.2
+    done
+    return 1
 }
 
 # counted LABEL DEV SERVER CMD...: see the top of this file.
 counted() {
     local label=$1 dev=$2 server=$3 pid rc=0 overran=0 win
-    local secs=${COUNTS_SECS:-3} lead=${COUNTS_LEAD:-1.5} counting=1 tpid=${COUNTS_TARGET_PID:-}
+    local secs=${COUNTS_SECS:-3} counting=1 tpid=${COUNTS_TARGET_PID:-}
     shift 3
     win=$((secs > 2 ? secs - 1 : 1))
     [[ ${COUNTS_OFF:-0} == 1 || ${#COUNTS_ARMED[@]} == 0 ]] && counting=0
     "$@" &
     pid=$!
-    sleep "$lead"
-    local -a gen srv=() tgt=()
-    mapfile -t gen < <(_counts_tree "$pid")
+    # Its first I/O, then the ramp (fio's and rblk-bench's --ramp_time 1).
+    _counts_wait_start "$dev" "$pid" || overran=1
+    sleep "${COUNTS_RAMP:-1}"
+    _counts_tree "$pid"
+    local -a gen=("${C_TREE[@]}") srv=() tgt=()
     [[ $server =~ ^[0-9]+$ ]] && srv=("$server")
     [[ $server == gen ]] && srv=("${gen[@]}")
     [[ -n $tpid ]] && tgt=("$tpid")
-    local t0 x0 b0 a0 i0 s0 g0 p0
+    local t0 x0 b0 a0 i0 end
+    # shellcheck disable=SC2034 # filled and read through namerefs
+    local -A s0 g0 p0 s1 g1 p1
     ((counting)) && _counts_cmd clear && _counts_cmd cont
     _counts_now "$dev"
     t0=$C_T x0=$C_CTXT b0=$C_BUSY a0=$C_ALL i0=$C_IOS
-    s0=$(_counts_ticks "${srv[@]}") g0=$(_counts_ticks "${gen[@]}") p0=$(_counts_ticks "${tgt[@]}")
-    sleep "$win"
+    _counts_ticks s0 "${srv[@]}"
+    _counts_ticks g0 "${gen[@]}"
+    _counts_ticks p0 "${tgt[@]}"
+    # The window ends after win seconds or when the workload does (overran: it had ended).
+    end=$((t0 + win * 1000000))
+    while ((${EPOCHREALTIME/./} < end)); do
+        kill -0 "$pid" 2>/dev/null || {
+            overran=1
+            break
+        }
+        sleep 0.1
+    done
     _counts_now "$dev"
-    local s1 g1 p1
-    s1=$(_counts_ticks "${srv[@]}") g1=$(_counts_ticks "${gen[@]}") p1=$(_counts_ticks "${tgt[@]}")
+    _counts_ticks s1 "${srv[@]}"
+    _counts_ticks g1 "${gen[@]}"
+    _counts_ticks p1 "${tgt[@]}"
     ((counting)) && _counts_cmd pause
-    kill -0 "$pid" 2>/dev/null || overran=1
-    local ios=-1 sd=-1 gd=-1 pd=-1
+    local ios=-1
     ((i0 >= 0 && C_IOS >= 0)) && ios=$((C_IOS - i0))
-    ((s0 >= 0 && s1 >= 0)) && sd=$((s1 - s0))
-    ((g0 >= 0 && g1 >= 0)) && gd=$((g1 - g0))
-    ((p0 >= 0 && p1 >= 0)) && pd=$((p1 - p0))
     printf '@@counts %s counting=%s window_ns=%s ios=%s ctxt=%s busy=%s all=%s clk_tck=%s server_ticks=%s gen_ticks=%s target_ticks=%s overran=%s\n' \
         "$label" "$counting" $(((C_T - t0) * 1000)) "$ios" $((C_CTXT - x0)) $((C_BUSY - b0)) $((C_ALL - a0)) \
-        "$(getconf CLK_TCK)" "$sd" "$gd" "$pd" "$overran"
+        "$(getconf CLK_TCK)" "$(_counts_delta s0 s1)" "$(_counts_delta g0 g1)" "$(_counts_delta p0 p1)" "$overran"
     printf '@@counts_tids %s server %s\n' "$label" "$(_counts_tids "${srv[@]}")"
     printf '@@counts_tids %s gen %s\n' "$label" "$(_counts_tids "${gen[@]}")"
     printf '@@counts_tids %s target %s\n' "$label" "$(_counts_tids "${tgt[@]}")"
