@@ -28,7 +28,7 @@
 #       --numjobs=1 --size=256M --time_based --ramp_time=1 --runtime=S --output-format=json
 #
 # for each RW of --rw (default randread; randwrite,randread runs both, the writes first). Every run
-# is counted over S - 1 seconds inside its measured part (scripts/lib/counts.sh, whose header
+# is counted from its start to its end (scripts/lib/counts.sh, whose header
 # says where each count comes from: tracefs hist triggers on raw_syscalls:sys_enter and
 # sched:sched_switch, kprobes on rxe_post_send, rxe_post_recv and rxe_req_notify_cq, /proc/stat,
 # /proc/PID/stat, /sys/block/DEV/stat). Before the counting is armed, the first front end of LIST
@@ -63,7 +63,7 @@ source "$REPO_ROOT/scripts/lib/script.sh"
 # In the guest. Raw results on stdout (scripts/lib/counts.py reads them): scripts/lib/counts.sh's
 # @@counts lines, and
 #   @@meta KEY VALUE...
-#   @@counts_json LABEL JSON        the workload's report, trimmed (counts.py --trim)
+#   @@counts_json LABEL JSON        the workload's JSON report, on one line
 #   @@unavailable FRONT WHY         a front end that cannot run in this boot
 #   @@fail LABEL MESSAGE            a run that failed
 # LABEL is FRONT:RW:QD (FRONT:RW:QD:uncounted for the uncounted run). Progress goes to stderr.
@@ -198,7 +198,7 @@ workload() {
     if [[ $f == bench ]]; then
         cmd=("$BLK_BIN/rblk-bench" "$BLK_URI" --device "$BLK_RXE" --quiet --ramp_time 1 --runtime "$COUNTS_SECS"
             --group_reporting --rw "$rw" --bs 4k --iodepth "$qd" -o json --output "$json")
-        counted "$label" - gen quiet timeout $((COUNTS_SECS * 10 + 120)) "${cmd[@]}" || rc=$?
+        counted "$label" - - quiet timeout $((COUNTS_SECS * 10 + 120)) "${cmd[@]}" || rc=$?
     else
         cmd=(fio --name="$label" --filename="$BLK_DEV" --ioengine=libaio --direct=1 --bs=4k --rw="$rw"
             --iodepth="$qd" --numjobs=1 --size="$VOLUME_SIZE" --time_based --ramp_time=1 --runtime="$COUNTS_SECS"
@@ -209,7 +209,7 @@ workload() {
         printf '@@fail %s %s exited with status %s: %s\n' "$label" "${cmd[0]##*/}" "$rc" "$(_blk_line "$BLK_WORK/run.out" "$BLK_WORK/run.err")"
         return 0
     fi
-    printf '@@counts_json %s %s\n' "$label" "$(python3 "$REPO_ROOT/scripts/lib/counts.py" --trim "$json")"
+    printf '@@counts_json %s %s\n' "$label" "$(tr -s '\n\t ' ' ' <"$json")"
     log "  $label: done (${SECONDS} s into the guest script)"
 }
 

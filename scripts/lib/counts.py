@@ -130,8 +130,13 @@ def per_io(value, ios):
     return None if value is None or not ios else value / ios
 
 
-def row(label, run):
-    """One table row from a run: IOPS, I/Os and CPU over the window, and the counts per I/O."""
+RAMP_S = 1  # fio's and rblk-bench's --ramp_time in scripts/counts-rxe.sh
+
+
+def row(label, run, run_s=None):
+    """One table row from a run: IOPS, I/Os and CPU over the run, and the counts per I/O. Without
+    a device's count (rblk-bench) the I/Os are its IOPS x run_s (its ramp + runtime). rblk-bench
+    is its own server: its threads (by name) count as the server's."""
     parts = label.split(":")
     if len(parts) < 3:
         raise ValueError(f"label {label}: not FRONT:RW:QD")
@@ -142,46 +147,57 @@ def row(label, run):
         raise ValueError(f"{label}: no report")
     iops = report_iops(run["report"])
     secs = w["window_ns"] / 1e9
-    ios = w["ios"] if w["ios"] >= 0 else round(iops * secs)
+    if w["ios"] >= 0:
+        ios = w["ios"]
+    elif run_s:
+        ios = round(iops * run_s)
+    else:
+        raise ValueError(f"{label}: no device's I/O count and no run time")
     hz = w["clk_tck"]
+    bench = parts[0] == "bench"
 
-    def share(ticks):  # % of one core over the window
-        return None if ticks < 0 or secs <= 0 else 100.0 * ticks / hz / secs
+    def share(ticks, per_sec):  # % of one core over the run
+        return None if ticks < 0 or secs <= 0 else 100.0 * ticks / per_sec / secs
 
     r = {"label": label, "front": parts[0], "rw": parts[1], "qd": int(parts[2]),
-         "uncounted": parts[3:] == ["uncounted"], "iops": iops, "ios": ios, "window_s": secs,
+         "uncounted": parts[3:] == ["uncounted"], "iops": iops, "ios": ios, "run_s": secs,
          "cpu_pct": 100.0 * w["busy"] / w["all"] if w["all"] > 0 else None,
-         "server_cpu_pct": share(w["server_ticks"]), "gen_cpu_pct": share(w["gen_ticks"]),
-         "target_cpu_pct": share(w["target_ticks"]), "overran": bool(w["overran"]),
-         "per_io": {"ctxt": per_io(w["ctxt"], ios)}}
+         "server_cpu_pct": share(w["server_ticks"], hz), "gen_cpu_pct": share(w["gen_ms"], 1000),
+         "target_cpu_pct": share(w["target_ticks"], hz), "per_io": {"ctxt": per_io(w["ctxt"], ios)}}
+    if bench:
+        r["server_cpu_pct"] = r["gen_cpu_pct"]
     if not w["counting"]:
         return r
     tids, hist, p = run["tids"], run["hist"], r["per_io"]
-    has_server = bool(tids.get("server"))
+    srole = "gen" if bench else "server"
+    has_server = bench or bool(tids.get("server"))
+
+    def server(c):
+        return per_io(c.get(srole, 0), ios) if has_server else None
+
     if "syscalls" in hist:
         s = by_role(hist["syscalls"], tids)
-        u = by_role(hist["syscalls"], tids, IO_URING_ENTER)
-        p["server_syscalls"] = per_io(s.get("server", 0), ios) if has_server else None
-        p["server_io_uring_enter"] = per_io(u.get("server", 0), ios) if has_server else None
+        p["server_syscalls"] = server(s)
+        p["server_io_uring_enter"] = server(by_role(hist["syscalls"], tids, IO_URING_ENTER))
         p["gen_syscalls"] = per_io(s.get("gen", 0), ios)
         p["target_syscalls"] = per_io(s.get("target", 0), ios)
         p["all_syscalls"] = per_io(s["all"], ios)
         names = {}
         for e in hist["syscalls"]:
-            if has_server and "server" in role_of(e["tid"], e["comm"], tids):
+            if has_server and srole in role_of(e["tid"], e["comm"], tids):
                 names[e["name"]] = names.get(e["name"], 0) + e["count"]
         r["server_syscalls_by_name"] = {k: v / ios for k, v in sorted(names.items(), key=lambda x: -x[1])} if ios else {}
     if "switches" in hist:
         c = by_role(hist["switches"], tids)
-        p["server_switches"] = per_io(c.get("server", 0), ios) if has_server else None
+        p["server_switches"] = server(c)
         p["switches"] = per_io(c["all"], ios)
     for kind, key in (("post_send", "doorbells"), ("post_recv", "recv_posts"), ("notify_cq", "cq_rearms")):
         if kind in hist:
             c = by_role(hist[kind], tids)
             p[key] = per_io(c["all"], ios)
-            p["server_" + key] = per_io(c.get("server", 0), ios) if has_server else None
+            p["server_" + key] = server(c)
         elif kind in run.get("armed", [kind]):
-            p[key] = per_io(0, ios)  # armed, no hit in the window
+            p[key] = per_io(0, ios)  # armed, no hit in the run
     return r
 
 
@@ -214,10 +230,14 @@ def summarize(lines):
     unavailable front ends, failed runs, counts that could not be armed."""
     doc = parse(lines)
     rows, errors = [], dict(doc["fails"])
+    try:
+        run_s = float(doc["meta"]["secs"]) + RAMP_S
+    except (KeyError, ValueError):
+        run_s = None
     for label, run in doc["runs"].items():
         run["armed"] = doc["armed"]
         try:
-            rows.append(row(label, run))
+            rows.append(row(label, run, run_s))
         except (ValueError, KeyError) as e:
             errors.setdefault(label, str(e))
     order = {f: i for i, f in enumerate(FRONTS)}
@@ -250,16 +270,12 @@ def table(s):
         for _, key, d in COLUMNS:
             v = r.get(key) if key.endswith("_pct") else r["per_io"].get(key)
             cells.append(f" {fmt(v, d):>7}")
-        mark = "*" if r["overran"] else " "
-        out.append(f"{r['front']:<12}{mark} {r['rw']:<9} {r['qd']:>3} {r['iops']:>7.0f}" + "".join(cells))
-    out.append("per I/O: cs = context switches (/proc/stat ctxt, all CPUs); srv/gen/tgt sys = system calls of the "
+        out.append(f"{r['front']:<13} {r['rw']:<9} {r['qd']:>3} {r['iops']:>7.0f}" + "".join(cells))
+    out.append("counted over each whole run (start-up and exit included). per I/O: cs = context switches (/proc/stat ctxt, all CPUs); srv/gen/tgt sys = system calls of the "
                "server (the process serving the device; rblk-bench itself), the load generator (fio, rblk-bench), "
                "rblk-target; uring = the server's io_uring_enter; srv/all db = doorbells (rxe_post_send) by the "
                "server / by anyone; re-arm = rxe_req_notify_cq; recv = rxe_post_recv (kernel ULPs). CPU% = all "
-               "vCPUs busy; srvCPU% = the server's share of one core")
-    if any(r["overran"] for r in s["rows"]):
-        out.append("* the workload ended (or never started moving I/O) before its counting window did: "
-                   "its counts include its start or end")
+               "vCPUs busy; srvCPU% = the server's share of one core (rblk-bench: its own)")
     out.append("issue 45's goals:")
     for g in s["goals"]:
         out.append(f"  {g['front']} {g['rw']} QD{g['qd']}: {g['what']} per I/O <= {g['at_most']}: "

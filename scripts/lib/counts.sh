@@ -4,26 +4,25 @@
 #
 #   counts_setup                 once, before the first counted workload and while nothing runs
 #   counted LABEL DEV SERVER CMD...
-#                                runs CMD (a fio or rblk-bench run: a second of ramp, then
-#                                COUNTS_SECS measured) and counts over a window inside it
+#                                runs CMD (a fio or rblk-bench run) and counts over all of it
 #   counts_teardown              once, at the end, while nothing runs
 #
-# counted starts CMD in the background, waits COUNTS_LEAD seconds (default 1.5: its start and
-# ramp), counts for COUNTS_SECS - 1 seconds (at least 1), waits for CMD and returns its status.
-# DEV: the block device the workload runs on (- for none: rblk-bench); SERVER: the pid of the
-# process serving DEV (- for none: the kernel serves nvme-rdma; gen: the load generator is its
-# own server, rblk-bench). COUNTS_TARGET_PID: rblk-target's pid, counted as "target" (optional).
-# With COUNTS_OFF=1 only /proc and the device are read (the uncounted row the tracing's cost is
-# measured against). What it prints on stdout (scripts/lib/counts.py reads it):
+# counted counts from CMD's start to its end, start-up and exit included (a window inside the run,
+# timed by the clock, missed the run when the host was loaded: the guest then crawls), and
+# returns CMD's status. DEV: the block device the workload runs on (- for none: rblk-bench);
+# SERVER: the pid of the process serving DEV (- for none: the kernel serves nvme-rdma, and
+# rblk-bench is its own server). COUNTS_TARGET_PID: rblk-target's pid, counted as "target"
+# (optional). With COUNTS_OFF=1 only /proc and the device are read (the uncounted row the
+# tracing's cost is measured against). What it prints on stdout (scripts/lib/counts.py reads it):
 #
 #   @@counts LABEL counting=0|1 window_ns=N ios=N ctxt=N busy=T all=T clk_tck=HZ
-#            server_ticks=T gen_ticks=T target_ticks=T overran=0|1      (-1: not measured)
-#   @@counts_tids LABEL ROLE TID,TID,...        the threads of the server, gen, target
+#            server_ticks=T gen_ms=MS target_ticks=T       (-1: not measured)
+#   @@counts_tids LABEL ROLE TID,TID,...        the threads of the server and the target
 #   @@counts_hist LABEL KIND { common_pid: COMM [TID], ... } hitcount: N     a hist line
 #   @@counts_meta KEY VALUE...                  what counts_setup armed, or why not
 #
-# What each count is measured with (in the window only, system-wide; counts.py splits them by
-# thread into server, load generator, target, kernel threads):
+# What each count is measured with (system-wide, over the run; counts.py splits them by thread
+# into server, load generator (fio, rblk-bench: by name), target, kernel threads):
 #   system calls      tracefs hist trigger on raw_syscalls:sys_enter, keys common_pid.execname
 #                     (the thread) and id.syscall (KIND syscalls)
 #   context switches  tracefs hist trigger on sched:sched_switch keyed by the thread switched out
@@ -36,12 +35,12 @@
 #                     provider posts receives into the shared queue without a system call)
 #   CQ re-arms        kprobe rxe_req_notify_cq (KIND notify_cq): ibv_req_notify_cq is a write() on
 #                     rxe (ibv_cmd_req_notify_cq), ib_req_notify_cq from the kernel
-#   CPU               /proc/stat's cpu line (busy and all ticks of all vCPUs), utime + stime of
-#                     /proc/PID/stat summed over the server's, the load generator's (CMD and its
-#                     children) and the target's processes
-#   I/Os              /sys/block/DEV/stat, reads + writes completed in the window; without a device
-#                     counts.py takes the workload's IOPS x the window
-# The probes are armed once (counts_setup) and only paused, cleared and continued per window: arming
+#   CPU               /proc/stat's cpu line (busy and all ticks of all vCPUs); utime + stime of
+#                     /proc/PID/stat of the server and of the target; the load generator's (CMD and
+#                     its children, reaped) from bash's `times`
+#   I/Os              /sys/block/DEV/stat, reads + writes completed over the run; without a device
+#                     counts.py takes rblk-bench's IOPS x (its ramp + runtime)
+# The probes are armed once (counts_setup) and only paused, cleared and continued per run: arming
 # patches kernel text, and under TCG patching code the other vCPU runs has crashed this guest
 # (scripts/timeline-rxe.sh). The kprobes sit on verbs entry points, not on rxe's task functions.
 
@@ -110,29 +109,6 @@ _counts_cmd() {
     done
 }
 
-# _counts_tree PID: sets C_TREE to PID and its descendants (builtins only: no fork).
-_counts_tree() {
-    local st line pp p
-    local -A kids=()
-    for st in /proc/[0-9]*/stat; do
-        read -r line 2>/dev/null <"$st" || continue
-        p=${st#/proc/} p=${p%/stat}
-        line=${line##*) } # the fields after comm, which may hold spaces: state ppid ...
-        pp=${line#* } pp=${pp%% *}
-        kids[$pp]+=" $p"
-    done
-    C_TREE=()
-    local -a todo=("$1")
-    while ((${#todo[@]})); do
-        p=${todo[0]}
-        todo=("${todo[@]:1}")
-        [[ -e /proc/$p ]] || continue
-        C_TREE+=("$p")
-        # shellcheck disable=SC2206 # pids, split on purpose
-        todo+=(${kids[$p]:-})
-    done
-}
-
 # _counts_ticks NAME PID...: utime + stime of each process PID (all its threads) into the
 # associative array NAME, by pid; a process that is gone is left out.
 _counts_ticks() {
@@ -190,78 +166,57 @@ _counts_now() {
     fi
 }
 
-# _counts_wait_start DEV PID: waits (up to 120 s) until the workload PID moves I/O: DEV's count
-# of completed I/Os grows; without DEV, one of PID's processes has a second thread (rblk-bench's
-# job). Returns 1 when PID ends first or the time is up.
-_counts_wait_start() {
-    local dev=$1 pid=$2 i0 p
-    local -a t
-    _counts_now "$dev"
-    i0=$C_IOS
-    for _ in $(seq 1 600); do
-        kill -0 "$pid" 2>/dev/null || return 1
-        if [[ $dev != - ]]; then
-            _counts_now "$dev"
-            ((C_IOS > i0)) && return 0
-        else
-            _counts_tree "$pid"
-            for p in "${C_TREE[@]}"; do
-                t=(/proc/"$p"/task/*)
-                ((${#t[@]} > 1)) && return 0
-            done
-        fi
-        sleep 0.2
-    done
-    return 1
+# _counts_children_ms: sets C_CHILD_MS to the CPU time (user + system, ms) of this shell's reaped
+# children so far (bash's `times`, second line: 0m1.234s 0m0.567s). Not in $(...): a subshell's
+# children's times start at 0; the output goes through a file.
+_counts_children_ms() {
+    local _ u s
+    times >"$COUNTS_TIMES"
+    { read -r _ && read -r u s; } <"$COUNTS_TIMES"
+    C_CHILD_MS=$(($(_counts_ms "$u") + $(_counts_ms "$s")))
 }
+
+# _counts_ms 1m2.345s: that many milliseconds.
+_counts_ms() {
+    local m=${1%%m*} sec=${1#*m}
+    sec=${sec%s}
+    echo $((10#$m * 60000 + 10#${sec%.*} * 1000 + 10#${sec#*.}))
+}
+
+COUNTS_CLK_TCK=$(getconf CLK_TCK)
+COUNTS_TIMES=${TMPDIR:-/tmp}/rblk-counts-times.$$
 
 # counted LABEL DEV SERVER CMD...: see the top of this file.
 counted() {
-    local label=$1 dev=$2 server=$3 pid rc=0 overran=0 win
-    local secs=${COUNTS_SECS:-3} counting=1 tpid=${COUNTS_TARGET_PID:-}
+    local label=$1 dev=$2 server=$3 rc=0 counting=1 tpid=${COUNTS_TARGET_PID:-}
     shift 3
-    win=$((secs > 2 ? secs - 1 : 1))
     [[ ${COUNTS_OFF:-0} == 1 || ${#COUNTS_ARMED[@]} == 0 ]] && counting=0
-    "$@" &
-    pid=$!
-    # Its first I/O, then the ramp (fio's and rblk-bench's --ramp_time 1).
-    _counts_wait_start "$dev" "$pid" || overran=1
-    sleep "${COUNTS_RAMP:-1}"
-    _counts_tree "$pid"
-    local -a gen=("${C_TREE[@]}") srv=() tgt=()
+    local -a srv=() tgt=()
     [[ $server =~ ^[0-9]+$ ]] && srv=("$server")
-    [[ $server == gen ]] && srv=("${gen[@]}")
     [[ -n $tpid ]] && tgt=("$tpid")
-    local t0 x0 b0 a0 i0 end
+    local t0 x0 b0 a0 i0 c0 c1
     # shellcheck disable=SC2034 # filled and read through namerefs
-    local -A s0 g0 p0 s1 g1 p1
+    local -A s0 p0 s1 p1
+    _counts_children_ms
+    c0=$C_CHILD_MS
+    _counts_ticks s0 "${srv[@]}"
+    _counts_ticks p0 "${tgt[@]}"
     ((counting)) && _counts_cmd clear && _counts_cmd cont
     _counts_now "$dev"
     t0=$C_T x0=$C_CTXT b0=$C_BUSY a0=$C_ALL i0=$C_IOS
-    _counts_ticks s0 "${srv[@]}"
-    _counts_ticks g0 "${gen[@]}"
-    _counts_ticks p0 "${tgt[@]}"
-    # The window ends after win seconds or when the workload does (overran: it had ended).
-    end=$((t0 + win * 1000000))
-    while ((${EPOCHREALTIME/./} < end)); do
-        kill -0 "$pid" 2>/dev/null || {
-            overran=1
-            break
-        }
-        sleep 0.1
-    done
+    "$@" || rc=$?
     _counts_now "$dev"
-    _counts_ticks s1 "${srv[@]}"
-    _counts_ticks g1 "${gen[@]}"
-    _counts_ticks p1 "${tgt[@]}"
     ((counting)) && _counts_cmd pause
+    _counts_ticks s1 "${srv[@]}"
+    _counts_ticks p1 "${tgt[@]}"
+    _counts_children_ms
+    c1=$C_CHILD_MS
     local ios=-1
     ((i0 >= 0 && C_IOS >= 0)) && ios=$((C_IOS - i0))
-    printf '@@counts %s counting=%s window_ns=%s ios=%s ctxt=%s busy=%s all=%s clk_tck=%s server_ticks=%s gen_ticks=%s target_ticks=%s overran=%s\n' \
+    printf '@@counts %s counting=%s window_ns=%s ios=%s ctxt=%s busy=%s all=%s clk_tck=%s server_ticks=%s gen_ms=%s target_ticks=%s\n' \
         "$label" "$counting" $(((C_T - t0) * 1000)) "$ios" $((C_CTXT - x0)) $((C_BUSY - b0)) $((C_ALL - a0)) \
-        "$(getconf CLK_TCK)" "$(_counts_delta s0 s1)" "$(_counts_delta g0 g1)" "$(_counts_delta p0 p1)" "$overran"
+        "$COUNTS_CLK_TCK" "$(_counts_delta s0 s1)" $((c1 - c0)) "$(_counts_delta p0 p1)"
     printf '@@counts_tids %s server %s\n' "$label" "$(_counts_tids "${srv[@]}")"
-    printf '@@counts_tids %s gen %s\n' "$label" "$(_counts_tids "${gen[@]}")"
     printf '@@counts_tids %s target %s\n' "$label" "$(_counts_tids "${tgt[@]}")"
     if ((counting)); then
         local h kind ev spec
@@ -270,6 +225,5 @@ counted() {
             grep '^{' "$COUNTS_TR/events/$ev/hist" | sed "s/^/@@counts_hist $label $kind /" || true
         done
     fi
-    wait "$pid" || rc=$?
     return "$rc"
 }
