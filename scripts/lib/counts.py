@@ -316,11 +316,14 @@ def main(argv):
     with open(argv[1], errors="replace") as f:
         s = summarize(f)
     text = "\n".join(table(s)) + "\n"
-    with open(argv[2], "w") as f:
-        json.dump(s, f, indent=1)
-    with open(argv[3], "w") as f:
-        f.write(text)
     sys.stdout.write(text)
+    for path, write in ((argv[2], lambda f: json.dump(s, f, indent=1)), (argv[3], lambda f: f.write(text))):
+        try:
+            with open(path, "w") as f:
+                write(f)
+        except OSError as e:
+            print(f"counts: error: cannot write {path}: {e.strerror}", file=sys.stderr)
+            return 1
     if not s["rows"]:
         print("counts: error: no counted run in the log", file=sys.stderr)
         return 1

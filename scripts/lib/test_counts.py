@@ -221,6 +221,26 @@ class Summary(unittest.TestCase):
                     self.assertEqual(counts.main(["counts.py", empty, sj, tt]), 1)
                     self.assertEqual(counts.main(["counts.py"]), 2)
 
+    def test_main_fails_on_a_full_disk(self):
+        """A summary that cannot be written is an error (exit status 1), not a silent success."""
+        import contextlib
+        import io
+        err = io.StringIO()
+        with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(err):
+            self.assertEqual(counts.main(["counts.py", LOG, "/dev/full", os.devnull]), 1)
+        self.assertIn("cannot write /dev/full: No space left on device", err.getvalue())
+
+    def test_failed_and_unavailable_runs_show_in_the_table(self):
+        s = counts.summarize(["@@meta secs 3", "@@unavailable nbd no nbd-client here",
+                              "@@fail fuse:randread:1 fio exited with status 124: timed out",
+                              "@@counts ublk:randread:1 counting=0 window_ns=1 ios=1 ctxt=1 busy=1 all=1 clk_tck=100 "
+                              "server_ticks=1 gen_ms=1 target_ticks=1"])
+        self.assertEqual(s["failed"], {"fuse:randread:1": "fio exited with status 124: timed out",
+                                       "ublk:randread:1": "ublk:randread:1: no report"})
+        text = "\n".join(counts.table(s))
+        self.assertIn("unavailable: nbd: no nbd-client here", text)
+        self.assertIn("failed: fuse:randread:1: fio exited with status 124: timed out", text)
+
 
 if __name__ == "__main__":
     unittest.main()
