@@ -87,7 +87,8 @@ counts_setup() {
     done
 }
 
-# counts_teardown: removes the triggers and the kprobes.
+# counts_teardown: removes the triggers and the kprobes (before anything else clears kprobe_events:
+# a kprobe with a trigger is busy).
 counts_teardown() {
     local h kind ev spec
     for h in "${COUNTS_ARMED[@]}"; do
@@ -98,6 +99,7 @@ counts_teardown() {
     for kind in "${COUNTS_KPROBES[@]}"; do
         echo "-:rblkcounts/${kind%%:*}" >>"$COUNTS_TR/kprobe_events" 2>/dev/null || true
     done
+    rm -f "$COUNTS_TIMES"
 }
 
 # _counts_cmd WORD: WORD (pause, clear, cont) to every armed trigger.
