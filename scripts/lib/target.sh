@@ -204,3 +204,150 @@ oneline() {
     shift
     cat -- "$@" 2>/dev/null | tr -s '\r\n\t' '   ' | cut -c1-"$max"
 }
+
+# counts (scripts/counts-rxe.sh): compare-rxe.sh's block-device front ends as functions. They read
+# BLK_BIN (rblk's binaries), BLK_URI (the rblk volume), BLK_RXE (the rxe device), BLK_WORK (a
+# scratch directory), BLK_NQN and BLK_ADDR (nvmeof, after nvmeof_setup) and BLK_LIBUBLK (libublk's
+# examples/null binary).
+
+_blk_line() { { cat "$@" 2>/dev/null || true; } | tr -s '\r\n\t' '   ' | cut -c1-400; }
+
+# blk_attach_daemon ARGS...: `rblk attach BLK_URI --daemon ARGS...`; sets BLK_DEV and BLK_PID.
+blk_attach_daemon() {
+    local w=$BLK_WORK
+    # A file, not $(...): the background server could keep a pipe open.
+    if ! timeout 120 "$BLK_BIN/rblk" attach "$BLK_URI" --device "$BLK_RXE" --daemon "$@" >"$w/attach.out" 2>"$w/attach.log"; then
+        BLK_ERR="rblk attach $* --daemon failed: $(_blk_line "$w/attach.out" "$w/attach.log")"
+        return 1
+    fi
+    BLK_DEV=$(sed -n 1p "$w/attach.out")
+    BLK_PID=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$w/attach.log")
+    [[ $BLK_DEV == /dev/ublkb* && -n $BLK_PID ]] && return 0
+    BLK_ERR="rblk attach $* printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(_blk_line "$w/attach.out" "$w/attach.log")"
+    return 1
+}
+
+# blk_attach PATH: makes front end PATH's block device (nvmeof, nbd, fuse, ublk, ublk-null,
+# libublk-null; as compare-rxe.sh's header describes them): sets BLK_DEV and BLK_PID (the process
+# serving it; empty for nvmeof), or BLK_ERR and returns 1.
+blk_attach() {
+    local w=$BLK_WORK _
+    BLK_DEV="" BLK_PID="" BLK_ERR=""
+    case $1 in
+    nvmeof)
+        nvmeof_connect "$BLK_NQN" "$BLK_ADDR" 2>"$w/nvme.err" || {
+            BLK_ERR="cannot connect to Linux NVMe-oF/RDMA: $(_blk_line "$w/nvme.err")"
+            return 1
+        }
+        BLK_DEV=$NVMEOF_DEV
+        ;;
+    nbd)
+        modprobe nbd >&2 || {
+            BLK_ERR="cannot load nbd"
+            return 1
+        }
+        rm -f "$w/nbd.sock"
+        # Its one stdout line, once it serves, is the export's URI (nbd+unix:///?socket=PATH).
+        "$BLK_BIN/rblk" nbd "$BLK_URI" --device "$BLK_RXE" --listen "unix:$w/nbd.sock" >"$w/nbd.out" 2>"$w/nbd.log" &
+        BLK_PID=$!
+        for _ in $(seq 1 300); do
+            grep -q '^nbd+unix:' "$w/nbd.out" && break
+            kill -0 "$BLK_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        grep -q '^nbd+unix:' "$w/nbd.out" || {
+            BLK_ERR="rblk nbd printed no nbd+unix: URI (it did not start serving): $(_blk_line "$w/nbd.out" "$w/nbd.log")"
+            return 1
+        }
+        timeout 60 nbd-client -unix "$w/nbd.sock" /dev/nbd0 -block-size 4096 >"$w/nbdc.log" 2>&1 || {
+            BLK_ERR="nbd-client failed: $(_blk_line "$w/nbdc.log")"
+            return 1
+        }
+        BLK_DEV=/dev/nbd0
+        ;;
+    fuse)
+        mkdir -p "$w/mnt"
+        timeout 120 "$BLK_BIN/rblk" mount "$BLK_URI" "$w/mnt" --device "$BLK_RXE" --queues 1 --loop --daemon \
+            >"$w/mount.out" 2>"$w/mount.log" || {
+            BLK_ERR="rblk mount --loop --daemon failed: $(_blk_line "$w/mount.out" "$w/mount.log")"
+            return 1
+        }
+        BLK_DEV=$(sed -n 1p "$w/mount.out")
+        BLK_PID=$(sed -n -e 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' \
+            -e 's/^rblk: serving in the background (pid \([0-9][0-9]*\)).*/\1/p' "$w/mount.log" | head -n 1)
+        [[ $BLK_DEV == /dev/loop* && -n $BLK_PID ]] || {
+            BLK_ERR="rblk mount printed no /dev/loopN line (stdout) or no 'rblk: pid N serves' line (stderr): $(_blk_line "$w/mount.out" "$w/mount.log")"
+            return 1
+        }
+        ;;
+    ublk) blk_attach_daemon --queues 1 --depth 32 || return 1 ;;
+    ublk-null) RBLK_ALLOW_NULL=1 blk_attach_daemon --queues 1 --depth 32 --null-io || return 1 ;;
+    libublk-null)
+        BLK_LIBUBLK_ID=9
+        while [[ -e /dev/ublkc$BLK_LIBUBLK_ID || -e /dev/ublkb$BLK_LIBUBLK_ID ]]; do
+            BLK_LIBUBLK_ID=$((BLK_LIBUBLK_ID + 1))
+        done
+        "$BLK_LIBUBLK" add -n "$BLK_LIBUBLK_ID" -q 1 -d 32 --foreground >"$w/libublk.out" 2>&1 &
+        BLK_PID=$!
+        BLK_DEV=/dev/ublkb$BLK_LIBUBLK_ID
+        ;;
+    *)
+        BLK_ERR="no front end $1"
+        return 1
+        ;;
+    esac
+    wait_bdev "$BLK_DEV" && return 0
+    BLK_ERR="$BLK_DEV did not appear as a block device${BLK_PID:+$(kill -0 "$BLK_PID" 2>/dev/null || echo " (its server exited)")}"
+    [[ $1 == libublk-null ]] && BLK_ERR+=": $(_blk_line "$w/libublk.out")"
+    return 1
+}
+
+# blk_detach PATH: removes front end PATH's device (also after a failed blk_attach); returns 1, with
+# BLK_ERR, when that did not go cleanly (the serving process is killed then).
+blk_detach() {
+    local w=$BLK_WORK rc=0 _
+    BLK_ERR=""
+    case $1 in
+    nvmeof)
+        nvme disconnect -n "$BLK_NQN" >"$w/nvme.err" 2>&1 || BLK_ERR="nvme disconnect failed: $(_blk_line "$w/nvme.err")"
+        ;;
+    nbd)
+        if [[ -e /sys/block/nbd0/pid ]]; then
+            timeout 60 nbd-client -d /dev/nbd0 >"$w/nbdc.log" 2>&1 || BLK_ERR="nbd-client -d failed: $(_blk_line "$w/nbdc.log")"
+            for _ in $(seq 1 300); do
+                [[ -e /sys/block/nbd0/pid ]] || break
+                sleep 0.1
+            done
+        fi
+        if [[ -n $BLK_PID ]]; then
+            kill -TERM "$BLK_PID" 2>/dev/null || true
+            wait "$BLK_PID" || rc=$?
+            ((rc == 0)) || BLK_ERR+="${BLK_ERR:+; }rblk nbd exited with status $rc after SIGTERM: $(_blk_line "$w/nbd.log")"
+        fi
+        ;;
+    fuse)
+        if mountpoint -q "$w/mnt"; then
+            timeout 60 "$BLK_BIN/rblk" umount "$w/mnt" >"$w/umount.log" 2>&1 || BLK_ERR="rblk umount failed: $(_blk_line "$w/umount.log")"
+        fi
+        ;;
+    ublk | ublk-null)
+        if [[ -n $BLK_DEV && -e $BLK_DEV ]]; then
+            timeout 60 "$BLK_BIN/rblk" detach "$BLK_DEV" >"$w/detach.log" 2>&1 ||
+                BLK_ERR="rblk detach $BLK_DEV failed: $(_blk_line "$w/detach.log")"
+        fi
+        ;;
+    libublk-null)
+        if [[ -n ${BLK_LIBUBLK_ID:-} && -e /dev/ublkc$BLK_LIBUBLK_ID ]]; then
+            timeout 60 "$BLK_LIBUBLK" del -n "$BLK_LIBUBLK_ID" >"$w/libublk-del.log" 2>&1 ||
+                BLK_ERR="$BLK_LIBUBLK del -n $BLK_LIBUBLK_ID failed: $(_blk_line "$w/libublk-del.log")"
+        fi
+        ;;
+    esac
+    if [[ -n $BLK_PID && $1 != nbd ]] && ! wait_gone "$BLK_PID"; then
+        BLK_ERR+="${BLK_ERR:+; }its server (pid $BLK_PID) did not exit: SIGKILL"
+        kill -KILL "$BLK_PID" 2>/dev/null || true
+        wait_gone "$BLK_PID" || true
+    fi
+    [[ $1 == libublk-null && -n $BLK_PID ]] && { wait "$BLK_PID" 2>/dev/null || true; }
+    [[ -z $BLK_ERR ]]
+}
