@@ -8,14 +8,11 @@ timeline-summary.json are what the script's analysis before issue 45 (69fadfe, a
 timeline-rxe.sh) made of that log: the module must make the same, byte for byte."""
 import base64
 import gzip
-import io
-import json
 import os
-import tempfile
 import unittest
-from contextlib import redirect_stderr, redirect_stdout
 
 import timeline
+import timeline_trace
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "testdata")
 LOG = os.path.join(DATA, "timeline-guest.log")
@@ -147,20 +144,20 @@ class Matchers(unittest.TestCase):
         post, wake, sw, uexit, fexit, item, tblk, tadd = evs
         c = {"srv": 9, "fio": {7}, "tdev": "253,0"}
         other = {"srv": 8, "fio": {6}, "tdev": "253,1"}
-        for m, e in [(timeline.kp("rxe_post_send", "srv"), post), (timeline.kp("rxe_post_send"), post),
-                     (timeline.kp_any(["rxe_receiver", "rxe_post_send"]), post), (timeline.woken("srv"), wake),
-                     (timeline.on_cpu("srv"), sw), (timeline.sysx("sys_exit", 426, "srv"), uexit),
-                     (timeline.sysx("sys_exit", 208, "fio"), fexit), (timeline.rxe_work, item),
-                     (timeline.blk("block_rq_issue", "tdev"), tblk), (timeline.ev("io_uring_task_add"), tadd)]:
+        for m, e in [(timeline_trace.kp("rxe_post_send", "srv"), post), (timeline_trace.kp("rxe_post_send"), post),
+                     (timeline_trace.kp_any(["rxe_receiver", "rxe_post_send"]), post), (timeline_trace.woken("srv"), wake),
+                     (timeline_trace.on_cpu("srv"), sw), (timeline_trace.sysx("sys_exit", 426, "srv"), uexit),
+                     (timeline_trace.sysx("sys_exit", 208, "fio"), fexit), (timeline_trace.rxe_work, item),
+                     (timeline_trace.blk("block_rq_issue", "tdev"), tblk), (timeline_trace.ev("io_uring_task_add"), tadd)]:
             self.assertEqual([x for x in evs if m(x, c)], [e])
         # Another thread, device or fio: no match.
-        self.assertFalse(timeline.kp("rxe_post_send", "srv")(post, other))
-        self.assertFalse(timeline.woken("srv")(wake, other))
-        self.assertFalse(timeline.on_cpu("srv")(sw, other))
-        self.assertFalse(timeline.sysx("sys_exit", 208, "fio")(fexit, other))
-        self.assertFalse(timeline.blk("block_rq_issue", "tdev")(tblk, other))
-        self.assertFalse(timeline.woken("fio")(wake, c))
-        self.assertFalse(timeline.sysx("sys_exit", 426, "fio")(uexit, c))
+        self.assertFalse(timeline_trace.kp("rxe_post_send", "srv")(post, other))
+        self.assertFalse(timeline_trace.woken("srv")(wake, other))
+        self.assertFalse(timeline_trace.on_cpu("srv")(sw, other))
+        self.assertFalse(timeline_trace.sysx("sys_exit", 208, "fio")(fexit, other))
+        self.assertFalse(timeline_trace.blk("block_rq_issue", "tdev")(tblk, other))
+        self.assertFalse(timeline_trace.woken("fio")(wake, c))
+        self.assertFalse(timeline_trace.sysx("sys_exit", 426, "fio")(uexit, c))
 
 
 class Windows(unittest.TestCase):
@@ -213,10 +210,10 @@ class Marks(unittest.TestCase):
         ctx, _, wins = timeline.find_windows("bench", evs, {}, KPROBES)
         spec = timeline.SPEC["bench"]
         self.assertEqual([m[0] for m in timeline.io_marks("bench", spec, evs, ctx, wins, 1)],
-                         [timeline.READ_POSTED, "bench thread woken (sched_wakeup)",
+                         [timeline_trace.READ_POSTED, "bench thread woken (sched_wakeup)",
                           "bench thread on CPU (sched_switch in)", "next READ posted (rxe_post_send)"])
         self.assertEqual([m[0] for m in timeline.io_marks("bench", spec, evs, ctx, wins, 2)],
-                         [timeline.READ_POSTED, "next READ posted (rxe_post_send)"])
+                         [timeline_trace.READ_POSTED, "next READ posted (rxe_post_send)"])
 
     def test_pre_and_post_boundaries_of_a_recorded_ublk_io(self):
         log = recorded()
@@ -238,7 +235,7 @@ class Marks(unittest.TestCase):
         busy = timeline.rxe_wakeup(evs, timeline.io_marks("bench", spec, evs, ctx, wins, 1), wins, 1)
         self.assertEqual(idle, (True, 45.0, 115.0))
         self.assertEqual(busy, (False, 10.0, None))
-        self.assertIsNone(timeline.rxe_wakeup(evs, [(timeline.READ_POSTED, 0.0, 3)], wins, 1))
+        self.assertIsNone(timeline.rxe_wakeup(evs, [(timeline_trace.READ_POSTED, 0.0, 3)], wins, 1))
 
 
 class Counts(unittest.TestCase):
@@ -268,7 +265,7 @@ class StageRows(unittest.TestCase):
         names = timeline.labels(spec)
         seen = {n: 0 for n in names}
         per = {n: [] for n in names}
-        seen[timeline.READ_POSTED] = seen["CQE posted (rxe_cq_post)"] = 2
+        seen[timeline_trace.READ_POSTED] = seen["CQE posted (rxe_cq_post)"] = 2
         per["CQE posted (rxe_cq_post)"] = [10.0, 30.0]
         rows = {r["stage"]: r for r in timeline.stage_rows(spec, seen, per, 2, {"rxe_cq_post"}, {"rxe_requester"})}
         missing = {k: r.get("missing") for k, r in rows.items()}
@@ -279,15 +276,15 @@ class StageRows(unittest.TestCase):
         self.assertEqual(rows["CQE posted (rxe_cq_post)"],
                          {"stage": "CQE posted (rxe_cq_post)", "seen_share": 1.0, "first": False,
                           "median_us": 20.0, "mean_us": 20.0, "n": 2})
-        self.assertTrue(rows[timeline.READ_POSTED]["first"])
+        self.assertTrue(rows[timeline_trace.READ_POSTED]["first"])
         self.assertNotIn("missing", rows[RXE_WORK := timeline.RXE_WORK])
         self.assertEqual(rows[RXE_WORK]["seen_share"], 0.0)
 
     def test_either_function_is_enough(self):
-        m = timeline.kp_any(["rxe_receiver", "rxe_responder"])
+        m = timeline_trace.kp_any(["rxe_receiver", "rxe_responder"])
         self.assertIsNone(timeline.needs_missing(m, {"rxe_responder"}))
         self.assertEqual(timeline.needs_missing(m, set()), "rxe_receiver")
-        self.assertIsNone(timeline.needs_missing(timeline.rxe_work, set()))
+        self.assertIsNone(timeline.needs_missing(timeline_trace.rxe_work, set()))
 
 
 class Analyse(unittest.TestCase):
@@ -320,103 +317,11 @@ class Analyse(unittest.TestCase):
     def test_too_few_ios_and_missing_or_broken_traces(self):
         self.assertEqual(timeline.analyse("bench", bench_trace(2), {}, KPROBES, set()),
                          {"error": "too few complete I/Os in the trace (1)"})
-        log = timeline.Log({}, {"bench": {"tids": "one"}}, [], {"bench": bench_trace(5)})
+        log = timeline_trace.Log({}, {"bench": {"tids": "one"}}, [], {"bench": bench_trace(5)})
         r = timeline.analyse_all(log)
         self.assertEqual(r["ublk"], {"error": "no trace (see the failures)"})
         self.assertEqual(r["bench"], {"error": "cannot analyse the trace: ValueError: "
                                                "invalid literal for int() with base 10: 'one'"})
-
-
-class Report(unittest.TestCase):
-    def setUp(self):
-        self.log = recorded()
-        self.results = timeline.analyse_all(self.log)
-
-    def test_table_as_before(self):
-        text = timeline.table(self.results, self.log.meta, self.log.fails, LOG)
-        self.assertEqual(text + "\n", expected("timeline-table.txt"))
-
-    def test_summary_as_before(self):
-        want = expected("timeline-summary.json")
-        old = json.loads(want)
-        doc = timeline.summary(self.results, self.log.meta, self.log.fails, old["date"], old["host"])
-        self.assertEqual(json.dumps(doc, indent=2) + "\n", want)
-
-    def test_rows(self):
-        self.assertEqual(timeline.overview_row("nvmeof", {"error": "no trace"}), "nvmeof   failed: no trace")
-        self.assertEqual(timeline.overview_row("bench", self.results["bench"]),
-                         "bench      620         122.0         n/a               0.00          0.61 (0.57)"
-                         "              n/a              89.9")
-        self.assertEqual(timeline.stage_line({"stage": "x", "first": True, "seen_share": 1.0}).split(), ["x", "start", "100%"])
-        self.assertEqual(timeline.stage_line({"stage": "x", "first": False, "seen_share": 0.0, "missing": "why"}).split(),
-                         ["x", "n/a", "why", "0%"])
-        self.assertEqual(timeline.stage_line({"stage": "x", "first": False, "seen_share": 0.5, "median_us": 1234.0,
-                                              "mean_us": 2.25}).split(), ["x", "1,234", "2.2", "50%"])
-        section = timeline.path_section("bench", self.results["bench"])
-        self.assertIn("  serving thread's system calls per I/O: write 1.00, poll 0.05, ioctl 0.05, read 0.05", section)
-        self.assertIn("  io_uring events per I/O: none", section)
-        self.assertTrue(section[-1].startswith("  rxe's first work item ran on a vCPU idle at the post for 40% of I/Os"))
-
-    def test_footer_of_an_incomplete_run(self):
-        out = timeline.footer({"guest_run_secs": "71.5"}, [{"path": "ublk", "error": "boom"}], "g.log")
-        self.assertEqual(out[1], "guest kernel ?, ? vCPUs (qemu TCG); trace clock ?; kprobes set: none; missing: none; "
-                                 "guest run 71.5 s")
-        self.assertEqual(out[2:], ["INCOMPLETE: the guest did not finish (see g.log)", "failed: ublk: boom"])
-
-    def test_guest_killed_mid_trace(self):
-        """The log cut inside nvmeof's trace: ublk is still analysed, nvmeof and bench fail, and
-        the table says the run is incomplete."""
-        with open(LOG) as f:
-            lines = f.readlines()
-        cut = lines[:lines.index("@@trace nvmeof\n") + 50]
-        log = timeline.read_log(cut)
-        r = timeline.analyse_all(log)
-        self.assertEqual(r["ublk"]["ios"], 195)
-        self.assertEqual(log.fails, [{"path": "nvmeof", "error": "the guest's output ends inside its trace"}])
-        text = timeline.table(r, log.meta, log.fails, "cut.log")
-        self.assertIn("INCOMPLETE: the guest did not finish (see cut.log)", text)
-        self.assertIn("bench    failed: no trace (see the failures)", text)
-
-    def test_summarize_writes_both_files_and_says_when_nothing_was_analysed(self):
-        with tempfile.TemporaryDirectory() as d:
-            s, t = os.path.join(d, "summary.json"), os.path.join(d, "table.txt")
-            with redirect_stdout(io.StringIO()) as out:
-                self.assertEqual(timeline.summarize(LOG, s, t), 0)
-            with open(t) as f:
-                self.assertEqual(f.read(), out.getvalue())
-            with open(s) as f:
-                self.assertEqual(json.load(f)["paths"]["ublk"]["ios"], 195)
-            empty = os.path.join(d, "empty.log")
-            with open(empty, "w") as f:
-                f.write("@@meta complete yes\n")
-            err = io.StringIO()
-            with redirect_stdout(io.StringIO()), redirect_stderr(err):
-                self.assertEqual(timeline.summarize(empty, s, t), 1)
-            self.assertEqual(err.getvalue(), "timeline: error: no path has analysed I/Os\n")
-
-    def test_a_full_disk_or_a_missing_log_is_an_error(self):
-        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
-            self.assertEqual(timeline.main(["summarize", LOG, "/dev/full", "/dev/full"]), 1)
-        self.assertEqual(err.getvalue(), "timeline: error: cannot write /dev/full: No space left on device\n")
-        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
-            self.assertEqual(timeline.main(["summarize", "/nonexistent/g.log", "/dev/full", "/dev/full"]), 1)
-        self.assertEqual(err.getvalue(), "timeline: error: cannot read /nonexistent/g.log: No such file or directory\n")
-
-
-class GuestHelpers(unittest.TestCase):
-    def test_p50s(self):
-        with tempfile.TemporaryDirectory() as d:
-            fio, bench = os.path.join(d, "fio.json"), os.path.join(d, "bench.json")
-            with open(fio, "w") as f:
-                json.dump({"jobs": [{"read": {"clat_ns": {"percentile": {"50.000000": 264192}}}}]}, f)
-            with open(bench, "w") as f:
-                json.dump({"read": {"lat_us": {"p50": 89.919}}}, f)
-            with redirect_stdout(io.StringIO()) as out:
-                self.assertEqual(timeline.main(["fio-p50", fio]), 0)
-                self.assertEqual(timeline.main(["bench-p50", bench]), 0)
-            self.assertEqual(out.getvalue(), "264.192\n89.919\n")
-        with redirect_stderr(io.StringIO()):
-            self.assertEqual(timeline.main(["what"]), 2)
 
 
 if __name__ == "__main__":

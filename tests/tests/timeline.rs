@@ -14,11 +14,13 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_path_buf()
 }
 
-/// scripts/lib/test_timeline.py: the unit tests of each function of timeline.py (each table row
-/// and summary.json field, the trace parser, the windows and boundaries, malformed logs).
+/// scripts/lib/test_timeline.py and test_timeline_table.py: the unit tests of each function of
+/// timeline.py, timeline_trace.py and timeline_table.py (each table row and summary.json field,
+/// the trace parser, the windows and boundaries, malformed logs).
 #[test]
 fn the_timeline_analysis_passes_its_unit_tests() {
     rblk_tests::python_unittest("test_timeline");
+    rblk_tests::python_unittest("test_timeline_table");
 }
 
 /// The script's `--redraw` on the recorded log: the table on stdout and in table.txt as the old
