@@ -27,7 +27,10 @@
 #    `scripts/timeline-rxe.sh --redraw` into build/compare/timeline/). rxe's task functions are not
 #    probed (RBLK_TIMELINE_SKIP_KPROBES, default "rxe_requester rxe_xmit_packet rxe_receiver
 #    rxe_responder rxe_completer"; set it empty to probe them): with them the guest's 6.12 kernel
-#    panicked in two runs.
+#    panicked in two runs. Before the timeline: the counts per I/O of every front end at QD1 and
+#    QD32 (scripts/counts-rxe.sh's guest part with --secs 3, randread: system calls, context
+#    switches, doorbells and CQ re-arms per I/O beside IOPS and CPU, with libublk's null target; the
+#    host summarizes them with `scripts/counts-rxe.sh --redraw` into build/compare/counts/).
 #
 # Prints the tables and writes build/compare/table.txt (the same text) and summary.json: rblk
 # against perftest; every block device against NVMe-oF and rblk-bench, with the guest's CPU per
@@ -88,6 +91,8 @@ LOG_INTERVAL_MS=100 # rblk-bench --log-interval of the picture run
 # guest's start-up of the window (at 4 s, a run on a loaded host traced fio's and rblk-bench's ends).
 TIMELINE_SECS=8
 TIMELINE_TRACE_SECS=1
+# scripts/counts-rxe.sh --secs in this boot (its default), every front end, randread.
+COUNTS_SECS=3
 RBLK_PORT=7420
 
 SCRIPT_NAME=compare
@@ -100,7 +105,8 @@ source "$REPO_ROOT/scripts/lib/libublk-null.sh"
 
 # On the host: the guest's log to the tables and summary.json (scripts/lib/compare.py).
 summarize() { # LOG SUMMARY_JSON TABLE_TXT
-    lib_python "$REPO_ROOT/scripts/lib/compare.py" "$@" "$REPO_ROOT/scripts/timeline-rxe.sh"
+    lib_python "$REPO_ROOT/scripts/lib/compare.py" "$@" "$REPO_ROOT/scripts/timeline-rxe.sh" \
+        "$REPO_ROOT/scripts/counts-rxe.sh"
 }
 
 host_main() {
@@ -147,7 +153,7 @@ host_main() {
     LIBUBLK_NULL_INFO=""
     build_libublk_null || log "libublk-null rows unavailable: $LIBUBLK_NULL_WHY"
     mkdir -p "$OUT"
-    rm -rf "$OUT"/summary.json "$OUT"/table.txt "$OUT"/*.png "$OUT"/bench* "$OUT"/rblk-*.json "$OUT"/timeline
+    rm -rf "$OUT"/summary.json "$OUT"/table.txt "$OUT"/*.png "$OUT"/bench* "$OUT"/rblk-*.json "$OUT"/timeline "$OUT"/counts
     printf '@@meta secs %s\n@@meta rounds %s\n@@meta perftest_bw_args %s\n@@meta libublk_null %s\n' \
         "$secs" "$rounds" "$bw_args" "${LIBUBLK_NULL_INFO:-unavailable: $LIBUBLK_NULL_WHY}" >"$glog"
     log "$rounds round(s) of ${secs}s per run in one guest boot; raw output in $glog"

@@ -105,7 +105,7 @@ guest_main() {
             if ! command -v nvme >/dev/null; then
                 unavailable nvmeof "no nvme here (scripts/deps.sh installs nvme-cli)"
             elif ! nvmeof_setup "$NQN" "$addr" 2>"$work/nvmet.err"; then
-                unavailable nvmeof "cannot set up Linux NVMe-oF/RDMA: $(_blk_line "$work/nvmet.err")"
+                unavailable nvmeof "cannot set up Linux NVMe-oF/RDMA: $(oneline 400 "$work/nvmet.err")"
             fi
             ;;
         nbd) command -v nbd-client >/dev/null || unavailable nbd "no nbd-client here (scripts/deps.sh installs it)" ;;
@@ -206,7 +206,7 @@ workload() {
         counted "$label" "$BLK_DEV" "${BLK_PID:--}" quiet timeout $((COUNTS_SECS * 10 + 120)) "${cmd[@]}" || rc=$?
     fi
     if ((rc != 0)) || [[ ! -s $json ]]; then
-        printf '@@fail %s %s exited with status %s: %s\n' "$label" "${cmd[0]##*/}" "$rc" "$(_blk_line "$BLK_WORK/run.out" "$BLK_WORK/run.err")"
+        printf '@@fail %s %s exited with status %s: %s\n' "$label" "${cmd[0]##*/}" "$rc" "$(oneline 400 "$BLK_WORK/run.out" "$BLK_WORK/run.err")"
         return 0
     fi
     printf '@@counts_json %s %s\n' "$label" "$(tr -s '\n\t ' ' ' <"$json")"

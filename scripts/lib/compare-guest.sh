@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # scripts/compare-rxe.sh's part in the guest, guest_main (`compare-rxe.sh --in-guest SECS ROUNDS
 # PERFTEST_BW_ARGS`, run by scripts/rxe-guest.sh): every pair and every block device, then the
-# picture run and the QD1 timeline, in one boot. Sourced by compare-rxe.sh after
+# picture run, the counts per I/O and the QD1 timeline, in one boot. Sourced by compare-rxe.sh after
 # scripts/lib/script.sh (log, die, fail) and its settings (VOLUME_SIZE, RBLK_PORT, LOG_INTERVAL_MS,
-# TIMELINE_SECS, TIMELINE_TRACE_SECS); bash. The measured runs are in scripts/lib/compare-runs.sh
+# TIMELINE_SECS, TIMELINE_TRACE_SECS, COUNTS_SECS); bash. The measured runs are in scripts/lib/compare-runs.sh
 # (every one goes through its `measure`), the block devices in scripts/lib/compare-blk.sh.
 #
 # Raw results go to stdout between markers, for the host (scripts/lib/compare.py) to parse:
@@ -93,7 +93,7 @@ picture_run() {
             if [[ -s $f ]]; then emit_file "${f##*/}" "$f"; fi
         done
     else
-        fail picture rblk 0 "rblk-bench ${pic[*]} failed: $(oneline "$work/pic.out")"
+        fail picture rblk 0 "rblk-bench ${pic[*]} failed: $(oneline 400 "$work/pic.out")"
     fi
 }
 
@@ -121,6 +121,20 @@ timeline_run() {
     ((rc == 0)) || fail timeline timeline 0 "scripts/timeline-rxe.sh --in-guest $(status_text "$rc")"
 }
 
+# The counts per I/O of every front end (scripts/counts-rxe.sh's part in the guest, with its own
+# rblk-target and NVMe-oF/RDMA export, after this script's are gone), streamed to the host as a
+# file like the timeline's. Before the timeline: its kprobes are what panicked this kernel before.
+counts_run() {
+    local rc=0
+    log "counts: scripts/counts-rxe.sh --in-guest $COUNTS_SECS (per-I/O counts, every front end, QD1 and QD32)"
+    printf '@@meta counts_secs %s\n@@file %s\n' "$COUNTS_SECS" counts-guest.log
+    timeout 900 "$REPO_ROOT/scripts/counts-rxe.sh" --in-guest "$COUNTS_SECS" \
+        bench,ublk,ublk-null,libublk-null,nbd,fuse,nvmeof randread "$bin" "${libublk:--}" \
+        "${RBLK_LIBUBLK_NULL_WHY:-not built on the host}" || rc=$?
+    printf '@@endfile %s\n' counts-guest.log
+    ((rc == 0)) || fail counts counts 0 "scripts/counts-rxe.sh --in-guest $(status_text "$rc")"
+}
+
 guest_main() {
     local secs=$1 rounds=$2 bw_args=$3
     local bin=${RBLK_BIN_DIR:-$REPO_ROOT/build/release}
@@ -134,11 +148,13 @@ guest_main() {
     local pt_port=18515
     local -a pt_cm=()
     # The block devices (scripts/lib/compare-blk.sh).
-    local nqn=nqn.2024-12.io.rblk:compare mnt=$work/mnt
+    local nqn=nqn.2024-12.io.rblk:compare
     local -a blk_paths=(nvmeof nbd fuse ublk ublk-sleep ublk-null libublk-null ublk-q2)
     local -A blk_why=() # path -> why it cannot run in this boot
-    local blk_dev="" blk_pid="" blk_err=""
-    local libublk=${RBLK_LIBUBLK_NULL:-} libublk_id=""
+    local libublk=${RBLK_LIBUBLK_NULL:-}
+    # scripts/lib/target.sh's blk_attach and blk_detach.
+    local BLK_BIN=$bin BLK_URI=$uri BLK_RXE=$dev BLK_WORK=$work BLK_NQN=$nqn BLK_ADDR=$addr BLK_LIBUBLK=$libublk
+    local BLK_DEV="" BLK_PID="" BLK_ERR="" BLK_LIBUBLK_ID=""
 
     guest_meta
     log "starting rblk-target --listen $addr:$RBLK_PORT --volume v:$VOLUME_SIZE"
@@ -164,11 +180,12 @@ guest_main() {
         block_round "$r"
     done
     if [[ -z ${blk_why[nvmeof]:-} ]]; then
-        nvmeof_teardown "$nqn" 2>"$work/nvmet.err" || fail teardown nvmeof 0 "$(oneline "$work/nvmet.err")"
+        nvmeof_teardown "$nqn" 2>"$work/nvmet.err" || fail teardown nvmeof 0 "$(oneline 400 "$work/nvmet.err")"
     fi
     picture_run
     stop_target
     printf '@@meta clocksource_end %s\n' "$(clocksource)"
+    counts_run
     timeline_run
     rm -rf "$work"
     printf '@@meta complete yes\n'

@@ -30,8 +30,6 @@ measure() {
 status_text() {
     if (($1 == 124)); then echo "timed out (exit status 124)"; else echo "exited with status $1"; fi
 }
-# One line of at most 400 characters from the files given (for @@fail).
-oneline() { { cat "$@" 2>/dev/null || true; } | tr -s '\r\n\t' '   ' | cut -c1-400; }
 # A row that failed: recorded for the host (the table and summary.json show it), and the run
 # goes on.
 fail() { # WORKLOAD TOOL ROUND MESSAGE
@@ -208,11 +206,11 @@ run_rblk() {
     rm -f "$json"
     measure "$w" rblk "$r" : bench -o json+ --output "$json" "$@" >"$work/rblk.out" 2>&1 || rc=$?
     if ((rc != 0)); then
-        fail "$w" rblk "$r" "rblk-bench $* $(status_text "$rc"): $(oneline "$work/rblk.out")"
+        fail "$w" rblk "$r" "rblk-bench $* $(status_text "$rc"): $(oneline 400 "$work/rblk.out")"
         return 0
     fi
     [[ -s $json ]] || {
-        fail "$w" rblk "$r" "rblk-bench $* wrote no JSON report: $(oneline "$work/rblk.out")"
+        fail "$w" rblk "$r" "rblk-bench $* wrote no JSON report: $(oneline 400 "$work/rblk.out")"
         return 0
     }
     bench_lines "$json" >&2
@@ -229,7 +227,7 @@ run_raw() {
     shift 3
     measure "$w" rblk "$r" - timeout $((secs * 10 + 120)) "$bin/rblk-test-client" raw-lat "$uri" --count "$count" "$@" >"$json" 2>"$work/raw.err" || rc=$?
     if ((rc != 0)); then
-        fail "$w" rblk "$r" "rblk-test-client raw-lat $* $(status_text "$rc"): $(oneline "$work/raw.err")"
+        fail "$w" rblk "$r" "rblk-test-client raw-lat $* $(status_text "$rc"): $(oneline 400 "$work/raw.err")"
         return 0
     fi
     log "  rblk-test-client raw-lat $*: $(cat "$json")"
@@ -254,12 +252,12 @@ run_rblk_2proc() {
     rm -f "$work/p1.json" "$work/p2.json"
     measure "$w" rblk "$r" - bench_2proc "$@" || rc=$?
     if ((rc != 0)) || [[ ! -s $work/p1.json || ! -s $work/p2.json ]]; then
-        fail "$w" rblk "$r" "two rblk-bench processes $* failed (status $rc): $(oneline "$work/p1.err" "$work/p2.err")"
+        fail "$w" rblk "$r" "two rblk-bench processes $* failed (status $rc): $(oneline 400 "$work/p1.err" "$work/p2.err")"
         return 0
     fi
     python3 "$REPO_ROOT/scripts/lib/compare.py" merge "$work/p1.json" "$work/p2.json" >"$work/2proc.json" \
         2>"$work/2proc.err" || {
-        fail "$w" rblk "$r" "cannot merge the two reports: $(oneline "$work/2proc.err")"
+        fail "$w" rblk "$r" "cannot merge the two reports: $(oneline 400 "$work/2proc.err")"
         return 0
     }
     log "  2 x rblk-bench $*: done"

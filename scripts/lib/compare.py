@@ -1,6 +1,6 @@
 """scripts/compare-rxe.sh's analysis: the guest's log to the tables, the goals and summary.json.
 
-    python3 scripts/lib/compare.py LOG SUMMARY_JSON TABLE_TXT TIMELINE_SCRIPT
+    python3 scripts/lib/compare.py LOG SUMMARY_JSON TABLE_TXT TIMELINE_SCRIPT [COUNTS_SCRIPT]
     python3 scripts/lib/compare.py bench-lines REPORT_JSON      (in the guest: a run's figures)
     python3 scripts/lib/compare.py merge REPORT_JSON REPORT_JSON (in the guest: two processes' run)
 
@@ -10,8 +10,8 @@ described in docs/performance.md ("How scripts/compare-rxe.sh measures"). Exit s
 goal row is missing or the guest did not finish (after the tables and summary.json are written).
 
 The parts: compare_log.py reads the log and each run's figure, compare_rows.py makes each row's
-medians, ratios and goals, compare_table.py the text; this file the timeline's part, summary.json
-and the command line. Tests: test_compare.py and test_compare_report.py, on a recorded log
+medians, ratios and goals, compare_table.py the text; this file the parts the guest ran with other
+scripts' guest parts (the QD1 timeline, the counts per I/O), summary.json and the command line. Tests: test_compare.py and test_compare_report.py, on a recorded log
 (testdata/compare-guest.log).
 """
 import datetime
@@ -27,9 +27,10 @@ from compare_table import (block_table, blk_cpu_summary, goals_table, idle_share
 from report import host_info
 
 
-def redraw_timeline(lines, tdir, script):
-    """Writes the timeline's raw output (lines) to TDIR/guest.log and summarizes it with
-    `SCRIPT --redraw TDIR/guest.log TDIR` (scripts/timeline-rxe.sh); returns its exit status."""
+def redraw_part(lines, tdir, script):
+    """Writes another script's raw output from this boot (lines) to TDIR/guest.log and summarizes
+    it with `SCRIPT --redraw TDIR/guest.log TDIR` (scripts/timeline-rxe.sh, scripts/counts-rxe.sh);
+    returns its exit status."""
     os.makedirs(tdir, exist_ok=True)
     tlog = os.path.join(tdir, "guest.log")
     with open(tlog, "w") as f:
@@ -68,9 +69,46 @@ def timeline_section(tdir, exit_status):
     return lines, timeline
 
 
-def summarize(log, log_path, out_dir, timeline_script):
+def counts_section(cdir, exit_status):
+    """The counts per I/O in CDIR (table.txt and summary.json of counts-rxe.sh --redraw) -> (the
+    lines under the tables, summary.json's "counts": its goals, rows, unavailable front ends and
+    failed runs)."""
+    counts = {"summary": os.path.join(cdir, "summary.json"), "exit_status": exit_status}
+    try:
+        with open(os.path.join(cdir, "table.txt")) as f:
+            ctable = f.read().rstrip("\n")
+        with open(os.path.join(cdir, "summary.json")) as f:
+            cdoc = json.load(f)
+        for k in ("goals", "rows", "unavailable", "failed"):
+            counts[k] = cdoc[k]
+        lines = ["", f"Counts per I/O (scripts/counts-rxe.sh's guest part, in this boot; {cdir}):", ctable]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        counts["error"] = f"no counts summary: {e}"
+        lines = ["", f"Counts per I/O: FAILED ({counts['error']}; see {os.path.join(cdir, 'guest.log')})"]
+    return lines, counts
+
+
+def other_part(log, out_dir, name, script, section):
+    """The part of another script's guest run in this boot, whose raw output the log holds as
+    NAME-guest.log: redrawn by SCRIPT into OUT_DIR/NAME and read by SECTION -> (lines, summary
+    field); (None, None) when the log has no such part and its run did not ask for one (the
+    counts: a log from before they were in the comparison)."""
+    if f"{name}-guest.log" in log.files and script:
+        pdir = os.path.join(out_dir, name)
+        return section(pdir, redraw_part(log.files.pop(f"{name}-guest.log"), pdir, script))
+    if name == "counts" and "counts_secs" not in log.meta:
+        return None, None
+    why = f"the guest sent no {name} output" if script else f"no {name} script to summarize it with"
+    return ["", f"{PART_TITLES[name]}: FAILED ({why})"], {"error": why}
+
+
+PART_TITLES = {"timeline": "QD1 per-stage timeline", "counts": "Counts per I/O"}
+
+
+def summarize(log, log_path, out_dir, timeline_script, counts_script=None):
     """The whole report of a parsed log: (table text, summary.json's document, missing goal rows,
-    complete). Runs the timeline's summary into OUT_DIR/timeline when the log has its output."""
+    complete). Runs the timeline's and the counts' summaries into OUT_DIR/timeline and
+    OUT_DIR/counts when the log has their output."""
     meta = log.meta
     secs, rounds, bw_args, hz, complete = settings(meta)
     f = parse_runs(log, secs, hz)
@@ -91,15 +129,12 @@ def summarize(log, log_path, out_dir, timeline_script):
     out += target_cpu_lines(all_cpu, idle)
     bcpu = blk_cpu_summary(log.blk_cpu)
     out += run_lines(log, secs, rounds, bw_args, bcpu, complete, log_path)
-    # The QD1 per-stage timeline: scripts/timeline-rxe.sh's guest part ran in this boot; its own
-    # summary reads its raw output.
-    if "timeline-guest.log" in log.files:
-        tdir = os.path.join(out_dir, "timeline")
-        status = redraw_timeline(log.files.pop("timeline-guest.log"), tdir, timeline_script)
-        lines, timeline = timeline_section(tdir, status)
-    else:
-        timeline = {"error": "the guest sent no timeline output"}
-        lines = ["", "QD1 per-stage timeline: FAILED (the guest sent no timeline output)"]
+    # The counts per I/O and the QD1 per-stage timeline: scripts/counts-rxe.sh's and
+    # scripts/timeline-rxe.sh's guest parts ran in this boot; their own summaries read their raw
+    # output.
+    lines, counts = other_part(log, out_dir, "counts", counts_script, counts_section)
+    out += lines or []
+    lines, timeline = other_part(log, out_dir, "timeline", timeline_script, timeline_section)
     out += lines
     doc = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -139,6 +174,8 @@ def summarize(log, log_path, out_dir, timeline_script):
         "target_cpu_share_ublk": bcpu.get("ublk"),
         "timeline": timeline,
     }
+    if counts is not None:
+        doc["counts"] = counts
     return "\n".join(out), doc, missing, complete, rounds
 
 
@@ -171,11 +208,12 @@ def main(argv):
     if len(argv) == 4 and argv[1] == "merge":
         print(json.dumps(merge_two(load(argv[2]), load(argv[3]))))
         return 0
-    if len(argv) != 5:
-        print(f"usage: {argv[0]} LOG SUMMARY_JSON TABLE_TXT TIMELINE_SCRIPT | bench-lines REPORT | merge REPORT REPORT",
-              file=sys.stderr)
+    if len(argv) not in (5, 6):
+        print(f"usage: {argv[0]} LOG SUMMARY_JSON TABLE_TXT TIMELINE_SCRIPT [COUNTS_SCRIPT] | bench-lines REPORT"
+              " | merge REPORT REPORT", file=sys.stderr)
         return 2
-    log_path, summary_path, table_path, timeline_script = argv[1:]
+    log_path, summary_path, table_path, timeline_script = argv[1:5]
+    counts_script = argv[5] if len(argv) == 6 else None
     out_dir = os.path.dirname(summary_path)
     try:
         with open(log_path, errors="replace") as f:
@@ -186,7 +224,7 @@ def main(argv):
     except OSError as e:
         print(f"compare: error: cannot read the guest's log {log_path}: {e.strerror}", file=sys.stderr)
         return 1
-    table, doc, missing, complete, rounds = summarize(log, log_path, out_dir, timeline_script)
+    table, doc, missing, complete, rounds = summarize(log, log_path, out_dir, timeline_script, counts_script)
     print(table)
     try:
         write_outputs(log, table, doc, rounds, out_dir, summary_path, table_path)

@@ -205,30 +205,26 @@ oneline() {
     cat -- "$@" 2>/dev/null | tr -s '\r\n\t' '   ' | cut -c1-"$max"
 }
 
-# counts (scripts/counts-rxe.sh): compare-rxe.sh's block-device front ends as functions. They read
-# BLK_BIN (rblk's binaries), BLK_URI (the rblk volume), BLK_RXE (the rxe device), BLK_WORK (a
-# scratch directory), BLK_NQN and BLK_ADDR (nvmeof, after nvmeof_setup) and BLK_LIBUBLK (libublk's
-# examples/null binary).
-
-_blk_line() { { cat "$@" 2>/dev/null || true; } | tr -s '\r\n\t' '   ' | cut -c1-400; }
+# The block-device front ends of the comparisons (compare-rxe.sh, counts-rxe.sh), one place. They
+# read BLK_BIN (rblk's binaries), BLK_URI (the rblk volume), BLK_RXE (the rxe device), BLK_WORK (a
+# scratch directory; FUSE mounts on BLK_WORK/mnt), BLK_NQN and BLK_ADDR (nvmeof, after
+# nvmeof_setup) and BLK_LIBUBLK (libublk's examples/null binary).
 
 # blk_attach_daemon ARGS...: `rblk attach BLK_URI --daemon ARGS...`; sets BLK_DEV and BLK_PID.
 blk_attach_daemon() {
-    local w=$BLK_WORK
-    # A file, not $(...): the background server could keep a pipe open.
-    if ! timeout 120 "$BLK_BIN/rblk" attach "$BLK_URI" --device "$BLK_RXE" --daemon "$@" >"$w/attach.out" 2>"$w/attach.log"; then
-        BLK_ERR="rblk attach $* --daemon failed: $(_blk_line "$w/attach.out" "$w/attach.log")"
+    if ! attach_daemon "$BLK_WORK" "$BLK_BIN" "$BLK_URI" --device "$BLK_RXE" "$@"; then
+        BLK_ERR="rblk attach $* --daemon failed: $(oneline 400 "$BLK_WORK/attach.out" "$BLK_WORK/attach.log")"
         return 1
     fi
-    BLK_DEV=$(sed -n 1p "$w/attach.out")
-    BLK_PID=$(sed -n 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' "$w/attach.log")
+    BLK_DEV=$ATTACH_DEV BLK_PID=$ATTACH_PID
     [[ $BLK_DEV == /dev/ublkb* && -n $BLK_PID ]] && return 0
-    BLK_ERR="rblk attach $* printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(_blk_line "$w/attach.out" "$w/attach.log")"
+    BLK_ERR="rblk attach $* printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline 400 "$BLK_WORK/attach.out" "$BLK_WORK/attach.log")"
     return 1
 }
 
-# blk_attach PATH: makes front end PATH's block device (nvmeof, nbd, fuse, ublk, ublk-null,
-# libublk-null; as compare-rxe.sh's header describes them): sets BLK_DEV and BLK_PID (the process
+# blk_attach PATH: makes front end PATH's block device (nvmeof, nbd, fuse, ublk, ublk-sleep,
+# ublk-q2, ublk-null, libublk-null; docs/performance.md, "The comparison's block devices", says
+# what each is): sets BLK_DEV and BLK_PID (the process
 # serving it; empty for nvmeof), or BLK_ERR and returns 1.
 blk_attach() {
     local w=$BLK_WORK _
@@ -236,7 +232,7 @@ blk_attach() {
     case $1 in
     nvmeof)
         nvmeof_connect "$BLK_NQN" "$BLK_ADDR" 2>"$w/nvme.err" || {
-            BLK_ERR="cannot connect to Linux NVMe-oF/RDMA: $(_blk_line "$w/nvme.err")"
+            BLK_ERR="cannot connect to Linux NVMe-oF/RDMA: $(oneline 400 "$w/nvme.err")"
             return 1
         }
         BLK_DEV=$NVMEOF_DEV
@@ -256,11 +252,11 @@ blk_attach() {
             sleep 0.1
         done
         grep -q '^nbd+unix:' "$w/nbd.out" || {
-            BLK_ERR="rblk nbd printed no nbd+unix: URI (it did not start serving): $(_blk_line "$w/nbd.out" "$w/nbd.log")"
+            BLK_ERR="rblk nbd printed no nbd+unix: URI (it did not start serving): $(oneline 400 "$w/nbd.out" "$w/nbd.log")"
             return 1
         }
         timeout 60 nbd-client -unix "$w/nbd.sock" /dev/nbd0 -block-size 4096 >"$w/nbdc.log" 2>&1 || {
-            BLK_ERR="nbd-client failed: $(_blk_line "$w/nbdc.log")"
+            BLK_ERR="nbd-client failed: $(oneline 400 "$w/nbdc.log")"
             return 1
         }
         BLK_DEV=/dev/nbd0
@@ -269,18 +265,20 @@ blk_attach() {
         mkdir -p "$w/mnt"
         timeout 120 "$BLK_BIN/rblk" mount "$BLK_URI" "$w/mnt" --device "$BLK_RXE" --queues 1 --loop --daemon \
             >"$w/mount.out" 2>"$w/mount.log" || {
-            BLK_ERR="rblk mount --loop --daemon failed: $(_blk_line "$w/mount.out" "$w/mount.log")"
+            BLK_ERR="rblk mount --loop --daemon failed: $(oneline 400 "$w/mount.out" "$w/mount.log")"
             return 1
         }
         BLK_DEV=$(sed -n 1p "$w/mount.out")
         BLK_PID=$(sed -n -e 's/^rblk: pid \([0-9][0-9]*\) serves .*/\1/p' \
             -e 's/^rblk: serving in the background (pid \([0-9][0-9]*\)).*/\1/p' "$w/mount.log" | head -n 1)
         [[ $BLK_DEV == /dev/loop* && -n $BLK_PID ]] || {
-            BLK_ERR="rblk mount printed no /dev/loopN line (stdout) or no 'rblk: pid N serves' line (stderr): $(_blk_line "$w/mount.out" "$w/mount.log")"
+            BLK_ERR="rblk mount printed no /dev/loopN line (stdout) or no 'rblk: pid N serves' line (stderr): $(oneline 400 "$w/mount.out" "$w/mount.log")"
             return 1
         }
         ;;
     ublk) blk_attach_daemon --queues 1 --depth 32 || return 1 ;;
+    ublk-sleep) blk_attach_daemon --queues 1 --depth 32 --wait sleep || return 1 ;;
+    ublk-q2) blk_attach_daemon --queues 2 --depth 32 || return 1 ;;
     ublk-null) RBLK_ALLOW_NULL=1 blk_attach_daemon --queues 1 --depth 32 --null-io || return 1 ;;
     libublk-null)
         BLK_LIBUBLK_ID=9
@@ -298,7 +296,7 @@ blk_attach() {
     esac
     wait_bdev "$BLK_DEV" && return 0
     BLK_ERR="$BLK_DEV did not appear as a block device${BLK_PID:+$(kill -0 "$BLK_PID" 2>/dev/null || echo " (its server exited)")}"
-    [[ $1 == libublk-null ]] && BLK_ERR+=": $(_blk_line "$w/libublk.out")"
+    [[ $1 == libublk-null ]] && BLK_ERR+=": $(oneline 400 "$w/libublk.out")"
     return 1
 }
 
@@ -309,11 +307,11 @@ blk_detach() {
     BLK_ERR=""
     case $1 in
     nvmeof)
-        nvme disconnect -n "$BLK_NQN" >"$w/nvme.err" 2>&1 || BLK_ERR="nvme disconnect failed: $(_blk_line "$w/nvme.err")"
+        nvme disconnect -n "$BLK_NQN" >"$w/nvme.err" 2>&1 || BLK_ERR="nvme disconnect failed: $(oneline 400 "$w/nvme.err")"
         ;;
     nbd)
         if [[ -e /sys/block/nbd0/pid ]]; then
-            timeout 60 nbd-client -d /dev/nbd0 >"$w/nbdc.log" 2>&1 || BLK_ERR="nbd-client -d failed: $(_blk_line "$w/nbdc.log")"
+            timeout 60 nbd-client -d /dev/nbd0 >"$w/nbdc.log" 2>&1 || BLK_ERR="nbd-client -d failed: $(oneline 400 "$w/nbdc.log")"
             for _ in $(seq 1 300); do
                 [[ -e /sys/block/nbd0/pid ]] || break
                 sleep 0.1
@@ -322,24 +320,24 @@ blk_detach() {
         if [[ -n $BLK_PID ]]; then
             kill -TERM "$BLK_PID" 2>/dev/null || true
             wait "$BLK_PID" || rc=$?
-            ((rc == 0)) || BLK_ERR+="${BLK_ERR:+; }rblk nbd exited with status $rc after SIGTERM: $(_blk_line "$w/nbd.log")"
+            ((rc == 0)) || BLK_ERR+="${BLK_ERR:+; }rblk nbd exited with status $rc after SIGTERM: $(oneline 400 "$w/nbd.log")"
         fi
         ;;
     fuse)
         if mountpoint -q "$w/mnt"; then
-            timeout 60 "$BLK_BIN/rblk" umount "$w/mnt" >"$w/umount.log" 2>&1 || BLK_ERR="rblk umount failed: $(_blk_line "$w/umount.log")"
+            timeout 60 "$BLK_BIN/rblk" umount "$w/mnt" >"$w/umount.log" 2>&1 || BLK_ERR="rblk umount failed: $(oneline 400 "$w/umount.log")"
         fi
         ;;
-    ublk | ublk-null)
+    ublk*)
         if [[ -n $BLK_DEV && -e $BLK_DEV ]]; then
             timeout 60 "$BLK_BIN/rblk" detach "$BLK_DEV" >"$w/detach.log" 2>&1 ||
-                BLK_ERR="rblk detach $BLK_DEV failed: $(_blk_line "$w/detach.log")"
+                BLK_ERR="rblk detach $BLK_DEV failed: $(oneline 400 "$w/detach.log")"
         fi
         ;;
     libublk-null)
         if [[ -n ${BLK_LIBUBLK_ID:-} && -e /dev/ublkc$BLK_LIBUBLK_ID ]]; then
             timeout 60 "$BLK_LIBUBLK" del -n "$BLK_LIBUBLK_ID" >"$w/libublk-del.log" 2>&1 ||
-                BLK_ERR="$BLK_LIBUBLK del -n $BLK_LIBUBLK_ID failed: $(_blk_line "$w/libublk-del.log")"
+                BLK_ERR="$BLK_LIBUBLK del -n $BLK_LIBUBLK_ID failed: $(oneline 400 "$w/libublk-del.log")"
         fi
         ;;
     esac

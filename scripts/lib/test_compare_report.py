@@ -120,13 +120,65 @@ class Timeline(unittest.TestCase):
     def test_redraw_runs_the_timeline_script(self):
         log, _ = parsed()
         with tempfile.TemporaryDirectory() as d:
-            status = compare.redraw_timeline(log.files["timeline-guest.log"], d, TIMELINE_SCRIPT)
+            status = compare.redraw_part(log.files["timeline-guest.log"], d, TIMELINE_SCRIPT)
             # The recorded log's traces are cut: the timeline analyses no path, and says so.
             self.assertEqual(status, 1)
             with open(os.path.join(d, "guest.log")) as f:
                 self.assertIn("@@path bench bench_p50_us 89.919", f.read())
             with open(os.path.join(d, "summary.json")) as f:
                 self.assertIn("error", json.load(f)["paths"]["ublk"])
+
+
+COUNTS_LOG = os.path.join(HERE, "testdata", "counts-guest.log")
+COUNTS_SCRIPT = os.path.join(HERE, "..", "counts-rxe.sh")
+
+
+def with_counts(lines=None):
+    """The recorded comparison's log with the recorded counts run in it, as counts_run sends it."""
+    with open(COUNTS_LOG) as f:
+        counted = f.read().split("\n")
+    return (lines or recorded_lines()) + ["@@meta counts_secs 3", "@@file counts-guest.log"] + counted + [
+        "@@endfile counts-guest.log"]
+
+
+class Counts(unittest.TestCase):
+    """The counts' part. Would catch: counts-rxe.sh's --redraw not reached with the counts' raw
+    output, its table not appended or its goals not in summary.json, a run that asked for counts
+    and sent none not reported as FAILED, or a log from before the counts reported as FAILED."""
+
+    def test_redrawn_from_the_recorded_counts(self):
+        log, _ = parsed(with_counts())
+        with tempfile.TemporaryDirectory() as d:
+            lines, c = compare.other_part(log, d, "counts", COUNTS_SCRIPT, compare.counts_section)
+            self.assertEqual(c["exit_status"], 0)
+            with open(os.path.join(d, "counts", "table.txt")) as f:
+                self.assertEqual(lines[2], f.read().rstrip("\n"))
+            self.assertTrue(lines[1].startswith("Counts per I/O (scripts/counts-rxe.sh's guest part"))
+            enter = next(g for g in c["goals"] if (g["qd"], g["what"]) == (1, "server_io_uring_enter"))
+            self.assertEqual((enter["front"], enter["status"]), ("ublk", "missed"))
+            self.assertAlmostEqual(enter["value"], 2.5, places=2)
+            self.assertTrue(any(r["front"] == "libublk-null" for r in c["rows"]))
+        self.assertNotIn("counts-guest.log", log.files)
+
+    def test_missing_and_absent_counts(self):
+        log, _ = parsed()
+        self.assertEqual(compare.other_part(log, "/nonexistent", "counts", COUNTS_SCRIPT, None), (None, None))
+        log, _ = parsed(recorded_lines() + ["@@meta counts_secs 3"])
+        lines, c = compare.other_part(log, "/nonexistent", "counts", COUNTS_SCRIPT, None)
+        self.assertEqual(lines[1], "Counts per I/O: FAILED (the guest sent no counts output)")
+        self.assertEqual(c, {"error": "the guest sent no counts output"})
+        with tempfile.TemporaryDirectory() as d:
+            lines, c = compare.counts_section(d, 1)
+            self.assertTrue(c["error"].startswith("no counts summary: "))
+            self.assertTrue(lines[1].startswith("Counts per I/O: FAILED (no counts summary: "))
+
+    def test_summary_and_table_hold_the_counts(self):
+        log, _ = parsed(with_counts())
+        with tempfile.TemporaryDirectory() as d:
+            table, doc, _, _, _ = compare.summarize(log, LOG, d, TIMELINE_SCRIPT, COUNTS_SCRIPT)
+        self.assertIn("Counts per I/O (scripts/counts-rxe.sh's guest part", table)
+        self.assertLess(table.index("Counts per I/O"), table.index("QD1 per-stage timeline"))
+        self.assertEqual(len(doc["counts"]["goals"]), 4)
 
 
 class Summary(unittest.TestCase):

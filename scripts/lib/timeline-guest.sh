@@ -53,7 +53,7 @@ guest_main() {
     }
     if ! nvmeof_setup "$NQN" "$addr" 2>"$work/nvmet.err"; then
         nvmeof_ok=0
-        fail nvmeof "NVMe-oF/RDMA setup: $(oneline "$work/nvmet.err")"
+        fail nvmeof "NVMe-oF/RDMA setup: $(oneline 400 "$work/nvmet.err")"
     fi
 
     trace_setup
@@ -77,7 +77,6 @@ fail() { # PATH MESSAGE
     printf '@@fail %s %s\n' "$1" "$2"
     log "  FAILED: $1: $2"
 }
-oneline() { cat "$@" 2>/dev/null | tr -s '\r\n\t' '   ' | cut -c1-400; }
 
 # Tracing setup: the kprobes that exist, clock, buffer; then every event is enabled, with tracing
 # off and before any workload runs; the windows only switch tracing_on and the filters, which
@@ -194,7 +193,7 @@ fio_traced() {
     trace_window "$path" "${tids[@]}"
     wait "$fpid" || rc=$?
     if ((rc != 0)) || [[ ! -s $work/fio.json ]]; then
-        fail "$path" "fio exited with status $rc: $(oneline "$work/fio.err")"
+        fail "$path" "fio exited with status $rc: $(oneline 400 "$work/fio.err")"
         return 0
     fi
     p50=$(lib_python "$REPO_ROOT/scripts/lib/timeline.py" fio-p50 "$work/fio.json" 2>/dev/null) || p50=""
@@ -207,12 +206,12 @@ devno() { tr ':' ',' <"/sys/class/block/${1#/dev/}/dev"; }
 run_ublk() {
     log "ublk: rblk attach --queues 1 --depth 32, fio randread 4k QD1 for ${secs}s, traced ${tsecs}s"
     if ! attach_daemon "$work" "$bin" "$uri" --queues 1 --depth 32 --device "$dev"; then
-        fail ublk "rblk attach --daemon failed: $(oneline "$work/attach.out" "$work/attach.log")"
+        fail ublk "rblk attach --daemon failed: $(oneline 400 "$work/attach.out" "$work/attach.log")"
         return 0
     fi
     local blk_dev=$ATTACH_DEV blk_pid=$ATTACH_PID
     if [[ $blk_dev != /dev/ublkb* || -z $blk_pid ]]; then
-        fail ublk "rblk attach printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline "$work/attach.out")"
+        fail ublk "rblk attach printed no /dev/ublkbN line (stdout) and 'rblk: pid N serves' line (stderr): $(oneline 400 "$work/attach.out")"
     elif ! wait_bdev "$blk_dev"; then
         fail ublk "$blk_dev did not appear as a block device"
     else
@@ -234,7 +233,7 @@ run_nvmeof() {
         fio_traced nvmeof "$NVMEOF_DEV" ""
         nvme disconnect -n "$NQN" >&2 || fail nvmeof "nvme disconnect failed"
     else
-        fail nvmeof "$(oneline "$work/nvme.err")"
+        fail nvmeof "$(oneline 400 "$work/nvme.err")"
     fi
 }
 
@@ -254,7 +253,7 @@ run_bench() {
     fi
     wait "$bpid" || rc=$?
     if ((rc != 0)); then
-        fail bench "rblk-bench exited with status $rc: $(oneline "$work/bench.out")"
+        fail bench "rblk-bench exited with status $rc: $(oneline 400 "$work/bench.out")"
     else
         # fio's layout, read by scripts/lib/report.py's one converter (compare-rxe.sh's too).
         printf '@@path bench bench_p50_us %s\n' \
