@@ -23,6 +23,9 @@
 # guest test failed, if a test executable crashed or printed no result, if the guest did not boot,
 # or if the guest ran zero tests.
 #
+# The guest and powercut steps wait for /tmp/rblk-guest.lock (RBLK_GUEST_LOCK=PATH for another lock
+# file, RBLK_GUEST_LOCK= for none), as the measurement scripts do: one guest at a time here.
+#
 # Environment: RXE_GUEST_TIMEOUT etc. (see scripts/rxe-guest.sh), RBLK_GUEST_TEST_TIMEOUT (see
 # scripts/guest-tests.sh).
 set -euo pipefail
@@ -30,6 +33,9 @@ shopt -s inherit_errexit
 
 REPO_ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$REPO_ROOT"
+SCRIPT_NAME=test.sh
+# shellcheck source=lib/script.sh
+source "$REPO_ROOT/scripts/lib/script.sh" # with_guest_lock: one guest at a time on this machine
 
 T0=$EPOCHREALTIME
 
@@ -137,7 +143,7 @@ main() {
     rm -f "$disk"
     if ((${#exes[@]})); then
         RBLK_REQUIRE_RDMA=1 RBLK_BIN_DIR=$tdir/debug \
-            scripts/rxe-guest.sh --disk "$disk:2G" "$REPO_ROOT/scripts/guest-tests.sh" "${exes[@]}" | tee "$log" ||
+            with_guest_lock scripts/rxe-guest.sh --disk "$disk:2G" "$REPO_ROOT/scripts/guest-tests.sh" "${exes[@]}" | tee "$log" ||
             guest_rc=$?
     else
         fail "cargo built no test executables"
@@ -155,7 +161,7 @@ main() {
     local libtest_n=$n
     # The power cut needs the host to kill the guest, so it is a run of its own: two boots.
     step "powercut: scripts/powercut.sh (flushed data survives qemu being killed)"
-    if RBLK_BIN_DIR=$tdir/debug scripts/powercut.sh; then
+    if RBLK_BIN_DIR=$tdir/debug with_guest_lock scripts/powercut.sh; then
         n=$((n + 1))
     else
         m=$((m + 1))
