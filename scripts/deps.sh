@@ -34,6 +34,8 @@ set -euo pipefail
 #   python3-six                                         fio's fio_jsonplus_clat2csv imports six, which
 #                                                       Debian's fio does not depend on; bench/tests/
 #                                                       fio.rs runs that tool on rblk-bench's json+
+#   valgrind                                            scripts/insns.sh: instructions per request
+#                                                       under callgrind, gated against a baseline
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
@@ -48,6 +50,7 @@ PACKAGES=(
     mdadm
     man-db groff-base
     python3-six
+    valgrind
 )
 
 # Print the packages of PACKAGES that are not fully installed.
