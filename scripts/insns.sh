@@ -20,7 +20,7 @@
 #                  commit that file on its own, with a line `Reason: ...` in the message)
 #   --requests N   requests of the short run (default 256; a multiple of 128)
 #
-# Environment: INSNS_OUT (the directory for callgrind's outputs; default BUILD/insns, where BUILD is
+# Environment: INSNS_OUT (the directory for callgrind's outputs; default BUILD/callgrind, where BUILD is
 # Cargo's build directory).
 set -euo pipefail
 shopt -s inherit_errexit
@@ -61,7 +61,7 @@ main() {
     local build_dir
     build_dir=$(cargo metadata --no-deps --format-version 1 |
         python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-    local out=${INSNS_OUT:-$build_dir/insns}
+    local out=${INSNS_OUT:-$build_dir/callgrind}
     rm -rf "$out"
     mkdir -p "$out"
     rustc -vV >"$out/rustc.txt"
