@@ -36,6 +36,8 @@ set -euo pipefail
 #                                                       fio.rs runs that tool on rblk-bench's json+
 #   python3-pyflakes shellcheck                         scripts/test.sh's scripts step: shellcheck -x
 #                                                       on every shell script, pyflakes3 on the Python
+#   valgrind                                            scripts/insns.sh: instructions per request
+#                                                       under callgrind, gated against a baseline
 PACKAGES=(
     qemu-system-x86 busybox-static cpio kmod xz-utils
     iproute2 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils
@@ -51,6 +53,7 @@ PACKAGES=(
     man-db groff-base
     python3-six
     python3-pyflakes shellcheck
+    valgrind
 )
 
 # Print the packages of PACKAGES that are not fully installed.

@@ -11,6 +11,9 @@
 #             over 20 lines, no script over 400 lines but rxe-guest.sh)
 #   clippy    cargo clippy --workspace --all-targets --all-features -- -D warnings
 #   test      cargo test --workspace --all-features on the host (the rxe tests show as ignored)
+#   insns     scripts/insns.sh: instructions per request under callgrind (host, in-memory fabric),
+#             failing past 5% of scripts/insns-baseline.json (compared only with its rustc, valgrind
+#             and glibc versions)
 #   fuzz      the control-channel fuzzers (tests/tests/fuzz.rs) for RBLK_FUZZ_SECS (default 15)
 #             seconds each, after their committed corpus (tests/fuzz/)
 #   build     every binary and test executable, on the host
@@ -102,6 +105,9 @@ main() {
 
     step "test (host): cargo test --workspace --all-features"
     cargo test --workspace --all-features
+
+    step "insns: scripts/insns.sh (instructions per request against the baseline)"
+    scripts/insns.sh
 
     # --workspace, as above: `-p rblk-tests` resolves features for that package alone, which on a
     # fresh clone compiles 23 crates a second time (rblk-initiator, rblk-target, rblk, clap,

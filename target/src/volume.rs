@@ -88,9 +88,32 @@ pub fn reserve_for(size: u64) -> u64 {
 /// A new volume's memory: its first segment (zeroed, sealed) in a reservation of its own, and
 /// the view over it.
 fn fresh_memory(name: &str, size: u64) -> rblk_fabric::Result<Arc<Memory>> {
-    let reservation = Reservation::new(usize::try_from(reserve_for(size)).unwrap_or(usize::MAX))?;
+    let want = usize::try_from(reserve_for(size)).unwrap_or(usize::MAX);
+    let reservation = reserve_shrinking(want, size, Reservation::new)?;
     let first = Memory::memfd_in(&memfd_name(name), size as usize, &reservation)?;
     Memory::span(&reservation, vec![first])
+}
+
+/// `reserve(len)` from `want` bytes down, halving while the half still holds `size`: a process
+/// whose address space is smaller than the reservation (`ulimit -v`; valgrind's, which refuses
+/// 64 GiB in one piece) still serves the volume, with less room to grow (a grow past it fails
+/// with [`GrowError::Reservation`]). The last error when even the smallest try fails.
+fn reserve_shrinking<R>(
+    want: usize,
+    size: u64,
+    mut reserve: impl FnMut(usize) -> rblk_fabric::Result<R>,
+) -> rblk_fabric::Result<R> {
+    let mut len = want;
+    loop {
+        match reserve(len) {
+            Ok(r) => return Ok(r),
+            Err(e) if (len / 2) as u64 >= size && len / 2 > 0 => {
+                tracing::debug!(len, error = %rblk_fabric::Chain(&e), "reserving address space: trying half");
+                len /= 2;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Why a volume could not grow ([`Volume::grow`]); nothing changed.
@@ -610,6 +633,33 @@ mod tests {
         assert_eq!(reserve_for(16 << 30), 128 << 30, "8 times the size");
         assert_eq!(reserve_for(1 << 40), 4 << 40, "at most 4 TiB");
         assert_eq!(reserve_for(8 << 40), 8 << 40, "never less than the size");
+    }
+
+    /// Catches a volume that fails to load where the address space cannot hold its whole
+    /// reservation (valgrind's, `ulimit -v`), halving that goes below the volume's size, and a
+    /// failure that is not the last try's.
+    #[test]
+    fn a_reservation_too_large_for_the_address_space_is_halved_down_to_the_size() {
+        let map_err = |len: usize| rblk_fabric::Error::Map { len, source: std::io::Error::other("no room") };
+        let mut tries = Vec::new();
+        let got = reserve_shrinking(64 << 30, 1 << 30, |len| {
+            tries.push(len);
+            if len > 20 << 30 {
+                Err(map_err(len))
+            } else {
+                Ok(len)
+            }
+        });
+        assert_eq!(got.unwrap(), 16 << 30);
+        assert_eq!(tries, [64 << 30, 32 << 30, 16 << 30]);
+        tries.clear();
+        let err = reserve_shrinking(64 << 30, 20 << 30, |len| -> rblk_fabric::Result<usize> {
+            tries.push(len);
+            Err(map_err(len))
+        })
+        .unwrap_err();
+        assert_eq!(tries, [64 << 30, 32 << 30], "never below the size");
+        assert!(matches!(err, rblk_fabric::Error::Map { len, .. } if len == 32 << 30), "{err}");
     }
 
     /// Catches a durable volume left on anonymous memory, or io_uring loads and write-backs

@@ -4,7 +4,7 @@
 //! docs/configuration.md. `scripts/install.sh` runs it.
 //!
 //! Those three are the binaries users run. The workspace's others get no pages: rblk-test-client
-//! and rblk-lane-bench (tests/) are test tools, and rblk-dist is this build tool.
+//! (tests/) and rblk-lane-bench (bench/lane/) are test tools, and rblk-dist is this build tool.
 //!
 //! Layout: OUTDIR/completions/{bash/NAME.bash, zsh/_NAME, fish/NAME.fish} (install bash's as
 //! `bash-completion/completions/NAME`), OUTDIR/man/NAME[-SUB].1, OUTDIR/man/rblk-target.toml.5.

@@ -18,24 +18,38 @@
 //! instead of the table. Nothing is verified beyond every request finishing `Ok`.
 //!
 //! ```text
-//! cargo run --release -p rblk-tests --bin rblk-lane-bench -- --rounds 5 [--requests N] [--json]
+//! cargo run --release -p rblk-lane-bench -- --rounds 5 [--requests N] [--json]
 //! ```
 //!
 //! Its numbers are for ratios within one run on one machine (this tree against another, built and
 //! run one after the other), never absolute claims about rblk's speed.
+//!
+//! `--insns WORKLOAD --requests N` is scripts/insns.sh's counted run under callgrind: a cycle of
+//! warm-up, then N requests of the workload in cycles of 128 with a FLUSH after each; callgrind
+//! collects inside `Driver::insns_region_lane` only, which holds no clock and no spin. It prints
+//! one line (`WORKLOAD N requests`) and measures nothing itself.
 
+#![forbid(unsafe_code)]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rblk_fabric::Fabric;
-use rblk_initiator::engine::{Data, IoOp, Request};
+use rblk_initiator::engine::{Data, Finished, IoOp, Request};
 use rblk_initiator::{process_cpu_time, Engine, Lane, OpenMode, Options, Session};
-use rblk_tests::target::{Spec, Target};
-use rblk_tests::workload::xorshift;
+use rblk_target::config::VolumeSpec;
+use rblk_target::server::{Config, Server};
 
 const BLOCK: u64 = 4096;
 const VOLUME: u64 = 64 << 20;
-const USAGE: &str = "usage: rblk-lane-bench [--rounds R] [--requests N] [--json]";
+const USAGE: &str = "usage: rblk-lane-bench [--rounds R] [--requests N] [--json]\n       \
+                     rblk-lane-bench --insns WORKLOAD --requests N";
+/// `--insns`: requests between two FLUSHes (outside the counted region), so that a write's
+/// record of its range costs what it costs between FLUSHes, not what it costs once the ranges
+/// overflowed into "everything" (past `MAX_FLUSH_RANGES`, about 250). `--requests` must be a
+/// multiple of it.
+const INSNS_CYCLE: u64 = 128;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Buffers {
@@ -64,10 +78,12 @@ struct Args {
     rounds: usize,
     requests: Option<u64>,
     json: bool,
+    /// `--insns`: the workload whose instructions scripts/insns.sh counts.
+    insns: Option<&'static Workload>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { rounds: 5, requests: None, json: false };
+    let mut args = Args { rounds: 5, requests: None, json: false, insns: None };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut number = |name: &str| -> Result<u64, String> {
@@ -78,6 +94,12 @@ fn parse_args() -> Result<Args, String> {
             "--rounds" => args.rounds = number("--rounds")? as usize,
             "--requests" => args.requests = Some(number("--requests")?),
             "--json" => args.json = true,
+            "--insns" => {
+                let name = it.next().ok_or("--insns needs a workload")?;
+                let w = WORKLOADS.iter().find(|w| w.name == name);
+                let names: Vec<&str> = WORKLOADS.iter().map(|w| w.name).collect();
+                args.insns = Some(w.ok_or(format!("--insns {name:?}: expected one of {}", names.join(", ")))?);
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -85,7 +107,21 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown argument {a:?}\n{USAGE}")),
         }
     }
+    if args.insns.is_some() {
+        match args.requests {
+            Some(n) if n % INSNS_CYCLE == 0 => {}
+            _ => return Err(format!("--insns needs --requests N, a multiple of {INSNS_CYCLE}")),
+        }
+    }
     Ok(args)
+}
+
+/// The next value of Marsaglia's xorshift64 (13, 7, 17): random offsets, the same in every run.
+fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
 }
 
 /// One round's cost per request.
@@ -159,22 +195,9 @@ impl Driver {
         while finished < count {
             self.lane.progress().unwrap_or_else(|e| panic!("progress: {e}"));
             let before = finished;
-            while let Some(mut f) = self.lane.next() {
-                if let Err(e) = &f.result {
-                    panic!("{:?} request {} failed: {e}", f.op, f.tag);
-                }
+            while let Some(f) = self.lane.next() {
+                self.recycle(f, &mut submitted, count);
                 finished += 1;
-                let data = match std::mem::take(&mut f.data) {
-                    // Not handed back (the buffer went back to its pool): take new data.
-                    Data::None => self.fresh(),
-                    data => data,
-                };
-                if submitted < count {
-                    self.submit(data);
-                    submitted += 1;
-                } else {
-                    self.idle.push(data);
-                }
                 if finished % 65536 == 0 {
                     self.tick_if_due();
                 }
@@ -189,6 +212,73 @@ impl Driver {
                 last_done = Instant::now();
             }
         }
+    }
+
+    /// A finished request's data goes to the next request, or back to `idle` once `count` were
+    /// submitted.
+    fn recycle(&mut self, mut f: Finished, submitted: &mut u64, count: u64) {
+        if let Err(e) = &f.result {
+            panic!("{:?} request {} failed: {e}", f.op, f.tag);
+        }
+        let data = match std::mem::take(&mut f.data) {
+            // Not handed back (the buffer went back to its pool): take new data.
+            Data::None => self.fresh(),
+            data => data,
+        };
+        if *submitted < count {
+            self.submit(data);
+            *submitted += 1;
+        } else {
+            self.idle.push(data);
+        }
+    }
+
+    /// `--insns`: a cycle of warm-up, then `count` requests in cycles of [`INSNS_CYCLE`], each
+    /// write cycle followed by a FLUSH outside the counted region, on a thread of its own: a
+    /// pattern that toggles the in-memory fabric out of the region toggles it in wherever this
+    /// thread calls it outside, and what the FLUSH copies would count against every request.
+    fn insns(&mut self, engine: &Engine, count: u64) {
+        for _ in 0..=count / INSNS_CYCLE {
+            let finished = self.insns_region_lane(INSNS_CYCLE);
+            if finished != INSNS_CYCLE {
+                panic!("the lane stopped finishing requests: {finished} of {INSNS_CYCLE} finished");
+            }
+            if !matches!(self.op, IoOp::Write) {
+                continue;
+            }
+            std::thread::scope(|s| {
+                s.spawn(|| engine.flush().unwrap_or_else(|e| panic!("flush: {e}")));
+            });
+        }
+    }
+
+    /// The region scripts/insns.sh counts (callgrind collects only inside a function whose name
+    /// has `insns_region`: keep it in the name and out of line): `count` requests, `depth` in
+    /// flight, each buffer resubmitted when its request comes back, as [`run`](Self::run) does
+    /// but without a clock. Over the in-memory fabric a work request runs inside `post`, on this
+    /// thread, so each `progress` finds the completions of what it posted and nothing spins.
+    /// Returns how many finished; it stops early when a `progress` finished nothing.
+    #[inline(never)]
+    fn insns_region_lane(&mut self, count: u64) -> u64 {
+        let mut submitted = 0;
+        while submitted < count {
+            let Some(data) = self.idle.pop() else { break };
+            self.submit(data);
+            submitted += 1;
+        }
+        let mut finished = 0;
+        while finished < count {
+            self.lane.progress().unwrap_or_else(|e| panic!("progress: {e}"));
+            let before = finished;
+            while let Some(f) = self.lane.next() {
+                self.recycle(f, &mut submitted, count);
+                finished += 1;
+            }
+            if finished == before {
+                break;
+            }
+        }
+        finished
     }
 
     /// Keepalives, once a second at most: a long round must not look like a lost initiator.
@@ -228,12 +318,28 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let target = Target::start(Fabric::Mem, &Spec { volumes: vec![("v", VOLUME)], key: None });
-    let opts = Options { fabric: target.fabric(), ..Options::default() };
-    let vol = Session::connect(&format!("rblk://{}/v", target.addr()), &opts)
+    // The in-process target on a free port of the in-memory fabric's own address table.
+    let cfg = Config {
+        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+        volumes: vec![VolumeSpec { name: "v".into(), size: VOLUME, path: None }],
+        fabric: Fabric::Mem,
+        ..Config::default()
+    };
+    let target =
+        Server::start(cfg).unwrap_or_else(|e| panic!("start the in-process target: {}", rblk_fabric::Chain(&e)));
+    let opts = Options { fabric: Fabric::Mem, ..Options::default() };
+    let vol = Session::connect(&format!("rblk://{}/v", target.local_addr()), &opts)
         .and_then(|s| s.open(OpenMode::ReadWrite))
         .unwrap_or_else(|e| panic!("connect and open the in-memory volume: {e}"));
     let engine = Engine::new(vol, 0).unwrap_or_else(|e| panic!("engine: {e}"));
+
+    if let Some(w) = args.insns {
+        let count = args.requests.expect("checked by parse_args");
+        Driver::new(&engine, w).insns(&engine, count);
+        drop(engine.close());
+        println!("{} {count} requests", w.name);
+        return ExitCode::SUCCESS;
+    }
 
     let mut summary = Vec::new();
     if !args.json {
