@@ -44,3 +44,10 @@ fn the_region_runs_exactly_n_requests_through_the_lane() {
         }
     }
 }
+
+/// scripts/lib/test_syscalls.py: scripts/ublk-syscalls-rxe.sh's analysis (system calls counted
+/// by number from tracefs, per I/O by kind, the table), on a recorded guest log.
+#[test]
+fn the_syscall_scripts_analysis() {
+    rblk_tests::python_unittest("test_syscalls");
+}

@@ -6,10 +6,15 @@
 //! pool, one region cut into per-tag buffers: the kernel copies a request's pages into (or out
 //! of) the tag's buffer, and the NIC reads and writes that buffer with one-sided RDMA, so the
 //! data is never copied in userspace. (Linux 6.12's ublk has no zero copy, so the kernel's copy
-//! between the bio pages and the buffer remains.) The thread waits for ublk commands and RDMA
-//! completions in one loop (`QueueState::wait`): it spins over its io_uring and the lane's CQ
-//! for the session's wait policy's budget (`--wait`, [`rblk_initiator::Wait`]: adaptive by
-//! default, twice the thread's usual wait, at most 1 ms), and only then arms the
+//! between the bio pages and the buffer remains.) The request path itself (descriptor, lane,
+//! mailboxes, commit) is [`path`], which runs without libublk too. The thread waits for ublk
+//! commands and RDMA completions in one loop (`QueueState::wait`). While the lane has requests
+//! out, it spins over its io_uring and the lane's CQ for the session's wait policy's budget
+//! (`--wait`, [`rblk_initiator::Wait`]: adaptive by default, twice the thread's usual wait, at
+//! most 1 ms). While it has none, only the ring can bring work: unless the policy is `poll`,
+//! the thread sleeps at once, and the tags' COMMIT_AND_FETCHes go to the kernel in the same
+//! `io_uring_enter` (at QD1, one per request; the CQ is not armed, as no completion can come).
+//! A spin that found nothing arms the
 //! completion channel, puts a POLL_ADD on it into the ring (linked to a one-second timeout,
 //! since a reconnect replaces the channel; plus a millisecond timer while a request waits for
 //! another lane, [`Lane::retry_after`]) and sleeps in `io_uring_enter`. A POLL_ADD on each of
@@ -54,7 +59,7 @@ use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::with_task_io_ring_mut;
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, BufDesc, UblkError, UblkFlags};
-use rblk_initiator::{Chain, Continuity, Engine, Lane, OpenMode, Predecessor, Reconnect, Session, Waiter};
+use rblk_initiator::{Chain, Continuity, Engine, Lane, OpenMode, Predecessor, Reconnect, Session, Wait, Waiter};
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};
@@ -280,14 +285,23 @@ impl QueueState {
         self.note(Stage::Wait, 0);
         self.watch_cm(q)?;
         let started = Instant::now();
-        let near = self.lane().borrow().in_flight();
-        let (budget, adapts) = {
-            let w = self.waiter.borrow();
-            (w.budget(near), w.adapts(near))
+        let (near, idle) = {
+            let lane = self.lane().borrow();
+            (lane.in_flight(), lane.pending() == 0)
         };
-        let (found, passes) = self.spin(q, started, budget)?;
+        let (mode, budget, adapts) = {
+            let w = self.waiter.borrow();
+            (w.mode(), w.budget(near), w.adapts(near))
+        };
+        // Nothing of the lane's to wait for: only the ring (the next ublk command, a timer,
+        // rdma_cm) can bring work, so unless the policy polls, the ring's new entries (the
+        // tags' COMMIT_AND_FETCHes) go in with the sleep, one io_uring_enter, and the lane's
+        // CQ is not armed (no completion can come; a re-arm and a channel read each cost a
+        // system call on rxe). At QD1: one io_uring_enter per request.
+        let sleep_now = sleeps_at_once(mode, idle, q.is_stopping());
+        let (found, passes) = if sleep_now { (false, 0) } else { self.spin(q, started, budget)? };
         if !found {
-            self.arm_for_sleep(q)?;
+            self.arm_for_sleep(q, !idle)?;
             // A request that finished before the arm raises no event: look once more.
             if !self.deliver() {
                 self.lane().borrow().note_sleep();
@@ -296,7 +310,9 @@ impl QueueState {
                 self.note(Stage::Woke, 0);
             }
         }
-        if adapts {
+        // The policy learns how long the lane's work takes, not how long the kernel took to
+        // send the next request.
+        if adapts && !sleep_now {
             self.waiter.borrow_mut().record(started.elapsed());
         }
         self.note(Stage::WaitEnd, u16::try_from(passes).unwrap_or(u16::MAX));
@@ -338,16 +354,16 @@ impl QueueState {
         }
     }
 
-    /// Before a sleep: a POLL_ADD on the lane's completion channel (armed first), linked to a
-    /// one-second timeout since a reconnect replaces the channel and a poll of the old one would
-    /// never fire, unless one is in the ring already; and a short timer when a request waits for
-    /// another lane (a range hold, an earlier FLUSH), which raises no event here
-    /// ([`Lane::retry_after`]).
-    fn arm_for_sleep(&self, q: &UblkQueue<'_>) -> Result<(), UblkError> {
+    /// Before a sleep: when `completions` (the lane has requests out), a POLL_ADD on the lane's
+    /// completion channel (armed first), linked to a one-second timeout since a reconnect
+    /// replaces the channel and a poll of the old one would never fire, unless one is in the
+    /// ring already; and a short timer when a request waits for another lane (a range hold, an
+    /// earlier FLUSH), which raises no event here ([`Lane::retry_after`]).
+    fn arm_for_sleep(&self, q: &UblkQueue<'_>, completions: bool) -> Result<(), UblkError> {
         if self.path.is_broken() {
             return Ok(());
         }
-        if !self.polling.get() {
+        if completions && !self.polling.get() {
             if let Err(e) = self.lane().borrow_mut().arm() {
                 self.path.set_broken();
                 tracing::error!(error = %Chain(&e), "arming the completion channel failed: requests fail with EIO");
@@ -426,6 +442,13 @@ impl QueueState {
             data => libublk::uring_async::ublk_wake_task(data, cqe),
         }
     }
+}
+
+/// Whether a queue thread's wait skips the spin and sleeps in the `io_uring_enter` that posts
+/// the ring's new entries: when its lane has nothing out (`idle`), unless the policy polls or
+/// the queue is stopping.
+fn sleeps_at_once(mode: Wait, idle: bool, stopping: bool) -> bool {
+    idle && mode != Wait::Poll && !stopping
 }
 
 /// The kernel's side of the request path: libublk's queue, the buffers by address.
@@ -1481,6 +1504,20 @@ mod tests {
                 unreachable!("the driver is checked first")
             });
             assert_eq!(format!("{:#}", e.unwrap_err()), format!("opening /dev/ublkb0: {DRIVER_NOT_LOADED}"));
+        }
+    }
+
+    /// Issue 45: at QD1 the COMMIT_AND_FETCH and the wait for the next request are one
+    /// io_uring_enter. Would catch an idle lane's wait spinning again (two enters per request),
+    /// `--wait poll` no longer spinning, or a busy lane's wait sleeping before its spin.
+    #[test]
+    fn an_idle_lane_sleeps_at_once_unless_the_policy_polls() {
+        assert!(sleeps_at_once(Wait::Adaptive, true, false));
+        assert!(sleeps_at_once(Wait::Sleep, true, false));
+        assert!(!sleeps_at_once(Wait::Poll, true, false));
+        for mode in [Wait::Adaptive, Wait::Sleep, Wait::Poll] {
+            assert!(!sleeps_at_once(mode, false, false), "{mode}: requests out, the spin comes first");
+            assert!(!sleeps_at_once(mode, true, true), "{mode}: a stopping queue drains");
         }
     }
 
