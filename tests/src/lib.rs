@@ -13,6 +13,7 @@ pub mod raw;
 pub mod rxe;
 pub mod scratch;
 pub mod target;
+pub mod ublk_path;
 pub mod workload;
 
 /// Generates, for each scenario `fn name(fabric: Fabric)` in scope, a host test `mem::name` over

@@ -6,10 +6,15 @@
 //! pool, one region cut into per-tag buffers: the kernel copies a request's pages into (or out
 //! of) the tag's buffer, and the NIC reads and writes that buffer with one-sided RDMA, so the
 //! data is never copied in userspace. (Linux 6.12's ublk has no zero copy, so the kernel's copy
-//! between the bio pages and the buffer remains.) The thread waits for ublk commands and RDMA
-//! completions in one loop (`QueueState::wait`): it spins over its io_uring and the lane's CQ
-//! for the session's wait policy's budget (`--wait`, [`rblk_initiator::Wait`]: adaptive by
-//! default, twice the thread's usual wait, at most 1 ms), and only then arms the
+//! between the bio pages and the buffer remains.) The request path itself (descriptor, lane,
+//! mailboxes, commit) is [`path`], which runs without libublk too. The thread waits for ublk
+//! commands and RDMA completions in one loop (`QueueState::wait`). While the lane has requests
+//! out, it spins over its io_uring and the lane's CQ for the session's wait policy's budget
+//! (`--wait`, [`rblk_initiator::Wait`]: adaptive by default, twice the thread's usual wait, at
+//! most 1 ms). While it has none, only the ring can bring work: unless the policy is `poll`,
+//! the thread sleeps at once, and the tags' COMMIT_AND_FETCHes go to the kernel in the same
+//! `io_uring_enter` (at QD1, one per request; the CQ is not armed, as no completion can come).
+//! A spin that found nothing arms the
 //! completion channel, puts a POLL_ADD on it into the ring (linked to a one-second timeout,
 //! since a reconnect replaces the channel; plus a millisecond timer while a request waits for
 //! another lane, [`Lane::retry_after`]) and sleeps in `io_uring_enter`. A POLL_ADD on each of
@@ -39,13 +44,13 @@
 //! WRITE_ZEROES without `UBLK_IO_F_NOUNMAP` may free a durable volume's blocks, as Linux allows);
 //! against an older target WRITE_ZEROES only, as RDMA WRITEs from a zeroed registration.
 
+pub mod path;
+
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
@@ -54,12 +59,12 @@ use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::with_task_io_ring_mut;
 use libublk::io::{UblkDev, UblkQueue};
 use libublk::{sys, BufDesc, UblkError, UblkFlags};
-use rblk_initiator::engine::{Data, Finished, IoOp, Request};
-use rblk_initiator::{Buffer, Chain, Continuity, Engine, Lane, OpenMode, Predecessor, Reconnect, Session, Waiter};
+use rblk_initiator::{Chain, Continuity, Engine, Lane, OpenMode, Predecessor, Reconnect, Session, Wait, Waiter};
 
 use crate::daemon::{self, READY};
 use crate::list::{self, Entry};
 use crate::stages::{Stage, StageLog};
+use path::RequestPath;
 
 /// The deepest queue: the kernel allows 4096 tags, a queue pair of the initiator 1024.
 pub const MAX_DEPTH: u32 = if rblk_initiator::MAX_DEPTH < sys::UBLK_MAX_QUEUE_DEPTH {
@@ -225,36 +230,10 @@ fn preflight(args: &AttachArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Per tag: the request's result once its lane finished it, and the task waiting for it.
-#[derive(Default)]
-struct Mailbox {
-    done: Cell<Option<Finished>>,
-    waker: RefCell<Option<Waker>>,
-}
-
-struct Finish<'a>(&'a Mailbox);
-
-impl Future for Finish<'_> {
-    type Output = Finished;
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Finished> {
-        match self.0.done.take() {
-            Some(f) => Poll::Ready(f),
-            None => {
-                *self.0.waker.borrow_mut() = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
-}
-
 /// What a queue thread shares between its tasks.
 struct QueueState {
-    lane: RefCell<Lane>,
-    mailboxes: Vec<Mailbox>,
-    /// The lane failed to progress (its queue pair is gone): every request fails.
-    broken: Cell<bool>,
-    /// `--null-io`: requests complete at once, without RDMA.
-    null_io: bool,
+    /// The request path: the lane, the tags' mailboxes ([`path`]).
+    path: RequestPath,
     /// Spin or sleep: the session's wait policy, fed with this thread's waits.
     waiter: RefCell<Waiter>,
     /// The ring flags pending task work (`IORING_SETUP_TASKRUN_FLAG`): a spin enters the kernel
@@ -266,15 +245,11 @@ struct QueueState {
     cm_polling: [Cell<bool>; 2],
     /// The [`generation`](rblk_initiator::engine::CmFds::generation) those polls are of.
     cm_generation: Cell<u64>,
-    /// One of them was readable: the lane takes rdma_cm's events at the next delivery.
-    cm_event: Cell<bool>,
     /// A retry timer for a request that waits for another lane is in the ring.
     retrying: Cell<bool>,
     /// The poll's linked timeout, and the retry timer's (the kernel reads them at submission).
     second: types::Timespec,
     retry: Cell<types::Timespec>,
-    /// `--stage-log`.
-    stages: Option<StageLog>,
 }
 
 /// `user_data` of this loop's own ring entries. Both libublk marks are set: its futures carry
@@ -290,37 +265,15 @@ const CM_CANCEL_UD: u64 = OWN | 6;
 
 impl QueueState {
     fn note(&self, stage: Stage, arg: u16) {
-        if let Some(log) = &self.stages {
-            log.note(stage, arg);
-        }
+        self.path.note(stage, arg);
     }
 
-    /// Posts what the tags submitted and hands finished requests to their tags' tasks. Returns
-    /// whether it woke any.
     fn deliver(&self) -> bool {
-        let mut lane = self.lane.borrow_mut();
-        let before = self.stages.is_some().then(|| lane.in_flight());
-        // A lost target is noticed (and the reconnect started) when rdma_cm says so.
-        let progressed = if self.cm_event.take() { lane.cm_event() } else { lane.progress() };
-        if let Some(posted) = before.and_then(|b| lane.in_flight().checked_sub(b)).filter(|&n| n > 0) {
-            self.note(Stage::Posted, u16::try_from(posted).unwrap_or(u16::MAX));
-        }
-        if let Err(e) = progressed {
-            if !self.broken.replace(true) {
-                tracing::error!(error = %Chain(&e), "the queue pair failed: requests fail with EIO");
-            }
-        }
-        let mut woke = false;
-        while let Some(f) = lane.next() {
-            let Some(slot) = usize::try_from(f.tag).ok().and_then(|t| self.mailboxes.get(t)) else { continue };
-            self.note(Stage::Done, f.tag as u16);
-            slot.done.set(Some(f));
-            if let Some(w) = slot.waker.borrow_mut().take() {
-                w.wake();
-                woke = true;
-            }
-        }
-        woke
+        self.path.deliver()
+    }
+
+    fn lane(&self) -> &RefCell<Lane> {
+        self.path.lane()
     }
 
     /// Waits until there is work: a ublk command, another entry's completion (the timers, the
@@ -332,23 +285,34 @@ impl QueueState {
         self.note(Stage::Wait, 0);
         self.watch_cm(q)?;
         let started = Instant::now();
-        let near = self.lane.borrow().in_flight();
-        let (budget, adapts) = {
-            let w = self.waiter.borrow();
-            (w.budget(near), w.adapts(near))
+        let (near, idle) = {
+            let lane = self.lane().borrow();
+            (lane.in_flight(), lane.pending() == 0)
         };
-        let (found, passes) = self.spin(q, started, budget)?;
+        let (mode, budget, adapts) = {
+            let w = self.waiter.borrow();
+            (w.mode(), w.budget(near), w.adapts(near))
+        };
+        // Nothing of the lane's to wait for: only the ring (the next ublk command, a timer,
+        // rdma_cm) can bring work, so unless the policy polls, the ring's new entries (the
+        // tags' COMMIT_AND_FETCHes) go in with the sleep, one io_uring_enter, and the lane's
+        // CQ is not armed (no completion can come; a re-arm and a channel read each cost a
+        // system call on rxe). At QD1: one io_uring_enter per request.
+        let sleep_now = sleeps_at_once(mode, idle, q.is_stopping());
+        let (found, passes) = if sleep_now { (false, 0) } else { self.spin(q, started, budget)? };
         if !found {
-            self.arm_for_sleep(q)?;
+            self.arm_for_sleep(q, !idle)?;
             // A request that finished before the arm raises no event: look once more.
             if !self.deliver() {
-                self.lane.borrow().note_sleep();
+                self.lane().borrow().note_sleep();
                 self.note(Stage::Sleep, 0);
                 libublk::uring_poll_io_fn::<squeue::Entry>(q, None, 1)?;
                 self.note(Stage::Woke, 0);
             }
         }
-        if adapts {
+        // The policy learns how long the lane's work takes, not how long the kernel took to
+        // send the next request.
+        if adapts && !sleep_now {
             self.waiter.borrow_mut().record(started.elapsed());
         }
         self.note(Stage::WaitEnd, u16::try_from(passes).unwrap_or(u16::MAX));
@@ -390,29 +354,29 @@ impl QueueState {
         }
     }
 
-    /// Before a sleep: a POLL_ADD on the lane's completion channel (armed first), linked to a
-    /// one-second timeout since a reconnect replaces the channel and a poll of the old one would
-    /// never fire, unless one is in the ring already; and a short timer when a request waits for
-    /// another lane (a range hold, an earlier FLUSH), which raises no event here
-    /// ([`Lane::retry_after`]).
-    fn arm_for_sleep(&self, q: &UblkQueue<'_>) -> Result<(), UblkError> {
-        if self.broken.get() {
+    /// Before a sleep: when `completions` (the lane has requests out), a POLL_ADD on the lane's
+    /// completion channel (armed first), linked to a one-second timeout since a reconnect
+    /// replaces the channel and a poll of the old one would never fire, unless one is in the
+    /// ring already; and a short timer when a request waits for another lane (a range hold, an
+    /// earlier FLUSH), which raises no event here ([`Lane::retry_after`]).
+    fn arm_for_sleep(&self, q: &UblkQueue<'_>, completions: bool) -> Result<(), UblkError> {
+        if self.path.is_broken() {
             return Ok(());
         }
-        if !self.polling.get() {
-            if let Err(e) = self.lane.borrow_mut().arm() {
-                self.broken.set(true);
+        if completions && !self.polling.get() {
+            if let Err(e) = self.lane().borrow_mut().arm() {
+                self.path.set_broken();
                 tracing::error!(error = %Chain(&e), "arming the completion channel failed: requests fail with EIO");
                 return Ok(());
             }
-            let fd = self.lane.borrow().event_fd();
+            let fd = self.lane().borrow().event_fd();
             let poll = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as _).build().flags(squeue::Flags::IO_LINK);
             q.ublk_submit_sqe_sync(poll.user_data(POLL_UD))?;
             let timeout = opcode::LinkTimeout::new(&self.second).build().user_data(POLL_TIMEOUT_UD);
             q.ublk_submit_sqe_sync(timeout)?;
             self.polling.set(true);
         }
-        let retry = self.lane.borrow().retry_after();
+        let retry = self.lane().borrow().retry_after();
         if let Some(d) = retry.filter(|_| !self.retrying.get()) {
             self.retry.set(types::Timespec::from(d));
             let timer = opcode::Timeout::new(self.retry.as_ptr()).build().user_data(RETRY_UD);
@@ -428,10 +392,10 @@ impl QueueState {
     /// old one would never fire: those of an older generation are cancelled, and the next wait
     /// polls the new ones.
     fn watch_cm(&self, q: &UblkQueue<'_>) -> Result<(), UblkError> {
-        if self.broken.get() {
+        if self.path.is_broken() {
             return Ok(());
         }
-        let cm = self.lane.borrow().cm_fds();
+        let cm = self.lane().borrow().cm_fds();
         let stale = self.cm_generation.replace(cm.generation) != cm.generation;
         for ((fd, polling), ud) in cm.fds.into_iter().zip(&self.cm_polling).zip(CM_UD) {
             if polling.get() {
@@ -458,7 +422,7 @@ impl QueueState {
                 let r = cqe.result();
                 if r < 0 && ![-libc::EINTR, -libc::ECANCELED, -libc::ETIME, -libc::EBADF].contains(&r) {
                     tracing::error!(errno = -r, "polling the completion channel failed");
-                    self.broken.set(true);
+                    self.path.set_broken();
                 }
             }
             POLL_TIMEOUT_UD | CM_CANCEL_UD => {}
@@ -470,7 +434,7 @@ impl QueueState {
                 // EBADF: it closed the channel first. Either way the next wait polls anew.
                 let r = cqe.result();
                 if r > 0 {
-                    self.cm_event.set(true);
+                    self.path.cm_event();
                 } else if ![-libc::EINTR, -libc::ECANCELED, -libc::ETIME, -libc::EBADF].contains(&r) {
                     tracing::debug!(errno = -r, "polling an rdma_cm channel failed");
                 }
@@ -480,63 +444,25 @@ impl QueueState {
     }
 }
 
-/// The result a ublk request commits: bytes for reads and writes, 0 for flush and zeroes, or
-/// -errno.
-fn commit_result(f: &Finished, len: u32) -> i32 {
-    match (&f.result, f.op) {
-        (Ok(()), IoOp::Read | IoOp::Write) => len as i32,
-        (Ok(()), _) => 0,
-        (Err(e), _) => -e.errno(),
-    }
+/// Whether a queue thread's wait skips the spin and sleeps in the `io_uring_enter` that posts
+/// the ring's new entries: when its lane has nothing out (`idle`), unless the policy polls or
+/// the queue is stopping.
+fn sleeps_at_once(mode: Wait, idle: bool, stopping: bool) -> bool {
+    idle && mode != Wait::Poll && !stopping
 }
 
-/// One tag: FETCH, then for each request: hand it to the lane, wait, COMMIT_AND_FETCH.
-async fn tag_task(q: &UblkQueue<'_>, tag: u16, st: &QueueState) -> Result<(), UblkError> {
-    let mut buf: Option<Buffer> = st.lane.borrow().alloc_buffer();
-    let addr = |b: &Option<Buffer>| b.as_ref().map_or(std::ptr::null(), |b| b.addr() as usize as *const u8);
-    q.submit_io_prep_cmd(tag, BufDesc::RawAddress(addr(&buf)), 0, None).await?;
-    loop {
-        st.note(Stage::Seen, tag);
-        let iod = *q.get_iod(tag);
-        let op = iod.op_flags & 0xff;
-        let fua = iod.op_flags & sys::UBLK_IO_F_FUA != 0;
-        let offset = iod.start_sector << 9;
-        let len = iod.nr_sectors << 9;
-        let io = match op {
-            sys::UBLK_IO_OP_READ => Some((IoOp::Read, true)),
-            sys::UBLK_IO_OP_WRITE => Some((IoOp::Write, true)),
-            sys::UBLK_IO_OP_FLUSH => Some((IoOp::Flush, false)),
-            sys::UBLK_IO_OP_WRITE_ZEROES => {
-                Some((IoOp::WriteZeroes { unmap: iod.op_flags & sys::UBLK_IO_F_NOUNMAP == 0 }, false))
-            }
-            sys::UBLK_IO_OP_DISCARD => Some((IoOp::Discard, false)),
-            _ => None,
-        };
-        let res = match io {
-            None => -libc::EOPNOTSUPP,
-            Some((IoOp::Read | IoOp::Write, _)) if st.null_io => len as i32,
-            Some(_) if st.null_io => 0,
-            Some(_) if st.broken.get() => -libc::EIO,
-            Some((_, true)) if buf.is_none() => -libc::ENOMEM,
-            Some((op, with_buf)) => {
-                let data = if with_buf { buf.take().map_or(Data::None, Data::Registered) } else { Data::None };
-                let r = Request { tag: tag.into(), op, offset, len: len.into(), fua, data };
-                // Staged only: the event loop posts every tag's request with one doorbell.
-                st.lane.borrow_mut().submit(r);
-                st.note(Stage::Submitted, tag);
-                let mut f = Finish(&st.mailboxes[tag as usize]).await;
-                if let Data::Registered(b) = std::mem::take(&mut f.data) {
-                    buf = Some(b);
-                }
-                commit_result(&f, len)
-            }
-        };
-        if buf.is_none() {
-            // The buffer went back to the pool with a failed submission: take one again.
-            buf = st.lane.borrow().alloc_buffer();
-        }
-        st.note(Stage::Resumed, tag);
-        q.submit_io_commit_cmd(tag, BufDesc::RawAddress(addr(&buf)), res).await?;
+/// The kernel's side of the request path: libublk's queue, the buffers by address.
+impl path::Kernel for UblkQueue<'_> {
+    fn iod(&self, tag: u16) -> sys::ublksrv_io_desc {
+        *self.get_iod(tag)
+    }
+
+    fn fetch(&self, tag: u16, buf: u64) -> impl Future<Output = Result<i32, UblkError>> {
+        self.submit_io_prep_cmd(tag, BufDesc::RawAddress(buf as usize as *const u8), 0, None)
+    }
+
+    fn commit(&self, tag: u16, buf: u64, result: i32) -> impl Future<Output = Result<i32, UblkError>> {
+        self.submit_io_commit_cmd(tag, BufDesc::RawAddress(buf as usize as *const u8), result)
     }
 }
 
@@ -550,7 +476,7 @@ async fn ticker_task(q: &UblkQueue<'_>, st: &QueueState) {
     let ts = types::Timespec::new().sec(1);
     loop {
         let _ = q.ublk_submit_sqe(opcode::Timeout::new(&ts).build()).await;
-        if let Err(e) = st.lane.borrow_mut().tick() {
+        if let Err(e) = st.lane().borrow_mut().tick() {
             tracing::debug!(error = %Chain(&e), "queue housekeeping failed");
         }
         st.deliver();
@@ -562,7 +488,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
     if let Ok(name) = std::ffi::CString::new(format!("rblk-q{qid}")) {
         let _ = nix::sys::prctl::set_name(&name);
     }
-    let Some(mut lane) = lane else {
+    let Some(lane) = lane else {
         tracing::error!(qid, "no queue pair for this ublk queue");
         dev.notify_buffer_registration_complete(true);
         return;
@@ -584,29 +510,23 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
             return;
         }
     };
-    lane.set_deferred_posting(true);
     let st = QueueState {
         waiter: RefCell::new(lane.waiter()),
-        lane: RefCell::new(lane),
-        mailboxes: (0..depth).map(|_| Mailbox::default()).collect(),
-        broken: Cell::new(false),
-        null_io,
+        path: RequestPath::new(lane, depth, null_io, stage_log.map(|base| StageLog::new(base, qid))),
         taskrun_flag,
         polling: Cell::new(false),
         cm_polling: [Cell::new(false), Cell::new(false)],
         cm_generation: Cell::new(0),
-        cm_event: Cell::new(false),
         retrying: Cell::new(false),
         second: types::Timespec::new().sec(1),
         retry: Cell::new(types::Timespec::new()),
-        stages: stage_log.map(|base| StageLog::new(base, qid)),
     };
     let exe = smol::LocalExecutor::new();
     let mut tags = Vec::with_capacity(depth.into());
     for tag in 0..depth {
         let (q, st) = (&q, &st);
         tags.push(exe.spawn(async move {
-            match tag_task(q, tag, st).await {
+            match path::tag_task(q, tag, &st.path).await {
                 Ok(()) | Err(UblkError::QueueIsDown) => {}
                 Err(e) => tracing::warn!(qid, tag, error = %ublk_text(&e), "ublk tag failed"),
             }
@@ -617,16 +537,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
     dev.notify_buffer_registration_complete(false);
     smol::block_on(exe.run(async {
         // Run the tags, then post what they submitted and hand out what finished, until quiet.
-        let run_ops = || {
-            st.note(Stage::RunOps, 0);
-            loop {
-                while exe.try_tick() {}
-                if !st.deliver() {
-                    break;
-                }
-            }
-            st.note(Stage::RunOpsEnd, 0);
-        };
+        let run_ops = || st.path.run_ops(|| exe.try_tick());
         let is_done = || tags.iter().all(|t| t.is_finished());
         let wait = || async { st.wait(&q) };
         let reap = |timed_out| {
@@ -637,7 +548,7 @@ fn queue_thread(qid: u16, dev: &UblkDev, lane: Option<Lane>, null_io: bool, stag
         }
     }));
     drop(ticker);
-    if let Some(log) = &st.stages {
+    if let Some(log) = st.path.stages() {
         match log.write() {
             Ok(path) => tracing::info!(qid, path = %path.display(), "stage log written"),
             Err(e) => tracing::warn!(qid, error = %e, "writing the stage log failed"),
@@ -1596,6 +1507,20 @@ mod tests {
         }
     }
 
+    /// Issue 45: at QD1 the COMMIT_AND_FETCH and the wait for the next request are one
+    /// io_uring_enter. Would catch an idle lane's wait spinning again (two enters per request),
+    /// `--wait poll` no longer spinning, or a busy lane's wait sleeping before its spin.
+    #[test]
+    fn an_idle_lane_sleeps_at_once_unless_the_policy_polls() {
+        assert!(sleeps_at_once(Wait::Adaptive, true, false));
+        assert!(sleeps_at_once(Wait::Sleep, true, false));
+        assert!(!sleeps_at_once(Wait::Poll, true, false));
+        for mode in [Wait::Adaptive, Wait::Sleep, Wait::Poll] {
+            assert!(!sleeps_at_once(mode, false, false), "{mode}: requests out, the spin comes first");
+            assert!(!sleeps_at_once(mode, true, true), "{mode}: a stopping queue drains");
+        }
+    }
+
     #[test]
     fn attach_flags() {
         let a = parse(&["rblk://h/v", "--queues", "2", "--depth", "32", "--exclusive", "--daemon"]).unwrap();
@@ -1686,21 +1611,5 @@ mod tests {
         let mut plain = Entry::new("ublk", "rblk://h/v");
         record_growth(&mut plain, 1 << 30);
         assert_eq!(plain.handover, None);
-    }
-
-    #[test]
-    fn results_commit_as_the_kernel_expects() {
-        let ok = |op| Finished { tag: 0, op, result: Ok(()), data: Data::None };
-        assert_eq!(commit_result(&ok(IoOp::Read), 8192), 8192);
-        assert_eq!(commit_result(&ok(IoOp::Flush), 0), 0);
-        assert_eq!(commit_result(&ok(IoOp::WriteZeroes { unmap: false }), 4096), 0);
-        let err = rblk_initiator::Error::Invalid {
-            what: "write",
-            offset: 0,
-            len: 4096,
-            reason: rblk_initiator::InvalidReason::ReadOnly,
-        };
-        let f = Finished { tag: 0, op: IoOp::Write, result: Err(err), data: Data::None };
-        assert_eq!(commit_result(&f, 4096), -libc::EROFS);
     }
 }
