@@ -18,6 +18,9 @@ INPUTS.json (scripts/lib/projection-inputs.json is the committed one):
       rblk's own code per request, from scripts/insns.sh's baseline. ublk_server is the ublk
       server's request path beyond the library's read (deliver/tag_task). null until filled in:
       the projection refuses without them and shows the instruction budget of each goal instead.
+      Optional "library_qd32" and "ublk_server_qd32": the same at depth (the gate's QD32
+      scenarios), for IOPS per core, a throughput figure; QD1's are used without them. The other
+      counts stay QD1's (one doorbell and one completion per I/O: an upper bound at depth).
 
 On the NIC the counts become: a post is an MMIO doorbell, not a system call; a re-arm is a
 doorbell too (mlx5 arms its CQ from user space); every other system call stays; a voluntary
@@ -94,7 +97,7 @@ def validate(inputs):
     ins = inputs.get("instructions_per_request")
     if not isinstance(ins, dict):
         raise InputError('instructions_per_request is missing: wanted {"library": N, "ublk_server": N}')
-    for key in ("library", "ublk_server"):
+    for key in ("library", "ublk_server", "library_qd32", "ublk_server_qd32"):
         v = ins.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
             raise InputError(f"instructions_per_request.{key}: wanted a number of instructions, got {v!r}")
@@ -150,13 +153,15 @@ def cpu_us_per_io(hw, insns, costs, ublk=False):
     return us + (cost(costs, "ublk_transport_us") if ublk else 0.0)
 
 
-def _rows(inputs, costs, ins_lib, ins_srv):
+def _rows(inputs, costs, ins_lib, ins_srv, at_depth=None):
+    """at_depth: (library, ublk server) instructions per request at depth, for IOPS per core."""
     hw = {name: on_hardware(inputs["paths"][name]) for name in ("library", "ublk")}
     lib = library_latency_us(hw["library"], ins_lib, costs)
     ub = ublk_latency_us(hw["ublk"], ins_lib, ins_srv, costs)
     ub_vm = ublk_latency_us(hw["ublk"], ins_lib, ins_srv, costs, vm_transport=True)
-    cpu_lib = cpu_us_per_io(hw["library"], ins_lib, costs)
-    cpu_ub = cpu_us_per_io(hw["ublk"], ins_lib + ins_srv, costs, ublk=True)
+    tp_lib, tp_srv = at_depth or (ins_lib, ins_srv)
+    cpu_lib = cpu_us_per_io(hw["library"], tp_lib, costs)
+    cpu_ub = cpu_us_per_io(hw["ublk"], tp_lib + tp_srv, costs, ublk=True)
     return {"hardware_counts": hw, "library_qd1_us": lib, "ublk_qd1_us": ub, "ublk_qd1_vm_transport_us": ub_vm,
             "library_iops_per_core": 1e6 / cpu_lib, "ublk_iops_per_core": 1e6 / cpu_ub,
             "library_cpu_us": cpu_lib, "ublk_cpu_us": cpu_ub}
@@ -168,7 +173,10 @@ def project(inputs, costs=COSTS):
     ins = inputs["instructions_per_request"]
     if ins.get("library") is None or ins.get("ublk_server") is None:
         raise MissingInstructions(WANT_INSNS)
-    return _rows(inputs, costs, float(ins["library"]), float(ins["ublk_server"]))
+    depth = None
+    if ins.get("library_qd32") is not None and ins.get("ublk_server_qd32") is not None:
+        depth = (float(ins["library_qd32"]), float(ins["ublk_server_qd32"]))
+    return _rows(inputs, costs, float(ins["library"]), float(ins["ublk_server"]), depth)
 
 
 def floor(inputs, costs=COSTS):

@@ -82,6 +82,19 @@ class Projection(unittest.TestCase):
         self.assertAlmostEqual(r["library_iops_per_core"], 1e6 / 2.425)
         self.assertAlmostEqual(r["ublk_iops_per_core"], 1e6 / 5.3)
 
+    def test_instructions_at_depth_count_for_iops_per_core_only(self):
+        """Would catch the QD32 instruction counts ignored, or used for the QD1 latencies."""
+        doc = inputs()
+        doc["instructions_per_request"].update(library_qd32=1000, ublk_server_qd32=2000)
+        r = projection.project(doc, COSTS)
+        self.assertAlmostEqual(r["library_qd1_us"], 5.625)
+        self.assertAlmostEqual(r["ublk_qd1_us"], 14.0)
+        self.assertAlmostEqual(r["library_iops_per_core"], 1e6 / 1.925)
+        self.assertAlmostEqual(r["ublk_iops_per_core"], 1e6 / 3.8)
+        doc["instructions_per_request"]["ublk_server_qd32"] = "many"
+        with self.assertRaises(projection.InputError):
+            projection.project(doc, COSTS)
+
     def test_project_refuses_without_instructions(self):
         for lib, srv in ((None, 4000), (2000, None), (None, None)):
             with self.assertRaises(projection.MissingInstructions) as e:
