@@ -83,6 +83,64 @@ pub fn python_unittest(module: &str) {
     assert!(err.contains("Ran ") && !err.contains("Ran 0 tests"), "{err}");
 }
 
+/// What a measurement script's `--redraw LOG DIR` made of a guest log (scripts/lib/testdata/ holds
+/// the recorded ones): the table it printed, its summary.json, and DIR (removed on drop).
+#[derive(Debug)]
+pub struct Redrawn {
+    pub table: String,
+    pub summary: serde_json::Value,
+    pub dir: std::path::PathBuf,
+}
+
+impl Drop for Redrawn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `bash scripts/SCRIPT --redraw LOG DIR` (DIR a fresh temporary directory; LOG as given,
+/// or DIR/guest.log when `log` is None, for a script that the caller set up) and returns what
+/// it made. Panics with its output unless it succeeded, wrote summary.json, and wrote table.txt
+/// equal to what it printed.
+pub fn redraw(script: &str, log: Option<&std::path::Path>, prepare: impl FnOnce(&std::path::Path)) -> Redrawn {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root");
+    let dir =
+        std::env::temp_dir().join(format!("rblk-redraw-{}-{}", script.trim_end_matches(".sh"), std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    prepare(&dir);
+    let log = log.map_or_else(|| dir.join("guest.log"), std::path::Path::to_path_buf);
+    let run = std::process::Command::new("bash")
+        .arg(repo.join("scripts").join(script))
+        .arg("--redraw")
+        .arg(&log)
+        .arg(&dir)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("bash");
+    let table = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(
+        run.status.success(),
+        "{script} --redraw {}: {table}\n{}",
+        log.display(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let written = std::fs::read_to_string(dir.join("table.txt")).expect("table.txt");
+    assert_eq!(written.trim_end(), table.trim_end(), "{script}: table.txt differs from what it printed");
+    let summary = std::fs::read_to_string(dir.join("summary.json")).expect("summary.json");
+    let summary = serde_json::from_str(&summary).expect("summary.json is JSON");
+    Redrawn { table, summary, dir }
+}
+
+/// A file of scripts/lib/testdata/.
+pub fn testdata(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .join("scripts/lib/testdata")
+        .join(name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::rounds_from;

@@ -5,13 +5,6 @@
 //! `--redraw LOG OUT_DIR` no longer reaching the analysis or writing something else than the
 //! table it prints.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_path_buf()
-}
-
 /// scripts/lib/test_compare.py: the unit tests of the analysis's reading of the log and its rows.
 #[test]
 fn the_comparison_analysis_passes_its_unit_tests() {
@@ -35,21 +28,10 @@ fn the_libublk_null_manifest_rewrite_passes_its_unit_tests() {
 /// beside it with the recorded run's figures.
 #[test]
 fn compare_rxe_redraws_its_tables_and_summary_from_a_recorded_log() {
-    let dir = std::env::temp_dir().join(format!("rblk-compare-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let run = Command::new("bash")
-        .arg(repo().join("scripts/compare-rxe.sh"))
-        .arg("--redraw")
-        .arg(repo().join("scripts/lib/testdata/compare-guest.log"))
-        .arg(&dir)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("bash");
-    let text = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{text}\n{}", String::from_utf8_lossy(&run.stderr));
+    let r = rblk_tests::redraw("compare-rxe.sh", Some(&rblk_tests::testdata("compare-guest.log")), |_| {});
+    let text = &r.table;
     assert!(text.contains("goals (medians of this boot): 0 of 8 met"), "{text}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let doc = &r.summary;
     let qd32 = &doc["workloads"]["randread_4k_qd32"];
     assert_eq!(qd32["perftest"], 20041.0, "{qd32}");
     assert_eq!(qd32["rblk"], 21493.25, "{qd32}");
@@ -58,7 +40,6 @@ fn compare_rxe_redraws_its_tables_and_summary_from_a_recorded_log() {
     assert_eq!(block["status"]["libublk-null"], "ok", "{block}");
     assert_eq!(doc["goals_total"], 8, "{doc}");
     assert_eq!(doc["rounds"], 2, "{doc}");
-    assert_eq!(std::fs::read_to_string(dir.join("table.txt")).unwrap().trim_end(), text.trim_end());
-    assert!(dir.join("rblk-randread_4k_qd1.json").exists());
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(std::fs::read_to_string(r.dir.join("table.txt")).unwrap().trim_end(), text.trim_end());
+    assert!(r.dir.join("rblk-randread_4k_qd1.json").exists());
 }

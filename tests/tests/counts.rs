@@ -4,13 +4,6 @@
 //! issue 45 read from the wrong row or judged the wrong way, the tracing's cost left out, and
 //! `--redraw` no longer reaching the analysis.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_path_buf()
-}
-
 /// scripts/lib/test_counts.py: the unit tests of each function of counts.py.
 #[test]
 fn the_counts_analysis_passes_its_unit_tests() {
@@ -20,21 +13,10 @@ fn the_counts_analysis_passes_its_unit_tests() {
 /// The script's `--redraw` on the recorded log: the table on stdout, summary.json beside it.
 #[test]
 fn counts_rxe_redraws_its_table_and_summary_from_a_recorded_log() {
-    let dir = std::env::temp_dir().join(format!("rblk-counts-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let run = Command::new("bash")
-        .arg(repo().join("scripts/counts-rxe.sh"))
-        .arg("--redraw")
-        .arg(repo().join("scripts/lib/testdata/counts-guest.log"))
-        .arg(&dir)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("bash");
-    let text = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{text}\n{}", String::from_utf8_lossy(&run.stderr));
+    let r = rblk_tests::redraw("counts-rxe.sh", Some(&rblk_tests::testdata("counts-guest.log")), |_| {});
+    let text = &r.table;
     assert!(text.contains("issue 45's goals"), "{text}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let doc = &r.summary;
     let rows = doc["rows"].as_array().unwrap();
     let ublk1 = rows.iter().find(|r| r["label"] == "ublk:randread:1").expect("the ublk QD1 row");
     assert_eq!(ublk1["ios"], 436, "{ublk1}");
@@ -44,6 +26,5 @@ fn counts_rxe_redraws_its_table_and_summary_from_a_recorded_log() {
     assert_eq!(goals.len(), 4, "{doc}");
     assert_eq!(goals[0]["status"], "missed", "{doc}"); // ublk QD1 io_uring_enter <= 1.0
     assert_eq!(doc["overhead"].as_array().unwrap().len(), 2, "{doc}");
-    assert_eq!(std::fs::read_to_string(dir.join("table.txt")).unwrap().trim_end(), text.trim_end());
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(std::fs::read_to_string(r.dir.join("table.txt")).unwrap().trim_end(), text.trim_end());
 }

@@ -4,13 +4,6 @@
 //! cmtime, which row a goal reads) computed wrongly or from the wrong row, a line of the guest's
 //! log read into the wrong step, and `--redraw` no longer reaching the analysis.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_path_buf()
-}
-
 /// scripts/lib/test_hosts.py: the unit tests of each function of hosts.py.
 #[test]
 fn the_hosts_analysis_passes_its_unit_tests() {
@@ -20,21 +13,10 @@ fn the_hosts_analysis_passes_its_unit_tests() {
 /// The script's `--redraw` on the recorded log: the table on stdout, summary.json beside it.
 #[test]
 fn hosts_rxe_redraws_its_table_and_summary_from_a_recorded_log() {
-    let dir = std::env::temp_dir().join(format!("rblk-hosts-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let run = Command::new("bash")
-        .arg(repo().join("scripts/hosts-rxe.sh"))
-        .arg("--redraw")
-        .arg(repo().join("scripts/lib/testdata/hosts-guest.log"))
-        .arg(&dir)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("bash");
-    let text = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{text}\n{}", String::from_utf8_lossy(&run.stderr));
+    let r = rblk_tests::redraw("hosts-rxe.sh", Some(&rblk_tests::testdata("hosts-guest.log")), |_| {});
+    let text = &r.table;
     assert!(text.contains("issue 40's goals"), "{text}");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let doc = &r.summary;
     let steps = doc["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 6, "{doc}");
     let top = &steps[4];
@@ -42,6 +24,5 @@ fn hosts_rxe_redraws_its_table_and_summary_from_a_recorded_log() {
     assert_eq!(top["bench"]["iops"], 6900.0, "{top}");
     assert!((top["cpu_pct"].as_f64().unwrap() - 37.7).abs() < 1e-9, "{top}");
     assert_eq!(doc["cmtime_conn_us"], 6500.0, "{doc}");
-    assert_eq!(std::fs::read_to_string(dir.join("table.txt")).unwrap().trim_end(), text.trim_end());
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(std::fs::read_to_string(r.dir.join("table.txt")).unwrap().trim_end(), text.trim_end());
 }

@@ -27,29 +27,15 @@ fn the_timeline_analysis_passes_its_unit_tests() {
 /// analysis made it, summary.json beside it.
 #[test]
 fn timeline_rxe_redraws_its_table_and_summary_from_a_recorded_log() {
-    let dir = std::env::temp_dir().join(format!("rblk-timeline-recorded-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let data = repo().join("scripts/lib/testdata");
-    let run = Command::new("bash")
-        .arg(repo().join("scripts/timeline-rxe.sh"))
-        .arg("--redraw")
-        .arg(data.join("timeline-guest.log"))
-        .arg(&dir)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("bash");
-    let text = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{text}\n{}", String::from_utf8_lossy(&run.stderr));
-    let want = std::fs::read_to_string(data.join("timeline-table.txt")).unwrap();
-    assert_eq!(text, want);
-    assert_eq!(std::fs::read_to_string(dir.join("table.txt")).unwrap(), want);
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    let r = rblk_tests::redraw("timeline-rxe.sh", Some(&rblk_tests::testdata("timeline-guest.log")), |_| {});
+    let text = &r.table;
+    let want = std::fs::read_to_string(rblk_tests::testdata("timeline-table.txt")).unwrap();
+    assert_eq!(*text, want);
+    let doc = &r.summary;
     let old: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(data.join("timeline-summary.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(rblk_tests::testdata("timeline-summary.json")).unwrap()).unwrap();
     assert_eq!(doc["paths"], old["paths"]);
     assert_eq!(doc["kprobes"], old["kprobes"]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// One line of ftrace's text output.
