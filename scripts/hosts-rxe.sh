@@ -358,11 +358,7 @@ host_main() {
         shift
     done
     if ((redraw)); then
-        local rlog=${redraw_from[0]:-$OUT/guest.log} rout=${redraw_from[1]:-$OUT}
-        [[ -s $rlog ]] || die "no $rlog to summarize"
-        mkdir -p "$rout"
-        summarize_run "$rlog" "$rout"
-        finish_run "$rlog"
+        redraw_run "${redraw_from[@]}"
         return
     fi
     local steps1=${HOSTS_STEPS_1QP:-1,10,100,500,1000} steps2=${HOSTS_STEPS_2QP:-10,250,1000,2048}

@@ -179,6 +179,19 @@ summarize_run() {
     if [[ -s $2/summary.json ]]; then log "wrote $2/summary.json and $2/table.txt"; fi
 }
 
+# redraw_run [LOG OUT_DIR]: a script's --redraw: summarizes LOG (default $OUT/guest.log) into
+# OUT_DIR (default $OUT) again, without a guest (LOG and OUT_DIR relative to where the script was
+# started, CALLER_PWD), and ends as finish_run.
+redraw_run() {
+    local rlog=${1:-$OUT/guest.log} rout=${2:-$OUT}
+    [[ -z ${1:-} || $rlog == /* ]] || rlog=${CALLER_PWD:-$PWD}/$rlog
+    [[ -z ${2:-} || $rout == /* ]] || rout=${CALLER_PWD:-$PWD}/$rout
+    [[ -s $rlog ]] || die "no $rlog to summarize"
+    mkdir -p "$rout"
+    summarize_run "$rlog" "$rout"
+    finish_run "$rlog"
+}
+
 # finish_run LOG: the end of a run: fails when the guest run did (GUEST_RC) or its summary
 # (SUMMARY_RC).
 finish_run() {
