@@ -250,11 +250,7 @@ host_main() {
         shift
     done
     if ((redraw)); then
-        local rlog=${redraw_from[0]:-$OUT/guest.log} rout=${redraw_from[1]:-$OUT}
-        [[ -s $rlog ]] || die "no $rlog to summarize"
-        mkdir -p "$rout"
-        summarize_run "$rlog" "$rout"
-        finish_run "$rlog"
+        redraw_run "${redraw_from[@]}"
         return
     fi
     local -a list

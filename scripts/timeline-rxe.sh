@@ -192,11 +192,7 @@ host_main() {
         shift
     done
     if ((redraw)); then
-        local rlog=${redraw_from[0]:-$OUT/guest.log} rout=${redraw_from[1]:-$OUT}
-        [[ -s $rlog ]] || die "no $rlog to summarize"
-        mkdir -p "$rout"
-        summarize_run "$rlog" "$rout"
-        finish_run "$rlog"
+        redraw_run "${redraw_from[@]}"
         return
     fi
     is_count "$secs" || die "--secs must be a positive whole number of seconds (got '$secs')"
