@@ -11,13 +11,15 @@
 //! commands and RDMA completions in one loop (`QueueState::wait`). While the lane has requests
 //! out, it spins over its io_uring and the lane's CQ for the session's wait policy's budget
 //! (`--wait`, [`rblk_initiator::Wait`]: adaptive by default, twice the thread's usual wait, at
-//! most 1 ms). While it has none, only the ring can bring work: unless the policy is `poll`,
-//! the thread sleeps at once, and the tags' COMMIT_AND_FETCHes go to the kernel in the same
-//! `io_uring_enter` (at QD1, one per request; the CQ is not armed, as no completion can come).
-//! A spin that found nothing arms the
-//! completion channel, puts a POLL_ADD on it into the ring (linked to a one-second timeout,
-//! since a reconnect replaces the channel; plus a millisecond timer while a request waits for
-//! another lane, [`Lane::retry_after`]) and sleeps in `io_uring_enter`. A POLL_ADD on each of
+//! most 1 ms), and for that budget too while it has none (the next ublk command comes soon at
+//! depth 1: a sleep for it costs a wake-up per request, which measured worse than the second
+//! `io_uring_enter` the spin makes; docs/performance.md, "ublk: system calls per I/O"). Under
+//! `--wait sleep` a thread whose lane has nothing out sleeps at once, the tags'
+//! COMMIT_AND_FETCHes going to the kernel in the same `io_uring_enter`, without arming the CQ
+//! (no completion can come). A spin that found nothing sleeps in `io_uring_enter`; with requests
+//! out it first arms the completion channel and puts a POLL_ADD on it into the ring (linked to
+//! a one-second timeout, since a reconnect replaces the channel; plus a millisecond timer while
+//! a request waits for another lane, [`Lane::retry_after`]). A POLL_ADD on each of
 //! the lane's rdma_cm channels ([`Lane::cm_fds`]) is always in the ring, so a target's disconnect
 //! wakes the thread when it arrives, busy or asleep. A new ublk command
 //! reaches the ring as task work that runs only when the thread enters the kernel; the ring's
@@ -294,10 +296,10 @@ impl QueueState {
             (w.mode(), w.budget(near), w.adapts(near))
         };
         // Nothing of the lane's to wait for: only the ring (the next ublk command, a timer,
-        // rdma_cm) can bring work, so unless the policy polls, the ring's new entries (the
-        // tags' COMMIT_AND_FETCHes) go in with the sleep, one io_uring_enter, and the lane's
-        // CQ is not armed (no completion can come; a re-arm and a channel read each cost a
-        // system call on rxe). At QD1: one io_uring_enter per request.
+        // rdma_cm) can bring work. Under `--wait sleep` the ring's new entries (the tags'
+        // COMMIT_AND_FETCHes) go in with the sleep, one io_uring_enter, and the lane's CQ is
+        // not armed (no completion can come; a re-arm and a channel read each cost a system
+        // call on rxe). The other policies spin for the next command as for a completion.
         let sleep_now = sleeps_at_once(mode, idle, q.is_stopping());
         let (found, passes) = if sleep_now { (false, 0) } else { self.spin(q, started, budget)? };
         if !found {
@@ -445,10 +447,12 @@ impl QueueState {
 }
 
 /// Whether a queue thread's wait skips the spin and sleeps in the `io_uring_enter` that posts
-/// the ring's new entries: when its lane has nothing out (`idle`), unless the policy polls or
-/// the queue is stopping.
+/// the ring's new entries: under `--wait sleep`, when its lane has nothing out (`idle`) and the
+/// queue is not stopping. Adaptive spins for the next ublk command too: sleeping at once when
+/// idle (one io_uring_enter per QD1 request instead of two) cost a wake-up per request and
+/// measured slower at QD1 (issue 45; docs/performance.md, "ublk: system calls per I/O").
 fn sleeps_at_once(mode: Wait, idle: bool, stopping: bool) -> bool {
-    idle && mode != Wait::Poll && !stopping
+    idle && mode == Wait::Sleep && !stopping
 }
 
 /// The kernel's side of the request path: libublk's queue, the buffers by address.
@@ -1507,12 +1511,13 @@ mod tests {
         }
     }
 
-    /// Issue 45: at QD1 the COMMIT_AND_FETCH and the wait for the next request are one
-    /// io_uring_enter. Would catch an idle lane's wait spinning again (two enters per request),
-    /// `--wait poll` no longer spinning, or a busy lane's wait sleeping before its spin.
+    /// Under `--wait sleep` the COMMIT_AND_FETCH and the wait for the next request are one
+    /// io_uring_enter; adaptive and poll spin for the next request. Would catch an idle
+    /// adaptive wait sleeping at once (a wake-up per QD1 request), `--wait sleep` spinning, or a
+    /// busy lane's wait sleeping before its spin.
     #[test]
-    fn an_idle_lane_sleeps_at_once_unless_the_policy_polls() {
-        assert!(sleeps_at_once(Wait::Adaptive, true, false));
+    fn an_idle_lane_sleeps_at_once_only_under_the_sleep_policy() {
+        assert!(!sleeps_at_once(Wait::Adaptive, true, false));
         assert!(sleeps_at_once(Wait::Sleep, true, false));
         assert!(!sleeps_at_once(Wait::Poll, true, false));
         for mode in [Wait::Adaptive, Wait::Sleep, Wait::Poll] {
