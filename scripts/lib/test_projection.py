@@ -137,9 +137,9 @@ class Projection(unittest.TestCase):
             summary = json.load(f)
         doc = projection.inputs_from_timeline(summary)
         lib, ub = doc["paths"]["library"], doc["paths"]["ublk"]
-        self.assertEqual(lib["syscalls_per_io"]["write"], 1.0012)
-        self.assertEqual(ub["syscalls_per_io"]["io_uring_enter"], 1.047)
-        self.assertEqual((ub["switches_per_io"], ub["involuntary_switches_per_io"]), (1.1089, 0.0858))
+        self.assertEqual(lib["syscalls_per_io"]["write"], 1.0014)
+        self.assertEqual(ub["syscalls_per_io"]["io_uring_enter"], 1.9746)
+        self.assertEqual((ub["switches_per_io"], ub["involuntary_switches_per_io"]), (0.0758, 0.0629))
         self.assertIsNone(doc["instructions_per_request"]["library"])
         projection.validate(doc)
         # The committed inputs are this run's counts.
