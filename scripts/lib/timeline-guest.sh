@@ -25,7 +25,7 @@ guest_main() {
     local addr=${RBLK_ADDR:?RBLK_ADDR: the address of the rxe device} dev=${RBLK_DEVICE:-rxe0}
     local uri="rblk://$addr:$RBLK_PORT/v" work tr=/sys/kernel/tracing
     work=$(mktemp -d /tmp/rblk-timeline.XXXXXX)
-    # shellcheck source=lib/target.sh
+    # shellcheck source=target.sh
     source "$REPO_ROOT/scripts/lib/target.sh"
 
     printf '@@meta secs %s\n@@meta trace_secs %s\n' "$secs" "$tsecs"
