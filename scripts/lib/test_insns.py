@@ -133,7 +133,8 @@ class Scenarios(unittest.TestCase):
         with open(path) as f:
             scenarios, common = insns.load_scenarios(f.read())
         self.assertEqual([s["name"] for s in scenarios],
-                         ["lane-read-qd1", "lane-write-qd1", "lane-read-qd32", "lane-write-qd32"])
+                         ["lane-read-qd1", "lane-write-qd1", "lane-read-qd32", "lane-write-qd32",
+                          "ublk-read-qd1", "ublk-write-qd1", "ublk-read-qd32"])
         self.assertEqual(common, {"toggle_out": TOGGLES, "subtract": LEAVES})
         self.assertEqual((scenarios[0]["toggle_out"], scenarios[0]["subtract"]), (TOGGLES, LEAVES))
         cmd = insns.valgrind_command(scenarios[0], 256, "/o/x.out", "/b")
@@ -153,7 +154,8 @@ class Scenarios(unittest.TestCase):
             with contextlib.redirect_stdout(out):
                 self.assertEqual(insns.main(list(args)), 0)
             return out.getvalue().splitlines()
-        self.assertEqual(run("builds", path), ["rblk-lane-bench rblk-lane-bench"], "each binary built once")
+        self.assertEqual(run("builds", path), ["rblk-lane-bench rblk-lane-bench", "rblk-tests rblk-ublk-path-bench"],
+                         "each binary built once")
         self.assertEqual(run("names", path)[0], "lane-read-qd1")
         cmd = run("command", path, "lane-write-qd32", "2816", "/o/w.out", "/b")
         self.assertEqual(cmd[0], "valgrind")
