@@ -312,9 +312,7 @@ impl QueueState {
                 self.note(Stage::Woke, 0);
             }
         }
-        // The policy learns how long the lane's work takes, not how long the kernel took to
-        // send the next request.
-        if adapts && !sleep_now {
+        if adapts {
             self.waiter.borrow_mut().record(started.elapsed());
         }
         self.note(Stage::WaitEnd, u16::try_from(passes).unwrap_or(u16::MAX));
